@@ -1,0 +1,35 @@
+# The front of the project. `make run` and `make test` are the README's two commands;
+# every target installs what it needs on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PROJECTS := services kvstore-daemon
+
+.PHONY: venv proto run test bench-daemon redis clean
+
+$(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(addprefix -e ,$(PROJECTS)) -r requirements-dev.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+proto: venv  ## regenerate the gRPC stubs from proto/
+	$(PY) proto/generate.py
+
+redis:  ## install redis-server when missing (benchmarks compare against it)
+	@scripts/ensure_redis.sh
+
+run: venv  ## start a daemon and walk through put / lookup / get
+	$(PY) scripts/daemon_demo.py
+
+test: venv  ## the whole test suite
+	$(PY) -m pytest
+
+bench-daemon: venv redis  ## daemon vs memcpy, Redis and raw disk reads
+	$(PY) bench/daemon_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache bench/results/*.png

@@ -1,0 +1,65 @@
+"""Daemon settings (environment variables `ATTNSTORE_DAEMON_*`, or a TOML file named
+by `ATTNSTORE_DAEMON_CONFIG_FILE`). Each default is written here once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from attnstore.settings import FileBackedSettings
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class DaemonSettings(FileBackedSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNSTORE_DAEMON_", extra="forbid")
+
+    listen_address: str = Field("127.0.0.1:50051", description="host:port of the gRPC server; port 0 picks one")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port; unset = off")
+    ready_file: Path | None = Field(None, description="written with the bound port once serving")
+
+    dram_capacity_bytes: int = Field(1 * GiB, ge=MiB, description="size of the shared-memory arena")
+    dram_block_bytes: int = Field(2 * MiB, ge=4096, description="arena block size (allocation unit)")
+    shm_dir: Path = Field(Path("/dev/shm"), description="directory of the arena file (a tmpfs)")
+    dram_high_watermark: float = Field(0.95, gt=0, le=1, description="start demoting above this fill ratio")
+    dram_low_watermark: float = Field(0.85, gt=0, le=1, description="demote down to this fill ratio")
+
+    ssd_dirs: list[Path] = Field(default_factory=lambda: [Path("/var/lib/attnstore/ssd")], min_length=1)
+    ssd_capacity_bytes: int = Field(16 * GiB, ge=MiB, description="total bytes across ssd_dirs")
+    ssd_high_watermark: float = Field(0.95, gt=0, le=1)
+    ssd_low_watermark: float = Field(0.90, gt=0, le=1)
+    persist_on_commit: bool = Field(True, description="write every committed chunk to SSD in the background")
+    io_threads: int = Field(4, ge=1, le=64, description="threads doing SSD file I/O")
+
+    eviction_policy: Literal["lru", "fifo", "lookahead"] = "lookahead"
+
+    max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")
+    max_keys_per_request: int = Field(4096, ge=1)
+    max_get_message_bytes: int = Field(4 * MiB, ge=64 * 1024, description="target size of one Get stream message")
+    reservation_ttl_seconds: float = Field(30.0, gt=0)
+    lease_ttl_seconds: float = Field(10.0, gt=0, description="default read-lease TTL")
+    max_lease_ttl_seconds: float = Field(300.0, gt=0)
+    pin_ttl_seconds: float = Field(600.0, gt=0, description="default pin TTL")
+    max_pin_ttl_seconds: float = Field(3600.0, gt=0)
+    hint_ttl_seconds: float = Field(60.0, gt=0, description="default look-ahead hint TTL")
+    max_namespaces: int = Field(1024, ge=1)
+    shutdown_grace_seconds: float = Field(10.0, ge=0)
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = True
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> DaemonSettings:
+        if self.dram_capacity_bytes < self.dram_block_bytes:
+            raise ValueError("dram_capacity_bytes must hold at least one dram_block_bytes block")
+        if self.dram_low_watermark > self.dram_high_watermark:
+            raise ValueError("dram_low_watermark must not exceed dram_high_watermark")
+        if self.ssd_low_watermark > self.ssd_high_watermark:
+            raise ValueError("ssd_low_watermark must not exceed ssd_high_watermark")
+        if self.max_chunk_bytes > self.dram_capacity_bytes:
+            raise ValueError("max_chunk_bytes must fit in dram_capacity_bytes")
+        return self

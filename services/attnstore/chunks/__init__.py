@@ -1,0 +1,1 @@
+"""Chunk keys and the chunk byte format, computed the same way in every process."""

@@ -1,0 +1,1 @@
+"""gRPC server plumbing shared by the services: lifecycle, interceptors, logging, metrics."""

@@ -1,0 +1,109 @@
+"""One interceptor for every service: maps domain errors to gRPC statuses, logs
+unexpected exceptions, and records per-method latency."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+from prometheus_client import Histogram
+
+from attnstore import errors
+
+_STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.DataLoss: grpc.StatusCode.DATA_LOSS,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+RPC_SECONDS = Histogram(
+    "attnstore_rpc_duration_seconds",
+    "Server-side latency of gRPC methods",
+    ["method", "code"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+log = structlog.get_logger("attnstore.rpc")
+
+
+def status_of(exc: errors.ServiceError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in _STATUS_OF:
+            return _STATUS_OF[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler; a client's mistake never surfaces as INTERNAL."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(method, handler.unary_unary), **kwargs)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(method, handler.stream_unary), **kwargs)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(method, handler.unary_stream), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(method, handler.stream_stream), **kwargs)
+
+
+async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(exc, errors.ServiceError):
+        code, message = status_of(exc), str(exc)
+        log.info("rpc_rejected", method=method, code=code.name, reason=message)
+    else:
+        code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log"
+        log.exception("rpc_failed", method=method)
+    await context.abort(code, message)
+
+
+def _wrap_unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start, code = time.perf_counter(), "OK"
+        try:
+            return await behavior(request, context)
+        except (errors.ServiceError, Exception) as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            code = status_of(exc).name if isinstance(exc, errors.ServiceError) else "INTERNAL"
+            await _abort(method, exc, context)
+        finally:
+            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
+
+    return wrapped
+
+
+def _wrap_stream(method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        start, code = time.perf_counter(), "OK"
+        try:
+            async for response in behavior(request, context):
+                yield response
+        except (errors.ServiceError, Exception) as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            code = status_of(exc).name if isinstance(exc, errors.ServiceError) else "INTERNAL"
+            await _abort(method, exc, context)
+        finally:
+            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
+
+    return wrapped

@@ -1,0 +1,57 @@
+"""Loading service settings: environment variables over an optional TOML file,
+validated at start with messages a person understands."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+class SettingsError(Exception):
+    """Settings failed validation; the message lists every problem."""
+
+
+class FileBackedSettings(BaseSettings):
+    """Environment variables win over the TOML file named by `<PREFIX>CONFIG_FILE`."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(config_file_variable(settings_cls))
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+
+def config_file_variable(settings_cls: type[BaseSettings]) -> str:
+    return f"{settings_cls.model_config.get('env_prefix', '')}CONFIG_FILE"
+
+
+def load_settings(settings_cls: type[SettingsT]) -> SettingsT:
+    """Builds the settings or raises SettingsError naming each bad variable."""
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    config_file = os.environ.get(config_file_variable(settings_cls))
+    if config_file and not Path(config_file).is_file():
+        raise SettingsError(f"{config_file_variable(settings_cls)}={config_file}: no such file")
+    try:
+        return settings_cls()
+    except ValidationError as exc:
+        lines = [f"invalid {settings_cls.__name__} ({exc.error_count()} problem(s)):"]
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            variable = f"{prefix}{field}".upper()
+            lines.append(f"  {variable}: {error['msg']} (got {error.get('input')!r})")
+        raise SettingsError("\n".join(lines)) from exc
