@@ -1,0 +1,394 @@
+"""The chunk index and the lifecycle of every chunk across the DRAM and SSD tiers.
+
+    ReservePut ─> RESERVED (blocks held, invisible) ─CommitPut─> COMMITTED in DRAM
+        │ AbortPut / TTL                                  │ persist (background, or durable commit)
+        v                                                 v
+      freed                                     COMMITTED in DRAM + SSD
+                                                          │ DRAM eviction (demotes first when
+                                                          v  the chunk has no SSD copy yet)
+      promote (Get, GetShm, Pin, Lookup(promote),  COMMITTED on SSD only ─SSD eviction / Delete─> gone
+      prefetch hint) ─> back to DRAM + SSD
+
+A chunk with readers (a lease, a promotion, a persist in flight) is never evicted
+or freed; deleting it hides it at once and frees it when the last reader leaves.
+Pins keep a chunk in DRAM. Reservations, leases, pins and hints all expire, so a
+dead client cannot hold memory forever. All state lives on the event loop thread;
+only file I/O runs in the SSD tier's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import structlog
+
+from attnstore.chunks.format import (
+    ChunkCorruptError,
+    ChunkFormatError,
+    ChunkLayout,
+    decode_layout,
+    verify_layers,
+)
+from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
+from kvstore_daemon import metrics
+from kvstore_daemon.chunk_entry import (
+    Chunk,
+    Lease,
+    Reservation,
+    ReserveResult,
+    ReserveStatus,
+    StoreStats,
+    Tier,
+)
+from kvstore_daemon.dram_tier import DramTier
+from kvstore_daemon.hints import HintAction, HintBook
+from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry
+from kvstore_daemon.settings import DaemonSettings
+from kvstore_daemon.ssd_tier import SsdTier
+from kvstore_daemon.tier_mover import TierMover
+
+log = structlog.get_logger("kvstore_daemon.store")
+
+
+class ChunkStore:
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        dram: DramTier,
+        ssd: SsdTier,
+        namespaces: NamespaceRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.dram = dram
+        self.ssd = ssd
+        self.namespaces = namespaces
+        self._clock = clock
+        self._chunks: dict[bytes, Chunk] = {}
+        self._reservations: dict[int, Reservation] = {}
+        self._reserved_keys: set[bytes] = set()
+        self._leases: dict[int, Lease] = {}
+        self.hints = HintBook()
+        self._ids = itertools.count(1)
+        self._counts: Counter[str] = Counter()
+        self._mover = TierMover(settings, dram, ssd, self._chunks, self.hints, self._counts, clock)
+
+    # ---- start and stop ----------------------------------------------------------
+
+    async def start(self) -> None:
+        for stored in await self.ssd.open():
+            self._chunks[stored.key] = Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True)
+            self._mover.ssd_policy.on_insert(stored.key)
+        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped)
+        self._update_gauges()
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Lets in-flight SSD writes finish (bounded by the grace period), then closes the tiers."""
+        pending = [c.persist_task for c in self._chunks.values() if c.persist_task and not c.persist_task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=grace_seconds)
+        self._mover.cancel_background()
+        await self.ssd.close()
+        self.dram.close()
+
+    # ---- namespaces and lookups -----------------------------------------------------
+
+    def register_namespace(self, namespace: bytes, layout: NamespaceLayout) -> int:
+        return self.namespaces.register(namespace, layout)
+
+    def lookup(self, namespace: bytes, keys: Sequence[bytes], promote: bool) -> list[Tier]:
+        """Tiers of the longest stored prefix of `keys`."""
+        self.namespaces.get(namespace)
+        tiers: list[Tier] = []
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            if chunk is None:
+                break
+            tiers.append(chunk.tier)
+            self._mover.touch(chunk)
+            if promote and chunk.tier is Tier.SSD:
+                self._mover.spawn(self._mover.promote_quietly(chunk, None))
+        self._count_hits(tiers, misses=len(keys) - len(tiers))
+        return tiers
+
+    # ---- two-phase writes ---------------------------------------------------------
+
+    async def reserve(self, namespace: bytes, items: Sequence[tuple[bytes, int]], ttl_seconds: float) -> list[ReserveResult]:
+        layout = self.namespaces.get(namespace)
+        limit = min(layout.max_chunk_bytes, self.settings.max_chunk_bytes)
+        for key, size in items:
+            if not 0 < size <= limit:
+                raise InvalidArgument(f"chunk {key.hex()} of {size} bytes is outside 1..{limit} bytes for this namespace")
+        results = []
+        for key, size in items:
+            if self._visible(namespace, key) is not None:
+                results.append(ReserveResult(key, ReserveStatus.ALREADY_STORED))
+                continue
+            if key in self._reserved_keys or key in self._chunks:
+                results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
+                continue
+            self._reserved_keys.add(key)  # before awaiting, so a concurrent reserve sees it
+            blocks = await self._mover.allocate_dram(size, None)
+            if blocks is None:
+                self._reserved_keys.discard(key)
+                results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
+                continue
+            extents = self.dram.extents(blocks, size)
+            write_id = next(self._ids)
+            self._reservations[write_id] = Reservation(
+                write_id, key, namespace, size, blocks, extents, self._clock() + ttl_seconds
+            )
+            results.append(ReserveResult(key, ReserveStatus.RESERVED, write_id, tuple(extents)))
+        self._update_gauges()
+        return results
+
+    def write(self, write_id: int, offset: int, data: bytes) -> None:
+        reservation = self._reservation(write_id)
+        if offset + len(data) > reservation.size_bytes:
+            raise OutOfRange(
+                f"write of {len(data)} bytes at offset {offset} runs past the {reservation.size_bytes}-byte "
+                f"reservation {write_id}"
+            )
+        self.dram.arena.write(reservation.extents, offset, data)
+
+    async def commit(self, write_ids: Sequence[int], durable: bool) -> int:
+        """Validates every written chunk first (all or nothing), then makes them visible."""
+        reservations = [self._reservation(write_id) for write_id in write_ids]
+        layouts = [self._check_written(r) for r in reservations]
+        committed: list[Chunk] = []
+        for reservation, layout in zip(reservations, layouts, strict=True):
+            del self._reservations[reservation.write_id]
+            self._reserved_keys.discard(reservation.key)
+            chunk = Chunk(
+                reservation.key, reservation.namespace, reservation.size_bytes, layout,
+                reservation.blocks, reservation.extents,
+            )
+            self._chunks[chunk.key] = chunk
+            self._mover.dram_policy.on_insert(chunk.key)
+            metrics.BYTES_IN.labels("dram").inc(chunk.size_bytes)
+            if self.settings.persist_on_commit or durable:
+                self._mover.start_persist(chunk)
+            committed.append(chunk)
+        self._update_gauges()
+        if durable:
+            outcomes = await asyncio.gather(*(self._mover.persisted(chunk) for chunk in committed))
+            if not all(outcomes):
+                raise Unavailable("chunks are committed in DRAM but the SSD tier could not store them durably")
+        return len(committed)
+
+    def abort(self, write_ids: Sequence[int]) -> int:
+        aborted = 0
+        for write_id in write_ids:
+            reservation = self._reservations.pop(write_id, None)
+            if reservation is not None:
+                self._drop_reservation(reservation)
+                aborted += 1
+        self._update_gauges()
+        return aborted
+
+    # ---- reads ------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def reading(self, namespace: bytes, keys: Sequence[bytes]) -> AsyncIterator[list[Chunk]]:
+        """Holds `keys` in DRAM for the duration of a streamed read."""
+        chunks = await self._acquire(namespace, keys)
+        try:
+            yield chunks
+        finally:
+            self._release(chunks)
+
+    async def lease(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: float) -> Lease:
+        """Holds `keys` in DRAM for a shared-memory reader until released or expired."""
+        chunks = await self._acquire(namespace, keys)
+        lease = Lease(next(self._ids), chunks, self._clock() + ttl_seconds)
+        self._leases[lease.lease_id] = lease
+        return lease
+
+    def release_lease(self, lease_id: int) -> bool:
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            return False
+        self._release(lease.chunks)
+        return True
+
+    def layer_views(self, chunk: Chunk, layer_start: int, layer_end: int) -> list[memoryview]:
+        """Zero-copy views of layers [layer_start, layer_end) of a chunk held by a reader."""
+        assert chunk.layout is not None and chunk.extents is not None  # guaranteed by _acquire
+        start, end = chunk.layout.layer_span(layer_start, layer_end)
+        return self.dram.arena.views(chunk.extents, start, end)
+
+    def header_bytes(self, chunk: Chunk) -> bytes:
+        assert chunk.layout is not None and chunk.extents is not None
+        return bytes(self.dram.arena.read(chunk.extents, 0, chunk.layout.data_offset))
+
+    # ---- delete, pin, hint --------------------------------------------------------
+
+    def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        self.namespaces.get(namespace)
+        deleted = 0
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            if chunk is not None:
+                chunk.deleted = True
+                self.hints.forget([key])
+                self._mover.free_if_unread(chunk)
+                deleted += 1
+        self._update_gauges()
+        return deleted
+
+    def pin(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: float) -> int:
+        self.namespaces.get(namespace)
+        pinned = 0
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            if chunk is not None:
+                chunk.pinned_until = self._clock() + ttl_seconds
+                if chunk.tier is Tier.SSD:
+                    self._mover.spawn(self._mover.promote_quietly(chunk, None))
+                pinned += 1
+        return pinned
+
+    def unpin(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        self.namespaces.get(namespace)
+        now, unpinned = self._clock(), 0
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            if chunk is not None and chunk.pinned_until > now:
+                chunk.pinned_until = 0.0
+                unpinned += 1
+        return unpinned
+
+    def hint(
+        self,
+        namespace: bytes,
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        replace: bool,
+        ttl_seconds: float,
+    ) -> tuple[int, int]:
+        """Records look-ahead hints; with the lookahead policy, starts prefetching. Returns
+        (hinted keys, prefetches started)."""
+        self.namespaces.get(namespace)
+        hinted = self.hints.apply(namespace, entries, replace, ttl_seconds, self._clock())
+        return hinted, self._mover.start_prefetches()
+
+    # ---- periodic upkeep ------------------------------------------------------------
+
+    async def maintain(self) -> None:
+        """One upkeep pass: expiries, watermarks, prefetches. Called periodically."""
+        now = self._clock()
+        for write_id in [w for w, r in self._reservations.items() if r.expires_at <= now]:
+            self._drop_reservation(self._reservations.pop(write_id))
+            metrics.EXPIRED.labels("reservation").inc()
+        for lease_id in [i for i, lease in self._leases.items() if lease.expires_at <= now]:
+            self.release_lease(lease_id)
+            metrics.EXPIRED.labels("lease").inc()
+        self.hints.expire(now)
+        await self._mover.enforce_dram_watermark()
+        await self._mover.enforce_ssd_watermark()
+        self._mover.start_prefetches()
+        self._update_gauges()
+
+    def stats(self) -> StoreStats:
+        chunks = [c for c in self._chunks.values() if not c.deleted]
+        now = self._clock()
+        return StoreStats(
+            dram_capacity_bytes=self.dram.capacity_bytes,
+            dram_used_bytes=self.dram.used_bytes,
+            dram_chunks=sum(1 for c in chunks if c.blocks is not None),
+            ssd_capacity_bytes=self.ssd.capacity_bytes,
+            ssd_used_bytes=self.ssd.used_bytes,
+            ssd_chunks=sum(1 for c in chunks if c.on_ssd),
+            hits={tier: self._counts[f"hit_{tier.value}"] for tier in Tier},
+            evictions={tier: self._counts[f"evict_{tier.value}"] for tier in Tier},
+            misses=self._counts["miss"],
+            promotions=self._counts["promotion"],
+            demotions=self._counts["demotion"],
+            reservations=len(self._reservations),
+            leases=len(self._leases),
+            pinned_chunks=sum(1 for c in chunks if c.pinned_until > now),
+            namespaces=len(self.namespaces),
+        )
+
+    # ---- internals: visibility and readers -----------------------------------------
+
+    def _visible(self, namespace: bytes, key: bytes) -> Chunk | None:
+        chunk = self._chunks.get(key)
+        if chunk is None or chunk.deleted or chunk.namespace != namespace:
+            return None
+        return chunk
+
+    def _reservation(self, write_id: int) -> Reservation:
+        reservation = self._reservations.get(write_id)
+        if reservation is None:
+            raise NotFound(f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired")
+        return reservation
+
+    def _count_hits(self, tiers: Sequence[Tier], misses: int) -> None:
+        for tier in tiers:
+            self._counts[f"hit_{tier.value}"] += 1
+            metrics.HITS.labels(tier.value).inc()
+        self._counts["miss"] += misses
+        metrics.MISSES.inc(misses)
+
+    async def _acquire(self, namespace: bytes, keys: Sequence[bytes]) -> list[Chunk]:
+        """Takes a reader on each chunk and makes it DRAM-resident; all or nothing."""
+        self.namespaces.get(namespace)
+        chunks = []
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            if chunk is None:
+                self._count_hits([], misses=1)
+                raise NotFound(f"chunk {key.hex()} is not stored (never committed, deleted or evicted)")
+            chunks.append(chunk)
+        self._count_hits([c.tier for c in chunks], misses=0)
+        for chunk in chunks:
+            chunk.readers += 1
+            self._mover.touch(chunk)
+        try:
+            for chunk in chunks:
+                await self._mover.promote(chunk, None)
+        except BaseException:
+            self._release(chunks)
+            raise
+        return chunks
+
+    def _release(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            chunk.readers -= 1
+            self._mover.free_if_unread(chunk)
+
+    def _drop_reservation(self, reservation: Reservation) -> None:
+        self._reserved_keys.discard(reservation.key)
+        self.dram.free(reservation.blocks)
+
+    def _check_written(self, reservation: Reservation) -> ChunkLayout:
+        """The layout of a fully written reservation, or InvalidArgument saying what is wrong."""
+        extents, size = reservation.extents, reservation.size_bytes
+        data: memoryview | bytearray = (
+            self.dram.arena.view[extents[0][0] : extents[0][0] + size]
+            if len(extents) == 1
+            else self.dram.arena.read(extents, 0, size)
+        )
+        where = f"write id {reservation.write_id} (chunk {reservation.key.hex()})"
+        try:
+            layout = decode_layout(data)
+            if layout.total_bytes != size:
+                raise ChunkFormatError(f"the header describes {layout.total_bytes} bytes, {size} were reserved")
+            if layout.header.key != reservation.key or layout.header.namespace != reservation.namespace:
+                raise ChunkFormatError("the header's key or namespace differs from the reservation's")
+            self.namespaces.get(reservation.namespace).check_header(layout.header)
+            verify_layers(data, layout, 0, layout.header.num_layers)
+        except (ChunkFormatError, ChunkCorruptError, InvalidArgument) as exc:
+            raise InvalidArgument(f"{where} is not a valid chunk: {exc}") from exc
+        return layout
+
+    def _update_gauges(self) -> None:
+        metrics.USED_BYTES.labels("dram").set(self.dram.used_bytes)
+        metrics.USED_BYTES.labels("ssd").set(self.ssd.used_bytes)
+        metrics.CAPACITY_BYTES.labels("dram").set(self.dram.capacity_bytes)
+        metrics.CAPACITY_BYTES.labels("ssd").set(self.ssd.capacity_bytes)

@@ -1,0 +1,195 @@
+"""The DRAM tier's memory: one shared-memory arena file cut into fixed-size blocks.
+
+Same-node workers map the same file (`attnstore.shm_arena.SharedArena`) and copy chunk
+bytes in and out directly; gRPC only tells them which extents to touch. The file name
+carries the daemon's pid and a generation, so a worker can tell a restarted daemon's
+arena from the one it mapped before.
+
+While the daemon lives it holds an exclusive flock on its arena file. That lock, not
+the pid alone, is what marks a file live: after a crash in a container the restarted
+daemon often has the same pid (1) as the one that died.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from attnstore.shm_arena import Extent, SharedArena
+from kvstore_daemon.block_allocator import BlockAllocator
+
+_ARENA_NAME = re.compile(r"attnstore-arena-(\d+)-[0-9a-f]+\.bin")
+
+
+class ArenaError(RuntimeError):
+    """The arena file cannot be created or reserved (a missing or too-small tmpfs)."""
+
+
+class DramTier:
+    """Owns the arena file, its mapping and the block allocator; knows nothing of keys."""
+
+    def __init__(self, shm_dir: Path, capacity_bytes: int, block_bytes: int) -> None:
+        if block_bytes < 1 or capacity_bytes < block_bytes:
+            raise ValueError(f"capacity_bytes {capacity_bytes} must hold one block of {block_bytes} bytes")
+        self._block_bytes = block_bytes
+        self._allocator = BlockAllocator(capacity_bytes // block_bytes)
+        self._size_bytes = self._allocator.num_blocks * block_bytes  # no unusable tail
+        self._generation = uuid.uuid4().hex
+        self._path = shm_dir / f"attnstore-arena-{os.getpid()}-{self._generation[:8]}.bin"
+        self._lock_fd = _create_locked(self._path, self._size_bytes)
+        try:
+            self._arena = SharedArena(self._path, self._size_bytes)
+        except BaseException:
+            self._path.unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            raise
+        self._closed = False
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Usable bytes: the requested capacity rounded down to whole blocks."""
+        return self._size_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        return self._block_bytes
+
+    @property
+    def generation(self) -> str:
+        return self._generation
+
+    @property
+    def arena(self) -> SharedArena:
+        return self._arena
+
+    @property
+    def used_bytes(self) -> int:
+        return self._allocator.used_count * self._block_bytes
+
+    @property
+    def free_blocks(self) -> int:
+        return self._allocator.free_count
+
+    def blocks_for(self, size_bytes: int) -> int:
+        if size_bytes < 0:
+            raise ValueError(f"size_bytes must not be negative, got {size_bytes}")
+        return -(-size_bytes // self._block_bytes)
+
+    def can_allocate(self, size_bytes: int) -> bool:
+        return self._allocator.can_allocate(self.blocks_for(size_bytes))
+
+    def allocate(self, size_bytes: int) -> list[int]:
+        """Blocks for a chunk of `size_bytes` (>= 1); raises OutOfBlocks when short."""
+        return self._allocator.allocate(self.blocks_for(size_bytes))
+
+    def free(self, blocks: Sequence[int]) -> None:
+        self._allocator.free(blocks)
+
+    def extents(self, blocks: Sequence[int], size_bytes: int) -> list[Extent]:
+        """Arena (offset, length) pairs holding a chunk's `size_bytes` bytes, in order.
+
+        Runs of consecutive block ids become one extent (fewer copies for the client);
+        the last extent stops at the chunk's end, not the block's.
+        """
+        if len(blocks) != self.blocks_for(size_bytes):
+            raise ValueError(
+                f"{size_bytes} bytes need {self.blocks_for(size_bytes)} blocks, got {len(blocks)}"
+            )
+        runs: list[list[int]] = []  # [first block, block count]
+        for block in blocks:
+            if runs and block == runs[-1][0] + runs[-1][1]:
+                runs[-1][1] += 1
+            else:
+                runs.append([block, 1])
+        extents = [(first * self._block_bytes, count * self._block_bytes) for first, count in runs]
+        if extents:
+            offset, length = extents[-1]
+            extents[-1] = (offset, length - (len(blocks) * self._block_bytes - size_bytes))
+        return extents
+
+    def close(self) -> None:
+        """Unmaps and removes the arena file; workers' own mappings stay valid until they unmap."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._arena.close()
+        finally:
+            self._path.unlink(missing_ok=True)
+            os.close(self._lock_fd)
+
+
+def _create_locked(path: Path, size_bytes: int) -> int:
+    """Creates the arena file, locks it and reserves its memory; returns the locked fd."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o660)
+    except OSError as e:
+        raise ArenaError(f"cannot create arena file {path}: {e}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(fd, 0o660)  # group-readable whatever the umask: workers share the group
+        try:
+            # Reserve now so a too-small tmpfs fails at start, not with SIGBUS mid-write.
+            os.posix_fallocate(fd, 0, size_bytes)
+        except OSError as e:
+            stat = os.statvfs(path.parent)
+            raise ArenaError(
+                f"cannot reserve {size_bytes} bytes for arena file {path}: {e.strerror};"
+                f" {stat.f_bavail * stat.f_frsize} bytes free in {path.parent}"
+            ) from e
+    except BaseException:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_stale_arenas(shm_dir: Path) -> int:
+    """Removes arena files left by dead daemons; returns how many were removed.
+
+    A file is stale when no process holds its lock and its pid is either gone or our
+    own (a previous life of this daemon in a fresh pid namespace). A live other pid
+    with no lock is kept: that daemon may be between creating and locking its file.
+    """
+    removed = 0
+    for path in shm_dir.glob("attnstore-arena-*-*.bin"):
+        match = _ARENA_NAME.fullmatch(path.name)
+        if match is None or not (_pid_gone(int(match[1])) or int(match[1]) == os.getpid()):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)  # while locked, so no other cleaner counts it too
+            removed += 1
+        except BlockingIOError:
+            pass  # a live DramTier holds it
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, owned by another user
+    except OverflowError:
+        return True  # no such pid can exist
+    return False

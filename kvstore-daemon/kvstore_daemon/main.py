@@ -1,0 +1,91 @@
+"""Entry point: `attnstore-kvstore-daemon` / `python -m kvstore_daemon.main`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+
+import structlog
+import uvloop
+
+from attnstore.kvstore.v1 import kvstore_pb2_grpc
+from attnstore.server.lifecycle import create_server, serve
+from attnstore.server.logging import configure_logging
+from attnstore.settings import SettingsError, load_settings
+from kvstore_daemon.chunk_store import ChunkStore
+from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
+from kvstore_daemon.namespaces import NamespaceRegistry
+from kvstore_daemon.servicer import SERVICE_NAME, KVStoreServicer
+from kvstore_daemon.settings import DaemonSettings
+from kvstore_daemon.ssd_tier import SsdTier
+
+log = structlog.get_logger("kvstore_daemon")
+
+_MAINTENANCE_INTERVAL_SECONDS = 0.2
+
+
+async def _maintain_forever(store: ChunkStore) -> None:
+    while True:
+        await asyncio.sleep(_MAINTENANCE_INTERVAL_SECONDS)
+        try:
+            await store.maintain()
+        except Exception:  # upkeep must keep running; the next pass retries
+            log.exception("maintenance_failed")
+
+
+def _write_ready_file(settings: DaemonSettings, port: int) -> None:
+    if settings.ready_file is not None:
+        tmp = settings.ready_file.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, settings.ready_file)
+
+
+async def run_daemon(settings: DaemonSettings) -> None:
+    removed = remove_stale_arenas(settings.shm_dir)
+    dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
+    ssd = SsdTier(settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads)
+    namespaces = NamespaceRegistry(
+        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes
+    )
+    store = ChunkStore(settings, dram, ssd, namespaces)
+    await store.start()
+    log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
+    maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
+
+    async def on_stop() -> None:
+        maintenance.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await maintenance
+        await store.stop(settings.shutdown_grace_seconds)
+
+    server = create_server()
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings), server)
+    await serve(
+        server,
+        address=settings.listen_address,
+        service_names=[SERVICE_NAME],
+        metrics_port=settings.metrics_port,
+        grace_seconds=settings.shutdown_grace_seconds,
+        on_stop=on_stop,
+        on_started=lambda port: _write_ready_file(settings, port),
+    )
+
+
+def main() -> None:
+    try:
+        settings = load_settings(DaemonSettings)
+    except SettingsError as exc:
+        print(f"attnstore-kvstore-daemon: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        uvloop.run(run_daemon(settings))
+    except ArenaError as exc:
+        print(f"attnstore-kvstore-daemon: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Prometheus metrics of the daemon (per-method latency comes from the shared interceptor)."""
+
+from prometheus_client import Counter, Gauge
+
+HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, by tier", ["tier"])
+MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
+BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes committed, by transport", ["transport"])
+BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
+EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
+PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
+DEMOTIONS = Counter("attnstore_kvstore_demotions_total", "Chunks written to SSD because DRAM evicted them")
+CORRUPT = Counter("attnstore_kvstore_corrupt_chunks_total", "Chunks dropped because verification failed")
+SSD_WRITE_ERRORS = Counter("attnstore_kvstore_ssd_write_errors_total", "SSD writes the OS refused")
+EXPIRED = Counter("attnstore_kvstore_expired_total", "Reservations, leases and pins that timed out", ["kind"])
+USED_BYTES = Gauge("attnstore_kvstore_used_bytes", "Bytes in use, by tier", ["tier"])
+CAPACITY_BYTES = Gauge("attnstore_kvstore_capacity_bytes", "Configured capacity, by tier", ["tier"])
+CHUNKS = Gauge("attnstore_kvstore_chunks", "Committed chunks, by tier", ["tier"])

@@ -1,0 +1,214 @@
+"""The gRPC edge of the daemon: checks requests, calls the chunk store, builds replies."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from attnstore.errors import InvalidArgument
+from attnstore.kvstore.v1 import kvstore_pb2 as pb
+from attnstore.kvstore.v1 import kvstore_pb2_grpc
+from kvstore_daemon import metrics
+from kvstore_daemon.chunk_entry import ReserveStatus, Tier
+from kvstore_daemon.chunk_store import ChunkStore
+from kvstore_daemon.hints import HintAction
+from kvstore_daemon.namespaces import NamespaceLayout
+from kvstore_daemon.settings import DaemonSettings
+from kvstore_daemon.validation import (
+    check_keys,
+    check_layer_range,
+    check_namespace,
+    check_nonempty,
+    check_ttl,
+    check_unique_ids,
+)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
+
+_TIER = {Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
+_RESERVE_STATUS = {
+    ReserveStatus.RESERVED: pb.RESERVE_STATUS_RESERVED,
+    ReserveStatus.ALREADY_STORED: pb.RESERVE_STATUS_ALREADY_STORED,
+    ReserveStatus.IN_PROGRESS: pb.RESERVE_STATUS_IN_PROGRESS,
+    ReserveStatus.NO_SPACE: pb.RESERVE_STATUS_NO_SPACE,
+}
+_HINT_ACTION = {
+    pb.HINT_ACTION_PREFETCH: HintAction.PREFETCH,
+    pb.HINT_ACTION_PROTECT: HintAction.PROTECT,
+    pb.HINT_ACTION_EVICT_FIRST: HintAction.EVICT_FIRST,
+}
+
+
+class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
+    def __init__(self, store: ChunkStore, settings: DaemonSettings) -> None:
+        self._store = store
+        self._settings = settings
+
+    def _keys(self, keys: list[bytes], *, unique: bool = False) -> list[bytes]:
+        return check_keys(keys, self._settings.max_keys_per_request, unique=unique)
+
+    async def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.aio.ServicerContext) -> pb.RegisterNamespaceResponse:
+        if not request.HasField("layout"):
+            raise InvalidArgument("layout is required")
+        layout = request.layout
+        max_bytes = self._store.register_namespace(
+            check_namespace(request.namespace),
+            NamespaceLayout(
+                num_layers=layout.num_layers,
+                kv_heads=layout.kv_heads,
+                head_dim=layout.head_dim,
+                chunk_tokens=layout.chunk_tokens,
+                dtype=layout.dtype,
+                model_label=layout.model_label,
+            ),
+        )
+        return pb.RegisterNamespaceResponse(max_chunk_bytes=max_bytes)
+
+    async def OpenShm(self, request: pb.OpenShmRequest, context: grpc.aio.ServicerContext) -> pb.OpenShmResponse:
+        dram = self._store.dram
+        return pb.OpenShmResponse(
+            path=str(dram.path), size_bytes=dram.size_bytes, block_bytes=dram.block_bytes,
+            arena_generation=dram.generation,
+        )
+
+    async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
+        tiers = self._store.lookup(check_namespace(request.namespace), self._keys(request.keys), request.promote)
+        return pb.LookupResponse(prefix_length=len(tiers), tiers=[_TIER[t] for t in tiers])
+
+    async def ReservePut(self, request: pb.ReservePutRequest, context: grpc.aio.ServicerContext) -> pb.ReservePutResponse:
+        namespace = check_namespace(request.namespace)
+        check_nonempty(request.items, "items")
+        keys = self._keys([item.key for item in request.items], unique=True)
+        ttl = check_ttl(
+            request.ttl_seconds, self._settings.reservation_ttl_seconds,
+            self._settings.reservation_ttl_seconds * 10, "ttl_seconds",
+        )
+        results = await self._store.reserve(
+            namespace, [(key, item.size_bytes) for key, item in zip(keys, request.items, strict=True)], ttl
+        )
+        return pb.ReservePutResponse(
+            reservations=[
+                pb.Reservation(
+                    key=r.key, status=_RESERVE_STATUS[r.status], write_id=r.write_id,
+                    extents=[pb.Extent(offset_bytes=o, length_bytes=n) for o, n in r.extents],
+                )
+                for r in results
+            ],
+            arena_generation=self._store.dram.generation,
+        )
+
+    async def WritePut(self, request_iterator: AsyncIterator[pb.WritePutRequest], context: grpc.aio.ServicerContext) -> pb.WritePutResponse:
+        written = 0
+        async for piece in request_iterator:
+            self._store.write(piece.write_id, piece.offset_bytes, piece.data)
+            written += len(piece.data)
+        metrics.BYTES_IN.labels("grpc").inc(written)
+        return pb.WritePutResponse(bytes_written=written)
+
+    async def CommitPut(self, request: pb.CommitPutRequest, context: grpc.aio.ServicerContext) -> pb.CommitPutResponse:
+        ids = check_unique_ids(request.write_ids, self._settings.max_keys_per_request, "write_ids")
+        return pb.CommitPutResponse(committed_count=await self._store.commit(ids, request.durable))
+
+    async def AbortPut(self, request: pb.AbortPutRequest, context: grpc.aio.ServicerContext) -> pb.AbortPutResponse:
+        ids = check_unique_ids(request.write_ids, self._settings.max_keys_per_request, "write_ids")
+        return pb.AbortPutResponse(aborted_count=self._store.abort(ids))
+
+    async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GetResponse]:
+        namespace = check_namespace(request.namespace)
+        keys = self._keys(request.keys)
+        check_nonempty(keys, "keys")
+        num_layers = self._store.namespaces.get(namespace).num_layers
+        start, end = check_layer_range(request.layer_start, request.layer_end, num_layers)
+        limit = self._settings.max_get_message_bytes
+        async with self._store.reading(namespace, keys) as chunks:
+            message = pb.GetResponse(chunk_headers=[self._store.header_bytes(c) for c in chunks])
+            pending = sent = 0
+            # Layer-major: a reader can compute with layer l while l+1 is on the wire.
+            for layer in range(start, end):
+                for index, chunk in enumerate(chunks):
+                    data = b"".join(self._store.layer_views(chunk, layer, layer + 1))
+                    message.slices.add(chunk_index=index, layer=layer, data=data)
+                    pending += len(data)
+                    if pending >= limit:
+                        yield message
+                        message, sent, pending = pb.GetResponse(), sent + pending, 0
+            yield message
+            metrics.BYTES_OUT.labels("grpc").inc(sent + pending)
+
+    async def GetShm(self, request: pb.GetShmRequest, context: grpc.aio.ServicerContext) -> pb.GetShmResponse:
+        namespace = check_namespace(request.namespace)
+        keys = self._keys(request.keys)
+        check_nonempty(keys, "keys")
+        ttl = check_ttl(
+            request.lease_ttl_seconds, self._settings.lease_ttl_seconds,
+            self._settings.max_lease_ttl_seconds, "lease_ttl_seconds",
+        )
+        lease = await self._store.lease(namespace, keys, ttl)
+        metrics.BYTES_OUT.labels("shm").inc(sum(c.size_bytes for c in lease.chunks))
+        return pb.GetShmResponse(
+            lease_id=lease.lease_id,
+            chunks=[
+                pb.ChunkLocation(
+                    size_bytes=c.size_bytes,
+                    extents=[pb.Extent(offset_bytes=o, length_bytes=n) for o, n in c.extents or []],
+                )
+                for c in lease.chunks
+            ],
+            arena_generation=self._store.dram.generation,
+            lease_ttl_ms=int(ttl * 1000),
+        )
+
+    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
+        return pb.ReleaseLeaseResponse(released=self._store.release_lease(request.lease_id))
+
+    async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
+        count = self._store.delete(check_namespace(request.namespace), self._keys(request.keys))
+        return pb.DeleteResponse(deleted_count=count)
+
+    async def Pin(self, request: pb.PinRequest, context: grpc.aio.ServicerContext) -> pb.PinResponse:
+        ttl = check_ttl(
+            request.ttl_seconds, self._settings.pin_ttl_seconds, self._settings.max_pin_ttl_seconds, "ttl_seconds"
+        )
+        count = self._store.pin(check_namespace(request.namespace), self._keys(request.keys), ttl)
+        return pb.PinResponse(pinned_count=count)
+
+    async def Unpin(self, request: pb.UnpinRequest, context: grpc.aio.ServicerContext) -> pb.UnpinResponse:
+        count = self._store.unpin(check_namespace(request.namespace), self._keys(request.keys))
+        return pb.UnpinResponse(unpinned_count=count)
+
+    async def Hint(self, request: pb.HintRequest, context: grpc.aio.ServicerContext) -> pb.HintResponse:
+        namespace = check_namespace(request.namespace)
+        self._keys([key for entry in request.entries for key in entry.keys], unique=False)
+        entries = []
+        for index, entry in enumerate(request.entries):
+            action = _HINT_ACTION.get(entry.action)
+            if action is None:
+                raise InvalidArgument(f"entries[{index}].action must be PREFETCH, PROTECT or EVICT_FIRST")
+            entries.append((list(entry.keys), action, entry.queue_position))
+        ttl = check_ttl(
+            request.ttl_seconds, self._settings.hint_ttl_seconds, self._settings.hint_ttl_seconds * 10, "ttl_seconds"
+        )
+        hinted, started = self._store.hint(namespace, entries, request.replace, ttl)
+        return pb.HintResponse(hinted_keys=hinted, prefetches_started=started)
+
+    async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
+        s = self._store.stats()
+        return pb.StatsResponse(
+            dram=pb.TierStats(
+                capacity_bytes=s.dram_capacity_bytes, used_bytes=s.dram_used_bytes, chunks=s.dram_chunks,
+                hits=s.hits[Tier.DRAM], evictions=s.evictions[Tier.DRAM],
+            ),
+            ssd=pb.TierStats(
+                capacity_bytes=s.ssd_capacity_bytes, used_bytes=s.ssd_used_bytes, chunks=s.ssd_chunks,
+                hits=s.hits[Tier.SSD], evictions=s.evictions[Tier.SSD],
+            ),
+            misses=s.misses,
+            eviction_policy=self._settings.eviction_policy,
+            namespaces=s.namespaces,
+            reservations=s.reservations,
+            leases=s.leases,
+            pinned_chunks=s.pinned_chunks,
+            promotions=s.promotions,
+            demotions=s.demotions,
+        )

@@ -1,0 +1,57 @@
+"""Checks on request fields, with messages that name the field and the limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attnstore.chunks.keys import KEY_BYTES, NAMESPACE_BYTES
+from attnstore.errors import InvalidArgument, OutOfRange
+
+
+def check_namespace(namespace: bytes) -> bytes:
+    if len(namespace) != NAMESPACE_BYTES:
+        raise InvalidArgument(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
+    return namespace
+
+
+def check_keys(keys: Sequence[bytes], max_keys: int, *, field: str = "keys", unique: bool = False) -> list[bytes]:
+    if len(keys) > max_keys:
+        raise InvalidArgument(f"{field} holds {len(keys)} keys; at most {max_keys} are allowed per call")
+    for index, key in enumerate(keys):
+        if len(key) != KEY_BYTES:
+            raise InvalidArgument(f"{field}[{index}] must be a {KEY_BYTES}-byte chunk key, got {len(key)} bytes")
+    if unique and len(set(keys)) != len(keys):
+        raise InvalidArgument(f"{field} must not repeat a key")
+    return list(keys)
+
+
+def check_nonempty(values: Sequence[object], field: str) -> None:
+    if not values:
+        raise InvalidArgument(f"{field} must not be empty")
+
+
+def check_ttl(ttl_seconds: int, default: float, maximum: float, field: str) -> float:
+    """0 selects the default; anything above the configured maximum is refused."""
+    if ttl_seconds == 0:
+        return default
+    if ttl_seconds > maximum:
+        raise InvalidArgument(f"{field} of {ttl_seconds}s exceeds the maximum of {maximum:g}s")
+    return float(ttl_seconds)
+
+
+def check_layer_range(layer_start: int, layer_end: int, num_layers: int) -> tuple[int, int]:
+    end = layer_end or num_layers
+    if not 0 <= layer_start < end <= num_layers:
+        raise OutOfRange(
+            f"layer range [{layer_start}, {end}) is outside the namespace's {num_layers} layers"
+        )
+    return layer_start, end
+
+
+def check_unique_ids(ids: Sequence[int], max_ids: int, field: str) -> list[int]:
+    check_nonempty(ids, field)
+    if len(ids) > max_ids:
+        raise InvalidArgument(f"{field} holds {len(ids)} ids; at most {max_ids} are allowed per call")
+    if len(set(ids)) != len(ids):
+        raise InvalidArgument(f"{field} must not repeat an id")
+    return list(ids)
