@@ -1,0 +1,40 @@
+from pathlib import Path
+
+import pytest
+
+from attnstore.settings import SettingsError, load_settings
+from kvstore_daemon.settings import DaemonSettings
+
+
+def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "daemon.toml"
+    config.write_text('eviction_policy = "fifo"\ndram_capacity_bytes = 268435456\nssd_dirs = ["/a", "/b"]\n')
+    monkeypatch.setenv("ATTNSTORE_DAEMON_CONFIG_FILE", str(config))
+    monkeypatch.setenv("ATTNSTORE_DAEMON_EVICTION_POLICY", "lru")
+    settings = load_settings(DaemonSettings)
+    assert settings.eviction_policy == "lru"
+    assert settings.dram_capacity_bytes == 256 * 1024 * 1024
+    assert settings.ssd_dirs == [Path("/a"), Path("/b")]
+
+
+def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSTORE_DAEMON_EVICTION_POLICY", "random")
+    monkeypatch.setenv("ATTNSTORE_DAEMON_DRAM_CAPACITY_BYTES", "lots")
+    with pytest.raises(SettingsError) as error:
+        load_settings(DaemonSettings)
+    message = str(error.value)
+    assert "ATTNSTORE_DAEMON_EVICTION_POLICY" in message and "'random'" in message
+    assert "ATTNSTORE_DAEMON_DRAM_CAPACITY_BYTES" in message
+
+
+def test_inconsistent_watermarks_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSTORE_DAEMON_DRAM_LOW_WATERMARK", "0.99")
+    monkeypatch.setenv("ATTNSTORE_DAEMON_DRAM_HIGH_WATERMARK", "0.9")
+    with pytest.raises(SettingsError, match="dram_low_watermark"):
+        load_settings(DaemonSettings)
+
+
+def test_missing_config_file_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ATTNSTORE_DAEMON_CONFIG_FILE", str(tmp_path / "absent.toml"))
+    with pytest.raises(SettingsError, match="no such file"):
+        load_settings(DaemonSettings)
