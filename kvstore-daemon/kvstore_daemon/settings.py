@@ -28,29 +28,34 @@ class DaemonSettings(FileBackedSettings):
     dram_high_watermark: float = Field(0.95, gt=0, le=1, description="start demoting above this fill ratio")
     dram_low_watermark: float = Field(0.85, gt=0, le=1, description="demote down to this fill ratio")
 
-    ssd_dirs: list[Path] = Field(default_factory=lambda: [Path("/var/lib/attnstore/ssd")], min_length=1)
+    ssd_dirs: list[Path] = Field(
+        default_factory=lambda: [Path("/var/lib/attnstore/ssd")], min_length=1,
+        description="SSD tier directories, written round-robin (JSON list in the environment)",
+    )
     ssd_capacity_bytes: int = Field(16 * GiB, ge=MiB, description="total bytes across ssd_dirs")
-    ssd_high_watermark: float = Field(0.95, gt=0, le=1)
-    ssd_low_watermark: float = Field(0.90, gt=0, le=1)
+    ssd_high_watermark: float = Field(0.95, gt=0, le=1, description="start deleting above this fill ratio")
+    ssd_low_watermark: float = Field(0.90, gt=0, le=1, description="delete down to this fill ratio")
     persist_on_commit: bool = Field(True, description="write every committed chunk to SSD in the background")
     io_threads: int = Field(4, ge=1, le=64, description="threads doing SSD file I/O")
 
-    eviction_policy: Literal["lru", "fifo", "lookahead"] = "lookahead"
+    eviction_policy: Literal["lru", "fifo", "lookahead"] = Field(
+        "lookahead", description="victim order of both tiers; lookahead follows the scheduler's hints"
+    )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")
-    max_keys_per_request: int = Field(4096, ge=1)
+    max_keys_per_request: int = Field(4096, ge=1, description="keys (or write ids) one call may name")
     max_get_message_bytes: int = Field(4 * MiB, ge=64 * 1024, description="target size of one Get stream message")
-    reservation_ttl_seconds: float = Field(30.0, gt=0)
+    reservation_ttl_seconds: float = Field(30.0, gt=0, description="uncommitted writes are dropped after this")
     lease_ttl_seconds: float = Field(10.0, gt=0, description="default read-lease TTL")
-    max_lease_ttl_seconds: float = Field(300.0, gt=0)
+    max_lease_ttl_seconds: float = Field(300.0, gt=0, description="longest read lease a client may ask for")
     pin_ttl_seconds: float = Field(600.0, gt=0, description="default pin TTL")
-    max_pin_ttl_seconds: float = Field(3600.0, gt=0)
+    max_pin_ttl_seconds: float = Field(3600.0, gt=0, description="longest pin a client may ask for")
     hint_ttl_seconds: float = Field(60.0, gt=0, description="default look-ahead hint TTL")
-    max_namespaces: int = Field(1024, ge=1)
-    shutdown_grace_seconds: float = Field(10.0, ge=0)
+    max_namespaces: int = Field(1024, ge=1, description="registered namespaces the daemon accepts")
+    shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls and SSD writes get this long on SIGTERM")
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_json: bool = True
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")
+    log_json: bool = Field(True, description="JSON log lines (false: key=value for a terminal)")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> DaemonSettings:

@@ -1,0 +1,90 @@
+"""The client's view of the daemon's shared-memory arena: mapped on first use, remapped
+when the daemon recreates it, given up for good when this process cannot map it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import grpc
+
+from attnstore.errors import Unavailable
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from attnstore.shm_arena import SharedArena
+
+# Status codes of an OpenShm that mean "this daemon offers no arena", not "daemon down".
+_NO_SHM_CODES = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+class ArenaHandle:
+    """States: unopened -> mapped(generation) -> mapped(new generation) ... or -> unavailable.
+
+    Unavailable is final: the arena file is not reachable from here (a daemon on another
+    node, or another mount namespace), and every transfer then goes over gRPC.
+    """
+
+    def __init__(
+        self,
+        stub: kvstore_pb2_grpc.KVStoreStub,
+        *,
+        enabled: bool,
+        shm_dir: Path | None,
+        timeout_seconds: float,
+    ) -> None:
+        self._stub = stub
+        self._shm_dir = shm_dir
+        self._timeout_seconds = timeout_seconds
+        self._arena: SharedArena | None = None
+        self._generation = ""
+        self._unavailable = not enabled
+        self._lock = asyncio.Lock()  # one OpenShm + mmap at a time
+
+    async def available(self) -> bool:
+        """Whether transfers can go through shared memory; maps the arena on first call."""
+        if self._arena is None and not self._unavailable:
+            async with self._lock:
+                if self._arena is None and not self._unavailable:
+                    await self._map()
+        return self._arena is not None
+
+    async def for_generation(self, generation: str) -> SharedArena:
+        """The mapping that extents tagged `generation` refer to. A different generation
+        means the daemon recreated its arena: remap before touching memory."""
+        if self._arena is not None and self._generation == generation:
+            return self._arena
+        async with self._lock:
+            if self._arena is None or self._generation != generation:
+                await self._map()
+        if self._arena is None or self._generation != generation:
+            raise Unavailable("the daemon's shared-memory arena changed during the call; retry")
+        return self._arena
+
+    async def _map(self) -> None:
+        try:
+            reply = await self._stub.OpenShm(kvstore_pb2.OpenShmRequest(), timeout=self._timeout_seconds)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _NO_SHM_CODES:
+                raise
+            self._give_up()
+            return
+        path = Path(reply.path)
+        if self._shm_dir is not None:  # the same tmpfs mounted elsewhere in this container
+            path = self._shm_dir / path.name
+        try:
+            arena = SharedArena(path, reply.size_bytes)
+        except (OSError, ValueError):
+            self._give_up()  # remote daemon or unshared /dev/shm: use the gRPC stream
+            return
+        # The old mapping is dropped, not closed: a reader may still hold views of it,
+        # and the garbage collector unmaps it once they are gone.
+        self._arena, self._generation = arena, reply.arena_generation
+
+    def _give_up(self) -> None:
+        self._arena, self._generation, self._unavailable = None, "", True
+
+    def close(self) -> None:
+        if self._arena is not None:
+            with contextlib.suppress(BufferError):  # views still exported: GC unmaps later
+                self._arena.close()
+        self._give_up()

@@ -1,0 +1,290 @@
+"""The asyncio client of the KV-store daemon.
+
+Chunk bytes move through the daemon's shared-memory arena when this process can map it
+(same node), otherwise over gRPC streams; the choice is made once, on first use, and
+is invisible to callers. Failures propagate (grpc.aio.AioRpcError, ChunkCorruptError,
+...): callers such as the inference worker treat any of them as a cache miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import grpc
+
+from attnstore.chunks.format import ChunkLayout
+from attnstore.errors import InvalidArgument
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from attnstore.kvstore_client import writes
+from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.pieces import (
+    PutChunks,
+    check_layer,
+    copy_parts,
+    join_parts,
+    normalize_put_items,
+)
+from attnstore.kvstore_client.reads import ChunkRead, open_grpc_read, open_shm_read
+from attnstore.kvstore_client.results import (
+    ChunkData,
+    HintAction,
+    HintResult,
+    LayerPiece,
+    LookupResult,
+    PutResult,
+    Tier,
+)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class AsyncKVStoreClient:
+    """One channel to one daemon. Create it inside a running event loop; `close()` it
+    (or use `async with`) to end the channel and unmap the arena."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        use_shm: bool = True,
+        timeout_seconds: float = 10.0,
+        verify_checksums: bool = True,
+        shm_dir: Path | None = None,
+    ) -> None:
+        """`timeout_seconds` bounds each call, a whole Get stream included.
+        `verify_checksums` checks every layer read against its header checksum (xxh3; turn
+        it off only to measure raw transfer speed). `shm_dir` is where this process sees the
+        daemon's arena directory when it is mounted at another path than in the daemon."""
+        self.address = address
+        self._timeout_seconds = timeout_seconds
+        self._verify = verify_checksums
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
+        self._arena = ArenaHandle(
+            self._stub, enabled=use_shm, shm_dir=shm_dir, timeout_seconds=timeout_seconds
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._arena.close()
+        await self._channel.close()
+
+    async def open_shm(self) -> bool:
+        """Maps the daemon's arena if this process can; False means transfers use gRPC."""
+        return await self._arena.available()
+
+    # Control calls
+
+    async def register_namespace(
+        self,
+        namespace: bytes,
+        *,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        chunk_tokens: int,
+        dtype: str,
+        model_label: str = "",
+    ) -> int:
+        """Declares a namespace's layout (idempotent); returns its max chunk size in bytes."""
+        layout = kvstore_pb2.NamespaceLayout(
+            num_layers=num_layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            chunk_tokens=chunk_tokens,
+            dtype=dtype,
+            model_label=model_label,
+        )
+        request = kvstore_pb2.RegisterNamespaceRequest(namespace=namespace, layout=layout)
+        reply = await self._stub.RegisterNamespace(request, timeout=self._timeout_seconds)
+        return reply.max_chunk_bytes
+
+    async def lookup(self, namespace: bytes, keys: Sequence[bytes], *, promote: bool = False) -> LookupResult:
+        """The longest stored prefix of a key chain and the tier of each hit."""
+        request = kvstore_pb2.LookupRequest(namespace=namespace, keys=keys, promote=promote)
+        reply = await self._stub.Lookup(request, timeout=self._timeout_seconds)
+        return LookupResult(prefix_length=reply.prefix_length, tiers=[Tier(tier) for tier in reply.tiers])
+
+    async def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        request = kvstore_pb2.DeleteRequest(namespace=namespace, keys=keys)
+        return (await self._stub.Delete(request, timeout=self._timeout_seconds)).deleted_count
+
+    async def pin(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: int = 0) -> int:
+        request = kvstore_pb2.PinRequest(namespace=namespace, keys=keys, ttl_seconds=ttl_seconds)
+        return (await self._stub.Pin(request, timeout=self._timeout_seconds)).pinned_count
+
+    async def unpin(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        request = kvstore_pb2.UnpinRequest(namespace=namespace, keys=keys)
+        return (await self._stub.Unpin(request, timeout=self._timeout_seconds)).unpinned_count
+
+    async def hint(
+        self,
+        namespace: bytes,
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        *,
+        replace: bool = False,
+        ttl_seconds: int = 0,
+    ) -> HintResult:
+        """Look-ahead hints: (keys, action, queue position; 0 runs next) per entry."""
+        request = kvstore_pb2.HintRequest(
+            namespace=namespace,
+            entries=[
+                kvstore_pb2.HintEntry(keys=keys, action=action.value, queue_position=position)
+                for keys, action, position in entries
+            ],
+            replace=replace,
+            ttl_seconds=ttl_seconds,
+        )
+        reply = await self._stub.Hint(request, timeout=self._timeout_seconds)
+        return HintResult(hinted_keys=reply.hinted_keys, prefetches_started=reply.prefetches_started)
+
+    async def stats(self) -> kvstore_pb2.StatsResponse:
+        return await self._stub.Stats(kvstore_pb2.StatsRequest(), timeout=self._timeout_seconds)
+
+    # Writes
+
+    async def put_chunks(
+        self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0
+    ) -> PutResult:
+        """Stores serialized chunks (a mapping or (key, bytes) pairs; a repeated key counts
+        once): reserve, write, commit. `durable` waits for the SSD fsync; `ttl_seconds`
+        bounds the reservation. On any failure the reservations are aborted and it raises."""
+        return await writes.put_chunks(
+            self._stub,
+            self._arena,
+            namespace,
+            normalize_put_items(chunks),
+            durable=durable,
+            ttl_seconds=ttl_seconds,
+            timeout_seconds=self._timeout_seconds,
+        )
+
+    # Reads
+
+    @contextlib.asynccontextmanager
+    async def _open_read(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+    ) -> AsyncIterator[ChunkRead]:
+        """The one read path per transport: shared memory when mapped, else the Get stream."""
+        if await self._arena.available():
+            opened = open_shm_read(
+                self._stub, self._arena, namespace, keys, layer_start, layer_end, self._timeout_seconds
+            )
+        else:
+            opened = open_grpc_read(
+                self._stub, namespace, keys, layer_start, layer_end, self._timeout_seconds
+            )
+        async with opened as read:
+            yield read
+
+    async def get_chunks(
+        self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
+    ) -> list[ChunkData]:
+        """Layers [layer_start, layer_end) of each chunk (`layer_end` 0 = all), with its layout."""
+        found: list[ChunkData] = []
+
+        def allocate(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
+            found.append(ChunkData(layout=layout, data=bytearray(span_bytes)))
+            return memoryview(found[-1].data)
+
+        await self._read_into(namespace, keys, layer_start, layer_end, allocate, whole=False)
+        return found
+
+    async def get_chunks_into(
+        self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
+    ) -> list[ChunkLayout]:
+        """Copies each whole serialized chunk into the front of `outs[i]` (which must hold
+        at least `layout.total_bytes`); no other allocation, for benchmarks and pools."""
+        if len(outs) != len(keys):
+            raise InvalidArgument(f"{len(outs)} output buffers for {len(keys)} keys")
+
+        def pick(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
+            out = memoryview(outs[index]).cast("B")
+            if out.nbytes < span_bytes:
+                raise InvalidArgument(
+                    f"output buffer {index} holds {out.nbytes} bytes, chunk has {span_bytes}"
+                )
+            return out[:span_bytes]
+
+        return await self._read_into(namespace, keys, 0, 0, pick, whole=True)
+
+    async def get_whole_chunks(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes]:
+        """Each full serialized chunk (header and every layer), byte-identical to what was put."""
+        buffers: list[bytearray] = []
+
+        def allocate(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
+            buffers.append(bytearray(span_bytes))
+            return memoryview(buffers[-1])
+
+        await self._read_into(namespace, keys, 0, 0, allocate, whole=True)
+        return [bytes(buffer) for buffer in buffers]
+
+    async def _read_into(
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        layer_start: int,
+        layer_end: int,
+        destination: Callable[[int, ChunkLayout, int], memoryview],
+        *,
+        whole: bool,
+    ) -> list[ChunkLayout]:
+        """Copies a layer range of each chunk into `destination(index, layout, bytes)`, called
+        once per chunk in order: the whole serialized chunk if `whole`, else only the layers."""
+        if not keys:
+            return []
+        async with self._open_read(namespace, keys, layer_start, layer_end) as read:
+            outs: list[memoryview] = []
+            bases: list[int] = []  # chunk offset of each output buffer's first byte
+            for index, layout in enumerate(read.layouts):
+                first, last = layout.layer_span(read.layer_start, read.layer_end)
+                if whole:
+                    first, last = 0, layout.total_bytes
+                out = destination(index, layout, last - first)
+                if whole:
+                    out[: layout.data_offset] = read.header_region(index)
+                outs.append(out)
+                bases.append(first)
+            async with contextlib.aclosing(read.layers()) as layers:
+                async for index, layer, parts in layers:
+                    start, end = read.layouts[index].layer_span(layer, layer + 1)
+                    view = outs[index][start - bases[index] : end - bases[index]]
+                    copy_parts(parts, view)
+                    if self._verify:
+                        check_layer(read.layouts[index], layer, view)
+            return read.layouts
+
+    async def iter_layers(
+        self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
+    ) -> AsyncIterator[LayerPiece]:
+        """Each requested layer of each chunk as it arrives, layer-major, for layer-wise
+        loading. Over shared memory one lease covers the whole iteration: close the
+        iterator (`contextlib.aclosing`) when stopping early so the lease ends at once."""
+        if not keys:
+            return
+        async with (
+            self._open_read(namespace, keys, layer_start, layer_end) as read,
+            contextlib.aclosing(read.layers()) as layers,
+        ):
+            async for index, layer, parts in layers:
+                data = join_parts(parts)
+                if self._verify:
+                    check_layer(read.layouts[index], layer, data)
+                yield LayerPiece(chunk_index=index, layer=layer, data=data, layout=read.layouts[index])

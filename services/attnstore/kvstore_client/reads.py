@@ -1,0 +1,166 @@
+"""The two read transports behind one shape, `ChunkRead`: the parsed layouts of the
+requested chunks, their header bytes, and their layers in layer-major order.
+
+Shared memory: GetShm leases the chunks, the client parses each header from the arena
+and hands out views of each layer; ReleaseLease ends the lease when the read closes.
+gRPC: the Get stream's first message carries every header; its slices carry the layers.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from attnstore.chunks.format import ChunkFormatError, ChunkLayout, decode_layout, header_bytes_needed
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.pieces import (
+    DaemonProtocolError,
+    LayerAssembler,
+    LayerParts,
+    header_region,
+    layer_range,
+)
+from attnstore.shm_arena import Extent, SharedArena
+
+_PREAMBLE_BYTES = 16  # enough for header_bytes_needed to find the header length
+
+
+class ChunkRead(abc.ABC):
+    """An open read of `layouts` (request order), layers [layer_start, layer_end)."""
+
+    layouts: list[ChunkLayout]
+    layer_start: int
+    layer_end: int
+
+    @abc.abstractmethod
+    def header_region(self, index: int) -> bytes:
+        """The serialized bytes of chunk `index` before its layer data."""
+
+    @abc.abstractmethod
+    def layers(self) -> AsyncIterator[LayerParts]:
+        """Every requested layer once, layer-major; the parts are valid only until the
+        next item (shared-memory views die with the lease): copy them out."""
+
+
+class _ShmRead(ChunkRead):
+    def __init__(
+        self,
+        arena: SharedArena,
+        chunks: Sequence[kvstore_pb2.ChunkLocation],
+        layer_start: int,
+        layer_end: int,
+    ) -> None:
+        self._arena = arena
+        self._extents: list[list[Extent]] = [
+            [(e.offset_bytes, e.length_bytes) for e in chunk.extents] for chunk in chunks
+        ]
+        self.layouts = [
+            _layout_in_arena(arena, extents, chunk.size_bytes)
+            for extents, chunk in zip(self._extents, chunks, strict=True)
+        ]
+        self.layer_start, self.layer_end = layer_range(self.layouts, layer_start, layer_end)
+
+    def header_region(self, index: int) -> bytes:
+        return bytes(self._arena.read(self._extents[index], 0, self.layouts[index].data_offset))
+
+    async def layers(self) -> AsyncIterator[LayerParts]:
+        for layer in range(self.layer_start, self.layer_end):
+            for index, layout in enumerate(self.layouts):
+                start, end = layout.layer_span(layer, layer + 1)
+                yield index, layer, list(self._arena.views(self._extents[index], start, end))
+
+
+def _layout_in_arena(arena: SharedArena, extents: Sequence[Extent], size_bytes: int) -> ChunkLayout:
+    """Parses a chunk's header straight from the arena (two small reads)."""
+    preamble = arena.read(extents, 0, min(_PREAMBLE_BYTES, size_bytes))
+    needed = header_bytes_needed(preamble)
+    if needed > size_bytes:
+        raise ChunkFormatError(f"chunk header of {needed} bytes exceeds the chunk's {size_bytes} bytes")
+    layout = decode_layout(arena.read(extents, 0, needed))
+    if layout.total_bytes != size_bytes:
+        raise ChunkFormatError(f"chunk header describes {layout.total_bytes} bytes, daemon says {size_bytes}")
+    return layout
+
+
+class _GrpcRead(ChunkRead):
+    def __init__(
+        self,
+        call: grpc.aio.UnaryStreamCall,
+        first: kvstore_pb2.GetResponse,
+        key_count: int,
+        layer_start: int,
+        layer_end: int,
+    ) -> None:
+        if len(first.chunk_headers) != key_count:
+            raise DaemonProtocolError(f"Get sent {len(first.chunk_headers)} headers for {key_count} keys")
+        self._call = call
+        self._first: kvstore_pb2.GetResponse | None = first
+        self._headers = list(first.chunk_headers)
+        self.layouts = [decode_layout(header) for header in self._headers]
+        self.layer_start, self.layer_end = layer_range(self.layouts, layer_start, layer_end)
+
+    def header_region(self, index: int) -> bytes:
+        return header_region(self._headers[index], self.layouts[index])
+
+    async def layers(self) -> AsyncIterator[LayerParts]:
+        assembler = LayerAssembler(self.layouts, self.layer_start, self.layer_end)
+        message, self._first = self._first, None
+        while message is not None:
+            for piece in message.slices:
+                done = assembler.add(piece.chunk_index, piece.layer, piece.data)
+                if done is not None:
+                    yield done
+            received = await self._call.read()
+            message = None if received is grpc.aio.EOF else received
+        assembler.finish()
+
+
+@contextlib.asynccontextmanager
+async def open_shm_read(
+    stub: kvstore_pb2_grpc.KVStoreStub,
+    arena: ArenaHandle,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    layer_start: int,
+    layer_end: int,
+    timeout_seconds: float,
+) -> AsyncIterator[ChunkRead]:
+    """Leases `keys` in the arena for the duration of the `async with` block."""
+    request = kvstore_pb2.GetShmRequest(namespace=namespace, keys=keys)
+    reply = await stub.GetShm(request, timeout=timeout_seconds)
+    try:
+        if len(reply.chunks) != len(keys):
+            raise DaemonProtocolError(f"GetShm located {len(reply.chunks)} chunks for {len(keys)} keys")
+        mapped = await arena.for_generation(reply.arena_generation)
+        yield _ShmRead(mapped, reply.chunks, layer_start, layer_end)
+    finally:
+        with contextlib.suppress(Exception):  # best effort: the lease also expires on its own
+            release = kvstore_pb2.ReleaseLeaseRequest(lease_id=reply.lease_id)
+            await stub.ReleaseLease(release, timeout=timeout_seconds)
+
+
+@contextlib.asynccontextmanager
+async def open_grpc_read(
+    stub: kvstore_pb2_grpc.KVStoreStub,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    layer_start: int,
+    layer_end: int,
+    timeout_seconds: float,
+) -> AsyncIterator[ChunkRead]:
+    """Streams `keys` over gRPC; leaving the block early cancels the stream."""
+    request = kvstore_pb2.GetRequest(
+        namespace=namespace, keys=keys, layer_start=layer_start, layer_end=layer_end
+    )
+    call = stub.Get(request, timeout=timeout_seconds)
+    try:
+        first = await call.read()
+        if first is grpc.aio.EOF:
+            raise DaemonProtocolError("Get stream ended before sending the chunk headers")
+        yield _GrpcRead(call, first, len(keys), layer_start, layer_end)
+    finally:
+        call.cancel()  # a no-op once the stream has finished
