@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+
 from kvstore_daemon.settings import DaemonSettings
 
 REPO = Path(__file__).resolve().parents[3]

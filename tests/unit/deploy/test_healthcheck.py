@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from attnstore.healthcheck import main
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from attnstore.healthcheck import main
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from attnstore.errors import ResourceExhausted
 from hypothesis import given
 from hypothesis import strategies as st
+
+from attnstore.errors import ResourceExhausted
 from kvstore_daemon.block_allocator import BlockAllocator, OutOfBlocks
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from attnstore.shm_arena import SharedArena
 from kvstore_daemon.block_allocator import OutOfBlocks
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvstore_daemon.eviction import FifoPolicy, LookaheadPolicy, LruPolicy, make_policy
 from kvstore_daemon.hints import HintAction, HintBook
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvstore_daemon.hints import Hint, HintAction, HintBook
 
 NS_A, NS_B = b"a" * 16, b"b" * 16

@@ -38,3 +38,9 @@ def test_missing_config_file_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("ATTNSTORE_DAEMON_CONFIG_FILE", str(tmp_path / "absent.toml"))
     with pytest.raises(SettingsError, match="no such file"):
         load_settings(DaemonSettings)
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    missing = [name for name in DaemonSettings.model_fields if f"ATTNSTORE_DAEMON_{name.upper()}" not in readme]
+    assert not missing, f"README's configuration table lacks {missing}"
