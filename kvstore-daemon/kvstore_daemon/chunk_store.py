@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -74,7 +75,8 @@ class ChunkStore:
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
         self.hints = HintBook()
-        self._ids = itertools.count(1)
+        # Ids start at a random point so ids a client kept from before a restart name nothing.
+        self._ids = itertools.count(secrets.randbits(48) + 1)
         self._counts: Counter[str] = Counter()
         self._mover = TierMover(settings, dram, ssd, self._chunks, self.hints, self._counts, clock)
 
@@ -89,9 +91,7 @@ class ChunkStore:
 
     async def stop(self, grace_seconds: float) -> None:
         """Lets in-flight SSD writes finish (bounded by the grace period), then closes the tiers."""
-        pending = [c.persist_task for c in self._chunks.values() if c.persist_task and not c.persist_task.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=grace_seconds)
+        await self._mover.finish_persists(grace_seconds)
         self._mover.cancel_background()
         await self.ssd.close()
         self.dram.close()

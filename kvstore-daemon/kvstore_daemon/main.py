@@ -11,6 +11,7 @@ import structlog
 import uvloop
 
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
+from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.settings import SettingsError, load_settings
@@ -80,6 +81,8 @@ def main() -> None:
         print(f"attnstore-kvstore-daemon: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     configure_logging(settings.log_level, settings.log_json)
+    if not keep_large_buffers():
+        log.info("allocator_not_tuned", reason="not glibc")
     try:
         uvloop.run(run_daemon(settings))
     except ArenaError as exc:

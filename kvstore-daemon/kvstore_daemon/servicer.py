@@ -12,6 +12,7 @@ from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import ReserveStatus, Tier
 from kvstore_daemon.chunk_store import ChunkStore
+from kvstore_daemon.get_encoding import GetResponseWriter
 from kvstore_daemon.hints import HintAction
 from kvstore_daemon.namespaces import NamespaceLayout
 from kvstore_daemon.settings import DaemonSettings
@@ -114,27 +115,29 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         ids = check_unique_ids(request.write_ids, self._settings.max_keys_per_request, "write_ids")
         return pb.AbortPutResponse(aborted_count=self._store.abort(ids))
 
-    async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GetResponse]:
+    async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Yields serialized GetResponse messages (see get_encoding.py)."""
         namespace = check_namespace(request.namespace)
         keys = self._keys(request.keys)
         check_nonempty(keys, "keys")
         num_layers = self._store.namespaces.get(namespace).num_layers
         start, end = check_layer_range(request.layer_start, request.layer_end, num_layers)
         limit = self._settings.max_get_message_bytes
+        sent = 0
         async with self._store.reading(namespace, keys) as chunks:
-            message = pb.GetResponse(chunk_headers=[self._store.header_bytes(c) for c in chunks])
-            pending = sent = 0
+            message = GetResponseWriter()
+            for chunk in chunks:
+                message.add_header(self._store.header_bytes(chunk))
             # Layer-major: a reader can compute with layer l while l+1 is on the wire.
             for layer in range(start, end):
                 for index, chunk in enumerate(chunks):
-                    data = b"".join(self._store.layer_views(chunk, layer, layer + 1))
-                    message.slices.add(chunk_index=index, layer=layer, data=data)
-                    pending += len(data)
-                    if pending >= limit:
-                        yield message
-                        message, sent, pending = pb.GetResponse(), sent + pending, 0
-            yield message
-            metrics.BYTES_OUT.labels("grpc").inc(sent + pending)
+                    message.add_slice(index, layer, self._store.layer_views(chunk, layer, layer + 1))
+                    if message.data_bytes >= limit:
+                        sent += message.data_bytes
+                        yield message.take()
+            sent += message.data_bytes
+            yield message.take()
+        metrics.BYTES_OUT.labels("grpc").inc(sent)
 
     async def GetShm(self, request: pb.GetShmRequest, context: grpc.aio.ServicerContext) -> pb.GetShmResponse:
         namespace = check_namespace(request.namespace)
@@ -144,6 +147,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             request.lease_ttl_seconds, self._settings.lease_ttl_seconds,
             self._settings.max_lease_ttl_seconds, "lease_ttl_seconds",
         )
+        releases = check_unique_ids(request.release_lease_ids, self._settings.max_keys_per_request,
+                                    "release_lease_ids", allow_empty=True)
+        for lease_id in releases:  # before the new lease: the reader is done with these
+            self._store.release_lease(lease_id)
         lease = await self._store.lease(namespace, keys, ttl)
         metrics.BYTES_OUT.labels("shm").inc(sum(c.size_bytes for c in lease.chunks))
         return pb.GetShmResponse(
@@ -160,7 +167,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         )
 
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
-        return pb.ReleaseLeaseResponse(released=self._store.release_lease(request.lease_id))
+        ids = check_unique_ids(request.lease_ids, self._settings.max_keys_per_request, "lease_ids")
+        return pb.ReleaseLeaseResponse(released_count=sum(self._store.release_lease(i) for i in ids))
 
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:
         count = self._store.delete(check_namespace(request.namespace), self._keys(request.keys))

@@ -51,6 +51,11 @@ class TierMover:
         self._counts = counts
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
+        self._persisting: set[asyncio.Task[bool]] = set()
+
+    async def finish_persists(self, timeout_seconds: float) -> None:
+        if self._persisting:
+            await asyncio.wait(list(self._persisting), timeout=timeout_seconds)
 
     def cancel_background(self) -> None:
         for task in list(self._background):
@@ -88,12 +93,16 @@ class TierMover:
 
     async def allocate_dram(self, size_bytes: int, may_evict: VictimFilter | None) -> list[int] | None:
         """Blocks for `size_bytes`, evicting (and demoting) as the policy orders; None if
-        only unevictable chunks remain."""
+        only unevictable chunks remain. Chunks whose SSD copy is being written cannot be
+        evicted until it lands, so those writes are waited for rather than given up on."""
         while not self.dram.can_allocate(size_bytes):
             victim = self._next_victim(self.dram_policy, may_evict)
-            if victim is None:
+            if victim is not None:
+                await self._evict_from_dram(victim)
+            elif self._persisting:
+                await asyncio.wait(list(self._persisting), return_when=asyncio.FIRST_COMPLETED)
+            else:
                 return None
-            await self._evict_from_dram(victim)
         return self.dram.allocate(size_bytes)
 
     def _next_victim(self, policy: EvictionPolicy, may_evict: VictimFilter | None) -> Chunk | None:
@@ -124,9 +133,12 @@ class TierMover:
             del self._chunks[chunk.key]
 
     def start_persist(self, chunk: Chunk) -> asyncio.Task[bool]:
-        if chunk.persist_task is None or (chunk.persist_task.done() and not chunk.persist_task.result()):
-            chunk.persist_task = asyncio.get_running_loop().create_task(self._persist(chunk))
-        return chunk.persist_task
+        task = chunk.persist_task
+        if task is None or (task.done() and (task.cancelled() or task.exception() or not task.result())):
+            task = chunk.persist_task = asyncio.get_running_loop().create_task(self._persist(chunk))
+            self._persisting.add(task)
+            task.add_done_callback(self._persisting.discard)
+        return task
 
     async def persisted(self, chunk: Chunk) -> bool:
         """True once the chunk has an SSD copy (writing it if needed)."""
@@ -193,8 +205,10 @@ class TierMover:
                 raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
             try:
                 data = await self.ssd.read(chunk.key)
-            except (SsdChunkCorrupt, KeyError) as exc:
+            except BaseException as exc:
                 self.dram.free(blocks)
+                if not isinstance(exc, SsdChunkCorrupt | KeyError):
+                    raise  # an I/O error says nothing about the chunk: keep it
                 metrics.CORRUPT.inc()
                 self.ssd_policy.on_remove(chunk.key)
                 chunk.on_ssd = False

@@ -48,8 +48,9 @@ def check_layer_range(layer_start: int, layer_end: int, num_layers: int) -> tupl
     return layer_start, end
 
 
-def check_unique_ids(ids: Sequence[int], max_ids: int, field: str) -> list[int]:
-    check_nonempty(ids, field)
+def check_unique_ids(ids: Sequence[int], max_ids: int, field: str, *, allow_empty: bool = False) -> list[int]:
+    if not allow_empty:
+        check_nonempty(ids, field)
     if len(ids) > max_ids:
         raise InvalidArgument(f"{field} holds {len(ids)} ids; at most {max_ids} are allowed per call")
     if len(set(ids)) != len(ids):

@@ -21,10 +21,10 @@ from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import writes
 from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.lease_releaser import LeaseReleaser
 from attnstore.kvstore_client.pieces import (
     PutChunks,
     check_layer,
-    copy_parts,
     join_parts,
     normalize_put_items,
 )
@@ -73,6 +73,7 @@ class AsyncKVStoreClient:
         self._arena = ArenaHandle(
             self._stub, enabled=use_shm, shm_dir=shm_dir, timeout_seconds=timeout_seconds
         )
+        self._releaser = LeaseReleaser(self._stub, timeout_seconds)
 
     async def __aenter__(self) -> Self:
         return self
@@ -83,6 +84,7 @@ class AsyncKVStoreClient:
         await self.close()
 
     async def close(self) -> None:
+        await self._releaser.close()
         self._arena.close()
         await self._channel.close()
 
@@ -185,7 +187,8 @@ class AsyncKVStoreClient:
         """The one read path per transport: shared memory when mapped, else the Get stream."""
         if await self._arena.available():
             opened = open_shm_read(
-                self._stub, self._arena, namespace, keys, layer_start, layer_end, self._timeout_seconds
+                self._stub, self._arena, namespace, keys, layer_start, layer_end, self._timeout_seconds,
+                self._releaser,
             )
         else:
             opened = open_grpc_read(
@@ -262,13 +265,12 @@ class AsyncKVStoreClient:
                     out[: layout.data_offset] = read.header_region(index)
                 outs.append(out)
                 bases.append(first)
-            async with contextlib.aclosing(read.layers()) as layers:
-                async for index, layer, parts in layers:
-                    start, end = read.layouts[index].layer_span(layer, layer + 1)
-                    view = outs[index][start - bases[index] : end - bases[index]]
-                    copy_parts(parts, view)
-                    if self._verify:
-                        check_layer(read.layouts[index], layer, view)
+            await read.copy_into(outs, bases)
+            if self._verify:
+                for out, base, layout in zip(outs, bases, read.layouts, strict=True):
+                    for layer in range(read.layer_start, read.layer_end):
+                        start, end = layout.layer_span(layer, layer + 1)
+                        check_layer(layout, layer, out[start - base : end - base])
             return read.layouts
 
     async def iter_layers(

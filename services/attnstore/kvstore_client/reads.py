@@ -2,7 +2,7 @@
 requested chunks, their header bytes, and their layers in layer-major order.
 
 Shared memory: GetShm leases the chunks, the client parses each header from the arena
-and hands out views of each layer; ReleaseLease ends the lease when the read closes.
+and hands out views of each layer; the lease ends when the read closes (lease_releaser.py).
 gRPC: the Get stream's first message carries every header; its slices carry the layers.
 """
 
@@ -17,10 +17,12 @@ import grpc
 from attnstore.chunks.format import ChunkFormatError, ChunkLayout, decode_layout, header_bytes_needed
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.lease_releaser import LeaseReleaser
 from attnstore.kvstore_client.pieces import (
     DaemonProtocolError,
     LayerAssembler,
     LayerParts,
+    copy_parts,
     header_region,
     layer_range,
 )
@@ -45,6 +47,14 @@ class ChunkRead(abc.ABC):
         """Every requested layer once, layer-major; the parts are valid only until the
         next item (shared-memory views die with the lease): copy them out."""
 
+    async def copy_into(self, outs: Sequence[memoryview], bases: Sequence[int]) -> None:
+        """Copies the requested layers of chunk i into outs[i], whose first byte is byte
+        bases[i] of the serialized chunk."""
+        async with contextlib.aclosing(self.layers()) as layers:
+            async for index, layer, parts in layers:
+                start, end = self.layouts[index].layer_span(layer, layer + 1)
+                copy_parts(parts, outs[index][start - bases[index] : end - bases[index]])
+
 
 class _ShmRead(ChunkRead):
     def __init__(
@@ -66,6 +76,12 @@ class _ShmRead(ChunkRead):
 
     def header_region(self, index: int) -> bytes:
         return bytes(self._arena.read(self._extents[index], 0, self.layouts[index].data_offset))
+
+    async def copy_into(self, outs: Sequence[memoryview], bases: Sequence[int]) -> None:
+        # The layer range of a chunk is contiguous in the chunk: one copy per extent.
+        for index, layout in enumerate(self.layouts):
+            start, end = layout.layer_span(self.layer_start, self.layer_end)
+            self._arena.read_into(self._extents[index], start, end, outs[index][start - bases[index] : end - bases[index]])
 
     async def layers(self) -> AsyncIterator[LayerParts]:
         for layer in range(self.layer_start, self.layer_end):
@@ -128,9 +144,10 @@ async def open_shm_read(
     layer_start: int,
     layer_end: int,
     timeout_seconds: float,
+    releaser: LeaseReleaser,
 ) -> AsyncIterator[ChunkRead]:
     """Leases `keys` in the arena for the duration of the `async with` block."""
-    request = kvstore_pb2.GetShmRequest(namespace=namespace, keys=keys)
+    request = kvstore_pb2.GetShmRequest(namespace=namespace, keys=keys, release_lease_ids=releaser.take())
     reply = await stub.GetShm(request, timeout=timeout_seconds)
     try:
         if len(reply.chunks) != len(keys):
@@ -138,9 +155,7 @@ async def open_shm_read(
         mapped = await arena.for_generation(reply.arena_generation)
         yield _ShmRead(mapped, reply.chunks, layer_start, layer_end)
     finally:
-        with contextlib.suppress(Exception):  # best effort: the lease also expires on its own
-            release = kvstore_pb2.ReleaseLeaseRequest(lease_id=reply.lease_id)
-            await stub.ReleaseLease(release, timeout=timeout_seconds)
+        releaser.release(reply.lease_id)
 
 
 @contextlib.asynccontextmanager

@@ -1,5 +1,6 @@
 """One interceptor for every service: maps domain errors to gRPC statuses, logs
-unexpected exceptions, and records per-method latency."""
+unexpected exceptions, records per-method latency, and lets handlers reply with
+already serialized messages."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method.rsplit("/", 1)[-1]
         kwargs = {
             "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
+            "response_serializer": _passing_bytes(handler.response_serializer),
         }
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(_wrap_unary(method, handler.unary_unary), **kwargs)
@@ -64,6 +65,17 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(_wrap_stream(method, handler.unary_stream), **kwargs)
         return grpc.stream_stream_rpc_method_handler(_wrap_stream(method, handler.stream_stream), **kwargs)
+
+
+def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """Hot paths may reply with an already serialized message; it goes out unchanged."""
+    if serialize is None:
+        return None
+
+    def serialize_unless_bytes(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else serialize(response)
+
+    return serialize_unless_bytes
 
 
 async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:

@@ -1,138 +1,234 @@
 """A real daemon process per test: port 0, its own SSD directory, its arena in a private
-directory under /dev/shm, readiness awaited through the ready file (never a sleep)."""
+directory under /dev/shm, readiness awaited through the ready file (never a sleep).
+
+Shared helpers come as fixtures (conftest modules are not imported by name):
+`chunk_set` builds deterministic test chunks, `raw_stub` opens the generated gRPC stub
+for tests that must see real statuses, `poll_until` waits for background work with a
+deadline."""
 
 from __future__ import annotations
 
-import json
-import os
+import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
+import grpc
 import pytest
 
-READY_TIMEOUT_SECONDS = 30.0
-STOP_TIMEOUT_SECONDS = 20.0
+from attnstore.chunks.format import DTYPE_BYTES, encode_chunk
+from attnstore.chunks.keys import chunk_key
+from attnstore.kvstore.v1 import kvstore_pb2_grpc
+from attnstore.kvstore_client import KVStoreClient, Tier
+from kvstore_daemon.launcher import DaemonProcess
+
 _POLL_SECONDS = 0.02
 MiB = 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * MiB
+T = TypeVar("T")
 
 
-class DaemonProcess:
-    """A `python -m kvstore_daemon.main` subprocess. `restart()` and `kill9()` keep the SSD
-    and shm directories and, once a port is bound, reuse it: clients reconnect unchanged."""
+class DaemonFactory:
+    """Starts daemons under `root` with extra settings, e.g. `factory(DRAM_CAPACITY_BYTES=...)`
+    (names without the ATTNSTORE_DAEMON_ prefix); `close()` stops them all."""
 
-    def __init__(self, ssd_dir: Path, shm_dir: Path, log_path: Path, settings: dict[str, str]) -> None:
-        self.ssd_dir = ssd_dir
-        self.shm_dir = shm_dir
-        self.log_path = log_path
-        self.ready_file = log_path.with_name("daemon.ready")
-        self.port = 0
-        self._settings = settings
-        self._process: subprocess.Popen[bytes] | None = None
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
+        self._started: list[DaemonProcess] = []
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _env(self) -> dict[str, str]:
-        env = {name: value for name, value in os.environ.items() if not name.startswith("ATTNSTORE_DAEMON_")}
-        env.update(
-            ATTNSTORE_DAEMON_LISTEN_ADDRESS=f"127.0.0.1:{self.port}",
-            ATTNSTORE_DAEMON_SSD_DIRS=json.dumps([str(self.ssd_dir)]),
-            ATTNSTORE_DAEMON_SHM_DIR=str(self.shm_dir),
-            ATTNSTORE_DAEMON_READY_FILE=str(self.ready_file),
-            ATTNSTORE_DAEMON_LOG_JSON="false",
-        )
-        env.update(self._settings)
-        return env
-
-    def start(self) -> None:
-        self.ready_file.unlink(missing_ok=True)
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "kvstore_daemon.main"], env=self._env(), stdout=log, stderr=log
-            )
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while not self.ready_file.exists():
-            if self._process.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self._process.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.kill9()
-                raise RuntimeError(f"daemon not ready after {READY_TIMEOUT_SECONDS}s:\n{self.log_tail()}")
-            time.sleep(_POLL_SECONDS)
-        self.port = int(self.ready_file.read_text())
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait for the graceful exit (SIGKILL past the timeout); the exit code."""
-        if self._process is None:
-            return None
-        process, self._process = self._process, None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                return process.wait(STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        return process.wait()
-
-    def kill9(self) -> None:
-        """Kills the daemon without letting it clean up (a crash)."""
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            self._process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-@pytest.fixture
-def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    """Starts daemons with extra settings, e.g. `daemon_factory(DRAM_CAPACITY_BYTES=...)`
-    (names without the ATTNSTORE_DAEMON_ prefix); all are stopped at teardown."""
-    started: list[DaemonProcess] = []
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    shm_dirs: list[Path] = []
-
-    def start(**settings: object) -> DaemonProcess:
-        index = len(started)
-        shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root))
-        shm_dirs.append(shm_dir)
+    def __call__(self, **settings: object) -> DaemonProcess:
+        directory = self._root / f"daemon{len(self._started)}"
+        directory.mkdir()
         defaults = {
             "DRAM_CAPACITY_BYTES": 64 * MiB,
             "SSD_CAPACITY_BYTES": 256 * MiB,
             "MAX_CHUNK_BYTES": 16 * MiB,
         }
-        merged = {f"ATTNSTORE_DAEMON_{name}": str(value) for name, value in {**defaults, **settings}.items()}
-        (tmp_path / f"daemon{index}").mkdir()
         process = DaemonProcess(
-            ssd_dir=tmp_path / f"daemon{index}" / "ssd",
-            shm_dir=shm_dir,
-            log_path=tmp_path / f"daemon{index}" / "daemon.log",
-            settings=merged,
+            ssd_dir=directory / "ssd",
+            shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=self._shm_root)),
+            log_path=directory / "daemon.log",
+            settings={**defaults, **settings},
         )
-        started.append(process)
+        self._started.append(process)
         process.start()
         return process
 
-    try:
-        yield start
-    finally:
-        for process in started:
+    def close(self) -> None:
+        for process in self._started:
             process.stop()
-        for shm_dir in shm_dirs:
-            shutil.rmtree(shm_dir, ignore_errors=True)
+            shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture
-def daemon(daemon_factory: Callable[..., DaemonProcess]) -> DaemonProcess:
+def daemon_factory(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Daemons for one test; all are stopped at teardown."""
+    factory = DaemonFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="module")
+def module_daemon_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonFactory]:
+    """Daemons shared by the tests of one module (for many cheap cases against one daemon)."""
+    factory = DaemonFactory(tmp_path_factory.mktemp("daemons"))
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def daemon(daemon_factory: DaemonFactory) -> DaemonProcess:
     return daemon_factory()
+
+
+# ---- test data ---------------------------------------------------------------------------
+
+
+class ChunkSet:
+    """Deterministic chunks of one namespace. Key `i` is link `i` of one chained key
+    sequence (so keys 0..n-1 form a valid Lookup chain); its K/V bytes are seeded random,
+    and `version` gives the same key other bytes. A full chunk is a 4 KiB header block
+    plus `num_layers` layers of K and V, each [kv_heads, chunk_tokens, head_dim]."""
+
+    def __init__(
+        self,
+        namespace: bytes = bytes(range(16)),
+        *,
+        num_layers: int = 4,
+        kv_heads: int = 2,
+        head_dim: int = 32,
+        chunk_tokens: int = 16,
+        dtype: str = "float16",
+        seed: int = 0,
+    ) -> None:
+        self.namespace = namespace
+        self.num_layers = num_layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.chunk_tokens = chunk_tokens
+        self.dtype = dtype
+        self._seed = seed
+        self._keys: list[bytes] = []
+        self._data: dict[tuple[int, int, int], bytes] = {}
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """RegisterNamespace's layout fields (keyword arguments of `register_namespace`)."""
+        return {
+            "num_layers": self.num_layers,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "chunk_tokens": self.chunk_tokens,
+            "dtype": self.dtype,
+        }
+
+    def register(self, client: KVStoreClient) -> int:
+        return client.register_namespace(self.namespace, **self.layout)
+
+    def key(self, index: int) -> bytes:
+        while len(self._keys) <= index:
+            parent = self._keys[-1] if self._keys else None
+            first = len(self._keys) * self.chunk_tokens
+            self._keys.append(chunk_key(self.namespace, parent, range(first, first + self.chunk_tokens)))
+        return self._keys[index]
+
+    def keys(self, start: int, stop: int) -> list[bytes]:
+        return [self.key(index) for index in range(start, stop)]
+
+    def data(self, index: int, *, tokens: int | None = None, version: int = 0) -> bytes:
+        """The serialized chunk of key `index` (`tokens` < chunk_tokens: a partial chunk)."""
+        tokens = tokens or self.chunk_tokens
+        cached = self._data.get((index, tokens, version))
+        if cached is None:
+            rng = random.Random(f"{self._seed}/{index}/{tokens}/{version}")
+            half = self.kv_heads * tokens * self.head_dim * DTYPE_BYTES[self.dtype]  # K or V of a layer
+            cached = encode_chunk(
+                namespace=self.namespace,
+                key=self.key(index),
+                dtype=self.dtype,
+                kv_heads=self.kv_heads,
+                tokens=tokens,
+                head_dim=self.head_dim,
+                base_position=index * self.chunk_tokens,
+                layers=[(rng.randbytes(half), rng.randbytes(half)) for _ in range(self.num_layers)],
+            )
+            self._data[(index, tokens, version)] = cached
+        return cached
+
+    def items(self, start: int, stop: int) -> dict[bytes, bytes]:
+        return {self.key(index): self.data(index) for index in range(start, stop)}
+
+    def tiers(self, client: KVStoreClient, indices: Iterable[int]) -> list[Tier | None]:
+        """Where each chunk is now (None: not stored), one single-key Lookup per chunk."""
+        found = []
+        for index in indices:
+            result = client.lookup(self.namespace, [self.key(index)])
+            found.append(result.tiers[0] if result.prefix_length else None)
+        return found
+
+
+@pytest.fixture(scope="session")
+def chunk_set() -> type[ChunkSet]:
+    """`chunk_set(namespace, num_layers=..., seed=...)` builds a ChunkSet."""
+    return ChunkSet
+
+
+# ---- raw gRPC and waiting --------------------------------------------------------------------
+
+
+def open_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+@pytest.fixture
+def raw_stub() -> Iterator[Callable[[DaemonProcess], kvstore_pb2_grpc.KVStoreStub]]:
+    """`raw_stub(daemon)`: the generated blocking stub, for tests that check real statuses;
+    its channel closes at teardown."""
+    channels: list[grpc.Channel] = []
+
+    def open_stub(process: DaemonProcess) -> kvstore_pb2_grpc.KVStoreStub:
+        channels.append(open_channel(process.address))
+        return kvstore_pb2_grpc.KVStoreStub(channels[-1])
+
+    try:
+        yield open_stub
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+class PollUntil(Protocol):
+    def __call__(self, condition: Callable[[], T], *, what: str, timeout_seconds: float = ...) -> T: ...
+
+
+def wait_for(condition: Callable[[], T], *, what: str, timeout_seconds: float = 10.0) -> T:
+    """Polls `condition` until it returns something truthy (returned) or the deadline passes."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what} (last: {value!r})")
+        time.sleep(_POLL_SECONDS)
+
+
+@pytest.fixture
+def poll_until() -> PollUntil:
+    """`poll_until(condition, what="...", timeout_seconds=10)`: the truthy value, or a failure
+    naming `what` at the deadline. For background work (demotion, expiry, prefetch)."""
+    return wait_for

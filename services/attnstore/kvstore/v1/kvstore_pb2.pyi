@@ -223,14 +223,16 @@ class GetResponse(_message.Message):
     def __init__(self, chunk_headers: _Optional[_Iterable[bytes]] = ..., slices: _Optional[_Iterable[_Union[LayerSlice, _Mapping]]] = ...) -> None: ...
 
 class GetShmRequest(_message.Message):
-    __slots__ = ("namespace", "keys", "lease_ttl_seconds")
+    __slots__ = ("namespace", "keys", "lease_ttl_seconds", "release_lease_ids")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease_ttl_seconds: int
-    def __init__(self, namespace: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease_ttl_seconds: _Optional[int] = ...) -> None: ...
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease_ttl_seconds: _Optional[int] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChunkLocation(_message.Message):
     __slots__ = ("size_bytes", "extents")
@@ -253,16 +255,16 @@ class GetShmResponse(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkLocation, _Mapping]]] = ..., arena_generation: _Optional[str] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
-    __slots__ = ("lease_id",)
-    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
-    lease_id: int
-    def __init__(self, lease_id: _Optional[int] = ...) -> None: ...
+    __slots__ = ("lease_ids",)
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseLeaseResponse(_message.Message):
-    __slots__ = ("released",)
-    RELEASED_FIELD_NUMBER: _ClassVar[int]
-    released: bool
-    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+    __slots__ = ("released_count",)
+    RELEASED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    released_count: int
+    def __init__(self, released_count: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("namespace", "keys")

@@ -181,7 +181,7 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseLease(self, request, context):
-        """Ends a read lease early (leases also expire on their own).
+        """Ends read leases early (leases also expire on their own).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

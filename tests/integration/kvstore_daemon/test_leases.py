@@ -1,0 +1,252 @@
+"""What protects a chunk from eviction in a real daemon (read leases, pins) and how every
+such hold ends on its own (lease and reservation TTLs), even when its client dies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+from attnstore.kvstore.v1 import kvstore_pb2 as pb
+from attnstore.kvstore_client import KVStoreClient, Tier
+from attnstore.shm_arena import Extent, SharedArena
+
+if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
+    from collections.abc import Callable
+
+    from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
+
+    from attnstore.kvstore.v1.kvstore_pb2_grpc import KVStoreStub
+
+KiB, MiB = 1024, 1024 * 1024
+# 900 KiB chunks (7 layers of 128 KiB and a 4 KiB header) in 256 KiB blocks: the 4 MiB
+# arena holds exactly four. Evictions happen only to make room (no watermark demotion),
+# in LRU order, and demote to SSD.
+SHAPE = {"num_layers": 7, "kv_heads": 4, "head_dim": 128, "chunk_tokens": 64}
+FOUR_CHUNK_DRAM = {
+    "DRAM_CAPACITY_BYTES": 4 * MiB,
+    "DRAM_BLOCK_BYTES": 256 * KiB,
+    "MAX_CHUNK_BYTES": MiB,
+    "DRAM_HIGH_WATERMARK": 1.0,
+    "DRAM_LOW_WATERMARK": 1.0,
+    "PERSIST_ON_COMMIT": "false",
+    "EVICTION_POLICY": "lru",
+}
+
+# A client that takes a lease, reports it, then blocks until it is killed.
+LEASE_HOLDER = """
+import sys
+import grpc
+from attnstore.kvstore.v1 import kvstore_pb2 as pb, kvstore_pb2_grpc
+address, namespace, key = sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3])
+stub = kvstore_pb2_grpc.KVStoreStub(grpc.insecure_channel(address))
+reply = stub.GetShm(pb.GetShmRequest(namespace=namespace, keys=[key]))
+print(reply.lease_id, flush=True)
+sys.stdin.read()
+"""
+
+
+def map_arena(stub: KVStoreStub) -> SharedArena:
+    reply = stub.OpenShm(pb.OpenShmRequest())
+    return SharedArena(Path(reply.path), reply.size_bytes)
+
+
+def extents_of(location: pb.ChunkLocation) -> list[Extent]:
+    return [(extent.offset_bytes, extent.length_bytes) for extent in location.extents]
+
+
+def release(stub: KVStoreStub, lease_id: int) -> bool:
+    """Whether ReleaseLease ended the lease (False: it had expired or ended already)."""
+    return stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_ids=[lease_id])).released_count == 1
+
+
+def put_one_by_one(client: KVStoreClient, chunks: ChunkSet, indices: range) -> None:
+    for index in indices:
+        assert client.put_chunks(chunks.namespace, chunks.items(index, index + 1)).stored == [
+            chunks.key(index)
+        ]
+
+
+@pytest.mark.parametrize("ending", ["release", "expiry"])
+def test_a_leased_chunk_survives_eviction_until_its_lease_ends(
+    daemon_factory: DaemonFactory,
+    chunk_set: type[ChunkSet],
+    raw_stub: Callable[[DaemonProcess], KVStoreStub],
+    poll_until: PollUntil,
+    ending: str,
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    ns, key, data = chunks.namespace, chunks.key(0), chunks.data(0)
+    stub = raw_stub(daemon)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(1))
+        ttl_seconds = 2 if ending == "expiry" else 60
+        lease = stub.GetShm(pb.GetShmRequest(namespace=ns, keys=[key], lease_ttl_seconds=ttl_seconds))
+        assert lease.lease_ttl_ms == ttl_seconds * 1000
+        extents = extents_of(lease.chunks[0])
+        arena = map_arena(stub)
+        try:
+            assert arena.read(extents, 0, len(data)) == data
+            put_one_by_one(client, chunks, range(1, 9))  # twice the arena: every other chunk moves
+            assert arena.read(extents, 0, len(data)) == data, "a leased chunk's bytes changed"
+        finally:
+            arena.close()
+        stats = client.stats()
+        assert stats.leases == 1 and stats.dram.evictions >= 5
+        assert chunks.tiers(client, [0]) == [Tier.DRAM]
+
+        if ending == "release":
+            assert release(stub, lease.lease_id)
+        else:
+            poll_until(lambda: client.stats().leases == 0, what="the lease to expire")
+            assert not release(stub, lease.lease_id)
+        assert client.stats().leases == 0
+        put_one_by_one(client, chunks, range(9, 14))  # chunk 0 is now the least recently used
+        assert chunks.tiers(client, [0]) == [Tier.SSD]
+        assert client.get_whole_chunks(ns, [key]) == [data]
+
+
+def test_a_dram_full_of_leased_chunks_refuses_puts_until_released(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], raw_stub: Callable[[DaemonProcess], KVStoreStub]
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    stub = raw_stub(daemon)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(4))
+        lease = stub.GetShm(pb.GetShmRequest(namespace=chunks.namespace, keys=chunks.keys(0, 4)))
+        refused = client.put_chunks(chunks.namespace, chunks.items(4, 5))
+        assert refused.no_space == [chunks.key(4)] and not refused.stored
+        stats = client.stats()
+        assert stats.reservations == 0 and stats.dram.chunks == 4 and stats.dram.evictions == 0
+
+        assert release(stub, lease.lease_id)
+        assert client.put_chunks(chunks.namespace, chunks.items(4, 5)).stored == [chunks.key(4)]
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 3)) == [
+            chunks.data(i) for i in range(3)
+        ]
+
+
+def test_a_dead_clients_lease_expires(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM, LEASE_TTL_SECONDS=2)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(1))
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LEASE_HOLDER, daemon.address, chunks.namespace.hex(), chunks.key(0).hex()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip().isdigit(), "the lease holder failed to take its lease"
+            assert client.stats().leases == 1
+        finally:
+            holder.kill()  # SIGKILL: no ReleaseLease, no goodbye
+            holder.wait()
+        poll_until(lambda: client.stats().leases == 0, what="the dead client's lease to expire")
+        put_one_by_one(client, chunks, range(1, 5))
+        assert chunks.tiers(client, [0]) == [Tier.SSD]  # no longer held: evicted like any other
+
+
+def test_an_uncommitted_reservation_expires_and_frees_its_blocks(
+    daemon_factory: DaemonFactory,
+    chunk_set: type[ChunkSet],
+    raw_stub: Callable[[DaemonProcess], KVStoreStub],
+    poll_until: PollUntil,
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    ns, key, data = chunks.namespace, chunks.key(1), chunks.data(1)
+    stub = raw_stub(daemon)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(1))
+        baseline = client.stats().dram.used_bytes
+        item = pb.PutItem(key=key, size_bytes=len(data))
+        [reservation] = stub.ReservePut(
+            pb.ReservePutRequest(namespace=ns, items=[item], ttl_seconds=1)
+        ).reservations
+        assert reservation.status == pb.RESERVE_STATUS_RESERVED
+        stub.WritePut(iter([pb.WritePutRequest(write_id=reservation.write_id, offset_bytes=0, data=data)]))
+        stats = client.stats()
+        assert stats.reservations == 1 and stats.dram.used_bytes == baseline + MiB
+
+        poll_until(
+            lambda: (s := client.stats()).reservations == 0 and s.dram.used_bytes == baseline,
+            what="the reservation to expire and return its blocks",
+        )
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.CommitPut(pb.CommitPutRequest(write_ids=[reservation.write_id]))
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "write id" in (failed.value.details() or "")
+        assert client.lookup(ns, [key]).prefix_length == 0
+        assert client.put_chunks(ns, {key: data}).stored == [key]  # the key is free again
+
+
+def test_a_pinned_chunk_stays_in_dram_until_unpinned(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    ns = chunks.namespace
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(2))
+        assert client.pin(ns, [chunks.key(0), bytes(32)]) == 1  # absent keys are ignored
+        assert client.stats().pinned_chunks == 1
+        put_one_by_one(client, chunks, range(2, 10))
+        assert chunks.tiers(client, [0, 1]) == [Tier.DRAM, Tier.SSD]
+
+        # Pinning an SSD-only chunk loads it back into DRAM.
+        assert client.pin(ns, [chunks.key(1)]) == 1
+        poll_until(lambda: chunks.tiers(client, [1]) == [Tier.DRAM], what="the pinned chunk 1 to reach DRAM")
+        put_one_by_one(client, chunks, range(10, 14))
+        assert chunks.tiers(client, [0, 1]) == [Tier.DRAM, Tier.DRAM]
+        assert client.stats().pinned_chunks == 2
+
+        assert client.unpin(ns, chunks.keys(0, 3)) == 2
+        assert client.stats().pinned_chunks == 0
+        put_one_by_one(client, chunks, range(14, 20))
+        assert chunks.tiers(client, [0, 1]) == [Tier.SSD, Tier.SSD]
+        assert client.get_whole_chunks(ns, chunks.keys(0, 2)) == [chunks.data(0), chunks.data(1)]
+
+
+def test_a_chunk_deleted_under_a_lease_stays_readable_by_it_then_is_freed(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], raw_stub: Callable[[DaemonProcess], KVStoreStub]
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    ns, key, data = chunks.namespace, chunks.key(0), chunks.data(0)
+    stub = raw_stub(daemon)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(1))
+        lease = stub.GetShm(pb.GetShmRequest(namespace=ns, keys=[key]))
+        assert client.delete(ns, [key]) == 1
+        assert client.lookup(ns, [key]).prefix_length == 0  # hidden at once
+        with pytest.raises(grpc.RpcError) as failed:
+            client.get_whole_chunks(ns, [key])
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+        arena = map_arena(stub)
+        try:
+            assert arena.read(extents_of(lease.chunks[0]), 0, len(data)) == data  # the reader's bytes stay
+        finally:
+            arena.close()
+        assert client.stats().dram.used_bytes == MiB
+
+        assert release(stub, lease.lease_id)
+        stats = client.stats()
+        assert stats.dram.used_bytes == 0 and stats.dram.chunks == 0  # freed with the last reader
+        assert client.put_chunks(ns, {key: data}).stored == [key]
+        assert client.get_whole_chunks(ns, [key]) == [data]
