@@ -54,6 +54,7 @@ class Reservation:
     blocks: list[int]
     extents: list[Extent]
     expires_at: float
+    streamed_bytes: int = 0  # bytes that came through WritePut rather than shared memory
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ class ChunkStore:
                 f"reservation {write_id}"
             )
         self.dram.arena.write(reservation.extents, offset, data)
+        reservation.streamed_bytes += len(data)
 
     async def commit(self, write_ids: Sequence[int], durable: bool) -> int:
         """Validates every written chunk first (all or nothing), then makes them visible."""
@@ -170,7 +171,7 @@ class ChunkStore:
             )
             self._chunks[chunk.key] = chunk
             self._mover.dram_policy.on_insert(chunk.key)
-            metrics.BYTES_IN.labels("dram").inc(chunk.size_bytes)
+            metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
             if self.settings.persist_on_commit or durable:
                 self._mover.start_persist(chunk)
             committed.append(chunk)
