@@ -289,8 +289,7 @@ class ChunkStore:
             self.release_lease(lease_id)
             metrics.EXPIRED.labels("lease").inc()
         self.hints.expire(now)
-        await self._mover.enforce_dram_watermark()
-        await self._mover.enforce_ssd_watermark()
+        await self._mover.enforce_watermarks()
         self._mover.start_prefetches()
         self._update_gauges()
 

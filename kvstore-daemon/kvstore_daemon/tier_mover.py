@@ -251,24 +251,32 @@ class TierMover:
                 started += 1
         return started
 
-    async def enforce_dram_watermark(self) -> None:
-        high = self.settings.dram_high_watermark * self.dram.capacity_bytes
-        low = self.settings.dram_low_watermark * self.dram.capacity_bytes
-        if self.dram.used_bytes <= high:
-            return
-        while self.dram.used_bytes > low:
-            victim = self._next_victim(self.dram_policy, None)
-            if victim is None:
-                return
-            await self._evict_from_dram(victim)
+    async def enforce_watermarks(self) -> None:
+        """Above a tier's high watermark, evicts down to its low watermark (headroom, so
+        writes and promotions rarely wait for an eviction)."""
+        s = self.settings
+        await self._shrink(
+            self.dram_policy, lambda: self.dram.used_bytes, self.dram.capacity_bytes,
+            s.dram_high_watermark, s.dram_low_watermark, self._evict_from_dram,
+        )
+        await self._shrink(
+            self.ssd_policy, lambda: self.ssd.used_bytes, self.ssd.capacity_bytes,
+            s.ssd_high_watermark, s.ssd_low_watermark, self._evict_from_ssd,
+        )
 
-    async def enforce_ssd_watermark(self) -> None:
-        high = self.settings.ssd_high_watermark * self.ssd.capacity_bytes
-        low = self.settings.ssd_low_watermark * self.ssd.capacity_bytes
-        if self.ssd.used_bytes <= high:
+    async def _shrink(
+        self,
+        policy: EvictionPolicy,
+        used_bytes: Callable[[], int],
+        capacity_bytes: int,
+        high: float,
+        low: float,
+        evict: Callable[[Chunk], Coroutine[Any, Any, None]],
+    ) -> None:
+        if used_bytes() <= high * capacity_bytes:
             return
-        while self.ssd.used_bytes > low:
-            victim = self._next_victim(self.ssd_policy, None)
+        while used_bytes() > low * capacity_bytes:
+            victim = self._next_victim(policy, None)
             if victim is None:
                 return
-            await self._evict_from_ssd(victim)
+            await evict(victim)

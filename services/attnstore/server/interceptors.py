@@ -4,6 +4,7 @@ already serialized messages."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -88,34 +89,33 @@ async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerCont
     await context.abort(code, message)
 
 
+@contextlib.asynccontextmanager
+async def _observed(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """Times one call and answers its exceptions with a status."""
+    start, code = time.perf_counter(), "OK"
+    try:
+        yield
+    except grpc.aio.AbortError:
+        raise  # the handler chose its status itself
+    except Exception as exc:  # noqa: BLE001 -- the one place every failure becomes a status
+        code = status_of(exc).name if isinstance(exc, errors.ServiceError) else "INTERNAL"
+        await _abort(method, exc, context)
+    finally:
+        RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
+
+
 def _wrap_unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        start, code = time.perf_counter(), "OK"
-        try:
+        async with _observed(method, context):
             return await behavior(request, context)
-        except (errors.ServiceError, Exception) as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            code = status_of(exc).name if isinstance(exc, errors.ServiceError) else "INTERNAL"
-            await _abort(method, exc, context)
-        finally:
-            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
 
     return wrapped
 
 
 def _wrap_stream(method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        start, code = time.perf_counter(), "OK"
-        try:
+        async with _observed(method, context):
             async for response in behavior(request, context):
                 yield response
-        except (errors.ServiceError, Exception) as exc:
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            code = status_of(exc).name if isinstance(exc, errors.ServiceError) else "INTERNAL"
-            await _abort(method, exc, context)
-        finally:
-            RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
 
     return wrapped
