@@ -1,13 +1,16 @@
 """Serving lifecycle shared by the services.
 
-Start: bind, register health (SERVING) and reflection, expose Prometheus metrics.
-Stop (SIGTERM/SIGINT): health NOT_SERVING, stop accepting, let in-flight calls
-finish for `grace_seconds`, then run the service's own cleanup.
+Start: bind, register health and reflection, expose Prometheus metrics; health turns
+SERVING only once the server runs and the service's health probe (if any) has passed.
+While serving, the probe runs again every `health_probe_interval_seconds` and health
+follows it. Stop (SIGTERM/SIGINT): health NOT_SERVING, stop accepting, let in-flight
+calls finish for `grace_seconds`, then run the service's own cleanup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -23,6 +26,9 @@ log = structlog.get_logger("attnstore.server")
 
 # Chunks travel as gRPC messages; the default 4 MiB cap is too small for them.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# Raises when the service cannot do its work (a device that fails a tiny operation).
+HealthProbe = Callable[[], Awaitable[None]]
 
 
 def create_server() -> grpc.aio.Server:
@@ -44,12 +50,17 @@ async def serve(
     grace_seconds: float,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     on_started: Callable[[int], None] | None = None,
+    health_probe: HealthProbe | None = None,
+    health_probe_interval_seconds: float = 0.0,
 ) -> None:
-    """Runs `server` until SIGTERM or SIGINT; `on_started` receives the bound port."""
-    names = list(service_names)
+    """Runs `server` until SIGTERM or SIGINT; `on_started` receives the bound port.
+
+    `health_probe` must pass once before anything reports SERVING (its failure ends
+    serve() with that exception); with a positive interval it runs again periodically."""
+    names = ["", *service_names]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    reflection.enable_server_reflection([*names[1:], health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind gRPC address {address}")
@@ -59,18 +70,63 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
+    watcher: asyncio.Task[None] | None = None
     try:
+        await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
-        for name in ["", *names]:
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if health_probe is not None:
+            try:
+                await health_probe()
+            except BaseException:
+                await server.stop(0)
+                raise
+        await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", address=address, port=port, metrics_port=metrics_port)
         if on_started is not None:
             on_started(port)
+        if health_probe is not None and health_probe_interval_seconds > 0:
+            watcher = loop.create_task(
+                _watch_health(health_servicer, names, health_probe, health_probe_interval_seconds)
+            )
         await stop_requested.wait()
         log.info("stopping", grace_seconds=grace_seconds)
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace_seconds)
     finally:
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         if on_stop is not None:
             await on_stop()
         log.info("stopped")
+
+
+async def _set_all(
+    health_servicer: health.aio.HealthServicer,
+    names: list[str],
+    status: health_pb2.HealthCheckResponse.ServingStatus,
+) -> None:
+    for name in names:
+        await health_servicer.set(name, status)
+
+
+async def _watch_health(
+    health_servicer: health.aio.HealthServicer, names: list[str], probe: HealthProbe, interval_seconds: float
+) -> None:
+    """Re-runs `probe` forever; health follows its result (logged when it changes)."""
+    healthy = True
+    while True:
+        await asyncio.sleep(interval_seconds)
+        try:
+            await probe()
+        except Exception as exc:  # noqa: BLE001 -- any failure means "not serving"
+            if healthy:
+                log.error("health_probe_failed", error=repr(exc))
+                await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.NOT_SERVING)
+            healthy = False
+            continue
+        if not healthy:
+            log.info("health_probe_recovered")
+            await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.SERVING)
+        healthy = True

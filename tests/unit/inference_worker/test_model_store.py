@@ -5,7 +5,6 @@ once-only atomic conversion of a GGUF file, with its slow dequantizing step stoo
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -19,15 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    AutoModelForCausalLM,
-    GPT2Config,
-    LlamaConfig,
-    PretrainedConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-)
+from transformers import PreTrainedTokenizerFast
 
 from inference_worker import model_store
 from inference_worker.model_store import (
@@ -40,77 +31,13 @@ from inference_worker.model_store import (
     model_digest,
 )
 
-CORPUS = ["the capital of france is paris", "hello world, how are you", "system user assistant"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-VOCAB_SIZE = 300
-TINY_SHAPE = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": VOCAB_SIZE,
-    "max_position_embeddings": 128,
-}
-CONFIGS: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config, "gpt2": GPT2Config}
-
-
-@functools.cache
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on CORPUS, with a chat template (no download).
-    Byte-level BPE because transformers 5 loads a "qwen2" directory's tokenizer as
-    Qwen2Tokenizer whatever tokenizer_config.json names, rebuilding it as byte-level BPE."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(CORPUS * 5, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def save_tiny_model(path: Path, *, family: str = "llama", seed: int = 0, **overrides: object) -> Path:
-    """Saves a seeded random-weight model of `family` with a tokenizer to `path`."""
-    shape = (
-        {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": VOCAB_SIZE}
-        if family == "gpt2"
-        else TINY_SHAPE
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[family](**{**shape, **overrides}), dtype=torch.float32)
-    model.save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-@pytest.fixture
-def tiny_model_dir(tmp_path: Path) -> Callable[..., Path]:
-    """`tiny_model_dir(family="llama", seed=0, **config)`: a fresh model directory each call."""
-    made: list[Path] = []
-
-    def make(family: str = "llama", seed: int = 0, **overrides: object) -> Path:
-        made.append(tmp_path / f"model{len(made)}")
-        return save_tiny_model(made[-1], family=family, seed=seed, **overrides)
-
-    return make
-
-
 # ---- loading ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_loads_a_local_model_with_its_tokenizer(tiny_model_dir: Callable[..., Path], family: str) -> None:
+def test_loads_a_local_model_with_its_tokenizer(
+    tiny_model_dir: Callable[..., Path], tiny_tokenizer: PreTrainedTokenizerFast, family: str
+) -> None:
     loaded = load_model(tiny_model_dir(family), torch.float32, "cpu")
 
     assert loaded.config.model_type == family
@@ -122,12 +49,12 @@ def test_loads_a_local_model_with_its_tokenizer(tiny_model_dir: Callable[..., Pa
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     ids = prompt["input_ids"][0].tolist()
-    saved = tiny_tokenizer().apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    saved = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
     assert ids == saved["input_ids"]
     assert loaded.tokenizer.decode(ids) == "<|im_start|>user\nhello paris<|im_end|>\n<|im_start|>assistant\n"
     with torch.no_grad():
         logits = loaded.model(**prompt).logits  # [1, T, vocab]
-    assert logits.shape == (1, len(ids), VOCAB_SIZE)
+    assert logits.shape == (1, len(ids), len(tiny_tokenizer))
 
 
 def test_loads_in_the_requested_dtype(tiny_model_dir: Callable[..., Path]) -> None:

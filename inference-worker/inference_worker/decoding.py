@@ -1,0 +1,152 @@
+"""Decoding: choosing each next token and turning tokens into streamed text.
+
+`decode` runs the loop: sample, stream, feed the token back, until a stop token or the
+token limit. `Sampler` picks greedily (temperature 0) or samples with temperature and top-p from a
+seeded `torch.Generator`, on the CPU so a seed gives the same tokens on every device.
+`stop_token_ids` gathers the model's end-of-turn tokens. `IncrementalDetokenizer` emits
+the text each token adds, holding back bytes of a character that is not complete yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from attnstore.errors import InvalidArgument
+from inference_worker.model_runner import ModelRunner
+from inference_worker.turn_types import SamplingParams, TokenEvent
+
+# Special tokens that end an assistant turn in the chat templates of the supported families
+# (ChatML, Llama 3, Phi, Gemma), counted only when the tokenizer has them as special tokens.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+# Prompt tokens decoded in front of the first generated token, as vLLM does: sentencepiece
+# tokenizers drop a leading space when a token is decoded on its own.
+_CONTEXT_TOKENS = 5
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """Raises InvalidArgument for sampling parameters no turn can run with."""
+    if params.max_tokens < 1:
+        raise InvalidArgument(f"max_tokens must be at least 1, got {params.max_tokens}")
+    if params.temperature < 0:
+        raise InvalidArgument(f"temperature must not be negative, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise InvalidArgument(f"top_p must lie in (0, 1], got {params.top_p}")
+
+
+def stop_token_ids(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, extra: tuple[int, ...] = ()
+) -> frozenset[int]:
+    """The tokenizer's eos, the generation config's eos (one id or a list), the template's
+    end-of-turn tokens, and `extra`."""
+    found: set[int] = set(extra)
+    candidates: list[object] = [tokenizer.eos_token_id]
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    candidates.extend(eos if isinstance(eos, list | tuple) else [eos])
+    special = set(tokenizer.all_special_tokens) | {
+        token.content for token in getattr(tokenizer, "added_tokens_decoder", {}).values() if token.special
+    }
+    candidates.extend(tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS if t in special)
+    found.update(c for c in candidates if isinstance(c, int) and c >= 0)
+    return frozenset(found)
+
+
+class Sampler:
+    """The next token from the last position's logits, per `params`."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.temperature = params.temperature
+        self.top_p = params.top_p
+        self.generator: torch.Generator | None = None
+        if self.temperature > 0:
+            self.generator = torch.Generator(device="cpu")
+            if params.seed is None:
+                self.generator.seed()  # non-deterministic, as asked
+            else:
+                self.generator.manual_seed(params.seed)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """`logits` [vocab] (any device and float dtype) -> a token id."""
+        if self.generator is None:
+            return int(torch.argmax(logits))
+        scaled = logits.detach().float().cpu() / self.temperature  # [vocab]
+        probs = torch.softmax(scaled, dim=-1)  # [vocab]
+        if self.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)  # each [vocab]
+            before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass ahead of each token
+            # The smallest set whose mass reaches top_p: tokens whose predecessors fall short.
+            sorted_probs[before >= self.top_p] = 0.0  # the top token always survives (before = 0)
+            choice = int(torch.multinomial(sorted_probs, 1, generator=self.generator))
+            return int(order[choice])
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+class IncrementalDetokenizer:
+    """Text deltas of a growing token sequence; concatenated they give the decoded text
+    (special tokens skipped)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.tokens = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0  # start of the window decoded for context
+        self.read_offset = len(self.tokens)  # text up to here has been emitted
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def add(self, token_id: int, *, final: bool = False) -> str:
+        """The text `token_id` completes. Bytes of an unfinished character wait for the next
+        token, unless `final` (then they come out as U+FFFD)."""
+        self.tokens.append(token_id)
+        prefix_text = self._decode(self.tokens[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.tokens[self.prefix_offset :])
+        if len(full_text) <= len(prefix_text) or (full_text.endswith("\ufffd") and not final):
+            return ""  # a skipped special token, or a character still missing bytes
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        return full_text[len(prefix_text) :]
+
+
+class Decoding:
+    """The state of one turn's decoding, read by the caller once it ends."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.stopped = False  # ended on a stop token (else on the token limit)
+        self.first_token_at: float | None = None  # perf_counter() when the first token was ready
+
+
+async def decode(
+    runner: ModelRunner,
+    cache: DynamicCache,
+    logits: torch.Tensor,
+    *,
+    prompt: list[int],
+    params: SamplingParams,
+    stops: frozenset[int],
+    tokenizer: PreTrainedTokenizerBase,
+    state: Decoding,
+) -> AsyncIterator[TokenEvent]:
+    """Streams tokens continuing `prompt` from its last token's `logits` [vocab], extending
+    `cache` (which holds the prompt's KV). A stop token is streamed too (its text is empty
+    when it is a special token). The last token is not fed back: its KV is never computed."""
+    sampler = Sampler(params)
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt)
+    limit = min(params.max_tokens, runner.max_positions - len(prompt))
+    while True:
+        token = sampler(logits)
+        state.tokens.append(token)
+        state.stopped = token in stops
+        last = state.stopped or len(state.tokens) >= limit
+        event = TokenEvent(token_id=token, text=detokenizer.add(token, final=last))
+        if state.first_token_at is None:
+            state.first_token_at = time.perf_counter()
+        yield event
+        if last:
+            return
+        position = len(prompt) + len(state.tokens) - 1
+        logits, _ = await asyncio.to_thread(runner.forward, [token], position, cache)

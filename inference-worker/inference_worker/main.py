@@ -1,0 +1,143 @@
+"""Entry point: `attnstore-inference-worker` / `python -m inference_worker.main`.
+
+Start: settings, logging, the model (the default one converted on first use), the turn
+engine (with a daemon client when `kvstore_address` is set), one warm-up turn, then serve. Health turns
+SERVING only after a tiny tensor op on the model's device succeeded, and follows that
+check periodically. Stop: in-flight turns finish within the grace period, then pending
+KV saves are drained (bounded by the same grace) and the daemon client closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+
+import structlog
+import torch
+import transformers
+
+from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.server.allocator import keep_large_buffers
+from attnstore.server.lifecycle import create_server, serve
+from attnstore.server.logging import configure_logging
+from attnstore.server.process import write_ready_file
+from attnstore.settings import SettingsError, load_settings
+from attnstore.worker.v1 import worker_pb2_grpc
+from inference_worker.chat_template import ChatTemplate
+from inference_worker.device_check import DeviceCheckFailed, check_device
+from inference_worker.kv_codec import TORCH_DTYPES
+from inference_worker.model_card import describe_model, request_limits
+from inference_worker.model_store import (
+    LoadedModel,
+    ModelStoreError,
+    default_model_dir,
+    load_model,
+    model_digest,
+)
+from inference_worker.servicer import SERVICE_NAME, WorkerServicer
+from inference_worker.settings import WorkerSettings
+from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import SamplingParams, TurnInput
+
+log = structlog.get_logger("inference_worker")
+
+
+class StartupError(Exception):
+    """The worker cannot start with these settings on this machine; the message says why."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise StartupError(f"device {name!r} was asked for, but CUDA is not available")
+    return torch.device(name)
+
+
+def load(settings: WorkerSettings) -> LoadedModel:
+    model_dir = settings.model_dir or default_model_dir(settings.model_cache_dir)
+    return load_model(model_dir, TORCH_DTYPES[settings.dtype], resolve_device(settings.device))
+
+
+async def warm_up(engine: TurnEngine) -> None:
+    """One tiny turn without the cache: the first forward pass pays for lazy kernel and
+    allocator setup (over a second for SmolLM2 on a CPU), so no caller's first turn does."""
+    turn = TurnInput(prompt_token_ids=[0], sampling=SamplingParams(max_tokens=2), save_generated=False)
+    async for _ in engine.run_turn(turn, None):
+        pass
+
+
+async def run_worker(settings: WorkerSettings) -> None:
+    loaded = await asyncio.to_thread(load, settings)
+    digest = await asyncio.to_thread(model_digest, loaded.model_dir)
+    kvstore = None
+    if settings.kvstore_address is not None:
+        kvstore = AsyncKVStoreClient(
+            settings.kvstore_address, use_shm=settings.kvstore_use_shm, shm_dir=settings.kvstore_shm_dir
+        )
+    engine = TurnEngine(
+        loaded,
+        kvstore,
+        layer_timeout_seconds=settings.layer_timeout_seconds,
+        lookup_timeout_seconds=settings.lookup_timeout_seconds,
+        chunk_tokens=settings.chunk_tokens,
+    )
+    await warm_up(engine)
+    limits = request_limits(loaded, settings)
+    model_card = describe_model(loaded, digest, settings.chunk_tokens, limits)
+    log.info(
+        "worker_starting",
+        model=model_card.model_label,
+        digest=digest[:16],
+        device=str(loaded.device),
+        dtype=settings.dtype,
+        kvstore=settings.kvstore_address,
+    )
+
+    async def on_stop() -> None:
+        try:
+            await asyncio.wait_for(engine.drain_saves(), settings.shutdown_grace_seconds)
+        except TimeoutError:
+            log.warning("kv_saves_abandoned", grace_seconds=settings.shutdown_grace_seconds)
+        finally:
+            if kvstore is not None:
+                await kvstore.close()
+
+    server = create_server()
+    servicer = WorkerServicer(engine, ChatTemplate(loaded.tokenizer), limits, model_card)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    await serve(
+        server,
+        address=settings.listen_address,
+        service_names=[SERVICE_NAME],
+        metrics_port=settings.metrics_port,
+        grace_seconds=settings.shutdown_grace_seconds,
+        on_stop=on_stop,
+        on_started=lambda port: write_ready_file(settings.ready_file, port),
+        health_probe=functools.partial(
+            check_device, loaded.device, loaded.dtype, settings.health_check_timeout_seconds
+        ),
+        health_probe_interval_seconds=settings.health_check_interval_seconds,
+    )
+
+
+def main() -> None:
+    try:
+        settings = load_settings(WorkerSettings)
+    except SettingsError as exc:
+        print(f"attnstore-inference-worker: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    configure_logging(settings.log_level, settings.log_json)
+    transformers.utils.logging.disable_progress_bar()
+    if not keep_large_buffers():
+        log.info("allocator_not_tuned", reason="not glibc")
+    try:
+        asyncio.run(run_worker(settings))
+    except (ModelStoreError, StartupError, DeviceCheckFailed) as exc:
+        print(f"attnstore-inference-worker: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+if __name__ == "__main__":
+    main()

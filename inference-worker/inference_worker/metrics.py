@@ -1,0 +1,60 @@
+"""Prometheus metrics of the worker, observed from each turn's stats at the gRPC edge
+(per-method latency comes from the shared interceptor)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from inference_worker.turn_types import TurnStats
+
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+
+TURNS = Counter("attnstore_worker_turns_total", "Turns completed, by finish reason", ["finish_reason"])
+FALLBACKS = Counter(
+    "attnstore_worker_fallbacks_total",
+    "Turns that recomputed instead of reusing stored KV, by reason",
+    ["reason"],
+)
+PROMPT_TOKENS = Counter("attnstore_worker_prompt_tokens_total", "Prompt tokens of completed turns")
+REUSED_TOKENS = Counter("attnstore_worker_reused_tokens_total", "Prompt tokens whose KV came from the store")
+GENERATED_TOKENS = Counter("attnstore_worker_generated_tokens_total", "Tokens generated")
+SAVED_CHUNKS = Counter("attnstore_worker_saved_chunks_total", "New full chunks handed to the daemon")
+TTFT_SECONDS = Histogram("attnstore_worker_ttft_seconds", "Time to first token", buckets=_SECONDS_BUCKETS)
+REUSED_RATIO = Histogram(
+    "attnstore_worker_reused_token_ratio",
+    "Share of a turn's prompt tokens reused from the store",
+    buckets=_RATIO_BUCKETS,
+)
+KV_LOAD_SECONDS = Histogram(
+    "attnstore_worker_kv_load_seconds",
+    "Loading a turn's reused KV (mostly hidden behind compute)",
+    buckets=_SECONDS_BUCKETS,
+)
+KV_LOAD_EXPOSED_SECONDS = Histogram(
+    "attnstore_worker_kv_load_exposed_seconds",
+    "The part of KV loading the forward pass waited for",
+    buckets=_SECONDS_BUCKETS,
+)
+COMPUTE_SECONDS = Histogram(
+    "attnstore_worker_prefill_compute_seconds",
+    "Prefill compute over a turn's new tokens",
+    buckets=_SECONDS_BUCKETS,
+)
+
+
+def observe_turn(stats: TurnStats) -> None:
+    TURNS.labels(stats.finish_reason).inc()
+    if stats.fallback is not None:
+        FALLBACKS.labels(stats.fallback.value).inc()
+    PROMPT_TOKENS.inc(stats.prompt_tokens)
+    REUSED_TOKENS.inc(stats.reused_tokens)
+    GENERATED_TOKENS.inc(stats.generated_tokens)
+    SAVED_CHUNKS.inc(stats.saved_chunks)
+    TTFT_SECONDS.observe(stats.ttft_seconds)
+    if stats.prompt_tokens:
+        REUSED_RATIO.observe(stats.reused_tokens / stats.prompt_tokens)
+    if stats.reused_tokens:  # a turn that loaded nothing says nothing about loading
+        KV_LOAD_SECONDS.observe(stats.kv_load_seconds)
+        KV_LOAD_EXPOSED_SECONDS.observe(stats.kv_load_exposed_seconds)
+    COMPUTE_SECONDS.observe(stats.compute_seconds)

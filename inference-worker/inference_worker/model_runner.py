@@ -1,0 +1,72 @@
+"""The model on its device: its KV geometry and one forward pass at a time.
+
+Forward passes are blocking torch code; callers run `forward` in a worker thread
+(`asyncio.to_thread`) so the event loop stays free, and the lock keeps two turns from
+computing at once on one device (they interleave per forward pass instead).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from transformers import DynamicCache
+
+from attnstore.errors import InvalidArgument
+from inference_worker.kv_codec import DTYPE_NAMES
+from inference_worker.model_store import LoadedModel
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        config = loaded.config
+        self.device = loaded.device
+        self.num_layers: int = config.num_hidden_layers
+        self.kv_heads: int = config.num_key_value_heads
+        self.head_dim: int = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        self.max_positions: int = config.max_position_embeddings
+        self.vocab_size: int = config.vocab_size
+        self.dtype_name = DTYPE_NAMES[loaded.dtype]
+        self._lock = threading.Lock()
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        """Raises InvalidArgument unless the prompt can run: not empty, known token ids, and
+        room for at least one generated token in the context window."""
+        if not token_ids:
+            raise InvalidArgument("the prompt holds no tokens")
+        if len(token_ids) >= self.max_positions:
+            raise InvalidArgument(
+                f"a prompt of {len(token_ids)} tokens leaves no room in the model's "
+                f"{self.max_positions}-token context"
+            )
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise InvalidArgument(f"prompt token ids must lie in [0, {self.vocab_size})")
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.loaded.config)
+
+    def forward(
+        self, token_ids: list[int], first_position: int, cache: DynamicCache
+    ) -> tuple[torch.Tensor, float]:
+        """Runs `token_ids` at positions first_position, first_position + 1, ... on top of
+        `cache` (which it extends); the last token's logits [vocab] in fp32, and the seconds
+        the forward took (waiting for the lock not counted)."""
+        with self._lock, torch.no_grad():
+            started = time.perf_counter()
+            input_ids = torch.tensor([token_ids], device=self.device)  # [1, T]
+            positions = torch.arange(first_position, first_position + len(token_ids), device=self.device)
+            out = self.loaded.model(
+                input_ids=input_ids,
+                position_ids=positions.unsqueeze(0),  # [1, T]
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,  # only the last position's logits are needed
+            )
+            logits = out.logits[0, -1].float()  # [vocab]
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return logits, time.perf_counter() - started

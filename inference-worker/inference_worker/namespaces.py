@@ -1,0 +1,77 @@
+"""The model's chunk namespaces (one per tenant salt) and their registration with the
+daemon, done once per namespace and retried after a failure by whoever needs it next
+(at most once per RETRY_SECONDS: a daemon that does not answer must not cost every turn
+a registration timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from attnstore.chunks.keys import NamespaceSpec
+from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.model_runner import ModelRunner
+from inference_worker.model_store import model_digest
+from inference_worker.turn_types import KVSource
+
+log = structlog.get_logger("inference_worker.namespaces")
+
+RETRY_SECONDS = 5.0
+
+
+class Namespaces:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        client: AsyncKVStoreClient | None,
+        *,
+        chunk_tokens: int,
+        timeout_seconds: float,
+    ) -> None:
+        self.runner = runner
+        self.client = client
+        self.chunk_tokens = chunk_tokens
+        self.timeout_seconds = timeout_seconds
+        self.retry_seconds = RETRY_SECONDS
+        self._digest: str | None = None
+        self._registered: set[bytes] = set()
+        self._retry_at: dict[bytes, float] = {}  # monotonic time of the next attempt after a failure
+
+    async def source_for(self, tenant_salt: bytes) -> KVSource:
+        """The namespace of this model, dtype and chunk size for a tenant; registered now if
+        the daemon answers, else later."""
+        if self._digest is None:  # hashes the weights once (then cached beside them)
+            self._digest = await asyncio.to_thread(model_digest, self.runner.loaded.model_dir)
+        spec = NamespaceSpec(self._digest, self.runner.dtype_name, self.chunk_tokens, tenant_salt)
+        source = KVSource(namespace=spec.namespace_id(), chunk_tokens=self.chunk_tokens)
+        await self.ensure_registered(source)
+        return source
+
+    async def ensure_registered(self, source: KVSource) -> bool:
+        """Whether the daemon knows the namespace (registering it now if needed); never raises."""
+        if source.namespace in self._registered:
+            return True
+        if self.client is None or time.monotonic() < self._retry_at.get(source.namespace, 0.0):
+            return False
+        runner = self.runner
+        try:
+            await asyncio.wait_for(
+                self.client.register_namespace(
+                    source.namespace,
+                    num_layers=runner.num_layers,
+                    kv_heads=runner.kv_heads,
+                    head_dim=runner.head_dim,
+                    chunk_tokens=source.chunk_tokens,
+                    dtype=runner.dtype_name,
+                    model_label=runner.loaded.model_dir.name,
+                ),
+                self.timeout_seconds,
+            )
+        except Exception as exc:  # noqa: BLE001 -- registration is retried by the next caller
+            log.warning("registering the namespace failed", namespace=source.namespace.hex(), error=repr(exc))
+            self._retry_at[source.namespace] = time.monotonic() + self.retry_seconds
+            return False
+        self._registered.add(source.namespace)
+        return True

@@ -1,0 +1,113 @@
+"""The background half of layer-wise pre-loading: reads the hit prefix's chunks from the
+daemon layer-major, assembles each layer across chunks, re-positions keys whose chunk was
+computed at another position, and hands the layer to the forward pass (`PrefixKV`).
+
+Any failure ends up in `PrefixKV.fail`, so the forward pass sees PrefixLoadFailed at its
+next layer; `classify_failure` tells the engine which fallback to report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import grpc
+import torch
+
+from attnstore.errors import Unavailable
+from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
+from inference_worker.kv_codec import KVShapeError, layer_from_pieces
+from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
+from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
+from inference_worker.turn_types import Fallback
+
+_UNAVAILABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+_DEADLINE_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+async def load_prefix(
+    client: AsyncKVStoreClient,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    prefix: PrefixKV,
+    *,
+    chunk_tokens: int,
+    first_position: int,
+    shift: RotaryShift | None,
+    device: torch.device,
+) -> None:
+    """Fills `prefix` with chunks `keys`, whose tokens now sit at positions
+    `first_position + i * chunk_tokens ...`; fails it (never raises) on any error.
+    `shift` None: a chunk stored at another position is an error (no re-positioning)."""
+    row: list[LayerPiece] = []  # the current layer's pieces, one per chunk in order
+    layer = 0  # the layer being assembled
+    try:
+        async with contextlib.aclosing(client.iter_layers(namespace, keys)) as pieces:
+            async for piece in pieces:
+                if piece.chunk_index != len(row) or piece.layer != layer:
+                    raise DaemonProtocolError(
+                        f"got layer {piece.layer} of chunk {piece.chunk_index} out of layer-major order"
+                    )
+                _check_piece(piece, prefix.num_layers, chunk_tokens)
+                row.append(piece)
+                if len(row) == len(keys):
+                    k, v = layer_from_pieces(row, device=device)  # each [kv_heads, prefix_tokens, head_dim]
+                    k = _reposition(k, row, chunk_tokens, first_position, shift)
+                    prefix.put_layer(layer, k, v)
+                    row, layer = [], layer + 1
+        if layer != prefix.num_layers:
+            raise DaemonProtocolError(f"the read ended after {layer} of {prefix.num_layers} layers")
+    except asyncio.CancelledError:
+        prefix.fail(PrefixLoadFailed("prefix load cancelled"))
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any cache failure means recompute, never a failed turn
+        prefix.fail(exc)
+
+
+def _check_piece(piece: LayerPiece, num_layers: int, chunk_tokens: int) -> None:
+    header = piece.layout.header
+    if header.num_layers != num_layers:
+        raise KVShapeError(
+            f"chunk {piece.chunk_index} has {header.num_layers} layers, the model {num_layers}"
+        )
+    if header.tokens != chunk_tokens:
+        raise KVShapeError(f"chunk {piece.chunk_index} holds {header.tokens} tokens, not {chunk_tokens}")
+
+
+def _reposition(
+    k: torch.Tensor,
+    pieces: Sequence[LayerPiece],
+    chunk_tokens: int,
+    first_position: int,
+    shift: RotaryShift | None,
+) -> torch.Tensor:
+    """Rotates, in place, the keys [kv_heads, prefix_tokens, head_dim] of each chunk stored
+    at a base position other than where its tokens sit now (a no-op without truncation)."""
+    for index, piece in enumerate(pieces):
+        delta = first_position + index * chunk_tokens - piece.layout.header.base_position
+        if delta == 0:
+            continue
+        if shift is None:
+            raise PositionShiftUnsupported(f"chunk {index} must move by {delta} positions")
+        span = slice(index * chunk_tokens, (index + 1) * chunk_tokens)
+        k[:, span, :] = shift.shift_keys(k[:, span, :], delta)  # [kv_heads, chunk_tokens, head_dim]
+    return k
+
+
+def classify_failure(exc: BaseException) -> Fallback:
+    """The fallback a failed prefix load (or lookup) reports. A PrefixLoadFailed without a
+    cause is a layer that missed its deadline."""
+    cause = exc.__cause__ if isinstance(exc, PrefixLoadFailed) else exc
+    if cause is None or isinstance(cause, TimeoutError):
+        return Fallback.DEADLINE
+    if isinstance(cause, grpc.aio.AioRpcError):
+        if cause.code() in _DEADLINE_CODES:
+            return Fallback.DEADLINE
+        if cause.code() in _UNAVAILABLE_CODES:
+            return Fallback.DAEMON_UNAVAILABLE
+        return Fallback.CHUNK_INVALID  # NOT_FOUND (evicted meanwhile), DATA_LOSS, ...
+    if isinstance(cause, OSError | Unavailable):  # the arena or the connection went away
+        return Fallback.DAEMON_UNAVAILABLE
+    # Corrupt, malformed or misshapen chunks; chunks that cannot be re-positioned.
+    return Fallback.CHUNK_INVALID

@@ -1,0 +1,107 @@
+"""The gRPC edge of the worker: checks requests, hands turns to the turn engine, and
+maps its events to replies (tokens, then the turn's stats last)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+
+from attnstore.worker.v1 import worker_pb2 as pb
+from attnstore.worker.v1 import worker_pb2_grpc
+from inference_worker import metrics
+from inference_worker.chat_template import ChatTemplate
+from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import Fallback, TurnInput, TurnStats
+from inference_worker.validation import (
+    RequestLimits,
+    check_messages,
+    check_prompt,
+    check_sampling,
+    check_tenant,
+)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
+
+_FALLBACK = {
+    None: pb.FALLBACK_NONE,
+    Fallback.DAEMON_UNAVAILABLE: pb.FALLBACK_DAEMON_UNAVAILABLE,
+    Fallback.DEADLINE: pb.FALLBACK_DEADLINE,
+    Fallback.CHUNK_INVALID: pb.FALLBACK_CHUNK_INVALID,
+}
+_FINISH_REASON = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(
+        self,
+        engine: TurnEngine,
+        template: ChatTemplate,
+        limits: RequestLimits,
+        model: pb.DescribeModelResponse,
+    ) -> None:
+        self._engine = engine
+        self._template = template
+        self._limits = limits
+        self._model = model
+
+    async def ExecuteTurn(
+        self, request: pb.ExecuteTurnRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ExecuteTurnResponse]:
+        turn, salt = self._turn_input(request)
+        source = await self._engine.namespace_for(salt)
+        # aclosing: a cancelled call (client gone) stops decoding at once.
+        async with contextlib.aclosing(self._engine.run_turn(turn, source)) as events:
+            async for event in events:
+                if isinstance(event, TurnStats):
+                    metrics.observe_turn(event)
+                    yield pb.ExecuteTurnResponse(stats=stats_message(event))
+                    return
+                yield pb.ExecuteTurnResponse(token=pb.TokenChunk(token_id=event.token_id, text=event.text))
+
+    def _turn_input(self, request: pb.ExecuteTurnRequest) -> tuple[TurnInput, bytes]:
+        salt = check_tenant(request.tenant)
+        sampling = check_sampling(request.sampling, self._limits)
+        if request.WhichOneof("prompt") == "messages":
+            messages = check_messages(request.messages.messages, self._limits)
+            ids = self._template.token_ids(messages, add_generation_prompt=True)
+            ids = check_prompt(ids, self._limits, "the chat-templated messages")
+        else:  # an unset prompt is an empty token list
+            ids = check_prompt(request.prompt_token_ids.token_ids, self._limits)
+        turn = TurnInput(
+            prompt_token_ids=ids,
+            sampling=sampling,
+            truncated_tokens=request.truncated_tokens,
+            save_generated=request.save_generated,
+        )
+        return turn, salt
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        messages = check_messages(request.messages, self._limits)
+        ids = self._template.token_ids(messages, add_generation_prompt=request.add_generation_prompt)
+        return pb.TokenizeResponse(token_ids=ids)
+
+    async def DescribeModel(
+        self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeModelResponse:
+        return self._model
+
+
+def stats_message(stats: TurnStats) -> pb.TurnStats:
+    return pb.TurnStats(
+        prompt_tokens=stats.prompt_tokens,
+        reused_tokens=stats.reused_tokens,
+        reused_dram_chunks=stats.reused_dram_chunks,
+        reused_ssd_chunks=stats.reused_ssd_chunks,
+        generated_tokens=stats.generated_tokens,
+        ttft_ms=stats.ttft_seconds * 1000,
+        kv_load_ms=stats.kv_load_seconds * 1000,
+        kv_load_exposed_ms=stats.kv_load_exposed_seconds * 1000,
+        compute_ms=stats.compute_seconds * 1000,
+        saved_chunks=stats.saved_chunks,
+        fallback=_FALLBACK[stats.fallback],
+        finish_reason=_FINISH_REASON.get(stats.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+    )

@@ -1,0 +1,83 @@
+"""Worker settings (environment variables `ATTNSTORE_WORKER_*`, or a TOML file named by
+`ATTNSTORE_WORKER_CONFIG_FILE`). Each default is written here once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from attnstore.settings import FileBackedSettings
+from inference_worker.model_store import DEFAULT_CACHE_DIR
+
+
+class WorkerSettings(FileBackedSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNSTORE_WORKER_", extra="forbid")
+
+    listen_address: str = Field(
+        "127.0.0.1:50061", description="host:port of the gRPC server; port 0 picks one"
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
+    )
+    ready_file: Path | None = Field(None, description="written with the bound port once serving")
+
+    model_dir: Path | None = Field(
+        None,
+        description="local Hugging Face model directory; unset = SmolLM2-135M-Instruct, converted once "
+        "into model_cache_dir",
+    )
+    model_cache_dir: Path = Field(
+        DEFAULT_CACHE_DIR, description="where the default model's conversion is kept"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="element type of weights and KV")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="auto (cuda when available, else cpu), cpu, cuda[:N]",
+    )
+
+    kvstore_address: str | None = Field(
+        None, description="host:port of the node's KV-store daemon; unset = no cache"
+    )
+    kvstore_use_shm: bool = Field(
+        True, description="move chunk bytes through the daemon's shared memory when it can"
+    )
+    kvstore_shm_dir: Path | None = Field(
+        None, description="the daemon's arena directory as mounted here; unset = the path the daemon reports"
+    )
+    chunk_tokens: int = Field(256, ge=1, le=65536, description="tokens per KV chunk")
+    layer_timeout_seconds: float = Field(
+        2.0, gt=0, description="longest wait for one layer of loaded KV before recomputing"
+    )
+    lookup_timeout_seconds: float = Field(
+        0.5, gt=0, description="longest wait for the daemon's Lookup before recomputing"
+    )
+
+    max_prompt_tokens: int = Field(
+        8192, ge=1, description="longest prompt accepted (also capped by the context window)"
+    )
+    max_new_tokens: int = Field(2048, ge=1, description="largest max_tokens a turn may ask for")
+    max_message_chars: int = Field(200_000, ge=1, description="longest chat message accepted, in characters")
+    max_messages: int = Field(1024, ge=1, description="most chat messages in one request")
+
+    health_check_interval_seconds: float = Field(
+        10.0, ge=0, description="period of the health check's tiny tensor op on the device; 0 = only at start"
+    )
+    health_check_timeout_seconds: float = Field(
+        5.0, gt=0, description="a device op slower than this fails the health check"
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="on SIGTERM, in-flight turns get this long, then pending KV saves as long"
+    )
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")
+    log_json: bool = Field(True, description="JSON log lines (false: key=value for a terminal)")
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> WorkerSettings:
+        if self.kvstore_address is None and self.kvstore_shm_dir is not None:
+            raise ValueError("kvstore_shm_dir needs kvstore_address")
+        return self

@@ -1,0 +1,73 @@
+"""What a turn takes and gives back: the contract between the turn engine and the
+worker's gRPC edge (and the scheduler, through proto/attnstore/worker/v1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None  # sampled decoding is reproducible with a seed
+    stop_token_ids: tuple[int, ...] = ()  # on top of the model's own end-of-turn tokens
+
+
+@dataclass(frozen=True)
+class KVSource:
+    """Where the prompt's reusable KV lives: the namespace of this model (and tenant)
+    on the node's daemon."""
+
+    namespace: bytes
+    chunk_tokens: int
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    prompt_token_ids: list[int]  # the whole prompt, chat template applied, after truncation
+    sampling: SamplingParams = SamplingParams()
+    # Tokens dropped from the front of the conversation by context-overflow truncation
+    # (not counting the kept attention-sink tokens); chunk keys of the kept history were
+    # computed before the drop, so the engine needs it to find and re-position them.
+    truncated_tokens: int = 0
+    save_generated: bool = True  # save the KV of generated tokens too (next turn's history)
+
+
+class Fallback(Enum):
+    """Why a turn recomputed instead of reusing stored KV (None when it did not)."""
+
+    DAEMON_UNAVAILABLE = "daemon_unavailable"
+    DEADLINE = "deadline"
+    CHUNK_INVALID = "chunk_invalid"
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose KV came from the store
+    reused_dram_chunks: int
+    reused_ssd_chunks: int
+    generated_tokens: int
+    ttft_seconds: float  # request start to first token
+    kv_load_seconds: float  # loading the reused KV (mostly hidden behind compute)
+    kv_load_exposed_seconds: float  # the part the forward pass actually waited for
+    compute_seconds: float  # prefill of the new tokens
+    saved_chunks: int  # new full chunks handed to the daemon (asynchronously)
+    fallback: Fallback | None = None
+    finish_reason: str = "stop"  # "stop" (end-of-turn or stop token) or "length"
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # the text this token adds (incremental detokenization)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    stats: TurnStats | None = None

@@ -1,0 +1,131 @@
+"""Runs a service as a child process: for demos, benchmarks and tests.
+
+The child is `python -m <module>` configured only through its environment variables
+(`<env_prefix>*`; the parent's own ones with that prefix are dropped). Readiness is the
+ready file the service writes with its bound port once it serves, polled with a
+deadline (never a fixed sleep). The first start binds port 0; `restart()` reuses the
+bound port, so clients reconnect unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+READY_TIMEOUT_SECONDS = 30.0
+STOP_TIMEOUT_SECONDS = 20.0
+_POLL_SECONDS = 0.02
+
+
+class ServiceProcess:
+    def __init__(
+        self,
+        module: str,
+        env_prefix: str,
+        log_path: Path,
+        settings: Mapping[str, object] | None = None,
+        *,
+        service_env: Mapping[str, str] | None = None,
+        ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
+        stop_timeout_seconds: float = STOP_TIMEOUT_SECONDS,
+    ) -> None:
+        """`settings` and `service_env` are settings by field name without `env_prefix`
+        (e.g. {"log_level": "DEBUG"}); `settings` win. The log goes to `log_path`, the
+        ready file beside it."""
+        self.module = module
+        self.env_prefix = env_prefix
+        self.log_path = log_path
+        self.ready_file = log_path.with_name(log_path.stem + ".ready")
+        self.port = 0
+        self.ready_timeout_seconds = ready_timeout_seconds
+        self.stop_timeout_seconds = stop_timeout_seconds
+        self._service_env = self._prefixed(service_env or {})
+        self._settings = self._prefixed(settings or {})
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def _prefixed(self, settings: Mapping[str, object]) -> dict[str, str]:
+        return {f"{self.env_prefix}{name.upper()}": str(value) for name, value in settings.items()}
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def _env(self) -> dict[str, str]:
+        env = {name: value for name, value in os.environ.items() if not name.startswith(self.env_prefix)}
+        env.update(
+            {
+                f"{self.env_prefix}LISTEN_ADDRESS": f"127.0.0.1:{self.port}",
+                f"{self.env_prefix}READY_FILE": str(self.ready_file),
+                f"{self.env_prefix}LOG_JSON": "false",
+            }
+        )
+        env.update(self._service_env)
+        env.update(self._settings)
+        return env
+
+    def start(self) -> None:
+        self.ready_file.unlink(missing_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", self.module], env=self._env(), stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + self.ready_timeout_seconds
+        while not self.ready_file.exists():
+            if self._process.poll() is not None:
+                code, self._process = self._process.returncode, None
+                raise RuntimeError(f"{self.module} exited with {code}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill9()
+                raise RuntimeError(
+                    f"{self.module} not ready after {self.ready_timeout_seconds}s:\n{self.log_tail()}"
+                )
+            time.sleep(_POLL_SECONDS)
+        self.port = int(self.ready_file.read_text())
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait for the graceful exit (SIGKILL past the timeout); the exit code."""
+        if self._process is None:
+            return None
+        process, self._process = self._process, None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                return process.wait(self.stop_timeout_seconds)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        return process.wait()
+
+    def kill9(self) -> None:
+        """Kills the service without letting it clean up (a crash)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def write_ready_file(path: Path | None, port: int) -> None:
+    """The service side of readiness: publishes the bound port atomically (no reader ever
+    sees an empty file)."""
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, path)

@@ -1,0 +1,170 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FALLBACK_UNSPECIFIED: _ClassVar[Fallback]
+    FALLBACK_NONE: _ClassVar[Fallback]
+    FALLBACK_DAEMON_UNAVAILABLE: _ClassVar[Fallback]
+    FALLBACK_DEADLINE: _ClassVar[Fallback]
+    FALLBACK_CHUNK_INVALID: _ClassVar[Fallback]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+FALLBACK_UNSPECIFIED: Fallback
+FALLBACK_NONE: Fallback
+FALLBACK_DAEMON_UNAVAILABLE: Fallback
+FALLBACK_DEADLINE: Fallback
+FALLBACK_CHUNK_INVALID: Fallback
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop_token_ids")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ExecuteTurnRequest(_message.Message):
+    __slots__ = ("tenant", "messages", "prompt_token_ids", "sampling", "truncated_tokens", "save_generated")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAVE_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    messages: ChatMessages
+    prompt_token_ids: TokenIds
+    sampling: SamplingParams
+    truncated_tokens: int
+    save_generated: bool
+    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ...) -> None: ...
+
+class TokenChunk(_message.Message):
+    __slots__ = ("token_id", "text")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class TurnStats(_message.Message):
+    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_DRAM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_SSD_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    SAVED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    reused_tokens: int
+    reused_dram_chunks: int
+    reused_ssd_chunks: int
+    generated_tokens: int
+    ttft_ms: float
+    kv_load_ms: float
+    kv_load_exposed_ms: float
+    compute_ms: float
+    saved_chunks: int
+    fallback: Fallback
+    finish_reason: FinishReason
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
+
+class ExecuteTurnResponse(_message.Message):
+    __slots__ = ("token", "stats")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    token: TokenChunk
+    stats: TurnStats
+    def __init__(self, token: _Optional[_Union[TokenChunk, _Mapping]] = ..., stats: _Optional[_Union[TurnStats, _Mapping]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("messages", "add_generation_prompt")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    add_generation_prompt: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DescribeModelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeModelResponse(_message.Message):
+    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens")
+    MODEL_LABEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model_label: str
+    model_digest: str
+    dtype: str
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    chunk_tokens: int
+    max_context_tokens: int
+    kv_bytes_per_token: int
+    vocab_size: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,64 @@
+"""Fixtures of the worker's integration tests: a tiny model loaded the way the worker
+loads it (from a directory, with its tokenizer and digest) and real daemon processes.
+
+`tiny_model` is a seeded random-weight fp32 Llama (3 layers, 4 heads, 2 KV heads, head_dim
+16) with the suite's tiny tokenizer. `daemon` is a real daemon process (port 0, its own SSD and
+shm directories), ready once its ready file appears, stopped at teardown.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference_worker.model_store import LoadedModel, load_model
+from kvstore_daemon.launcher import DaemonProcess
+
+MiB = 1024 * 1024
+TINY_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # GQA, as in the real models
+    "max_position_embeddings": 1024,
+    # Larger than the default 0.02: peaked logits, so greedy tokens never hinge on a near tie.
+    "initializer_range": 0.2,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]
+) -> LoadedModel:
+    directory = tiny_model_saver(tmp_path_factory.mktemp("tiny-llama"), **TINY_LLAMA)
+    return load_model(directory, torch.float32, "cpu")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A daemon with room for the real model's chunks; its arena in a private /dev/shm folder."""
+    shm_dir = Path(
+        tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp_path)
+    )
+    process = DaemonProcess(
+        ssd_dir=tmp_path / "ssd",
+        shm_dir=shm_dir,
+        log_path=tmp_path / "daemon.log",
+        settings={
+            "DRAM_CAPACITY_BYTES": 256 * MiB,
+            "SSD_CAPACITY_BYTES": 512 * MiB,
+            "MAX_CHUNK_BYTES": 16 * MiB,
+        },
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(shm_dir, ignore_errors=True)

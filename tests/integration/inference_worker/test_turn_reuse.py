@@ -1,0 +1,218 @@
+"""Turns through a real daemon on a tiny random-weight Llama: the second turn of a
+conversation reuses the first turn's saved KV and gives what full recomputation gives
+(last-token logits within 1e-4, the same 32 greedy tokens), over shared memory and gRPC;
+any failure of the cache path (daemon killed, chunk corrupt, daemon frozen past the
+deadline) falls back to recomputation with the same tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Sequence
+
+import grpc
+import pytest
+import torch
+
+from attnstore.chunks.keys import chunk_key_chain
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from attnstore.kvstore_client import AsyncKVStoreClient, LookupResult
+from attnstore.shm_arena import SharedArena
+from inference_worker.model_store import LoadedModel
+from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import Fallback, KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from kvstore_daemon.launcher import DaemonProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+CHUNK_TOKENS = 16
+FIRST_PROMPT_TOKENS = 40
+ANSWER_TOKENS = 32
+NEW_TOKENS = 20
+# Turn 1 saves the chunks its KV covers: 40 prompt + 31 fed-back answer tokens = 4 chunks.
+SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS
+LOGITS_TOLERANCE = 1e-4
+
+
+def random_tokens(count: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (count,), generator=generator).tolist()
+
+
+async def run_turn(
+    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+) -> tuple[list[int], TurnStats]:
+    turn = TurnInput(prompt_token_ids=list(prompt), sampling=SamplingParams(max_tokens=ANSWER_TOKENS))
+    tokens: list[int] = []
+    stats: list[TurnStats] = []
+    async for event in engine.run_turn(turn, source):
+        if isinstance(event, TokenEvent):
+            assert not stats, "a token after the stats"
+            tokens.append(event.token_id)
+        else:
+            stats.append(event)
+    assert len(stats) == 1
+    return tokens, stats[0]
+
+
+async def first_turn(engine: TurnEngine, source: KVSource) -> list[int]:
+    """Runs turn 1 (nothing cached), waits for its saves; turn 2's prompt, which extends it."""
+    prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
+    answer, stats = await run_turn(engine, prompt, source)
+    assert len(answer) == ANSWER_TOKENS and stats.finish_reason == "length"
+    assert stats.reused_tokens == 0 and stats.fallback is None
+    assert stats.saved_chunks == SAVED_CHUNKS
+    await engine.drain_saves()
+    return prompt + answer + random_tokens(NEW_TOKENS, seed=2)
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "grpc"])
+async def test_second_turn_reuses_kv_and_matches_recompute(
+    tiny_model: LoadedModel, daemon: DaemonProcess, use_shm: bool
+) -> None:
+    async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
+        assert await client.open_shm() is use_shm
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        source = await engine.namespace_for(b"tenant-a")
+        prompt = await first_turn(engine, source)
+
+        cached = await engine.prefill(prompt, source)
+        recomputed = await engine.prefill(prompt, None)
+        assert cached.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and cached.fallback is None
+        assert (cached.logits - recomputed.logits).abs().max().item() <= LOGITS_TOLERANCE
+
+        tokens, stats = await run_turn(engine, prompt, source)
+        reference, reference_stats = await run_turn(engine, prompt, None)
+        assert tokens == reference and len(tokens) == ANSWER_TOKENS
+        assert stats.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and stats.fallback is None
+        assert stats.reused_dram_chunks == SAVED_CHUNKS and stats.reused_ssd_chunks == 0
+        assert stats.prompt_tokens == len(prompt) and stats.generated_tokens == ANSWER_TOKENS
+        assert 0 < stats.ttft_seconds and 0 <= stats.kv_load_exposed_seconds <= stats.kv_load_seconds
+        assert stats.saved_chunks == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS - SAVED_CHUNKS
+        assert reference_stats.reused_tokens == 0 and reference_stats.saved_chunks == 0
+
+        # Another tenant's namespace shares nothing.
+        other = await engine.namespace_for(b"tenant-b")
+        assert other.namespace != source.namespace
+        assert (await engine.prefill(prompt, other)).reused_tokens == 0
+        await engine.drain_saves()
+
+
+async def test_daemon_killed_before_the_second_turn(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        source = await engine.namespace_for(b"tenant")
+        prompt = await first_turn(engine, source)
+        daemon.kill9()
+
+        tokens, stats = await run_turn(engine, prompt, source)
+        reference, _ = await run_turn(engine, prompt, None)
+        assert stats.fallback is Fallback.DAEMON_UNAVAILABLE and stats.reused_tokens == 0
+        assert tokens == reference
+        await engine.drain_saves()  # the saves fail, logged, without raising
+
+
+def corrupt_last_byte(daemon: DaemonProcess, namespace: bytes, key: bytes) -> None:
+    """Flips the chunk's last byte in the daemon's DRAM arena, as a memory fault would: the
+    daemon does not notice, every reader's checksum check of the last layer does."""
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = kvstore_pb2_grpc.KVStoreStub(channel)
+        arena_file = stub.OpenShm(kvstore_pb2.OpenShmRequest())
+        located = stub.GetShm(kvstore_pb2.GetShmRequest(namespace=namespace, keys=[key]))
+        arena = SharedArena(daemon.shm_dir / os.path.basename(arena_file.path), arena_file.size_bytes)
+        try:
+            offset, length = (
+                located.chunks[0].extents[-1].offset_bytes,
+                located.chunks[0].extents[-1].length_bytes,
+            )
+            arena.view[offset + length - 1] ^= 0xFF
+        finally:
+            arena.close()
+            stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_ids=[located.lease_id]))
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "grpc"])
+async def test_corrupt_chunk_is_recomputed_and_replaced(
+    tiny_model: LoadedModel, daemon: DaemonProcess, use_shm: bool
+) -> None:
+    async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        source = await engine.namespace_for(b"tenant")
+        prompt = await first_turn(engine, source)
+        keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens)
+        corrupt_last_byte(daemon, source.namespace, keys[SAVED_CHUNKS - 1])
+
+        tokens, stats = await run_turn(engine, prompt, source)
+        reference, _ = await run_turn(engine, prompt, None)
+        assert stats.fallback is Fallback.CHUNK_INVALID and stats.reused_tokens == 0
+        assert tokens == reference
+
+        # The turn's save replaced the bad chunk: the next turn reuses again.
+        await engine.drain_saves()
+        again, stats = await run_turn(engine, prompt, source)
+        assert stats.fallback is None and stats.reused_tokens >= SAVED_CHUNKS * CHUNK_TOKENS
+        assert again == reference
+        await engine.drain_saves()
+
+
+class FreezesDaemonAfterLookup(AsyncKVStoreClient):
+    """Stops the daemon process (SIGSTOP) right after a lookup answered: the daemon has the
+    chunks but serves them too late."""
+
+    def __init__(self, daemon: DaemonProcess, **kwargs: object) -> None:
+        super().__init__(daemon.address, **kwargs)  # type: ignore[arg-type]
+        self.daemon = daemon
+        self.freeze = False
+
+    async def lookup(self, namespace: bytes, keys: Sequence[bytes], *, promote: bool = False) -> LookupResult:
+        result = await super().lookup(namespace, keys, promote=promote)
+        if self.freeze and self.daemon.pid is not None:
+            os.kill(self.daemon.pid, signal.SIGSTOP)
+        return result
+
+
+async def test_frozen_daemon_past_the_deadline(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
+    async with FreezesDaemonAfterLookup(daemon, timeout_seconds=5.0) as client:
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS, layer_timeout_seconds=0.3)
+        source = await engine.namespace_for(b"tenant")
+        prompt = await first_turn(engine, source)
+
+        client.freeze = True
+        try:
+            tokens, stats = await run_turn(engine, prompt, source)
+        finally:
+            assert daemon.pid is not None
+            os.kill(daemon.pid, signal.SIGCONT)
+        reference, _ = await run_turn(engine, prompt, None)
+        assert stats.fallback is Fallback.DEADLINE and stats.reused_tokens == 0
+        assert stats.kv_load_exposed_seconds >= 0.3
+        assert tokens == reference
+        await engine.drain_saves()
+
+
+async def test_a_daemon_down_at_registration_is_registered_later(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    daemon.kill9()
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        engine.namespaces.retry_seconds = 0.0
+        source = await engine.namespace_for(b"tenant")  # does not fail
+        prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
+        tokens, stats = await run_turn(engine, prompt, source)
+        assert stats.fallback is Fallback.DAEMON_UNAVAILABLE
+        await engine.drain_saves()
+
+        daemon.start()  # same port
+        deadline = time.monotonic() + 20
+        while not await engine.namespaces.ensure_registered(source):  # the channel reconnects
+            assert time.monotonic() < deadline, "the namespace never got registered"
+            await asyncio.sleep(0.05)
+        again, stats = await run_turn(engine, prompt, source)
+        assert again == tokens and stats.fallback is None and stats.saved_chunks == SAVED_CHUNKS
+        await engine.drain_saves()
+        _, stats = await run_turn(engine, prompt, source)
+        assert stats.reused_tokens == 2 * CHUNK_TOKENS  # the reusable part of a 40-token prompt
+        await engine.drain_saves()

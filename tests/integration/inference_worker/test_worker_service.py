@@ -1,0 +1,327 @@
+"""The Worker service as the scheduler sees it: a real worker process (a tiny random-weight
+model) beside a real daemon, readiness awaited through the ready file. Turns stream tokens
+then their stats; a turn extending the last one reuses its KV and decodes the same greedy
+tokens as recomputing; every RPC refuses bad input with the right status; health reports
+SERVING only after the device check. One daemon and one worker serve the whole module."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from transformers import AutoConfig, PreTrainedTokenizerFast
+
+from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
+from attnstore.kvstore_client import KVStoreClient
+from attnstore.worker.v1 import worker_pb2 as pb
+from attnstore.worker.v1 import worker_pb2_grpc
+from inference_worker.launcher import WorkerProcess
+from inference_worker.model_store import model_digest
+from kvstore_daemon.launcher import DaemonProcess
+
+SERVICE = "attnstore.worker.v1.Worker"
+MiB = 1024 * 1024
+CHUNK_TOKENS = 16
+WORKER_SETTINGS = {
+    "chunk_tokens": CHUNK_TOKENS,
+    "max_messages": 4,
+    "max_message_chars": 200,
+    "max_prompt_tokens": 256,
+    "max_new_tokens": 32,
+    "health_check_interval_seconds": 0.2,
+    "shutdown_grace_seconds": 5,
+    "log_level": "DEBUG",
+}
+VOCAB = 300  # the tiny tokenizer's
+INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
+USER = pb.ChatMessage(role="user", content="hello world, the capital of france is paris")
+
+
+@dataclass
+class Stack:
+    daemon: DaemonProcess
+    worker: WorkerProcess
+    model_dir: Path
+    metrics_port: int
+    stub: worker_pb2_grpc.WorkerStub
+    channel: grpc.Channel
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("stack")
+    # Peaked logits (initializer_range 0.2): greedy tokens never hinge on a near tie.
+    model_dir = tiny_model_saver(root / "model", max_position_embeddings=512, initializer_range=0.2)
+    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
+    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root))
+    daemon = DaemonProcess(
+        root / "ssd",
+        shm_dir,
+        root / "daemon.log",
+        {"dram_capacity_bytes": 64 * MiB, "ssd_capacity_bytes": 256 * MiB, "max_chunk_bytes": 16 * MiB},
+    )
+    daemon.start()
+    try:
+        metrics_port = free_port()
+        worker = WorkerProcess(
+            root / "worker.log",
+            model_dir=model_dir,
+            kvstore_address=daemon.address,
+            settings={**WORKER_SETTINGS, "metrics_port": metrics_port},
+        )
+        worker.start()
+        channel = grpc.insecure_channel(worker.address)
+        try:
+            yield Stack(daemon, worker, model_dir, metrics_port, worker_pb2_grpc.WorkerStub(channel), channel)
+        finally:
+            channel.close()
+            assert worker.stop() == 0, worker.log_tail()
+    finally:
+        daemon.stop()
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def sampling(max_tokens: int = 8, **fields: Any) -> pb.SamplingParams:
+    return pb.SamplingParams(max_tokens=max_tokens, **fields)
+
+
+def chat(*messages: pb.ChatMessage) -> pb.ChatMessages:
+    return pb.ChatMessages(messages=list(messages))
+
+
+def run_turn(stub: worker_pb2_grpc.WorkerStub, **fields: Any) -> tuple[list[pb.TokenChunk], pb.TurnStats]:
+    """Sends one ExecuteTurn; the streamed tokens and the stats, checking stats come last."""
+    replies = list(stub.ExecuteTurn(pb.ExecuteTurnRequest(**fields), timeout=60))
+    kinds = [reply.WhichOneof("event") for reply in replies]
+    assert kinds == ["token"] * (len(replies) - 1) + ["stats"], kinds
+    return [reply.token for reply in replies[:-1]], replies[-1].stats
+
+
+def wait_until_stored(stack: Stack, tenant: str, token_ids: list[int], timeout_seconds: float = 10.0) -> int:
+    """Waits until the daemon holds every full chunk of `token_ids` in the tenant's namespace
+    (saves are asynchronous), computing the keys as the scheduler does; how many chunks."""
+    spec = NamespaceSpec(model_digest(stack.model_dir), "float32", CHUNK_TOKENS, tenant.encode())
+    keys = chunk_key_chain(spec.namespace_id(), token_ids, CHUNK_TOKENS)
+    deadline = time.monotonic() + timeout_seconds
+    with KVStoreClient(stack.daemon.address) as client:
+        while (stored := client.lookup(spec.namespace_id(), keys).prefix_length) < len(keys):
+            assert time.monotonic() < deadline, f"{stored} of {len(keys)} chunks stored"
+            time.sleep(0.02)
+    return len(keys)
+
+
+# ---- serving ----------------------------------------------------------------------------------
+
+
+def test_health_is_serving_for_the_server_and_the_service(stack: Stack) -> None:
+    health = health_pb2_grpc.HealthStub(stack.channel)
+    for service in ("", SERVICE):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_describe_model_matches_the_model(stack: Stack) -> None:
+    config = AutoConfig.from_pretrained(stack.model_dir)
+    model = stack.stub.DescribeModel(pb.DescribeModelRequest(), timeout=5)
+
+    assert model.model_label == stack.model_dir.name
+    assert model.model_digest == model_digest(stack.model_dir)
+    assert model.dtype == "float32"
+    assert (
+        (model.num_layers, model.kv_heads, model.head_dim)
+        == (2, 2, 8)
+        == (
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            config.hidden_size // config.num_attention_heads,
+        )
+    )
+    assert model.chunk_tokens == CHUNK_TOKENS
+    assert model.max_context_tokens == config.max_position_embeddings == 512
+    assert model.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, layers, kv heads, head dim, fp32
+    assert model.vocab_size == VOCAB
+    assert (model.max_prompt_tokens, model.max_new_tokens) == (256, 32)
+
+
+def test_tokenize_applies_the_models_chat_template(
+    stack: Stack, tiny_tokenizer: PreTrainedTokenizerFast
+) -> None:
+    messages = [pb.ChatMessage(role="system", content="be brief"), USER]
+    for add_generation_prompt in (True, False):
+        reply = stack.stub.Tokenize(
+            pb.TokenizeRequest(messages=messages, add_generation_prompt=add_generation_prompt), timeout=5
+        )
+        expected = tiny_tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            return_dict=False,
+        )
+        assert list(reply.token_ids) == expected
+
+
+def test_a_turn_streams_tokens_then_its_stats(stack: Stack, tiny_tokenizer: PreTrainedTokenizerFast) -> None:
+    prompt = stack.stub.Tokenize(pb.TokenizeRequest(messages=[USER], add_generation_prompt=True)).token_ids
+    tokens, stats = run_turn(stack.stub, tenant="streams", messages=chat(USER), sampling=sampling(8))
+
+    assert 1 <= len(tokens) <= 8 and stats.generated_tokens == len(tokens)
+    assert stats.prompt_tokens == len(prompt)
+    assert stats.reused_tokens == 0  # nothing stored for this tenant yet
+    assert stats.fallback == pb.FALLBACK_NONE
+    expected_finish = pb.FINISH_REASON_LENGTH if len(tokens) == 8 else pb.FINISH_REASON_STOP
+    assert stats.finish_reason == expected_finish
+    assert stats.ttft_ms > 0 and stats.compute_ms > 0
+    ids = [token.token_id for token in tokens]
+    assert "".join(token.text for token in tokens) == tiny_tokenizer.decode(ids, skip_special_tokens=True)
+    # The same greedy turn again, as token ids: the same tokens.
+    again, _ = run_turn(
+        stack.stub, tenant="streams-ids", prompt_token_ids=pb.TokenIds(token_ids=prompt), sampling=sampling(8)
+    )
+    assert [token.token_id for token in again] == ids
+
+
+def test_a_turn_extending_the_last_one_reuses_its_kv(stack: Stack) -> None:
+    tokenize = stack.stub.Tokenize
+    first_prompt = list(tokenize(pb.TokenizeRequest(messages=[USER], add_generation_prompt=True)).token_ids)
+    tokens, first = run_turn(
+        stack.stub, tenant="reuse", messages=chat(USER), sampling=sampling(12), save_generated=True
+    )
+    assert first.saved_chunks > 0
+    stored_chunks = wait_until_stored(stack, "reuse", first_prompt)
+    assert stored_chunks >= 1
+
+    follow_up = pb.ChatMessage(role="user", content="how are you")
+    history = first_prompt + [token.token_id for token in tokens]
+    follow_up_ids = tokenize(pb.TokenizeRequest(messages=[follow_up], add_generation_prompt=True)).token_ids
+    second_prompt = pb.TokenIds(token_ids=history + list(follow_up_ids))
+    reused_tokens, reused = run_turn(
+        stack.stub, tenant="reuse", prompt_token_ids=second_prompt, sampling=sampling(8)
+    )
+    recomputed_tokens, recomputed = run_turn(
+        stack.stub, tenant="reuse-other-tenant", prompt_token_ids=second_prompt, sampling=sampling(8)
+    )
+
+    assert stored_chunks * CHUNK_TOKENS <= reused.reused_tokens <= len(history)
+    assert reused.reused_tokens % CHUNK_TOKENS == 0
+    assert reused.reused_dram_chunks + reused.reused_ssd_chunks == reused.reused_tokens // CHUNK_TOKENS
+    assert reused.fallback == pb.FALLBACK_NONE
+    assert recomputed.reused_tokens == 0  # another tenant never sees this tenant's KV
+    assert [t.token_id for t in reused_tokens] == [t.token_id for t in recomputed_tokens]
+
+
+def test_metrics_count_turns_and_reuse(stack: Stack) -> None:
+    run_turn(stack.stub, tenant="metrics", messages=chat(USER), sampling=sampling(2))
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=10).read().decode()
+    )
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert sum(v for k, v in samples.items() if k.startswith("attnstore_worker_turns_total{")) >= 1
+    assert samples["attnstore_worker_ttft_seconds_count"] >= 1
+    assert samples["attnstore_worker_reused_token_ratio_count"] >= 1
+    assert samples['attnstore_rpc_duration_seconds_count{code="OK",method="ExecuteTurn"}'] >= 1
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+TOO_LONG = "x" * 201
+
+
+def execute(**fields: Any) -> Callable[[worker_pb2_grpc.WorkerStub], object]:
+    defaults: dict[str, Any] = {"tenant": "bad", "sampling": sampling()}
+    if "prompt_token_ids" not in fields:
+        defaults["messages"] = chat(USER)
+    request = pb.ExecuteTurnRequest(**{**defaults, **fields})
+    return lambda stub: list(stub.ExecuteTurn(request, timeout=30))
+
+
+def tokenize(*messages: pb.ChatMessage) -> Callable[[worker_pb2_grpc.WorkerStub], object]:
+    request = pb.TokenizeRequest(messages=list(messages), add_generation_prompt=True)
+    return lambda stub: stub.Tokenize(request, timeout=30)
+
+
+BAD_REQUESTS = {
+    "no tenant": (execute(tenant=""), "tenant must not be empty"),
+    "no prompt": (execute(messages=None), "prompt_token_ids must not be empty"),
+    "no messages": (execute(messages=chat()), "messages must not be empty"),
+    "unknown role": (execute(messages=chat(pb.ChatMessage(role="wizard", content="hi"))), "role is 'wizard'"),
+    "long message": (execute(messages=chat(pb.ChatMessage(role="user", content=TOO_LONG))), "at most 200"),
+    "many messages": (execute(messages=chat(*[USER] * 5)), "at most 4 are allowed"),
+    "long prompt": (execute(prompt_token_ids=pb.TokenIds(token_ids=[5] * 257)), "at most 256"),
+    "token out of vocab": (
+        execute(prompt_token_ids=pb.TokenIds(token_ids=[5, VOCAB])),
+        "prompt_token_ids[1]",
+    ),
+    "negative temperature": (execute(sampling=sampling(temperature=-0.5)), "temperature"),
+    "top_p zero": (execute(sampling=sampling(top_p=0.0)), "top_p"),
+    "top_p above one": (execute(sampling=sampling(top_p=1.5)), "top_p"),
+    "no sampling": (execute(sampling=None), "max_tokens must be at least 1"),
+    "max_tokens zero": (execute(sampling=sampling(0)), "max_tokens must be at least 1"),
+    "max_tokens over the limit": (execute(sampling=sampling(33)), "at most 32"),
+    "stop token out of vocab": (execute(sampling=sampling(stop_token_ids=[VOCAB + 1])), "stop_token_ids[0]"),
+    "tokenize no messages": (tokenize(), "messages must not be empty"),
+    "tokenize unknown role": (tokenize(pb.ChatMessage(role="", content="hi")), "role is ''"),
+    "tokenize long message": (tokenize(pb.ChatMessage(role="user", content=TOO_LONG)), "at most 200"),
+    "tokenize many messages": (tokenize(*[USER] * 5), "at most 4 are allowed"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_bad_input_is_refused_with_invalid_argument(stack: Stack, case: str) -> None:
+    call, message = BAD_REQUESTS[case]
+    with pytest.raises(grpc.RpcError) as error:
+        call(stack.stub)
+    assert error.value.code() == INVALID, error.value.details()
+    assert message in error.value.details()
+
+
+# ---- without a daemon -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("daemon", "fallback"),
+    [("none", pb.FALLBACK_NONE), ("gone", pb.FALLBACK_DAEMON_UNAVAILABLE)],
+    ids=["no-daemon", "daemon-gone"],
+)
+def test_a_worker_without_its_daemon_still_answers_and_stops_cleanly(
+    tmp_path: Path, tiny_model_saver: Callable[..., Path], daemon: str, fallback: int
+) -> None:
+    model_dir = tiny_model_saver(tmp_path / "model", max_position_embeddings=512)
+    worker = WorkerProcess(
+        tmp_path / "worker.log",
+        model_dir=model_dir,
+        kvstore_address=f"127.0.0.1:{free_port()}" if daemon == "gone" else None,  # nothing listens there
+        settings={"chunk_tokens": CHUNK_TOKENS, "lookup_timeout_seconds": 0.2, "shutdown_grace_seconds": 5},
+    )
+    worker.start()
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            prompt = pb.TokenIds(token_ids=[5] * (3 * CHUNK_TOKENS))  # whole chunks to look up and save
+            tokens, stats = run_turn(
+                worker_pb2_grpc.WorkerStub(channel),
+                tenant="t",
+                prompt_token_ids=prompt,
+                sampling=sampling(4, stop_token_ids=[]),
+            )
+        assert stats.generated_tokens == len(tokens) >= 1
+        assert (stats.reused_tokens, stats.fallback) == (0, fallback)
+    finally:
+        assert worker.stop() == 0, worker.log_tail()

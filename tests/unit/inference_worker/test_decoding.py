@@ -1,0 +1,56 @@
+"""Token choice: greedy, temperature and top-p sampling from a seeded generator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnstore.errors import InvalidArgument
+from inference_worker.decoding import Sampler, check_sampling
+from inference_worker.turn_types import SamplingParams
+
+# probabilities 0.5, 0.3, 0.15, 0.05 over four tokens
+LOGITS = torch.tensor([math.log(0.5), math.log(0.3), math.log(0.15), math.log(0.05)])
+
+
+def draws(params: SamplingParams, count: int = 2000) -> torch.Tensor:
+    sampler = Sampler(params)
+    return torch.tensor([sampler(LOGITS) for _ in range(count)])
+
+
+def test_greedy_takes_the_argmax() -> None:
+    assert Sampler(SamplingParams())(LOGITS.flip(0)) == 3
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    # 0.5 + 0.3 = 0.8 >= 0.7: tokens 0 and 1 only, in proportion 5:3.
+    picked = draws(SamplingParams(temperature=1.0, top_p=0.7, seed=0))
+    assert set(picked.tolist()) == {0, 1}
+    assert (picked == 0).float().mean().item() == pytest.approx(5 / 8, abs=0.05)
+
+
+def test_temperature_one_follows_the_distribution() -> None:
+    picked = draws(SamplingParams(temperature=1.0, seed=1))
+    frequencies = torch.bincount(picked, minlength=4).float() / len(picked)
+    assert torch.allclose(frequencies, LOGITS.exp(), atol=0.04)
+
+
+def test_a_seed_fixes_the_draws() -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=42)
+    assert torch.equal(draws(params, 50), draws(params, 50))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=0),
+        SamplingParams(temperature=-0.1),
+        SamplingParams(top_p=0.0),
+        SamplingParams(top_p=1.5),
+    ],
+)
+def test_impossible_parameters_are_refused(params: SamplingParams) -> None:
+    with pytest.raises(InvalidArgument):
+        check_sampling(params)
