@@ -2,12 +2,14 @@
 
 One instance per tier. The tier reports inserts, reads and removals; when it needs
 room it walks `victims()` and skips what it may not evict (pinned, leased, still being
-written). `victims()` returns a snapshot, so the tier may evict, and report the
-removal, while it walks.
+written). `victims()` is lazy, over the live order, so finding a victim costs what the
+walk skips rather than a copy of every resident key: the tier takes its victim, stops
+walking, evicts it (reporting the removal) and asks again.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -29,7 +31,7 @@ class EvictionPolicy(Protocol):
         """The key left the tier; ignored for keys that are not resident."""
 
     def victims(self) -> Iterator[bytes]:
-        """Resident keys, the one to evict first first; a snapshot."""
+        """Resident keys, the one to evict first first; valid until the policy changes."""
         ...
 
     def __len__(self) -> int: ...
@@ -51,7 +53,7 @@ class _KeyOrder:
         self._order.pop(key, None)
 
     def victims(self) -> Iterator[bytes]:
-        return iter(list(self._order))
+        return iter(self._order)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -75,35 +77,95 @@ class LruPolicy(_KeyOrder):
             self._order.move_to_end(key)
 
 
-class LookaheadPolicy(LruPolicy):
+class LookaheadPolicy:
     """AttentionStore's scheduler-aware order, from the live hints at call time:
 
     1. keys hinted EVICT_FIRST (LRU among themselves);
     2. keys no live hint mentions (LRU among themselves; an expired hint counts as none);
     3. PROTECT/PREFETCH keys by queue position, furthest first: what the queue needs
        last goes first, and a PREFETCH for the next job goes very last.
+
+    Hinted keys are never the LRU victim, so they pile up at the front of the LRU order
+    (a queued session's chunks were last read a turn ago). To keep finding a victim cheap,
+    the hinted keys at the front are parked beside the order, and put back in their LRU
+    place (by last-use tick) once their hint is gone: replaced, forgotten or expired.
     """
 
     def __init__(self, hints: HintBook, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__()
         self._hints = hints
         self._clock = clock
+        self._ticks = itertools.count()
+        self._order: OrderedDict[bytes, int] = OrderedDict()  # key -> last-use tick, ascending
+        self._parked: dict[bytes, int] = {}  # hinted keys taken off the front of _order
+        self._generation = hints.generation
+
+    def on_insert(self, key: bytes) -> None:
+        self._parked.pop(key, None)
+        self._order[key] = next(self._ticks)
+        self._order.move_to_end(key)
+
+    def on_access(self, key: bytes) -> None:
+        if key in self._order or self._parked.pop(key, None) is not None:
+            self._order[key] = next(self._ticks)
+            self._order.move_to_end(key)
+
+    def on_remove(self, key: bytes) -> None:
+        if self._order.pop(key, None) is None:
+            self._parked.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._order) + len(self._parked)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._order or key in self._parked
 
     def victims(self) -> Iterator[bytes]:
         now = self._clock()
-        evict_first: list[bytes] = []
-        unhinted: list[bytes] = []
-        needed: list[tuple[int, bool, bytes]] = []  # (-queue_position, is PREFETCH, key)
-        for key in self._order:  # least recently used first
+        self._hints.expire(now)  # cheap unless a hint is due; changes the generation if any went
+        if self._hints.generation != self._generation:
+            self._generation = self._hints.generation
+            self._unpark([key for key in self._parked if self._hints.get(key, now) is None])
+        return self._walk(now)
+
+    def _walk(self, now: float) -> Iterator[bytes]:
+        first = [key for key in self._hints.evict_first_keys(now) if key in self]
+        yield from sorted(first, key=self._tick)
+        while self._order:  # park the hinted front: the walk below starts at an unhinted key
+            key, tick = next(iter(self._order.items()))
+            if self._hints.get(key, now) is None:
+                break
+            del self._order[key]
+            self._parked[key] = tick
+        needed: list[tuple[int, bool, int, bytes]] = []  # (-queue_position, is PREFETCH, tick, key)
+        for key, tick in self._order.items():  # least recently used first
             hint = self._hints.get(key, now)
             if hint is None:
-                unhinted.append(key)
-            elif hint.action is HintAction.EVICT_FIRST:
-                evict_first.append(key)
-            else:
-                needed.append((-hint.queue_position, hint.action is HintAction.PREFETCH, key))
-        needed.sort(key=lambda item: item[:2])  # stable: LRU order breaks ties
-        return iter(evict_first + unhinted + [key for _, _, key in needed])
+                yield key
+            elif hint.action is not HintAction.EVICT_FIRST:
+                needed.append((-hint.queue_position, hint.action is HintAction.PREFETCH, tick, key))
+        for key, tick in self._parked.items():
+            hint = self._hints.get(key, now)
+            if hint is not None and hint.action is not HintAction.EVICT_FIRST:
+                needed.append((-hint.queue_position, hint.action is HintAction.PREFETCH, tick, key))
+        needed.sort()
+        yield from (key for *_, key in needed)
+
+    def _tick(self, key: bytes) -> int:
+        return self._order[key] if key in self._order else self._parked[key]
+
+    def _unpark(self, keys: list[bytes]) -> None:
+        """Puts parked keys back into the order at their tick: merged with the keys in front
+        of the newest of them (_order stays sorted by tick)."""
+        if not keys:
+            return
+        back = sorted((self._parked.pop(key), key) for key in keys)
+        front: list[tuple[int, bytes]] = []
+        while self._order and next(iter(self._order.values())) < back[-1][0]:
+            key, tick = self._order.popitem(last=False)
+            front.append((tick, key))
+        for tick, key in sorted(back + front, reverse=True):
+            self._order[key] = tick
+            self._order.move_to_end(key, last=False)
 
 
 def make_policy(

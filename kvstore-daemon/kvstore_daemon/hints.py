@@ -11,6 +11,7 @@ All `now` arguments are seconds on one monotonic clock chosen by the caller.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,9 @@ class HintBook:
         self._hints: dict[bytes, Hint] = {}
         self._namespace_of: dict[bytes, bytes] = {}
         self._keys_of: dict[bytes, set[bytes]] = {}
+        self._evict_first: set[bytes] = set()  # keys whose stored hint is EVICT_FIRST
+        self._next_expiry = math.inf  # no stored hint expires earlier (a lower bound)
+        self.generation = 0  # changes whenever stored hints change, so readers can cache
 
     def __len__(self) -> int:
         """Stored hints, including expired ones that `expire` has not dropped yet."""
@@ -68,6 +72,8 @@ class HintBook:
         if replace:
             self.forget(list(self._keys_of.get(namespace, ())))
         expires_at = now + ttl_seconds
+        self._next_expiry = min(self._next_expiry, expires_at)
+        self.generation += 1
         for keys, action, queue_position in entries:
             if queue_position < 0:
                 raise ValueError(f"queue_position must not be negative, got {queue_position}")
@@ -93,21 +99,34 @@ class HintBook:
         live.sort(key=lambda item: item[0])  # stable: equal positions keep hint order
         return [key for _, key in live]
 
+    def evict_first_keys(self, now: float) -> list[bytes]:
+        """Keys with a live EVICT_FIRST hint, in no particular order."""
+        return [key for key in self._evict_first if self._hints[key].expires_at > now]
+
     def expire(self, now: float) -> int:
-        """Drops expired hints; returns how many."""
+        """Drops expired hints; returns how many. Cheap until the earliest hint expires."""
+        if now < self._next_expiry:
+            return 0
         expired = [key for key, hint in self._hints.items() if hint.expires_at <= now]
         self.forget(expired)
+        self._next_expiry = min((hint.expires_at for hint in self._hints.values()), default=math.inf)
         return len(expired)
 
     def forget(self, keys: Iterable[bytes]) -> None:
         """Drops the hints of `keys` (deleted chunks); unknown keys are ignored."""
         for key in keys:
             if self._hints.pop(key, None) is not None:
+                self._evict_first.discard(key)
                 self._unlink_namespace(key)
+                self.generation += 1
 
     def _set(self, namespace: bytes, key: bytes, hint: Hint) -> None:
         if self._namespace_of.get(key, namespace) != namespace:
             self._unlink_namespace(key)  # keys are namespace-unique; stay consistent anyway
+        if hint.action is HintAction.EVICT_FIRST:
+            self._evict_first.add(key)
+        else:
+            self._evict_first.discard(key)
         self._hints[key] = hint
         self._namespace_of[key] = namespace
         self._keys_of.setdefault(namespace, set()).add(key)

@@ -94,3 +94,40 @@ def test_rejects_bad_ttl_and_position() -> None:
         book.apply(NS_A, [([b"k"], PROTECT, 0)], replace=False, ttl_seconds=0, now=0)
     with pytest.raises(ValueError):
         book.apply(NS_A, [([b"k"], PROTECT, -1)], replace=False, ttl_seconds=1, now=0)
+
+
+def test_generation_changes_with_the_stored_hints() -> None:
+    book = HintBook()
+    start = book.generation
+    book.apply(NS_A, [([b"k"], PROTECT, 0)], replace=False, ttl_seconds=10, now=0)
+    after_apply = book.generation
+    book.forget([b"unknown"])
+    assert after_apply != start and book.generation == after_apply  # forgetting nothing changes nothing
+    book.forget([b"k"])
+    assert book.generation != after_apply
+
+
+def test_expire_is_free_until_the_earliest_hint_is_due() -> None:
+    book = HintBook()
+    book.apply(NS_A, [([b"short"], PROTECT, 0)], replace=False, ttl_seconds=5, now=0)
+    book.apply(NS_A, [([b"long"], PROTECT, 0)], replace=False, ttl_seconds=50, now=0)
+    generation = book.generation
+    assert book.expire(now=4.9) == 0 and book.generation == generation
+    assert book.expire(now=5.0) == 1 and book.generation != generation
+    assert book.get(b"long", now=5.0) is not None
+    # A refreshed hint moves its expiry: nothing is dropped when the old one would have been due.
+    book.apply(NS_A, [([b"long"], PROTECT, 0)], replace=False, ttl_seconds=100, now=40)
+    assert book.expire(now=60) == 0 and book.get(b"long", now=60) is not None
+    assert book.expire(now=140) == 1 and len(book) == 0
+
+
+def test_evict_first_keys_are_the_live_evict_first_hints() -> None:
+    book = HintBook()
+    book.apply(NS_A, [([b"e1", b"e2", b"x"], EVICT_FIRST, 0)], replace=False, ttl_seconds=10, now=0)
+    book.apply(NS_A, [([b"x"], PROTECT, 1)], replace=False, ttl_seconds=10, now=0)  # more urgent: wins
+    book.apply(NS_B, [([b"e3"], EVICT_FIRST, 0)], replace=False, ttl_seconds=1, now=0)
+    assert sorted(book.evict_first_keys(now=0)) == [b"e1", b"e2", b"e3"]
+    assert sorted(book.evict_first_keys(now=1)) == [b"e1", b"e2"]  # e3 expired
+    book.forget([b"e1"])
+    book.apply(NS_A, [([b"e2"], PREFETCH, 0)], replace=False, ttl_seconds=10, now=1)
+    assert book.evict_first_keys(now=1) == []
