@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
 import torch
 from transformers import DynamicCache
 
-from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.kv_codec import encode_chunks
 from inference_worker.turn_types import KVSource
@@ -26,58 +26,62 @@ log = structlog.get_logger("inference_worker.kv_saver")
 KV = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer K, V [kv_heads, tokens, head_dim]
 
 
+@dataclass(frozen=True)
+class ChunkRun:
+    """Consecutive full chunks to save."""
+
+    keys: Sequence[bytes]  # their chain keys, in order
+    kv: KV  # per layer K, V [kv_heads, len(keys) * chunk_tokens, head_dim]
+    base_position: int  # the position the first token's key was rotated for
+
+
+def cache_span(cache: DynamicCache, start: int, stop: int) -> KV | None:
+    """Views of tokens [start, stop) of every layer of `cache` (batch 0), each [kv_heads,
+    stop - start, head_dim]; None when the cache no longer holds them all (a sliding window)."""
+    if any(layer.keys is None or layer.keys.shape[-2] < stop for layer in cache.layers):
+        return None
+    return [(layer.keys[0, :, start:stop, :], layer.values[0, :, start:stop, :]) for layer in cache.layers]
+
+
 class ChunkSaver:
     def __init__(self, client: AsyncKVStoreClient) -> None:
         self.client = client
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def save_new_chunks(
+    def save(
         self,
         source: KVSource,
-        tokens: Sequence[int],
-        cache: DynamicCache,
+        runs: Sequence[ChunkRun],
         *,
-        stored_chunks: int,
         evict_keys: Sequence[bytes] = (),
         before_put: Callable[[], Awaitable[object]] | None = None,
     ) -> int:
-        """Starts saving the full chunks of `tokens` (those whose KV `cache` holds, token i
-        at position i) from chunk `stored_chunks` on; returns how many. `evict_keys` (chunks
-        that failed to load) are deleted first: a put would keep them as "already stored".
-        `before_put` runs before the put (registering the namespace). The cache must not
-        change afterwards."""
-        chunk_tokens = source.chunk_tokens
-        end_chunk = len(tokens) // chunk_tokens
-        if end_chunk <= stored_chunks:
+        """Starts saving the chunks of `runs` in one put; returns how many. `evict_keys`
+        (chunks that failed to load) are deleted first: a put would keep them as "already
+        stored". `before_put` runs before the put (registering the namespace). The KV
+        tensors must not change afterwards."""
+        runs = [run for run in runs if run.keys]
+        count = sum(len(run.keys) for run in runs)
+        if not count:
             return 0
-        span = slice(stored_chunks * chunk_tokens, end_chunk * chunk_tokens)
-        if any(layer.keys is None or layer.keys.shape[-2] < span.stop for layer in cache.layers):
-            log.info("the cache does not hold every token (sliding window): not saving")
-            return 0
-        keys = chunk_key_chain(source.namespace, tokens[: span.stop], chunk_tokens)[stored_chunks:]
-        # each [kv_heads, span tokens, head_dim]: views, encoded later in a thread
-        kv = [(layer.keys[0, :, span, :], layer.values[0, :, span, :]) for layer in cache.layers]
-        save = self._save(source, keys, kv, span.start, tuple(evict_keys), before_put)
-        task = asyncio.get_running_loop().create_task(save, name=f"save-{len(keys)}-chunks")
+        save = self._save(source, runs, tuple(evict_keys), before_put)
+        task = asyncio.get_running_loop().create_task(save, name=f"save-{count}-chunks")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return len(keys)
+        return count
 
     async def _save(
         self,
         source: KVSource,
-        keys: list[bytes],
-        kv: KV,
-        base_position: int,
+        runs: list[ChunkRun],
         evict_keys: tuple[bytes, ...],
         before_put: Callable[[], Awaitable[object]] | None,
     ) -> None:
         started = time.perf_counter()
         namespace = source.namespace
+        keys = [key for run in runs for key in run.keys]
         try:
-            chunks = await asyncio.to_thread(
-                encode_chunks, namespace, keys, kv, source.chunk_tokens, base_position
-            )
+            chunks = await asyncio.to_thread(_encode, namespace, runs, source.chunk_tokens)
             if evict_keys:
                 await self.client.delete(namespace, evict_keys)
             if before_put is not None:
@@ -103,3 +107,11 @@ class ChunkSaver:
         """Waits until every save submitted so far (and any submitted meanwhile) has ended."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _encode(namespace: bytes, runs: Sequence[ChunkRun], chunk_tokens: int) -> list[bytes]:
+    return [
+        chunk
+        for run in runs
+        for chunk in encode_chunks(namespace, run.keys, run.kv, chunk_tokens, run.base_position)
+    ]

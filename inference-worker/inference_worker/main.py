@@ -37,6 +37,7 @@ from inference_worker.model_store import (
 )
 from inference_worker.servicer import SERVICE_NAME, WorkerServicer
 from inference_worker.settings import WorkerSettings
+from inference_worker.truncation import ContextWindowError
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import SamplingParams, TurnInput
 
@@ -82,10 +83,12 @@ async def run_worker(settings: WorkerSettings) -> None:
         layer_timeout_seconds=settings.layer_timeout_seconds,
         lookup_timeout_seconds=settings.lookup_timeout_seconds,
         chunk_tokens=settings.chunk_tokens,
+        max_context_tokens=settings.max_context_tokens,
+        attention_sink_tokens=settings.attention_sink_tokens,
     )
     await warm_up(engine)
-    limits = request_limits(loaded, settings)
-    model_card = describe_model(loaded, digest, settings.chunk_tokens, limits)
+    limits = request_limits(loaded, settings, engine.window)
+    model_card = describe_model(loaded, digest, engine.window, limits)
     log.info(
         "worker_starting",
         model=model_card.model_label,
@@ -134,7 +137,7 @@ def main() -> None:
         log.info("allocator_not_tuned", reason="not glibc")
     try:
         asyncio.run(run_worker(settings))
-    except (ModelStoreError, StartupError, DeviceCheckFailed) as exc:
+    except (ModelStoreError, StartupError, DeviceCheckFailed, ContextWindowError) as exc:
         print(f"attnstore-inference-worker: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
 

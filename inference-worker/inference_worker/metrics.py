@@ -17,13 +17,16 @@ FALLBACKS = Counter(
     ["reason"],
 )
 PROMPT_TOKENS = Counter("attnstore_worker_prompt_tokens_total", "Prompt tokens of completed turns")
+TRUNCATED_TOKENS = Counter(
+    "attnstore_worker_truncated_tokens_total", "Prompt tokens dropped by context-overflow truncation"
+)
 REUSED_TOKENS = Counter("attnstore_worker_reused_tokens_total", "Prompt tokens whose KV came from the store")
 GENERATED_TOKENS = Counter("attnstore_worker_generated_tokens_total", "Tokens generated")
 SAVED_CHUNKS = Counter("attnstore_worker_saved_chunks_total", "New full chunks handed to the daemon")
 TTFT_SECONDS = Histogram("attnstore_worker_ttft_seconds", "Time to first token", buckets=_SECONDS_BUCKETS)
 REUSED_RATIO = Histogram(
     "attnstore_worker_reused_token_ratio",
-    "Share of a turn's prompt tokens reused from the store",
+    "Share of a turn's kept (after truncation) prompt tokens reused from the store",
     buckets=_RATIO_BUCKETS,
 )
 KV_LOAD_SECONDS = Histogram(
@@ -48,12 +51,14 @@ def observe_turn(stats: TurnStats) -> None:
     if stats.fallback is not None:
         FALLBACKS.labels(stats.fallback.value).inc()
     PROMPT_TOKENS.inc(stats.prompt_tokens)
+    TRUNCATED_TOKENS.inc(stats.truncated_tokens)
     REUSED_TOKENS.inc(stats.reused_tokens)
     GENERATED_TOKENS.inc(stats.generated_tokens)
     SAVED_CHUNKS.inc(stats.saved_chunks)
     TTFT_SECONDS.observe(stats.ttft_seconds)
-    if stats.prompt_tokens:
-        REUSED_RATIO.observe(stats.reused_tokens / stats.prompt_tokens)
+    kept_tokens = stats.prompt_tokens - stats.truncated_tokens  # what the turn ran
+    if kept_tokens:
+        REUSED_RATIO.observe(stats.reused_tokens / kept_tokens)
     if stats.reused_tokens:  # a turn that loaded nothing says nothing about loading
         KV_LOAD_SECONDS.observe(stats.kv_load_seconds)
         KV_LOAD_EXPOSED_SECONDS.observe(stats.kv_load_exposed_seconds)

@@ -8,24 +8,23 @@ from attnstore.worker.v1 import worker_pb2 as pb
 from inference_worker.kv_codec import DTYPE_NAMES
 from inference_worker.model_store import LoadedModel
 from inference_worker.settings import WorkerSettings
+from inference_worker.truncation import ContextWindow
 from inference_worker.validation import RequestLimits
 
 
-def request_limits(loaded: LoadedModel, settings: WorkerSettings) -> RequestLimits:
-    """The settings' limits, capped so that a prompt and at least one new token fit the context."""
-    context = int(loaded.config.max_position_embeddings)
+def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: ContextWindow) -> RequestLimits:
+    """The settings' limits; max_tokens capped so that every prompt fits the window once truncated."""
     return RequestLimits(
         vocab_size=int(loaded.config.vocab_size),
-        context_tokens=context,
-        max_prompt_tokens=min(settings.max_prompt_tokens, context - 1),
-        max_new_tokens=min(settings.max_new_tokens, context - 1),
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_new_tokens=min(settings.max_new_tokens, window.max_new_tokens),
         max_message_chars=settings.max_message_chars,
         max_messages=settings.max_messages,
     )
 
 
 def describe_model(
-    loaded: LoadedModel, digest: str, chunk_tokens: int, limits: RequestLimits
+    loaded: LoadedModel, digest: str, window: ContextWindow, limits: RequestLimits
 ) -> pb.DescribeModelResponse:
     config = loaded.config
     heads = int(config.num_attention_heads)
@@ -40,10 +39,11 @@ def describe_model(
         num_layers=num_layers,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        chunk_tokens=chunk_tokens,
-        max_context_tokens=limits.context_tokens,
+        chunk_tokens=window.chunk_tokens,
+        max_context_tokens=window.max_context_tokens,
         kv_bytes_per_token=2 * num_layers * kv_heads * head_dim * DTYPE_BYTES[dtype],  # K and V
         vocab_size=limits.vocab_size,
         max_prompt_tokens=limits.max_prompt_tokens,
         max_new_tokens=limits.max_new_tokens,
+        attention_sink_tokens=window.sink_tokens,
     )

@@ -34,15 +34,10 @@ class ModelRunner:
         self._lock = threading.Lock()
 
     def check_prompt(self, token_ids: list[int]) -> None:
-        """Raises InvalidArgument unless the prompt can run: not empty, known token ids, and
-        room for at least one generated token in the context window."""
+        """Raises InvalidArgument unless the prompt holds tokens, all of them in the vocabulary
+        (whether it fits the context window is the truncation plan's business)."""
         if not token_ids:
             raise InvalidArgument("the prompt holds no tokens")
-        if len(token_ids) >= self.max_positions:
-            raise InvalidArgument(
-                f"a prompt of {len(token_ids)} tokens leaves no room in the model's "
-                f"{self.max_positions}-token context"
-            )
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise InvalidArgument(f"prompt token ids must lie in [0, {self.vocab_size})")
 

@@ -33,13 +33,14 @@ async def load_prefix(
     prefix: PrefixKV,
     *,
     chunk_tokens: int,
-    first_position: int,
+    head_tokens: int,
     shift: RotaryShift | None,
     device: torch.device,
 ) -> None:
-    """Fills `prefix` with chunks `keys`, whose tokens now sit at positions
-    `first_position + i * chunk_tokens ...`; fails it (never raises) on any error.
-    `shift` None: a chunk stored at another position is an error (no re-positioning)."""
+    """Fills `prefix` with the first `head_tokens` tokens of chunk `keys[0]` (all of them,
+    or only the attention sinks after truncation), then the other chunks whole, at
+    consecutive positions from 0; fails it (never raises) on any error. `shift` None: a
+    chunk stored at another position is an error (no re-positioning)."""
     row: list[LayerPiece] = []  # the current layer's pieces, one per chunk in order
     layer = 0  # the layer being assembled
     try:
@@ -52,8 +53,11 @@ async def load_prefix(
                 _check_piece(piece, prefix.num_layers, chunk_tokens)
                 row.append(piece)
                 if len(row) == len(keys):
-                    k, v = layer_from_pieces(row, device=device)  # each [kv_heads, prefix_tokens, head_dim]
-                    k = _reposition(k, row, chunk_tokens, first_position, shift)
+                    k, v = layer_from_pieces(row, device=device)  # each [kv_heads, chunks * C, head_dim]
+                    if head_tokens < chunk_tokens:  # chunk 0 gives only its sinks: drop the rest of it
+                        k = torch.cat((k[:, :head_tokens], k[:, chunk_tokens:]), dim=1)
+                        v = torch.cat((v[:, :head_tokens], v[:, chunk_tokens:]), dim=1)
+                    k = _reposition(k, row, chunk_tokens, head_tokens, shift)  # [kv_heads, prefix, head_dim]
                     prefix.put_layer(layer, k, v)
                     row, layer = [], layer + 1
         if layer != prefix.num_layers:
@@ -79,19 +83,21 @@ def _reposition(
     k: torch.Tensor,
     pieces: Sequence[LayerPiece],
     chunk_tokens: int,
-    first_position: int,
+    head_tokens: int,
     shift: RotaryShift | None,
 ) -> torch.Tensor:
     """Rotates, in place, the keys [kv_heads, prefix_tokens, head_dim] of each chunk stored
-    at a base position other than where its tokens sit now (a no-op without truncation)."""
+    at a base position other than where its tokens sit now (a no-op without truncation).
+    Chunk 0 sits at 0 (its first `head_tokens` tokens), chunk i >= 1 at head + (i - 1) * C."""
     for index, piece in enumerate(pieces):
-        delta = first_position + index * chunk_tokens - piece.layout.header.base_position
+        start = 0 if index == 0 else head_tokens + (index - 1) * chunk_tokens
+        delta = start - piece.layout.header.base_position
         if delta == 0:
             continue
         if shift is None:
             raise PositionShiftUnsupported(f"chunk {index} must move by {delta} positions")
-        span = slice(index * chunk_tokens, (index + 1) * chunk_tokens)
-        k[:, span, :] = shift.shift_keys(k[:, span, :], delta)  # [kv_heads, chunk_tokens, head_dim]
+        span = slice(start, start + (head_tokens if index == 0 else chunk_tokens))
+        k[:, span, :] = shift.shift_keys(k[:, span, :], delta)  # [kv_heads, span tokens, head_dim]
     return k
 
 

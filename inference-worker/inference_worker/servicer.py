@@ -104,4 +104,8 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         saved_chunks=stats.saved_chunks,
         fallback=_FALLBACK[stats.fallback],
         finish_reason=_FINISH_REASON.get(stats.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+        truncated_tokens=stats.truncated_tokens,
+        sink_tokens=stats.sink_tokens,
+        namespace=stats.namespace,
+        chunk_keys=stats.chunk_keys,
     )

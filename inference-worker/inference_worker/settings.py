@@ -1,5 +1,6 @@
 """Worker settings (environment variables `ATTNSTORE_WORKER_*`, or a TOML file named by
-`ATTNSTORE_WORKER_CONFIG_FILE`). Each default is written here once."""
+`ATTNSTORE_WORKER_CONFIG_FILE`). Each default is written here once. The context settings are
+checked against the model at start (truncation.ContextWindow)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from attnstore.settings import FileBackedSettings
 from inference_worker.model_store import DEFAULT_CACHE_DIR
+from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
 
 class WorkerSettings(FileBackedSettings):
@@ -49,6 +51,17 @@ class WorkerSettings(FileBackedSettings):
         None, description="the daemon's arena directory as mounted here; unset = the path the daemon reports"
     )
     chunk_tokens: int = Field(256, ge=1, le=65536, description="tokens per KV chunk")
+    max_context_tokens: int | None = Field(
+        None,
+        ge=2,
+        description="context window a turn's truncated prompt plus generated tokens fit in; "
+        "unset = the model's max_position_embeddings (a larger value is refused at start)",
+    )
+    attention_sink_tokens: int = Field(
+        DEFAULT_SINK_TOKENS,
+        ge=0,
+        description="first tokens a truncated prompt keeps as attention sinks; 0 = none; at most chunk_tokens",
+    )
     layer_timeout_seconds: float = Field(
         2.0, gt=0, description="longest wait for one layer of loaded KV before recomputing"
     )
@@ -56,10 +69,17 @@ class WorkerSettings(FileBackedSettings):
         0.5, gt=0, description="longest wait for the daemon's Lookup before recomputing"
     )
 
+    # The prompt is a session's whole conversation (truncated to the context window by the
+    # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.
     max_prompt_tokens: int = Field(
-        8192, ge=1, description="longest prompt accepted (also capped by the context window)"
+        131072, ge=1, description="longest prompt accepted: a session's whole, untruncated conversation"
     )
-    max_new_tokens: int = Field(2048, ge=1, description="largest max_tokens a turn may ask for")
+    max_new_tokens: int = Field(
+        2048,
+        ge=1,
+        description="largest max_tokens a turn may ask for (also capped so that every prompt fits "
+        "once truncated: context - attention_sink_tokens - chunk_tokens)",
+    )
     max_message_chars: int = Field(200_000, ge=1, description="longest chat message accepted, in characters")
     max_messages: int = Field(1024, ge=1, description="most chat messages in one request")
 

@@ -27,11 +27,11 @@ class KVSource:
 
 @dataclass(frozen=True)
 class TurnInput:
-    prompt_token_ids: list[int]  # the whole prompt, chat template applied, after truncation
+    prompt_token_ids: list[int]  # the whole untruncated conversation, chat template applied
     sampling: SamplingParams = SamplingParams()
-    # Tokens dropped from the front of the conversation by context-overflow truncation
-    # (not counting the kept attention-sink tokens); chunk keys of the kept history were
-    # computed before the drop, so the engine needs it to find and re-position them.
+    # The session's truncation so far: the least the turn drops after its attention sinks
+    # (it drops more when the prompt and max_tokens do not fit). Truncation never shrinks
+    # within a session, so the KV the next turn reuses is the KV this one computed.
     truncated_tokens: int = 0
     save_generated: bool = True  # save the KV of generated tokens too (next turn's history)
 
@@ -46,8 +46,8 @@ class Fallback(Enum):
 
 @dataclass(frozen=True)
 class TurnStats:
-    prompt_tokens: int
-    reused_tokens: int  # prompt tokens whose KV came from the store
+    prompt_tokens: int  # the untruncated prompt
+    reused_tokens: int  # kept prompt tokens whose KV came from the store
     reused_dram_chunks: int
     reused_ssd_chunks: int
     generated_tokens: int
@@ -58,6 +58,12 @@ class TurnStats:
     saved_chunks: int  # new full chunks handed to the daemon (asynchronously)
     fallback: Fallback | None = None
     finish_reason: str = "stop"  # "stop" (end-of-turn or stop token) or "length"
+    truncated_tokens: int = 0  # tokens dropped after the sinks (the next turn's request)
+    sink_tokens: int = 0  # first tokens kept as attention sinks (0 when nothing was dropped)
+    namespace: bytes = b""  # the KV namespace the turn used (b"" without a source)
+    # Chain keys (over the untruncated tokens) of every full chunk of the prompt plus the
+    # saved generated tokens, in order; dropped chunks included.
+    chunk_keys: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,7 @@ class RequestLimits:
     """What one request may ask for: the settings' limits capped by the model."""
 
     vocab_size: int  # token ids are below this
-    context_tokens: int  # the model's context window (generation stops at its end)
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # the untruncated conversation
     max_new_tokens: int
     max_message_chars: int
     max_messages: int

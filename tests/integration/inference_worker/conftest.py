@@ -2,7 +2,8 @@
 loads it (from a directory, with its tokenizer and digest) and real daemon processes.
 
 `tiny_model` is a seeded random-weight fp32 Llama (3 layers, 4 heads, 2 KV heads, head_dim
-16) with the suite's tiny tokenizer. `daemon` is a real daemon process (port 0, its own SSD and
+16) with the suite's tiny tokenizer; `one_layer_model` is the same with one layer (its K and V
+depend only on each token and its position). `daemon` is a real daemon process (port 0, its own SSD and
 shm directories), ready once its ready file appears, stopped at teardown.
 """
 
@@ -37,6 +38,16 @@ def tiny_model(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]
 ) -> LoadedModel:
     directory = tiny_model_saver(tmp_path_factory.mktemp("tiny-llama"), **TINY_LLAMA)
+    return load_model(directory, torch.float32, "cpu")
+
+
+@pytest.fixture(scope="session")
+def one_layer_model(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]
+) -> LoadedModel:
+    directory = tiny_model_saver(
+        tmp_path_factory.mktemp("one-layer"), **{**TINY_LLAMA, "num_hidden_layers": 1}
+    )
     return load_model(directory, torch.float32, "cpu")
 
 

@@ -1,5 +1,6 @@
 """The turn engine without a store, on the tiny model: its decoding loop against
-transformers' own `generate`, stop tokens, seeded sampling, and turns it refuses."""
+transformers' own `generate`, stop tokens, seeded sampling, a prompt longer than the
+context window, and turns and settings it refuses."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from attnstore.errors import InvalidArgument
 from inference_worker.model_store import LoadedModel
+from inference_worker.truncation import ContextWindowError
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import SamplingParams, TokenEvent, TurnInput, TurnStats
 
@@ -69,15 +71,41 @@ async def test_seeded_sampling_is_reproducible(tiny_model: LoadedModel) -> None:
     ("turn", "message"),
     [
         (TurnInput([]), "no tokens"),
-        (TurnInput(PROMPT, truncated_tokens=64), "truncation"),
+        (TurnInput(PROMPT, truncated_tokens=64), "truncated_tokens is 64, but a prompt of 37 tokens"),
+        (TurnInput([1] * 1024, SamplingParams(max_tokens=1000)), "does not fit the 1024-token context"),
         (TurnInput(PROMPT, SamplingParams(max_tokens=0)), "max_tokens"),
         (TurnInput(PROMPT, SamplingParams(top_p=0.0)), "top_p"),
         (TurnInput(PROMPT, SamplingParams(temperature=-1.0)), "temperature"),
         (TurnInput([1, 300]), "token ids"),
-        (TurnInput([1] * 1024), "context"),
     ],
 )
 async def test_refused_turns(tiny_model: LoadedModel, turn: TurnInput, message: str) -> None:
     engine = TurnEngine(tiny_model, None)
     with pytest.raises(InvalidArgument, match=message):
         await run(engine, turn)
+
+
+async def test_a_prompt_longer_than_the_window_runs_truncated(tiny_model: LoadedModel) -> None:
+    engine = TurnEngine(tiny_model, None, chunk_tokens=16, max_context_tokens=64, attention_sink_tokens=4)
+    prompt = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(4)).tolist()
+    events, stats = await run(engine, TurnInput(prompt, SamplingParams(max_tokens=8)))
+    # 100 + 8 tokens in a 64-token window: 44 must go, so chunks 0 (but its 4 sinks) to 2 do.
+    assert (stats.truncated_tokens, stats.sink_tokens) == (44, 4)
+    kept = prompt[:4] + prompt[48:]
+    reference, reference_stats = await run(engine, TurnInput(kept, SamplingParams(max_tokens=8)))
+    assert [e.token_id for e in events] == [e.token_id for e in reference]
+    assert reference_stats.truncated_tokens == 0 and stats.prompt_tokens == 100
+    assert stats.namespace == b"" and stats.chunk_keys == ()  # no source, no keys
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_context_tokens": 2048}, "max_context_tokens is 2048, beyond the model's 1024 positions"),
+        ({"attention_sink_tokens": 20, "chunk_tokens": 16}, "attention_sink_tokens is 20"),
+        ({"max_context_tokens": 100, "chunk_tokens": 96}, "must exceed attention_sink_tokens"),
+    ],
+)
+def test_bad_context_settings_are_refused(tiny_model: LoadedModel, settings: dict, message: str) -> None:
+    with pytest.raises(ContextWindowError, match=message):
+        TurnEngine(tiny_model, None, **settings)

@@ -78,8 +78,8 @@ async def test_second_turn_reuses_kv_and_matches_recompute(
         source = await engine.namespace_for(b"tenant-a")
         prompt = await first_turn(engine, source)
 
-        cached = await engine.prefill(prompt, source)
-        recomputed = await engine.prefill(prompt, None)
+        cached = await engine.prefiller.prefill(prompt, source)
+        recomputed = await engine.prefiller.prefill(prompt, None)
         assert cached.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and cached.fallback is None
         assert (cached.logits - recomputed.logits).abs().max().item() <= LOGITS_TOLERANCE
 
@@ -96,7 +96,7 @@ async def test_second_turn_reuses_kv_and_matches_recompute(
         # Another tenant's namespace shares nothing.
         other = await engine.namespace_for(b"tenant-b")
         assert other.namespace != source.namespace
-        assert (await engine.prefill(prompt, other)).reused_tokens == 0
+        assert (await engine.prefiller.prefill(prompt, other)).reused_tokens == 0
         await engine.drain_saves()
 
 

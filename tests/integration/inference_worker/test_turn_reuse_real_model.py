@@ -104,8 +104,8 @@ async def test_cached_turn_matches_recompute_on_the_real_model(
         prompt = second_prompt(smollm2, first_prompt, answer)
         assert len(prompt) > 8 * CHUNK_TOKENS
 
-        cached = await engine.prefill(prompt, source)
-        recomputed = await engine.prefill(prompt, None)
+        cached = await engine.prefiller.prefill(prompt, source)
+        recomputed = await engine.prefiller.prefill(prompt, None)
         max_diff = (cached.logits - recomputed.logits).abs().max().item()
         assert cached.reused_tokens == first.saved_chunks * CHUNK_TOKENS and cached.fallback is None
         assert max_diff <= LOGITS_TOLERANCE

@@ -1,8 +1,10 @@
 """The Worker service as the scheduler sees it: a real worker process (a tiny random-weight
 model) beside a real daemon, readiness awaited through the ready file. Turns stream tokens
 then their stats; a turn extending the last one reuses its KV and decodes the same greedy
-tokens as recomputing; every RPC refuses bad input with the right status; health reports
-SERVING only after the device check. One daemon and one worker serve the whole module."""
+tokens as recomputing; a conversation beyond the context window is truncated and reported
+so; every RPC refuses bad input with the right status; health reports SERVING only after
+the device check; bad context settings stop the worker at start. One daemon and one worker
+serve the whole module."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ MiB = 1024 * 1024
 CHUNK_TOKENS = 16
 WORKER_SETTINGS = {
     "chunk_tokens": CHUNK_TOKENS,
+    "max_context_tokens": 128,  # of the model's 512: prompts of a few hundred tokens overflow
     "max_messages": 4,
     "max_message_chars": 200,
     "max_prompt_tokens": 256,
@@ -113,16 +116,27 @@ def run_turn(stub: worker_pb2_grpc.WorkerStub, **fields: Any) -> tuple[list[pb.T
     return [reply.token for reply in replies[:-1]], replies[-1].stats
 
 
-def wait_until_stored(stack: Stack, tenant: str, token_ids: list[int], timeout_seconds: float = 10.0) -> int:
-    """Waits until the daemon holds every full chunk of `token_ids` in the tenant's namespace
-    (saves are asynchronous), computing the keys as the scheduler does; how many chunks."""
-    spec = NamespaceSpec(model_digest(stack.model_dir), "float32", CHUNK_TOKENS, tenant.encode())
-    keys = chunk_key_chain(spec.namespace_id(), token_ids, CHUNK_TOKENS)
+def namespace(stack: Stack, tenant: str) -> bytes:
+    """The tenant's KV namespace, computed as the scheduler does."""
+    return NamespaceSpec(
+        model_digest(stack.model_dir), "float32", CHUNK_TOKENS, tenant.encode()
+    ).namespace_id()
+
+
+def wait_for_keys(stack: Stack, namespace: bytes, keys: list[bytes], timeout_seconds: float = 10.0) -> None:
+    """Waits until the daemon holds every chunk of `keys` (saves are asynchronous)."""
     deadline = time.monotonic() + timeout_seconds
     with KVStoreClient(stack.daemon.address) as client:
-        while (stored := client.lookup(spec.namespace_id(), keys).prefix_length) < len(keys):
+        while (stored := client.lookup(namespace, keys).prefix_length) < len(keys):
             assert time.monotonic() < deadline, f"{stored} of {len(keys)} chunks stored"
             time.sleep(0.02)
+
+
+def wait_until_stored(stack: Stack, tenant: str, token_ids: list[int]) -> int:
+    """Waits until the daemon holds every full chunk of `token_ids` in the tenant's namespace;
+    how many chunks."""
+    keys = chunk_key_chain(namespace(stack, tenant), token_ids, CHUNK_TOKENS)
+    wait_for_keys(stack, namespace(stack, tenant), keys)
     return len(keys)
 
 
@@ -153,7 +167,8 @@ def test_describe_model_matches_the_model(stack: Stack) -> None:
         )
     )
     assert model.chunk_tokens == CHUNK_TOKENS
-    assert model.max_context_tokens == config.max_position_embeddings == 512
+    assert model.max_context_tokens == 128 < config.max_position_embeddings
+    assert model.attention_sink_tokens == 4
     assert model.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, layers, kv heads, head dim, fp32
     assert model.vocab_size == VOCAB
     assert (model.max_prompt_tokens, model.max_new_tokens) == (256, 32)
@@ -224,6 +239,39 @@ def test_a_turn_extending_the_last_one_reuses_its_kv(stack: Stack) -> None:
     assert [t.token_id for t in reused_tokens] == [t.token_id for t in recomputed_tokens]
 
 
+def test_a_conversation_beyond_the_context_window_is_truncated(stack: Stack) -> None:
+    prompt = [(7 * i) % VOCAB for i in range(200)]
+    tokens, first = run_turn(
+        stack.stub,
+        tenant="long",
+        prompt_token_ids=pb.TokenIds(token_ids=prompt),
+        sampling=sampling(8, stop_token_ids=[]),
+        save_generated=True,
+    )
+    # 200 + 8 tokens in a 128-token window: 80 must go, so chunk 0 but its 4 sinks and
+    # chunks 1..5 do; the keys stay those of the untruncated tokens.
+    assert (first.truncated_tokens, first.sink_tokens, first.prompt_tokens) == (92, 4, 200)
+    history = prompt + [token.token_id for token in tokens]
+    assert first.namespace == namespace(stack, "long")
+    assert list(first.chunk_keys) == chunk_key_chain(first.namespace, history[:-1], CHUNK_TOKENS)
+    # Saved: chunks 6.. (kept), and chunk 0, computed whole for the next turns' sinks.
+    assert first.saved_chunks == 1 + len(first.chunk_keys) - 6
+    wait_for_keys(stack, first.namespace, [first.chunk_keys[0], *first.chunk_keys[6:]])
+
+    # The next turn asks for the session's truncation and reuses the kept chunks.
+    second_prompt = pb.TokenIds(token_ids=history + [5, 6, 7])
+    _, second = run_turn(
+        stack.stub,
+        tenant="long",
+        prompt_token_ids=second_prompt,
+        sampling=sampling(8, stop_token_ids=[]),
+        truncated_tokens=first.truncated_tokens,
+    )
+    assert (second.truncated_tokens, second.sink_tokens) == (92, 4)
+    assert second.reused_tokens == 4 + 6 * CHUNK_TOKENS  # the sinks and chunks 6..11
+    assert second.fallback == pb.FALLBACK_NONE
+
+
 def test_metrics_count_turns_and_reuse(stack: Stack) -> None:
     run_turn(stack.stub, tenant="metrics", messages=chat(USER), sampling=sampling(2))
     text = (
@@ -276,6 +324,10 @@ BAD_REQUESTS = {
     "no sampling": (execute(sampling=None), "max_tokens must be at least 1"),
     "max_tokens zero": (execute(sampling=sampling(0)), "max_tokens must be at least 1"),
     "max_tokens over the limit": (execute(sampling=sampling(33)), "at most 32"),
+    "truncated_tokens beyond the prompt": (
+        execute(prompt_token_ids=pb.TokenIds(token_ids=[5] * 40), truncated_tokens=100),
+        "truncated_tokens is 100, but a prompt of 40 tokens can drop at most 28",
+    ),
     "stop token out of vocab": (execute(sampling=sampling(stop_token_ids=[VOCAB + 1])), "stop_token_ids[0]"),
     "tokenize no messages": (tokenize(), "messages must not be empty"),
     "tokenize unknown role": (tokenize(pb.ChatMessage(role="", content="hi")), "role is ''"),
@@ -325,3 +377,16 @@ def test_a_worker_without_its_daemon_still_answers_and_stops_cleanly(
         assert (stats.reused_tokens, stats.fallback) == (0, fallback)
     finally:
         assert worker.stop() == 0, worker.log_tail()
+
+
+def test_bad_context_settings_stop_the_worker_at_start(
+    tmp_path: Path, tiny_model_saver: Callable[..., Path]
+) -> None:
+    worker = WorkerProcess(
+        tmp_path / "worker.log",
+        model_dir=tiny_model_saver(tmp_path / "model", max_position_embeddings=512),
+        settings={"chunk_tokens": CHUNK_TOKENS, "attention_sink_tokens": 17},
+    )
+    with pytest.raises(RuntimeError, match="exited with 2") as error:
+        worker.start()
+    assert "attention_sink_tokens is 17; it must lie in [0, chunk_tokens = 16]" in str(error.value)

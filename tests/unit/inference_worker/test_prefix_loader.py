@@ -1,6 +1,7 @@
 """The background prefix loader against a stand-in for the daemon's layer-major reads:
-chunks stored at another position come back re-positioned, bad reads fail the prefix
-(never raise), and each failure maps to the fallback a turn reports."""
+after a truncation it keeps only chunk 0's attention sinks and re-positions the chunks that
+moved, bad reads fail the prefix (never raise), and each failure maps to the fallback a
+turn reports."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.turn_types import Fallback
 
 CHUNK_TOKENS = 16
-PREFIX_TOKENS = 2 * CHUNK_TOKENS
+SINK_TOKENS = 4
 NAMESPACE = NamespaceSpec(model_digest="tiny", dtype="float32", chunk_tokens=CHUNK_TOKENS).namespace_id()
 
 
@@ -54,46 +55,56 @@ def stored_chunks(model, ids: torch.Tensor) -> list[bytes]:
     return encode_chunks(NAMESPACE, keys, kv_at(model, ids, 0), CHUNK_TOKENS, base_position=0)
 
 
-async def load(model, rows, *, first_position: int, shift: RotaryShift | None) -> PrefixKV:
-    prefix = PrefixKV(model.config.num_hidden_layers, PREFIX_TOKENS)
-    keys = [bytes(32)] * (PREFIX_TOKENS // CHUNK_TOKENS)
+async def load(model, rows, *, head_tokens: int, shift: RotaryShift | None) -> PrefixKV:
+    chunks = len(rows[0]) if rows else 2
+    prefix = PrefixKV(model.config.num_hidden_layers, head_tokens + (chunks - 1) * CHUNK_TOKENS)
     await load_prefix(
         LayerMajorReads(rows),  # type: ignore[arg-type]
         NAMESPACE,
-        keys,
+        [bytes(32)] * chunks,
         prefix,
         chunk_tokens=CHUNK_TOKENS,
-        first_position=first_position,
+        head_tokens=head_tokens,
         shift=shift,
         device=torch.device("cpu"),
     )
     return prefix
 
 
-def prompt(vocab_size: int) -> torch.Tensor:
-    return torch.randint(0, vocab_size, (1, PREFIX_TOKENS), generator=torch.Generator().manual_seed(5))
+def prompt(vocab_size: int, chunks: int = 2) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(5)
+    return torch.randint(0, vocab_size, (1, chunks * CHUNK_TOKENS), generator=generator)  # [1, tokens]
 
 
-async def test_chunks_stored_elsewhere_are_repositioned(tiny_llama, layer_major_pieces):
+async def test_after_truncation_the_sinks_stay_and_kept_chunks_move(tiny_llama_factory, layer_major_pieces):
+    # One layer: a token's K and V depend only on the token and its position, so the loaded
+    # prefix must equal the kept tokens computed from scratch at their new positions.
+    model = tiny_llama_factory(num_hidden_layers=1)
+    ids = prompt(model.config.vocab_size, chunks=4)
+    stored = stored_chunks(model, ids)
+    rows = layer_major_pieces([stored[0], stored[2], stored[3]])  # chunk 2 moves from 32 to 4
+    prefix = await load(model, rows, head_tokens=SINK_TOKENS, shift=RotaryShift(model))
+
+    kept = torch.cat((ids[:, :SINK_TOKENS], ids[:, 2 * CHUNK_TOKENS :]), dim=1)  # [1, 4 + 32]
+    ((k_expected, v_expected),) = kv_at(model, kept, 0)
+    k, v = prefix.wait_layer(0, 1.0)
+    assert k.shape == k_expected.shape == (2, SINK_TOKENS + 2 * CHUNK_TOKENS, 16)
+    assert (k - k_expected).abs().max().item() <= 1e-4
+    assert torch.equal(v, v_expected)  # values carry no position: the stored bytes
+
+
+async def test_chunks_at_their_stored_positions_load_unchanged(tiny_llama, layer_major_pieces):
     ids = prompt(tiny_llama.config.vocab_size)
     rows = layer_major_pieces(stored_chunks(tiny_llama, ids))
-    moved = 8  # e.g. 8 tokens dropped in front by truncation: the chunks now sit at 8..39
-    prefix = await load(tiny_llama, rows, first_position=moved, shift=RotaryShift(tiny_llama))
-
-    for layer, (k_expected, v_expected) in enumerate(kv_at(tiny_llama, ids, moved)):
-        k, v = prefix.wait_layer(layer, 1.0)
-        assert (k - k_expected).abs().max().item() <= 1e-4
-        assert (v - v_expected).abs().max().item() <= 1e-4  # values carry no position
-
-    # At the stored position nothing is rotated: the loaded bytes are the stored ones.
-    same = await load(tiny_llama, rows, first_position=0, shift=None)
-    for layer, (k_stored, _) in enumerate(kv_at(tiny_llama, ids, 0)):
-        assert torch.equal(same.wait_layer(layer, 1.0)[0], k_stored)
+    same = await load(tiny_llama, rows, head_tokens=CHUNK_TOKENS, shift=None)  # nothing to rotate
+    for layer, (k_stored, v_stored) in enumerate(kv_at(tiny_llama, ids, 0)):
+        k, v = same.wait_layer(layer, 1.0)
+        assert torch.equal(k, k_stored) and torch.equal(v, v_stored)
 
 
 async def test_a_move_without_a_shift_fails_the_prefix(tiny_llama, layer_major_pieces):
     rows = layer_major_pieces(stored_chunks(tiny_llama, prompt(tiny_llama.config.vocab_size)))
-    prefix = await load(tiny_llama, rows, first_position=CHUNK_TOKENS, shift=None)
+    prefix = await load(tiny_llama, rows, head_tokens=SINK_TOKENS, shift=None)  # chunk 1 moves to 4
     with pytest.raises(PrefixLoadFailed) as failure:
         prefix.wait_layer(0, 1.0)
     assert isinstance(failure.value.__cause__, PositionShiftUnsupported)
@@ -104,7 +115,7 @@ async def test_a_move_without_a_shift_fails_the_prefix(tiny_llama, layer_major_p
 async def test_a_bad_read_fails_the_prefix(tiny_llama, layer_major_pieces, damage):
     rows = layer_major_pieces(stored_chunks(tiny_llama, prompt(tiny_llama.config.vocab_size)))
     rows = rows[:1] if damage == "short" else [list(reversed(row)) for row in rows]
-    prefix = await load(tiny_llama, rows, first_position=0, shift=None)
+    prefix = await load(tiny_llama, rows, head_tokens=CHUNK_TOKENS, shift=None)
     last = tiny_llama.config.num_hidden_layers - 1
     with pytest.raises(PrefixLoadFailed) as failure:
         prefix.wait_layer(last, 1.0)

@@ -23,7 +23,6 @@ from inference_worker.validation import RequestLimits
 
 LIMITS = RequestLimits(
     vocab_size=300,
-    context_tokens=128,
     max_prompt_tokens=100,
     max_new_tokens=20,
     max_message_chars=50,
@@ -43,6 +42,10 @@ STATS = TurnStats(
     saved_chunks=1,
     fallback=Fallback.DEADLINE,
     finish_reason="length",
+    truncated_tokens=12,
+    sink_tokens=4,
+    namespace=b"n" * 16,
+    chunk_keys=(b"a" * 32, b"b" * 32),
 )
 
 
@@ -146,6 +149,8 @@ async def test_events_become_tokens_then_stats_in_milliseconds(
     assert stats.ttft_ms == pytest.approx(12.0) and stats.compute_ms == pytest.approx(8.0)
     assert stats.kv_load_ms == pytest.approx(4.0) and stats.kv_load_exposed_ms == pytest.approx(1.0)
     assert (stats.fallback, stats.finish_reason) == (pb.FALLBACK_DEADLINE, pb.FINISH_REASON_LENGTH)
+    assert (stats.truncated_tokens, stats.sink_tokens, stats.namespace) == (12, 4, b"n" * 16)
+    assert list(stats.chunk_keys) == [b"a" * 32, b"b" * 32]
     assert engine.closed
     assert sample("attnstore_worker_turns_total", finish_reason="length") == turns_before + 1
     assert sample("attnstore_worker_fallbacks_total", reason="deadline") == deadline_before + 1

@@ -22,12 +22,16 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNSTORE_WORKER_DTYPE", "float16")
     monkeypatch.setenv("ATTNSTORE_WORKER_DEVICE", "tpu")
     monkeypatch.setenv("ATTNSTORE_WORKER_MAX_NEW_TOKENS", "0")
+    monkeypatch.setenv("ATTNSTORE_WORKER_ATTENTION_SINK_TOKENS", "-1")
+    monkeypatch.setenv("ATTNSTORE_WORKER_MAX_CONTEXT_TOKENS", "1")
     with pytest.raises(SettingsError) as error:
         load_settings(WorkerSettings)
     message = str(error.value)
     assert "ATTNSTORE_WORKER_DTYPE" in message and "'float16'" in message
     assert "ATTNSTORE_WORKER_DEVICE" in message and "'tpu'" in message
     assert "ATTNSTORE_WORKER_MAX_NEW_TOKENS" in message
+    assert "ATTNSTORE_WORKER_ATTENTION_SINK_TOKENS" in message
+    assert "ATTNSTORE_WORKER_MAX_CONTEXT_TOKENS" in message
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1"])

@@ -88,7 +88,7 @@ class TokenChunk(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason")
+    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_DRAM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,10 @@ class TurnStats(_message.Message):
     SAVED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     reused_dram_chunks: int
@@ -113,7 +117,11 @@ class TurnStats(_message.Message):
     saved_chunks: int
     fallback: Fallback
     finish_reason: FinishReason
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
+    truncated_tokens: int
+    sink_tokens: int
+    namespace: bytes
+    chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ExecuteTurnResponse(_message.Message):
     __slots__ = ("token", "stats")
@@ -142,7 +150,7 @@ class DescribeModelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens")
+    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens")
     MODEL_LABEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +163,7 @@ class DescribeModelResponse(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model_label: str
     model_digest: str
     dtype: str
@@ -167,4 +176,5 @@ class DescribeModelResponse(_message.Message):
     vocab_size: int
     max_prompt_tokens: int
     max_new_tokens: int
-    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    attention_sink_tokens: int
+    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ...) -> None: ...

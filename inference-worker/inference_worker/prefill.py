@@ -1,0 +1,217 @@
+"""Prefill: a prompt's KV and last-token logits. The stored chunks found for it load layer by
+layer in the background while the rest of the kept prompt is computed on top of them; any
+cache failure recomputes instead, so the cache never fails a turn.
+
+    prompt ──chunk keys──> Lookup ──hit──> load_prefix (event loop) ──PrefixKV──┐
+                                                                             per layer
+    kept tokens at positions [hit tokens, kept) ──forward (thread)──> LayerwiseCache
+
+Decisions:
+- The reusable chunks are `Truncation.reusable_chunks`: every whole chunk before the one
+  holding the last prompt token, or after a truncation chunk 0 (for its sinks) then the
+  kept ones. The reused prefix is the longest run of stored chunks from the start of that
+  list. So a truncated turn whose chunk 0 is missing reuses nothing, even where later
+  chunks are stored: its sinks would have to be computed in front of KV loaded behind
+  them. It reports `sink_chunk_missing` and the engine saves chunk 0 after the turn
+  (a truncated session never computes chunk 0 whole otherwise, so one whose first turn
+  overflowed, or whose chunk 0 was evicted, would never reuse again).
+- Fallbacks: a lookup that fails or times out is DAEMON_UNAVAILABLE; a layer that misses
+  its deadline is DEADLINE; a corrupt, malformed or vanished chunk is CHUNK_INVALID, and
+  the hit chunks are then deleted before the turn's save puts them again (a put alone
+  would keep a corrupt chunk as "already stored").
+- Forward passes run in a worker thread (the runner allows one at a time), so the event
+  loop keeps feeding the prefix loader (and other turns) while torch computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+from transformers import DynamicCache
+
+from attnstore.chunks.keys import chunk_key_chain
+from attnstore.kvstore_client import AsyncKVStoreClient, Tier
+from inference_worker.layerwise_cache import LayerwiseCache, PrefixKV, PrefixLoadFailed
+from inference_worker.model_runner import ModelRunner
+from inference_worker.namespaces import Namespaces
+from inference_worker.prefix_loader import classify_failure, load_prefix
+from inference_worker.rotary_shift import RotaryShift
+from inference_worker.truncation import NO_TRUNCATION, Truncation
+from inference_worker.turn_types import Fallback, KVSource
+
+log = structlog.get_logger("inference_worker.prefill")
+
+
+@dataclass
+class Prefill:
+    """A prompt's KV and the logits of its last token, and how they were obtained."""
+
+    cache: DynamicCache  # KV of every kept prompt token, the i-th at position i
+    logits: torch.Tensor  # [vocab] fp32, of the last prompt token
+    truncation: Truncation
+    prompt_keys: list[bytes] = field(default_factory=list)  # chain keys of its full chunks (no source: none)
+    reused_tokens: int = 0
+    reused_dram_chunks: int = 0
+    reused_ssd_chunks: int = 0
+    kv_load_seconds: float = 0.0
+    kv_load_exposed_seconds: float = 0.0
+    compute_seconds: float = 0.0  # forward time, waits for KV excluded
+    fallback: Fallback | None = None
+    save_from_chunk: int = 0  # original index: the chunks before it are stored (reused) or dropped
+    evict_keys: tuple[bytes, ...] = ()  # stored chunks that failed to load: replaced when saving
+    sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
+
+
+@dataclass(frozen=True)
+class _Hit:
+    """What the lookup found: a run of `Truncation.reusable_chunks`, possibly empty."""
+
+    chunks: list[int]  # original indices of the chunks to load, in kept order
+    keys: list[bytes]
+    tiers: list[Tier]
+
+
+class Prefiller:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        kvstore: AsyncKVStoreClient | None,
+        namespaces: Namespaces,
+        shift: RotaryShift | None,
+        *,
+        layer_timeout_seconds: float,
+        lookup_timeout_seconds: float,
+    ) -> None:
+        self.runner = runner
+        self.kvstore = kvstore
+        self.namespaces = namespaces
+        self.shift = shift
+        self.layer_timeout_seconds = layer_timeout_seconds
+        self.lookup_timeout_seconds = lookup_timeout_seconds
+
+    async def prefill(
+        self, prompt_token_ids: Sequence[int], source: KVSource | None, truncation: Truncation = NO_TRUNCATION
+    ) -> Prefill:
+        """The KV of `truncation.kept(prompt)` and its last-token logits: the stored prefix
+        reused when the store has it, the rest computed; any cache failure recomputes."""
+        prompt = list(prompt_token_ids)
+        keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens) if source is not None else []
+        fallback: Fallback | None = None
+        lost_seconds = 0.0  # spent on a failed reuse attempt
+        try:
+            hit = await self._find_prefix(prompt, keys, source, truncation)
+        except Exception as exc:  # noqa: BLE001 -- any lookup failure means recompute
+            log.warning("lookup failed; recomputing", error=repr(exc))
+            hit, fallback = None, Fallback.DAEMON_UNAVAILABLE
+        if hit is not None and hit.keys and source is not None and self.kvstore is not None:
+            attempt_started = time.perf_counter()
+            try:
+                return await self._prefill_on_prefix(self.kvstore, prompt, keys, source, hit, truncation)
+            except PrefixLoadFailed as exc:
+                fallback = classify_failure(exc)
+                lost_seconds = time.perf_counter() - attempt_started
+                log.warning(
+                    "loading the stored prefix failed; recomputing", fallback=fallback.value, error=str(exc)
+                )
+        cache = self.runner.new_cache()
+        logits, seconds = await asyncio.to_thread(self.runner.forward, truncation.kept(prompt), 0, cache)
+        invalid = hit is not None and fallback is Fallback.CHUNK_INVALID
+        stored = None if hit is None or invalid else hit  # still stored after a slow or failed read
+        return Prefill(
+            cache=cache,
+            logits=logits,
+            truncation=truncation,
+            prompt_keys=keys,
+            kv_load_seconds=lost_seconds,
+            kv_load_exposed_seconds=lost_seconds,  # the whole failed attempt delayed the turn
+            compute_seconds=seconds,
+            fallback=fallback,
+            save_from_chunk=_save_from_chunk(stored, truncation, source),
+            evict_keys=tuple(hit.keys) if hit is not None and invalid else (),
+            sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
+        )
+
+    async def _find_prefix(
+        self, prompt: list[int], keys: list[bytes], source: KVSource | None, truncation: Truncation
+    ) -> _Hit | None:
+        """The stored run of the prompt's reusable chunks; None when there is nothing to look
+        up. Raises when the daemon cannot answer in time."""
+        if source is None or self.kvstore is None:
+            return None
+        chunks = truncation.reusable_chunks(len(prompt), source.chunk_tokens)
+        if not chunks:
+            return None
+        if not await self.namespaces.ensure_registered(source):
+            raise ConnectionError("the namespace is not registered with the daemon")
+        wanted = [keys[index] for index in chunks]
+        found = await asyncio.wait_for(
+            self.kvstore.lookup(source.namespace, wanted), self.lookup_timeout_seconds
+        )
+        hit = min(found.prefix_length, len(chunks))
+        return _Hit(chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit])
+
+    async def _prefill_on_prefix(
+        self,
+        client: AsyncKVStoreClient,
+        prompt: list[int],
+        keys: list[bytes],
+        source: KVSource,
+        hit: _Hit,
+        truncation: Truncation,
+    ) -> Prefill:
+        """Loads the hit chunks in the background while the rest of the kept prompt is
+        computed on top of them; raises PrefixLoadFailed (after ending the load) when they
+        do not come."""
+        chunk_tokens = source.chunk_tokens
+        head_tokens = truncation.sink_tokens or chunk_tokens  # what the first hit chunk gives
+        prefix = PrefixKV(self.runner.num_layers, head_tokens + (len(hit.keys) - 1) * chunk_tokens)
+        cache = LayerwiseCache(
+            prefix, self.runner.loaded.config, layer_timeout_seconds=self.layer_timeout_seconds
+        )
+        loader = asyncio.create_task(
+            load_prefix(
+                client,
+                source.namespace,
+                hit.keys,
+                prefix,
+                chunk_tokens=chunk_tokens,
+                head_tokens=head_tokens,
+                shift=self.shift,
+                device=self.runner.device,
+            )
+        )
+        rest = truncation.kept(prompt)[prefix.prefix_tokens :]
+        try:
+            logits, seconds = await asyncio.to_thread(self.runner.forward, rest, prefix.prefix_tokens, cache)
+        except BaseException:
+            loader.cancel()  # ends the read (and its lease) at once
+            raise
+        finally:
+            await asyncio.gather(loader, return_exceptions=True)
+        return Prefill(
+            cache=cache,
+            logits=logits,
+            truncation=truncation,
+            prompt_keys=keys,
+            reused_tokens=prefix.prefix_tokens,
+            reused_dram_chunks=sum(tier is Tier.DRAM for tier in hit.tiers),
+            reused_ssd_chunks=sum(tier is Tier.SSD for tier in hit.tiers),
+            kv_load_seconds=prefix.load_seconds or 0.0,
+            kv_load_exposed_seconds=cache.exposed_load_seconds,
+            compute_seconds=seconds - cache.exposed_load_seconds,
+            save_from_chunk=_save_from_chunk(hit, truncation, source),
+        )
+
+
+def _save_from_chunk(stored: _Hit | None, truncation: Truncation, source: KVSource | None) -> int:
+    """The first chunk a turn saves: the kept chunks start at resume_at / C; the stored run
+    of them (after chunk 0's sinks) is not saved again."""
+    if source is None:
+        return 0
+    first_kept = truncation.resume_at // source.chunk_tokens
+    return max(first_kept, stored.chunks[-1] + 1) if stored is not None and stored.chunks else first_kept
