@@ -36,3 +36,11 @@ class DataLoss(ServiceError):
 
 class Unavailable(ServiceError):
     """The service is shutting down or a dependency is unreachable; retry later."""
+
+
+class Unauthenticated(ServiceError):
+    """The caller sent no credential, or one the service does not know."""
+
+
+class PermissionDenied(ServiceError):
+    """The caller is known but may not do this (an admin operation)."""

@@ -24,6 +24,8 @@ _STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 RPC_SECONDS = Histogram(

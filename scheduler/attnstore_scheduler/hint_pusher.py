@@ -1,0 +1,212 @@
+"""Pushes the look-ahead plan to every node's KV-store daemon as the queue changes.
+
+Each push plans from the queue's predicted order (lookahead.plan_hints) and sends
+every node, per namespace, `Hint(replace=true)` with
+its whole window, so stale hints vanish with the next push (a namespace that drops out
+of a node's window is sent an empty replace). Pushes are rate-limited: after one push
+the next waits `min_interval_seconds`, and the changes in between coalesce into it.
+Without changes a push still repeats every `refresh_seconds`, because the daemon lets
+hints expire (its hint TTL) so that a silent scheduler stops steering eviction. Chunks
+the scheduler releases (`release`) are hinted EVICT_FIRST within the same pushes.
+
+A daemon that cannot be reached is logged and counted, never raised: its hints are
+retried by the next push, and every other node is still served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+import structlog
+
+from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult
+from attnstore_scheduler.job_queue import JobQueue
+from attnstore_scheduler.lookahead import HintEntry, NodeCapacity, NodePlan, plan_hints
+
+log = structlog.get_logger("attnstore_scheduler.hints")
+
+DEFAULT_MIN_INTERVAL_SECONDS = 0.2
+DEFAULT_REFRESH_SECONDS = 15.0  # well under the daemon's default hint TTL (60 s)
+DEFAULT_RELEASE_SECONDS = 60.0
+DEFAULT_MAX_KEYS_PER_CALL = 4096  # the daemon's default max_keys_per_request
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class HintClient(Protocol):
+    """The part of AsyncKVStoreClient the pusher uses."""
+
+    async def hint(
+        self,
+        namespace: bytes,
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        *,
+        replace: bool = False,
+        ttl_seconds: int = 0,
+    ) -> HintResult: ...
+
+
+class HintTarget(Protocol):
+    """One node's daemon, as the scheduler's registry knows it."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def client(self) -> HintClient: ...
+
+    @property
+    def capacity(self) -> NodeCapacity | None:
+        """None until the daemon's capacities are known: the node gets no hints."""
+        ...
+
+
+async def capacity_from_stats(client: AsyncKVStoreClient) -> NodeCapacity:
+    """A daemon's tier capacities, read from its Stats."""
+    stats = await client.stats()
+    return NodeCapacity(dram_bytes=stats.dram.capacity_bytes, ssd_bytes=stats.ssd.capacity_bytes)
+
+
+@dataclass
+class PushReport:
+    nodes_pushed: list[str] = field(default_factory=list)
+    nodes_failed: list[str] = field(default_factory=list)  # at least one Hint call failed
+    hinted_keys: int = 0  # keys sent
+    prefetches_started: int = 0  # SSD-to-DRAM promotions the daemons started
+
+
+class HintPusher:
+    def __init__(
+        self,
+        queue: JobQueue,
+        targets: Callable[[], Iterable[HintTarget]],
+        *,
+        min_interval_seconds: float = DEFAULT_MIN_INTERVAL_SECONDS,
+        refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
+        hint_ttl_seconds: int = 0,
+        release_seconds: float = DEFAULT_RELEASE_SECONDS,
+        max_keys_per_call: int = DEFAULT_MAX_KEYS_PER_CALL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`targets()` is read at every push (the registry's live nodes).
+        `hint_ttl_seconds` 0 = the daemon's default; `release_seconds`: see `release`."""
+        if min_interval_seconds < 0 or refresh_seconds <= 0 or max_keys_per_call < 1:
+            raise ValueError("min_interval_seconds >= 0, refresh_seconds > 0 and max_keys_per_call >= 1 are required")
+        self._queue = queue
+        self._targets = targets
+        self._min_interval = min_interval_seconds
+        self._refresh = refresh_seconds
+        self._ttl = hint_ttl_seconds
+        self._release_seconds = release_seconds
+        self._max_keys = max_keys_per_call
+        self._clock = clock
+        self._changed = asyncio.Event()
+        self._last_push = float("-inf")
+        self._namespaces: dict[str, set[bytes]] = {}  # per node: namespaces it may hold hints of
+        self._released: dict[tuple[str, bytes], dict[bytes, float]] = {}  # (node, namespace) -> key -> until
+        self.pushes = 0
+        self.failures: Counter[str] = Counter()  # failed Hint calls per node
+        queue.add_listener(self.notify)
+
+    def notify(self) -> None:
+        """Something the plan depends on changed (the queue calls this itself)."""
+        self._changed.set()
+
+    def release(self, node: str, namespace: bytes, keys: Iterable[bytes]) -> None:
+        """Chunks no session needs any more (deleted, expired, moved): the pushes to `node`
+        hint them EVICT_FIRST for `release_seconds`. They ride along with the window because
+        a hint sent on its own would be wiped by the next replace. A key that a queued job
+        needs keeps that job's hint."""
+        until = self._clock() + self._release_seconds
+        self._released.setdefault((node, namespace), {}).update(dict.fromkeys(keys, until))
+        self.notify()
+
+    async def run(self) -> None:
+        """Pushes on changes, rate-limited, and at least every refresh interval; until cancelled."""
+        while True:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=self._refresh)
+            except TimeoutError:
+                pass  # nothing changed: refresh before the daemons' hints expire
+            delay = self._last_push + self._min_interval - self._clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._changed.clear()  # before planning: a change during the push triggers the next
+            await self.push()
+
+    async def push(self) -> PushReport:
+        """Plans and pushes now, to every target with known capacities."""
+        self._last_push = self._clock()
+        self.pushes += 1
+        targets = {t.node: t for t in self._targets() if t.capacity is not None}
+        capacities = {node: t.capacity for node, t in targets.items() if t.capacity is not None}
+        plans = plan_hints(self._queue.snapshot(), capacities)
+        self._add_released(plans)
+        report = PushReport()
+        outcomes = await asyncio.gather(*(self._push_node(targets[node], plan) for node, plan in plans.items()))
+        for node, (ok, started) in zip(plans, outcomes, strict=True):
+            (report.nodes_pushed if ok else report.nodes_failed).append(node)
+            report.hinted_keys += plans[node].hinted_keys if ok else 0
+            report.prefetches_started += started
+        return report
+
+    def _add_released(self, plans: dict[str, NodePlan]) -> None:
+        now = self._clock()
+        for (node, namespace), keys in list(self._released.items()):
+            live = {key: until for key, until in keys.items() if until > now}
+            if not live:
+                del self._released[node, namespace]
+                continue
+            self._released[node, namespace] = live
+            if node not in plans:
+                continue
+            entries = plans[node].hints.setdefault(namespace, [])
+            needed = {key for entry in entries for key in entry.keys}  # a queued job's hint wins
+            if spare := tuple(key for key in live if key not in needed):
+                entries.append(HintEntry(spare, HintAction.EVICT_FIRST, 0))
+
+    async def _push_node(self, target: HintTarget, plan: NodePlan) -> tuple[bool, int]:
+        """Replaces the node's hints namespace by namespace; (all calls succeeded, prefetches started)."""
+        ok, started = True, 0
+        stale = self._namespaces.get(target.node, set()) - plan.hints.keys()
+        namespaces = [*plan.hints, *sorted(stale)]
+        failed: set[bytes] = set()
+        for index, namespace in enumerate(namespaces):
+            try:
+                for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
+                    result = await target.client.hint(namespace, entries, replace=call == 0, ttl_seconds=self._ttl)
+                    started += result.prefetches_started
+            except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
+                ok = False
+                failed.add(namespace)
+                self.failures[target.node] += 1
+                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                log.warning("hint_push_failed", node=target.node, namespace=namespace.hex(),
+                            error=code.name if code else type(exc).__name__)
+                if code is None or code in _UNREACHABLE:  # the daemon is down: skip its other namespaces
+                    failed.update(namespaces[index + 1 :])
+                    break
+        self._namespaces[target.node] = set(plan.hints) | failed  # failed ones are cleared next time
+        return ok, started
+
+
+def split_entries(entries: Sequence[HintEntry], max_keys: int) -> list[list[HintEntry]]:
+    """`entries` cut into calls of at most `max_keys` keys, in order; at least one call
+    (an empty one replaces a namespace's hints with none)."""
+    calls: list[list[HintEntry]] = [[]]
+    room = max_keys
+    for entry in entries:
+        keys = entry.keys
+        while keys:
+            if room == 0:
+                calls.append([])
+                room = max_keys
+            part, keys = keys[:room], keys[room:]
+            calls[-1].append(entry._replace(keys=part))
+            room -= len(part)
+    return calls

@@ -1,0 +1,167 @@
+"""Entry point: `attnstore-scheduler` / `python -m attnstore_scheduler.main`.
+
+Start: settings, logging, API keys, the session store (Redis, or embedded without
+`redis_url`), the worker registry fed by the static topology or by pod discovery, one
+health round over the workers, then serve. Background tasks: the dispatch loop, worker
+health checks, the expiry sweeper and the look-ahead hint pusher. Health is SERVING
+while the session store answers. Stop: in-flight turns finish within the grace period,
+then the background tasks end and the store closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+import uvloop
+
+from attnstore.api.v1 import api_pb2_grpc
+from attnstore.server.lifecycle import create_server, serve
+from attnstore.server.logging import configure_logging
+from attnstore.server.process import write_ready_file
+from attnstore.settings import SettingsError, load_settings
+from attnstore_scheduler.auth import ApiKeys, ApiKeysError
+from attnstore_scheduler.dispatcher import Dispatcher
+from attnstore_scheduler.hint_pusher import HintPusher
+from attnstore_scheduler.job_queue import JobQueue
+from attnstore_scheduler.kubernetes_discovery import PodWatcher
+from attnstore_scheduler.rate_limit import RateLimiter
+from attnstore_scheduler.redis_session_store import RedisSessionStore
+from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
+from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
+from attnstore_scheduler.sessions import Sessions
+from attnstore_scheduler.settings import SchedulerSettings
+from attnstore_scheduler.turn_runner import TurnRunner
+from attnstore_scheduler.turns import Turns
+from attnstore_scheduler.validation import ApiLimits
+from attnstore_scheduler.worker_registry import WorkerRegistry
+
+log = structlog.get_logger("attnstore_scheduler")
+
+
+def open_store(settings: SchedulerSettings) -> SessionStore:
+    if settings.redis_url is None:
+        return EmbeddedSessionStore(settings.session_lock_wait_seconds)
+    return RedisSessionStore(
+        settings.redis_url,
+        expiry_grace_seconds=settings.expiry_grace_seconds,
+        lock_ttl_seconds=settings.session_lock_ttl_seconds,
+        lock_wait_seconds=settings.session_lock_wait_seconds,
+    )
+
+
+def topology_source(
+    settings: SchedulerSettings, registry: WorkerRegistry
+) -> Coroutine[Any, Any, None] | None:
+    """Static nodes are adopted now; discovery is a task that adopts them as pods change."""
+    if not settings.kubernetes_discovery:
+        registry.set_topology(settings.nodes)
+        return None
+    return PodWatcher(
+        settings.kubernetes_namespace,
+        settings.kubernetes_daemon_selector,
+        settings.kubernetes_worker_selector,
+        daemon_port=settings.kubernetes_daemon_port,
+        worker_port=settings.kubernetes_worker_port,
+        on_topology=registry.set_topology,
+    ).run()
+
+
+async def run_scheduler(settings: SchedulerSettings) -> None:
+    api_keys = None
+    if settings.auth_enabled and settings.api_keys_file is not None:  # the settings require the file
+        api_keys = ApiKeys.load(settings.api_keys_file, settings.admin_tenant)
+    else:
+        log.warning("authentication_disabled", tenant="default")
+    store = open_store(settings)
+    registry = WorkerRegistry(
+        max_turns_per_worker=settings.max_turns_per_worker,
+        health_interval_seconds=settings.worker_health_interval_seconds,
+        health_timeout_seconds=settings.worker_health_timeout_seconds,
+        daemon_timeout_seconds=settings.release_timeout_seconds,
+    )
+    queue = JobQueue(settings.max_queue_length)
+    dispatcher = Dispatcher(queue, registry)
+    runner = TurnRunner(
+        dispatcher,
+        registry,
+        retry_attempts=settings.turn_retry_attempts,
+        attempt_timeout_seconds=settings.turn_timeout_seconds,
+    )
+    limits = ApiLimits(
+        max_message_chars=settings.max_message_chars,
+        max_session_tokens=settings.max_session_tokens,
+        default_max_tokens=settings.default_max_tokens,
+        session_ttl_seconds=settings.session_ttl_seconds,
+        max_session_ttl_seconds=settings.max_session_ttl_seconds,
+    )
+    sessions = Sessions(store, registry, max_sessions_per_tenant=settings.max_sessions_per_tenant)
+    hints = HintPusher(queue, registry.hint_targets)
+    servicer = AttnStoreServicer(
+        sessions,
+        Turns(sessions, runner, registry, limits),
+        api_keys,
+        RateLimiter(settings.requests_per_second, settings.requests_burst),
+        limits,
+    )
+    discovery = topology_source(settings, registry)
+    await registry.check_all()  # route from the first call on when workers are already up
+    loop = asyncio.get_running_loop()
+    tasks = [
+        loop.create_task(work)
+        for work in (
+            dispatcher.run(),
+            registry.run_health_checks(),
+            sessions.sweep_forever(settings.expiry_sweep_interval_seconds),
+            hints.run(),
+            *([discovery] if discovery is not None else []),
+        )
+    ]
+
+    async def on_stop() -> None:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await registry.close()
+        await store.close()
+
+    server = create_server()
+    api_pb2_grpc.add_AttnStoreServicer_to_server(servicer, server)
+    log.info(
+        "scheduler_starting", store="redis" if settings.redis_url else "embedded", nodes=len(settings.nodes)
+    )
+    await serve(
+        server,
+        address=settings.listen_address,
+        service_names=[SERVICE_NAME],
+        metrics_port=settings.metrics_port,
+        grace_seconds=settings.shutdown_grace_seconds,
+        on_stop=on_stop,
+        on_started=lambda port: write_ready_file(settings.ready_file, port),
+        health_probe=store.ping,
+        health_probe_interval_seconds=settings.health_check_interval_seconds,
+    )
+
+
+def main() -> None:
+    try:
+        settings = load_settings(SchedulerSettings)
+    except SettingsError as exc:
+        print(f"attnstore-scheduler: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        uvloop.run(run_scheduler(settings))
+    except ApiKeysError as exc:
+        print(f"attnstore-scheduler: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Sessions in Redis (redis-py asyncio, hiredis parser). See session_store.py for the
+behaviour both stores share. Keys (one Redis, not Redis Cluster):
+
+    attnstore:session:<tenant>:<id>   msgpack SessionRecord; PEXPIRE = TTL + expiry grace
+    attnstore:sessions:<tenant>       sorted set of the tenant's ids (score 0: ordered by id)
+    attnstore:expiries                sorted set "<tenant>/<id>" scored by expiry (Unix seconds)
+    attnstore:lock:<tenant>:<id>      the turn lock (redis-py Lock: token, TTL, renewed)
+
+Expiry is a sweep over `attnstore:expiries` rather than keyspace notifications: those are
+fire-and-forget (lost while no scheduler listens, e.g. across a Redis restart) and come
+after the record is gone, whereas releasing a session's KV needs its chunk keys. The
+record's own PEXPIRE outlives the logical expiry by the grace and only cleans up after a
+sweeper that never ran. Every multi-key change is one Lua script, so replicas never see a
+half-made change and each expired session is claimed by exactly one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import structlog
+from redis.asyncio.lock import Lock
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import LockError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from attnstore.errors import Unavailable
+from attnstore_scheduler.session_record import SessionRecord
+from attnstore_scheduler.session_store import lock_timeout, too_many_sessions
+
+log = structlog.get_logger("attnstore_scheduler.redis_session_store")
+T = TypeVar("T")
+
+_PREFIX = "attnstore"
+_EXPIRIES = f"{_PREFIX}:expiries"
+_LIST_BATCH = 200
+
+# KEYS: record, tenant index, expiries. ARGV: record bytes, id, expiry member, expires_at,
+# record TTL ms, max sessions per tenant. Returns 0 when the tenant is full.
+_CREATE = """
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[5])
+redis.call('ZADD', KEYS[2], 0, ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+return 1
+"""
+# KEYS: record, expiries. ARGV: record bytes, record TTL ms, expiry member, expires_at.
+_SAVE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+return 1
+"""
+# KEYS: record, tenant index, expiries. ARGV: id, expiry member. Returns the record or false.
+_DELETE = """
+local record = redis.call('GET', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+return record
+"""
+# KEYS: record, tenant index, expiries, lock. ARGV: id, expiry member, now.
+# Returns {0} when not claimable (refreshed, claimed by another, or in a turn), else
+# {1, record} (record "" when its key already expired on its own).
+_CLAIM = """
+local score = redis.call('ZSCORE', KEYS[3], ARGV[2])
+if not score or tonumber(score) > tonumber(ARGV[3]) then return {0} end
+if redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
+local record = redis.call('GET', KEYS[1]) or ''
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+return {1, record}
+"""
+
+
+def _record_key(tenant: str, session_id: str) -> str:
+    return f"{_PREFIX}:session:{tenant}:{session_id}"
+
+
+def _index_key(tenant: str) -> str:
+    return f"{_PREFIX}:sessions:{tenant}"
+
+
+def _lock_key(tenant: str, session_id: str) -> str:
+    return f"{_PREFIX}:lock:{tenant}:{session_id}"
+
+
+def _member(tenant: str, session_id: str) -> str:
+    return f"{tenant}/{session_id}"  # tenant names have no "/"
+
+
+class RedisSessionStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        expiry_grace_seconds: int,
+        lock_ttl_seconds: float,
+        lock_wait_seconds: float,
+    ) -> None:
+        # Reconnects by itself: a call during a Redis restart retries with backoff, and
+        # the ones that still fail answer UNAVAILABLE.
+        self._redis = aioredis.from_url(
+            url,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            socket_connect_timeout=2.0,
+            socket_timeout=5.0,
+            health_check_interval=10,
+        )
+        self._grace_ms = expiry_grace_seconds * 1000
+        self._lock_ttl_seconds = lock_ttl_seconds
+        self._lock_wait_seconds = lock_wait_seconds
+        self._create = self._redis.register_script(_CREATE)
+        self._save = self._redis.register_script(_SAVE)
+        self._delete = self._redis.register_script(_DELETE)
+        self._claim = self._redis.register_script(_CLAIM)
+
+    async def _call(self, operation: Awaitable[T]) -> T:
+        try:
+            return await operation
+        except RedisError as exc:
+            raise Unavailable(f"the session store (Redis) is unavailable: {exc}") from exc
+
+    def _ttl_ms(self, record: SessionRecord) -> int:
+        return record.ttl_seconds * 1000 + self._grace_ms
+
+    async def create(self, record: SessionRecord, max_sessions_per_tenant: int) -> None:
+        keys = [_record_key(record.tenant, record.session_id), _index_key(record.tenant), _EXPIRIES]
+        args = [
+            record.encode(),
+            record.session_id,
+            _member(record.tenant, record.session_id),
+            record.expires_at,
+            self._ttl_ms(record),
+            max_sessions_per_tenant,
+        ]
+        if not await self._call(self._create(keys=keys, args=args)):
+            raise too_many_sessions(record.tenant, max_sessions_per_tenant)
+
+    async def get(self, tenant: str, session_id: str) -> SessionRecord | None:
+        data = await self._call(self._redis.get(_record_key(tenant, session_id)))
+        return _live(data, time.time())
+
+    async def save(self, record: SessionRecord) -> bool:
+        keys = [_record_key(record.tenant, record.session_id), _EXPIRIES]
+        args = [
+            record.encode(),
+            self._ttl_ms(record),
+            _member(record.tenant, record.session_id),
+            record.expires_at,
+        ]
+        return bool(await self._call(self._save(keys=keys, args=args)))
+
+    async def delete(self, tenant: str, session_id: str) -> SessionRecord | None:
+        keys = [_record_key(tenant, session_id), _index_key(tenant), _EXPIRIES]
+        data = await self._call(self._delete(keys=keys, args=[session_id, _member(tenant, session_id)]))
+        return SessionRecord.decode(data) if data else None
+
+    async def list(self, tenant: str, after_id: str, limit: int) -> list[SessionRecord]:
+        page: list[SessionRecord] = []
+        now = time.time()
+        while len(page) < limit:
+            ids: list[bytes] = await self._call(
+                self._redis.zrangebylex(
+                    _index_key(tenant), f"({after_id}" if after_id else "-", "+", start=0, num=_LIST_BATCH
+                )
+            )
+            if not ids:
+                break
+            names = [_record_key(tenant, session_id.decode()) for session_id in ids]
+            values: list[Any] = await self._call(self._redis.mget(names))
+            page.extend(record for data in values if (record := _live(data, now)) is not None)
+            after_id = ids[-1].decode()
+        return page[:limit]
+
+    async def claim_expired(self, now: float, limit: int) -> list[SessionRecord]:
+        members: list[bytes] = await self._call(
+            self._redis.zrangebyscore(_EXPIRIES, "-inf", now, start=0, num=limit)
+        )
+        claimed: list[SessionRecord] = []
+        for member in members:
+            tenant, _, session_id = member.decode().partition("/")
+            keys = [
+                _record_key(tenant, session_id),
+                _index_key(tenant),
+                _EXPIRIES,
+                _lock_key(tenant, session_id),
+            ]
+            reply = await self._call(self._claim(keys=keys, args=[session_id, member, now]))
+            if reply[0] == 1 and reply[1]:
+                claimed.append(SessionRecord.decode(reply[1]))
+        return claimed
+
+    @contextlib.asynccontextmanager
+    async def turn_lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
+        lock = self._redis.lock(
+            _lock_key(tenant, session_id),
+            timeout=self._lock_ttl_seconds,
+            sleep=0.05,
+            blocking_timeout=self._lock_wait_seconds,
+        )
+        if not await self._call(lock.acquire()):
+            raise lock_timeout(session_id, self._lock_wait_seconds)
+        renewer = asyncio.get_running_loop().create_task(self._renew(lock, session_id))
+        try:
+            yield
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            try:
+                await lock.release()
+            except (LockError, RedisError) as exc:  # expired meanwhile, or Redis gone: its TTL ends it
+                log.warning("session_lock_release_failed", session_id=session_id, error=repr(exc))
+
+    async def _renew(self, lock: Lock, session_id: str) -> None:
+        """Keeps the lock while the turn runs (a turn may outlast the lock's TTL)."""
+        while True:
+            await asyncio.sleep(self._lock_ttl_seconds / 3)
+            try:
+                await lock.reacquire()
+            except (LockError, RedisError) as exc:
+                log.warning("session_lock_renewal_failed", session_id=session_id, error=repr(exc))
+
+    async def ping(self) -> None:
+        await self._call(self._redis.ping())
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _live(data: bytes | None, now: float) -> SessionRecord | None:
+    if not data:
+        return None
+    record = SessionRecord.decode(data)
+    return record if record.expires_at > now else None

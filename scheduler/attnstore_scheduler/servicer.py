@@ -1,0 +1,178 @@
+"""The gRPC edge of the public API (attnstore.api.v1.AttnStore): authenticates the caller,
+applies the tenant's rate limit, checks the request, and hands the work to Sessions and
+Turns. Domain errors become statuses in the shared interceptor."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.api.v1 import api_pb2_grpc
+from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler import metrics
+from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
+from attnstore_scheduler.rate_limit import RateLimiter
+from attnstore_scheduler.session_record import SessionRecord, check_session_id
+from attnstore_scheduler.sessions import Sessions
+from attnstore_scheduler.turn_runner import TurnOutcome
+from attnstore_scheduler.turns import TurnEvent, Turns
+from attnstore_scheduler.validation import ApiLimits, check_page, check_text, check_ttl
+
+SERVICE_NAME = api.DESCRIPTOR.services_by_name["AttnStore"].full_name
+
+_ROLES = {"system": api.ROLE_SYSTEM, "user": api.ROLE_USER, "assistant": api.ROLE_ASSISTANT}
+_FINISH = {
+    worker_pb2.FINISH_REASON_STOP: api.FINISH_REASON_STOP,
+    worker_pb2.FINISH_REASON_LENGTH: api.FINISH_REASON_LENGTH,
+}
+
+
+class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
+    def __init__(
+        self,
+        sessions: Sessions,
+        turns: Turns,
+        api_keys: ApiKeys | None,
+        rate_limiter: RateLimiter,
+        limits: ApiLimits,
+    ) -> None:
+        """`api_keys` None: authentication is off and every caller is tenant 'default'."""
+        self._sessions = sessions
+        self._turns = turns
+        self._api_keys = api_keys
+        self._rate_limiter = rate_limiter
+        self._limits = limits
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
+        principal = (
+            Principal(DEV_TENANT)
+            if self._api_keys is None
+            else self._api_keys.authenticate(context.invocation_metadata())
+        )
+        self._rate_limiter.check(principal.tenant)
+        return principal
+
+    async def CreateSession(
+        self, request: api.CreateSessionRequest, context: grpc.aio.ServicerContext
+    ) -> api.CreateSessionResponse:
+        tenant = self._caller(context).tenant
+        system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
+        ttl_seconds = check_ttl(request.ttl_seconds, self._limits)
+        record = await self._sessions.create(tenant, system_prompt, ttl_seconds)
+        return api.CreateSessionResponse(session=session_message(record, with_messages=True))
+
+    async def Chat(
+        self, request: api.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api.ChatResponse]:
+        started = time.monotonic()
+        tenant = self._caller(context).tenant
+        session_id = check_session_id(request.session_id)
+        message = check_text(request.message, "message", self._limits, required=True)
+        events = self._turns.chat(tenant, session_id, message, request.options)
+        async for token, stats in _stream(events, started, "chat"):
+            yield api.ChatResponse(token=token) if token is not None else api.ChatResponse(stats=stats)
+
+    async def Generate(
+        self, request: api.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api.GenerateResponse]:
+        started = time.monotonic()
+        tenant = self._caller(context).tenant
+        system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
+        prompt = check_text(request.prompt, "prompt", self._limits, required=True)
+        events = self._turns.generate(tenant, system_prompt, prompt, request.options)
+        async for token, stats in _stream(events, started, "generate"):
+            yield (
+                api.GenerateResponse(token=token) if token is not None else api.GenerateResponse(stats=stats)
+            )
+
+    async def GetSession(
+        self, request: api.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> api.GetSessionResponse:
+        tenant = self._caller(context).tenant_for(request.tenant)
+        record = await self._sessions.get(tenant, check_session_id(request.session_id))
+        return api.GetSessionResponse(session=session_message(record, with_messages=True))
+
+    async def DeleteSession(
+        self, request: api.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> api.DeleteSessionResponse:
+        tenant = self._caller(context).tenant_for(request.tenant)
+        released = await self._sessions.delete(tenant, check_session_id(request.session_id))
+        return api.DeleteSessionResponse(released_chunks=released)
+
+    async def ListSessions(
+        self, request: api.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> api.ListSessionsResponse:
+        tenant = self._caller(context).tenant_for(request.tenant)
+        page_size, after_id = check_page(request)
+        # One more than asked: whether a next page exists without an extra round trip.
+        records = await self._sessions.store.list(tenant, after_id, page_size + 1)
+        page = records[:page_size]
+        next_token = page[-1].session_id if len(records) > page_size else ""
+        return api.ListSessionsResponse(
+            sessions=[session_message(record, with_messages=False) for record in page],
+            next_page_token=next_token,
+        )
+
+
+async def _stream(
+    events: AsyncIterator[TurnEvent], started: float, kind: str
+) -> AsyncIterator[tuple[api.TokenText | None, api.TurnStats | None]]:
+    """(token, None) per token, then (None, stats); records TTFT and the outcome."""
+    first_token_at: float | None = None
+    outcome = "failed"
+    try:
+        async for event in events:
+            if isinstance(event, TurnOutcome):
+                ttft = (first_token_at or time.monotonic()) - started
+                metrics.TTFT_SECONDS.labels(kind).observe(ttft)
+                outcome = "ok"
+                yield None, turn_stats(event, ttft)
+                return
+            first_token_at = first_token_at or time.monotonic()
+            yield api.TokenText(text=event.text, token_id=event.token_id), None
+    finally:
+        if outcome != "ok":
+            metrics.TURNS.labels(kind, outcome).inc()
+
+
+def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
+    stats = outcome.stats
+    history = len(outcome.request.prompt_token_ids.token_ids) + len(outcome.token_ids)
+    return api.TurnStats(
+        prompt_tokens=stats.prompt_tokens,
+        reused_tokens=stats.reused_tokens,
+        generated_tokens=stats.generated_tokens,
+        ttft_ms=ttft_seconds * 1000,
+        worker_ttft_ms=stats.ttft_ms,
+        queue_wait_ms=outcome.queue_wait_seconds * 1000,
+        truncated_tokens=stats.truncated_tokens,
+        finish_reason=_FINISH.get(stats.finish_reason, api.FINISH_REASON_UNSPECIFIED),
+        attempts=outcome.attempts,
+        node=outcome.node,
+        history_tokens=history if outcome.request.HasField("prompt_token_ids") else 0,
+    )
+
+
+def session_message(record: SessionRecord, *, with_messages: bool) -> api.Session:
+    def millis(seconds: float) -> int:
+        return int(seconds * 1000)
+
+    return api.Session(
+        session_id=record.session_id,
+        tenant=record.tenant,
+        messages=[api.Message(role=_ROLES[role], content=content) for role, content in record.messages]
+        if with_messages
+        else [],
+        turns=record.turns,
+        history_tokens=len(record.token_ids),
+        truncated_tokens=record.truncated_tokens,
+        cached_chunks=len(record.chunk_keys),
+        node=record.node,
+        created_at_unix_ms=millis(record.created_at),
+        updated_at_unix_ms=millis(record.updated_at),
+        expires_at_unix_ms=millis(record.expires_at),
+        ttl_seconds=record.ttl_seconds,
+    )

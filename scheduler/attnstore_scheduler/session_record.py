@@ -1,0 +1,80 @@
+"""A session as the stores keep it, its (msgpack) encoding, and session ids.
+
+Ids are 12 hex digits of the creation time in milliseconds then 20 random hex digits:
+unique without coordination, and sorting by id sorts by creation time (ListSessions pages
+by id).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, fields
+
+import msgpack
+
+from attnstore.errors import InvalidArgument
+
+SESSION_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+ROLES = ("system", "user", "assistant")
+
+
+def new_session_id(now_seconds: float | None = None) -> str:
+    millis = int((time.time() if now_seconds is None else now_seconds) * 1000)
+    return f"{millis:012x}{secrets.token_hex(10)}"
+
+
+def check_session_id(session_id: str, field_name: str = "session_id") -> str:
+    if not SESSION_ID_PATTERN.match(session_id):
+        shown = session_id[:40] + ("..." if len(session_id) > 40 else "")
+        raise InvalidArgument(f"{field_name} {shown!r} is not a session id (32 lower-case hex characters)")
+    return session_id
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    tenant: str
+    session_id: str
+    ttl_seconds: int
+    created_at: float  # Unix seconds
+    updated_at: float  # Unix seconds: the last turn's end (or the creation)
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content), oldest first
+    # Token ids of the whole conversation, chat template applied: the next turn's prompt
+    # starts with them, so identical history gives identical chunk keys.
+    token_ids: tuple[int, ...] = ()
+    turns: int = 0
+    truncated_tokens: int = 0  # tokens the worker drops after the sinks (the least it drops next turn)
+    sink_tokens: int = 0  # first tokens kept as attention sinks when truncating
+    namespace: bytes = b""  # the KV namespace (model, dtype, chunk size, tenant) of chunk_keys
+    chunk_keys: tuple[bytes, ...] = ()  # chain keys of the conversation's saved full chunks
+    node: str = ""  # the node whose daemon holds the KV; "" before the first turn
+
+    @property
+    def expires_at(self) -> float:
+        return self.updated_at + self.ttl_seconds
+
+    def readable_chunk_keys(self, chunk_tokens: int) -> tuple[bytes, ...]:
+        """The chunk keys the next turn reads: truncation leaves chunks 1..k-1 unread (chunk
+        0 too without sinks), k = (sink_tokens + truncated_tokens) / chunk_tokens."""
+        if not self.truncated_tokens:
+            return self.chunk_keys
+        first_kept = (self.sink_tokens + self.truncated_tokens) // chunk_tokens
+        sinks = self.chunk_keys[:1] if self.sink_tokens else ()
+        return (*sinks, *self.chunk_keys[first_kept:])
+
+    def encode(self) -> bytes:
+        data = asdict(self)
+        data["messages"] = [list(message) for message in self.messages]
+        return msgpack.packb(data, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> SessionRecord:
+        data_fields = msgpack.unpackb(data, raw=False)
+        # Fields a newer scheduler added are skipped, so replicas can be upgraded one by one.
+        known = {f.name for f in fields(cls)}
+        values = {name: value for name, value in data_fields.items() if name in known}
+        values["messages"] = tuple(tuple(message) for message in values["messages"])
+        values["token_ids"] = tuple(values["token_ids"])
+        values["chunk_keys"] = tuple(values["chunk_keys"])
+        return cls(**values)

@@ -1,0 +1,111 @@
+"""Session lifecycle: create, read, list, delete, expire, and releasing the KV of a
+session that ended.
+
+Releasing (deletion, expiry, or the session moving to another node) tells the node's
+daemon that the chunks are no longer needed: Unpin removes any pin, and an EVICT_FIRST
+hint puts them at the front of its eviction order. Nothing is deleted outright: another
+session of the tenant may share a prefix (a system prompt), and the look-ahead hints of
+its queued turns protect that prefix again. A daemon that does not answer only costs
+cache space (its eviction reclaims the chunks anyway), so a release never fails a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import structlog
+
+from attnstore.errors import NotFound
+from attnstore.kvstore_client import HintAction
+from attnstore_scheduler import metrics
+from attnstore_scheduler.session_record import SessionRecord, new_session_id
+from attnstore_scheduler.session_store import SessionStore
+from attnstore_scheduler.worker_registry import WorkerRegistry
+
+log = structlog.get_logger("attnstore_scheduler.sessions")
+
+_SWEEP_BATCH = 100
+
+
+class Sessions:
+    def __init__(
+        self, store: SessionStore, registry: WorkerRegistry, *, max_sessions_per_tenant: int
+    ) -> None:
+        self.store = store
+        self._registry = registry
+        self._max_sessions_per_tenant = max_sessions_per_tenant
+
+    async def create(self, tenant: str, system_prompt: str, ttl_seconds: int) -> SessionRecord:
+        now = time.time()
+        record = SessionRecord(
+            tenant=tenant,
+            session_id=new_session_id(now),
+            ttl_seconds=ttl_seconds,
+            created_at=now,
+            updated_at=now,
+            messages=(("system", system_prompt),) if system_prompt else (),
+        )
+        await self.store.create(record, self._max_sessions_per_tenant)
+        metrics.SESSIONS_CREATED.inc()
+        log.info("session_created", tenant=tenant, session_id=record.session_id, ttl_seconds=ttl_seconds)
+        return record
+
+    async def get(self, tenant: str, session_id: str) -> SessionRecord:
+        record = await self.store.get(tenant, session_id)
+        if record is None:
+            raise not_found(session_id)
+        return record
+
+    async def delete(self, tenant: str, session_id: str) -> int:
+        """Ends the session; the chunks released on its daemon."""
+        record = await self.store.delete(tenant, session_id)
+        if record is None:
+            raise not_found(session_id)
+        released = await self.release(record)
+        metrics.SESSIONS_ENDED.labels("deleted").inc()
+        if record.expires_at <= time.time():
+            raise not_found(session_id)  # it had expired: gone for the caller too
+        log.info("session_deleted", tenant=tenant, session_id=session_id, released_chunks=released)
+        return released
+
+    async def release(self, record: SessionRecord, node: str | None = None) -> int:
+        """Releases the session's chunks on `node` (default: the node holding them)."""
+        node = node or record.node
+        daemon = self._registry.daemon(node) if node else None
+        if daemon is None or not record.chunk_keys:
+            return 0
+        keys = list(record.chunk_keys)
+        try:
+            await daemon.unpin(record.namespace, keys)
+            await daemon.hint(record.namespace, [(keys, HintAction.EVICT_FIRST, 0)])
+        except grpc.aio.AioRpcError as exc:
+            log.warning("release_failed", session_id=record.session_id, node=node, code=exc.code().name)
+            return 0
+        metrics.RELEASED_CHUNKS.inc(len(keys))
+        return len(keys)
+
+    async def sweep_expired(self) -> int:
+        """Ends every session expired by now; how many."""
+        ended = 0
+        while batch := await self.store.claim_expired(time.time(), _SWEEP_BATCH):
+            await asyncio.gather(*(self.release(record) for record in batch))
+            for record in batch:
+                log.info("session_expired", tenant=record.tenant, session_id=record.session_id)
+            metrics.SESSIONS_ENDED.labels("expired").inc(len(batch))
+            ended += len(batch)
+        return ended
+
+    async def sweep_forever(self, interval_seconds: float) -> None:
+        while True:
+            try:
+                await self.sweep_expired()
+            except Exception:  # Redis may be down: the next sweep retries
+                log.exception("expiry_sweep_failed")
+            await asyncio.sleep(interval_seconds)
+
+
+def not_found(session_id: str) -> NotFound:
+    # The same answer whether the session never existed, expired, or is another tenant's.
+    return NotFound(f"session {session_id} not found")

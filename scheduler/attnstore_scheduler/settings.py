@@ -1,0 +1,126 @@
+"""Scheduler settings (environment variables `ATTNSTORE_SCHEDULER_*`, or a TOML file named
+by `ATTNSTORE_SCHEDULER_CONFIG_FILE`). Each default is written here once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from attnstore.settings import FileBackedSettings
+
+
+class NodeSpec(BaseModel, frozen=True):
+    """One node of a static topology: its daemon and the workers beside it."""
+
+    name: str = Field(min_length=1, max_length=253)
+    daemon_address: str | None = Field(None, description="host:port of the node's daemon; None = no cache")
+    worker_addresses: tuple[str, ...] = Field(min_length=1)
+
+
+class SchedulerSettings(FileBackedSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNSTORE_SCHEDULER_", extra="forbid")
+
+    listen_address: str = Field(
+        "127.0.0.1:50071", description="host:port of the gRPC server; port 0 picks one"
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
+    )
+    ready_file: Path | None = Field(None, description="written with the bound port once serving")
+
+    redis_url: str | None = Field(
+        None,
+        description="session metadata in this Redis (redis://host:port/db); unset = an embedded "
+        "in-process store (one replica only; sessions are lost when the scheduler stops)",
+    )
+    api_keys_file: Path | None = Field(
+        None, description="YAML/JSON file: tenant -> list of sha256 hex digests of its API keys"
+    )
+    auth_enabled: bool = Field(
+        True, description="require an API key; false = every caller is tenant 'default' (development)"
+    )
+    admin_tenant: str = Field(
+        "admin", description="keys of this tenant in api_keys_file may act on any tenant's sessions"
+    )
+
+    nodes: list[NodeSpec] = Field(
+        default_factory=list,
+        description="static topology: [{name, daemon_address, worker_addresses}] (JSON in the environment)",
+    )
+    kubernetes_discovery: bool = Field(
+        False, description="find daemons and workers by watching pods (node = spec.nodeName)"
+    )
+    kubernetes_namespace: str = Field("default", description="namespace of the watched pods")
+    kubernetes_daemon_selector: str = Field(
+        "app.kubernetes.io/component=kvstore-daemon", description="label selector of daemon pods"
+    )
+    kubernetes_worker_selector: str = Field(
+        "app.kubernetes.io/component=inference-worker", description="label selector of worker pods"
+    )
+    kubernetes_daemon_port: int = Field(
+        50051, ge=1, le=65535, description="daemon gRPC port when its pod names no port 'grpc'"
+    )
+    kubernetes_worker_port: int = Field(
+        50061, ge=1, le=65535, description="worker gRPC port when its pod names no port 'grpc'"
+    )
+
+    session_ttl_seconds: int = Field(3600, ge=1, description="default session TTL (inactivity)")
+    max_session_ttl_seconds: int = Field(7 * 86400, ge=1, description="longest TTL a session may ask for")
+    max_message_chars: int = Field(
+        100_000, ge=1, description="longest user message, system prompt or prompt, in characters"
+    )
+    max_session_tokens: int = Field(
+        32768, ge=1, description="most tokens a conversation may grow to (history plus the new answer)"
+    )
+    max_sessions_per_tenant: int = Field(10_000, ge=1, description="live sessions one tenant may hold")
+    requests_per_second: float = Field(50.0, gt=0, description="sustained calls per second per tenant")
+    requests_burst: int = Field(100, ge=1, description="calls a tenant may make at once above the rate")
+    max_queue_length: int = Field(1024, ge=1, description="turns waiting for a worker; more are refused")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens of a turn that names none")
+
+    turn_retry_attempts: int = Field(
+        2, ge=0, description="workers tried again after one fails mid-turn (replayed on another worker)"
+    )
+    turn_timeout_seconds: float = Field(300.0, gt=0, description="longest one worker attempt may take")
+    max_turns_per_worker: int = Field(4, ge=1, description="turns one worker runs at once")
+    worker_health_interval_seconds: float = Field(
+        2.0, gt=0, description="period of the health check of every worker"
+    )
+    worker_health_timeout_seconds: float = Field(2.0, gt=0, description="deadline of one health check")
+
+    session_lock_ttl_seconds: float = Field(
+        30.0, gt=0, description="a turn's session lock expires this long after its holder stops renewing it"
+    )
+    session_lock_wait_seconds: float = Field(
+        600.0, gt=0, description="longest a turn waits for the session's previous turn"
+    )
+    expiry_sweep_interval_seconds: float = Field(
+        1.0, gt=0, description="period of the sweep that releases expired sessions' KV"
+    )
+    expiry_grace_seconds: int = Field(
+        3600, ge=1, description="an expired session's record stays this long for the sweeper to find"
+    )
+    release_timeout_seconds: float = Field(5.0, gt=0, description="deadline of a daemon call releasing KV")
+
+    health_check_interval_seconds: float = Field(
+        5.0, gt=0, description="period of the scheduler's own health probe (its session store answers)"
+    )
+    shutdown_grace_seconds: float = Field(30.0, ge=0, description="on SIGTERM, in-flight turns get this long")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")
+    log_json: bool = Field(True, description="JSON log lines (false: key=value for a terminal)")
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> SchedulerSettings:
+        if self.auth_enabled and self.api_keys_file is None:
+            raise ValueError("auth_enabled needs api_keys_file (or set auth_enabled=false for development)")
+        if bool(self.nodes) == self.kubernetes_discovery:
+            raise ValueError("give exactly one topology source: nodes, or kubernetes_discovery=true")
+        names = [node.name for node in self.nodes]
+        if len(names) != len(set(names)):
+            raise ValueError("node names must be unique")
+        if self.session_ttl_seconds > self.max_session_ttl_seconds:
+            raise ValueError("session_ttl_seconds must not exceed max_session_ttl_seconds")
+        return self

@@ -1,0 +1,209 @@
+"""Runs one turn on a worker and survives the worker dying mid-turn.
+
+Tokens are forwarded live. When the worker fails (UNAVAILABLE, a crash, a timeout...),
+the turn is queued again ahead of new work and replayed from scratch on another worker;
+the tokens the client already has are checked against the replay and skipped, so the
+client receives one answer: exactly the replay's. Replays are deterministic because
+decoding is greedy or seeded (the scheduler picks a seed when the client gives none) and
+every worker runs the same model. If a replay still differs from what was sent (another
+device's floating point), the call fails with UNAVAILABLE rather than splice two answers.
+Errors that are the request's fault (INVALID_ARGUMENT...) are passed on, never retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import grpc
+import structlog
+
+from attnstore import errors
+from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler import metrics
+from attnstore_scheduler.dispatcher import Dispatcher
+from attnstore_scheduler.job_queue import QueuedJob
+from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
+
+log = structlog.get_logger("attnstore_scheduler.turns")
+
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.CANCELLED,  # the worker shut down under the turn
+}
+_PASSED_ON: dict[grpc.StatusCode, type[errors.ServiceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: errors.InvalidArgument,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+}
+RETRY_PRIORITY_BOOST = 1  # a replay runs before new turns of the same priority
+_job_ids = itertools.count()
+
+# Builds the worker request on the worker that will run it (a chat turn tokenizes there).
+PrepareTurn = Callable[[WorkerHandle], Awaitable[worker_pb2.ExecuteTurnRequest]]
+
+
+@dataclass(frozen=True)
+class TurnSpec:
+    tenant: str
+    session_id: str  # "" for a one-off Generate
+    prepare: PrepareTurn
+    node: str | None  # where the KV it reads lives (affinity); None = anywhere
+    priority: int = 0
+    namespace: bytes = b""
+    chunk_keys: Sequence[bytes] = ()  # the stored KV it will read, for look-ahead hints
+    kv_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """The last event of a turn: what the worker that answered reported."""
+
+    stats: worker_pb2.TurnStats
+    request: worker_pb2.ExecuteTurnRequest  # the request the answering worker ran
+    token_ids: list[int]
+    text: str
+    node: str
+    attempts: int
+    queue_wait_seconds: float
+
+
+class _Finished(NamedTuple):
+    request: worker_pb2.ExecuteTurnRequest
+    stats: worker_pb2.TurnStats
+    produced: list[worker_pb2.TokenChunk]
+
+
+class _AttemptFailed(Exception):
+    """A worker failed the turn in a way another worker may not (crash, timeout...)."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        registry: WorkerRegistry,
+        *,
+        retry_attempts: int,
+        attempt_timeout_seconds: float,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._registry = registry
+        self._retry_attempts = retry_attempts
+        self._timeout_seconds = attempt_timeout_seconds
+
+    async def run(self, spec: TurnSpec) -> AsyncIterator[worker_pb2.TokenChunk | TurnOutcome]:
+        """Streams the answer's tokens, then one TurnOutcome."""
+        sent: list[worker_pb2.TokenChunk] = []  # tokens the caller already has
+        failed: list[WorkerHandle] = []
+        waited, last_error = 0.0, "no attempt ran"
+        for attempt in range(1, self._retry_attempts + 2):
+            slot = await self._dispatcher.admit(self._job(spec, attempt), exclude=failed, retry=attempt > 1)
+            waited += slot.waited_seconds
+            try:
+                async with contextlib.aclosing(self._attempt(slot.worker, spec, sent)) as events:
+                    async for event in events:
+                        if isinstance(event, worker_pb2.TokenChunk):
+                            yield event
+                            continue
+                        request, stats, produced = event
+                        yield TurnOutcome(
+                            stats=stats,
+                            request=request,
+                            token_ids=[token.token_id for token in produced],
+                            text="".join(token.text for token in produced),
+                            node=slot.worker.node,
+                            attempts=attempt,
+                            queue_wait_seconds=waited,
+                        )
+                        return
+            except _AttemptFailed as failure:
+                last_error = str(failure)
+                metrics.WORKER_FAILURES.labels(failure.code).inc()
+                log.warning(
+                    "turn_attempt_failed",
+                    session_id=spec.session_id,
+                    worker=slot.worker.address,
+                    attempt=attempt,
+                    tokens_sent=len(sent),
+                    error=last_error,
+                )
+                self._registry.mark_failed(slot.worker)
+                failed.append(slot.worker)
+            finally:
+                self._dispatcher.finish(slot)
+        raise errors.Unavailable(f"the turn failed on {len(failed)} worker(s); last error: {last_error}")
+
+    async def _attempt(
+        self, worker: WorkerHandle, spec: TurnSpec, sent: list[worker_pb2.TokenChunk]
+    ) -> AsyncIterator[worker_pb2.TokenChunk | _Finished]:
+        """One worker's run of the turn: the tokens the caller does not have yet (appended
+        to `sent`), then what the worker ran and reported; _AttemptFailed to try another."""
+        call: grpc.aio.UnaryStreamCall | None = None
+        try:
+            request = await spec.prepare(worker)
+            produced: list[worker_pb2.TokenChunk] = []
+            call = worker.stub.ExecuteTurn(request, timeout=self._timeout_seconds)
+            async for reply in call:
+                if reply.HasField("stats"):
+                    _check_replay_covers(sent, produced)
+                    yield _Finished(request, reply.stats, produced)
+                    return
+                produced.append(reply.token)
+                if len(produced) <= len(sent):  # a replay: the caller has this one
+                    _check_replayed(sent, produced)
+                else:
+                    sent.append(reply.token)
+                    yield reply.token
+        except grpc.aio.AioRpcError as exc:
+            passed_on = _PASSED_ON.get(exc.code())
+            if passed_on is not None:
+                raise passed_on(f"the worker refused the turn: {exc.details()}") from exc
+            raise _AttemptFailed(exc.code().name, exc.details() or "") from exc
+        finally:
+            if call is not None:
+                call.cancel()  # no-op when it ended; stops the worker when our caller left
+        raise _AttemptFailed("INCOMPLETE", "the worker ended the stream without the turn's stats")
+
+    def _job(self, spec: TurnSpec, attempt: int) -> QueuedJob:
+        return QueuedJob(
+            job_id=f"turn-{next(_job_ids)}",
+            tenant=spec.tenant,
+            session_id=spec.session_id or f"generate-{next(_job_ids)}",
+            priority=spec.priority + (RETRY_PRIORITY_BOOST if attempt > 1 else 0),
+            chunk_keys=tuple(spec.chunk_keys),
+            namespace=spec.namespace,
+            kv_bytes=spec.kv_bytes,
+            node=spec.node,
+            enqueued_at=time.monotonic(),
+        )
+
+
+def _check_replayed(sent: list[worker_pb2.TokenChunk], produced: list[worker_pb2.TokenChunk]) -> None:
+    index = len(produced) - 1
+    if produced[index].token_id != sent[index].token_id:
+        raise errors.Unavailable(
+            f"a worker failed mid-turn and the replay on another worker differs at token {index}; "
+            "the answer cannot be completed, retry the turn"
+        )
+
+
+def _check_replay_covers(sent: list[worker_pb2.TokenChunk], produced: list[worker_pb2.TokenChunk]) -> None:
+    if len(produced) < len(sent):
+        raise errors.Unavailable(
+            f"a worker failed mid-turn and the replay on another worker ended after {len(produced)} "
+            f"of the {len(sent)} tokens already sent; retry the turn"
+        )

@@ -1,0 +1,92 @@
+"""Checks on the public API's requests, with messages that name the field and the limit.
+Each check returns the value in the form the scheduler uses, or raises InvalidArgument."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.errors import InvalidArgument, ResourceExhausted, Unavailable
+from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler.session_record import check_session_id
+
+MAX_TEMPERATURE = 2.0
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    max_message_chars: int
+    max_session_tokens: int
+    default_max_tokens: int
+    session_ttl_seconds: int
+    max_session_ttl_seconds: int
+
+
+def check_text(text: str, field: str, limits: ApiLimits, *, required: bool) -> str:
+    if required and not text.strip():
+        raise InvalidArgument(f"{field} must not be empty")
+    if len(text) > limits.max_message_chars:
+        raise InvalidArgument(
+            f"{field} is {len(text)} characters long; at most {limits.max_message_chars} are allowed"
+        )
+    return text
+
+
+def check_ttl(ttl_seconds: int, limits: ApiLimits) -> int:
+    if ttl_seconds > limits.max_session_ttl_seconds:
+        raise InvalidArgument(
+            f"ttl_seconds is {ttl_seconds}; at most {limits.max_session_ttl_seconds} are allowed"
+        )
+    return ttl_seconds or limits.session_ttl_seconds
+
+
+def check_page(request: api.ListSessionsRequest) -> tuple[int, str]:
+    """(page size, id to continue after)."""
+    if request.page_size > MAX_PAGE_SIZE:
+        raise InvalidArgument(f"page_size is {request.page_size}; at most {MAX_PAGE_SIZE} are allowed")
+    after_id = check_session_id(request.page_token, "page_token") if request.page_token else ""
+    return request.page_size or DEFAULT_PAGE_SIZE, after_id
+
+
+def sampling(
+    options: api.GenerationOptions, limits: ApiLimits, model: worker_pb2.DescribeModelResponse
+) -> worker_pb2.SamplingParams:
+    """The worker's sampling parameters. Sampled decoding always gets a seed, so a turn
+    replayed on another worker after a failure produces the same tokens."""
+    max_tokens = options.max_tokens or min(limits.default_max_tokens, model.max_new_tokens)
+    if max_tokens > model.max_new_tokens:
+        raise InvalidArgument(
+            f"options.max_tokens is {max_tokens}; the model allows at most {model.max_new_tokens}"
+        )
+    temperature = options.temperature if options.HasField("temperature") else 0.0
+    if not math.isfinite(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise InvalidArgument(
+            f"options.temperature is {temperature}; expected a number in [0, {MAX_TEMPERATURE}]"
+        )
+    params = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=temperature)
+    if options.HasField("top_p"):
+        if not math.isfinite(options.top_p) or not 0.0 < options.top_p <= 1.0:
+            raise InvalidArgument(f"options.top_p is {options.top_p}; expected a number in (0, 1]")
+        params.top_p = options.top_p
+    if temperature > 0:
+        params.seed = options.seed if options.HasField("seed") else secrets.randbits(63)
+    return params
+
+
+def check_session_tokens(prompt_tokens: int, max_tokens: int, limits: ApiLimits) -> None:
+    if prompt_tokens + max_tokens > limits.max_session_tokens:
+        raise ResourceExhausted(
+            f"the conversation has {prompt_tokens} tokens with this message; with up to {max_tokens} "
+            f"more for the answer it would pass the limit of {limits.max_session_tokens}: "
+            "start a new session (or ask for fewer options.max_tokens)"
+        )
+
+
+def require_model(model: worker_pb2.DescribeModelResponse | None) -> worker_pb2.DescribeModelResponse:
+    if model is None:
+        raise Unavailable("no healthy worker is registered yet; retry later")
+    return model

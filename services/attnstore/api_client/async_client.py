@@ -1,0 +1,106 @@
+"""asyncio client of the public API; the same calls as AttnStoreClient, awaited.
+
+async with AsyncAttnStoreClient("127.0.0.1:50071", api_key="...") as client:
+    session = await client.create_session()
+    async for event in client.stream_chat(session.session_id, "Hello!"):
+        ...  # TokenText pieces, then TurnStats
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.api.v1 import api_pb2_grpc
+from attnstore.api_client.requests import (
+    CHANNEL_OPTIONS,
+    Answer,
+    StreamEvent,
+    call_metadata,
+    event_of,
+    options,
+    page_request,
+    sessions_of,
+)
+
+
+class AsyncAttnStoreClient:
+    def __init__(self, address: str, api_key: str | None = None, *, timeout_seconds: float = 300.0) -> None:
+        """Create it inside a running event loop. `timeout_seconds` bounds each call."""
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = api_pb2_grpc.AttnStoreStub(self._channel)
+        self._metadata = call_metadata(api_key)
+        self._timeout_seconds = timeout_seconds
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"metadata": self._metadata, "timeout": self._timeout_seconds}
+
+    async def create_session(self, system_prompt: str = "", ttl_seconds: int = 0) -> api.Session:
+        request = api.CreateSessionRequest(system_prompt=system_prompt, ttl_seconds=ttl_seconds)
+        return (await self._stub.CreateSession(request, **self._kwargs())).session
+
+    async def stream_chat(
+        self, session_id: str, message: str, **generation: Any
+    ) -> AsyncIterator[StreamEvent]:
+        request = api.ChatRequest(session_id=session_id, message=message, options=options(**generation))
+        async for reply in self._stub.Chat(request, **self._kwargs()):
+            yield event_of(reply)
+
+    async def chat(self, session_id: str, message: str, **generation: Any) -> Answer:
+        answer = Answer()
+        async for event in self.stream_chat(session_id, message, **generation):
+            answer.add(event)
+        return answer
+
+    async def stream_generate(
+        self, prompt: str, system_prompt: str = "", **generation: Any
+    ) -> AsyncIterator[StreamEvent]:
+        request = api.GenerateRequest(
+            system_prompt=system_prompt, prompt=prompt, options=options(**generation)
+        )
+        async for reply in self._stub.Generate(request, **self._kwargs()):
+            yield event_of(reply)
+
+    async def generate(self, prompt: str, system_prompt: str = "", **generation: Any) -> Answer:
+        answer = Answer()
+        async for event in self.stream_generate(prompt, system_prompt, **generation):
+            answer.add(event)
+        return answer
+
+    async def get_session(self, session_id: str, tenant: str = "") -> api.Session:
+        request = api.GetSessionRequest(session_id=session_id, tenant=tenant)
+        return (await self._stub.GetSession(request, **self._kwargs())).session
+
+    async def delete_session(self, session_id: str, tenant: str = "") -> int:
+        request = api.DeleteSessionRequest(session_id=session_id, tenant=tenant)
+        return (await self._stub.DeleteSession(request, **self._kwargs())).released_chunks
+
+    async def list_sessions(
+        self, page_size: int = 0, page_token: str = "", tenant: str = ""
+    ) -> tuple[list[api.Session], str]:
+        reply = await self._stub.ListSessions(page_request(page_size, page_token, tenant), **self._kwargs())
+        return sessions_of(reply)
+
+    async def iter_sessions(self, page_size: int = 0, tenant: str = "") -> AsyncIterator[api.Session]:
+        token = ""
+        while True:
+            sessions, token = await self.list_sessions(page_size, token, tenant)
+            for session in sessions:
+                yield session
+            if not token:
+                return

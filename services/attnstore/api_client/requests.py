@@ -1,0 +1,60 @@
+"""What both clients share: call metadata, request building, and collecting a streamed
+answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnstore.api.v1 import api_pb2 as api
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+# A streamed turn: TokenText messages, then one TurnStats.
+StreamEvent = api.TokenText | api.TurnStats
+
+
+def call_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    return () if api_key is None else (("authorization", f"Bearer {api_key}"),)
+
+
+def options(
+    max_tokens: int = 0, temperature: float | None = None, top_p: float | None = None, seed: int | None = None
+) -> api.GenerationOptions:
+    """Generation options; None leaves a field to the server's default."""
+    message = api.GenerationOptions(max_tokens=max_tokens)
+    if temperature is not None:
+        message.temperature = temperature
+    if top_p is not None:
+        message.top_p = top_p
+    if seed is not None:
+        message.seed = seed
+    return message
+
+
+def event_of(reply: api.ChatResponse | api.GenerateResponse) -> StreamEvent:
+    return reply.token if reply.WhichOneof("event") == "token" else reply.stats
+
+
+@dataclass
+class Answer:
+    """A whole streamed answer."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    stats: api.TurnStats | None = None  # set once the stream ended normally
+
+    def add(self, event: StreamEvent) -> None:
+        if isinstance(event, api.TurnStats):
+            self.stats = event
+        else:
+            self.text += event.text
+            self.token_ids.append(event.token_id)
+
+
+def page_request(page_size: int, page_token: str, tenant: str) -> api.ListSessionsRequest:
+    return api.ListSessionsRequest(page_size=page_size, page_token=page_token, tenant=tenant)
+
+
+def sessions_of(reply: api.ListSessionsResponse) -> tuple[list[api.Session], str]:
+    return list(reply.sessions), reply.next_page_token

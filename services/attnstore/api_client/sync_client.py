@@ -1,0 +1,107 @@
+"""Blocking client of the public API.
+
+with AttnStoreClient("127.0.0.1:50071", api_key="...") as client:
+    session = client.create_session(system_prompt="Be brief.")
+    answer = client.chat(session.session_id, "Hello!")
+    print(answer.text, answer.stats.reused_tokens)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.api.v1 import api_pb2_grpc
+from attnstore.api_client.requests import (
+    CHANNEL_OPTIONS,
+    Answer,
+    StreamEvent,
+    call_metadata,
+    event_of,
+    options,
+    page_request,
+    sessions_of,
+)
+
+
+class AttnStoreClient:
+    def __init__(self, address: str, api_key: str | None = None, *, timeout_seconds: float = 300.0) -> None:
+        """`timeout_seconds` bounds each call, a whole streamed answer included."""
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = api_pb2_grpc.AttnStoreStub(self._channel)
+        self._metadata = call_metadata(api_key)
+        self._timeout_seconds = timeout_seconds
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"metadata": self._metadata, "timeout": self._timeout_seconds}
+
+    def create_session(self, system_prompt: str = "", ttl_seconds: int = 0) -> api.Session:
+        request = api.CreateSessionRequest(system_prompt=system_prompt, ttl_seconds=ttl_seconds)
+        return self._stub.CreateSession(request, **self._kwargs()).session
+
+    def stream_chat(self, session_id: str, message: str, **generation: Any) -> Iterator[StreamEvent]:
+        """The answer's TokenText messages as they come, then its TurnStats. `generation`:
+        max_tokens, temperature, top_p, seed."""
+        request = api.ChatRequest(session_id=session_id, message=message, options=options(**generation))
+        for reply in self._stub.Chat(request, **self._kwargs()):
+            yield event_of(reply)
+
+    def chat(self, session_id: str, message: str, **generation: Any) -> Answer:
+        answer = Answer()
+        for event in self.stream_chat(session_id, message, **generation):
+            answer.add(event)
+        return answer
+
+    def stream_generate(
+        self, prompt: str, system_prompt: str = "", **generation: Any
+    ) -> Iterator[StreamEvent]:
+        request = api.GenerateRequest(
+            system_prompt=system_prompt, prompt=prompt, options=options(**generation)
+        )
+        for reply in self._stub.Generate(request, **self._kwargs()):
+            yield event_of(reply)
+
+    def generate(self, prompt: str, system_prompt: str = "", **generation: Any) -> Answer:
+        answer = Answer()
+        for event in self.stream_generate(prompt, system_prompt, **generation):
+            answer.add(event)
+        return answer
+
+    def get_session(self, session_id: str, tenant: str = "") -> api.Session:
+        request = api.GetSessionRequest(session_id=session_id, tenant=tenant)
+        return self._stub.GetSession(request, **self._kwargs()).session
+
+    def delete_session(self, session_id: str, tenant: str = "") -> int:
+        """Ends the session; how many KV chunks were released on its daemon."""
+        request = api.DeleteSessionRequest(session_id=session_id, tenant=tenant)
+        return self._stub.DeleteSession(request, **self._kwargs()).released_chunks
+
+    def list_sessions(
+        self, page_size: int = 0, page_token: str = "", tenant: str = ""
+    ) -> tuple[list[api.Session], str]:
+        """One page of sessions (oldest first) and the token of the next ("" at the end)."""
+        reply = self._stub.ListSessions(page_request(page_size, page_token, tenant), **self._kwargs())
+        return sessions_of(reply)
+
+    def iter_sessions(self, page_size: int = 0, tenant: str = "") -> Iterator[api.Session]:
+        token = ""
+        while True:
+            sessions, token = self.list_sessions(page_size, token, tenant)
+            yield from sessions
+            if not token:
+                return

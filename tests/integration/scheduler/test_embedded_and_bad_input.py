@@ -1,0 +1,177 @@
+"""A scheduler without Redis (the embedded session store) runs the basic flow the same
+way, and every RPC refuses bad input and bad credentials with the right status and a
+message that names the problem. One worker, one daemon, one scheduler for the module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from scheduler_stack import API_KEYS, Stack, start_stack
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.api.v1 import api_pb2_grpc
+from attnstore.api_client import AsyncAttnStoreClient, AttnStoreClient
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+SETTINGS = {
+    "max_message_chars": 200,
+    "max_session_tokens": 300,
+    "max_session_ttl_seconds": 600,
+    "session_ttl_seconds": 300,
+}
+UNKNOWN_ID = "0" * 32
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, scheduler_model_dir: Path) -> Iterator[Stack]:
+    made = start_stack(
+        tmp_path_factory.mktemp("stack"),
+        scheduler_model_dir,
+        redis=None,
+        worker_nodes=("node-a",),
+        scheduler_settings=SETTINGS,
+    )
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture(scope="module")
+def session_id(stack: Stack) -> str:
+    return stack.client().create_session(system_prompt="be brief").session_id
+
+
+def test_the_embedded_store_runs_the_basic_flow(stack: Stack) -> None:
+    client = stack.client()
+    session = client.create_session(system_prompt="be brief", ttl_seconds=120)
+    assert session.ttl_seconds == 120 and session.expires_at_unix_ms > session.created_at_unix_ms
+
+    first = client.chat(session.session_id, "hello world, how are you", max_tokens=24)
+    second = client.chat(session.session_id, "the capital of france is paris", max_tokens=8)
+    assert first.stats.reused_tokens == 0 < second.stats.reused_tokens
+    assert (first.stats.node, second.stats.node) == ("node-a", "node-a")
+
+    stored = client.get_session(session.session_id)
+    assert stored.turns == 2 and len(stored.messages) == 5
+    assert session.session_id in [s.session_id for s in client.iter_sessions()]
+    assert client.delete_session(session.session_id) == stored.cached_chunks
+    with pytest.raises(grpc.RpcError) as error:
+        client.get_session(session.session_id)
+    assert error.value.code() == NOT_FOUND
+
+
+def chat(session: str | None = None, message: str = "hi", **options: object) -> Callable[..., object]:
+    return lambda client, session_id: client.chat(session or session_id, message, **options)
+
+
+BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.StatusCode, str]] = {
+    "create: long system prompt": (
+        lambda c, _: c.create_session(system_prompt="x" * 201),
+        INVALID,
+        "system_prompt is 201 characters",
+    ),
+    "create: ttl over the limit": (lambda c, _: c.create_session(ttl_seconds=601), INVALID, "at most 600"),
+    "chat: malformed session id": (chat(session="nope"), INVALID, "'nope' is not a session id"),
+    "chat: unknown session": (chat(session=UNKNOWN_ID), NOT_FOUND, f"session {UNKNOWN_ID} not found"),
+    "chat: empty message": (chat(message="  "), INVALID, "message must not be empty"),
+    "chat: long message": (chat(message="x" * 201), INVALID, "message is 201 characters"),
+    "chat: max_tokens over the model's": (chat(max_tokens=5000), INVALID, "the model allows at most 2048"),
+    "chat: negative temperature": (chat(temperature=-1.0), INVALID, "options.temperature"),
+    "chat: temperature not a number": (chat(temperature=float("nan")), INVALID, "options.temperature"),
+    "chat: top_p zero": (chat(top_p=0.0), INVALID, "options.top_p"),
+    "chat: top_p above one": (chat(top_p=1.5), INVALID, "options.top_p"),
+    "chat: session tokens": (chat(max_tokens=290), EXHAUSTED, "limit of 300: start a new session"),
+    "generate: empty prompt": (lambda c, _: c.generate(""), INVALID, "prompt must not be empty"),
+    "generate: long system prompt": (
+        lambda c, _: c.generate("hi", system_prompt="x" * 201),
+        INVALID,
+        "system_prompt is 201",
+    ),
+    "generate: temperature too high": (
+        lambda c, _: c.generate("hi", temperature=3.0),
+        INVALID,
+        "in [0, 2.0]",
+    ),
+    "get: malformed id": (lambda c, _: c.get_session("ABC"), INVALID, "not a session id"),
+    "get: unknown id": (lambda c, _: c.get_session(UNKNOWN_ID), NOT_FOUND, "not found"),
+    "get: another tenant, not admin": (
+        lambda c, s: c.get_session(s, tenant="globex"),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "only admin",
+    ),
+    "delete: malformed id": (lambda c, _: c.delete_session("x" * 33), INVALID, "not a session id"),
+    "delete: unknown id": (lambda c, _: c.delete_session(UNKNOWN_ID), NOT_FOUND, "not found"),
+    "list: page too large": (lambda c, _: c.list_sessions(page_size=1001), INVALID, "at most 1000"),
+    "list: malformed page token": (lambda c, _: c.list_sessions(page_token="zz"), INVALID, "page_token"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_bad_input_is_refused_with_a_clear_status(stack: Stack, session_id: str, case: str) -> None:
+    call, code, message = BAD_REQUESTS[case]
+    with pytest.raises(grpc.RpcError) as error:
+        call(stack.client(), session_id)
+    assert error.value.code() == code, error.value.details()
+    assert message in error.value.details()
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ((), "no API key"),
+        ((("x-api-key", "wrong"),), "unknown API key"),
+        ((("authorization", "Bearer wrong"),), "unknown API key"),
+        ((("authorization", "Basic a2V5"),), "must be 'Bearer <API key>'"),
+    ],
+    ids=["none", "unknown x-api-key", "unknown bearer", "not bearer"],
+)
+def test_calls_without_a_known_key_are_unauthenticated(
+    stack: Stack, metadata: tuple[tuple[str, str], ...], message: str
+) -> None:
+    with grpc.insecure_channel(stack.scheduler.address) as channel:
+        stub = api_pb2_grpc.AttnStoreStub(channel)
+        calls = [
+            lambda: stub.CreateSession(api.CreateSessionRequest(), metadata=metadata, timeout=10),
+            lambda: list(stub.Chat(api.ChatRequest(session_id=UNKNOWN_ID, message="hi"), metadata=metadata)),
+            lambda: list(stub.Generate(api.GenerateRequest(prompt="hi"), metadata=metadata, timeout=10)),
+            lambda: stub.GetSession(
+                api.GetSessionRequest(session_id=UNKNOWN_ID), metadata=metadata, timeout=10
+            ),
+            lambda: stub.DeleteSession(api.DeleteSessionRequest(session_id=UNKNOWN_ID), metadata=metadata),
+            lambda: stub.ListSessions(api.ListSessionsRequest(), metadata=metadata, timeout=10),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as error:
+                call()
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert message in error.value.details()
+
+
+def test_the_x_api_key_header_names_the_tenant(stack: Stack) -> None:
+    with grpc.insecure_channel(stack.scheduler.address) as channel:
+        stub = api_pb2_grpc.AttnStoreStub(channel)
+        reply = stub.CreateSession(
+            api.CreateSessionRequest(), metadata=(("x-api-key", "key-globex"),), timeout=10
+        )
+    assert reply.session.tenant == "globex"
+
+
+async def test_the_async_client_streams_the_same_answer(stack: Stack) -> None:
+    async with AsyncAttnStoreClient(stack.scheduler.address, API_KEYS["globex"]) as client:
+        sessions = [await client.create_session(system_prompt="be brief") for _ in range(2)]
+        events = [
+            event async for event in client.stream_chat(sessions[0].session_id, "hello world", max_tokens=6)
+        ]
+        whole = await client.chat(sessions[1].session_id, "hello world", max_tokens=6)
+        listed = [session.session_id async for session in client.iter_sessions(page_size=1)]
+        assert await client.get_session(sessions[0].session_id, tenant="") is not None
+
+    assert isinstance(events[-1], api.TurnStats) and events[-1].generated_tokens == len(events) - 1
+    assert [event.token_id for event in events[:-1]] == whole.token_ids  # greedy: the same answer
+    assert {s.session_id for s in sessions} <= set(listed)

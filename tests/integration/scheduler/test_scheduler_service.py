@@ -1,0 +1,219 @@
+"""The public API end to end: a real scheduler (sessions in a real Redis) in front of two
+real workers on two nodes and a real daemon. Multi-turn chat reuses more KV every turn;
+sessions expire and release their KV; tenants never see each other's sessions or KV;
+concurrent turns of one session are serialized; health, reflection and metrics answer.
+One stack serves the whole module."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from scheduler_stack import CHUNK_TOKENS, RedisFactory, Stack, free_port, start_stack, wait_for
+from transformers import PreTrainedTokenizerFast
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
+from attnstore.kvstore_client import KVStoreClient
+from inference_worker.model_store import model_digest
+
+SYSTEM = "you are a helpful assistant"
+MESSAGES = ["hello world, how are you", "the capital of france is paris", "system user assistant"]
+SCHEDULER_SETTINGS = {
+    "max_session_tokens": 1500,
+    "max_sessions_per_tenant": 4,
+    "max_session_ttl_seconds": 600,
+    "session_ttl_seconds": 300,
+}
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
+) -> Iterator[Stack]:
+    settings = {**SCHEDULER_SETTINGS, "metrics_port": free_port()}
+    root = tmp_path_factory.mktemp("stack")
+    made = start_stack(root, scheduler_model_dir, redis=module_redis_factory(), scheduler_settings=settings)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_multi_turn_chat_reuses_more_kv_every_turn(stack: Stack) -> None:
+    client = stack.client()
+    session = client.create_session(system_prompt=SYSTEM)
+    assert [m.role for m in session.messages] == [api.ROLE_SYSTEM]
+
+    answers = [client.chat(session.session_id, message, max_tokens=24) for message in MESSAGES]
+
+    reused = [answer.stats.reused_tokens for answer in answers]
+    assert reused[0] == 0
+    assert 0 < reused[1] < reused[2], reused
+    for previous, answer in itertools.pairwise(answers):
+        # The new turn's prompt is the previous conversation plus the new message.
+        assert answer.stats.prompt_tokens > previous.stats.history_tokens
+        assert answer.stats.reused_tokens <= previous.stats.history_tokens
+        assert answer.stats.reused_tokens % CHUNK_TOKENS == 0
+    for answer in answers:
+        assert answer.stats.generated_tokens == len(answer.token_ids) >= 1
+        assert answer.stats.ttft_ms > 0 and answer.stats.attempts == 1
+        assert answer.stats.node in ("node-a", "node-b")
+    assert len({answer.stats.node for answer in answers}) == 1  # affinity: the KV's node
+
+    stored = client.get_session(session.session_id)
+    assert stored.turns == 3 and stored.history_tokens == answers[-1].stats.history_tokens
+    assert [m.content for m in stored.messages] == [
+        SYSTEM,
+        *(text for message, answer in zip(MESSAGES, answers, strict=True) for text in (message, answer.text)),
+    ]
+    assert stored.node == answers[-1].stats.node and stored.cached_chunks >= 1
+
+
+def test_generate_reuses_a_shared_system_prompt_within_a_tenant_only(stack: Stack) -> None:
+    long_system = " ".join(["the capital of france is paris"] * 8)
+    acme, globex = stack.client("acme"), stack.client("globex")
+    first = acme.generate("hello world", system_prompt=long_system, max_tokens=4)
+    second = acme.generate("how are you", system_prompt=long_system, max_tokens=4)
+    other_tenant = globex.generate("how are you", system_prompt=long_system, max_tokens=4)
+
+    assert first.stats.history_tokens == 0 and first.stats.generated_tokens >= 1
+    assert second.stats.reused_tokens >= CHUNK_TOKENS  # the system prompt's chunks
+    assert other_tenant.stats.reused_tokens == 0
+
+
+def test_a_session_expires_after_its_ttl_and_its_kv_is_released(
+    stack: Stack, tiny_tokenizer: PreTrainedTokenizerFast
+) -> None:
+    client = stack.client()
+    session = client.create_session(system_prompt=SYSTEM, ttl_seconds=2)
+    answer = client.chat(session.session_id, MESSAGES[1], max_tokens=16)
+    # The keys the worker saved the turn under (prompt and answer but its last token).
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": MESSAGES[1]}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    namespace = NamespaceSpec(model_digest(stack.model_dir), "float32", CHUNK_TOKENS, b"acme").namespace_id()
+    keys = chunk_key_chain(namespace, [*prompt, *answer.token_ids][:-1], CHUNK_TOKENS)
+    assert client.get_session(session.session_id).cached_chunks == len(keys) >= 1
+    with KVStoreClient(stack.daemon.address) as daemon:
+        wait_for(
+            lambda: daemon.lookup(namespace, keys).prefix_length == len(keys), what="the turn's KV saved"
+        )
+        assert daemon.pin(namespace, keys, ttl_seconds=600) == len(keys)  # as the hint pusher may
+        pinned = daemon.stats().pinned_chunks
+
+        wait_for(
+            lambda: session.session_id not in {s.session_id for s in client.iter_sessions()}, what="expiry"
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            client.get_session(session.session_id)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        wait_for(lambda: daemon.stats().pinned_chunks == pinned - len(keys), what="the KV unpinned")
+
+
+def test_tenants_never_see_each_others_sessions(stack: Stack) -> None:
+    acme, globex, admin = stack.client("acme"), stack.client("globex"), stack.client("admin")
+    session = acme.create_session()
+    acme.chat(session.session_id, MESSAGES[0], max_tokens=2)
+
+    calls = {
+        "get": lambda: globex.get_session(session.session_id),
+        "chat": lambda: globex.chat(session.session_id, "hi", max_tokens=2),
+        "delete": lambda: globex.delete_session(session.session_id),
+    }
+    for name, call in calls.items():
+        with pytest.raises(grpc.RpcError) as error:
+            call()
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND, name
+        assert error.value.details() == f"session {session.session_id} not found"
+    assert session.session_id not in [s.session_id for s in globex.iter_sessions()]
+    with pytest.raises(grpc.RpcError) as error:
+        globex.get_session(session.session_id, tenant="acme")
+    assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    # The admin key acts on any tenant's sessions.
+    assert admin.get_session(session.session_id, tenant="acme").turns == 1
+    assert session.session_id in [s.session_id for s in admin.iter_sessions(tenant="acme")]
+    admin.delete_session(session.session_id, tenant="acme")
+    with pytest.raises(grpc.RpcError) as error:
+        acme.get_session(session.session_id)
+    assert error.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_concurrent_turns_of_one_session_are_serialized(stack: Stack) -> None:
+    client = stack.client()
+    session = client.create_session(system_prompt=SYSTEM)
+    answers: dict[str, object] = {}
+
+    def turn(message: str) -> None:
+        answers[message] = stack.client().chat(session.session_id, message, max_tokens=24)
+
+    threads = [threading.Thread(target=turn, args=(message,)) for message in MESSAGES[:2]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    stored = client.get_session(session.session_id)
+    assert stored.turns == 2
+    contents = [m.content for m in stored.messages[1:]]
+    first, second = (contents[0], contents[2])
+    assert {first, second} == set(MESSAGES[:2])  # both turns, whole, one after the other
+    later = answers[second]
+    assert contents[1] == answers[first].text and contents[3] == later.text  # type: ignore[attr-defined]
+    assert later.stats.reused_tokens > 0  # type: ignore[attr-defined]  # it ran on top of the other
+
+
+def test_ids_list_in_pages_and_the_tenant_limit_holds(stack: Stack) -> None:
+    client = stack.client("full")
+    made = [client.create_session().session_id for _ in range(4)]
+    with pytest.raises(grpc.RpcError) as error:
+        client.create_session()
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "holds 4 sessions" in error.value.details()
+
+    page, token = client.list_sessions(page_size=3)
+    assert [s.session_id for s in page] == made[:3] and token == made[2]
+    rest, token = client.list_sessions(page_size=3, page_token=token)
+    assert [s.session_id for s in rest] == made[3:] and token == ""
+    assert not page[0].messages  # listing leaves the messages out
+    for session_id in made:
+        client.delete_session(session_id)
+    assert client.list_sessions() == ([], "")
+
+
+def test_health_reflection_and_metrics(stack: Stack) -> None:
+    with grpc.insecure_channel(stack.scheduler.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "attnstore.api.v1.AttnStore"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name for reply in replies for s in reply.list_services_response.service}
+        assert "attnstore.api.v1.AttnStore" in names
+
+    stack.client().generate("hello", max_tokens=2)
+    url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    for name in (
+        "attnstore_scheduler_queue_length",
+        "attnstore_scheduler_queue_wait_seconds_count",
+        'attnstore_scheduler_ttft_seconds_count{kind="generate"}',
+        'attnstore_scheduler_reused_token_ratio_count{kind="generate"}',
+        'attnstore_scheduler_routing_decisions_total{decision="load"}',
+        'attnstore_scheduler_turns_total{kind="generate",outcome="ok"}',
+        "attnstore_scheduler_healthy_workers 2.0",
+    ):
+        assert name in text, name

@@ -1,0 +1,184 @@
+"""Both session stores behave the same: the embedded one and the Redis one against a real
+redis-server. TTLs, expiry claims, paging, the per-tenant limit, turn locks, and saves
+that never bring a deleted session back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+from scheduler_stack import RedisFactory
+
+from attnstore.errors import ResourceExhausted, Unavailable
+from attnstore_scheduler.redis_session_store import RedisSessionStore
+from attnstore_scheduler.session_record import SessionRecord, new_session_id
+from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
+
+LOCK_WAIT_SECONDS = 1.0
+
+
+@pytest.fixture(params=["embedded", "redis"])
+async def store(request: pytest.FixtureRequest, redis_factory: RedisFactory) -> AsyncIterator[SessionStore]:
+    if request.param == "embedded":
+        made: SessionStore = EmbeddedSessionStore(LOCK_WAIT_SECONDS)
+    else:
+        made = RedisSessionStore(
+            redis_factory().url,
+            expiry_grace_seconds=60,
+            lock_ttl_seconds=0.6,
+            lock_wait_seconds=LOCK_WAIT_SECONDS,
+        )
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def record(tenant: str = "acme", ttl_seconds: int = 60, **fields: object) -> SessionRecord:
+    now = time.time()
+    return SessionRecord(
+        tenant=tenant,
+        session_id=new_session_id(now),
+        ttl_seconds=ttl_seconds,
+        created_at=now,
+        updated_at=now,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+async def test_a_session_round_trips_and_is_invisible_to_other_tenants(store: SessionStore) -> None:
+    session = record(
+        messages=(("system", "be brief"), ("user", "hi"), ("assistant", "hello")),
+        token_ids=(1, 2, 3),
+        namespace=bytes(16),
+        chunk_keys=(bytes(32), b"\x01" * 32),
+        truncated_tokens=16,
+        sink_tokens=4,
+        node="node-a",
+        turns=1,
+    )
+    await store.create(session, 10)
+
+    assert await store.get("acme", session.session_id) == session
+    assert await store.get("globex", session.session_id) is None
+    assert await store.list("globex", "", 10) == []
+    assert await store.delete("globex", session.session_id) is None
+    assert await store.get("acme", session.session_id) == session
+
+
+async def test_save_refreshes_and_never_resurrects_a_deleted_session(store: SessionStore) -> None:
+    session = record()
+    await store.create(session, 10)
+    later = replace(session, turns=1, updated_at=session.updated_at + 5)
+    assert await store.save(later)
+    assert (await store.get("acme", session.session_id)) == later
+
+    assert await store.delete("acme", session.session_id) == later
+    assert not await store.save(replace(later, turns=2))
+    assert await store.get("acme", session.session_id) is None
+
+
+async def test_sessions_expire_after_their_ttl_and_are_claimed_once(store: SessionStore) -> None:
+    short, long = record(ttl_seconds=1), record(ttl_seconds=60)
+    for session in (short, long):
+        await store.create(session, 10)
+    assert await store.claim_expired(time.time(), 10) == []
+
+    await asyncio.sleep(1.1)
+    assert await store.get("acme", short.session_id) is None  # expired, before any sweep
+    assert [s.session_id for s in await store.list("acme", "", 10)] == [long.session_id]
+    claimed = await store.claim_expired(time.time(), 10)
+    assert [s.session_id for s in claimed] == [short.session_id]
+    assert claimed[0].chunk_keys == short.chunk_keys  # what releasing its KV needs
+    assert await store.claim_expired(time.time(), 10) == []
+    assert await store.get("acme", long.session_id) == long
+
+
+async def test_a_session_in_a_turn_does_not_expire_under_it(store: SessionStore) -> None:
+    session = record(ttl_seconds=1)
+    await store.create(session, 10)
+    async with store.turn_lock("acme", session.session_id):
+        await asyncio.sleep(1.1)
+        assert await store.claim_expired(time.time(), 10) == []
+        assert await store.save(replace(session, updated_at=time.time()))
+    assert await store.claim_expired(time.time(), 10) == []
+    assert await store.get("acme", session.session_id) is not None
+
+
+async def test_listing_pages_by_id_in_creation_order(store: SessionStore) -> None:
+    sessions = []
+    for _ in range(7):
+        sessions.append(record())
+        await store.create(sessions[-1], 100)
+        await asyncio.sleep(0.002)  # distinct millisecond prefixes
+    await store.create(record(tenant="globex"), 100)
+
+    pages, after = [], ""
+    while page := await store.list("acme", after, 3):
+        pages.append([s.session_id for s in page])
+        after = page[-1].session_id
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert [session_id for page in pages for session_id in page] == [s.session_id for s in sessions]
+
+
+async def test_a_tenant_holds_at_most_its_limit(store: SessionStore) -> None:
+    for _ in range(3):
+        await store.create(record(), 3)
+    with pytest.raises(ResourceExhausted, match="holds 3 sessions"):
+        await store.create(record(), 3)
+    await store.create(record(tenant="globex"), 3)  # another tenant is not affected
+
+
+async def test_turns_of_one_session_run_one_at_a_time(store: SessionStore) -> None:
+    session = record()
+    inside, overlaps = 0, 0
+
+    async def turn() -> None:
+        nonlocal inside, overlaps
+        async with store.turn_lock("acme", session.session_id):
+            inside += 1
+            overlaps += inside > 1
+            await asyncio.sleep(0.05)
+            inside -= 1
+
+    await asyncio.gather(*(turn() for _ in range(4)))
+    assert overlaps == 0
+
+
+async def test_waiting_for_a_busy_session_times_out_with_unavailable(store: SessionStore) -> None:
+    session = record()
+    async with store.turn_lock("acme", session.session_id):
+        with pytest.raises(Unavailable, match="busy with another turn"):
+            async with store.turn_lock("acme", session.session_id):
+                pass
+    async with store.turn_lock("acme", session.session_id):  # free again
+        pass
+
+
+async def test_the_redis_lock_outlives_its_ttl_while_held(redis_factory: RedisFactory) -> None:
+    store = RedisSessionStore(
+        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=0.2
+    )
+    try:
+        async with store.turn_lock("acme", "a" * 32):
+            await asyncio.sleep(1.0)  # three TTLs: renewed in the background
+            with pytest.raises(Unavailable):
+                async with store.turn_lock("acme", "a" * 32):
+                    pass
+    finally:
+        await store.close()
+
+
+async def test_a_redis_store_answers_unavailable_while_redis_is_down(redis_factory: RedisFactory) -> None:
+    redis = redis_factory()
+    store = RedisSessionStore(redis.url, expiry_grace_seconds=60, lock_ttl_seconds=1, lock_wait_seconds=1)
+    try:
+        await store.ping()
+        redis.stop()
+        with pytest.raises(Unavailable, match="Redis"):
+            await store.get("acme", "a" * 32)
+    finally:
+        await store.close()

@@ -1,0 +1,257 @@
+"""The hint pusher: against a real daemon process (lookahead policy) that prefetches what
+the queue needs, rate limiting, an unreachable daemon, stale namespaces, split calls."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnstore.chunks.format import encode_chunk
+from attnstore.chunks.keys import chunk_key
+from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult, Tier
+from attnstore_scheduler.hint_pusher import HintClient, HintPusher, capacity_from_stats, split_entries
+from attnstore_scheduler.job_queue import JobQueue, QueuedJob
+from attnstore_scheduler.lookahead import HintEntry, NodeCapacity
+from kvstore_daemon.launcher import DaemonProcess
+
+KiB, MiB = 1024, 1024 * 1024
+NS, NS2 = bytes(range(16)), bytes(range(1, 17))
+# One 32-token chunk of one layer: a 4 KiB header and 32 KiB of K and V, in one 64 KiB block.
+LAYOUT = {"num_layers": 1, "kv_heads": 1, "head_dim": 256, "chunk_tokens": 32, "dtype": "float16"}
+BLOCK_BYTES = 64 * KiB
+CHUNKS_PER_SESSION = 4
+DAEMON_SETTINGS = {
+    "dram_capacity_bytes": MiB,  # 16 chunks
+    "dram_block_bytes": BLOCK_BYTES,
+    "ssd_capacity_bytes": 16 * MiB,
+    "max_chunk_bytes": BLOCK_BYTES,
+    "eviction_policy": "lookahead",
+    "persist_on_commit": "false",  # chunks reach SSD only when DRAM evicts them
+    "dram_high_watermark": 1.0,  # and only on allocation, so DRAM contents are deterministic
+    "dram_low_watermark": 1.0,
+    "log_level": "WARNING",
+}
+_ids = itertools.count()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    process = DaemonProcess(
+        tmp_path / "ssd", Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root)),
+        tmp_path / "daemon.log", DAEMON_SETTINGS,
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(process.shm_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def client(daemon: DaemonProcess) -> AsyncIterator[AsyncKVStoreClient]:
+    async with AsyncKVStoreClient(daemon.address) as kv:
+        await kv.register_namespace(NS, **LAYOUT)
+        yield kv
+
+
+def session_keys(session: int) -> list[bytes]:
+    keys: list[bytes] = []
+    for index in range(CHUNKS_PER_SESSION):
+        tokens = range(1000 * session + 32 * index, 1000 * session + 32 * (index + 1))
+        keys.append(chunk_key(NS, keys[-1] if keys else None, tokens))
+    return keys
+
+
+def chunk(key: bytes) -> bytes:
+    half = LAYOUT["kv_heads"] * LAYOUT["chunk_tokens"] * LAYOUT["head_dim"] * 2
+    return encode_chunk(
+        namespace=NS, key=key, dtype="float16", kv_heads=1, tokens=32, head_dim=256, base_position=0,
+        layers=[(key * (half // 32), key * (half // 32))],
+    )
+
+
+def job(session: int, node: str = "up", namespace: bytes = NS) -> QueuedJob:
+    return QueuedJob(
+        job_id=f"j{next(_ids)}", tenant="t", session_id=f"s{session}", priority=0,
+        chunk_keys=tuple(session_keys(session)), namespace=namespace,
+        kv_bytes=CHUNKS_PER_SESSION * BLOCK_BYTES, node=node, enqueued_at=0.0,
+    )
+
+
+@dataclass
+class Target:
+    node: str
+    client: HintClient
+    capacity: NodeCapacity | None
+
+
+@dataclass
+class RecordingClient:
+    """Delegates to a real client (or fails like a dead daemon when `inner` is None) and
+    records each call as (namespace, keys, replace)."""
+
+    inner: HintClient | None = None
+    calls: list[tuple[bytes, int, bool]] = field(default_factory=list)
+    actions: list[dict[bytes, HintAction]] = field(default_factory=list)  # per call: key -> action
+
+    async def hint(
+        self, namespace: bytes, entries: Sequence[tuple[Sequence[bytes], HintAction, int]], *,
+        replace: bool = False, ttl_seconds: int = 0,
+    ) -> HintResult:
+        self.calls.append((namespace, sum(len(keys) for keys, _, _ in entries), replace))
+        self.actions.append({key: action for keys, action, _ in entries for key in keys})
+        if self.inner is None:
+            return HintResult(hinted_keys=0, prefetches_started=0)
+        return await self.inner.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds)
+
+
+async def tiers(kv: AsyncKVStoreClient, session: int) -> list[Tier]:
+    return [(await kv.lookup(NS, [key])).tiers[0] for key in session_keys(session)]
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], what: str, timeout_seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_prefetch_hints_move_the_queued_sessions_from_ssd_to_dram(client: AsyncKVStoreClient) -> None:
+    for session in range(6):  # 24 chunks into a 16-chunk DRAM: sessions 0 and 1 go to SSD
+        await client.put_chunks(NS, {key: chunk(key) for key in session_keys(session)})
+    assert await tiers(client, 0) == await tiers(client, 1) == [Tier.SSD] * 4
+    assert await tiers(client, 2) == [Tier.DRAM] * 4
+    queue = JobQueue()
+    for session in (0, 1, 2):  # 768 KiB of KV: inside the 80% of 1 MiB prefetch window
+        queue.push(job(session))
+    capacity = await capacity_from_stats(client)
+    assert capacity == NodeCapacity(dram_bytes=MiB, ssd_bytes=16 * MiB)
+    pusher = HintPusher(queue, lambda: [Target("up", client, capacity)])
+
+    report = await pusher.push()
+
+    assert report.nodes_pushed == ["up"] and report.nodes_failed == []
+    assert report.hinted_keys == 12 and report.prefetches_started == 8
+
+    async def queued_sessions_in_dram() -> bool:
+        return [await tiers(client, s) for s in (0, 1, 2)] == [[Tier.DRAM] * 4] * 3
+
+    await wait_until(queued_sessions_in_dram, "the prefetch of sessions 0 and 1")
+    # Room came from unhinted chunks, least recently used first: sessions 3 and 4.
+    assert await tiers(client, 3) == await tiers(client, 4) == [Tier.SSD] * 4
+    stats = await client.stats()
+    assert stats.promotions == 8 and stats.eviction_policy == "lookahead"
+
+
+async def test_pushes_are_rate_limited_and_the_last_one_carries_the_final_queue(
+    client: AsyncKVStoreClient,
+) -> None:
+    queue = JobQueue()
+    recorder = RecordingClient(client)
+    pusher = HintPusher(
+        queue, lambda: [Target("up", recorder, NodeCapacity(MiB, 16 * MiB))], min_interval_seconds=0.5
+    )
+    runner = asyncio.create_task(pusher.run())
+    try:
+        started = time.monotonic()
+        for session in range(20):  # 20 changes within about 0.4 s
+            queue.push(job(session % 3))
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.7)  # past the interval: the trailing change is pushed
+        elapsed = time.monotonic() - started
+    finally:
+        runner.cancel()
+    assert 2 <= pusher.pushes <= 2 + elapsed / 0.5
+    assert recorder.calls[-1] == (NS, 3 * CHUNKS_PER_SESSION, True)  # 3 distinct sessions queued
+
+
+async def test_an_unreachable_daemon_is_counted_and_the_others_still_get_their_hints(
+    client: AsyncKVStoreClient,
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_address = f"127.0.0.1:{probe.getsockname()[1]}"
+    queue = JobQueue()
+    queue.push(job(0, node="up"))
+    queue.push(job(1, node="down"))
+    queue.push(job(2, node="down", namespace=NS2))
+    async with AsyncKVStoreClient(dead_address, timeout_seconds=2.0) as dead:
+        capacity = NodeCapacity(MiB, 16 * MiB)
+        targets = [Target("up", client, capacity), Target("down", dead, capacity), Target("new", dead, None)]
+        pusher = HintPusher(queue, lambda: targets)
+        for attempt in (1, 2):  # the failed node is retried by the next push
+            report = await pusher.push()
+            assert report.nodes_pushed == ["up"] and report.nodes_failed == ["down"]
+            assert pusher.failures == {"down": attempt}  # one per push: its second namespace is skipped
+            assert report.hinted_keys == CHUNKS_PER_SESSION
+
+
+async def test_a_namespace_that_leaves_the_window_is_replaced_by_nothing() -> None:
+    queue = JobQueue()
+    recorder = RecordingClient()
+    pusher = HintPusher(queue, lambda: [Target("n", recorder, NodeCapacity(MiB, MiB))], max_keys_per_call=3)
+    first = job(0, node="n", namespace=NS2)
+    queue.push(first)
+    await pusher.push()
+    assert recorder.calls == [(NS2, 3, True), (NS2, 1, False)]  # 4 keys in calls of at most 3
+    queue.remove(first.job_id)
+    await pusher.push()
+    assert recorder.calls[2:] == [(NS2, 0, True)]
+    await pusher.push()
+    assert recorder.calls[3:] == []  # nothing left to clear
+
+
+async def test_released_chunks_are_hinted_evict_first_with_every_push_until_their_time_is_up() -> None:
+    queue = JobQueue()
+    recorder = RecordingClient()
+    now = [0.0]
+    pusher = HintPusher(queue, lambda: [Target("n", recorder, NodeCapacity(MiB, MiB))], release_seconds=30,
+                        clock=lambda: now[0])
+    queued = job(0, node="n")
+    queue.push(queued)
+    released = session_keys(1)
+    pusher.release("n", NS, [*released, queued.chunk_keys[0]])
+    pusher.release("elsewhere", NS, released)  # a node without a target keeps them for later
+    await pusher.push()
+    sent = recorder.actions[-1]
+    assert {key: sent[key] for key in released} == dict.fromkeys(released, HintAction.EVICT_FIRST)
+    assert sent[queued.chunk_keys[0]] is HintAction.PREFETCH  # needed by a queued job: its hint wins
+    assert recorder.calls[-1] == (NS, 8, True)
+    queue.remove(queued.job_id)
+    now[0] = 29.0
+    await pusher.push()  # replace=true again: the release rides along
+    assert recorder.calls[-1] == (NS, 5, True) and set(recorder.actions[-1].values()) == {HintAction.EVICT_FIRST}
+    now[0] = 30.0
+    await pusher.push()
+    assert recorder.calls[-1] == (NS, 0, True)  # time is up: the namespace is cleared
+
+
+@given(
+    sizes=st.lists(st.integers(1, 9), max_size=8),
+    max_keys=st.integers(1, 10),
+)
+def test_split_entries_keeps_every_key_in_order_within_the_limit(sizes: list[int], max_keys: int) -> None:
+    counter = itertools.count()
+    entries = [
+        HintEntry(tuple(bytes([next(counter)]) for _ in range(size)), HintAction.PROTECT, position)
+        for position, size in enumerate(sizes)
+    ]
+    calls = split_entries(entries, max_keys)
+    assert calls and all(sum(len(e.keys) for e in call) <= max_keys for call in calls)
+    assert all(call for call in calls) or calls == [[]]
+    flat = [(key, e.action, e.queue_position) for call in calls for e in call for key in e.keys]
+    assert flat == [(key, e.action, e.queue_position) for e in entries for key in e.keys]

@@ -1,0 +1,36 @@
+"""The per-tenant token bucket."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnstore.errors import ResourceExhausted
+from attnstore_scheduler.rate_limit import RateLimiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_then_the_rate_per_tenant() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate_per_second=2.0, burst=3, clock=clock)
+    for _ in range(3):
+        limiter.check("acme")
+    with pytest.raises(ResourceExhausted, match="2 calls per second"):
+        limiter.check("acme")
+    limiter.check("globex")  # each tenant has its own bucket
+
+    clock.now += 0.5  # one call's worth refilled
+    limiter.check("acme")
+    with pytest.raises(ResourceExhausted, match="retry in 0.50s"):
+        limiter.check("acme")
+    clock.now += 100  # never more than the burst
+    for _ in range(3):
+        limiter.check("acme")
+    with pytest.raises(ResourceExhausted):
+        limiter.check("acme")
