@@ -1,251 +1,197 @@
-"""Static checks of docker-compose.yml and the Dockerfiles it builds (no Docker engine needed):
-what the files name must exist in the repository and agree with the services' settings."""
+"""docker-compose.yml (and its GPU override) as Docker Compose loads them, without an
+engine: valid against the compose-spec, and what they name exists in the repository and
+agrees with the services' settings."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
-import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pytest
-import yaml
+from deploy_support import (
+    COMPOSE_FILE,
+    COMPOSE_GPU_FILE,
+    REPO,
+    Dockerfile,
+    check_settings_env,
+    compose_config,
+)
 
-from kvstore_daemon.settings import DaemonSettings
-
-REPO = Path(__file__).resolve().parents[3]
-COMPOSE_FILE = REPO / "docker-compose.yml"
-DAEMON_SERVICE = "kvstore-daemon"
-DAEMON_ENV_PREFIX = "ATTNSTORE_DAEMON_"
-# Read by FileBackedSettings itself, not a field of the model.
-DAEMON_ENV_EXTRA = {"ATTNSTORE_DAEMON_CONFIG_FILE"}
-_SIZE_UNITS = {"b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
-
-
-@dataclass
-class Dockerfile:
-    """The parts of a Dockerfile these checks read (final stage wins for ENTRYPOINT)."""
-
-    entrypoint: list[str] = field(default_factory=list)
-    healthcheck: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    exposed_ports: set[int] = field(default_factory=set)
-    installed_dirs: list[Path] = field(default_factory=list)  # local projects given to pip, in the context
-    pip_args: list[str] = field(default_factory=list)
+SERVICES = {  # compose service -> (project directory, settings env prefix)
+    "kvstore-daemon": ("kvstore-daemon", "ATTNSTORE_DAEMON_"),
+    "inference-worker": ("inference-worker", "ATTNSTORE_WORKER_"),
+    "scheduler": ("scheduler", "ATTNSTORE_SCHEDULER_"),
+}
+HEALTHY = {"condition": "service_healthy", "required": True}
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
-def _instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs with comments dropped and continuation lines joined."""
-    joined: list[str] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        joined.append(pending + line)
-        pending = ""
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in joined]
+def image_dockerfile(service: dict, dockerfiles: dict[str, Dockerfile]) -> Dockerfile:
+    dockerfile = Path(service["build"]["context"]) / service["build"]["dockerfile"]
+    return dockerfiles[dockerfile.parent.name]
 
 
-def parse_dockerfile(path: Path, context: Path) -> Dockerfile:
-    parsed = Dockerfile()
-    workdir = PurePosixPath("/")
-    copied: dict[PurePosixPath, Path] = {}  # container path -> context path
-    for instruction, args in _instructions(path):
-        if instruction == "FROM":
-            workdir = PurePosixPath("/")
-        elif instruction == "WORKDIR":
-            workdir = workdir / args
-        elif instruction == "COPY" and not args.startswith("--from"):
-            *sources, dest = shlex.split(args)
-            for source in sources:
-                copied[workdir / dest] = context / source
-        elif instruction == "ENV":
-            for word in shlex.split(args):
-                key, _, value = word.partition("=")
-                parsed.env[key] = value
-        elif instruction == "EXPOSE":
-            parsed.exposed_ports |= {int(port.split("/")[0]) for port in args.split()}
-        elif instruction == "ENTRYPOINT":
-            parsed.entrypoint = json.loads(args)
-        elif instruction == "HEALTHCHECK":
-            parsed.healthcheck = json.loads(args.split("CMD", 1)[1])
-        elif instruction == "RUN" and re.search(r"\bpip install\b", args):
-            words = shlex.split(args.split("pip install", 1)[1])
-            parsed.pip_args += words
-            for word in words:
-                if word.startswith(("./", "/")):
-                    assert workdir / word in copied, f"{path}: pip installs {word}, which no COPY provides"
-                    parsed.installed_dirs.append(copied[workdir / word])
-    return parsed
+def effective_env(service: dict, dockerfiles: dict[str, Dockerfile]) -> dict[str, str]:
+    """The container's environment: the image's ENV, overridden by compose's."""
+    return image_dockerfile(service, dockerfiles).final.env | {
+        key: str(value) for key, value in (service.get("environment") or {}).items()
+    }
 
 
-def project(directory: Path) -> dict:
-    return tomllib.loads((directory / "pyproject.toml").read_text())["project"]
+def settings_of(name: str, compose: dict, dockerfiles, settings_classes):
+    return check_settings_env(
+        settings_classes[SERVICES[name][0]], effective_env(compose["services"][name], dockerfiles)
+    )
 
 
-def requirement_name(requirement: str) -> str:
-    return re.split(r"[\s\[<>=!~;@]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+def mounts(service: dict) -> dict[str, dict]:
+    """Container path -> volume entry."""
+    return {volume["target"]: volume for volume in service.get("volumes", [])}
 
 
-def local_projects() -> dict[str, Path]:
-    """Distribution name -> directory, for every project in the repository."""
-    found = {}
-    for pyproject in REPO.glob("*/pyproject.toml"):
-        found[requirement_name(project(pyproject.parent)["name"])] = pyproject.parent
-    return found
+def tmpfs_size_bytes(options: str) -> int:
+    match = re.search(r"(?:^|,)size=(\d+)([kmg]?)(?:,|$)", options.lower())
+    assert match, f"no size in tmpfs options {options!r}"
+    return int(match[1]) * _SIZE_UNITS[match[2]]
 
 
-def environment(service: dict) -> dict[str, str]:
-    env = service.get("environment", {})
-    if isinstance(env, list):
-        env = dict(item.partition("=")[::2] for item in env)
-    return {key: str(value) for key, value in env.items()}
+@pytest.mark.parametrize("files", [[COMPOSE_FILE], [COMPOSE_FILE, COMPOSE_GPU_FILE]], ids=["cpu", "gpu"])
+def test_compose_validates_against_the_compose_spec(files: list[Path]) -> None:
+    result = compose_config(*files)
+    assert result.returncode == 0, result.stderr
+    assert not result.stderr.strip(), result.stderr  # no warnings either
 
 
-def size_bytes(value: str | int) -> int:
-    match = re.fullmatch(r"(\d+)\s*([a-z]*)", str(value).strip().lower())
-    assert match, f"unreadable size {value!r}"
-    return int(match[1]) * _SIZE_UNITS[match[2] or "b"]
+def test_compose_rejects_what_the_spec_forbids(tmp_path: Path) -> None:
+    """The validator is real: a misspelled key and a dangling depends_on both fail."""
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text("services:\n  a:\n    image: x\n    helthcheck: {}\n")
+    assert compose_config(bad).returncode != 0
+    bad.write_text("services:\n  a:\n    image: x\n    depends_on: {b: {condition: service_healthy}}\n")
+    assert compose_config(bad).returncode != 0
 
 
-def use_daemon_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    """Replaces every ATTNSTORE_DAEMON_* variable of this process with those in `env`."""
-    for key in os.environ:
-        if key.startswith(DAEMON_ENV_PREFIX):
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        if key.startswith(DAEMON_ENV_PREFIX):
-            monkeypatch.setenv(key, value)
+def test_stack_is_redis_daemon_scheduler_and_worker(compose: dict) -> None:
+    assert set(compose["services"]) == {"redis", *SERVICES}
 
 
-@pytest.fixture(scope="module")
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE_FILE.read_text())
+@pytest.mark.parametrize("name", SERVICES)
+def test_services_are_built_from_their_dockerfiles(compose: dict, name: str) -> None:
+    build = compose["services"][name]["build"]
+    assert Path(build["context"]) == REPO  # the images need services/ beside the project
+    assert (REPO / build["dockerfile"]).is_file()
+    assert Path(build["dockerfile"]).parent.name == SERVICES[name][0]
 
 
-@pytest.fixture(scope="module")
-def built(compose: dict) -> dict[str, tuple[Path, Dockerfile]]:
-    """Service name -> (build context, parsed Dockerfile) for every service compose builds."""
-    result = {}
-    for name, service in compose["services"].items():
-        if "build" in service:
-            build = service["build"]
-            build = build if isinstance(build, dict) else {"context": build}
-            context = (REPO / build.get("context", ".")).resolve()
-            result[name] = (
-                context,
-                parse_dockerfile(context / build.get("dockerfile", "Dockerfile"), context),
-            )
-    return result
-
-
-def test_compose_has_redis_and_the_daemon(compose: dict) -> None:
-    assert {"redis", DAEMON_SERVICE} <= set(compose["services"])
-
-
-def test_every_service_has_a_healthcheck(compose: dict) -> None:
-    for name, service in compose["services"].items():
-        check = service.get("healthcheck")
-        assert check and not check.get("disable") and check.get("test"), f"{name} has no healthcheck"
-
-
-def test_build_contexts_and_dockerfiles_exist(compose: dict) -> None:
-    for name, service in compose["services"].items():
-        if "build" not in service:
-            continue
-        build = service["build"] if isinstance(service["build"], dict) else {"context": service["build"]}
-        context = REPO / build.get("context", ".")
-        assert context.is_dir(), f"{name}: build context {context} missing"
-        assert (context / build.get("dockerfile", "Dockerfile")).is_file(), f"{name}: Dockerfile missing"
-
-
-def test_copied_sources_exist_and_are_installed(built: dict) -> None:
-    for name, (_, dockerfile) in built.items():
-        assert dockerfile.installed_dirs, f"{name}: the Dockerfile pip-installs no local project"
-        for directory in dockerfile.installed_dirs:
-            assert (directory / "pyproject.toml").is_file(), f"{name}: {directory} is not a project"
-        assert "--no-cache-dir" in dockerfile.pip_args
-
-
-def test_commands_the_image_runs_are_declared_console_scripts(compose: dict, built: dict) -> None:
-    for name, (_, dockerfile) in built.items():
-        scripts = {}
-        for directory in dockerfile.installed_dirs:
-            scripts |= project(directory).get("scripts", {})
-        assert dockerfile.entrypoint, f"{name}: no ENTRYPOINT"
-        commands = [dockerfile.entrypoint[0]]
-        if dockerfile.healthcheck:
-            commands.append(dockerfile.healthcheck[0])
-        test = compose["services"][name]["healthcheck"]["test"]
-        if isinstance(test, list) and test[0] == "CMD":
-            commands.append(test[1])
-        for command in commands:
-            assert command in scripts, (
-                f"{name}: {command} is not a console script of {dockerfile.installed_dirs}"
-            )
-
-
-def test_named_volumes_are_declared(compose: dict) -> None:
-    declared = set(compose.get("volumes") or {})
-    for name, service in compose["services"].items():
-        for volume in service.get("volumes", []):
-            source = volume.get("source") if isinstance(volume, dict) else volume.split(":")[0]
-            if isinstance(volume, dict) and volume.get("type", "volume") != "volume":
-                continue
-            if source and not source.startswith((".", "/", "~")):
-                assert source in declared, f"{name}: volume {source} is not declared"
-
-
-def test_daemon_environment_is_valid_settings(
-    compose: dict, built: dict, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", SERVICES)
+def test_health_checks_ask_the_services_grpc_health(
+    compose: dict, dockerfiles, settings_classes, name: str
 ) -> None:
-    env = built[DAEMON_SERVICE][1].env | environment(compose["services"][DAEMON_SERVICE])
-    daemon_env = {key: value for key, value in env.items() if key.startswith(DAEMON_ENV_PREFIX)}
-    for key in daemon_env.keys() - DAEMON_ENV_EXTRA:
-        assert key.removeprefix(DAEMON_ENV_PREFIX).lower() in DaemonSettings.model_fields, key
-    # The values must validate too, exactly as the daemon would read them.
-    use_daemon_env(monkeypatch, daemon_env)
-    settings = DaemonSettings()
-    port = int(settings.listen_address.rsplit(":", 1)[1])
-    assert {port, settings.metrics_port} <= built[DAEMON_SERVICE][1].exposed_ports
+    service = compose["services"][name]
+    test = service["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "attnstore-healthcheck"], test
+    port = int(settings_of(name, compose, dockerfiles, settings_classes).listen_address.rsplit(":", 1)[1])
+    assert test[test.index("--address") + 1] == f"127.0.0.1:{port}"
 
 
-def test_daemon_shm_holds_the_arena(compose: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    service = compose["services"][DAEMON_SERVICE]
-    use_daemon_env(monkeypatch, environment(service))
-    assert size_bytes(service["shm_size"]) > DaemonSettings().dram_capacity_bytes
+def test_redis_has_a_health_check(compose: dict) -> None:
+    assert compose["services"]["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
 
-def test_published_ports_are_exposed(compose: dict, built: dict) -> None:
-    for name, (_, dockerfile) in built.items():
-        for mapping in compose["services"][name].get("ports", []):
-            container_port = int(str(mapping).split(":")[-1].split("/")[0])
-            assert container_port in dockerfile.exposed_ports, f"{name}: {container_port} not exposed"
+def test_services_start_once_their_dependencies_are_healthy(compose: dict) -> None:
+    services = compose["services"]
+    assert services["inference-worker"]["depends_on"] == {"kvstore-daemon": HEALTHY}
+    assert services["scheduler"]["depends_on"] == {
+        "redis": HEALTHY,
+        "kvstore-daemon": HEALTHY,
+        "inference-worker": HEALTHY,
+    }
 
 
-def test_daemon_image_does_not_install_torch(built: dict) -> None:
-    dockerfile = built[DAEMON_SERVICE][1]
-    projects = local_projects()
-    pending = [requirement_name(project(d)["name"]) for d in dockerfile.installed_dirs]
-    pending += [requirement_name(arg) for arg in dockerfile.pip_args if not arg.startswith(("-", ".", "/"))]
-    seen: set[str] = set()
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in projects:
-            pending += [requirement_name(r) for r in project(projects[name]).get("dependencies", [])]
-    assert not {name for name in seen if name == "torch" or name.startswith("torch")}, seen
+@pytest.mark.parametrize("name", SERVICES)
+def test_environment_is_valid_settings(compose: dict, dockerfiles, settings_classes, name: str) -> None:
+    settings_of(name, compose, dockerfiles, settings_classes)
 
 
-def test_dockerignore_drops_local_state() -> None:
-    patterns = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
-    assert {".git", ".venv", "bench/results"} <= patterns
+@pytest.mark.parametrize("name", SERVICES)
+def test_published_ports_are_the_services_ports(
+    compose: dict, dockerfiles, settings_classes, name: str
+) -> None:
+    service = compose["services"][name]
+    settings = settings_of(name, compose, dockerfiles, settings_classes)
+    served = {int(settings.listen_address.rsplit(":", 1)[1]), settings.metrics_port}
+    published = {port["target"] for port in service["ports"]}
+    assert published == served
+    assert published <= image_dockerfile(service, dockerfiles).final.exposed_ports
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_stop_grace_covers_the_shutdown_grace(
+    compose: dict, dockerfiles, settings_classes, name: str
+) -> None:
+    settings = settings_of(name, compose, dockerfiles, settings_classes)
+    # The worker spends the grace twice: in-flight turns, then pending KV saves.
+    needed = settings.shutdown_grace_seconds * (2 if name == "inference-worker" else 1)
+    stop_grace = compose["services"][name].get("stop_grace_period", "10s")
+    seconds = sum(
+        int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([hms])", stop_grace)
+    )
+    assert seconds > needed, f"{name}: stop_grace_period {stop_grace} <= {needed}s"
+
+
+def test_daemon_and_worker_share_the_arena_tmpfs(compose: dict, dockerfiles, settings_classes) -> None:
+    daemon = settings_of("kvstore-daemon", compose, dockerfiles, settings_classes)
+    worker = settings_of("inference-worker", compose, dockerfiles, settings_classes)
+    shm_dir = str(daemon.shm_dir)
+    daemon_mount = mounts(compose["services"]["kvstore-daemon"])[shm_dir]
+    worker_dir = str(worker.kvstore_shm_dir or daemon.shm_dir)
+    worker_mount = mounts(compose["services"]["inference-worker"])[worker_dir]
+    assert daemon_mount["type"] == worker_mount["type"] == "volume"
+    assert daemon_mount["source"] == worker_mount["source"]
+    assert worker.kvstore_use_shm
+    options = compose["volumes"][daemon_mount["source"]]["driver_opts"]
+    assert options["type"] == "tmpfs" and options["device"] == "tmpfs"
+    # The daemon reserves the whole arena at start: the tmpfs must hold it.
+    assert tmpfs_size_bytes(options["o"]) > daemon.dram_capacity_bytes
+    assert "uid=10001" in options["o"] and "gid=10001" in options["o"]
+
+
+def test_worker_dials_the_daemon_service(compose: dict, dockerfiles, settings_classes) -> None:
+    daemon = settings_of("kvstore-daemon", compose, dockerfiles, settings_classes)
+    worker = settings_of("inference-worker", compose, dockerfiles, settings_classes)
+    assert worker.kvstore_address == f"kvstore-daemon:{daemon.listen_address.rsplit(':', 1)[1]}"
+
+
+def test_scheduler_knows_the_stack(compose: dict, dockerfiles, settings_classes) -> None:
+    scheduler = settings_of("scheduler", compose, dockerfiles, settings_classes)
+    daemon = settings_of("kvstore-daemon", compose, dockerfiles, settings_classes)
+    worker = settings_of("inference-worker", compose, dockerfiles, settings_classes)
+    assert scheduler.redis_url == "redis://redis:6379/0"
+    [node] = scheduler.nodes
+    assert node.daemon_address == f"kvstore-daemon:{daemon.listen_address.rsplit(':', 1)[1]}"
+    assert node.worker_addresses == (f"inference-worker:{worker.listen_address.rsplit(':', 1)[1]}",)
+
+
+def test_daemon_ssd_dirs_are_on_a_volume(compose: dict, dockerfiles, settings_classes) -> None:
+    daemon = settings_of("kvstore-daemon", compose, dockerfiles, settings_classes)
+    volumes = mounts(compose["services"]["kvstore-daemon"])
+    for ssd_dir in daemon.ssd_dirs:
+        assert any(ssd_dir.is_relative_to(target) for target in volumes), f"{ssd_dir} is not on a volume"
+
+
+def test_gpu_override_builds_cuda_torch_and_reserves_a_gpu(compose: dict, compose_gpu: dict) -> None:
+    cpu, gpu = compose["services"]["inference-worker"], compose_gpu["services"]["inference-worker"]
+    assert cpu["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert gpu["build"]["args"]["TORCH_INDEX_URL"] != cpu["build"]["args"]["TORCH_INDEX_URL"]
+    assert gpu["image"] != cpu["image"]  # two variants never overwrite each other's tag
+    [device] = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert gpu["environment"]["ATTNSTORE_WORKER_DEVICE"].startswith("cuda")
+    assert cpu["environment"]["ATTNSTORE_WORKER_DEVICE"] == "cpu"
+    # Everything else is the base stack's.
+    for name in compose["services"]:
+        if name != "inference-worker":
+            assert json.dumps(compose["services"][name], sort_keys=True) == json.dumps(
+                compose_gpu["services"][name], sort_keys=True
+            )
