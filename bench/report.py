@@ -1,11 +1,13 @@
-"""What the daemon benchmark prints and saves: machine facts, the table, the summary
-ratios and the issue's targets (reported, never gating the exit code)."""
+"""What the daemon benchmark prints and saves: machine facts (shared with the reuse
+benchmark), the table, the summary ratios and the issue's targets (reported, never
+gating the exit code)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -85,8 +87,12 @@ def disk_of(directory: Path) -> dict[str, str]:
     }
 
 
-def machine_info(ssd_dir: Path, redis_version: str) -> dict[str, Any]:
-    return {
+def machine_info(
+    ssd_dir: Path, redis_version: str | None = None, packages: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Hardware and versions; the Redis client and server only when `redis_version` is
+    given, and the versions of `packages` on top."""
+    info: dict[str, Any] = {
         "cpu_model": _cpu_model(),
         "cpu_cores": os.cpu_count(),
         "cpu_cores_usable": len(os.sched_getaffinity(0)),
@@ -95,12 +101,12 @@ def machine_info(ssd_dir: Path, redis_version: str) -> dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "grpcio": _version("grpcio"),
-        "redis_py": _version("redis"),
-        "hiredis": _version("hiredis"),
-        "redis_server": redis_version,
-        "numpy": _version("numpy"),
-        "ssd_disk": disk_of(ssd_dir),
     }
+    if redis_version is not None:
+        info.update(redis_py=_version("redis"), hiredis=_version("hiredis"), redis_server=redis_version)
+    info.update({"numpy": _version("numpy"), "ssd_disk": disk_of(ssd_dir)})
+    info.update({package: _version(package) for package in packages})
+    return info
 
 
 def add_ratios(rows: list[Row]) -> None:
