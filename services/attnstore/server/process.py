@@ -56,6 +56,11 @@ class ServiceProcess:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def running(self) -> bool:
+        """Started and not exited (False after a crash, too)."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 

@@ -48,6 +48,10 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
     def version(self) -> str:
         out = subprocess.run([self._binary(), "--version"], capture_output=True, text=True, check=True).stdout
         return next((p.split("=", 1)[1] for p in out.split() if p.startswith("v=")), out.strip())

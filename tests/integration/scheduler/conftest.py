@@ -1,24 +1,14 @@
 """Fixtures of the scheduler's integration tests (the stack itself is scheduler_stack.py):
-private redis-server processes, installed with scripts/ensure_redis.sh when missing, and
+private redis-server processes (installed by tests/conftest.py's `redis_installed`) and
 the tiny model the workers run."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from scheduler_stack import TINY_LLAMA, RedisFactory
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="session")
-def redis_installed() -> None:
-    if shutil.which("redis-server") is None:
-        subprocess.run([str(ROOT / "scripts" / "ensure_redis.sh")], check=True)
 
 
 @pytest.fixture

