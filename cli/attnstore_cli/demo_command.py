@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     settings={"log_level": options.log_level, **(options.worker_settings or {})},
                 )
                 with console.status("starting the baseline worker (same model, no KV store)"):
-                    baseline.start()
+                    stack.start_service(baseline)
                 try:
                     turns = _converse(state.scheduler_address, baseline.address, args, console)
                 finally:

@@ -85,6 +85,7 @@ class LocalStack:
         if self.session_store == "redis" and redis_url is None:
             progress("starting Redis (append-only file in the data directory)")
             self.redis = RedisProcess(options.data_dir / "redis", persistent=True)
+            self.redis.own_session = True
             self.redis.start()
             redis_url = self.redis.url
         progress("starting the KV-store daemon")
@@ -100,7 +101,7 @@ class LocalStack:
                 "log_level": options.log_level,
             },
         )
-        self.daemon.start()
+        self.start_service(self.daemon)
         progress("starting the inference worker (loads the model; the first start converts it)")
         self.worker = WorkerProcess(
             self.logs_dir / "inference-worker.log",
@@ -108,7 +109,7 @@ class LocalStack:
             kvstore_address=self.daemon.address,
             settings={"log_level": options.log_level, **(options.worker_settings or {})},
         )
-        self.worker.start()
+        self.start_service(self.worker)
         progress(f"starting the scheduler (sessions in {self.session_store})")
         self.scheduler = SchedulerProcess(
             self.logs_dir / "scheduler.log",
@@ -123,7 +124,7 @@ class LocalStack:
             settings={"log_level": options.log_level},
         )
         self.scheduler.port = options.scheduler_port
-        self.scheduler.start()
+        self.start_service(self.scheduler)
         return StackState(
             scheduler_address=self.scheduler.address,
             daemon_address=self.daemon.address,
@@ -135,6 +136,12 @@ class LocalStack:
             shm_dir=self._shm_dir,
             pid=os.getpid(),
         )
+
+    @staticmethod
+    def start_service(service: ServiceProcess) -> None:
+        """Ctrl-C in the terminal reaches only us; stop() then stops the services in order."""
+        service.own_session = True
+        service.start()
 
     def services(self) -> dict[str, ServiceProcess]:
         started = {

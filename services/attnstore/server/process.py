@@ -23,6 +23,10 @@ _POLL_SECONDS = 0.02
 
 
 class ServiceProcess:
+    # True: the child runs in its own session, so a terminal's Ctrl-C reaches only the
+    # parent, which then stops the services in order (the local stack sets it).
+    own_session = False
+
     def __init__(
         self,
         module: str,
@@ -82,7 +86,11 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", self.module], env=self._env(), stdout=log, stderr=log
+                [sys.executable, "-m", self.module],
+                env=self._env(),
+                stdout=log,
+                stderr=log,
+                start_new_session=self.own_session,
             )
         deadline = time.monotonic() + self.ready_timeout_seconds
         while not self.ready_file.exists():

@@ -37,6 +37,8 @@ def _answers_ping(port: int) -> bool:
 
 
 class RedisProcess:
+    own_session = False  # as ServiceProcess.own_session
+
     def __init__(self, work_dir: Path, *, persistent: bool = False) -> None:
         self.work_dir = work_dir
         self.persistent = persistent
@@ -97,6 +99,7 @@ class RedisProcess:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=self.own_session,
         )
 
     def _wait_ready(self, port: int) -> bool:

@@ -63,6 +63,7 @@ def _start_up(model_dir: Path, session_store: str, env: dict[str, str], log: Pat
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, like a job in a terminal
         )
 
 
@@ -112,7 +113,7 @@ def test_up_status_chat_and_ctrl_c(
         assert len(reused) == 2, chat.stdout
         assert reused[0][0] == 0 and reused[1][0] >= 512, reused  # the second turn reuses the first's chunks
 
-        up.send_signal(signal.SIGINT)
+        os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
         assert up.wait(60) == 0, log.read_text()
     finally:
         if up.poll() is None:
