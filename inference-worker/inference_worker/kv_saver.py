@@ -4,6 +4,11 @@ Each save is a task the saver keeps until it ends (the event loop holds tasks on
 weakly); encoding (a device-to-host copy, serialization, checksums) runs in a thread so
 the event loop keeps serving other turns. A failed save is logged and forgotten: the
 next turn recomputes what is missing.
+
+A turn that follows right after the one that computed its history (a client that answers
+at once, a load test) would look its chunks up before their save lands and recompute
+them; `settle` lets it wait, boundedly, for the saves in flight of the keys it wants
+(read-your-writes on this worker), which costs far less than recomputing them.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class ChunkSaver:
     def __init__(self, client: AsyncKVStoreClient) -> None:
         self.client = client
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}  # (namespace, key)
 
     def save(
         self,
@@ -67,8 +73,22 @@ class ChunkSaver:
         save = self._save(source, runs, tuple(evict_keys), before_put)
         task = asyncio.get_running_loop().create_task(save, name=f"save-{count}-chunks")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        slots = [(source.namespace, key) for run in runs for key in run.keys]
+        self._in_flight.update(dict.fromkeys(slots, task))
+        task.add_done_callback(lambda done: self._forget(done, slots))
         return count
+
+    def _forget(self, task: asyncio.Task[None], slots: list[tuple[bytes, bytes]]) -> None:
+        self._tasks.discard(task)
+        for slot in slots:
+            if self._in_flight.get(slot) is task:  # a later save of the same key keeps its entry
+                del self._in_flight[slot]
+
+    async def settle(self, namespace: bytes, keys: Sequence[bytes], timeout_seconds: float) -> None:
+        """Waits, at most `timeout_seconds`, for the saves in flight of any of `keys`."""
+        tasks = {task for key in keys if (task := self._in_flight.get((namespace, key))) is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_seconds)
 
     async def _save(
         self,

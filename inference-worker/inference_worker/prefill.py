@@ -36,6 +36,7 @@ from transformers import DynamicCache
 
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
+from inference_worker.kv_saver import ChunkSaver
 from inference_worker.layerwise_cache import LayerwiseCache, PrefixKV, PrefixLoadFailed
 from inference_worker.model_runner import ModelRunner
 from inference_worker.namespaces import Namespaces
@@ -86,8 +87,12 @@ class Prefiller:
         *,
         layer_timeout_seconds: float,
         lookup_timeout_seconds: float,
+        saver: ChunkSaver | None = None,
     ) -> None:
+        """`saver`: this worker's background saves, waited for (up to the layer timeout)
+        when they hold chunks a prompt wants."""
         self.runner = runner
+        self.saver = saver
         self.kvstore = kvstore
         self.namespaces = namespaces
         self.shift = shift
@@ -149,6 +154,8 @@ class Prefiller:
         if not await self.namespaces.ensure_registered(source):
             raise ConnectionError("the namespace is not registered with the daemon")
         wanted = [keys[index] for index in chunks]
+        if self.saver is not None:
+            await self.saver.settle(source.namespace, wanted, self.layer_timeout_seconds)
         found = await asyncio.wait_for(
             self.kvstore.lookup(source.namespace, wanted), self.lookup_timeout_seconds
         )

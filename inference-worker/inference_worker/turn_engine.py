@@ -72,6 +72,7 @@ class TurnEngine:
         except PositionShiftUnsupported as exc:  # chunks then serve only at their stored positions
             log.info("keys cannot be re-positioned", reason=str(exc))
             shift = None
+        self._saver = ChunkSaver(kvstore) if kvstore is not None else None
         self.prefiller = Prefiller(
             self.runner,
             kvstore,
@@ -79,8 +80,8 @@ class TurnEngine:
             shift,
             layer_timeout_seconds=layer_timeout_seconds,
             lookup_timeout_seconds=lookup_timeout_seconds,
+            saver=self._saver,
         )
-        self._saver = ChunkSaver(kvstore) if kvstore is not None else None
 
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:
         """This model's namespace for a tenant, registered with the daemon on first use. A

@@ -100,6 +100,22 @@ async def test_second_turn_reuses_kv_and_matches_recompute(
         await engine.drain_saves()
 
 
+async def test_a_turn_right_after_the_first_waits_for_its_saves(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """No drain between the turns: the second turn's lookup waits for the first turn's saves
+    in flight instead of missing them and recomputing."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        source = await engine.namespace_for(b"tenant-a")
+        prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
+        answer, first = await run_turn(engine, prompt, source)
+        assert first.saved_chunks == SAVED_CHUNKS
+        _, second = await run_turn(engine, prompt + answer + random_tokens(NEW_TOKENS, seed=2), source)
+        assert second.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and second.fallback is None
+        await engine.drain_saves()
+
+
 async def test_daemon_killed_before_the_second_turn(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
     async with AsyncKVStoreClient(daemon.address) as client:
         engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
