@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 
 import structlog
 import torch
@@ -22,7 +21,7 @@ from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.server.process import write_ready_file
-from attnstore.settings import SettingsError, load_settings
+from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
@@ -126,11 +125,7 @@ async def run_worker(settings: WorkerSettings) -> None:
 
 
 def main() -> None:
-    try:
-        settings = load_settings(WorkerSettings)
-    except SettingsError as exc:
-        print(f"attnstore-inference-worker: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    settings = load_settings_or_exit(WorkerSettings, "attnstore-inference-worker")
     configure_logging(settings.log_level, settings.log_json)
     transformers.utils.logging.disable_progress_bar()
     if not keep_large_buffers():
@@ -138,8 +133,7 @@ def main() -> None:
     try:
         asyncio.run(run_worker(settings))
     except (ModelStoreError, StartupError, DeviceCheckFailed, ContextWindowError) as exc:
-        print(f"attnstore-inference-worker: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        exit_on_startup_error("attnstore-inference-worker", exc)
 
 
 if __name__ == "__main__":

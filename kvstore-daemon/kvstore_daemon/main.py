@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 
 import structlog
 import uvloop
@@ -14,7 +13,7 @@ from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
-from attnstore.settings import SettingsError, load_settings
+from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
 from kvstore_daemon.namespaces import NamespaceRegistry
@@ -75,19 +74,14 @@ async def run_daemon(settings: DaemonSettings) -> None:
 
 
 def main() -> None:
-    try:
-        settings = load_settings(DaemonSettings)
-    except SettingsError as exc:
-        print(f"attnstore-kvstore-daemon: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    settings = load_settings_or_exit(DaemonSettings, "attnstore-kvstore-daemon")
     configure_logging(settings.log_level, settings.log_json)
     if not keep_large_buffers():
         log.info("allocator_not_tuned", reason="not glibc")
     try:
         uvloop.run(run_daemon(settings))
     except ArenaError as exc:
-        print(f"attnstore-kvstore-daemon: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        exit_on_startup_error("attnstore-kvstore-daemon", exc)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -23,7 +22,7 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.server.process import write_ready_file
-from attnstore.settings import SettingsError, load_settings
+from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
@@ -150,17 +149,12 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
 
 
 def main() -> None:
-    try:
-        settings = load_settings(SchedulerSettings)
-    except SettingsError as exc:
-        print(f"attnstore-scheduler: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    settings = load_settings_or_exit(SchedulerSettings, "attnstore-scheduler")
     configure_logging(settings.log_level, settings.log_json)
     try:
         uvloop.run(run_scheduler(settings))
     except ApiKeysError as exc:
-        print(f"attnstore-scheduler: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        exit_on_startup_error("attnstore-scheduler", exc)
 
 
 if __name__ == "__main__":

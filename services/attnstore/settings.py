@@ -4,8 +4,9 @@ validated at start with messages a person understands."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
@@ -52,6 +53,20 @@ def load_settings(settings_cls: type[SettingsT]) -> SettingsT:
         lines = [f"invalid {settings_cls.__name__} ({exc.error_count()} problem(s)):"]
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            variable = f"{prefix}{field}".upper()
+            variable = f"{prefix}{field}".upper() if field else "settings"  # a cross-field check
             lines.append(f"  {variable}: {error['msg']} (got {error.get('input')!r})")
         raise SettingsError("\n".join(lines)) from exc
+
+
+def load_settings_or_exit(settings_cls: type[SettingsT], program: str) -> SettingsT:
+    """A service's start: its settings, or the problems on stderr and exit status 2."""
+    try:
+        return load_settings(settings_cls)
+    except SettingsError as exc:
+        exit_on_startup_error(program, exc)
+
+
+def exit_on_startup_error(program: str, error: Exception) -> NoReturn:
+    """A start that cannot succeed (bad settings, model, arena...): say why and exit 2."""
+    print(f"{program}: {error}", file=sys.stderr)
+    raise SystemExit(2) from error
