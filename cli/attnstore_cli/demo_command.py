@@ -7,11 +7,10 @@ neither measurement shares the CPU with the other's work)."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from rich.console import Console
@@ -23,6 +22,7 @@ from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from attnstore_cli.demo_conversation import SYSTEM_PROMPT, USER_TURNS
 from attnstore_cli.stack_arguments import add_stack_arguments, running_stack, stack_options
+from attnstore_cli.stack_state import attnstore_home
 from attnstore_cli.turn_display import reuse_summary
 from inference_worker.launcher import WorkerProcess
 
@@ -48,26 +48,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    with tempfile.TemporaryDirectory(prefix="attnstore-demo-") as data_dir:
-        options = stack_options(args, data_dir=Path(data_dir), scheduler_port=0)
-        try:
-            with running_stack(options, console) as (stack, state):
-                baseline = WorkerProcess(
-                    stack.logs_dir / "baseline-worker.log",
-                    model_dir=options.model_dir,
-                    settings={"log_level": options.log_level, **(options.worker_settings or {})},
-                )
-                with console.status("starting the baseline worker (same model, no KV store)"):
-                    stack.start_service(baseline)
-                try:
-                    turns = _converse(state.scheduler_address, baseline.address, args, console)
-                finally:
-                    baseline.stop()
-                console.print(_turns_table(turns))
-                console.print(_summary(turns))
-        except KeyboardInterrupt:
-            console.print("interrupted")
-            return 130
+    # A fresh directory each run, kept afterwards so that its logs can be read.
+    data_dir = attnstore_home() / "demo"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    options = stack_options(args, data_dir=data_dir, scheduler_port=0)
+    try:
+        with running_stack(options, console) as (stack, state):
+            baseline = WorkerProcess(
+                stack.logs_dir / "baseline-worker.log",
+                model_dir=options.model_dir,
+                settings={"log_level": options.log_level, **(options.worker_settings or {})},
+            )
+            with console.status("starting the baseline worker (same model, no KV store)"):
+                stack.start_service(baseline)
+            try:
+                turns = _converse(state.scheduler_address, baseline.address, args, console)
+            finally:
+                baseline.stop()
+            console.print(_turns_table(turns))
+            console.print(_summary(turns))
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
     return 0
 
 

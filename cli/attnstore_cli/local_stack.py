@@ -23,6 +23,9 @@ from kvstore_daemon.launcher import DaemonProcess
 
 GiB = 1024**3
 NODE_NAME = "local"
+# Small blocks so that chunks of a small model (or of few tokens) don't each take a 2 MiB
+# block of a laptop-sized arena; a chunk spans as many blocks as it needs.
+DRAM_BLOCK_BYTES = 256 * 1024
 SessionStoreChoice = Literal["auto", "redis", "embedded"]
 
 
@@ -98,6 +101,7 @@ class LocalStack:
             {
                 "dram_capacity_bytes": options.dram_bytes,
                 "ssd_capacity_bytes": options.ssd_bytes,
+                "dram_block_bytes": DRAM_BLOCK_BYTES,
                 "log_level": options.log_level,
             },
         )
