@@ -2,13 +2,15 @@
 
 Ids are 12 hex digits of the creation time in milliseconds then 20 random hex digits:
 unique without coordination, and sorting by id sorts by creation time (ListSessions pages
-by id).
+by id). Within one millisecond a process counts the random part up (as monotonic ULIDs
+do), so ids it makes in a burst still sort in the order they were made.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 
@@ -20,9 +22,22 @@ SESSION_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 ROLES = ("system", "user", "assistant")
 
 
+_RANDOM_BITS = 80
+_last_id_lock = threading.Lock()
+_last_id = (0, 0)  # (millis, random part) of the latest id this process made
+
+
 def new_session_id(now_seconds: float | None = None) -> str:
+    global _last_id
     millis = int((time.time() if now_seconds is None else now_seconds) * 1000)
-    return f"{millis:012x}{secrets.token_hex(10)}"
+    with _last_id_lock:
+        last_millis, last_random = _last_id
+        if millis == last_millis and last_random + 1 < 1 << _RANDOM_BITS:
+            random_part = last_random + 1
+        else:
+            random_part = secrets.randbits(_RANDOM_BITS)
+        _last_id = (millis, random_part)
+    return f"{millis:012x}{random_part:020x}"
 
 
 def check_session_id(session_id: str, field_name: str = "session_id") -> str:

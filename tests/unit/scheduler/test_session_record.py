@@ -12,6 +12,8 @@ def test_ids_sort_by_creation_time_and_are_checked() -> None:
     ids = [new_session_id(1_700_000_000.0 + step) for step in range(3)]
     assert ids == sorted(ids) and len(set(ids)) == 3
     assert all(check_session_id(session_id) == session_id for session_id in ids)
+    burst = [new_session_id(1_700_000_000.0) for _ in range(50)]  # one millisecond
+    assert burst == sorted(burst) and len(set(burst)) == 50
     for bad in ("", "A" * 32, "0" * 31, "g" * 32):
         with pytest.raises(InvalidArgument):
             check_session_id(bad)
