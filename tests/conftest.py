@@ -3,7 +3,8 @@
 Tiny random-weight models come as fixtures (test modules cannot import conftest by
 name): `tiny_model_dir(family="llama", seed=0, **config)` saves a fresh one per call,
 `tiny_model_saver(path, ...)` saves one where a wider-scoped fixture wants it,
-`tiny_tokenizer` is their tokenizer (byte-level BPE with a ChatML chat template)."""
+`tiny_tokenizer` is their tokenizer (byte-level BPE with a ChatML chat template). `pki` is a
+throwaway CA with server and client certificates for the TLS tests (tls_certs.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from tls_certs import Pki
     from transformers import PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,3 +119,12 @@ def redis_installed() -> None:
     """redis-server on PATH: installed with scripts/ensure_redis.sh (apt-get) when missing."""
     if shutil.which("redis-server") is None:
         subprocess.run([str(ROOT / "scripts" / "ensure_redis.sh")], check=True)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, a server certificate for 127.0.0.1/localhost, a client certificate, and a client
+    certificate from another CA (PEM files)."""
+    from tls_certs import write_pki
+
+    return write_pki(tmp_path_factory.mktemp("pki"))

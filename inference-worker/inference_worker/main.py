@@ -1,7 +1,8 @@
 """Entry point: `attnstore-inference-worker` / `python -m inference_worker.main`.
 
-Start: settings, logging, the model (the default one converted on first use), the turn
-engine (with a daemon client when `kvstore_address` is set), one warm-up turn, then serve. Health turns
+Start: settings, logging, TLS credentials (a bad certificate stops the start before the
+model loads), the model (the default one converted on first use), the turn engine (with a
+daemon client when `kvstore_address` is set), one warm-up turn, then serve. Health turns
 SERVING only after a tiny tensor op on the model's device succeeded, and follows that
 check periodically. Stop: in-flight turns finish within the grace period, then pending
 KV saves are drained (bounded by the same grace) and the daemon client closes.
@@ -17,7 +18,9 @@ import torch
 import transformers
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.security import SecurityConfigError
 from attnstore.server.allocator import keep_large_buffers
+from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.server.process import write_ready_file
@@ -69,12 +72,17 @@ async def warm_up(engine: TurnEngine) -> None:
 
 
 async def run_worker(settings: WorkerSettings) -> None:
+    server_credentials = settings.tls.load()
+    kvstore_credentials = settings.kvstore_channel.load("kvstore_channel")
     loaded = await asyncio.to_thread(load, settings)
     digest = await asyncio.to_thread(model_digest, loaded.model_dir)
     kvstore = None
     if settings.kvstore_address is not None:
         kvstore = AsyncKVStoreClient(
-            settings.kvstore_address, use_shm=settings.kvstore_use_shm, shm_dir=settings.kvstore_shm_dir
+            settings.kvstore_address,
+            use_shm=settings.kvstore_use_shm,
+            shm_dir=settings.kvstore_shm_dir,
+            credentials=kvstore_credentials,
         )
     engine = TurnEngine(
         loaded,
@@ -106,7 +114,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             if kvstore is not None:
                 await kvstore.close()
 
-    server = create_server()
+    server = create_server(interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls))
     servicer = WorkerServicer(engine, ChatTemplate(loaded.tokenizer), limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     await serve(
@@ -121,6 +129,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             check_device, loaded.device, loaded.dtype, settings.health_check_timeout_seconds
         ),
         health_probe_interval_seconds=settings.health_check_interval_seconds,
+        credentials=server_credentials,
     )
 
 
@@ -132,7 +141,7 @@ def main() -> None:
         log.info("allocator_not_tuned", reason="not glibc")
     try:
         asyncio.run(run_worker(settings))
-    except (ModelStoreError, StartupError, DeviceCheckFailed, ContextWindowError) as exc:
+    except (ModelStoreError, StartupError, DeviceCheckFailed, ContextWindowError, SecurityConfigError) as exc:
         exit_on_startup_error("attnstore-inference-worker", exc)
 
 

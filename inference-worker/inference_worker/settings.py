@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.security import ChannelSecurity, InternalAuth, ServerTLS, check_server_security
 from attnstore.settings import FileBackedSettings
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
@@ -25,6 +26,10 @@ class WorkerSettings(FileBackedSettings):
         None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
     )
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
+    tls: ServerTLS = Field(default_factory=ServerTLS, description="TLS of the gRPC server; unset = plaintext")
+    internal_auth: InternalAuth = Field(
+        default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
+    )
 
     model_dir: Path | None = Field(
         None,
@@ -49,6 +54,9 @@ class WorkerSettings(FileBackedSettings):
     )
     kvstore_shm_dir: Path | None = Field(
         None, description="the daemon's arena directory as mounted here; unset = the path the daemon reports"
+    )
+    kvstore_channel: ChannelSecurity = Field(
+        default_factory=ChannelSecurity, description="TLS and internal token of the calls to the daemon"
     )
     chunk_tokens: int = Field(256, ge=1, le=65536, description="tokens per KV chunk")
     max_context_tokens: int | None = Field(
@@ -100,4 +108,5 @@ class WorkerSettings(FileBackedSettings):
     def _check_consistency(self) -> WorkerSettings:
         if self.kvstore_address is None and self.kvstore_shm_dir is not None:
             raise ValueError("kvstore_shm_dir needs kvstore_address")
+        check_server_security(self.tls, self.internal_auth)
         return self

@@ -10,14 +10,16 @@ import structlog
 import uvloop
 
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
+from attnstore.security import SecurityConfigError
 from attnstore.server.allocator import keep_large_buffers
+from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
 from kvstore_daemon.namespaces import NamespaceRegistry
-from kvstore_daemon.servicer import SERVICE_NAME, KVStoreServicer
+from kvstore_daemon.servicer import ADMIN_METHODS, SERVICE_NAME, KVStoreServicer
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
 
@@ -43,6 +45,11 @@ def _write_ready_file(settings: DaemonSettings, port: int) -> None:
 
 
 async def run_daemon(settings: DaemonSettings) -> None:
+    credentials = settings.tls.load()  # before anything else: a bad certificate stops the start
+    if settings.internal_auth.enabled and not settings.internal_auth.admin_token_sha256:
+        log.warning(
+            "admin_calls_refused", reason="no internal_auth.admin_token_sha256", methods=sorted(ADMIN_METHODS)
+        )
     removed = remove_stale_arenas(settings.shm_dir)
     dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
     ssd = SsdTier(settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads)
@@ -60,7 +67,8 @@ async def run_daemon(settings: DaemonSettings) -> None:
             await maintenance
         await store.stop(settings.shutdown_grace_seconds)
 
-    server = create_server()
+    auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
+    server = create_server(interceptors=auth)
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings), server)
     await serve(
         server,
@@ -70,6 +78,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
         on_started=lambda port: _write_ready_file(settings, port),
+        credentials=credentials,
     )
 
 
@@ -80,7 +89,7 @@ def main() -> None:
         log.info("allocator_not_tuned", reason="not glibc")
     try:
         uvloop.run(run_daemon(settings))
-    except ArenaError as exc:
+    except (ArenaError, SecurityConfigError) as exc:
         exit_on_startup_error("attnstore-kvstore-daemon", exc)
 
 

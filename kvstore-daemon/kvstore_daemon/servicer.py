@@ -26,6 +26,9 @@ from kvstore_daemon.validation import (
 )
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
+# Control-plane calls (the scheduler's, operators'): with internal auth on they need an
+# admin token. Delete is not among them: workers delete the stale chunks of a re-save.
+ADMIN_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Hint", "Pin", "Unpin", "Stats"))
 
 _TIER = {Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
 _RESERVE_STATUS = {

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.security import InternalAuth, ServerTLS, check_server_security
 from attnstore.settings import FileBackedSettings
 
 MiB = 1024 * 1024
@@ -21,6 +22,10 @@ class DaemonSettings(FileBackedSettings):
     listen_address: str = Field("127.0.0.1:50051", description="host:port of the gRPC server; port 0 picks one")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port; unset = off")
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
+    tls: ServerTLS = Field(default_factory=ServerTLS, description="TLS of the gRPC server; unset = plaintext")
+    internal_auth: InternalAuth = Field(
+        default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
+    )
 
     dram_capacity_bytes: int = Field(1 * GiB, ge=MiB, description="size of the shared-memory arena")
     dram_block_bytes: int = Field(2 * MiB, ge=4096, description="arena block size (allocation unit)")
@@ -67,4 +72,5 @@ class DaemonSettings(FileBackedSettings):
             raise ValueError("ssd_low_watermark must not exceed ssd_high_watermark")
         if self.max_chunk_bytes > self.dram_capacity_bytes:
             raise ValueError("max_chunk_bytes must fit in dram_capacity_bytes")
+        check_server_security(self.tls, self.internal_auth)
         return self

@@ -1,11 +1,11 @@
 """Entry point: `attnstore-scheduler` / `python -m attnstore_scheduler.main`.
 
-Start: settings, logging, API keys, the session store (Redis, or embedded without
-`redis_url`), the worker registry fed by the static topology or by pod discovery, one
-health round over the workers, then serve. Background tasks: the dispatch loop, worker
-health checks, the expiry sweeper and the look-ahead hint pusher. Health is SERVING
-while the session store answers. Stop: in-flight turns finish within the grace period,
-then the background tasks end and the store closes.
+Start: settings, logging, TLS credentials, API keys, the session store (Redis, or
+embedded without `redis_url`), the worker registry fed by the static topology or by pod
+discovery, one health round over the workers, then serve. Background tasks: the dispatch
+loop, worker health checks, the expiry sweeper and the look-ahead hint pusher. Health is
+SERVING while the session store answers. Stop: in-flight turns finish within the grace
+period, then the background tasks end and the store closes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import structlog
 import uvloop
 
 from attnstore.api.v1 import api_pb2_grpc
+from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.server.process import write_ready_file
@@ -71,6 +72,7 @@ def topology_source(
 
 
 async def run_scheduler(settings: SchedulerSettings) -> None:
+    server_credentials = settings.tls.load()
     api_keys = None
     if settings.auth_enabled and settings.api_keys_file is not None:  # the settings require the file
         api_keys = ApiKeys.load(settings.api_keys_file, settings.admin_tenant)
@@ -82,6 +84,8 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         health_interval_seconds=settings.worker_health_interval_seconds,
         health_timeout_seconds=settings.worker_health_timeout_seconds,
         daemon_timeout_seconds=settings.release_timeout_seconds,
+        worker_credentials=settings.worker_channel.load("worker_channel"),
+        daemon_credentials=settings.daemon_channel.load("daemon_channel"),
     )
     queue = JobQueue(settings.max_queue_length)
     dispatcher = Dispatcher(queue, registry)
@@ -98,7 +102,12 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         session_ttl_seconds=settings.session_ttl_seconds,
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )
-    sessions = Sessions(store, registry, max_sessions_per_tenant=settings.max_sessions_per_tenant)
+    sessions = Sessions(
+        store,
+        registry,
+        max_sessions_per_tenant=settings.max_sessions_per_tenant,
+        max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
+    )
     hints = HintPusher(queue, registry.hint_targets)
     servicer = AttnStoreServicer(
         sessions,
@@ -145,6 +154,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         on_started=lambda port: write_ready_file(settings.ready_file, port),
         health_probe=store.ping,
         health_probe_interval_seconds=settings.health_check_interval_seconds,
+        credentials=server_credentials,
     )
 
 
@@ -153,7 +163,7 @@ def main() -> None:
     configure_logging(settings.log_level, settings.log_json)
     try:
         uvloop.run(run_scheduler(settings))
-    except ApiKeysError as exc:
+    except (ApiKeysError, SecurityConfigError) as exc:
         exit_on_startup_error("attnstore-scheduler", exc)
 
 

@@ -5,6 +5,7 @@ behaviour both stores share. Keys (one Redis, not Redis Cluster):
     attnstore:sessions:<tenant>       sorted set of the tenant's ids (score 0: ordered by id)
     attnstore:expiries                sorted set "<tenant>/<id>" scored by expiry (Unix seconds)
     attnstore:lock:<tenant>:<id>      the turn lock (redis-py Lock: token, TTL, renewed)
+    attnstore:tokens:<tenant>         hash: <id> -> history tokens, "total" -> their sum
 
 Expiry is a sweep over `attnstore:expiries` rather than keyspace notifications: those are
 fire-and-forget (lost while no scheduler listens, e.g. across a Redis restart) and come
@@ -51,28 +52,45 @@ redis.call('ZADD', KEYS[2], 0, ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
 return 1
 """
-# KEYS: record, expiries. ARGV: record bytes, record TTL ms, expiry member, expires_at.
+# KEYS: record, expiries, tokens. ARGV: record bytes, record TTL ms, expiry member,
+# expires_at, id, history tokens.
 _SAVE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+local held = tonumber(redis.call('HGET', KEYS[3], ARGV[5]) or '0')
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[6])
+redis.call('HINCRBY', KEYS[3], 'total', tonumber(ARGV[6]) - held)
 return 1
 """
-# KEYS: record, tenant index, expiries. ARGV: id, expiry member. Returns the record or false.
-_DELETE = """
+# Takes a session's tokens out of its tenant's total (deletion, expiry).
+_FORGET_TOKENS = """
+local function forget_tokens(tokens_key, id)
+  local held = redis.call('HGET', tokens_key, id)
+  if held then
+    redis.call('HDEL', tokens_key, id)
+    redis.call('HINCRBY', tokens_key, 'total', 0 - tonumber(held))  -- not -held: Lua's -0 is no integer
+  end
+end
+"""
+# KEYS: record, tenant index, expiries, tokens. ARGV: id, expiry member. Returns the
+# record or false.
+_DELETE = _FORGET_TOKENS + """
+forget_tokens(KEYS[4], ARGV[1])
 local record = redis.call('GET', KEYS[1])
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return record
 """
-# KEYS: record, tenant index, expiries, lock. ARGV: id, expiry member, now.
+# KEYS: record, tenant index, expiries, lock, tokens. ARGV: id, expiry member, now.
 # Returns {0} when not claimable (refreshed, claimed by another, or in a turn), else
 # {1, record} (record "" when its key already expired on its own).
-_CLAIM = """
+_CLAIM = _FORGET_TOKENS + """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if not score or tonumber(score) > tonumber(ARGV[3]) then return {0} end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
+forget_tokens(KEYS[5], ARGV[1])
 local record = redis.call('GET', KEYS[1]) or ''
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -87,6 +105,10 @@ def _record_key(tenant: str, session_id: str) -> str:
 
 def _index_key(tenant: str) -> str:
     return f"{_PREFIX}:sessions:{tenant}"
+
+
+def _tokens_key(tenant: str) -> str:
+    return f"{_PREFIX}:tokens:{tenant}"
 
 
 def _lock_key(tenant: str, session_id: str) -> str:
@@ -151,17 +173,19 @@ class RedisSessionStore:
         return _live(data, time.time())
 
     async def save(self, record: SessionRecord) -> bool:
-        keys = [_record_key(record.tenant, record.session_id), _EXPIRIES]
+        keys = [_record_key(record.tenant, record.session_id), _EXPIRIES, _tokens_key(record.tenant)]
         args = [
             record.encode(),
             self._ttl_ms(record),
             _member(record.tenant, record.session_id),
             record.expires_at,
+            record.session_id,
+            len(record.token_ids),
         ]
         return bool(await self._call(self._save(keys=keys, args=args)))
 
     async def delete(self, tenant: str, session_id: str) -> SessionRecord | None:
-        keys = [_record_key(tenant, session_id), _index_key(tenant), _EXPIRIES]
+        keys = [_record_key(tenant, session_id), _index_key(tenant), _EXPIRIES, _tokens_key(tenant)]
         data = await self._call(self._delete(keys=keys, args=[session_id, _member(tenant, session_id)]))
         return SessionRecord.decode(data) if data else None
 
@@ -194,11 +218,15 @@ class RedisSessionStore:
                 _index_key(tenant),
                 _EXPIRIES,
                 _lock_key(tenant, session_id),
+                _tokens_key(tenant),
             ]
             reply = await self._call(self._claim(keys=keys, args=[session_id, member, now]))
             if reply[0] == 1 and reply[1]:
                 claimed.append(SessionRecord.decode(reply[1]))
         return claimed
+
+    async def stored_tokens(self, tenant: str) -> int:
+        return int(await self._call(self._redis.hget(_tokens_key(tenant), "total")) or 0)
 
     @contextlib.asynccontextmanager
     async def turn_lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -223,8 +251,11 @@ class RedisSessionStore:
                 log.warning("session_lock_release_failed", session_id=session_id, error=repr(exc))
 
     async def _renew(self, lock: Lock, session_id: str) -> None:
-        """Keeps the lock while the turn runs (a turn may outlast the lock's TTL)."""
-        while True:
+        """Keeps the lock while the turn runs (a turn may outlast the lock's TTL). Ends when
+        cancelled, also when the cancel landed inside a Redis call and redis-py swallowed it
+        (the call returns, the task goes on): cancelling() still counts the request."""
+        task = asyncio.current_task()
+        while task is not None and not task.cancelling():
             await asyncio.sleep(self._lock_ttl_seconds / 3)
             try:
                 await lock.reacquire()

@@ -8,6 +8,8 @@ implementation; redis_session_store.py has the Redis one. Both behave the same:
 - `turn_lock` serializes the turns of one session; the Redis lock carries a TTL renewed
   while the turn runs, so a scheduler that dies mid-turn cannot block the session.
 - `save` never brings back a session deleted (or expired) meanwhile: it answers False.
+- `stored_tokens` sums the history tokens of a tenant's sessions until each is deleted or
+  claimed (the per-tenant KV limit, sessions.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class SessionStore(Protocol):
 
     async def claim_expired(self, now: float, limit: int) -> list[SessionRecord]:
         """Removes up to `limit` sessions expired at `now` (not in a turn) and returns them."""
+
+    async def stored_tokens(self, tenant: str) -> int:
+        """The history tokens of the tenant's sessions, all together."""
 
     def turn_lock(self, tenant: str, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Held for a whole turn; Unavailable when the previous turn holds it too long."""
@@ -81,6 +86,7 @@ class EmbeddedSessionStore:
         self._ids: dict[str, list[str]] = {}  # tenant -> its session ids, sorted
         self._expiries: list[tuple[float, str, str]] = []  # heap; stale entries are skipped
         self._locks: dict[tuple[str, str], _SessionLock] = {}
+        self._tokens: dict[str, int] = {}  # tenant -> stored_tokens
 
     async def create(self, record: SessionRecord, max_sessions_per_tenant: int) -> None:
         ids = self._ids.setdefault(record.tenant, [])
@@ -104,6 +110,7 @@ class EmbeddedSessionStore:
         if record is not None:
             ids = self._ids[tenant]
             del ids[bisect.bisect_left(ids, session_id)]
+            self._tokens[tenant] -= len(record.token_ids)
         return record
 
     async def list(self, tenant: str, after_id: str, limit: int) -> list[SessionRecord]:
@@ -154,6 +161,9 @@ class EmbeddedSessionStore:
             if entry.users == 0:
                 del self._locks[key]  # the map holds only sessions in (or waiting for) a turn
 
+    async def stored_tokens(self, tenant: str) -> int:
+        return self._tokens.get(tenant, 0)
+
     async def ping(self) -> None:
         return None
 
@@ -161,5 +171,8 @@ class EmbeddedSessionStore:
         return None
 
     def _put(self, record: SessionRecord) -> None:
-        self._records[(record.tenant, record.session_id)] = record
+        key = (record.tenant, record.session_id)
+        previous = len(self._records[key].token_ids) if key in self._records else 0
+        self._tokens[record.tenant] = self._tokens.get(record.tenant, 0) + len(record.token_ids) - previous
+        self._records[key] = record
         heapq.heappush(self._expiries, (record.expires_at, record.tenant, record.session_id))

@@ -7,6 +7,11 @@ hint puts them at the front of its eviction order. Nothing is deleted outright: 
 session of the tenant may share a prefix (a system prompt), and the look-ahead hints of
 its queued turns protect that prefix again. A daemon that does not answer only costs
 cache space (its eviction reclaims the chunks anyway), so a release never fails a call.
+
+A tenant's sessions may hold at most `max_kv_bytes_per_tenant` of KV, counted as their
+history tokens times the model's KV bytes per token (what the daemon stores for them,
+whole chunks or not). A turn that would take the tenant past it is refused before it
+runs; turns of one tenant running at once may each pass, overshooting by their own size.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 import grpc
 import structlog
 
-from attnstore.errors import NotFound
+from attnstore.errors import NotFound, ResourceExhausted
 from attnstore.kvstore_client import HintAction
 from attnstore_scheduler import metrics
 from attnstore_scheduler.session_record import SessionRecord, new_session_id
@@ -31,11 +36,18 @@ _SWEEP_BATCH = 100
 
 class Sessions:
     def __init__(
-        self, store: SessionStore, registry: WorkerRegistry, *, max_sessions_per_tenant: int
+        self,
+        store: SessionStore,
+        registry: WorkerRegistry,
+        *,
+        max_sessions_per_tenant: int,
+        max_kv_bytes_per_tenant: int | None = None,
     ) -> None:
+        """`max_kv_bytes_per_tenant` None: no limit beyond the session count."""
         self.store = store
         self._registry = registry
         self._max_sessions_per_tenant = max_sessions_per_tenant
+        self._max_kv_bytes_per_tenant = max_kv_bytes_per_tenant
 
     async def create(self, tenant: str, system_prompt: str, ttl_seconds: int) -> SessionRecord:
         now = time.time()
@@ -57,6 +69,22 @@ class Sessions:
         if record is None:
             raise not_found(session_id)
         return record
+
+    async def check_kv_budget(
+        self, record: SessionRecord, tokens_after_turn: int, kv_bytes_per_token: int
+    ) -> None:
+        """ResourceExhausted when the session growing to `tokens_after_turn` would take its
+        tenant past max_kv_bytes_per_tenant (see the module doc)."""
+        limit = self._max_kv_bytes_per_tenant
+        if limit is None:
+            return
+        stored = await self.store.stored_tokens(record.tenant)
+        after = (stored - len(record.token_ids) + tokens_after_turn) * kv_bytes_per_token
+        if after > limit:
+            raise ResourceExhausted(
+                f"tenant {record.tenant!r} would hold {after} bytes of session KV after this turn, over its "
+                f"limit of {limit} (max_kv_bytes_per_tenant); delete sessions or let them expire"
+            )
 
     async def delete(self, tenant: str, session_id: str) -> int:
         """Ends the session; the chunks released on its daemon."""

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.security import ChannelSecurity, ServerTLS
 from attnstore.settings import FileBackedSettings
 
 
@@ -30,6 +31,16 @@ class SchedulerSettings(FileBackedSettings):
         None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
     )
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
+    tls: ServerTLS = Field(
+        default_factory=ServerTLS, description="TLS of the public API; require_client_cert = mutual TLS"
+    )
+    daemon_channel: ChannelSecurity = Field(
+        default_factory=ChannelSecurity,
+        description="TLS and internal token of the calls to the daemons (an admin token: hints, stats)",
+    )
+    worker_channel: ChannelSecurity = Field(
+        default_factory=ChannelSecurity, description="TLS and internal token of the calls to the workers"
+    )
 
     redis_url: str | None = Field(
         None,
@@ -76,6 +87,12 @@ class SchedulerSettings(FileBackedSettings):
         32768, ge=1, description="most tokens a conversation may grow to (history plus the new answer)"
     )
     max_sessions_per_tenant: int = Field(10_000, ge=1, description="live sessions one tenant may hold")
+    max_kv_bytes_per_tenant: int | None = Field(
+        None,
+        ge=1,
+        description="KV one tenant's sessions may hold: their history tokens x the model's KV bytes per "
+        "token; unset = bounded only by max_sessions_per_tenant x max_session_tokens",
+    )
     requests_per_second: float = Field(50.0, gt=0, description="sustained calls per second per tenant")
     requests_burst: int = Field(100, ge=1, description="calls a tenant may make at once above the rate")
     max_queue_length: int = Field(1024, ge=1, description="turns waiting for a worker; more are refused")

@@ -56,6 +56,8 @@ class Turns:
             async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
                 prompt = await _chat_prompt(worker, record, message)
                 check_session_tokens(len(prompt), params.max_tokens, self._limits)
+                tokens_after = len(prompt) + params.max_tokens
+                await self._sessions.check_kv_budget(record, tokens_after, model.kv_bytes_per_token)
                 return worker_pb2.ExecuteTurnRequest(
                     tenant=tenant,
                     prompt_token_ids=worker_pb2.TokenIds(token_ids=prompt),

@@ -23,6 +23,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.security import ClientCredentials, aio_channel
 from attnstore.worker.v1 import worker_pb2, worker_pb2_grpc
 from attnstore_scheduler import metrics
 from attnstore_scheduler.hint_pusher import capacity_from_stats
@@ -67,11 +68,17 @@ class WorkerRegistry:
         health_interval_seconds: float,
         health_timeout_seconds: float,
         daemon_timeout_seconds: float,
+        worker_credentials: ClientCredentials | None = None,
+        daemon_credentials: ClientCredentials | None = None,
     ) -> None:
+        """`worker_credentials` and `daemon_credentials`: TLS (and the internal token) of
+        the channels to workers and daemons; None: plaintext."""
         self.max_turns_per_worker = max_turns_per_worker
         self._health_interval_seconds = health_interval_seconds
         self._health_timeout_seconds = health_timeout_seconds
         self._daemon_timeout_seconds = daemon_timeout_seconds
+        self._worker_credentials = worker_credentials
+        self._daemon_credentials = daemon_credentials
         self._workers: dict[str, WorkerHandle] = {}  # by address
         self._daemon_addresses: dict[str, str] = {}  # node -> daemon address
         self._daemons: dict[str, AsyncKVStoreClient] = {}  # node -> client, made on first use
@@ -89,8 +96,10 @@ class WorkerRegistry:
             self._close_later(self._workers.pop(address).channel.close(grace=None))
         for address, node in wanted.items():
             if address not in self._workers:
-                channel = grpc.aio.insecure_channel(
-                    address, options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
+                channel = aio_channel(
+                    address,
+                    self._worker_credentials,
+                    options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)],
                 )
                 self._workers[address] = WorkerHandle(
                     address, node, channel, worker_pb2_grpc.WorkerStub(channel)
@@ -107,7 +116,10 @@ class WorkerRegistry:
         """A client of the node's daemon (control calls only), or None if it has none."""
         if node not in self._daemons and node in self._daemon_addresses:
             self._daemons[node] = AsyncKVStoreClient(
-                self._daemon_addresses[node], use_shm=False, timeout_seconds=self._daemon_timeout_seconds
+                self._daemon_addresses[node],
+                use_shm=False,
+                timeout_seconds=self._daemon_timeout_seconds,
+                credentials=self._daemon_credentials,
             )
         return self._daemons.get(node)
 

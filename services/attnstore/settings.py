@@ -1,15 +1,22 @@
 """Loading service settings: environment variables over an optional TOML file,
-validated at start with messages a person understands."""
+validated at start with messages a person understands. A nested setting (a TLS block)
+is one JSON variable or one variable per field: `<PREFIX>TLS__CERT_FILE`."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 
@@ -20,6 +27,8 @@ class SettingsError(Exception):
 
 class FileBackedSettings(BaseSettings):
     """Environment variables win over the TOML file named by `<PREFIX>CONFIG_FILE`."""
+
+    model_config = SettingsConfigDict(env_nested_delimiter="__")
 
     @classmethod
     def settings_customise_sources(
@@ -52,10 +61,19 @@ def load_settings(settings_cls: type[SettingsT]) -> SettingsT:
     except ValidationError as exc:
         lines = [f"invalid {settings_cls.__name__} ({exc.error_count()} problem(s)):"]
         for error in exc.errors():
-            field = ".".join(str(part) for part in error["loc"])
-            variable = f"{prefix}{field}".upper() if field else "settings"  # a cross-field check
-            lines.append(f"  {variable}: {error['msg']} (got {error.get('input')!r})")
+            lines.append(f"  {_variable(prefix, error['loc'])}: {error['msg']} (got {error.get('input')!r})")
         raise SettingsError("\n".join(lines)) from exc
+
+
+def _variable(prefix: str, loc: tuple[int | str, ...]) -> str:
+    """The variable an error is about: tls.cert_file is <PREFIX>TLS__CERT_FILE; what is
+    inside a list (nodes.0.name) stays within its JSON variable; none for a cross-field check."""
+    if not loc:
+        return "settings"
+    names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
+    inside = ".".join(str(part) for part in loc[len(names) :])
+    variable = f"{prefix}{'__'.join(names)}".upper()
+    return f"{variable}.{inside}" if inside else variable
 
 
 def load_settings_or_exit(settings_cls: type[SettingsT], program: str) -> SettingsT:

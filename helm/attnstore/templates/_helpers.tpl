@@ -126,26 +126,133 @@ capabilities:
   drop: [ALL]
 {{- end }}
 
-{{/* Native gRPC probes on the standard health service: (dict "port" 50051 "startupFailureThreshold" 60 "livenessFailureThreshold" 3) */}}
+{{/* Probes on the standard health service: (dict "context" $ "port" 50051 "clientCert" true
+"startupFailureThreshold" 60 "livenessFailureThreshold" 3). Native gRPC probes speak no TLS:
+with tls.enabled they run attnstore-healthcheck over TLS (with the pod's certificate when the
+server requires client certificates: clientCert). */}}
 {{- define "attnstore.grpcProbes" -}}
+{{- $handler := dict "grpc" (dict "port" .port) }}
+{{- $tls := .context.Values.tls }}
+{{- if $tls.enabled }}
+{{- $dir := include "attnstore.tlsDir" . }}
+{{- $command := list "attnstore-healthcheck" "--address" (printf "127.0.0.1:%d" (int .port)) "--tls" "--ca-file" (printf "%s/ca.crt" $dir) "--server-name" $tls.serverName }}
+{{- if .clientCert }}
+{{- $command = concat $command (list "--cert-file" (printf "%s/tls.crt" $dir) "--key-file" (printf "%s/tls.key" $dir)) }}
+{{- end }}
+{{- $handler = dict "exec" (dict "command" $command) }}
+{{- end }}
 startupProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $handler | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: {{ .startupFailureThreshold }}
 readinessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $handler | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: 2
 livenessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- toYaml $handler | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: {{ .livenessFailureThreshold }}
+{{- end }}
+
+{{/* TLS and internal auth (docs/security.md) -------------------------------------------- */}}
+
+{{- define "attnstore.tlsDir" -}}/etc/attnstore/tls{{- end }}
+{{- define "attnstore.tokensDir" -}}/etc/attnstore/tokens{{- end }}
+
+{{- define "attnstore.checkSecurity" -}}
+{{- $tls := .Values.tls }}
+{{- $auth := .Values.internalAuth }}
+{{- if and $tls.enabled (not $tls.secretName) }}
+{{- fail "tls.enabled needs tls.secretName: a Secret with tls.crt, tls.key and ca.crt" }}
+{{- end }}
+{{- if and $auth.enabled (not $tls.enabled) }}
+{{- fail "internalAuth.enabled needs tls.enabled: tokens must not travel in clear text" }}
+{{- end }}
+{{- if and $auth.enabled (or (not $auth.secretName) (not $auth.adminTokenSha256)) }}
+{{- fail "internalAuth.enabled needs internalAuth.secretName and adminTokenSha256: the scheduler's admin token" }}
+{{- end }}
+{{- if and $auth.enabled (not $tls.mutual) (not $auth.workerTokenSha256) }}
+{{- fail "internalAuth.enabled without tls.mutual needs internalAuth.workerTokenSha256: the workers' token" }}
+{{- end }}
+{{- end }}
+
+{{/* A server's tls setting as JSON: (dict "context" $ "mutual" true) */}}
+{{- define "attnstore.serverTLS" -}}
+{{- $dir := include "attnstore.tlsDir" . }}
+{{- $tls := dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir) }}
+{{- if .mutual }}
+{{- $_ := set $tls "client_ca_file" (printf "%s/ca.crt" $dir) }}
+{{- $_ := set $tls "require_client_cert" true }}
+{{- end }}
+{{- toJson $tls }}
+{{- end }}
+
+{{/* The internal_auth setting of daemons and workers as JSON. */}}
+{{- define "attnstore.internalAuth" -}}
+{{- $auth := .Values.internalAuth }}
+{{- toJson (dict "enabled" true "token_sha256" ($auth.workerTokenSha256 | default list) "admin_token_sha256" $auth.adminTokenSha256) }}
+{{- end }}
+
+{{/* An outgoing channel's setting as JSON: (dict "context" $ "token" "admin-token"); token "" = none. */}}
+{{- define "attnstore.channel" -}}
+{{- $tls := .context.Values.tls }}
+{{- $dir := include "attnstore.tlsDir" . }}
+{{- $channel := dict "tls" true "ca_file" (printf "%s/ca.crt" $dir) "server_name" $tls.serverName }}
+{{- if $tls.mutual }}
+{{- $_ := set $channel "cert_file" (printf "%s/tls.crt" $dir) }}
+{{- $_ := set $channel "key_file" (printf "%s/tls.key" $dir) }}
+{{- end }}
+{{- if .token }}
+{{- $_ := set $channel "token_file" (printf "%s/%s" (include "attnstore.tokensDir" .) .token) }}
+{{- end }}
+{{- toJson $channel }}
+{{- end }}
+
+{{/* The token a pod sends ("admin-token", "worker-token") or "": (dict "context" $ "component" "scheduler") */}}
+{{- define "attnstore.token" -}}
+{{- $values := .context.Values }}
+{{- if $values.internalAuth.enabled }}
+{{- if eq .component "scheduler" }}admin-token{{ else if not $values.tls.mutual }}worker-token{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* Volume mounts of the TLS Secret and the pod's token: (dict "context" $ "component" "inference-worker") */}}
+{{- define "attnstore.securityVolumeMounts" -}}
+{{- if .context.Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "attnstore.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if include "attnstore.token" . }}
+- name: tokens
+  mountPath: {{ include "attnstore.tokensDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "attnstore.securityVolumes" -}}
+{{- if .context.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ .context.Values.tls.secretName }}
+    defaultMode: 0440  # the key is readable by the pod's group (fsGroup) only
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- with include "attnstore.token" . }}
+- name: tokens
+  secret:
+    secretName: {{ $.context.Values.internalAuth.secretName }}
+    defaultMode: 0440
+    items:
+      - {key: {{ . }}, path: {{ . }}}
+{{- end }}
 {{- end }}
 
 {{- define "attnstore.schedulerServiceAccount" -}}

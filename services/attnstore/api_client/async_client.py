@@ -12,8 +12,6 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
 
-import grpc
-
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
 from attnstore.api_client.requests import (
@@ -26,12 +24,21 @@ from attnstore.api_client.requests import (
     page_request,
     sessions_of,
 )
+from attnstore.security.credentials import ClientCredentials, aio_channel
 
 
 class AsyncAttnStoreClient:
-    def __init__(self, address: str, api_key: str | None = None, *, timeout_seconds: float = 300.0) -> None:
-        """Create it inside a running event loop. `timeout_seconds` bounds each call."""
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        *,
+        timeout_seconds: float = 300.0,
+        credentials: ClientCredentials | None = None,
+    ) -> None:
+        """Create it inside a running event loop. `timeout_seconds` bounds each call.
+        `credentials`: TLS, as for AttnStoreClient; None: plaintext."""
+        self._channel = aio_channel(address, credentials, CHANNEL_OPTIONS)
         self._stub = api_pb2_grpc.AttnStoreStub(self._channel)
         self._metadata = call_metadata(api_key)
         self._timeout_seconds = timeout_seconds

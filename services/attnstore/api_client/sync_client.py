@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
 
-import grpc
-
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
 from attnstore.api_client.requests import (
@@ -26,12 +24,23 @@ from attnstore.api_client.requests import (
     page_request,
     sessions_of,
 )
+from attnstore.security.credentials import ClientCredentials, sync_channel
 
 
 class AttnStoreClient:
-    def __init__(self, address: str, api_key: str | None = None, *, timeout_seconds: float = 300.0) -> None:
-        """`timeout_seconds` bounds each call, a whole streamed answer included."""
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        *,
+        timeout_seconds: float = 300.0,
+        credentials: ClientCredentials | None = None,
+    ) -> None:
+        """`timeout_seconds` bounds each call, a whole streamed answer included.
+        `credentials`: TLS to a scheduler that serves it, e.g.
+        `ClientCredentials.from_pem(ca_pem)` (plus `certificate_chain` and `private_key`
+        when it requires client certificates); None: plaintext."""
+        self._channel = sync_channel(address, credentials, CHANNEL_OPTIONS)
         self._stub = api_pb2_grpc.AttnStoreStub(self._channel)
         self._metadata = call_metadata(api_key)
         self._timeout_seconds = timeout_seconds

@@ -14,8 +14,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import grpc
-
 from attnstore.chunks.format import ChunkLayout
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -38,6 +36,7 @@ from attnstore.kvstore_client.results import (
     PutResult,
     Tier,
 )
+from attnstore.security.credentials import ClientCredentials, aio_channel
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -54,16 +53,20 @@ class AsyncKVStoreClient:
         timeout_seconds: float = 10.0,
         verify_checksums: bool = True,
         shm_dir: Path | None = None,
+        credentials: ClientCredentials | None = None,
     ) -> None:
         """`timeout_seconds` bounds each call, a whole Get stream included.
         `verify_checksums` checks every layer read against its header checksum (xxh3; turn
         it off only to measure raw transfer speed). `shm_dir` is where this process sees the
-        daemon's arena directory when it is mounted at another path than in the daemon."""
+        daemon's arena directory when it is mounted at another path than in the daemon.
+        `credentials`: TLS (and the internal token) for a daemon that requires them; None:
+        plaintext. Shared memory works the same under TLS: control goes over the channel."""
         self.address = address
         self._timeout_seconds = timeout_seconds
         self._verify = verify_checksums
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = aio_channel(
             address,
+            credentials,
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

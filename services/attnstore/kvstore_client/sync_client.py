@@ -25,6 +25,7 @@ from attnstore.kvstore_client.results import (
     LookupResult,
     PutResult,
 )
+from attnstore.security.credentials import ClientCredentials
 
 T = TypeVar("T")
 
@@ -41,6 +42,7 @@ class KVStoreClient:
         timeout_seconds: float = 10.0,
         verify_checksums: bool = True,
         shm_dir: Path | None = None,
+        credentials: ClientCredentials | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-client", daemon=True)
@@ -53,6 +55,7 @@ class KVStoreClient:
                 timeout_seconds=timeout_seconds,
                 verify_checksums=verify_checksums,
                 shm_dir=shm_dir,
+                credentials=credentials,
             )
 
         try:

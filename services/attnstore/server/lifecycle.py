@@ -1,10 +1,11 @@
 """Serving lifecycle shared by the services.
 
-Start: bind, register health and reflection, expose Prometheus metrics; health turns
-SERVING only once the server runs and the service's health probe (if any) has passed.
-While serving, the probe runs again every `health_probe_interval_seconds` and health
-follows it. Stop (SIGTERM/SIGINT): health NOT_SERVING, stop accepting, let in-flight
-calls finish for `grace_seconds`, then run the service's own cleanup.
+Start: bind (with TLS when given server credentials), register health and reflection,
+expose Prometheus metrics; health turns SERVING only once the server runs and the
+service's health probe (if any) has passed. While serving, the probe runs again every
+`health_probe_interval_seconds` and health follows it. Stop (SIGTERM/SIGINT): health
+NOT_SERVING, stop accepting, let in-flight calls finish for `grace_seconds`, then run the
+service's own cleanup.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import grpc
 import structlog
@@ -31,9 +32,11 @@ _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HealthProbe = Callable[[], Awaitable[None]]
 
 
-def create_server() -> grpc.aio.Server:
+def create_server(*, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+    """`interceptors` run before the shared one, first outermost (internal auth refuses a
+    call before any handler sees it)."""
     return grpc.aio.server(
-        interceptors=[ErrorAndMetricsInterceptor()],
+        interceptors=[*interceptors, ErrorAndMetricsInterceptor()],
         options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
@@ -52,16 +55,21 @@ async def serve(
     on_started: Callable[[int], None] | None = None,
     health_probe: HealthProbe | None = None,
     health_probe_interval_seconds: float = 0.0,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> None:
     """Runs `server` until SIGTERM or SIGINT; `on_started` receives the bound port.
 
     `health_probe` must pass once before anything reports SERVING (its failure ends
-    serve() with that exception); with a positive interval it runs again periodically."""
+    serve() with that exception); with a positive interval it runs again periodically.
+    `credentials` (attnstore.security.ServerTLS.load()): TLS; None: plaintext."""
     names = ["", *service_names]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*names[1:], health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"could not bind gRPC address {address}")
     if metrics_port is not None:
@@ -81,7 +89,8 @@ async def serve(
                 await server.stop(0)
                 raise
         await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", address=address, port=port, metrics_port=metrics_port)
+        tls = credentials is not None
+        log.info("serving", address=address, port=port, metrics_port=metrics_port, tls=tls)
         if on_started is not None:
             on_started(port)
         if health_probe is not None and health_probe_interval_seconds > 0:

@@ -9,6 +9,7 @@ bound port, so clients reconnect unchanged.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -39,8 +40,8 @@ class ServiceProcess:
         stop_timeout_seconds: float = STOP_TIMEOUT_SECONDS,
     ) -> None:
         """`settings` and `service_env` are settings by field name without `env_prefix`
-        (e.g. {"log_level": "DEBUG"}); `settings` win. The log goes to `log_path`, the
-        ready file beside it."""
+        (e.g. {"log_level": "DEBUG"}; a nested one such as {"tls": {...}} goes as JSON);
+        `settings` win. The log goes to `log_path`, the ready file beside it."""
         self.module = module
         self.env_prefix = env_prefix
         self.log_path = log_path
@@ -53,7 +54,7 @@ class ServiceProcess:
         self._process: subprocess.Popen[bytes] | None = None
 
     def _prefixed(self, settings: Mapping[str, object]) -> dict[str, str]:
-        return {f"{self.env_prefix}{name.upper()}": str(value) for name, value in settings.items()}
+        return {f"{self.env_prefix}{name.upper()}": _env_value(value) for name, value in settings.items()}
 
     @property
     def address(self) -> str:
@@ -133,6 +134,11 @@ class ServiceProcess:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _env_value(value: object) -> str:
+    """Mappings and lists as the JSON the settings parse, anything else as its text."""
+    return json.dumps(value, default=str) if isinstance(value, Mapping | list) else str(value)
 
 
 def write_ready_file(path: Path | None, port: int) -> None:

@@ -1,6 +1,6 @@
 """Both session stores behave the same: the embedded one and the Redis one against a real
-redis-server. TTLs, expiry claims, paging, the per-tenant limit, turn locks, and saves
-that never bring a deleted session back."""
+redis-server. TTLs, expiry claims, paging, the per-tenant limits (sessions, stored tokens),
+turn locks, and saves that never bring a deleted session back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
+from redis.asyncio.lock import Lock
 from scheduler_stack import RedisFactory
 
 from attnstore.errors import ResourceExhausted, Unavailable
@@ -132,6 +133,24 @@ async def test_a_tenant_holds_at_most_its_limit(store: SessionStore) -> None:
     await store.create(record(tenant="globex"), 3)  # another tenant is not affected
 
 
+async def test_stored_tokens_follow_saves_deletions_and_expiry(store: SessionStore) -> None:
+    short, long = record(ttl_seconds=1), record()
+    for session in (short, long):
+        await store.create(session, 10)
+    assert await store.save(replace(short, token_ids=tuple(range(30))))
+    assert await store.save(replace(long, token_ids=tuple(range(100))))
+    assert await store.save(replace(long, token_ids=tuple(range(120))))  # a turn grows it
+    await store.create(record(tenant="globex"), 10)
+    assert await store.stored_tokens("acme") == 150
+    assert await store.stored_tokens("globex") == 0
+
+    await asyncio.sleep(1.1)
+    assert [s.session_id for s in await store.claim_expired(time.time(), 10)] == [short.session_id]
+    assert await store.stored_tokens("acme") == 120
+    await store.delete("acme", long.session_id)
+    assert await store.stored_tokens("acme") == 0
+
+
 async def test_turns_of_one_session_run_one_at_a_time(store: SessionStore) -> None:
     session = record()
     inside, overlaps = 0, 0
@@ -182,3 +201,33 @@ async def test_a_redis_store_answers_unavailable_while_redis_is_down(redis_facto
             await store.get("acme", "a" * 32)
     finally:
         await store.close()
+
+
+async def test_a_turn_ends_even_when_redis_swallows_the_lock_renewals_cancel(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py (8.x asyncio) can swallow a Task.cancel() that lands inside a command: the
+    call returns and the task goes on. The turn must still end and free its session."""
+    reacquire = Lock.do_reacquire
+
+    async def swallowing_reacquire(self: Lock) -> bool:
+        try:
+            await asyncio.sleep(0.05)  # the command in flight
+        except asyncio.CancelledError:
+            pass  # swallowed, as redis-py does
+        return await reacquire(self)
+
+    monkeypatch.setattr(Lock, "do_reacquire", swallowing_reacquire)
+    store = RedisSessionStore(
+        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=LOCK_WAIT_SECONDS
+    )
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(5):  # a turn stuck on its renewer would wait forever
+            async with store.turn_lock("acme", "s"):
+                await asyncio.sleep(0.12)  # ends while the first renewal (0.1 to 0.15 s) is in flight
+            async with store.turn_lock("acme", "s"):  # and the session is free again
+                pass
+    finally:
+        await store.close()
+    assert time.monotonic() - started < 2, "the turn waited for a renewer that ignored its cancel"

@@ -214,7 +214,14 @@ def test_attnstore_pods_probe_grpc_health(rendered: dict[str, list[dict]], value
         for workload in candidates:
             spec = container(workload, component)
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                assert spec[probe]["grpc"] == {"port": port_number(spec, "grpc")}, (component, probe)
+                if "grpc" in spec[probe]:
+                    assert spec[probe]["grpc"] == {"port": port_number(spec, "grpc")}, (component, probe)
+                    continue
+                # Native gRPC probes speak no TLS: attnstore-healthcheck over TLS instead.
+                command = spec[probe]["exec"]["command"]
+                address = f"127.0.0.1:{port_number(spec, 'grpc')}"
+                assert command[:3] == ["attnstore-healthcheck", "--address", address]
+                assert "--tls" in command, (component, probe)
 
 
 # ---- the services' settings in the pods ------------------------------------------------------
@@ -423,9 +430,17 @@ def test_redis_in_chart_external_or_none(rendered: dict[str, list[dict]], settin
     assert settings.redis_url is None
 
 
+TLS_ON = {"enabled": True, "secretName": "attnstore-tls"}
+AUTH_ON = {"enabled": True, "secretName": "attnstore-tokens", "adminTokenSha256": ["ab" * 32]}
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
+        ({"tls": {"enabled": True}}, "needs tls.secretName"),
+        ({"internalAuth": AUTH_ON}, "needs tls.enabled"),
+        ({"tls": TLS_ON, "internalAuth": {"enabled": True}}, "adminTokenSha256"),
+        ({"tls": {**TLS_ON, "mutual": False}, "internalAuth": AUTH_ON}, "workerTokenSha256"),
         ({"redis": {"enabled": False}, "scheduler": {"replicas": 2}}, "needs shared session metadata"),
         ({"externalRedis": {"url": "redis://r:6379/0"}}, "exclusive"),
         ({"scheduler": {"kubernetesDiscovery": False}}, "static topology"),
@@ -510,6 +525,9 @@ BAD_VALUES = {
     "bad quantity": {"worker": {"resources": {"limits": {"memory": "8 gigs"}}}},
     "bad scrape interval": {"metrics": {"serviceMonitor": {"enabled": True, "interval": "often"}}},
     "unknown pull policy": {"scheduler": {"image": {"pullPolicy": "Sometimes"}}},
+    "TLS server name not a DNS name": {"tls": {"serverName": "attnstore internal"}},
+    "admin token stored in clear": {"internalAuth": {"adminTokenSha256": ["my-admin-token"]}},
+    "config sets what tls manages": {"worker": {"config": {"kvstore_channel": {"tls": False}}}},
 }
 
 
@@ -534,3 +552,70 @@ def test_notes_name_the_api_and_warn_about_missing_keys(chart: helm.Chart) -> No
         "attnstore/templates/NOTES.txt"
     ]
     assert "no API keys" not in notes and "WARNING" not in notes
+
+
+# ---- TLS and internal auth ----------------------------------------------------------------------
+
+
+def mounted_files(workload: dict, container_name: str) -> dict[Path, tuple[str, str]]:
+    """Path in the container -> (Secret name, key) for every Secret item it mounts."""
+    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+    files = {}
+    for mount in container(workload, container_name)["volumeMounts"]:
+        secret = volumes[mount["name"]].get("secret")
+        for item in (secret or {}).get("items", []):
+            files[Path(mount["mountPath"]) / item["path"]] = (secret["secretName"], item["key"])
+    return files
+
+
+CHANNELS = {
+    "kvstore-daemon": (),
+    "inference-worker": ("kvstore_channel",),
+    "scheduler": ("daemon_channel", "worker_channel"),
+}
+
+
+def test_tls_and_tokens_reach_every_service(rendered: dict[str, list[dict]], settings_classes) -> None:
+    values = VALUE_SETS["tls"]
+    secret, server_name = values["tls"]["secretName"], values["tls"]["serverName"]
+    for component, (project, _) in PREFIXES.items():
+        kind = "DaemonSet" if component == "kvstore-daemon" else "Deployment"
+        workload = one(rendered["tls"], kind, component)
+        settings = check_settings_env(settings_classes[project], settings_env(workload, component))
+        files = mounted_files(workload, component)
+        tls = settings.tls
+        assert files[tls.cert_file] == (secret, "tls.crt") and files[tls.key_file] == (secret, "tls.key")
+        assert files[tls.client_ca_file] == (secret, "ca.crt") and tls.require_client_cert
+        for channel in (getattr(settings, name) for name in CHANNELS[component]):
+            assert channel.tls and channel.server_name == server_name
+            assert files[channel.ca_file] == (secret, "ca.crt")
+            assert files[channel.cert_file] == (secret, "tls.crt")
+            # Mutual TLS authenticates the workers; the scheduler adds the admin token.
+            token = files[channel.token_file] if channel.token_file else None
+            scheduler_token = (values["internalAuth"]["secretName"], "admin-token")
+            assert token == (scheduler_token if component == "scheduler" else None)
+        if component != "scheduler":
+            admin_digests = tuple(values["internalAuth"]["adminTokenSha256"])
+            assert settings.internal_auth.admin_token_sha256 == admin_digests
+        probe = container(workload, component)["readinessProbe"]["exec"]["command"]
+        assert probe[probe.index("--server-name") + 1] == server_name
+        assert Path(probe[probe.index("--cert-file") + 1]) in files  # the server requires one
+
+
+def test_without_mutual_tls_workers_send_their_token(chart: helm.Chart, settings_classes) -> None:
+    values = copy.deepcopy(VALUE_SETS["tls"])
+    values["tls"]["mutual"] = False
+    values["internalAuth"]["workerTokenSha256"] = ["ab" * 32]
+    docs = render(chart, values)
+    worker = one(docs, "Deployment", "inference-worker")
+    worker_env = settings_env(worker, "inference-worker")
+    settings = check_settings_env(settings_classes["inference-worker"], worker_env)
+    channel = settings.kvstore_channel
+    assert channel.cert_file is None and not settings.tls.require_client_cert
+    token = mounted_files(worker, "inference-worker")[channel.token_file]
+    assert token == (values["internalAuth"]["secretName"], "worker-token")
+    daemon = one(docs, "DaemonSet", "kvstore-daemon")
+    daemon_env = settings_env(daemon, "kvstore-daemon")
+    daemon_settings = check_settings_env(settings_classes["kvstore-daemon"], daemon_env)
+    assert daemon_settings.internal_auth.token_sha256 == ("ab" * 32,)
+    assert "--cert-file" not in container(daemon, "kvstore-daemon")["readinessProbe"]["exec"]["command"]

@@ -1,0 +1,90 @@
+"""Loaded credentials: what a server binds with and what a client dials with. PEM and
+token files are read once, when a service starts, so a missing or unreadable file stops
+it with the file and the setting named."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from attnstore.security.bearer_token import bearer_token_interceptors
+
+ChannelOptions = Sequence[tuple[str, Any]]
+
+
+class SecurityConfigError(Exception):
+    """A certificate, key or token file cannot be used; the message names it."""
+
+
+def read_secret_file(path: Path, setting: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SecurityConfigError(f"{setting}: cannot read {path}: {exc.strerror or exc}") from exc
+    if not data.strip():
+        raise SecurityConfigError(f"{setting}: {path} is empty")
+    return data
+
+
+@dataclass(frozen=True)
+class ClientCredentials:
+    """What a client needs to dial a TLS server: grpc channel credentials (trust roots, and
+    optionally its own certificate), the name the server's certificate must carry when it
+    is not the host of the address, and an internal token to send on every call."""
+
+    channel_credentials: grpc.ChannelCredentials
+    server_name: str | None = None
+    token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_pem(
+        cls,
+        root_certificates: bytes | None = None,
+        *,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        server_name: str | None = None,
+        token: str | None = None,
+    ) -> ClientCredentials:
+        """`root_certificates` None: the system's trust roots. `certificate_chain` and
+        `private_key`: this client's certificate, for servers that require one (mutual
+        TLS). `token`: sent as `authorization: Bearer <token>` on every call."""
+        credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+        return cls(credentials, server_name, token)
+
+    def options(self) -> list[tuple[str, Any]]:
+        return [] if self.server_name is None else [("grpc.ssl_target_name_override", self.server_name)]
+
+
+def aio_channel(
+    address: str, credentials: ClientCredentials | None, options: ChannelOptions = ()
+) -> grpc.aio.Channel:
+    """A TLS channel with `credentials`, a plaintext one without."""
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    token = credentials.token
+    return grpc.aio.secure_channel(
+        address,
+        credentials.channel_credentials,
+        options=[*options, *credentials.options()],
+        interceptors=bearer_token_interceptors(token) if token is not None else None,
+    )
+
+
+def sync_channel(
+    address: str, credentials: ClientCredentials | None, options: ChannelOptions = ()
+) -> grpc.Channel:
+    """The blocking twin of aio_channel (its token goes as grpc call credentials: blocking
+    callers are not on a hot path)."""
+    if credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    channel_credentials = credentials.channel_credentials
+    if credentials.token is not None:
+        channel_credentials = grpc.composite_channel_credentials(
+            channel_credentials, grpc.access_token_call_credentials(credentials.token)
+        )
+    return grpc.secure_channel(address, channel_credentials, options=[*options, *credentials.options()])
