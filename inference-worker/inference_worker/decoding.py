@@ -74,7 +74,10 @@ class Sampler:
         """`logits` [vocab] (any device and float dtype) -> a token id."""
         if self.generator is None:
             return int(torch.argmax(logits))
-        scaled = logits.detach().float().cpu() / self.temperature  # [vocab]
+        logits = logits.detach().float().cpu()  # [vocab]
+        # Max first: a tiny temperature then sends the rest to -inf, not everything to +-inf
+        # (whose softmax is NaN); the top token keeps 0, so the choice tends to greedy.
+        scaled = (logits - logits.max()) / self.temperature  # [vocab]
         probs = torch.softmax(scaled, dim=-1)  # [vocab]
         if self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)  # each [vocab]

@@ -22,7 +22,10 @@ from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.turn_types import Fallback
 
-_UNAVAILABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+# RESOURCE_EXHAUSTED: DRAM full of leased chunks, for now; the chunks are fine, so keep them.
+_UNAVAILABLE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
 _DEADLINE_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED})
 
 

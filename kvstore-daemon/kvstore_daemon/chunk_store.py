@@ -87,6 +87,7 @@ class ChunkStore:
             self._chunks[stored.key] = Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True)
             self._mover.ssd_policy.on_insert(stored.key)
         log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped)
+        metrics.CORRUPT.inc(self.ssd.recovery_dropped)  # bad files found at start count like bad reads
         self._update_gauges()
 
     async def stop(self, grace_seconds: float) -> None:

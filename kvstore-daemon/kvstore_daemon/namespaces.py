@@ -6,14 +6,18 @@ chunks it recovers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import msgpack
+import structlog
 
 from attnstore.chunks.format import DTYPE_BYTES, ChunkHeader, max_chunk_bytes
 from attnstore.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+
+log = structlog.get_logger("kvstore_daemon.namespaces")
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,13 @@ class NamespaceRegistry:
         if len(self._layouts) >= self._max_namespaces:
             raise ResourceExhausted(f"the daemon holds its maximum of {self._max_namespaces} namespaces")
         self._layouts[namespace] = layout
-        self._save()
+        try:
+            self._save()
+        except OSError as exc:
+            # A full or read-only disk: DRAM still serves the namespace. The file only lets a
+            # restart recover SSD chunks, which that disk cannot take either; the next
+            # registration writes it again.
+            log.warning("namespace_not_persisted", namespace=namespace.hex(), error=str(exc))
         return layout.max_chunk_bytes
 
     def get(self, namespace: bytes) -> NamespaceLayout:
@@ -99,8 +109,13 @@ class NamespaceRegistry:
         # Atomic replace: a crash leaves either the old or the new file.
         self._path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(msgpack.packb({ns: asdict(layout) for ns, layout in self._layouts.items()}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(msgpack.packb({ns: asdict(layout) for ns, layout in self._layouts.items()}))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a partial file would hold on to the space of a full disk
+            raise

@@ -111,6 +111,8 @@ class TurnRunner:
         failed: list[WorkerHandle] = []
         waited, last_error = 0.0, "no attempt ran"
         for attempt in range(1, self._retry_attempts + 2):
+            if failed and all(worker in failed for worker in self._registry.workers()):
+                break  # no other worker to replay on: its job would wait for the caller's deadline
             slot = await self._dispatcher.admit(self._job(spec, attempt), exclude=failed, retry=attempt > 1)
             waited += slot.waited_seconds
             try:

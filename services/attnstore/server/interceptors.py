@@ -1,6 +1,6 @@
 """One interceptor for every service: maps domain errors to gRPC statuses, logs
-unexpected exceptions, records per-method latency, and lets handlers reply with
-already serialized messages."""
+unexpected exceptions, records per-method latency, answers requests whose bytes do not
+parse with INVALID_ARGUMENT, and lets handlers reply with already serialized messages."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
         kwargs = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": _passing_bytes(handler.response_serializer),
         }
         if handler.unary_unary:
@@ -79,6 +79,41 @@ def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], 
         return response if isinstance(response, bytes) else serialize(response)
 
     return serialize_unless_bytes
+
+
+class _Malformed:
+    """A request whose bytes are not a message of the method's type (grpc would answer
+    UNKNOWN); the wrapped handler refuses it as the client's mistake."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 -- protobuf's DecodeError, or any parse failure
+            return _Malformed(exc)
+
+    return parse
+
+
+def _checked(request: Any) -> Any:
+    """The request, or for a request stream the stream, with malformed messages refused."""
+    if isinstance(request, _Malformed):
+        raise errors.InvalidArgument(f"the request could not be parsed: {request.error}")
+    if hasattr(request, "__aiter__"):
+        return _checked_stream(request)
+    return request
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _checked(request)
 
 
 async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
@@ -109,7 +144,7 @@ async def _observed(method: str, context: grpc.aio.ServicerContext) -> AsyncIter
 def _wrap_unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with _observed(method, context):
-            return await behavior(request, context)
+            return await behavior(_checked(request), context)
 
     return wrapped
 
@@ -117,7 +152,7 @@ def _wrap_unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callabl
 def _wrap_stream(method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with _observed(method, context):
-            async for response in behavior(request, context):
+            async for response in behavior(_checked(request), context):
                 yield response
 
     return wrapped

@@ -54,6 +54,10 @@ class RedisProcess:
         return self._process is not None and self._process.poll() is None
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
     def version(self) -> str:
         out = subprocess.run([self._binary(), "--version"], capture_output=True, text=True, check=True).stdout
         return next((p.split("=", 1)[1] for p in out.split() if p.startswith("v=")), out.strip())
@@ -125,6 +129,13 @@ class RedisProcess:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+    def kill9(self) -> None:
+        """SIGKILL: a crash, nothing flushed on the way out; `start()` brings it back on its port."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
 
     def restart(self) -> None:
         self.stop()

@@ -40,7 +40,8 @@ class DaemonFactory:
         self._shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
         self._started: list[DaemonProcess] = []
 
-    def __call__(self, **settings: object) -> DaemonProcess:
+    def __call__(self, *, ssd_dir: Path | None = None, **settings: object) -> DaemonProcess:
+        """`ssd_dir` None: a fresh directory under `root`."""
         directory = self._root / f"daemon{len(self._started)}"
         directory.mkdir()
         defaults = {
@@ -49,7 +50,7 @@ class DaemonFactory:
             "MAX_CHUNK_BYTES": 16 * MiB,
         }
         process = DaemonProcess(
-            ssd_dir=directory / "ssd",
+            ssd_dir=ssd_dir or directory / "ssd",
             shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=self._shm_root)),
             log_path=directory / "daemon.log",
             settings={**defaults, **settings},

@@ -78,6 +78,7 @@ class Stack:
     scheduler: SchedulerProcess
     redis: RedisProcess | None
     metrics_port: int | None = None
+    worker_metrics_ports: dict[str, int] = field(default_factory=dict)  # by node
     _clients: list[AttnStoreClient] = field(default_factory=list)
 
     def client(self, tenant: str | None = "acme") -> AttnStoreClient:
@@ -109,23 +110,33 @@ def start_stack(
     redis: RedisProcess | None,
     worker_nodes: tuple[str, ...] = ("node-a", "node-b"),
     scheduler_settings: dict[str, object] | None = None,
+    worker_metrics: bool = False,
 ) -> Stack:
+    """`worker_metrics`: each worker serves /metrics on a free port (Stack.worker_metrics_ports)."""
     shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
     daemon = DaemonProcess(
         root / "ssd",
         Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root)),
         root / "daemon.log",
-        {"dram_capacity_bytes": 64 * MiB, "ssd_capacity_bytes": 256 * MiB, "max_chunk_bytes": 16 * MiB},
+        # 64 KiB blocks: the tiny model's chunks are 8 KiB, and a long session's prefix must fit.
+        {
+            "dram_capacity_bytes": 64 * MiB,
+            "dram_block_bytes": 64 * 1024,
+            "ssd_capacity_bytes": 256 * MiB,
+            "max_chunk_bytes": 16 * MiB,
+        },
     )
     daemon.start()
     workers: dict[str, WorkerProcess] = {}
+    worker_metrics_ports = {node: free_port() for node in worker_nodes} if worker_metrics else {}
     try:
         for node in worker_nodes:
+            metrics = {"metrics_port": worker_metrics_ports[node]} if worker_metrics else {}
             workers[node] = WorkerProcess(
                 root / f"worker-{node}.log",
                 model_dir=model_dir,
                 kvstore_address=daemon.address,
-                settings=WORKER_SETTINGS,
+                settings={**WORKER_SETTINGS, **metrics},
             )
             workers[node].start()
         nodes = [
@@ -146,7 +157,9 @@ def start_stack(
         daemon.stop()
         raise
     metrics_port = (scheduler_settings or {}).get("metrics_port")
-    return Stack(root, model_dir, daemon, workers, scheduler, redis, metrics_port)  # type: ignore[arg-type]
+    return Stack(
+        root, model_dir, daemon, workers, scheduler, redis, metrics_port, worker_metrics_ports  # type: ignore[arg-type]
+    )
 
 
 def free_port() -> int:

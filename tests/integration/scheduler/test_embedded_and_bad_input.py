@@ -1,9 +1,11 @@
 """A scheduler without Redis (the embedded session store) runs the basic flow the same
 way, and every RPC refuses bad input and bad credentials with the right status and a
-message that names the problem. One worker, one daemon, one scheduler for the module."""
+message that names the problem; so does a turn whose model has a broken chat template.
+One worker, one daemon, one scheduler for the module (and one per broken template)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -84,10 +86,15 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     "chat: max_tokens over the model's": (chat(max_tokens=5000), INVALID, "the model allows at most 2048"),
     "chat: negative temperature": (chat(temperature=-1.0), INVALID, "options.temperature"),
     "chat: temperature not a number": (chat(temperature=float("nan")), INVALID, "options.temperature"),
+    "chat: temperature infinite": (chat(temperature=float("inf")), INVALID, "options.temperature"),
     "chat: top_p zero": (chat(top_p=0.0), INVALID, "options.top_p"),
+    "chat: top_p not a number": (chat(top_p=float("nan")), INVALID, "options.top_p"),
+    "chat: max_tokens the largest uint32": (chat(max_tokens=2**32 - 1), INVALID, "the model allows at most 2048"),
     "chat: top_p above one": (chat(top_p=1.5), INVALID, "options.top_p"),
     "chat: session tokens": (chat(max_tokens=290), EXHAUSTED, "limit of 300: start a new session"),
     "generate: empty prompt": (lambda c, _: c.generate(""), INVALID, "prompt must not be empty"),
+    "generate: blank prompt": (lambda c, _: c.generate("\n\t \u3000"), INVALID, "prompt must not be empty"),
+    "generate: long prompt": (lambda c, _: c.generate("x" * 201), INVALID, "prompt is 201 characters"),
     "generate: long system prompt": (
         lambda c, _: c.generate("hi", system_prompt="x" * 201),
         INVALID,
@@ -175,3 +182,51 @@ async def test_the_async_client_streams_the_same_answer(stack: Stack) -> None:
     assert isinstance(events[-1], api.TurnStats) and events[-1].generated_tokens == len(events) - 1
     assert [event.token_id for event in events[:-1]] == whole.token_ids  # greedy: the same answer
     assert {s.session_id for s in sessions} <= set(listed)
+
+
+# The public API takes no template: the model's own is applied by the worker. One that fails
+# is the deployment's problem when it does not parse, the caller's when it refuses a message.
+BROKEN_TEMPLATES = {
+    "does not parse": (
+        "{% for m in messages %}{{ m['content'] }",
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "the model's chat template is malformed",
+    ),
+    "refuses the message": (
+        (
+            "{% for m in messages %}{% if 'forbidden' in m['content'] %}{{ raise_exception('no forbidden words') }}"
+            "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        ),
+        INVALID,
+        "the model's chat template rejected the messages: no forbidden words",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_TEMPLATES)
+def test_a_chat_template_that_fails_is_a_clear_error_and_stores_nothing(
+    tmp_path: Path, scheduler_model_dir: Path, case: str
+) -> None:
+    template, code, message = BROKEN_TEMPLATES[case]
+    model_dir = shutil.copytree(scheduler_model_dir, tmp_path / "model")
+    (model_dir / "chat_template.jinja").write_text(template)
+    stack = start_stack(tmp_path / "stack", model_dir, redis=None, worker_nodes=("node-a",))
+    try:
+        client = stack.client()
+        session = client.create_session(system_prompt="be brief")
+        calls = [
+            lambda: client.chat(session.session_id, "forbidden words", max_tokens=4),
+            lambda: client.generate("forbidden words", max_tokens=4),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as error:
+                call()
+            assert error.value.code() == code, error.value.details()
+            assert message in error.value.details()
+        stored = client.get_session(session.session_id)
+        assert stored.turns == 0 and [m.content for m in stored.messages] == ["be brief"]
+        if code == INVALID:  # only that message is refused
+            assert client.chat(session.session_id, "hello world", max_tokens=4).stats.generated_tokens > 0
+    finally:
+        stack.close()

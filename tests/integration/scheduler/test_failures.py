@@ -1,22 +1,31 @@
 """Failures the scheduler rides out, with real processes: a worker killed (SIGKILL) in the
-middle of a long answer, and Redis restarted under the running service. The client still
-gets one whole answer, and sessions made before the restart are intact after it."""
+middle of a long answer, Redis restarted or killed (SIGKILL) under the running service,
+the daemon killed (SIGKILL) under load. The client still gets one whole answer, no
+acknowledged turn is lost, no turn fails for the cache's sake, and the chunks the daemon
+had on SSD are served again after its restart."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from chat_load import ChatLoad
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_stack import RedisFactory, Stack, start_stack, wait_for
+from service_probes import is_serving, scrape_metrics
 
 from attnstore.api.v1 import api_pb2 as api
+from attnstore.chunks.format import decode_layout, verify_layers
+from attnstore.kvstore_client import KVStoreClient
 
 SYSTEM = "you are a helpful assistant"
 LONG_ANSWER_TOKENS = 600
 TOKENS_BEFORE_KILL = 10
+LOAD_SESSIONS = 4
+DAEMON_FALLBACK = 'attnstore_worker_fallbacks_total{reason="daemon_unavailable"}'
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +33,14 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
 ) -> Iterator[Stack]:
     redis = module_redis_factory(persistent=True)
-    made = start_stack(tmp_path_factory.mktemp("stack"), scheduler_model_dir, redis=redis)
+    made = start_stack(
+        tmp_path_factory.mktemp("stack"),
+        scheduler_model_dir,
+        redis=redis,
+        # A turn lock whose release a Redis crash swallowed holds its session this long.
+        scheduler_settings={"session_lock_ttl_seconds": 3},
+        worker_metrics=True,
+    )
     try:
         yield made
     finally:
@@ -84,3 +100,69 @@ def test_redis_restarted_under_the_service_keeps_every_session(stack: Stack) -> 
     with grpc.insecure_channel(stack.scheduler.address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_redis_killed_under_load_loses_no_acknowledged_turn(stack: Stack) -> None:
+    assert stack.redis is not None
+    load = ChatLoad(stack, LOAD_SESSIONS, system_prompt=SYSTEM).start()
+    try:
+        load.wait_for_turns(2, what="turns before the crash")
+        stack.redis.kill9()  # SIGKILL: only what the append-only file fsynced survives
+        time.sleep(1.0)  # turns keep coming while Redis is gone
+        stack.redis.start()  # same port, same directory: the append-only file is replayed
+        load.wait_for_turns(2, since=time.monotonic(), what="turns after the restart")
+    finally:
+        load.stop()
+
+    assert set(load.refusals) <= {grpc.StatusCode.UNAVAILABLE}, load.refusals
+    for loop in load.loops:
+        loop.assert_every_acknowledged_turn_stored()
+    # Health follows the scheduler's periodic probe of Redis.
+    wait_for(lambda: is_serving(stack.scheduler.address), what="health SERVING again", timeout_seconds=10)
+
+
+def daemon_fallbacks(stack: Stack) -> float:
+    return sum(scrape_metrics(port).get(DAEMON_FALLBACK, 0.0) for port in stack.worker_metrics_ports.values())
+
+
+def verified_chunk_files(ssd_dir: Path) -> dict[bytes, tuple[bytes, bytes]]:
+    """key -> (namespace, bytes) of every chunk file, each checked against its layer checksums."""
+    found = {}
+    for path in ssd_dir.glob("chunks/*/*.chunk"):
+        data = path.read_bytes()
+        layout = decode_layout(data)
+        verify_layers(data, layout, 0, layout.header.num_layers)
+        found[layout.header.key] = (layout.header.namespace, data)
+    return found
+
+
+def test_a_daemon_killed_under_load_fails_no_turn_and_serves_its_ssd_chunks_again(stack: Stack) -> None:
+    load = ChatLoad(stack, LOAD_SESSIONS, system_prompt=SYSTEM).start()
+    try:
+        load.wait_for_turns(3, what="turns before the crash")
+        assert any(turn.stats.reused_tokens for turn in load.turns), "no turn reused KV before the crash"
+        fallbacks_before = daemon_fallbacks(stack)
+        stack.daemon.kill9()
+        killed_at = time.monotonic()
+        survivors = verified_chunk_files(stack.daemon.ssd_dir)  # whole, fsynced files only
+        load.wait_for_turns(2, since=killed_at, what="turns without the daemon")
+        assert daemon_fallbacks(stack) > fallbacks_before  # recomputed, and counted so
+        assert not any(t.stats.reused_tokens for t in load.turns if t.acknowledged_at > killed_at + 1)
+
+        stack.daemon.start()  # same port and directories
+        restarted_at = time.monotonic()
+        wait_for(
+            lambda: any(t.stats.reused_tokens for t in load.turns if t.acknowledged_at > restarted_at),
+            what="a turn reusing KV again after the restart",
+            timeout_seconds=60,
+        )
+    finally:
+        load.stop()
+
+    assert load.refusals == [], "a turn failed because the cache did"
+    for loop in load.loops:
+        loop.assert_every_acknowledged_turn_stored()
+    assert survivors, "no chunk had reached the SSD before the crash"
+    with KVStoreClient(stack.daemon.address) as kv:
+        for key, (namespace, data) in survivors.items():
+            assert kv.get_whole_chunks(namespace, [key]) == [data], f"chunk {key.hex()} was not served"

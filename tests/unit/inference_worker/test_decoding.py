@@ -42,6 +42,14 @@ def test_a_seed_fixes_the_draws() -> None:
     assert torch.equal(draws(params, 50), draws(params, 50))
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-30, 1e-8])
+@pytest.mark.parametrize("top_p", [1.0, 0.5])
+def test_a_tiny_temperature_samples_the_argmax(temperature: float, top_p: float) -> None:
+    """logits / 1e-45 overflow float32: the sampler must not hand NaN to multinomial."""
+    params = SamplingParams(temperature=temperature, top_p=top_p, seed=3)
+    assert set(draws(params, 20).tolist()) == {0}
+
+
 @pytest.mark.parametrize(
     "params",
     [

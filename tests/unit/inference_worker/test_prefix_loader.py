@@ -138,6 +138,7 @@ def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
         (None, Fallback.DEADLINE),  # a layer missed its deadline
         (rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED), Fallback.DEADLINE),
         (rpc_error(grpc.StatusCode.UNAVAILABLE), Fallback.DAEMON_UNAVAILABLE),
+        (rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED), Fallback.DAEMON_UNAVAILABLE),  # keeps the chunks
         (rpc_error(grpc.StatusCode.NOT_FOUND), Fallback.CHUNK_INVALID),  # evicted after the lookup
         (Unavailable("arena changed"), Fallback.DAEMON_UNAVAILABLE),
         (ConnectionResetError(), Fallback.DAEMON_UNAVAILABLE),
