@@ -60,7 +60,9 @@ def resolve_device(name: str) -> torch.device:
 
 def load(settings: WorkerSettings) -> LoadedModel:
     model_dir = settings.model_dir or default_model_dir(settings.model_cache_dir)
-    return load_model(model_dir, TORCH_DTYPES[settings.dtype], resolve_device(settings.device))
+    return load_model(
+        model_dir, TORCH_DTYPES[settings.dtype], resolve_device(settings.device), settings.cpu_linear
+    )
 
 
 async def warm_up(engine: TurnEngine) -> None:

@@ -47,6 +47,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from inference_worker.cpu_linear import CpuLinear, use_onednn_linears
+
 log = structlog.get_logger("inference_worker.model_store")
 
 DEFAULT_CACHE_DIR = Path("~/.cache/attnstore/models")
@@ -184,9 +186,13 @@ def _publish(staging: Path, target: Path) -> None:
 
 
 def load_model(
-    model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    model_dir: Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cpu_linear: CpuLinear = "onednn",
 ) -> LoadedModel:
-    """Loads a local Hugging Face causal LM (safetensors weights) and its tokenizer."""
+    """Loads a local Hugging Face causal LM (safetensors weights) and its tokenizer.
+    `cpu_linear`: the kernel of its linear layers on a CPU (see cpu_linear.py)."""
     if not (model_dir / "config.json").is_file():
         raise ModelStoreError(f"{model_dir} is not a model directory (no config.json)")
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -200,6 +206,8 @@ def load_model(
     except OSError as exc:  # missing weights or tokenizer files
         raise ModelStoreError(f"cannot load the model in {model_dir}: {exc}") from exc
     model = model.to(target).eval()
+    if target.type == "cpu" and cpu_linear == "onednn":
+        use_onednn_linears(model, dtype)
     return LoadedModel(model, tokenizer, model.config, model_dir, dtype, target)
 
 

@@ -12,6 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import ChannelSecurity, InternalAuth, ServerTLS, check_server_security
 from attnstore.settings import FileBackedSettings
+from inference_worker.cpu_linear import CpuLinear
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
@@ -44,6 +45,11 @@ class WorkerSettings(FileBackedSettings):
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",
         description="auto (cuda when available, else cpu), cpu, cuda[:N]",
+    )
+    cpu_linear: CpuLinear = Field(
+        "onednn",
+        description="kernel of the linear layers on a CPU: onednn (2.4x torch's default fp32 GEMM on the "
+        "AMD development machine; torch's default where oneDNN is missing) or torch",
     )
 
     kvstore_address: str | None = Field(
