@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from attnstore.chunks.keys import chunk_key_chain
 from inference_worker.kv_codec import encode_chunks
 from inference_worker.model_runner import ModelRunner
+from inference_worker.prefill import history_tail
 
 
 class HistoryCache:
@@ -48,6 +49,19 @@ class HistoryCache:
         # per layer K, V [kv_heads, end - start, head_dim] (batch 0)
         kv = [(layer.keys[0, :, start:end], layer.values[0, :, start:end]) for layer in self.cache.layers]
         return list(zip(keys, encode_chunks(namespace, keys, kv, chunk_tokens, start), strict=True))
+
+    def tail_chunk(self, namespace: bytes, chunk_tokens: int) -> tuple[bytes, bytes] | None:
+        """(key, chunk) of the partial chunk a worker saves after decoding this history: its
+        KV ends one token short (the last generated token is never fed back)."""
+        keys = chunk_key_chain(namespace, self.tokens, chunk_tokens)
+        tail = history_tail(self.tokens, keys, len(self.tokens), namespace, chunk_tokens)
+        if tail is None:
+            return None
+        start = tail.full_chunks * chunk_tokens
+        end = start + tail.tokens
+        kv = [(layer.keys[0, :, start:end], layer.values[0, :, start:end]) for layer in self.cache.layers]
+        (chunk,) = encode_chunks(namespace, [tail.key], kv, chunk_tokens, start, include_partial=True)
+        return tail.key, chunk
 
     async def time_turn(self, prompt: list[int], reused_tokens: int) -> Timing:
         """The floor for a turn that reused `reused_tokens`: the rest of `prompt` prefilled on

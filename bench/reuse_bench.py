@@ -122,7 +122,9 @@ class ReuseBench:
         timings = {}
         for path in self.reuse_paths:
             source = sources[path.key]
-            timings[path.key] = await self.clients.execute_turn(path, tenants[path.key], prompt)
+            timings[path.key] = await self.clients.execute_turn(
+                path, tenants[path.key], prompt, history_tokens=len(turn.history)
+            )
             saved = chunk_key_chain(source.namespace, prompt, source.chunk_tokens)  # its full chunks
             if not await self.clients.wait_stored(source.namespace, saved):
                 log.warning("a worker's save did not arrive", path=path.key)
@@ -135,6 +137,8 @@ class ReuseBench:
             source = sources[path.key]
             stored = len(prompt) // source.chunk_tokens  # the worker saved the prompt's chunks itself
             chunks = history.chunks(source.namespace, source.chunk_tokens, first_chunk=stored)
+            if (tail := history.tail_chunk(source.namespace, source.chunk_tokens)) is not None:
+                chunks.append(tail)
             if chunks and (await self.clients.kvstore.put_chunks(source.namespace, chunks)).no_space:
                 log.warning("the daemon had no space for the answer's chunks", path=path.key)
         return {key: timings[key] for key in self.order}

@@ -115,13 +115,17 @@ class Clients:
         await self.kvstore.close()
         await asyncio.gather(*(channel.close() for channel in self.channels.values()))
 
-    async def execute_turn(self, path: ServePath, tenant: str, prompt: list[int]) -> Timing:
-        """One greedy token for `prompt`: the turn's TTFT without decoding after it."""
+    async def execute_turn(
+        self, path: ServePath, tenant: str, prompt: list[int], history_tokens: int = 0
+    ) -> Timing:
+        """One greedy token for `prompt`: the turn's TTFT without decoding after it.
+        `history_tokens`: where the conversation's history ends in it (its stored tail)."""
         request = pb.ExecuteTurnRequest(
             tenant=tenant,
             prompt_token_ids=pb.TokenIds(token_ids=prompt),
             sampling=pb.SamplingParams(max_tokens=1),
             save_generated=False,
+            history_tokens=history_tokens,
         )
         started, first_token_at = time.perf_counter(), None
         stats = None

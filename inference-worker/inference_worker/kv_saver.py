@@ -1,4 +1,4 @@
-"""Asynchronous saving: a turn's new full chunks go to the daemon off the critical path.
+"""Asynchronous saving: a turn's new chunks go to the daemon off the critical path.
 
 Each save is a task the saver keeps until it ends (the event loop holds tasks only
 weakly); encoding (a device-to-host copy, serialization, checksums) runs in a thread so
@@ -33,10 +33,10 @@ KV = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer K, V [kv_heads, to
 
 @dataclass(frozen=True)
 class ChunkRun:
-    """Consecutive full chunks to save."""
+    """Consecutive chunks to save: full ones, the last possibly partial."""
 
     keys: Sequence[bytes]  # their chain keys, in order
-    kv: KV  # per layer K, V [kv_heads, len(keys) * chunk_tokens, head_dim]
+    kv: KV  # per layer K, V [kv_heads, tokens, head_dim]; tokens > (len(keys) - 1) * chunk_tokens
     base_position: int  # the position the first token's key was rotated for
 
 
@@ -133,5 +133,7 @@ def _encode(namespace: bytes, runs: Sequence[ChunkRun], chunk_tokens: int) -> li
     return [
         chunk
         for run in runs
-        for chunk in encode_chunks(namespace, run.keys, run.kv, chunk_tokens, run.base_position)
+        for chunk in encode_chunks(
+            namespace, run.keys, run.kv, chunk_tokens, run.base_position, include_partial=True
+        )
     ]

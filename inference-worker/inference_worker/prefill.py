@@ -34,7 +34,7 @@ import structlog
 import torch
 from transformers import DynamicCache
 
-from attnstore.chunks.keys import chunk_key_chain
+from attnstore.chunks.keys import chunk_key, chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
 from inference_worker.kv_saver import ChunkSaver
 from inference_worker.layerwise_cache import LayerwiseCache, PrefixKV, PrefixLoadFailed
@@ -65,16 +65,42 @@ class Prefill:
     fallback: Fallback | None = None
     save_from_chunk: int = 0  # original index: the chunks before it are stored (reused) or dropped
     evict_keys: tuple[bytes, ...] = ()  # stored chunks that failed to load: replaced when saving
+    stale_keys: tuple[bytes, ...] = ()  # the history's partial chunk it loaded: deleted when saving
     sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
 
 
 @dataclass(frozen=True)
 class _Hit:
-    """What the lookup found: a run of `Truncation.reusable_chunks`, possibly empty."""
+    """What the lookup found: a run of `Truncation.reusable_chunks`, possibly empty, and
+    possibly the partial chunk that ends the session's history right after them."""
 
-    chunks: list[int]  # original indices of the chunks to load, in kept order
-    keys: list[bytes]
+    chunks: list[int]  # original indices of the full chunks to load, in kept order
+    keys: list[bytes]  # the full chunks' keys, then the partial chunk's
     tiers: list[Tier]
+    tail_tokens: int = 0  # tokens of the partial chunk (0: none)
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """The partial chunk a previous turn saved at the end of the history: after `full_chunks`
+    full chunks, `tokens` tokens, under `key`."""
+
+    full_chunks: int
+    tokens: int
+    key: bytes
+
+
+def history_tail(
+    prompt: Sequence[int], keys: Sequence[bytes], history_tokens: int, namespace: bytes, chunk_tokens: int
+) -> _Tail | None:
+    """Where the previous turn's partial chunk ends: it saved the KV of its prompt and all
+    generated tokens but the last (never fed back), so of `history_tokens - 1` tokens."""
+    full_chunks, tokens = divmod(history_tokens - 1, chunk_tokens)
+    if history_tokens < 2 or tokens == 0 or full_chunks > len(keys):
+        return None
+    start = full_chunks * chunk_tokens
+    parent = keys[full_chunks - 1] if full_chunks else None
+    return _Tail(full_chunks, tokens, chunk_key(namespace, parent, prompt[start : start + tokens]))
 
 
 class Prefiller:
@@ -100,16 +126,21 @@ class Prefiller:
         self.lookup_timeout_seconds = lookup_timeout_seconds
 
     async def prefill(
-        self, prompt_token_ids: Sequence[int], source: KVSource | None, truncation: Truncation = NO_TRUNCATION
+        self,
+        prompt_token_ids: Sequence[int],
+        source: KVSource | None,
+        truncation: Truncation = NO_TRUNCATION,
+        history_tokens: int = 0,
     ) -> Prefill:
         """The KV of `truncation.kept(prompt)` and its last-token logits: the stored prefix
-        reused when the store has it, the rest computed; any cache failure recomputes."""
+        reused when the store has it, the rest computed; any cache failure recomputes.
+        `history_tokens`: where the session's history ends in the prompt (TurnInput)."""
         prompt = list(prompt_token_ids)
         keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens) if source is not None else []
         fallback: Fallback | None = None
         lost_seconds = 0.0  # spent on a failed reuse attempt
         try:
-            hit = await self._find_prefix(prompt, keys, source, truncation)
+            hit = await self._find_prefix(prompt, keys, source, truncation, history_tokens)
         except Exception as exc:  # noqa: BLE001 -- any lookup failure means recompute
             log.warning("lookup failed; recomputing", error=repr(exc))
             hit, fallback = None, Fallback.DAEMON_UNAVAILABLE
@@ -142,23 +173,36 @@ class Prefiller:
         )
 
     async def _find_prefix(
-        self, prompt: list[int], keys: list[bytes], source: KVSource | None, truncation: Truncation
+        self,
+        prompt: list[int],
+        keys: list[bytes],
+        source: KVSource | None,
+        truncation: Truncation,
+        history_tokens: int,
     ) -> _Hit | None:
-        """The stored run of the prompt's reusable chunks; None when there is nothing to look
-        up. Raises when the daemon cannot answer in time."""
+        """The stored run of the prompt's reusable chunks, ending with the history's partial
+        chunk when the history ends inside a chunk and nothing is truncated; None when there
+        is nothing to look up. Raises when the daemon cannot answer in time."""
         if source is None or self.kvstore is None:
             return None
         chunks = truncation.reusable_chunks(len(prompt), source.chunk_tokens)
-        if not chunks:
+        tail = None
+        if truncation == NO_TRUNCATION:
+            tail = history_tail(prompt, keys, history_tokens, source.namespace, source.chunk_tokens)
+        if tail is not None:
+            chunks = chunks[: tail.full_chunks]  # the chunk holding the tail was never computed whole
+        if not chunks and tail is None:
             return None
         if not await self.namespaces.ensure_registered(source):
             raise ConnectionError("the namespace is not registered with the daemon")
-        wanted = [keys[index] for index in chunks]
+        wanted = [keys[index] for index in chunks] + ([tail.key] if tail is not None else [])
         if self.saver is not None:
             await self.saver.settle(source.namespace, wanted, self.layer_timeout_seconds)
         found = await asyncio.wait_for(
             self.kvstore.lookup(source.namespace, wanted), self.lookup_timeout_seconds
         )
+        if tail is not None and found.prefix_length >= len(wanted):
+            return _Hit(chunks=chunks, keys=wanted, tiers=found.tiers[: len(wanted)], tail_tokens=tail.tokens)
         hit = min(found.prefix_length, len(chunks))
         return _Hit(chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit])
 
@@ -176,7 +220,8 @@ class Prefiller:
         do not come."""
         chunk_tokens = source.chunk_tokens
         head_tokens = truncation.sink_tokens or chunk_tokens  # what the first hit chunk gives
-        prefix = PrefixKV(self.runner.num_layers, head_tokens + (len(hit.keys) - 1) * chunk_tokens)
+        full_tokens = head_tokens + (len(hit.chunks) - 1) * chunk_tokens if hit.chunks else 0
+        prefix = PrefixKV(self.runner.num_layers, full_tokens + hit.tail_tokens)
         cache = LayerwiseCache(
             prefix, self.runner.loaded.config, layer_timeout_seconds=self.layer_timeout_seconds
         )
@@ -188,6 +233,7 @@ class Prefiller:
                 prefix,
                 chunk_tokens=chunk_tokens,
                 head_tokens=head_tokens,
+                tail_tokens=hit.tail_tokens,
                 shift=self.shift,
                 device=self.runner.device,
             )
@@ -212,6 +258,7 @@ class Prefiller:
             kv_load_exposed_seconds=cache.exposed_load_seconds,
             compute_seconds=seconds - cache.exposed_load_seconds,
             save_from_chunk=_save_from_chunk(hit, truncation, source),
+            stale_keys=(hit.keys[-1],) if hit.tail_tokens else (),
         )
 
 

@@ -39,11 +39,13 @@ async def load_prefix(
     head_tokens: int,
     shift: RotaryShift | None,
     device: torch.device,
+    tail_tokens: int = 0,
 ) -> None:
     """Fills `prefix` with the first `head_tokens` tokens of chunk `keys[0]` (all of them,
     or only the attention sinks after truncation), then the other chunks whole, at
-    consecutive positions from 0; fails it (never raises) on any error. `shift` None: a
-    chunk stored at another position is an error (no re-positioning)."""
+    consecutive positions from 0; fails it (never raises) on any error. `tail_tokens`: the
+    last chunk is a partial one of that many tokens (0: it is full). `shift` None: a chunk
+    stored at another position is an error (no re-positioning)."""
     row: list[LayerPiece] = []  # the current layer's pieces, one per chunk in order
     layer = 0  # the layer being assembled
     try:
@@ -53,7 +55,8 @@ async def load_prefix(
                     raise DaemonProtocolError(
                         f"got layer {piece.layer} of chunk {piece.chunk_index} out of layer-major order"
                     )
-                _check_piece(piece, prefix.num_layers, chunk_tokens)
+                last = piece.chunk_index == len(keys) - 1
+                _check_piece(piece, prefix.num_layers, tail_tokens if last and tail_tokens else chunk_tokens)
                 row.append(piece)
                 if len(row) == len(keys):
                     k, v = layer_from_pieces(row, device=device)  # each [kv_heads, chunks * C, head_dim]
@@ -72,14 +75,14 @@ async def load_prefix(
         prefix.fail(exc)
 
 
-def _check_piece(piece: LayerPiece, num_layers: int, chunk_tokens: int) -> None:
+def _check_piece(piece: LayerPiece, num_layers: int, tokens: int) -> None:
     header = piece.layout.header
     if header.num_layers != num_layers:
         raise KVShapeError(
             f"chunk {piece.chunk_index} has {header.num_layers} layers, the model {num_layers}"
         )
-    if header.tokens != chunk_tokens:
-        raise KVShapeError(f"chunk {piece.chunk_index} holds {header.tokens} tokens, not {chunk_tokens}")
+    if header.tokens != tokens:
+        raise KVShapeError(f"chunk {piece.chunk_index} holds {header.tokens} tokens, not {tokens}")
 
 
 def _reposition(
@@ -99,7 +102,8 @@ def _reposition(
             continue
         if shift is None:
             raise PositionShiftUnsupported(f"chunk {index} must move by {delta} positions")
-        span = slice(start, start + (head_tokens if index == 0 else chunk_tokens))
+        tokens = piece.layout.header.tokens  # chunk_tokens but for a partial last chunk
+        span = slice(start, start + (min(head_tokens, tokens) if index == 0 else tokens))
         k[:, span, :] = shift.shift_keys(k[:, span, :], delta)  # [kv_heads, span tokens, head_dim]
     return k
 

@@ -16,6 +16,7 @@ from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import Fallback, TurnInput, TurnStats
 from inference_worker.validation import (
     RequestLimits,
+    check_history_tokens,
     check_messages,
     check_prompt,
     check_sampling,
@@ -74,6 +75,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             sampling=sampling,
             truncated_tokens=request.truncated_tokens,
             save_generated=request.save_generated,
+            history_tokens=check_history_tokens(request.history_tokens, len(ids)),
         )
         return turn, salt
 

@@ -34,6 +34,9 @@ class TurnInput:
     # within a session, so the KV the next turn reuses is the KV this one computed.
     truncated_tokens: int = 0
     save_generated: bool = True  # save the KV of generated tokens too (next turn's history)
+    # Leading prompt tokens the session's earlier turns ran; their partial last chunk may be
+    # stored (saved by the previous turn). 0 = none.
+    history_tokens: int = 0
 
 
 class Fallback(Enum):

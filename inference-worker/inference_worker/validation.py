@@ -81,6 +81,14 @@ def check_prompt(
     return check_token_ids(token_ids, limits, field)
 
 
+def check_history_tokens(history_tokens: int, prompt_tokens: int) -> int:
+    if history_tokens > prompt_tokens:
+        raise InvalidArgument(
+            f"history_tokens is {history_tokens}, more than the prompt's {prompt_tokens} tokens"
+        )
+    return history_tokens
+
+
 def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> SamplingParams:
     if sampling.max_tokens > limits.max_new_tokens:
         raise InvalidArgument(

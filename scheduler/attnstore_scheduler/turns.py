@@ -6,7 +6,8 @@ keys stay those of the KV the worker saved. The new message's tokens are what th
 template adds for it: the template rendered over [last message, new message] minus the
 rendering of [last message] (templates render message by message); a template for which
 that is not a prefix gets the whole conversation rendered anew (correct, but that turn
-reuses only the common prefix).
+reuses only the common prefix). A prompt that extends the history tells the worker where
+the history ends (`history_tokens`), so it also reuses the history's partial last chunk.
 """
 
 from __future__ import annotations
@@ -58,12 +59,15 @@ class Turns:
                 check_session_tokens(len(prompt), params.max_tokens, self._limits)
                 tokens_after = len(prompt) + params.max_tokens
                 await self._sessions.check_kv_budget(record, tokens_after, model.kv_bytes_per_token)
+                history = record.token_ids
+                extends_history = tuple(prompt[: len(history)]) == tuple(history)
                 return worker_pb2.ExecuteTurnRequest(
                     tenant=tenant,
                     prompt_token_ids=worker_pb2.TokenIds(token_ids=prompt),
                     sampling=params,
                     truncated_tokens=record.truncated_tokens,
                     save_generated=True,
+                    history_tokens=len(history) if extends_history else 0,
                 )
 
             readable = record.readable_chunk_keys(model.chunk_tokens)

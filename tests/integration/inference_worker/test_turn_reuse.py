@@ -31,8 +31,10 @@ CHUNK_TOKENS = 16
 FIRST_PROMPT_TOKENS = 40
 ANSWER_TOKENS = 32
 NEW_TOKENS = 20
-# Turn 1 saves the chunks its KV covers: 40 prompt + 31 fed-back answer tokens = 4 chunks.
+# Turn 1 saves the chunks its KV covers: 40 prompt + 31 fed-back answer tokens = 4 full
+# chunks, and the partial fifth (7 tokens) for a next turn that knows where history ends.
 SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS
+HISTORY_TOKENS = FIRST_PROMPT_TOKENS + ANSWER_TOKENS
 LOGITS_TOLERANCE = 1e-4
 
 
@@ -42,9 +44,13 @@ def random_tokens(count: int, seed: int) -> list[int]:
 
 
 async def run_turn(
-    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None, history_tokens: int = 0
 ) -> tuple[list[int], TurnStats]:
-    turn = TurnInput(prompt_token_ids=list(prompt), sampling=SamplingParams(max_tokens=ANSWER_TOKENS))
+    turn = TurnInput(
+        prompt_token_ids=list(prompt),
+        sampling=SamplingParams(max_tokens=ANSWER_TOKENS),
+        history_tokens=history_tokens,
+    )
     tokens: list[int] = []
     stats: list[TurnStats] = []
     async for event in engine.run_turn(turn, source):
@@ -63,7 +69,7 @@ async def first_turn(engine: TurnEngine, source: KVSource) -> list[int]:
     answer, stats = await run_turn(engine, prompt, source)
     assert len(answer) == ANSWER_TOKENS and stats.finish_reason == "length"
     assert stats.reused_tokens == 0 and stats.fallback is None
-    assert stats.saved_chunks == SAVED_CHUNKS
+    assert stats.saved_chunks == SAVED_CHUNKS  # full ones; the partial one is saved too, uncounted
     await engine.drain_saves()
     return prompt + answer + random_tokens(NEW_TOKENS, seed=2)
 
@@ -98,6 +104,41 @@ async def test_second_turn_reuses_kv_and_matches_recompute(
         assert other.namespace != source.namespace
         assert (await engine.prefiller.prefill(prompt, other)).reused_tokens == 0
         await engine.drain_saves()
+
+
+@pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "grpc"])
+async def test_the_next_turn_also_reuses_the_partial_chunk_that_ends_the_history(
+    tiny_model: LoadedModel, daemon: DaemonProcess, use_shm: bool
+) -> None:
+    """Told where the history ends, turn 2 loads turn 1's partial last chunk after the full
+    ones, so it recomputes only the new tokens (and the answer's last token, whose KV turn 1
+    never computed); it gives what recomputation gives, and the tail it read is replaced by
+    the full chunk over it."""
+    async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
+        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        source = await engine.namespace_for(b"tenant-a")
+        prompt = await first_turn(engine, source)
+
+        cached = await engine.prefiller.prefill(prompt, source, history_tokens=HISTORY_TOKENS)
+        recomputed = await engine.prefiller.prefill(prompt, None)
+        assert cached.reused_tokens == HISTORY_TOKENS - 1 and cached.fallback is None
+        assert (cached.logits - recomputed.logits).abs().max().item() <= LOGITS_TOLERANCE
+        # A history end that is not where turn 1 stopped names another tail: no such chunk.
+        elsewhere = await engine.prefiller.prefill(prompt, source, history_tokens=HISTORY_TOKENS - 3)
+        assert elsewhere.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS
+
+        tokens, stats = await run_turn(engine, prompt, source, HISTORY_TOKENS)
+        reference, _ = await run_turn(engine, prompt, None)
+        assert tokens == reference and stats.fallback is None
+        assert stats.reused_tokens == HISTORY_TOKENS - 1
+        assert stats.reused_dram_chunks == SAVED_CHUNKS + 1
+        await engine.drain_saves()
+        keys = chunk_key_chain(source.namespace, prompt, CHUNK_TOKENS)
+        assert (
+            await client.lookup(source.namespace, keys[: SAVED_CHUNKS + 1])
+        ).prefix_length == SAVED_CHUNKS + 1
+        again = await engine.prefiller.prefill(prompt, source, history_tokens=HISTORY_TOKENS)
+        assert again.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS  # the tail read once is gone
 
 
 async def test_a_turn_right_after_the_first_waits_for_its_saves(

@@ -122,6 +122,17 @@ async def test_an_unseeded_request_has_no_seed_and_token_prompts_pass_unchanged(
     assert (turn.sampling.seed, turn.sampling.top_p, turn.sampling.temperature) == (None, 0.5, 0.0)
 
 
+async def test_the_history_end_passes_through_and_past_the_prompt_is_refused(
+    tiny_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    engine = ScriptedEngine([STATS])
+    service = servicer(engine, tiny_tokenizer)
+    await execute(service, prompt_token_ids=pb.TokenIds(token_ids=[1, 2, 3]), history_tokens=2)
+    assert engine.turns[0][0].history_tokens == 2
+    with pytest.raises(InvalidArgument, match="history_tokens is 4, more than the prompt's 3 tokens"):
+        await execute(service, prompt_token_ids=pb.TokenIds(token_ids=[1, 2, 3]), history_tokens=4)
+
+
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 

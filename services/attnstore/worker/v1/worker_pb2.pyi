@@ -64,20 +64,22 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExecuteTurnRequest(_message.Message):
-    __slots__ = ("tenant", "messages", "prompt_token_ids", "sampling", "truncated_tokens", "save_generated")
+    __slots__ = ("tenant", "messages", "prompt_token_ids", "sampling", "truncated_tokens", "save_generated", "history_tokens")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAVE_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     messages: ChatMessages
     prompt_token_ids: TokenIds
     sampling: SamplingParams
     truncated_tokens: int
     save_generated: bool
-    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ...) -> None: ...
+    history_tokens: int
+    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_id", "text")
