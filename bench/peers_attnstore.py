@@ -6,8 +6,9 @@ public API (`AsyncAttnStoreClient.stream_chat`), one session per conversation.
 The daemon's DRAM tier gets the same bytes as vLLM's KV space, so whatever attnstore
 keeps beyond that comes from its SSD tier, not from more memory. Settings that differ
 from the defaults, and why:
-- worker: 64-token chunks (as bench-reuse's headline; short chat turns reuse more of
-  their history than with 256), no periodic health-check op (nothing else on the cores);
+- worker: 64-token chunks (chosen when only full chunks were stored, where short chat
+  turns reused more with them; the published results use them), no periodic health-check
+  op (nothing else on the cores);
 - daemon: 1 MiB arena blocks (a 64-token fp32 chunk is 2.8 MiB: 3 blocks, not 2 x 2 MiB);
 - scheduler: no rate limit (one client makes every call).
 TTFT is what the client sees: Chat sent to the first streamed token.

@@ -5,12 +5,13 @@ the KV-store daemon vs recomputed, side by side in one run, turn by turn.
 Each turn's prompt (token ids: the history plus the new user message) is served by every
 method, one greedy token each (TTFT only, no decoding after it):
   recompute    a worker process without a store: prefills the whole prompt
-  shm c64      a worker process on the daemon: Lookup, then the stored prefix loaded layer by
-               layer from shared memory while the new tokens are prefilled (the headline)
-  grpc c64     the same with chunk bytes over the daemon's gRPC stream (--no-grpc: skipped)
-  shm c256     the headline at another chunk size (each --chunk-tokens after the first)
-  memory       this process: the prefix shm c64 reused, already in a DynamicCache; the same
-               tokens prefilled. The floor: shm c64 / memory - 1 is the store's overhead
+  shm c256     a worker process on the daemon with the services' default 256-token chunks:
+               Lookup, then the stored prefix loaded layer by layer from shared memory while
+               the new tokens are prefilled (the headline)
+  grpc c256    the same with chunk bytes over the daemon's gRPC stream (--no-grpc: skipped)
+  shm c64      the headline at another chunk size (each --chunk-tokens after the first)
+  memory       this process: the prefix the headline reused, already in a DynamicCache; the
+               same tokens prefilled. The floor: headline / memory - 1 is the store's overhead
   memory full  this process: the whole history in memory, only the new message prefilled
 
 The workers' TTFT is the one their turn stats report. ShareGPT's answers stand in for
@@ -168,7 +169,7 @@ def main() -> None:
                         help="a conversation ends before a longer prompt")
     parser.add_argument("--min-history-tokens", type=int, default=1000,
                         help="conversations must reach this history; the summary's long-history threshold")
-    parser.add_argument("--chunk-tokens", type=int, nargs="+", default=[64, 256],
+    parser.add_argument("--chunk-tokens", type=int, nargs="+", default=[256, 64],
                         help="chunk sizes of the shm paths; the first is the headline")
     parser.add_argument("--no-grpc", dest="grpc", action="store_false", help="skip the gRPC byte-stream path")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N], for every model copy")

@@ -14,8 +14,6 @@ from rich.console import Console
 from attnstore_cli.local_stack import GiB, LocalStack, StackOptions
 from attnstore_cli.stack_state import StackState
 
-LOCAL_CHUNK_TOKENS = 64
-
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -38,15 +36,17 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk-tokens",
         type=int,
-        default=LOCAL_CHUNK_TOKENS,
-        help="tokens per KV chunk (the services default to 256; smaller chunks leave less of each "
-        "turn's history to recompute, and `make bench-reuse` measured 64 fastest for SmolLM2-135M)",
+        default=None,
+        help="tokens per KV chunk (default: the worker's, 256; a turn reuses its whole history "
+        "whatever the size, since the partial last chunk is stored too)",
     )
     parser.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
 def stack_options(args: argparse.Namespace, *, data_dir: Path, scheduler_port: int) -> StackOptions:
-    worker_settings: dict[str, object] = {"chunk_tokens": args.chunk_tokens}
+    worker_settings: dict[str, object] = {}
+    if args.chunk_tokens:
+        worker_settings["chunk_tokens"] = args.chunk_tokens
     if args.device:
         worker_settings["device"] = args.device
     return StackOptions(
