@@ -2,7 +2,7 @@
 KV of the kept history (prefill.py), decode, and save the new KV in the background.
 
     prompt ──plan──> Truncation ──prefill──> Prefill ──decode──> TokenEvents
-           ──> TurnStats ──> save the new full chunks (background task)
+           ──> TurnStats ──> save the new chunks (background task)
 
 Decisions:
 - A chat turn (save_generated) also stores the partial last chunk of what it computed,
