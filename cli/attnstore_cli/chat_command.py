@@ -10,7 +10,7 @@ from rich.console import Console
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api_client import AttnStoreClient
-from attnstore_cli.scheduler_address import add_connection_arguments, scheduler_address
+from attnstore_cli.scheduler_address import add_connection_arguments, client_credentials, scheduler_address
 from attnstore_cli.turn_display import reuse_summary
 
 HELP = "/new starts a new conversation, /quit (or Ctrl-D) ends"
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     address = scheduler_address(args)
-    with AttnStoreClient(address, args.api_key) as client:
+    with AttnStoreClient(address, args.api_key, credentials=client_credentials(args)) as client:
         session_id = _new_session(client, args, console)
         console.print(f"[dim]connected to {address}; {HELP}[/dim]")
         while True:

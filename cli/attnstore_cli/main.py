@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 
+from attnstore.security import SecurityConfigError
 from attnstore.settings import SettingsError
 from attnstore_cli import bench_command, chat_command, demo_command, status_command, up_command
 from attnstore_cli.local_stack import StackError
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False)
     try:
         return COMMANDS[args.command][0].run(args, console)
-    except (StackError, SettingsError) as exc:
+    except (StackError, SettingsError, SecurityConfigError) as exc:
         console.print(f"[red]{exc}[/red]")
         return 2
     except RuntimeError as exc:  # a service failed to start: its log tail is in the message

@@ -6,12 +6,16 @@ difference either); a tenant's stored KV is bounded."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from secure_stack import CHUNK_TOKENS, SecureStack, credentials, start_secure_stack
+from secure_stack import API_KEYS, CHUNK_TOKENS, SecureStack, credentials, start_secure_stack
 
 from attnstore.api_client import AttnStoreClient, ClientCredentials
 from attnstore.security import aio_channel
@@ -104,3 +108,27 @@ async def test_the_worker_takes_calls_only_from_certified_callers(stack: SecureS
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await worker_pb2_grpc.WorkerStub(channel).DescribeModel(request, timeout=10)
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_cli_chats_over_tls_with_an_api_key(stack: SecureStack, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "attnstore_cli.main", "chat", "--address", stack.scheduler.address]
+    env = {**os.environ, "ATTNSTORE_HOME": str(tmp_path)}
+
+    def chat(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *flags, "--max-tokens", "4"],
+            input="hello world\n/quit\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    secured = chat("--api-key", API_KEYS["chat"], "--ca-file", str(stack.pki.ca))
+    assert secured.returncode == 0, secured.stdout + secured.stderr
+    assert re.search(r"reused 0 of \d+ prompt tokens", secured.stdout), secured.stdout
+    unreadable = chat("--api-key", API_KEYS["chat"], "--ca-file", str(tmp_path / "missing.pem"))
+    assert unreadable.returncode == 2 and "--ca-file: cannot read" in unreadable.stdout
+    half = chat("--ca-file", str(stack.pki.ca), "--cert-file", str(stack.pki.client_cert))
+    assert half.returncode == 2 and "--cert-file and --key-file go together" in half.stdout
