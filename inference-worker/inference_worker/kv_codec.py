@@ -100,15 +100,19 @@ def encode_chunks(
     return chunks
 
 
-def layer_views(pieces: Sequence[LayerPiece]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """K and V of each piece of one layer (consecutive chunks in order), each a view of the
-    piece's bytes [kv_heads, its tokens, head_dim] (read-only over `bytes`; nothing copied)."""
+def layer_from_pieces(
+    pieces: Sequence[LayerPiece],
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [kv_heads, sum of the chunks' tokens, head_dim] of one layer, from that layer's
+    pieces of consecutive chunks in order. Each piece is copied once, straight from its
+    bytes into its token slice of `out` (allocated on `device` when not given)."""
     if not pieces:
         raise KVShapeError("no pieces to assemble")
     first = pieces[0].layout.header
     layer = pieces[0].layer
-    dtype = TORCH_DTYPES[first.dtype]
-    views: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     for piece in pieces:
         header = piece.layout.header
         if piece.layer != layer:
@@ -119,28 +123,10 @@ def layer_views(pieces: Sequence[LayerPiece]) -> tuple[list[torch.Tensor], list[
             raise KVShapeError(
                 f"chunk {piece.chunk_index}: {len(piece.data)} bytes for a {header.layer_bytes}-byte layer"
             )
-        half = header.kv_heads * header.tokens * header.head_dim * DTYPE_BYTES[first.dtype]  # K's bytes
-        for side, offset in zip(views, (0, half), strict=True):
-            side.append(
-                _frombuffer(piece.data, offset, half)
-                .view(dtype)
-                .view(header.kv_heads, header.tokens, header.head_dim)
-            )
-    return views
-
-
-def layer_from_pieces(
-    pieces: Sequence[LayerPiece],
-    *,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    device: torch.device | str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V [kv_heads, sum of the chunks' tokens, head_dim] of one layer, from that layer's
-    pieces of consecutive chunks in order. Each piece is copied once, straight from its
-    bytes: into its token slice of `out` (allocated on `device` when not given)."""
-    k_views, v_views = layer_views(pieces)
-    shape = (k_views[0].shape[0], sum(view.shape[1] for view in k_views), k_views[0].shape[2])
-    dtype = k_views[0].dtype
+    dtype = TORCH_DTYPES[first.dtype]
+    kv_heads, head_dim = first.kv_heads, first.head_dim
+    total_tokens = sum(piece.layout.header.tokens for piece in pieces)
+    shape = (kv_heads, total_tokens, head_dim)
     if out is None:
         out = (
             torch.empty(shape, dtype=dtype, device=device),  # K [kv_heads, total_tokens, head_dim]
@@ -149,11 +135,17 @@ def layer_from_pieces(
     out_k, out_v = out
     if out_k.shape != shape or out_v.shape != shape or out_k.dtype != dtype or out_v.dtype != dtype:
         raise KVShapeError(f"out buffers must be {shape} {dtype}")
-    for target, views in ((out_k, k_views), (out_v, v_views)):
-        if target.device.type == "cpu":
-            torch.cat(views, dim=1, out=target)
-        else:  # an accelerator: one host-to-device copy of the joined layer
-            target.copy_(torch.cat(views, dim=1))
+
+    start = 0
+    for piece in pieces:
+        tokens = piece.layout.header.tokens
+        count = kv_heads * tokens * head_dim  # elements of K (and of V) in this piece
+        half = count * DTYPE_BYTES[first.dtype]
+        for target, offset in ((out_k, 0), (out_v, half)):
+            # A read-only view of the piece's bytes: [kv_heads, tokens, head_dim]
+            src = _frombuffer(piece.data, offset, half).view(dtype).view(kv_heads, tokens, head_dim)
+            target[:, start : start + tokens, :].copy_(src)
+        start += tokens
     return out_k, out_v
 
 

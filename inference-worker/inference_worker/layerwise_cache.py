@@ -5,17 +5,14 @@ A loader (any thread) fills a `PrefixKV` layer by layer; a `LayerwiseCache` give
 model's forward takes layer l from it on the first `update` of layer l, prepends it, and
 from then on behaves as a plain `DynamicCache`.
 
-Shapes: prefix K, V per layer [kv_heads, prefix_tokens, head_dim] (batch squeezed), or the
-same as consecutive token slices (the loader's per-chunk views), which the cache joins with
-the layer's new tokens in one concatenation: the only copy the loaded KV makes there. The
-cache's own tensors are [batch, kv_heads, tokens, head_dim] as transformers expects.
+Shapes: prefix K, V per layer [kv_heads, prefix_tokens, head_dim] (batch squeezed); the
+cache's own tensors [batch, kv_heads, tokens, head_dim] as transformers expects.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedConfig
@@ -27,8 +24,7 @@ class PrefixLoadFailed(Exception):
     The cache that raised it is half-filled and must be discarded."""
 
 
-Parts = tuple[torch.Tensor, ...]  # consecutive token slices [kv_heads, tokens_i, head_dim]
-_Layer = tuple[Parts, Parts, "torch.cuda.Event | None"]  # K, V, copy-done event
+_Layer = tuple[torch.Tensor, torch.Tensor, "torch.cuda.Event | None"]  # K, V, copy-done event
 
 
 class PrefixKV:
@@ -51,33 +47,20 @@ class PrefixKV:
         self._cond = threading.Condition()
 
     def put_layer(
-        self,
-        layer: int,
-        k: torch.Tensor | Sequence[torch.Tensor],
-        v: torch.Tensor | Sequence[torch.Tensor],
-        ready: torch.cuda.Event | None = None,
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, ready: torch.cuda.Event | None = None
     ) -> None:
-        """Producer side: layer `layer`'s K and V, each [kv_heads, prefix_tokens, head_dim] or
-        consecutive token slices of it (the same slicing for K and V)."""
-        k_parts = (k,) if isinstance(k, torch.Tensor) else tuple(k)
-        v_parts = (v,) if isinstance(v, torch.Tensor) else tuple(v)
-        shapes = [tuple(part.shape) for part in k_parts]
-        if (
-            not k_parts
-            or any(len(shape) != 3 or shape[0::2] != shapes[0][0::2] for shape in shapes)
-            or sum(shape[1] for shape in shapes) != self.prefix_tokens
-            or [tuple(part.shape) for part in v_parts] != shapes
-        ):
+        """Producer side: layer `layer`'s K and V, each [kv_heads, prefix_tokens, head_dim]."""
+        if k.dim() != 3 or k.shape[1] != self.prefix_tokens or v.shape != k.shape:
             raise ValueError(
-                f"layer {layer}: K {shapes} / V {[tuple(part.shape) for part in v_parts]} are not "
-                f"[kv_heads, {self.prefix_tokens}, head_dim] (in slices)"
+                f"layer {layer}: K {tuple(k.shape)} / V {tuple(v.shape)} are not "
+                f"[kv_heads, {self.prefix_tokens}, head_dim]"
             )
         with self._cond:
             if self._error is not None:
                 return  # already failed: the consumer no longer takes layers
             if self._layers[layer] is not None:
                 raise ValueError(f"layer {layer} was put twice")
-            self._layers[layer] = (k_parts, v_parts, ready)
+            self._layers[layer] = (k, v, ready)
             self.ready_at[layer] = time.monotonic()
             self._cond.notify_all()
 
@@ -89,11 +72,6 @@ class PrefixKV:
             self._cond.notify_all()
 
     def wait_layer(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Consumer side: layer `layer`'s K and V whole (wait_layer_parts, joined)."""
-        k_parts, v_parts = self.wait_layer_parts(layer, timeout_seconds)
-        return _joined(k_parts), _joined(v_parts)
-
-    def wait_layer_parts(self, layer: int, timeout_seconds: float) -> tuple[Parts, Parts]:
         """Consumer side: blocks until layer `layer` is ready, the loader fails or the timeout passes."""
         with self._cond:
             self._cond.wait_for(
@@ -104,10 +82,10 @@ class PrefixKV:
             if error is not None:
                 raise PrefixLoadFailed(f"prefix load failed before layer {layer}: {error!r}") from error
             raise PrefixLoadFailed(f"layer {layer} of the prefix did not arrive within {timeout_seconds}s")
-        k_parts, v_parts, event = entry
+        k, v, event = entry
         if event is not None:
-            torch.cuda.current_stream(k_parts[0].device).wait_event(event)
-        return k_parts, v_parts
+            torch.cuda.current_stream(k.device).wait_event(event)
+        return k, v
 
     @property
     def load_seconds(self) -> float | None:
@@ -149,25 +127,25 @@ class LayerwiseCache(DynamicCache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states, value_states: [batch, kv_heads, new_tokens, head_dim]
-        if not self._pending[layer_idx]:
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        started = time.perf_counter()
-        k_parts, v_parts = self.prefix.wait_layer_parts(layer_idx, self.layer_timeout_seconds)
-        self.wait_seconds[layer_idx] = time.perf_counter() - started
-        layer = self.layers[layer_idx]
-        self._pending[layer_idx] = False
-        if type(layer) is DynamicLayer:
-            # The prefix and the new tokens joined at once: the only copy of the loaded KV.
-            layer.lazy_initialization(key_states, value_states)
-            layer.keys = torch.cat([*_batched(k_parts, key_states), key_states], dim=-2)  # [B, H, P + T, D]
-            layer.values = torch.cat([*_batched(v_parts, value_states), value_states], dim=-2)
-            return layer.keys, layer.values
-        # A sliding window keeps its own length bookkeeping.
-        layer.update(
-            torch.cat(_batched(k_parts, key_states), dim=-2),
-            torch.cat(_batched(v_parts, value_states), dim=-2),
-        )
+        if self._pending[layer_idx]:
+            self._prepend_prefix(key_states, layer_idx)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _prepend_prefix(self, key_states: torch.Tensor, layer_idx: int) -> None:
+        started = time.perf_counter()
+        k, v = self.prefix.wait_layer(layer_idx, self.layer_timeout_seconds)  # [kv_heads, P, head_dim]
+        self.wait_seconds[layer_idx] = time.perf_counter() - started
+        batch = key_states.shape[0]
+        k = k.to(key_states.device, key_states.dtype).unsqueeze(0).expand(batch, -1, -1, -1)  # [B, H, P, D]
+        v = v.to(key_states.device, key_states.dtype).unsqueeze(0).expand(batch, -1, -1, -1)  # [B, H, P, D]
+        layer = self.layers[layer_idx]
+        if type(layer) is DynamicLayer:
+            # Adopt the loaded tensors as the layer's state: the append that follows is the only copy.
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        else:
+            layer.update(k, v)  # a sliding window keeps its own length bookkeeping
+        self._pending[layer_idx] = False
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         own = super().get_seq_length(layer_idx)
@@ -183,14 +161,3 @@ class LayerwiseCache(DynamicCache):
             window = layer.sliding_window
             return min(prefix_tokens, window - 1) + query_length, max(prefix_tokens - window + 1, 0)
         return prefix_tokens + query_length, 0
-
-
-def _joined(parts: Parts) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def _batched(parts: Parts, like: torch.Tensor) -> list[torch.Tensor]:
-    """`parts` [H, t, D] on `like`'s device and dtype, as [batch, H, t, D] (no copy when they
-    already match)."""
-    batch = like.shape[0]
-    return [part.to(like.device, like.dtype).unsqueeze(0).expand(batch, -1, -1, -1) for part in parts]

@@ -17,7 +17,7 @@ import torch
 
 from attnstore.errors import Unavailable
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
-from inference_worker.kv_codec import KVShapeError, layer_views
+from inference_worker.kv_codec import KVShapeError, layer_from_pieces
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.turn_types import Fallback
@@ -59,17 +59,12 @@ async def load_prefix(
                 _check_piece(piece, prefix.num_layers, tail_tokens if last and tail_tokens else chunk_tokens)
                 row.append(piece)
                 if len(row) == len(keys):
-                    # Per chunk [kv_heads, its tokens, head_dim], views of the pieces' bytes: the
-                    # cache joins them with the new tokens in one copy.
-                    k_parts, v_parts = layer_views(row)
+                    k, v = layer_from_pieces(row, device=device)  # each [kv_heads, chunks * C, head_dim]
                     if head_tokens < chunk_tokens:  # chunk 0 gives only its sinks: drop the rest of it
-                        k_parts[0], v_parts[0] = k_parts[0][:, :head_tokens], v_parts[0][:, :head_tokens]
-                    if device.type != "cpu":
-                        k_parts = [part.to(device) for part in k_parts]
-                        v_parts = [part.to(device) for part in v_parts]
-                    prefix.put_layer(
-                        layer, _reposition(k_parts, row, chunk_tokens, head_tokens, shift), v_parts
-                    )
+                        k = torch.cat((k[:, :head_tokens], k[:, chunk_tokens:]), dim=1)
+                        v = torch.cat((v[:, :head_tokens], v[:, chunk_tokens:]), dim=1)
+                    k = _reposition(k, row, chunk_tokens, head_tokens, shift)  # [kv_heads, prefix, head_dim]
+                    prefix.put_layer(layer, k, v)
                     row, layer = [], layer + 1
         if layer != prefix.num_layers:
             raise DaemonProtocolError(f"the read ended after {layer} of {prefix.num_layers} layers")
@@ -91,23 +86,26 @@ def _check_piece(piece: LayerPiece, num_layers: int, tokens: int) -> None:
 
 
 def _reposition(
-    k_parts: Sequence[torch.Tensor],
+    k: torch.Tensor,
     pieces: Sequence[LayerPiece],
     chunk_tokens: int,
     head_tokens: int,
     shift: RotaryShift | None,
-) -> list[torch.Tensor]:
-    """Each chunk's keys [kv_heads, its kept tokens, head_dim], rotated (as new tensors) when
-    the chunk was stored at a base position other than where its tokens sit now (a no-op
-    without truncation). Chunk 0 sits at 0, chunk i >= 1 at head + (i - 1) * C."""
-    moved = []
-    for index, (k, piece) in enumerate(zip(k_parts, pieces, strict=True)):
+) -> torch.Tensor:
+    """Rotates, in place, the keys [kv_heads, prefix_tokens, head_dim] of each chunk stored
+    at a base position other than where its tokens sit now (a no-op without truncation).
+    Chunk 0 sits at 0 (its first `head_tokens` tokens), chunk i >= 1 at head + (i - 1) * C."""
+    for index, piece in enumerate(pieces):
         start = 0 if index == 0 else head_tokens + (index - 1) * chunk_tokens
         delta = start - piece.layout.header.base_position
-        if delta != 0 and shift is None:
+        if delta == 0:
+            continue
+        if shift is None:
             raise PositionShiftUnsupported(f"chunk {index} must move by {delta} positions")
-        moved.append(k if delta == 0 or shift is None else shift.shift_keys(k, delta))
-    return moved
+        tokens = piece.layout.header.tokens  # chunk_tokens but for a partial last chunk
+        span = slice(start, start + (min(head_tokens, tokens) if index == 0 else tokens))
+        k[:, span, :] = shift.shift_keys(k[:, span, :], delta)  # [kv_heads, span tokens, head_dim]
+    return k
 
 
 def classify_failure(exc: BaseException) -> Fallback:

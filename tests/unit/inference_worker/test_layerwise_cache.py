@@ -74,9 +74,9 @@ class WatchedPrefixKV(PrefixKV):
         super().__init__(num_layers, prefix_tokens)
         self.waiting = [threading.Event() for _ in range(num_layers)]
 
-    def wait_layer_parts(self, layer: int, timeout_seconds: float):
+    def wait_layer(self, layer: int, timeout_seconds: float):
         self.waiting[layer].set()
-        return super().wait_layer_parts(layer, timeout_seconds)
+        return super().wait_layer(layer, timeout_seconds)
 
 
 def start_loader(prefix: PrefixKV, per_layer_pieces, *, delay_seconds: float, fail_at: int | None = None):
@@ -209,16 +209,3 @@ def test_prefix_kv_contract():
     assert prefix.wait_layer(0, 0.1)[0] is k  # delivered layers stay readable
     with pytest.raises(PrefixLoadFailed):
         prefix.wait_layer(1, 0.1)
-
-
-def test_a_layer_given_in_token_slices_joins_to_the_whole():
-    prefix = PrefixKV(num_layers=1, prefix_tokens=5)
-    k = torch.arange(2 * 5 * 8, dtype=torch.float32).view(2, 5, 8)  # [kv_heads, prefix_tokens, head_dim]
-    with pytest.raises(ValueError, match="in slices"):
-        prefix.put_layer(0, [k[:, :2], k[:, 2:4]], [k[:, :2], k[:, 2:4]])  # one token short
-    with pytest.raises(ValueError, match="in slices"):
-        prefix.put_layer(0, [k[:, :2], k[:, 2:]], [k[:, :3], k[:, 3:]])  # K and V sliced apart
-    prefix.put_layer(0, [k[:, :2], k[:, 2:]], [k[:, :2], k[:, 2:]])
-    joined_k, joined_v = prefix.wait_layer(0, 0.1)
-    assert torch.equal(joined_k, k) and torch.equal(joined_v, k)
-    assert [tuple(part.shape) for part in prefix.wait_layer_parts(0, 0.1)[0]] == [(2, 2, 8), (2, 3, 8)]
