@@ -5,7 +5,11 @@ Paths (each client keeps one request in flight; concurrency N = N clients):
   memcpy              numpy copy of each chunk into a preallocated buffer (the hardware limit)
   daemon shm          AsyncKVStoreClient(use_shm=True): Put = put_chunks, Get = get_chunks_into
                       a preallocated buffer; checksums off (+verify rows: on; "4 keys/req":
-                      one Get names 4 chunks, as a worker loading a 1024-token prefix would)
+                      one Get names 4 chunks, as a worker loading a 1024-token prefix would).
+                      The warm-up round leases every chunk once, so timed Gets are the
+                      client's lease-free, version-checked copies (no round trip)
+  daemon shm leased   the same with the client's location cache off: one GetShm round trip
+                      per Get (a chunk this client has not read before)
   daemon gRPC         the same calls with use_shm=False (bytes over the loopback gRPC stream)
   redis               SET/GET of the same bytes on a private loopback redis-server (no
                       persistence), with redis-py + hiredis, blocking and asyncio clients

@@ -16,7 +16,18 @@ import numpy as np
 import redis
 import redis.asyncio as aredis
 from harness import Budget, Measurement, run_tasks, run_threads
-from report import GRPC, GRPC_VERIFY, MEMCPY, REDIS_AIO, REDIS_SYNC, SHM, SHM_BATCH, SHM_VERIFY, Row
+from report import (
+    GRPC,
+    GRPC_VERIFY,
+    MEMCPY,
+    REDIS_AIO,
+    REDIS_SYNC,
+    SHM,
+    SHM_BATCH,
+    SHM_LEASED,
+    SHM_VERIFY,
+    Row,
+)
 from tqdm import tqdm
 from workloads import ChunkPool
 
@@ -29,7 +40,7 @@ BATCH_KEYS = 4  # the "4 keys/req" row: one Get of 4 chunks (a 1024-token prefix
 
 
 def cells_per_pool(concurrency: int) -> int:
-    return 12 if concurrency == 1 else 9
+    return 13 if concurrency == 1 else 10
 
 
 class MemoryBench:
@@ -43,11 +54,12 @@ class MemoryBench:
         self.outs: list[np.ndarray] = []  # one preallocated destination per worker
 
     async def open(self, concurrency: int) -> None:
-        def daemon(shm: bool, verify: bool, n: int) -> list[AsyncKVStoreClient]:
-            return [AsyncKVStoreClient(self.address, use_shm=shm, verify_checksums=verify) for _ in range(n)]
+        def daemon(shm: bool, verify: bool, n: int, **options: int) -> list[AsyncKVStoreClient]:
+            return [AsyncKVStoreClient(self.address, use_shm=shm, verify_checksums=verify, **options) for _ in range(n)]
 
         self.clients = {
             SHM: daemon(True, False, concurrency), GRPC: daemon(False, False, concurrency),
+            SHM_LEASED: daemon(True, False, concurrency, location_cache_entries=0),
             SHM_VERIFY: daemon(True, True, 1), GRPC_VERIFY: daemon(False, True, 1),
             REDIS_SYNC: [redis.Redis(port=self.redis_port) for _ in range(concurrency)],
             REDIS_AIO: [aredis.Redis(port=self.redis_port) for _ in range(concurrency)],
@@ -113,7 +125,7 @@ class MemoryBench:
 
         await admin.put_chunks(ns, list(zip(keys, chunks, strict=True)))
         await self.check_reads(pool, rkeys)
-        for path in (SHM, GRPC, SHM_VERIFY, GRPC_VERIFY) if c == 1 else (SHM, GRPC):
+        for path in (SHM, SHM_LEASED, GRPC, SHM_VERIFY, GRPC_VERIFY) if c == 1 else (SHM, SHM_LEASED, GRPC):
             async def get(w: int, i: int, clients: list[AsyncKVStoreClient] = self.clients[path]) -> None:
                 await clients[w].get_chunks_into(ns, [keys[i]], [self.outs[w]])
             await self.tasks(path, "get", pool, c, get)
@@ -131,7 +143,7 @@ class MemoryBench:
     async def check_reads(self, pool: ChunkPool, rkeys: list[bytes]) -> None:
         """Every path returns the bytes that were stored, before any of them is timed."""
         expected, n = pool.chunks[-1], pool.chunk_bytes
-        for path in (SHM, GRPC, SHM_VERIFY, GRPC_VERIFY):
+        for path in (SHM, SHM_LEASED, GRPC, SHM_VERIFY, GRPC_VERIFY):
             self.outs[0][:] = 0
             await self.clients[path][0].get_chunks_into(pool.namespace, [pool.keys[-1]], [self.outs[0]])
             if self.outs[0][:n].tobytes() != expected:

@@ -17,6 +17,7 @@ Row = dict[str, Any]  # path, op, size, chunk_bytes, concurrency, gbps, p50_ms, 
 # The paths (table rows), named once here.
 MEMCPY = "memcpy"
 SHM, SHM_VERIFY, SHM_BATCH = "daemon shm", "daemon shm +verify", "daemon shm 4 keys/req"
+SHM_LEASED = "daemon shm leased"
 GRPC, GRPC_VERIFY = "daemon gRPC", "daemon gRPC +verify"
 REDIS_SYNC, REDIS_AIO, REDIS_BEST = "redis (redis-py)", "redis (asyncio)", "redis (best client)"
 SSD_TIER, RAW = "SSD tier (cold)", "raw direct (cold)"
@@ -32,6 +33,7 @@ RATIOS: dict[str, tuple[tuple[str, str], tuple[str, str], float | None]] = {
     "grpc_get_verified_vs_redis_get": ((GRPC_VERIFY, "get"), (REDIS_BEST, "get"), None),
     "shm_get_vs_redis_get": ((SHM, "get"), (REDIS_BEST, "get"), None),
     "shm_get_4keys_vs_memcpy": ((SHM_BATCH, "get"), (MEMCPY, "copy"), None),
+    "shm_get_leased_vs_memcpy": ((SHM_LEASED, "get"), (MEMCPY, "copy"), None),
 }
 TARGET_TEXT = {
     "shm_get_vs_memcpy": "shared-memory Get >= 50% of memcpy bandwidth",

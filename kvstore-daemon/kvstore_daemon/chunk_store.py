@@ -237,6 +237,8 @@ class ChunkStore:
             chunk = self._visible(namespace, key)
             if chunk is not None:
                 chunk.deleted = True
+                if chunk.blocks is not None:  # readers may hold it a while: stop lease-free reads now
+                    self.dram.invalidate(chunk.blocks)
                 self.hints.forget([key])
                 self._mover.free_if_unread(chunk)
                 deleted += 1

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnstore.shm_arena import Extent, SharedArena
+from attnstore.shm_arena import BlockVersions, Extent, SharedArena
 from kvstore_daemon.block_allocator import BlockAllocator
 
 _ARENA_NAME = re.compile(r"attnstore-arena-(\d+)-[0-9a-f]+\.bin")
@@ -37,12 +37,16 @@ class DramTier:
             raise ValueError(f"capacity_bytes {capacity_bytes} must hold one block of {block_bytes} bytes")
         self._block_bytes = block_bytes
         self._allocator = BlockAllocator(capacity_bytes // block_bytes)
-        self._size_bytes = self._allocator.num_blocks * block_bytes  # no unusable tail
+        num_blocks = self._allocator.num_blocks
+        self._capacity_bytes = num_blocks * block_bytes  # no unusable tail
+        self._versions_offset = -(-self._capacity_bytes // 64) * 64  # the version table follows the blocks
+        self._size_bytes = self._versions_offset + num_blocks * BlockVersions.ITEM_BYTES
         self._generation = uuid.uuid4().hex
         self._path = shm_dir / f"attnstore-arena-{os.getpid()}-{self._generation[:8]}.bin"
         self._lock_fd = _create_locked(self._path, self._size_bytes)
         try:
             self._arena = SharedArena(self._path, self._size_bytes)
+            self._versions = BlockVersions(self._arena, self._versions_offset, num_blocks, block_bytes)
         except BaseException:
             self._path.unlink(missing_ok=True)
             os.close(self._lock_fd)
@@ -55,12 +59,17 @@ class DramTier:
 
     @property
     def size_bytes(self) -> int:
+        """Bytes of the arena file: the blocks, then their version table."""
         return self._size_bytes
 
     @property
     def capacity_bytes(self) -> int:
         """Usable bytes: the requested capacity rounded down to whole blocks."""
-        return self._size_bytes
+        return self._capacity_bytes
+
+    @property
+    def versions_offset_bytes(self) -> int:
+        return self._versions_offset
 
     @property
     def block_bytes(self) -> int:
@@ -95,7 +104,12 @@ class DramTier:
         return self._allocator.allocate(self.blocks_for(size_bytes))
 
     def free(self, blocks: Sequence[int]) -> None:
+        self._versions.bump(blocks)
         self._allocator.free(blocks)
+
+    def invalidate(self, blocks: Sequence[int]) -> None:
+        """Ends version-checked reads of the chunk in `blocks` (deleted, still leased)."""
+        self._versions.bump(blocks)
 
     def extents(self, blocks: Sequence[int], size_bytes: int) -> list[Extent]:
         """Arena (offset, length) pairs holding a chunk's `size_bytes` bytes, in order.
@@ -125,6 +139,7 @@ class DramTier:
             return
         self._closed = True
         try:
+            self._versions.release()
             self._arena.close()
         finally:
             self._path.unlink(missing_ok=True)

@@ -73,7 +73,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         dram = self._store.dram
         return pb.OpenShmResponse(
             path=str(dram.path), size_bytes=dram.size_bytes, block_bytes=dram.block_bytes,
-            arena_generation=dram.generation,
+            arena_generation=dram.generation, block_versions_offset_bytes=dram.versions_offset_bytes,
         )
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:

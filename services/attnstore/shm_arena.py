@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -73,3 +74,49 @@ class SharedArena:
     def close(self) -> None:
         self.view.release()
         self._map.close()
+
+
+class BlockVersions:
+    """A version counter per arena block, in the arena file after the blocks.
+
+    The daemon bumps a block's version whenever the block stops holding the chunk it
+    held (the block is freed, or its chunk deleted). Committed chunks never change in
+    place, so a reader that recorded the versions of a chunk's blocks while it held a
+    lease can later copy the chunk with no lease and no round trip, and keep the copy
+    only if the versions are unchanged after copying: a seqlock read. Sound where loads
+    are not reordered with earlier loads (x86-64); see `seqlock_reads_supported`.
+    """
+
+    ITEM_BYTES = 8
+
+    def __init__(self, arena: SharedArena, offset_bytes: int, num_blocks: int, block_bytes: int) -> None:
+        end = offset_bytes + num_blocks * self.ITEM_BYTES
+        if offset_bytes % self.ITEM_BYTES or end > arena.size_bytes:
+            raise ValueError(f"a version table of {num_blocks} blocks at {offset_bytes} does not fit the arena")
+        self.block_bytes = block_bytes
+        self._table = arena.view[offset_bytes:end].cast("Q")
+
+    def blocks_of(self, extents: Sequence[Extent]) -> tuple[int, ...]:
+        """The blocks that hold a chunk laid out over `extents`."""
+        return tuple(
+            block
+            for offset, length in extents
+            for block in range(offset // self.block_bytes, -(-(offset + length) // self.block_bytes))
+        )
+
+    def read(self, blocks: Sequence[int]) -> tuple[int, ...]:
+        return tuple(self._table[block] for block in blocks)
+
+    def bump(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self._table[block] += 1
+
+    def release(self) -> None:
+        """Drops the view of the table so the arena can be unmapped."""
+        self._table.release()
+
+
+def seqlock_reads_supported() -> bool:
+    """Whether this CPU keeps loads in program order (x86-64's TSO), as version-checked
+    reads need: Python has no load barrier to order them elsewhere."""
+    return platform.machine().lower() in ("x86_64", "amd64")

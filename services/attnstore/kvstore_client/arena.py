@@ -11,7 +11,7 @@ import grpc
 
 from attnstore.errors import Unavailable
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from attnstore.shm_arena import SharedArena
+from attnstore.shm_arena import BlockVersions, SharedArena, seqlock_reads_supported
 
 # Status codes of an OpenShm that mean "this daemon offers no arena", not "daemon down".
 _NO_SHM_CODES = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION)
@@ -36,6 +36,7 @@ class ArenaHandle:
         self._shm_dir = shm_dir
         self._timeout_seconds = timeout_seconds
         self._arena: SharedArena | None = None
+        self._versions: BlockVersions | None = None  # None: no version-checked reads
         self._generation = ""
         self._unavailable = not enabled
         self._lock = asyncio.Lock()  # one OpenShm + mmap at a time
@@ -60,6 +61,20 @@ class ArenaHandle:
             raise Unavailable("the daemon's shared-memory arena changed during the call; retry")
         return self._arena
 
+    @property
+    def generation(self) -> str:
+        """The generation of the mapped arena ("" when none is mapped)."""
+        return self._generation
+
+    @property
+    def mapped(self) -> SharedArena | None:
+        return self._arena
+
+    @property
+    def versions(self) -> BlockVersions | None:
+        """The mapped arena's block versions, where version-checked reads are sound."""
+        return self._versions
+
     async def _map(self) -> None:
         try:
             reply = await self._stub.OpenShm(kvstore_pb2.OpenShmRequest(), timeout=self._timeout_seconds)
@@ -76,14 +91,20 @@ class ArenaHandle:
         except (OSError, ValueError):
             self._give_up()  # remote daemon or unshared /dev/shm: use the gRPC stream
             return
+        versions = None
+        if reply.block_versions_offset_bytes and seqlock_reads_supported():
+            count = (reply.size_bytes - reply.block_versions_offset_bytes) // BlockVersions.ITEM_BYTES
+            versions = BlockVersions(arena, reply.block_versions_offset_bytes, count, reply.block_bytes)
         # The old mapping is dropped, not closed: a reader may still hold views of it,
         # and the garbage collector unmaps it once they are gone.
-        self._arena, self._generation = arena, reply.arena_generation
+        self._arena, self._versions, self._generation = arena, versions, reply.arena_generation
 
     def _give_up(self) -> None:
-        self._arena, self._generation, self._unavailable = None, "", True
+        self._arena, self._versions, self._generation, self._unavailable = None, None, "", True
 
     def close(self) -> None:
+        if self._versions is not None:
+            self._versions.release()
         if self._arena is not None:
             with contextlib.suppress(BufferError):  # views still exported: GC unmaps later
                 self._arena.close()

@@ -15,18 +15,21 @@ from types import TracebackType
 from typing import Self
 
 from attnstore.chunks.format import ChunkLayout
-from attnstore.errors import InvalidArgument
+from attnstore.errors import InvalidArgument, ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import writes
 from attnstore.kvstore_client.arena import ArenaHandle
 from attnstore.kvstore_client.lease_releaser import LeaseReleaser
+from attnstore.kvstore_client.location_cache import DEFAULT_ENTRIES as DEFAULT_LOCATION_ENTRIES
+from attnstore.kvstore_client.location_cache import LocationCache
 from attnstore.kvstore_client.pieces import (
+    DaemonProtocolError,
     PutChunks,
     check_layer,
     join_parts,
     normalize_put_items,
 )
-from attnstore.kvstore_client.reads import ChunkRead, open_grpc_read, open_shm_read
+from attnstore.kvstore_client.reads import ChunkRead, open_checked_read, open_grpc_read, open_shm_read
 from attnstore.kvstore_client.results import (
     ChunkData,
     HintAction,
@@ -54,13 +57,16 @@ class AsyncKVStoreClient:
         verify_checksums: bool = True,
         shm_dir: Path | None = None,
         credentials: ClientCredentials | None = None,
+        location_cache_entries: int = DEFAULT_LOCATION_ENTRIES,
     ) -> None:
         """`timeout_seconds` bounds each call, a whole Get stream included.
         `verify_checksums` checks every layer read against its header checksum (xxh3; turn
         it off only to measure raw transfer speed). `shm_dir` is where this process sees the
         daemon's arena directory when it is mounted at another path than in the daemon.
         `credentials`: TLS (and the internal token) for a daemon that requires them; None:
-        plaintext. Shared memory works the same under TLS: control goes over the channel."""
+        plaintext. Shared memory works the same under TLS: control goes over the channel.
+        `location_cache_entries`: how many leased chunks' arena locations to remember, so
+        reading them whole again takes no round trip (reads.py); 0 turns that off."""
         self.address = address
         self._timeout_seconds = timeout_seconds
         self._verify = verify_checksums
@@ -77,6 +83,7 @@ class AsyncKVStoreClient:
             self._stub, enabled=use_shm, shm_dir=shm_dir, timeout_seconds=timeout_seconds
         )
         self._releaser = LeaseReleaser(self._stub, timeout_seconds)
+        self._locations = LocationCache(location_cache_entries)
 
     async def __aenter__(self) -> Self:
         return self
@@ -191,7 +198,7 @@ class AsyncKVStoreClient:
         if await self._arena.available():
             opened = open_shm_read(
                 self._stub, self._arena, namespace, keys, layer_start, layer_end, self._timeout_seconds,
-                self._releaser,
+                self._releaser, self._locations,
             )
         else:
             opened = open_grpc_read(
@@ -204,14 +211,14 @@ class AsyncKVStoreClient:
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
     ) -> list[ChunkData]:
         """Layers [layer_start, layer_end) of each chunk (`layer_end` 0 = all), with its layout."""
-        found: list[ChunkData] = []
+        found: dict[int, ChunkData] = {}  # by index: a read that is retried allocates again
 
         def allocate(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
-            found.append(ChunkData(layout=layout, data=bytearray(span_bytes)))
-            return memoryview(found[-1].data)
+            found[index] = ChunkData(layout=layout, data=bytearray(span_bytes))
+            return memoryview(found[index].data)
 
         await self._read_into(namespace, keys, layer_start, layer_end, allocate, whole=False)
-        return found
+        return [found[index] for index in range(len(keys))]
 
     async def get_chunks_into(
         self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
@@ -233,14 +240,14 @@ class AsyncKVStoreClient:
 
     async def get_whole_chunks(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes]:
         """Each full serialized chunk (header and every layer), byte-identical to what was put."""
-        buffers: list[bytearray] = []
+        buffers: dict[int, bytearray] = {}
 
         def allocate(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
-            buffers.append(bytearray(span_bytes))
-            return memoryview(buffers[-1])
+            buffers[index] = bytearray(span_bytes)
+            return memoryview(buffers[index])
 
         await self._read_into(namespace, keys, 0, 0, allocate, whole=True)
-        return [bytes(buffer) for buffer in buffers]
+        return [bytes(buffers[index]) for index in range(len(keys))]
 
     async def _read_into(
         self,
@@ -253,28 +260,49 @@ class AsyncKVStoreClient:
         whole: bool,
     ) -> list[ChunkLayout]:
         """Copies a layer range of each chunk into `destination(index, layout, bytes)`, called
-        once per chunk in order: the whole serialized chunk if `whole`, else only the layers."""
+        once per chunk in order: the whole serialized chunk if `whole`, else only the layers.
+        Chunks leased before are first copied without a lease or a round trip; if any of
+        them moved meanwhile, the copy is discarded and the read leases as usual (so
+        `destination` may be called twice for an index)."""
         if not keys:
             return []
+        checked = open_checked_read(self._arena, self._locations, namespace, keys, layer_start, layer_end)
+        if checked is not None:
+            with contextlib.suppress(ValueError, ServiceError, DaemonProtocolError):  # moved mid-copy
+                copies = await self._copy_out(checked, destination, whole)
+                if checked.still_valid():
+                    self._check_copies(checked, copies)
+                    return checked.layouts
+            self._locations.forget(namespace, keys)
         async with self._open_read(namespace, keys, layer_start, layer_end) as read:
-            outs: list[memoryview] = []
-            bases: list[int] = []  # chunk offset of each output buffer's first byte
-            for index, layout in enumerate(read.layouts):
-                first, last = layout.layer_span(read.layer_start, read.layer_end)
-                if whole:
-                    first, last = 0, layout.total_bytes
-                out = destination(index, layout, last - first)
-                if whole:
-                    out[: layout.data_offset] = read.header_region(index)
-                outs.append(out)
-                bases.append(first)
-            await read.copy_into(outs, bases)
-            if self._verify:
-                for out, base, layout in zip(outs, bases, read.layouts, strict=True):
-                    for layer in range(read.layer_start, read.layer_end):
-                        start, end = layout.layer_span(layer, layer + 1)
-                        check_layer(layout, layer, out[start - base : end - base])
+            copies = await self._copy_out(read, destination, whole)
+            self._check_copies(read, copies)
             return read.layouts
+
+    @staticmethod
+    async def _copy_out(
+        read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
+    ) -> list[tuple[memoryview, int]]:
+        """Each chunk's output buffer and the chunk offset of its first byte, filled."""
+        copies: list[tuple[memoryview, int]] = []
+        for index, layout in enumerate(read.layouts):
+            first, last = layout.layer_span(read.layer_start, read.layer_end)
+            if whole:
+                first, last = 0, layout.total_bytes
+            out = destination(index, layout, last - first)
+            if whole:
+                out[: layout.data_offset] = read.header_region(index)
+            copies.append((out, first))
+        await read.copy_into([out for out, _ in copies], [base for _, base in copies])
+        return copies
+
+    def _check_copies(self, read: ChunkRead, copies: Sequence[tuple[memoryview, int]]) -> None:
+        if not self._verify:
+            return
+        for (out, base), layout in zip(copies, read.layouts, strict=True):
+            for layer in range(read.layer_start, read.layer_end):
+                start, end = layout.layer_span(layer, layer + 1)
+                check_layer(layout, layer, out[start - base : end - base])
 
     async def iter_layers(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0

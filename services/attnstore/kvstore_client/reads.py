@@ -3,6 +3,9 @@ requested chunks, their header bytes, and their layers in layer-major order.
 
 Shared memory: GetShm leases the chunks, the client parses each header from the arena
 and hands out views of each layer; the lease ends when the read closes (lease_releaser.py).
+Shared memory without a lease: chunks leased before are copied from where they lay then
+(location_cache.py), and the copy counts only if their block versions did not change
+meanwhile (`CheckedShmRead.still_valid`).
 gRPC: the Get stream's first message carries every header; its slices carry the layers.
 """
 
@@ -15,9 +18,11 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from attnstore.chunks.format import ChunkFormatError, ChunkLayout, decode_layout, header_bytes_needed
+from attnstore.errors import ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client.arena import ArenaHandle
 from attnstore.kvstore_client.lease_releaser import LeaseReleaser
+from attnstore.kvstore_client.location_cache import KnownLocation, LocationCache
 from attnstore.kvstore_client.pieces import (
     DaemonProtocolError,
     LayerAssembler,
@@ -26,7 +31,7 @@ from attnstore.kvstore_client.pieces import (
     header_region,
     layer_range,
 )
-from attnstore.shm_arena import Extent, SharedArena
+from attnstore.shm_arena import BlockVersions, Extent, SharedArena
 
 _PREAMBLE_BYTES = 16  # enough for header_bytes_needed to find the header length
 
@@ -60,18 +65,13 @@ class _ShmRead(ChunkRead):
     def __init__(
         self,
         arena: SharedArena,
-        chunks: Sequence[kvstore_pb2.ChunkLocation],
+        chunks: Sequence[tuple[int, Sequence[Extent]]],  # (size_bytes, extents) per chunk
         layer_start: int,
         layer_end: int,
     ) -> None:
         self._arena = arena
-        self._extents: list[list[Extent]] = [
-            [(e.offset_bytes, e.length_bytes) for e in chunk.extents] for chunk in chunks
-        ]
-        self.layouts = [
-            _layout_in_arena(arena, extents, chunk.size_bytes)
-            for extents, chunk in zip(self._extents, chunks, strict=True)
-        ]
+        self._extents = [extents for _, extents in chunks]
+        self.layouts = [_layout_in_arena(arena, extents, size_bytes) for size_bytes, extents in chunks]
         self.layer_start, self.layer_end = layer_range(self.layouts, layer_start, layer_end)
 
     def header_region(self, index: int) -> bytes:
@@ -88,6 +88,54 @@ class _ShmRead(ChunkRead):
             for index, layout in enumerate(self.layouts):
                 start, end = layout.layer_span(layer, layer + 1)
                 yield index, layer, list(self._arena.views(self._extents[index], start, end))
+
+
+class CheckedShmRead(_ShmRead):
+    """A lease-free read of remembered locations. Everything it reads, headers included,
+    counts only if `still_valid()` holds after the last copy; any error before that may
+    just mean the chunk moved."""
+
+    def __init__(
+        self,
+        arena: SharedArena,
+        versions: BlockVersions,
+        known: Sequence[KnownLocation],
+        namespace: bytes,
+        keys: Sequence[bytes],
+        layer_start: int,
+        layer_end: int,
+    ) -> None:
+        self._versions = versions
+        self._known = known
+        super().__init__(arena, [(k.size_bytes, k.extents) for k in known], layer_start, layer_end)
+        for layout, key in zip(self.layouts, keys, strict=True):
+            if layout.header.key != key or layout.header.namespace != namespace:
+                raise ChunkFormatError("the arena holds another chunk there now")
+
+    def still_valid(self) -> bool:
+        """Whether no block of any chunk was freed or deleted since it was leased."""
+        return all(self._versions.read(k.blocks) == k.versions for k in self._known)
+
+
+def open_checked_read(
+    arena: ArenaHandle,
+    locations: LocationCache,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    layer_start: int,
+    layer_end: int,
+) -> CheckedShmRead | None:
+    """A lease-free read of `keys` if every one was leased before and none has moved since."""
+    mapped, versions = arena.mapped, arena.versions
+    if mapped is None or versions is None:
+        return None
+    known = locations.find(arena.generation, namespace, keys)
+    if known is None or not all(versions.read(k.blocks) == k.versions for k in known):
+        return None
+    try:
+        return CheckedShmRead(mapped, versions, known, namespace, keys, layer_start, layer_end)
+    except (ValueError, ServiceError, DaemonProtocolError):  # perhaps moved: the leased read tells
+        return None
 
 
 def _layout_in_arena(arena: SharedArena, extents: Sequence[Extent], size_bytes: int) -> ChunkLayout:
@@ -145,15 +193,21 @@ async def open_shm_read(
     layer_end: int,
     timeout_seconds: float,
     releaser: LeaseReleaser,
+    locations: LocationCache,
 ) -> AsyncIterator[ChunkRead]:
-    """Leases `keys` in the arena for the duration of the `async with` block."""
+    """Leases `keys` in the arena for the duration of the `async with` block, and
+    remembers where they lie for later lease-free reads."""
     request = kvstore_pb2.GetShmRequest(namespace=namespace, keys=keys, release_lease_ids=releaser.take())
     reply = await stub.GetShm(request, timeout=timeout_seconds)
     try:
         if len(reply.chunks) != len(keys):
             raise DaemonProtocolError(f"GetShm located {len(reply.chunks)} chunks for {len(keys)} keys")
         mapped = await arena.for_generation(reply.arena_generation)
-        yield _ShmRead(mapped, reply.chunks, layer_start, layer_end)
+        chunks = [(c.size_bytes, [(e.offset_bytes, e.length_bytes) for e in c.extents]) for c in reply.chunks]
+        read = _ShmRead(mapped, chunks, layer_start, layer_end)
+        if arena.versions is not None:
+            locations.remember(reply.arena_generation, namespace, keys, chunks, arena.versions)
+        yield read
     finally:
         releaser.release(reply.lease_id)
 

@@ -16,6 +16,7 @@ from typing import Any, Self, TypeVar
 from attnstore.chunks.format import ChunkLayout
 from attnstore.kvstore.v1 import kvstore_pb2
 from attnstore.kvstore_client.async_client import AsyncKVStoreClient
+from attnstore.kvstore_client.location_cache import DEFAULT_ENTRIES as DEFAULT_LOCATION_ENTRIES
 from attnstore.kvstore_client.pieces import PutChunks
 from attnstore.kvstore_client.results import (
     ChunkData,
@@ -43,6 +44,7 @@ class KVStoreClient:
         verify_checksums: bool = True,
         shm_dir: Path | None = None,
         credentials: ClientCredentials | None = None,
+        location_cache_entries: int = DEFAULT_LOCATION_ENTRIES,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-client", daemon=True)
@@ -56,6 +58,7 @@ class KVStoreClient:
                 verify_checksums=verify_checksums,
                 shm_dir=shm_dir,
                 credentials=credentials,
+                location_cache_entries=location_cache_entries,
             )
 
         try:

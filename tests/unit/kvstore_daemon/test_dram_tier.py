@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attnstore.shm_arena import SharedArena
+from attnstore.shm_arena import BlockVersions, SharedArena
 from kvstore_daemon.block_allocator import OutOfBlocks
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
 
@@ -26,8 +26,8 @@ def tier(tmp_path: Path) -> Iterator[DramTier]:
 
 
 def test_sizes_round_down_to_whole_blocks(tier: DramTier) -> None:
-    assert tier.size_bytes == tier.capacity_bytes == 8 * BLOCK
-    assert tier.path.stat().st_size == 8 * BLOCK
+    assert tier.capacity_bytes == tier.versions_offset_bytes == 8 * BLOCK
+    assert tier.size_bytes == tier.path.stat().st_size == 8 * BLOCK + 8 * 8  # one uint64 version a block
     assert stat.S_IMODE(tier.path.stat().st_mode) == 0o660
     assert tier.path.name == f"attnstore-arena-{os.getpid()}-{tier.generation[:8]}.bin"
     assert [tier.blocks_for(n) for n in (0, 1, BLOCK, BLOCK + 1)] == [0, 1, 1, 2]
@@ -74,6 +74,32 @@ def test_bytes_written_through_the_arena_read_back_in_a_second_mapping(tier: Dra
         worker.close()
 
 
+def test_freeing_or_invalidating_bumps_the_versions_a_second_mapping_sees(tier: DramTier) -> None:
+    worker = SharedArena(tier.path, tier.size_bytes)
+    versions = BlockVersions(worker, tier.versions_offset_bytes, 8, BLOCK)
+    try:
+        blocks = tier.allocate(2 * BLOCK + 1)
+        before = versions.read(blocks)
+        assert versions.blocks_of(tier.extents(blocks, 2 * BLOCK + 1)) == tuple(blocks)
+        tier.invalidate(blocks[:1])
+        assert versions.read(blocks) == (before[0] + 1, *before[1:])
+        tier.free(blocks)
+        assert versions.read(blocks) == (before[0] + 2, *(v + 1 for v in before[1:]))
+        assert versions.read([b for b in range(8) if b not in blocks]) == (0,) * 5  # untouched
+    finally:
+        versions.release()
+        worker.close()
+
+
+def test_odd_block_sizes_keep_the_version_table_aligned(tmp_path: Path) -> None:
+    tier = DramTier(tmp_path, capacity_bytes=3 * 4100, block_bytes=4100)
+    try:
+        assert tier.versions_offset_bytes % 64 == 0 and tier.versions_offset_bytes >= 3 * 4100
+        tier.free(tier.allocate(4100))  # the daemon's own bump works through the table
+    finally:
+        tier.close()
+
+
 def test_close_removes_the_file_and_is_idempotent(tmp_path: Path) -> None:
     tier = DramTier(tmp_path, capacity_bytes=2 * BLOCK, block_bytes=BLOCK)
     assert tier.path.exists()
@@ -88,7 +114,7 @@ def test_too_small_dir_fails_with_path_and_sizes(tmp_path: Path, monkeypatch: py
 
     # A fake full tmpfs: really filling a disk in a unit test is not an option.
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with pytest.raises(ArenaError, match=rf"reserve {4 * BLOCK} bytes .*{tmp_path}.* bytes free"):
+    with pytest.raises(ArenaError, match=rf"reserve {4 * BLOCK + 4 * 8} bytes .*{tmp_path}.* bytes free"):
         DramTier(tmp_path, capacity_bytes=4 * BLOCK, block_bytes=BLOCK)
     assert list(tmp_path.iterdir()) == []  # nothing half-made left behind
 

@@ -75,16 +75,18 @@ class OpenShmRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class OpenShmResponse(_message.Message):
-    __slots__ = ("path", "size_bytes", "block_bytes", "arena_generation")
+    __slots__ = ("path", "size_bytes", "block_bytes", "arena_generation", "block_versions_offset_bytes")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     ARENA_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_VERSIONS_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
     path: str
     size_bytes: int
     block_bytes: int
     arena_generation: str
-    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., block_bytes: _Optional[int] = ..., arena_generation: _Optional[str] = ...) -> None: ...
+    block_versions_offset_bytes: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., block_bytes: _Optional[int] = ..., arena_generation: _Optional[str] = ..., block_versions_offset_bytes: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("namespace", "keys", "promote")

@@ -1,0 +1,167 @@
+"""Reading again without a lease: a client that leased a chunk before copies it straight
+from the arena and keeps the copy only if the chunk's block versions did not change
+(attnstore.shm_arena.BlockVersions). These tests stop the daemon to prove no round trip
+is made, and move, delete and overwrite chunks under a reader to prove a stale location
+is never served."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+from attnstore.chunks.format import decode_layout
+from attnstore.kvstore.v1 import kvstore_pb2 as pb
+from attnstore.kvstore_client import KVStoreClient, Tier
+
+if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
+    from collections.abc import Callable
+
+    from conftest import ChunkSet, DaemonFactory, DaemonProcess
+
+    from attnstore.kvstore.v1.kvstore_pb2_grpc import KVStoreStub
+
+KiB, MiB = 1024, 1024 * 1024
+# 900 KiB chunks in 256 KiB blocks; a 4 MiB arena holds four, evicting in LRU order to SSD.
+SHAPE = {"num_layers": 7, "kv_heads": 4, "head_dim": 128, "chunk_tokens": 64}
+FOUR_CHUNK_DRAM = {
+    "DRAM_CAPACITY_BYTES": 4 * MiB,
+    "DRAM_BLOCK_BYTES": 256 * KiB,
+    "MAX_CHUNK_BYTES": MiB,
+    "SSD_CAPACITY_BYTES": 1024 * MiB,
+    "DRAM_HIGH_WATERMARK": 1.0,
+    "DRAM_LOW_WATERMARK": 1.0,
+    "PERSIST_ON_COMMIT": "false",
+    "EVICTION_POLICY": "lru",
+}
+
+# Churns the same arena from another process: puts fresh chunks of another namespace,
+# deleting every other one, so the reader's chunks are demoted, promoted and their blocks
+# rewritten while it reads.
+CHURN = """
+import os, sys, time
+from attnstore.chunks.format import encode_chunk
+from attnstore.kvstore_client import KVStoreClient
+address, seconds = sys.argv[1], float(sys.argv[2])
+namespace, half = b"churn-namespace!", 4 * 64 * 128 * 2
+with KVStoreClient(address) as client:
+    client.register_namespace(namespace, num_layers=7, kv_heads=4, head_dim=128, chunk_tokens=64, dtype="float16")
+    deadline, count = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        key = count.to_bytes(32, "big")
+        layers = [(os.urandom(half), os.urandom(half)) for _ in range(7)]
+        data = encode_chunk(namespace=namespace, key=key, dtype="float16", kv_heads=4, tokens=64,
+                            head_dim=128, base_position=0, layers=layers)
+        client.put_chunks(namespace, {key: data})
+        if count % 2:
+            client.delete(namespace, [key])
+        count += 1
+print(count)
+"""
+
+
+def leased_reads(client: KVStoreClient) -> int:
+    """Chunks the daemon has handed out (GetShm, Get) since it started."""
+    stats = client.stats()
+    return stats.dram.hits + stats.ssd.hits
+
+
+def test_reading_a_leased_chunk_again_needs_no_daemon(daemon: DaemonProcess, chunk_set: type[ChunkSet]) -> None:
+    chunks = chunk_set()
+    keys, expected = chunks.keys(0, 3), [chunks.data(i) for i in range(3)]
+    layout = decode_layout(expected[1])
+    first, last = layout.layer_span(1, 3)
+    assert daemon.pid is not None
+    with KVStoreClient(daemon.address, timeout_seconds=2) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 3))
+        assert client.get_whole_chunks(chunks.namespace, keys) == expected  # leased: locations learned
+        before = leased_reads(client)
+        os.kill(daemon.pid, signal.SIGSTOP)  # any round trip now fails with DEADLINE_EXCEEDED
+        try:
+            for _ in range(3):
+                assert client.get_whole_chunks(chunks.namespace, keys) == expected
+            piece = client.get_chunks(chunks.namespace, keys[1:2], layer_start=1, layer_end=3)[0]
+            assert bytes(piece.data) == expected[1][first:last]
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+        assert leased_reads(client) == before
+
+
+def test_without_the_location_cache_every_read_is_leased(daemon: DaemonProcess, chunk_set: type[ChunkSet]) -> None:
+    chunks = chunk_set()
+    with KVStoreClient(daemon.address, location_cache_entries=0) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1))
+        before = leased_reads(client)
+        for _ in range(3):
+            assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
+        assert leased_reads(client) == before + 3
+
+
+def test_a_deleted_chunk_is_not_read_from_where_it_was(
+    daemon: DaemonProcess, chunk_set: type[ChunkSet], raw_stub: Callable[[DaemonProcess], KVStoreStub]
+) -> None:
+    chunks = chunk_set()
+    keys = chunks.keys(0, 2)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 2))
+        assert client.get_whole_chunks(chunks.namespace, keys) == [chunks.data(0), chunks.data(1)]
+        # Chunk 1 stays leased by another reader, so its blocks are not freed yet: the
+        # delete alone must end lease-free reads of it.
+        holder = raw_stub(daemon).GetShm(pb.GetShmRequest(namespace=chunks.namespace, keys=keys[1:]))
+        assert client.delete(chunks.namespace, keys) == 2
+        for key in keys:
+            with pytest.raises(grpc.RpcError) as error:
+                client.get_whole_chunks(chunks.namespace, [key])
+            assert error.value.code() is grpc.StatusCode.NOT_FOUND
+        assert raw_stub(daemon).ReleaseLease(pb.ReleaseLeaseRequest(lease_ids=[holder.lease_id])).released_count == 1
+
+
+def test_a_moved_chunk_is_read_from_its_new_place(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address, verify_checksums=False) as client:  # only the versions guard
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1))
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
+        for index in range(1, 9):  # eight more chunks: chunk 0 goes to SSD, its blocks to others
+            client.put_chunks(chunks.namespace, chunks.items(index, index + 1))
+        assert chunks.tiers(client, [0]) == [Tier.SSD]
+        before = leased_reads(client)
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
+        assert leased_reads(client) == before + 1  # the stale location was refused, then leased
+
+
+def test_reads_under_churn_from_another_process_are_always_the_stored_bytes(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    keys, expected = chunks.keys(0, 2), [chunks.data(0), chunks.data(1)]
+    seconds = 3.0
+    with KVStoreClient(daemon.address, verify_checksums=False) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 2))
+        before = leased_reads(client)
+        churn = subprocess.Popen(
+            [sys.executable, "-c", CHURN, daemon.address, str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        reads, deadline = 0, time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                for index in (0, 1):
+                    assert client.get_whole_chunks(chunks.namespace, [keys[index]]) == [expected[index]]
+                    reads += 1
+        finally:
+            out, _ = churn.communicate(timeout=60)
+        assert churn.returncode == 0 and int(out) > 8  # the churn really cycled the arena
+        leased = leased_reads(client) - before
+        assert 0 < leased < reads, f"{leased} of {reads} reads leased: both paths must have run"
