@@ -218,6 +218,16 @@ class ChunkStore:
         self._release(lease.chunks)
         return True
 
+    def note_lease_free_reads(self, namespace: bytes, keys: Sequence[bytes]) -> None:
+        """Chunks a client copied from the arena on its own (version-checked, no lease):
+        hits and recency as for a leased read. Chunks gone meanwhile are ignored."""
+        self.namespaces.get(namespace)
+        chunks = [c for c in (self._visible(namespace, key) for key in keys) if c is not None and c.blocks is not None]
+        self._count_hits([chunk.tier for chunk in chunks], misses=0)
+        for chunk in chunks:
+            self._mover.touch(chunk)
+        metrics.BYTES_OUT.labels("shm").inc(sum(chunk.size_bytes for chunk in chunks))
+
     def layer_views(self, chunk: Chunk, layer_start: int, layer_end: int) -> list[memoryview]:
         """Zero-copy views of layers [layer_start, layer_end) of a chunk held by a reader."""
         assert chunk.layout is not None and chunk.extents is not None  # guaranteed by _acquire

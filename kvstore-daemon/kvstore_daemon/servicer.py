@@ -170,7 +170,18 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         )
 
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
-        ids = check_unique_ids(request.lease_ids, self._settings.max_keys_per_request, "lease_ids")
+        limit = self._settings.max_keys_per_request
+        reads = [
+            (check_namespace(r.namespace), check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys"))
+            for i, r in enumerate(request.lease_free_reads)
+        ]
+        if sum(len(keys) for _, keys in reads) > limit:
+            raise InvalidArgument(f"lease_free_reads name more than {limit} keys in all; at most {limit} per call")
+        ids = check_unique_ids(request.lease_ids, limit, "lease_ids", allow_empty=bool(reads))
+        for namespace, _ in reads:  # every check before any change
+            self._store.namespaces.get(namespace)
+        for namespace, keys in reads:
+            self._store.note_lease_free_reads(namespace, keys)
         return pb.ReleaseLeaseResponse(released_count=sum(self._store.release_lease(i) for i in ids))
 
     async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.DeleteResponse:

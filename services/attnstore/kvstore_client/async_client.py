@@ -272,6 +272,7 @@ class AsyncKVStoreClient:
                 copies = await self._copy_out(checked, destination, whole)
                 if checked.still_valid():
                     self._check_copies(checked, copies)
+                    self._releaser.note_reads(namespace, keys)
                     return checked.layouts
             self._locations.forget(namespace, keys)
         async with self._open_read(namespace, keys, layer_start, layer_end) as read:

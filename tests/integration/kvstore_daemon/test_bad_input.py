@@ -203,6 +203,21 @@ def release(ids: Callable[[Store], list[int]]) -> Call:
     return lambda s: s.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_ids=ids(s)))
 
 
+def report_reads(*entries: tuple[bytes | None, list[bytes | int]]) -> Call:
+    """ReleaseLease carrying only lease-free reads: (namespace or None for the store's,
+    keys as raw bytes or chunk indices) per entry."""
+
+    def call(s: Store) -> object:
+        reads = [
+            pb.LeaseFreeReads(namespace=s.ns if ns is None else ns,
+                              keys=[k if isinstance(k, bytes) else s.key(k) for k in keys])
+            for ns, keys in entries
+        ]
+        return s.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_free_reads=reads))
+
+    return call
+
+
 def get(*, indices: tuple[int, ...] = (0,), layer_start: int = 0, layer_end: int = 0) -> Call:
     def call(s: Store) -> object:
         keys = [s.key(index) for index in indices]
@@ -337,6 +352,18 @@ CASES: dict[str, Case] = {
     "ReleaseLease-too-many-ids": Case(
         release(lambda s: list(range(1, MAX_KEYS + 2))), INVALID, f"at most {MAX_KEYS} are allowed"
     ),
+    "ReleaseLease-reads-short-namespace": Case(
+        report_reads((b"short", [0])), INVALID, "namespace must be 16 bytes, got 5"
+    ),
+    "ReleaseLease-reads-unknown-namespace": Case(report_reads((UNKNOWN_NAMESPACE, [0])), NOT_FOUND, "namespace"),
+    "ReleaseLease-reads-short-key": Case(
+        report_reads((None, [0]), (None, [1, b"short"])), INVALID,
+        "lease_free_reads[1].keys[1] must be a 32-byte chunk key, got 5 bytes",
+    ),
+    "ReleaseLease-reads-too-many-keys": Case(
+        report_reads((None, list(range(MAX_KEYS))), (OTHER_NAMESPACE, [0])), INVALID,
+        f"lease_free_reads name more than {MAX_KEYS} keys in all",
+    ),
     "Pin-ttl-above-maximum": Case(
         lambda s: s.stub.Pin(pb.PinRequest(namespace=s.ns, keys=[s.key(0)], ttl_seconds=3601)),
         INVALID,
@@ -374,6 +401,7 @@ def test_absent_targets_are_answered_not_refused(store: Store) -> None:
     stub, absent = store.stub, [store.key(ABSENT)]
     assert stub.AbortPut(pb.AbortPutRequest(write_ids=[UNKNOWN_ID])).aborted_count == 0
     assert stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_ids=[UNKNOWN_ID])).released_count == 0
+    assert report_reads((None, [ABSENT]), (OTHER_NAMESPACE, [0]))(store).released_count == 0  # type: ignore[attr-defined]
     assert stub.Delete(pb.DeleteRequest(namespace=store.ns, keys=absent)).deleted_count == 0
     assert stub.Pin(pb.PinRequest(namespace=store.ns, keys=absent)).pinned_count == 0
     assert stub.Unpin(pb.UnpinRequest(namespace=store.ns, keys=[store.key(0)])).unpinned_count == 0

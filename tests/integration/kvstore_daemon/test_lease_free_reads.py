@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
+from service_probes import free_port, scrape_metrics
 
 from attnstore.chunks.format import decode_layout
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
@@ -23,7 +24,7 @@ from attnstore.kvstore_client import KVStoreClient, Tier
 if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
     from collections.abc import Callable
 
-    from conftest import ChunkSet, DaemonFactory, DaemonProcess
+    from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
 
     from attnstore.kvstore.v1.kvstore_pb2_grpc import KVStoreStub
 
@@ -66,14 +67,25 @@ print(count)
 """
 
 
-def leased_reads(client: KVStoreClient) -> int:
-    """Chunks the daemon has handed out (GetShm, Get) since it started."""
-    stats = client.stats()
-    return stats.dram.hits + stats.ssd.hits
+class DaemonCounters:
+    """The daemon's GetShm calls and DRAM hits, from its Prometheus endpoint."""
+
+    def __init__(self, daemon_factory: DaemonFactory, **settings: object) -> None:
+        self.port = free_port()
+        self.daemon = daemon_factory(METRICS_PORT=self.port, **settings)
+
+    def get_shm_calls(self) -> int:
+        return int(scrape_metrics(self.port).get('attnstore_rpc_duration_seconds_count{code="OK",method="GetShm"}', 0))
+
+    def dram_hits(self) -> int:
+        return int(scrape_metrics(self.port)['attnstore_kvstore_hits_total{tier="dram"}'])
 
 
-def test_reading_a_leased_chunk_again_needs_no_daemon(daemon: DaemonProcess, chunk_set: type[ChunkSet]) -> None:
-    chunks = chunk_set()
+def test_reading_a_leased_chunk_again_needs_no_daemon(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    counters = DaemonCounters(daemon_factory)
+    daemon, chunks = counters.daemon, chunk_set()
     keys, expected = chunks.keys(0, 3), [chunks.data(i) for i in range(3)]
     layout = decode_layout(expected[1])
     first, last = layout.layer_span(1, 3)
@@ -82,8 +94,8 @@ def test_reading_a_leased_chunk_again_needs_no_daemon(daemon: DaemonProcess, chu
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, 3))
         assert client.get_whole_chunks(chunks.namespace, keys) == expected  # leased: locations learned
-        before = leased_reads(client)
-        os.kill(daemon.pid, signal.SIGSTOP)  # any round trip now fails with DEADLINE_EXCEEDED
+        calls, hits = counters.get_shm_calls(), counters.dram_hits()
+        os.kill(daemon.pid, signal.SIGSTOP)  # any round trip now waits for SIGCONT
         try:
             for _ in range(3):
                 assert client.get_whole_chunks(chunks.namespace, keys) == expected
@@ -91,18 +103,41 @@ def test_reading_a_leased_chunk_again_needs_no_daemon(daemon: DaemonProcess, chu
             assert bytes(piece.data) == expected[1][first:last]
         finally:
             os.kill(daemon.pid, signal.SIGCONT)
-        assert leased_reads(client) == before
+        # The reads are reported afterwards (one ReleaseLease): counted as DRAM hits, no GetShm.
+        poll_until(lambda: counters.dram_hits() == hits + 3, what="the lease-free reads to be reported")
+        assert counters.get_shm_calls() == calls
 
 
-def test_without_the_location_cache_every_read_is_leased(daemon: DaemonProcess, chunk_set: type[ChunkSet]) -> None:
+def test_without_the_location_cache_every_read_is_leased(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
+    counters = DaemonCounters(daemon_factory)
     chunks = chunk_set()
-    with KVStoreClient(daemon.address, location_cache_entries=0) as client:
+    with KVStoreClient(counters.daemon.address, location_cache_entries=0) as client:
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, 1))
-        before = leased_reads(client)
+        calls = counters.get_shm_calls()
         for _ in range(3):
             assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
-        assert leased_reads(client) == before + 3
+        assert counters.get_shm_calls() == calls + 3
+
+
+def test_reported_lease_free_reads_keep_a_chunk_recent_for_lru(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    counters = DaemonCounters(daemon_factory, **FOUR_CHUNK_DRAM)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(counters.daemon.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1))
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
+        for index in (1, 2, 3):  # DRAM is full; chunk 0 is the least recently used
+            client.put_chunks(chunks.namespace, chunks.items(index, index + 1))
+        hits = counters.dram_hits()
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]  # lease-free
+        poll_until(lambda: counters.dram_hits() == hits + 1, what="the lease-free read to be reported")
+        client.put_chunks(chunks.namespace, chunks.items(4, 5))  # evicts the least recently used
+        assert chunks.tiers(client, range(5)) == [Tier.DRAM, Tier.SSD, Tier.DRAM, Tier.DRAM, Tier.DRAM]
 
 
 def test_a_deleted_chunk_is_not_read_from_where_it_was(
@@ -126,33 +161,33 @@ def test_a_deleted_chunk_is_not_read_from_where_it_was(
 
 
 def test_a_moved_chunk_is_read_from_its_new_place(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    counters = DaemonCounters(daemon_factory, **FOUR_CHUNK_DRAM)
     chunks = chunk_set(**SHAPE)
-    with KVStoreClient(daemon.address, verify_checksums=False) as client:  # only the versions guard
+    with KVStoreClient(counters.daemon.address, verify_checksums=False) as client:  # only the versions guard
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, 1))
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
         for index in range(1, 9):  # eight more chunks: chunk 0 goes to SSD, its blocks to others
             client.put_chunks(chunks.namespace, chunks.items(index, index + 1))
         assert chunks.tiers(client, [0]) == [Tier.SSD]
-        before = leased_reads(client)
+        calls = counters.get_shm_calls()
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
-        assert leased_reads(client) == before + 1  # the stale location was refused, then leased
+        assert counters.get_shm_calls() == calls + 1  # the stale location was refused, then leased
 
 
 def test_reads_under_churn_from_another_process_are_always_the_stored_bytes(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
+    counters = DaemonCounters(daemon_factory, **FOUR_CHUNK_DRAM)
     chunks = chunk_set(**SHAPE)
     keys, expected = chunks.keys(0, 2), [chunks.data(0), chunks.data(1)]
     seconds = 3.0
-    with KVStoreClient(daemon.address, verify_checksums=False) as client:
+    with KVStoreClient(counters.daemon.address, verify_checksums=False) as client:
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, 2))
-        before = leased_reads(client)
+        calls = counters.get_shm_calls()
         churn = subprocess.Popen(
-            [sys.executable, "-c", CHURN, daemon.address, str(seconds)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", CHURN, counters.daemon.address, str(seconds)], stdout=subprocess.PIPE, text=True
         )
         reads, deadline = 0, time.monotonic() + seconds
         try:
@@ -163,5 +198,5 @@ def test_reads_under_churn_from_another_process_are_always_the_stored_bytes(
         finally:
             out, _ = churn.communicate(timeout=60)
         assert churn.returncode == 0 and int(out) > 8  # the churn really cycled the arena
-        leased = leased_reads(client) - before
+        leased = counters.get_shm_calls() - calls
         assert 0 < leased < reads, f"{leased} of {reads} reads leased: both paths must have run"

@@ -257,10 +257,20 @@ class GetShmResponse(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkLocation, _Mapping]]] = ..., arena_generation: _Optional[str] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
-    __slots__ = ("lease_ids",)
+    __slots__ = ("lease_ids", "lease_free_reads")
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FREE_READS_FIELD_NUMBER: _ClassVar[int]
     lease_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    lease_free_reads: _containers.RepeatedCompositeFieldContainer[LeaseFreeReads]
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., lease_free_reads: _Optional[_Iterable[_Union[LeaseFreeReads, _Mapping]]] = ...) -> None: ...
+
+class LeaseFreeReads(_message.Message):
+    __slots__ = ("namespace", "keys")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReleaseLeaseResponse(_message.Message):
     __slots__ = ("released_count",)

@@ -181,7 +181,8 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseLease(self, request, context):
-        """Ends read leases early (leases also expire on their own).
+        """Ends read leases early (leases also expire on their own), and reports the
+        chunks a client re-read without a lease since its last report.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
