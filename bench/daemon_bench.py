@@ -11,6 +11,8 @@ Paths (each client keeps one request in flight; concurrency N = N clients):
   daemon shm leased   the same with the client's location cache off: one GetShm round trip
                       per Get (a chunk this client has not read before)
   daemon gRPC         the same calls with use_shm=False (bytes over the loopback gRPC stream)
+  bare grpcio stream  the same bytes streamed by a bare grpc.aio server process in the
+                      daemon's message size, no store (grpc_ceiling.py): grpcio's ceiling
   redis               SET/GET of the same bytes on a private loopback redis-server (no
                       persistence), with redis-py + hiredis, blocking and asyncio clients
   SSD tier / raw      cold whole-chunk reads: SsdTier.read vs O_DIRECT reads (disk_reads.py)
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 import uvloop
 from disk_reads import RawReader, measure_cold_reads
+from grpc_ceiling import CeilingServer
 from harness import Budget
 from memory_paths import BUDGETS, QUICK_BUDGET, MemoryBench, cells_per_pool
 from plotting import plot
@@ -61,14 +64,16 @@ DAEMON_SETTINGS = {
 SSD_BUDGET = Budget(min_ops=200, min_seconds=4.0, max_bytes=4_000_000_000, max_seconds=8.0)  # both sides
 
 
-async def run_all(pools: list[ChunkPool], address: str, redis_port: int, args: argparse.Namespace) -> tuple[list[Row], str]:
+async def run_all(
+    pools: list[ChunkPool], address: str, redis_port: int, ceiling_address: str, args: argparse.Namespace
+) -> tuple[list[Row], str]:
     ssd_cells = 2 * len(pools)
     memory_cells = sum(cells_per_pool(c) for c in args.concurrency) * len(pools)
     max_bytes = max(pool.chunk_bytes for pool in pools)
     rows: list[Row] = []
     with tqdm(total=memory_cells + ssd_cells, desc="bench-daemon", unit="cell", file=sys.stderr) as progress:
         for c in args.concurrency:
-            bench = MemoryBench(address, redis_port, max_bytes, progress, args.quick)
+            bench = MemoryBench(address, redis_port, ceiling_address, max_bytes, progress, args.quick)
             await bench.open(c)
             try:
                 for pool in pools:
@@ -124,19 +129,22 @@ def main() -> None:
     daemon = DaemonProcess(WORK_DIR / "daemon" / "ssd", shm_dir, WORK_DIR / "daemon" / "daemon.log", DAEMON_SETTINGS)
     daemon_env = dict(item.split("=", 1) for item in args.daemon_env)
     redis_server = RedisProcess(WORK_DIR / "redis")
+    ceiling = CeilingServer()
     try:
         rng = np.random.default_rng(SEED)
         pools = [make_pool(label, rng) for label in tqdm(SIZE_TOKENS, desc="encoding chunks", file=sys.stderr)]
         with patched_environ(daemon_env):  # the daemon inherits it; this process is already running
             daemon.start()
         redis_server.start()
-        rows, raw_method = uvloop.run(run_all(pools, daemon.address, redis_server.port, args))
+        ceiling.start()
+        rows, raw_method = uvloop.run(run_all(pools, daemon.address, redis_server.port, ceiling.address, args))
         machine = machine_info(WORK_DIR / "ssd-tier", redis_server.version)
         machine["daemon_ssd_disk"] = machine_info(daemon.ssd_dir, "")["ssd_disk"]
         machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
     finally:
         daemon_exit = daemon.stop()
         redis_server.stop()
+        ceiling.stop()
         shutil.rmtree(shm_dir, ignore_errors=True)
         shutil.rmtree(WORK_DIR, ignore_errors=True)
     if daemon_exit:

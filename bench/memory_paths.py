@@ -1,5 +1,6 @@
 """The in-memory paths of the daemon benchmark, run cell by cell for one chunk pool at one
-concurrency: memcpy (the yardstick), the daemon over shared memory and over gRPC, Redis.
+concurrency: memcpy (the yardstick), the daemon over shared memory and over gRPC, a bare
+grpcio stream of the same bytes (grpc_ceiling.py), Redis.
 
 Each of the `concurrency` workers has its own client (one request in flight each) and
 its own preallocated destination buffer. Put cells delete what a round stored between
@@ -15,9 +16,11 @@ from typing import Any
 import numpy as np
 import redis
 import redis.asyncio as aredis
+from grpc_ceiling import CeilingClient
 from harness import Budget, Measurement, run_tasks, run_threads
 from report import (
     GRPC,
+    GRPC_CEILING,
     GRPC_VERIFY,
     MEMCPY,
     REDIS_AIO,
@@ -40,14 +43,17 @@ BATCH_KEYS = 4  # the "4 keys/req" row: one Get of 4 chunks (a 1024-token prefix
 
 
 def cells_per_pool(concurrency: int) -> int:
-    return 13 if concurrency == 1 else 10
+    return 14 if concurrency == 1 else 11
 
 
 class MemoryBench:
     """Runs every cell of one chunk pool at one concurrency and collects the rows."""
 
-    def __init__(self, address: str, redis_port: int, max_bytes: int, progress: tqdm, quick: bool) -> None:
+    def __init__(
+        self, address: str, redis_port: int, ceiling_address: str, max_bytes: int, progress: tqdm, quick: bool
+    ) -> None:
         self.address, self.redis_port, self.progress, self.quick = address, redis_port, progress, quick
+        self.ceiling_address = ceiling_address
         self.max_bytes = max_bytes
         self.rows: list[Row] = []
         self.clients: dict[str, list[Any]] = {}
@@ -63,6 +69,7 @@ class MemoryBench:
             SHM_VERIFY: daemon(True, True, 1), GRPC_VERIFY: daemon(False, True, 1),
             REDIS_SYNC: [redis.Redis(port=self.redis_port) for _ in range(concurrency)],
             REDIS_AIO: [aredis.Redis(port=self.redis_port) for _ in range(concurrency)],
+            GRPC_CEILING: [CeilingClient(self.ceiling_address) for _ in range(concurrency)],
         }
         if not await self.clients[SHM][0].open_shm():
             raise RuntimeError("the daemon's shared-memory arena cannot be mapped from this process")
@@ -129,6 +136,8 @@ class MemoryBench:
             async def get(w: int, i: int, clients: list[AsyncKVStoreClient] = self.clients[path]) -> None:
                 await clients[w].get_chunks_into(ns, [keys[i]], [self.outs[w]])
             await self.tasks(path, "get", pool, c, get)
+        ceiling = self.clients[GRPC_CEILING]
+        await self.tasks(GRPC_CEILING, "get", pool, c, lambda w, i: ceiling[w].get_into(n, self.outs[w]))
         if c == 1:
             outs = [self.outs[0], *(np.zeros(self.max_bytes, np.uint8) for _ in range(BATCH_KEYS - 1))]
 

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from report import (
     GRPC,
+    GRPC_CEILING,
     GRPC_VERIFY,
     MEMCPY,
     RAW,
@@ -31,7 +32,8 @@ _PANELS = {
     "Get / read": [
         ((MEMCPY, "copy"), "memcpy (yardstick)"), ((SHM, "get"), "daemon shm"),
         ((SHM_LEASED, "get"), "daemon shm, leased (1 round trip)"), ((SHM_VERIFY, "get"), "daemon shm +verify"), ((SHM_BATCH, "get"), "daemon shm, 4 keys/request"), ((GRPC, "get"), "daemon gRPC"),
-        ((GRPC_VERIFY, "get"), "daemon gRPC +verify"), ((REDIS_SYNC, "get"), "Redis GET (redis-py)"),
+        ((GRPC_VERIFY, "get"), "daemon gRPC +verify"), ((GRPC_CEILING, "get"), "bare grpcio stream (no store)"),
+        ((REDIS_SYNC, "get"), "Redis GET (redis-py)"),
         ((REDIS_AIO, "get"), "Redis GET (asyncio)"), ((RAW, "read"), "raw direct read, cold"),
         ((SSD_TIER, "read"), "SSD tier read, cold"),
     ],
@@ -47,7 +49,7 @@ def plot(rows: list[Row], sizes: list[str], title: str, out: Path, concurrency: 
     by = {(r["path"], r["op"], r["size"]): r["gbps"] for r in rows if r["concurrency"] == concurrency}
     fig, axes = plt.subplots(2, 1, figsize=(12, 9), constrained_layout=True)
     palette = plt.get_cmap("tab10").colors
-    paths = [MEMCPY, SHM, SHM_LEASED, SHM_VERIFY, SHM_BATCH, GRPC, GRPC_VERIFY, REDIS_SYNC, REDIS_AIO, RAW, SSD_TIER]
+    paths = [MEMCPY, SHM, SHM_LEASED, SHM_VERIFY, SHM_BATCH, GRPC, GRPC_VERIFY, GRPC_CEILING, REDIS_SYNC, REDIS_AIO, RAW, SSD_TIER]
     colors = {path: palette[index % len(palette)] for index, path in enumerate(paths)}  # same in both panels
     for ax, (panel, series) in zip(axes, _PANELS.items(), strict=True):
         present = [(key, label) for key, label in series if any((*key, s) in by for s in sizes)]

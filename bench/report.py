@@ -19,6 +19,7 @@ MEMCPY = "memcpy"
 SHM, SHM_VERIFY, SHM_BATCH = "daemon shm", "daemon shm +verify", "daemon shm 4 keys/req"
 SHM_LEASED = "daemon shm leased"
 GRPC, GRPC_VERIFY = "daemon gRPC", "daemon gRPC +verify"
+GRPC_CEILING = "bare grpcio stream"
 REDIS_SYNC, REDIS_AIO, REDIS_BEST = "redis (redis-py)", "redis (asyncio)", "redis (best client)"
 SSD_TIER, RAW = "SSD tier (cold)", "raw direct (cold)"
 
@@ -34,6 +35,8 @@ RATIOS: dict[str, tuple[tuple[str, str], tuple[str, str], float | None]] = {
     "shm_get_vs_redis_get": ((SHM, "get"), (REDIS_BEST, "get"), None),
     "shm_get_4keys_vs_memcpy": ((SHM_BATCH, "get"), (MEMCPY, "copy"), None),
     "shm_get_leased_vs_memcpy": ((SHM_LEASED, "get"), (MEMCPY, "copy"), None),
+    "grpc_get_vs_bare_grpcio": ((GRPC, "get"), (GRPC_CEILING, "get"), None),
+    "bare_grpcio_vs_redis_get": ((GRPC_CEILING, "get"), (REDIS_BEST, "get"), None),
 }
 TARGET_TEXT = {
     "shm_get_vs_memcpy": "shared-memory Get >= 50% of memcpy bandwidth",

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import socket
-import urllib.request
 from typing import TYPE_CHECKING
+
+from service_probes import free_port, scrape_metrics
 
 from attnstore.kvstore_client import KVStoreClient
 
 if TYPE_CHECKING:
     from conftest import ChunkSet, DaemonFactory
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_metrics_endpoint_counts_hits_bytes_and_latency(
@@ -30,12 +24,7 @@ def test_metrics_endpoint_counts_hits_bytes_and_latency(
         client.put_chunks(chunks.namespace, chunks.items(0, 3))
         client.get_whole_chunks(chunks.namespace, keys)
         assert client.lookup(chunks.namespace, [*keys, bytes(32)]).prefix_length == 3
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = scrape_metrics(port)
     assert samples['attnstore_kvstore_hits_total{tier="dram"}'] >= 6  # 3 read + 3 looked up
     assert samples["attnstore_kvstore_misses_total"] >= 1
     written = sum(len(chunks.data(i)) for i in range(3))
