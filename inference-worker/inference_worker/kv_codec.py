@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from attnstore.chunks.format import DTYPE_BYTES, encode_chunk
+from attnstore.chunks.format import DTYPE_BYTES, encode_chunk, verify_layer
 from attnstore.kvstore_client.results import LayerPiece
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -105,10 +105,16 @@ def layer_from_pieces(
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     device: torch.device | str | None = None,
+    verify: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [kv_heads, sum of the chunks' tokens, head_dim] of one layer, from that layer's
     pieces of consecutive chunks in order. Each piece is copied once, straight from its
-    bytes into its token slice of `out` (allocated on `device` when not given)."""
+    bytes into its token slice of `out` (allocated on `device` when not given).
+
+    `verify` checks each piece against its layer checksum (ChunkCorruptError). Into host
+    memory, right after the copy, over the source bytes the copy just pulled into cache
+    (hashing them first would read DRAM twice; hashing the destination costs more, as
+    large copies write around the cache); to an accelerator, before the copy."""
     if not pieces:
         raise KVShapeError("no pieces to assemble")
     first = pieces[0].layout.header
@@ -136,20 +142,25 @@ def layer_from_pieces(
     if out_k.shape != shape or out_v.shape != shape or out_k.dtype != dtype or out_v.dtype != dtype:
         raise KVShapeError(f"out buffers must be {shape} {dtype}")
 
+    on_host = out_k.device.type == "cpu"
     start = 0
     for piece in pieces:
         tokens = piece.layout.header.tokens
         count = kv_heads * tokens * head_dim  # elements of K (and of V) in this piece
         half = count * DTYPE_BYTES[first.dtype]
+        if verify and not on_host:
+            verify_layer(piece.layout, piece.layer, piece.data)
         for target, offset in ((out_k, 0), (out_v, half)):
             # A read-only view of the piece's bytes: [kv_heads, tokens, head_dim]
             src = _frombuffer(piece.data, offset, half).view(dtype).view(kv_heads, tokens, head_dim)
             target[:, start : start + tokens, :].copy_(src)
+        if verify and on_host:
+            verify_layer(piece.layout, piece.layer, piece.data)
         start += tokens
     return out_k, out_v
 
 
-def _frombuffer(data: bytes | bytearray, offset: int, nbytes: int) -> torch.Tensor:
+def _frombuffer(data: bytes | bytearray | memoryview, offset: int, nbytes: int) -> torch.Tensor:
     """A uint8 tensor over `data[offset:offset + nbytes]`, without copying. Over read-only
     `bytes`, torch warns once per process that the tensor is not writable: harmless, as
     it is only ever a copy source."""

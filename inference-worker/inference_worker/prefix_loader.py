@@ -59,7 +59,8 @@ async def load_prefix(
                 _check_piece(piece, prefix.num_layers, tail_tokens if last and tail_tokens else chunk_tokens)
                 row.append(piece)
                 if len(row) == len(keys):
-                    k, v = layer_from_pieces(row, device=device)  # each [kv_heads, chunks * C, head_dim]
+                    # each [kv_heads, chunks * C, head_dim]; checksums verified here, on the copies
+                    k, v = layer_from_pieces(row, device=device, verify=True)
                     if head_tokens < chunk_tokens:  # chunk 0 gives only its sinks: drop the rest of it
                         k = torch.cat((k[:, :head_tokens], k[:, chunk_tokens:]), dim=1)
                         v = torch.cat((v[:, :head_tokens], v[:, chunk_tokens:]), dim=1)

@@ -40,8 +40,20 @@ class ChunkCorruptError(ValueError):
     """A layer's bytes do not match its checksum."""
 
 
-def layer_checksum(data: Buffer) -> int:
-    return xxhash.xxh3_64_intdigest(data)
+def layer_checksum(*parts: Buffer) -> int:
+    """xxh3-64 of one layer's bytes, given whole or as consecutive parts."""
+    if len(parts) == 1:
+        return xxhash.xxh3_64_intdigest(parts[0])
+    digest = xxhash.xxh3_64()
+    for part in parts:
+        digest.update(part)
+    return digest.intdigest()
+
+
+def verify_layer(layout: ChunkLayout, layer: int, *parts: Buffer) -> None:
+    """Raises ChunkCorruptError unless `parts` (one whole layer, in order) match its checksum."""
+    if layer_checksum(*parts) != layout.header.layer_checksums[layer]:
+        raise ChunkCorruptError(f"layer {layer} of chunk {layout.header.key.hex()} is corrupt")
 
 
 @dataclass(frozen=True)
@@ -198,11 +210,9 @@ def verify_layers(data: Buffer, layout: ChunkLayout, layer_start: int, layer_end
     """Raises ChunkCorruptError unless layers [layer_start, layer_end) of `data` match
     their checksums; `data` holds the whole serialized chunk."""
     view = memoryview(data)
-    size = layout.header.layer_bytes
     for layer in range(layer_start, layer_end):
-        start = layout.data_offset + layer * size
-        if layer_checksum(view[start : start + size]) != layout.header.layer_checksums[layer]:
-            raise ChunkCorruptError(f"layer {layer} of chunk {layout.header.key.hex()} is corrupt")
+        start, end = layout.layer_span(layer, layer + 1)
+        verify_layer(layout, layer, view[start:end])
 
 
 def max_chunk_bytes(*, num_layers: int, kv_heads: int, head_dim: int, chunk_tokens: int, dtype: str) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from attnstore.chunks.format import ChunkLayout
+from attnstore.chunks.format import ChunkLayout, verify_layer
 from attnstore.errors import InvalidArgument, ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import writes
@@ -25,7 +25,6 @@ from attnstore.kvstore_client.location_cache import LocationCache
 from attnstore.kvstore_client.pieces import (
     DaemonProtocolError,
     PutChunks,
-    check_layer,
     join_parts,
     normalize_put_items,
 )
@@ -303,14 +302,18 @@ class AsyncKVStoreClient:
         for (out, base), layout in zip(copies, read.layouts, strict=True):
             for layer in range(read.layer_start, read.layer_end):
                 start, end = layout.layer_span(layer, layer + 1)
-                check_layer(layout, layer, out[start - base : end - base])
+                verify_layer(layout, layer, out[start - base : end - base])
 
     async def iter_layers(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
     ) -> AsyncIterator[LayerPiece]:
         """Each requested layer of each chunk as it arrives, layer-major, for layer-wise
         loading. Over shared memory one lease covers the whole iteration: close the
-        iterator (`contextlib.aclosing`) when stopping early so the lease ends at once."""
+        iterator (`contextlib.aclosing`) when stopping early so the lease ends at once.
+        A layer that lies in one arena extent comes as a read-only view of the leased
+        arena, valid until the iteration ends: a consumer that copies it anyway (into
+        tensors) then makes the only copy, and can verify that copy while it is in cache
+        (`verify_layer`) instead of having this client verify the arena first."""
         if not keys:
             return
         async with (
@@ -318,7 +321,8 @@ class AsyncKVStoreClient:
             contextlib.aclosing(read.layers()) as layers,
         ):
             async for index, layer, parts in layers:
-                data = join_parts(parts)
+                single_view = len(parts) == 1 and isinstance(parts[0], memoryview)
+                data = parts[0].toreadonly() if single_view else join_parts(parts)
                 if self._verify:
-                    check_layer(read.layouts[index], layer, data)
+                    verify_layer(read.layouts[index], layer, data)
                 yield LayerPiece(chunk_index=index, layer=layer, data=data, layout=read.layouts[index])

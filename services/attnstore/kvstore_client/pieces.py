@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from attnstore.chunks.format import Buffer, ChunkCorruptError, ChunkLayout, layer_checksum
+from attnstore.chunks.format import Buffer, ChunkLayout
 from attnstore.errors import OutOfRange
 
 PutChunks = Mapping[bytes, Buffer] | Sequence[tuple[bytes, Buffer]]
@@ -74,12 +74,6 @@ def join_parts(parts: Sequence[Buffer]) -> bytes | bytearray:
     out = bytearray(sum(memoryview(part).nbytes for part in parts))
     copy_parts(parts, memoryview(out))
     return out
-
-
-def check_layer(layout: ChunkLayout, layer: int, data: Buffer) -> None:
-    """Raises ChunkCorruptError unless `data` (one whole layer) matches its header checksum."""
-    if layer_checksum(data) != layout.header.layer_checksums[layer]:
-        raise ChunkCorruptError(f"layer {layer} of chunk {layout.header.key.hex()} is corrupt")
 
 
 class LayerAssembler:

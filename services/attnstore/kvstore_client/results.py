@@ -60,5 +60,5 @@ class LayerPiece:
 
     chunk_index: int
     layer: int
-    data: bytes | bytearray  # owned by the caller (a copy, never a view into the arena)
+    data: bytes | bytearray | memoryview  # a memoryview: of the leased arena, valid while iterating
     layout: ChunkLayout  # of the chunk the layer belongs to (tokens may differ for a tail chunk)

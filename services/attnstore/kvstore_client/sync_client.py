@@ -7,6 +7,7 @@ each call, so the two clients cannot drift apart: this file holds no protocol lo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -144,11 +145,15 @@ class KVStoreClient:
     def iter_layers(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
     ) -> list[LayerPiece]:
-        """Every layer piece, in the order AsyncKVStoreClient.iter_layers yields them."""
+        """Every layer piece, in the order AsyncKVStoreClient.iter_layers yields them; each
+        piece's data is owned (views of the arena are copied before the lease ends)."""
 
         async def collect() -> list[LayerPiece]:
             pieces = self._client.iter_layers(namespace, keys, layer_start=layer_start, layer_end=layer_end)
-            return [piece async for piece in pieces]
+            return [
+                dataclasses.replace(piece, data=bytes(piece.data)) if isinstance(piece.data, memoryview) else piece
+                async for piece in pieces
+            ]
 
         return self._run(collect())
 

@@ -190,11 +190,14 @@ def corrupt_last_byte(daemon: DaemonProcess, namespace: bytes, key: bytes) -> No
             stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_ids=[located.lease_id]))
 
 
+@pytest.mark.parametrize("client_verifies", [True, False], ids=["client-verifies", "loader-verifies"])
 @pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "grpc"])
 async def test_corrupt_chunk_is_recomputed_and_replaced(
-    tiny_model: LoadedModel, daemon: DaemonProcess, use_shm: bool
+    tiny_model: LoadedModel, daemon: DaemonProcess, use_shm: bool, client_verifies: bool
 ) -> None:
-    async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
+    """The worker's own client does not verify (its prefix loader checks the copies it
+    makes); either check alone catches the damage."""
+    async with AsyncKVStoreClient(daemon.address, use_shm=use_shm, verify_checksums=client_verifies) as client:
         engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
         source = await engine.namespace_for(b"tenant")
         prompt = await first_turn(engine, source)

@@ -1,7 +1,9 @@
+import dataclasses
+
 import pytest
 import torch
 
-from attnstore.chunks.format import decode_layout, verify_layers
+from attnstore.chunks.format import ChunkCorruptError, decode_layout, verify_layers
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from inference_worker.kv_codec import KVShapeError, chunk_spans, encode_chunks, layer_from_pieces
 
@@ -74,6 +76,20 @@ def test_layer_from_pieces_fills_the_given_buffers(layer_major_pieces) -> None:
     assert torch.equal(bits(k), bits(kv[1][0])) and torch.equal(bits(v), bits(kv[1][1]))
     with pytest.raises(KVShapeError):
         layer_from_pieces(pieces, out=(out_k[:, :16], out_v[:, :16]))
+
+
+def test_verify_refuses_a_damaged_piece(layer_major_pieces) -> None:
+    kv = random_kv(32, torch.float32)
+    namespace, keys = namespace_and_keys("float32", 32, False)
+    pieces = layer_major_pieces(encode_chunks(namespace, keys, kv, CHUNK_TOKENS, 0))[2]
+    k, _ = layer_from_pieces(pieces, verify=True)  # intact: verified and assembled
+    assert torch.equal(bits(k), bits(kv[2][0]))
+    damaged = bytearray(pieces[1].data)
+    damaged[-1] ^= 0x01  # the last byte of V of the second chunk
+    pieces[1] = dataclasses.replace(pieces[1], data=bytes(damaged))
+    layer_from_pieces(pieces)  # unverified, the damage passes unseen
+    with pytest.raises(ChunkCorruptError, match="layer 2 of chunk"):
+        layer_from_pieces(pieces, verify=True)
 
 
 def test_encode_from_a_strided_slice(layer_major_pieces) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from attnstore.chunks.format import ChunkCorruptError, decode_layout, encode_chunk
+from attnstore.chunks.format import ChunkCorruptError, decode_layout, encode_chunk, verify_layer
 from attnstore.errors import OutOfRange
 from attnstore.kvstore_client.pieces import (
     DaemonProtocolError,
     LayerAssembler,
-    check_layer,
     copy_parts,
     header_region,
     join_parts,
@@ -92,11 +91,12 @@ def test_check_layer_detects_corruption() -> None:
     chunk = make_chunk(1)
     layout = decode_layout(chunk)
     start, end = layout.layer_span(1, 2)
-    check_layer(layout, 1, chunk[start:end])
+    verify_layer(layout, 1, chunk[start:end])
+    verify_layer(layout, 1, chunk[start : start + 100], chunk[start + 100 : end])  # in parts
     damaged = bytearray(chunk[start:end])
     damaged[0] ^= 1
     with pytest.raises(ChunkCorruptError):
-        check_layer(layout, 1, damaged)
+        verify_layer(layout, 1, damaged)
 
 
 def _slice(chunk: bytes, layer: int) -> bytes:
