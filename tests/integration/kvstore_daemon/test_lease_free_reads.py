@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 from service_probes import free_port, scrape_metrics
+from small_arena import FOUR_CHUNK_DRAM, SHAPE, MiB
 
 from attnstore.chunks.format import decode_layout
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
@@ -28,19 +29,8 @@ if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by n
 
     from attnstore.kvstore.v1.kvstore_pb2_grpc import KVStoreStub
 
-KiB, MiB = 1024, 1024 * 1024
-# 900 KiB chunks in 256 KiB blocks; a 4 MiB arena holds four, evicting in LRU order to SSD.
-SHAPE = {"num_layers": 7, "kv_heads": 4, "head_dim": 128, "chunk_tokens": 64}
-FOUR_CHUNK_DRAM = {
-    "DRAM_CAPACITY_BYTES": 4 * MiB,
-    "DRAM_BLOCK_BYTES": 256 * KiB,
-    "MAX_CHUNK_BYTES": MiB,
-    "SSD_CAPACITY_BYTES": 1024 * MiB,
-    "DRAM_HIGH_WATERMARK": 1.0,
-    "DRAM_LOW_WATERMARK": 1.0,
-    "PERSIST_ON_COMMIT": "false",
-    "EVICTION_POLICY": "lru",
-}
+# Four chunks in DRAM, and an SSD tier that never fills during a test.
+SMALL_DRAM_ROOMY_SSD = {**FOUR_CHUNK_DRAM, "SSD_CAPACITY_BYTES": 1024 * MiB}
 
 # Churns the same arena from another process: puts fresh chunks of another namespace,
 # deleting every other one, so the reader's chunks are demoted, promoted and their blocks
@@ -125,7 +115,7 @@ def test_without_the_location_cache_every_read_is_leased(
 def test_reported_lease_free_reads_keep_a_chunk_recent_for_lru(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
-    counters = DaemonCounters(daemon_factory, **FOUR_CHUNK_DRAM)
+    counters = DaemonCounters(daemon_factory, **SMALL_DRAM_ROOMY_SSD)
     chunks = chunk_set(**SHAPE)
     with KVStoreClient(counters.daemon.address) as client:
         chunks.register(client)
@@ -161,7 +151,7 @@ def test_a_deleted_chunk_is_not_read_from_where_it_was(
 
 
 def test_a_moved_chunk_is_read_from_its_new_place(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
-    counters = DaemonCounters(daemon_factory, **FOUR_CHUNK_DRAM)
+    counters = DaemonCounters(daemon_factory, **SMALL_DRAM_ROOMY_SSD)
     chunks = chunk_set(**SHAPE)
     with KVStoreClient(counters.daemon.address, verify_checksums=False) as client:  # only the versions guard
         chunks.register(client)
@@ -178,7 +168,7 @@ def test_a_moved_chunk_is_read_from_its_new_place(daemon_factory: DaemonFactory,
 def test_reads_under_churn_from_another_process_are_always_the_stored_bytes(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
 ) -> None:
-    counters = DaemonCounters(daemon_factory, **FOUR_CHUNK_DRAM)
+    counters = DaemonCounters(daemon_factory, **SMALL_DRAM_ROOMY_SSD)
     chunks = chunk_set(**SHAPE)
     keys, expected = chunks.keys(0, 2), [chunks.data(0), chunks.data(1)]
     seconds = 3.0

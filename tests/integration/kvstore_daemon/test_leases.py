@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
+from small_arena import FOUR_CHUNK_DRAM, SHAPE, MiB
 
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore_client import KVStoreClient, Tier
@@ -21,21 +22,6 @@ if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by n
     from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
 
     from attnstore.kvstore.v1.kvstore_pb2_grpc import KVStoreStub
-
-KiB, MiB = 1024, 1024 * 1024
-# 900 KiB chunks (7 layers of 128 KiB and a 4 KiB header) in 256 KiB blocks: the 4 MiB
-# arena holds exactly four. Evictions happen only to make room (no watermark demotion),
-# in LRU order, and demote to SSD.
-SHAPE = {"num_layers": 7, "kv_heads": 4, "head_dim": 128, "chunk_tokens": 64}
-FOUR_CHUNK_DRAM = {
-    "DRAM_CAPACITY_BYTES": 4 * MiB,
-    "DRAM_BLOCK_BYTES": 256 * KiB,
-    "MAX_CHUNK_BYTES": MiB,
-    "DRAM_HIGH_WATERMARK": 1.0,
-    "DRAM_LOW_WATERMARK": 1.0,
-    "PERSIST_ON_COMMIT": "false",
-    "EVICTION_POLICY": "lru",
-}
 
 # A client that takes a lease, reports it, then blocks until it is killed.
 LEASE_HOLDER = """
