@@ -56,7 +56,8 @@ MESSAGE_LIMITS = {"min_tokens": 900, "max_tokens": 2200, "max_message_tokens": 8
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny budgets and few turns: a smoke run")
-    parser.add_argument("--only", choices=("store", "serving"), help="run one comparison only")
+    parser.add_argument("--only", choices=("store", "serving"),
+                        help="run one comparison only; the other one is kept from the last results")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4], choices=[1, 4])
     parser.add_argument("--kv-cache-mib", type=int, default=512,
                         help="vLLM's KV space, and the daemon's DRAM tier (SmolLM2 fp32: 45 KiB per token)")
@@ -106,7 +107,7 @@ def main() -> None:
     started, load_before = time.monotonic(), os.getloadavg()  # other load on the machine skews the numbers
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
-    document: dict[str, Any] = {"peers": {}}
+    document = carried_over(args.only)
     try:
         if args.only != "serving":
             run_store_part(args, document)
@@ -119,6 +120,23 @@ def main() -> None:
     machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     write_results(document, machine, args, time.monotonic() - started)
+
+
+def carried_over(only: str | None) -> dict[str, Any]:
+    """A new results document; with `--only`, it keeps the other comparison (its section
+    and its peer) from the last results file, marked with that run's date."""
+    document: dict[str, Any] = {"peers": {}}
+    previous_file = RESULTS_DIR / "peers.json"
+    if only is None or not previous_file.exists():
+        return document
+    previous = json.loads(previous_file.read_text())
+    other, peer = ("serving", "vllm") if only == "store" else ("store", "lmcache")
+    if other in previous:
+        document[other] = previous[other]
+        document["peers"][peer] = previous["peers"][peer]
+        when = previous.get("carried_over", {}).get(other) or previous.get("finished_at") or "an earlier run"
+        document["carried_over"] = {other: when}
+    return document
 
 
 def write_results(document: dict[str, Any], machine: dict[str, Any], args: argparse.Namespace,
@@ -143,6 +161,7 @@ def write_results(document: dict[str, Any], machine: dict[str, Any], args: argpa
                               if peer["unavailable"]}
     summary["quick"] = args.quick
     document.update(summary=summary, machine=machine, run_seconds=round(seconds, 1),
+                    finished_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     peers_dir=str(peers_dir()), command="make bench-peers")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / "peers.json").write_text(json.dumps(document, indent=2, default=str) + "\n")

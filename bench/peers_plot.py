@@ -12,9 +12,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from peers_report import ATTNSTORE, FITS, LMCACHE, OVER, VLLM, Record, serving_medians
-from report import GRPC, SHM, Row
+from report import GRPC, SHM, SHM_LEASED, Row
 
-STORE_PATHS = {SHM: "attnstore daemon, shared memory", GRPC: "attnstore daemon, gRPC", LMCACHE: "LMCache server, TCP"}
+STORE_PATHS = {
+    SHM: "attnstore daemon, shared memory (re-read, lease-free)", SHM_LEASED: "attnstore daemon, shared memory, leased",
+    GRPC: "attnstore daemon, gRPC", LMCACHE: "LMCache server, TCP",
+}
 SIDE_COLORS = {VLLM: "tab:orange", ATTNSTORE: "tab:blue"}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from report import GRPC, SHM, Row
+from report import GRPC, SHM, SHM_LEASED, Row
 
 # The compared systems and phases, named once here (the LMCache driver, run in LMCache's
 # venv, imports this module too: it needs nothing beyond the standard library and report.py).
@@ -42,7 +42,7 @@ def store_summary(rows: list[Row]) -> dict[str, Any]:
     `daemon_vs_lmcache_throughput` is gRPC Get (both a byte stream over loopback)."""
     by = {(r["path"], r["op"], r["size"], r["concurrency"]): r["gbps"] for r in rows}
     summary: dict[str, Any] = {}
-    for name, path in (("daemon", GRPC), ("daemon_shm", SHM)):
+    for name, path in (("daemon", GRPC), ("daemon_shm", SHM), ("daemon_shm_leased", SHM_LEASED)):
         for op in ("get", "put"):
             for c in sorted({r["concurrency"] for r in rows}):
                 ours = by.get((path, op, HEADLINE_SIZE, c))

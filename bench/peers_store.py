@@ -6,7 +6,9 @@ concurrency, with the same timing harness (harness.py), cell by cell in one run.
                        The apples-to-apples row: LMCache's server is also a byte stream
                        over a loopback socket (TCP, its own binary protocol)
     daemon shm         the same calls over the daemon's shared memory (a same-node
-                       worker's path; LMCache's standalone server has no such path)
+                       worker's path; LMCache's standalone server has no such path). Timed
+                       Gets re-read chunks, so they are the client's lease-free copies
+    daemon shm leased  Get with the client's location cache off: one GetShm round trip each
     LMCache server     LMCache's lm:// connector against `lmcache_server` (peers_lmcache_driver.py,
                        a long-lived process in LMCache's venv that measures one cell per request)
 
@@ -35,7 +37,7 @@ from daemon_bench import DAEMON_SETTINGS
 from harness import Budget, run_tasks
 from memory_paths import BUDGETS, QUICK_BUDGET
 from peers_install import PeerVenv
-from report import GRPC, SHM, Row
+from report import GRPC, SHM, SHM_LEASED, Row
 from tqdm import tqdm
 from workloads import HEAD_DIM, KV_HEADS, LAYERS, SEED, ChunkPool, make_pool
 
@@ -66,8 +68,10 @@ class DaemonCells:
     """`concurrency` clients per path (shared memory, gRPC), one destination buffer each."""
 
     def __init__(self, address: str, concurrency: int, max_bytes: int) -> None:
-        self.clients = {path: [AsyncKVStoreClient(address, use_shm=path == SHM) for _ in range(concurrency)]
-                        for path in (SHM, GRPC)}
+        def clients(**options: object) -> list[AsyncKVStoreClient]:
+            return [AsyncKVStoreClient(address, **options) for _ in range(concurrency)]  # type: ignore[arg-type]
+
+        self.clients = {SHM: clients(), SHM_LEASED: clients(location_cache_entries=0), GRPC: clients(use_shm=False)}
         self.outs = [np.zeros(max_bytes, np.uint8) for _ in range(concurrency)]
 
     async def open(self, pools: list[ChunkPool]) -> None:
@@ -221,7 +225,7 @@ async def _measure(daemon: DaemonProcess, lmcache: LMCacheSide | None, pools: li
                 for op in ("put", "get"):
                     if op == "get":
                         await cells.store(pool)
-                    for path in (SHM, GRPC):
+                    for path in (SHM, SHM_LEASED, GRPC) if op == "get" else (SHM, GRPC):
                         progress.set_postfix_str(f"{path} {op} {pool.label} c={c}")
                         rows.append(await cells.cell(path, pool, op, budget_of(c, quick)))
                         progress.update()
@@ -244,7 +248,8 @@ def run_store(peer: PeerVenv, concurrency: list[int], work_dir: Path, quick: boo
     daemon = DaemonProcess(work_dir / "ssd", shm_dir, work_dir / "daemon.log", DAEMON_SETTINGS)
     lmcache = LMCacheSide(peer, pools, work_dir, max(concurrency)) if peer.available else None
     outcome: dict[str, Any] = {"versions": {}, "unavailable": None if peer.available else peer.reason}
-    cells = len(concurrency) * len(pools) * 2 * (3 if lmcache else 2)
+    ours, theirs = 5, 2  # per (concurrency, pool): our Puts on 2 paths and Gets on 3; LMCache's Put and Get
+    cells = len(concurrency) * len(pools) * (ours + (theirs if lmcache else 0))
     try:
         daemon.start()
         if lmcache is not None:
@@ -252,7 +257,7 @@ def run_store(peer: PeerVenv, concurrency: list[int], work_dir: Path, quick: boo
                 lmcache.start()
                 outcome["versions"] = lmcache.versions
             except (RuntimeError, OSError, ValueError) as exc:
-                outcome["unavailable"], cells = str(exc), cells * 2 // 3
+                outcome["unavailable"], cells = str(exc), len(concurrency) * len(pools) * ours
                 lmcache.stop()
                 lmcache = None
         with tqdm(total=cells, desc="bench-peers store", unit="cell", file=sys.stderr) as progress:

@@ -312,8 +312,9 @@ class AsyncKVStoreClient:
         iterator (`contextlib.aclosing`) when stopping early so the lease ends at once.
         A layer that lies in one arena extent comes as a read-only view of the leased
         arena, valid until the iteration ends: a consumer that copies it anyway (into
-        tensors) then makes the only copy, and can verify that copy while it is in cache
-        (`verify_layer`) instead of having this client verify the arena first."""
+        tensors) then makes the only copy, and can verify the bytes right after copying,
+        while they are in cache (`verify_layer`), instead of having this client read them
+        from DRAM once more to verify them first."""
         if not keys:
             return
         async with (

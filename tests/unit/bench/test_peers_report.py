@@ -17,7 +17,7 @@ from peers_report import (
     store_summary,
     verdicts,
 )
-from report import GRPC, SHM
+from report import GRPC, SHM, SHM_LEASED
 
 
 def _row(path: str, op: str, gbps: float, size: str = "5.9MB", concurrency: int = 1) -> dict[str, Any]:
@@ -34,15 +34,17 @@ def test_ratios_are_ours_over_lmcache_at_the_same_op_size_and_concurrency() -> N
     rows = [_row(LMCACHE, "get", 2.0), _row(GRPC, "get", 1.0), _row(SHM, "get", 5.0),
             _row(LMCACHE, "put", 1.0), _row(GRPC, "put", 0.5), _row(SHM, "put", 2.0),
             _row(LMCACHE, "get", 4.0, concurrency=4), _row(SHM, "get", 6.0, concurrency=4),
-            _row(GRPC, "get", 9.0, size="0.5MB")]  # no LMCache row at 0.5MB: no ratio
+            _row(GRPC, "get", 9.0, size="0.5MB"),  # no LMCache row at 0.5MB: no ratio
+            _row(SHM_LEASED, "get", 1.0)]
     add_lmcache_ratios(rows)
-    assert [r["vs_lmcache"] for r in rows] == [None, 0.5, 2.5, None, 0.5, 2.0, None, 1.5, None]
+    assert [r["vs_lmcache"] for r in rows] == [None, 0.5, 2.5, None, 0.5, 2.0, None, 1.5, None, 0.5]
     summary = store_summary(rows)
     assert summary["daemon_vs_lmcache_throughput"] == 0.5
     assert summary["daemon_vs_lmcache_throughput_put"] == 0.5
     assert summary["daemon_shm_vs_lmcache_throughput"] == 2.5
     assert summary["daemon_shm_vs_lmcache_throughput_c4"] == 1.5
     assert summary["daemon_vs_lmcache_throughput_c4"] is None  # no gRPC row at c=4
+    assert summary["daemon_shm_leased_vs_lmcache_throughput"] == 0.5
 
 
 def test_later_turns_are_turn_three_on_and_the_ratio_is_ours_over_vllms() -> None:
