@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 from pathlib import Path
 
 import grpc
@@ -37,6 +39,7 @@ class ArenaHandle:
         self._timeout_seconds = timeout_seconds
         self._arena: SharedArena | None = None
         self._versions: BlockVersions | None = None  # None: no version-checked reads
+        self._owner_fd: int | None = None  # the arena file, to see whether its daemon lives
         self._generation = ""
         self._unavailable = not enabled
         self._lock = asyncio.Lock()  # one OpenShm + mmap at a time
@@ -72,7 +75,12 @@ class ArenaHandle:
 
     @property
     def versions(self) -> BlockVersions | None:
-        """The mapped arena's block versions, where version-checked reads are sound."""
+        """The mapped arena's block versions while version-checked reads of it are sound:
+        on x86-64, and while the daemon that owns it lives. A daemon that dies leaves its
+        versions as they were, so once its exclusive lock on the file is gone, reads lease
+        again (and find the new daemon's arena)."""
+        if self._versions is not None and self._owner_fd is not None and not _locked_by_another(self._owner_fd):
+            self._versions = None
         return self._versions
 
     async def _map(self) -> None:
@@ -91,15 +99,24 @@ class ArenaHandle:
         except (OSError, ValueError):
             self._give_up()  # remote daemon or unshared /dev/shm: use the gRPC stream
             return
-        versions = None
+        versions, owner_fd = None, None
         if reply.block_versions_offset_bytes and seqlock_reads_supported():
             count = (reply.size_bytes - reply.block_versions_offset_bytes) // BlockVersions.ITEM_BYTES
             versions = BlockVersions(arena, reply.block_versions_offset_bytes, count, reply.block_bytes)
+            owner_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._close_owner_fd()
         # The old mapping is dropped, not closed: a reader may still hold views of it,
         # and the garbage collector unmaps it once they are gone.
         self._arena, self._versions, self._generation = arena, versions, reply.arena_generation
+        self._owner_fd = owner_fd
+
+    def _close_owner_fd(self) -> None:
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)
+            self._owner_fd = None
 
     def _give_up(self) -> None:
+        self._close_owner_fd()
         self._arena, self._versions, self._generation, self._unavailable = None, None, "", True
 
     def close(self) -> None:
@@ -109,3 +126,14 @@ class ArenaHandle:
             with contextlib.suppress(BufferError):  # views still exported: GC unmaps later
                 self._arena.close()
         self._give_up()
+
+
+def _locked_by_another(fd: int) -> bool:
+    """Whether some process holds an exclusive flock on the file (the daemon does on its
+    arena, for as long as it lives)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False

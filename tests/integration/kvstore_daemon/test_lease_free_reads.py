@@ -190,3 +190,32 @@ def test_reads_under_churn_from_another_process_are_always_the_stored_bytes(
         assert churn.returncode == 0 and int(out) > 8  # the churn really cycled the arena
         leased = counters.get_shm_calls() - calls
         assert 0 < leased < reads, f"{leased} of {reads} reads leased: both paths must have run"
+
+
+@pytest.mark.parametrize("ending", ["graceful-restart", "kill-9-restart"])
+def test_a_restarted_daemons_old_arena_is_not_read(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil, ending: str
+) -> None:
+    """The client still maps the old arena after a restart, its versions unchanged after a
+    crash; but the daemon's lock on that file is gone, so the client leases again and the
+    chunk, never written to SSD, is not found instead of being served from a dead daemon's
+    memory."""
+    daemon = daemon_factory(PERSIST_ON_COMMIT="false")
+    chunks = chunk_set()
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1))
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1)) == [chunks.data(0)]
+        # The lease's release goes out first: one sent while the daemon is down would put
+        # the channel in reconnect backoff and fail the calls below.
+        poll_until(lambda: client.stats().leases == 0, what="the read's lease to be released")
+        if ending == "graceful-restart":
+            daemon.restart()
+        else:
+            daemon.kill9()
+            daemon.start()
+        chunks.register(client)  # namespaces persist; the chunk did not
+
+        with pytest.raises(grpc.RpcError) as error:
+            client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1))
+        assert error.value.code() is grpc.StatusCode.NOT_FOUND
