@@ -47,6 +47,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from inference_worker.cpu_attention import use_grouped_query_sdpa
 from inference_worker.cpu_linear import CpuLinear, use_onednn_linears
 
 log = structlog.get_logger("inference_worker.model_store")
@@ -206,8 +207,10 @@ def load_model(
     except OSError as exc:  # missing weights or tokenizer files
         raise ModelStoreError(f"cannot load the model in {model_dir}: {exc}") from exc
     model = model.to(target).eval()
-    if target.type == "cpu" and cpu_linear == "onednn":
-        use_onednn_linears(model, dtype)
+    if target.type == "cpu":
+        use_grouped_query_sdpa()
+        if cpu_linear == "onednn":
+            use_onednn_linears(model, dtype)
     return LoadedModel(model, tokenizer, model.config, model_dir, dtype, target)
 
 

@@ -1,0 +1,30 @@
+"""Grouped-query attention on a CPU without copying the cached K and V per query head.
+
+Why: transformers' SDPA path repeats each KV head for its query heads (`repeat_kv`)
+whenever it passes an attention mask, which it does on every turn that extends a cache:
+for SmolLM2 (9 query heads, 3 KV heads) that is a copy of 3x the cached K and V in every
+layer, a third of the CPU time of a 30-token turn on a 1300-token history. torch's CPU
+flash-attention kernel takes grouped heads and a mask itself (`enable_gqa`), with
+bit-identical logits here; transformers uses it only when told to
+(TRANSFORMERS_SDPA_FORCE_GQA), because on CUDA a mask would send grouped heads to the slow
+math kernel. Measured on the development machine: 30 new tokens on 1300 cached,
+124-141 -> 110-118 ms per forward; a 450-token prefill unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import structlog
+
+log = structlog.get_logger("inference_worker.cpu_attention")
+
+FORCE_GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def use_grouped_query_sdpa() -> None:
+    """Routes this process's SDPA attention through torch's grouped-head kernels (read by
+    transformers on every attention call). Call it only for a model on a CPU."""
+    if FORCE_GQA_VARIABLE not in os.environ:  # an explicit setting wins
+        os.environ[FORCE_GQA_VARIABLE] = "1"
+    log.info("sdpa_grouped_query", enabled=os.environ[FORCE_GQA_VARIABLE] == "1")
