@@ -33,9 +33,6 @@ class LocationCache:
         self._generation = ""  # the arena the entries refer to
         self._entries: OrderedDict[tuple[bytes, bytes], KnownLocation] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def remember(
         self,
         generation: str,

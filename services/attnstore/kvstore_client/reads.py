@@ -114,7 +114,11 @@ class CheckedShmRead(_ShmRead):
 
     def still_valid(self) -> bool:
         """Whether no block of any chunk was freed or deleted since it was leased."""
-        return all(self._versions.read(k.blocks) == k.versions for k in self._known)
+        return _unchanged(self._versions, self._known)
+
+
+def _unchanged(versions: BlockVersions, known: Sequence[KnownLocation]) -> bool:
+    return all(versions.read(k.blocks) == k.versions for k in known)
 
 
 def open_checked_read(
@@ -130,7 +134,7 @@ def open_checked_read(
     if mapped is None or versions is None:
         return None
     known = locations.find(arena.generation, namespace, keys)
-    if known is None or not all(versions.read(k.blocks) == k.versions for k in known):
+    if known is None or not _unchanged(versions, known):  # moved already: skip the copy
         return None
     try:
         return CheckedShmRead(mapped, versions, known, namespace, keys, layer_start, layer_end)
