@@ -85,6 +85,11 @@ class AttnstoreStack:
         assert self.scheduler is not None
         return self.scheduler.address
 
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in (self.daemon, self.worker, self.scheduler)
+                if process is not None and process.pid is not None]
+
     def stop(self) -> dict[str, int | None]:
         """Stops in reverse start order; exit codes by service (0: a graceful stop)."""
         codes = {name: process.stop() for name, process in

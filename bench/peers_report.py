@@ -4,6 +4,7 @@ the issue's targets (reported, never gating the exit code)."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
 
@@ -79,7 +80,18 @@ def serving_summary(records: list[Record]) -> dict[str, Any]:
         ours, theirs = later_turn_ttft(records, phase, ATTNSTORE), later_turn_ttft(records, phase, VLLM)
         summary[f"later_turn_ttft_vs_vllm{suffix}"] = _ratio(ours, theirs)
         summary[f"later_turn_median_ttft_ms{suffix}"] = {ATTNSTORE: ours, VLLM: theirs}
+    summary["idle_wait_ms_after"] = idle_waits_after(records)
     return summary
+
+
+def idle_waits_after(records: list[Record]) -> dict[str, float | None]:
+    """Side -> median wait, before the next request, for the machine to go idle after that
+    side's turns (records in the order they ran; cpu_quiet.py)."""
+    waits: dict[str, list[float]] = {ATTNSTORE: [], VLLM: []}
+    for previous, record in itertools.pairwise(records):
+        if "idle_wait_ms" in record:
+            waits[previous["side"]].append(record["idle_wait_ms"])
+    return {side: _median(values) for side, values in waits.items()}
 
 
 def verdicts(summary: dict[str, Any]) -> tuple[dict[str, bool | None], list[str]]:

@@ -10,11 +10,12 @@ Two phases, each on its own conversations:
 
 Both systems are up for the whole run and take turns: every turn goes to both, one right
 after the other (which one first alternates), so a burst of other load on this shared
-machine hits both sides of a pair, not one side's whole phase. After an attnstore turn
-the next request waits until the daemon is quiet (its background saves landed), so
-attnstore's asynchronous work is not billed to vLLM. Per turn: the client's TTFT and the
-prompt tokens; per phase: vLLM's prefix-cache hit rate (its /metrics) and the daemon's
-counters.
+machine hits both sides of a pair, not one side's whole phase. Neither side's leftover
+work is billed to the other: after an attnstore turn the next request waits until the
+daemon is quiet (its background saves landed), and every request waits until both
+systems' processes are idle (cpu_quiet.py: vLLM's worker spins on a core for a second
+after each step). Per turn: the client's TTFT, the prompt tokens and that idle wait; per
+phase: vLLM's prefix-cache hit rate (its /metrics) and the daemon's counters.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cpu_quiet import wait_until_idle
 from google.protobuf.json_format import MessageToDict
 from peers_attnstore import AttnstoreStack, chat_turn
 from peers_install import PeerVenv
@@ -135,7 +137,9 @@ class AttnstoreSide:
         self.stats[phase.name] = MessageToDict(await self.kvstore.stats(), preserving_proto_field_name=True)
 
 
-async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: AttnstoreSide, progress: tqdm) -> list[Record]:
+async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: AttnstoreSide, pids: list[int],
+                     progress: tqdm) -> list[Record]:
+    """`pids`: both systems' processes, idle before every timed request."""
     records: list[Record] = []
     await ours.warm_up()
     if vllm is not None:
@@ -146,10 +150,15 @@ async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: Attnstore
         for index, step in enumerate(phase.steps):
             pair: list[Record] = []
             for side in ((VLLM, ATTNSTORE) if index % 2 == 0 else (ATTNSTORE, VLLM)):
+                if side == VLLM and vllm is None:
+                    continue
+                waited = await asyncio.to_thread(wait_until_idle, pids)
                 if side == ATTNSTORE:
                     pair.append(await ours.turn(phase, step))
-                elif vllm is not None:
+                else:
+                    assert vllm is not None
                     pair.append(await asyncio.to_thread(vllm.turn, phase, step))
+                pair[-1]["idle_wait_ms"] = waited * 1000
             records += pair
             progress.set_postfix_str(f"{phase.name} turn {step.turn}: " + ", ".join(
                 f"{r['side']} {r['ttft_ms']:.0f} ms" for r in pair))
@@ -166,7 +175,8 @@ async def _serve(stack: AttnstoreStack, vllm: VllmSide | None, phases: list[Phas
     async with (AsyncAttnStoreClient(stack.address, timeout_seconds=600) as client,
                 AsyncKVStoreClient(stack.daemon.address, use_shm=False) as kvstore):
         ours = AttnstoreSide(client, kvstore, max_tokens)
-        records = await _run_pairs(phases, vllm, ours, progress)
+        pids = stack.pids + ([vllm.server.pid] if vllm is not None and vllm.server.pid is not None else [])
+        records = await _run_pairs(phases, vllm, ours, pids, progress)
     return records, {"daemon_stats_after_phase": ours.stats}
 
 

@@ -75,6 +75,11 @@ class VllmServer:
             time.sleep(1.0)
         self.start_seconds = time.monotonic() - started
 
+    @property
+    def pid(self) -> int | None:
+        """The API server's; the engine core and its worker are its descendants."""
+        return self.process.pid if self.process is not None else None
+
     def _healthy(self) -> bool:
         try:
             return self._get("/health")[0] == 200

@@ -12,6 +12,7 @@ from peers_report import (
     VLLM,
     add_lmcache_ratios,
     format_serving_table,
+    idle_waits_after,
     serving_medians,
     serving_summary,
     store_summary,
@@ -77,3 +78,11 @@ def test_verdicts_pass_fail_and_unavailable() -> None:
     assert passed["later_turn_ttft_vs_vllm"] is True
     assert passed["daemon_shm_vs_lmcache_throughput"] is None
     assert sum(line.startswith("UNAVAILABLE") for line in lines) == 2
+
+
+def test_idle_waits_are_grouped_by_the_side_that_ran_just_before() -> None:
+    records = [_turn(VLLM, OVER, 1, 1.0), _turn(ATTNSTORE, OVER, 1, 1.0), _turn(ATTNSTORE, OVER, 2, 1.0),
+               _turn(VLLM, OVER, 2, 1.0)]
+    for record, waited in zip(records, (100.0, 1000.0, 120.0, 140.0)):
+        record["idle_wait_ms"] = waited
+    assert idle_waits_after(records) == {VLLM: 1000.0, ATTNSTORE: 130.0}  # the first wait follows nothing
