@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from attnstore.shm_arena import BlockVersions, Extent, SharedArena
 from kvstore_daemon.block_allocator import BlockAllocator
 
 _ARENA_NAME = re.compile(r"attnstore-arena-(\d+)-[0-9a-f]+\.bin")
+# A stale file's lock refused this often, this far apart, belongs to a live daemon.
+_LOCK_ATTEMPTS, _LOCK_RETRY_SECONDS = 5, 0.01
 
 
 class ArenaError(RuntimeError):
@@ -188,14 +191,26 @@ def remove_stale_arenas(shm_dir: Path) -> int:
         except FileNotFoundError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            path.unlink(missing_ok=True)  # while locked, so no other cleaner counts it too
-            removed += 1
-        except BlockingIOError:
-            pass  # a live DramTier holds it
+            if _lock_exclusive(fd):
+                path.unlink(missing_ok=True)  # while locked, so no other cleaner counts it too
+                removed += 1
         finally:
             os.close(fd)
     return removed
+
+
+def _lock_exclusive(fd: int) -> bool:
+    """Takes the file's exclusive flock; False when a live DramTier holds it. A client
+    checking whether the arena's daemon lives holds a shared lock for two syscalls
+    (kvstore_client/arena.py), so a refusal is retried before the file counts as live."""
+    for attempt in range(_LOCK_ATTEMPTS):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < _LOCK_ATTEMPTS:
+                time.sleep(_LOCK_RETRY_SECONDS)
+    return False
 
 
 def _pid_gone(pid: int) -> bool:

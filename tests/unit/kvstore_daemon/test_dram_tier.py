@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +144,20 @@ def test_remove_stale_arenas_keeps_live_ones(tmp_path: Path) -> None:
         assert remove_stale_arenas(tmp_path) == 0
     finally:
         live.close()
+
+
+def test_a_client_probing_a_stale_arenas_lock_does_not_keep_it(tmp_path: Path) -> None:
+    """A client checks the arena's lock with a brief shared flock; the cleaner takes the
+    exclusive lock a moment later instead of counting the file as live."""
+    dead = tmp_path / f"attnstore-arena-{_DEAD_PID}-0123abcd.bin"
+    dead.write_bytes(b"x")
+    probing = os.open(dead, os.O_RDONLY)
+    fcntl.flock(probing, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    released = threading.Timer(0.015, fcntl.flock, (probing, fcntl.LOCK_UN))
+    released.start()
+    try:
+        assert remove_stale_arenas(tmp_path) == 1
+        assert not dead.exists()
+    finally:
+        released.join()
+        os.close(probing)
