@@ -13,6 +13,7 @@ handled like the others, and a round trip is bit-exact.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -160,8 +161,11 @@ def layer_from_pieces(
     return out_k, out_v
 
 
+# torch warns that a tensor over read-only bytes (a chunk, a view of the leased arena) is
+# writable through torch; these tensors are only ever copy sources.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
 def _frombuffer(data: bytes | bytearray | memoryview, offset: int, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over `data[offset:offset + nbytes]`, without copying. Over read-only
-    `bytes`, torch warns once per process that the tensor is not writable: harmless, as
-    it is only ever a copy source."""
+    """A uint8 tensor over `data[offset:offset + nbytes]`, without copying."""
     return torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=offset)

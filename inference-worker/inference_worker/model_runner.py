@@ -57,7 +57,7 @@ class ModelRunner:
             out = self.loaded.model(
                 input_ids=input_ids,
                 position_ids=positions.unsqueeze(0),  # [1, T]
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
                 logits_to_keep=1,  # only the last position's logits are needed
             )

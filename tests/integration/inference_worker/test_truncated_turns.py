@@ -143,7 +143,7 @@ async def test_reuse_equals_the_full_context_kv_truncated_and_repositioned(
     shift = RotaryShift(model)
     with torch.no_grad():
         full = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([prompt[:FIRST_PROMPT_TOKENS]]), past_key_values=full, use_cache=True)
+        model(input_ids=torch.tensor([prompt[:FIRST_PROMPT_TOKENS]]), cache=full, use_cache=True)
         truncated = DynamicCache(config=model.config)
         for index, layer in enumerate(full.layers):
             keys, values = layer.keys, layer.values  # [1, kv_heads, 80, head_dim]
@@ -155,7 +155,7 @@ async def test_reuse_equals_the_full_context_kv_truncated_and_repositioned(
         first = FIRST_PROMPT_TOKENS - DROPPED  # 52 tokens in the truncated cache
         rest = torch.tensor([prompt[FIRST_PROMPT_TOKENS:]])  # [1, 56]
         positions = torch.arange(first, first + rest.shape[1]).unsqueeze(0)
-        logits = model(input_ids=rest, position_ids=positions, past_key_values=truncated).logits[0, -1]
+        logits = model(input_ids=rest, position_ids=positions, cache=truncated).logits[0, -1]
     assert (cached.logits - logits).abs().max().item() <= LOGITS_TOLERANCE
 
     # Not recomputation: the kept chunks' KV remembers the dropped tokens.

@@ -69,7 +69,7 @@ def logits_of(
     out = model.model(
         input_ids=torch.tensor([token_ids]),
         position_ids=positions,
-        past_key_values=cache,
+        cache=cache,
         use_cache=True,
         logits_to_keep=keep or len(token_ids),
     )

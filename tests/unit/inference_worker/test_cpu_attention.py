@@ -19,9 +19,9 @@ def _cached_turn_logits(model: torch.nn.Module, history: torch.Tensor, new: torc
     """Logits of `new` [1, N] on a cache of `history` [1, H]: the masked path of a turn."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=history, past_key_values=cache, use_cache=True)
+        model(input_ids=history, cache=cache, use_cache=True)
         positions = torch.arange(history.shape[1], history.shape[1] + new.shape[1])[None]
-        return model(input_ids=new, past_key_values=cache, use_cache=True, position_ids=positions).logits
+        return model(input_ids=new, cache=cache, use_cache=True, position_ids=positions).logits
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -41,7 +41,7 @@ def greedy(model, cache, logits: torch.Tensor, next_position: int) -> list[int]:
         out = model(
             input_ids=torch.tensor([[token]]),
             position_ids=positions(next_position + step, 1),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
         logits = out.logits[0, -1]
@@ -51,7 +51,7 @@ def greedy(model, cache, logits: torch.Tensor, next_position: int) -> list[int]:
 @torch.no_grad()
 def full_recompute(model, ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]  # [vocab]
+    logits = model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]  # [vocab]
     return logits, greedy(model, cache, logits, ids.shape[1])
 
 
@@ -60,7 +60,7 @@ def prefix_chunks(model, ids: torch.Tensor) -> list[bytes]:
     """The prefix's KV as the daemon would hold it: computed by a forward pass, encoded.
     (A cache built without the config keeps every token, even of sliding-window layers.)"""
     cache = DynamicCache()
-    model(input_ids=ids[:, :PREFIX_TOKENS], past_key_values=cache, use_cache=True)
+    model(input_ids=ids[:, :PREFIX_TOKENS], cache=cache, use_cache=True)
     kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]  # each [kv_heads, P, head_dim]
     namespace = NamespaceSpec(model_digest="tiny", dtype="float32", chunk_tokens=CHUNK_TOKENS).namespace_id()
     keys = chunk_key_chain(namespace, ids[0, :PREFIX_TOKENS].tolist(), CHUNK_TOKENS)
@@ -103,7 +103,7 @@ def cached_turn(model, ids, prefix: PrefixKV, *, pass_positions: bool = True):
     cache = LayerwiseCache(prefix, model.config, layer_timeout_seconds=TIMEOUT_SECONDS)
     new_ids = ids[:, PREFIX_TOKENS:]  # [1, NEW_TOKENS]
     position_ids = positions(PREFIX_TOKENS, NEW_TOKENS) if pass_positions else None
-    out = model(input_ids=new_ids, position_ids=position_ids, past_key_values=cache, use_cache=True)
+    out = model(input_ids=new_ids, position_ids=position_ids, cache=cache, use_cache=True)
     logits = out.logits[0, -1]  # [vocab]
     return cache, logits
 
@@ -190,7 +190,7 @@ def test_a_stalled_loader_times_out(tiny_llama):
 
     started = time.monotonic()
     with pytest.raises(PrefixLoadFailed, match="did not arrive within"), torch.no_grad():
-        tiny_llama(input_ids=ids[:, PREFIX_TOKENS:], past_key_values=cache, use_cache=True)
+        tiny_llama(input_ids=ids[:, PREFIX_TOKENS:], cache=cache, use_cache=True)
     assert time.monotonic() - started < 5
 
 

@@ -45,7 +45,7 @@ def kv_at(model, ids: torch.Tensor, first_position: int) -> list[tuple[torch.Ten
     first_position, first_position + 1, ..."""
     cache = DynamicCache()
     positions = torch.arange(first_position, first_position + ids.shape[1]).unsqueeze(0)  # [1, tokens]
-    model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+    model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True)
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
 

@@ -39,7 +39,7 @@ def keys_at(model, ids: torch.Tensor, start: int) -> list[torch.Tensor]:
     """Every layer's keys [kv_heads, tokens, head_dim] for `ids` placed at positions start, start + 1, ..."""
     cache = DynamicCache()
     position_ids = torch.arange(start, start + ids.shape[1]).unsqueeze(0)  # [1, tokens]
-    model(input_ids=ids, position_ids=position_ids, past_key_values=cache, use_cache=True)
+    model(input_ids=ids, position_ids=position_ids, cache=cache, use_cache=True)
     return [layer.keys[0] for layer in cache.layers]
 
 
