@@ -14,6 +14,14 @@ import grpc
 from attnstore.security.bearer_token import bearer_token_interceptors
 
 ChannelOptions = Sequence[tuple[str, Any]]
+# gRPC's default reconnect backoff grows to 120 s while a peer is down, and calls fail fast
+# until the next attempt: a restarted daemon or worker would stay unreachable for minutes.
+# Capped at 1 s, a client reaches it again within a second of its return.
+RECONNECT_OPTIONS: ChannelOptions = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 class SecurityConfigError(Exception):
@@ -64,8 +72,9 @@ def aio_channel(
     address: str, credentials: ClientCredentials | None, options: ChannelOptions = ()
 ) -> grpc.aio.Channel:
     """A TLS channel with `credentials`, a plaintext one without."""
+    options = [*RECONNECT_OPTIONS, *options]
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
+        return grpc.aio.insecure_channel(address, options=options)
     token = credentials.token
     return grpc.aio.secure_channel(
         address,
@@ -80,8 +89,9 @@ def sync_channel(
 ) -> grpc.Channel:
     """The blocking twin of aio_channel (its token goes as grpc call credentials: blocking
     callers are not on a hot path)."""
+    options = [*RECONNECT_OPTIONS, *options]
     if credentials is None:
-        return grpc.insecure_channel(address, options=list(options))
+        return grpc.insecure_channel(address, options=options)
     channel_credentials = credentials.channel_credentials
     if credentials.token is not None:
         channel_credentials = grpc.composite_channel_credentials(

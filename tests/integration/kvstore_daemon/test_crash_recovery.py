@@ -4,6 +4,7 @@ uncommitted write leaves behind, what a corrupt file on SSD turns into, how SIGT
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -278,6 +279,35 @@ def test_ids_from_before_a_crash_name_nothing_after_it(
     assert (released, aborted) == (0, 0), f"stale ids {old_lease}/{old_write} hit {new_lease}/{new_write}"
     stats = stub.Stats(pb.StatsRequest())
     assert stats.leases == 1 and stats.reservations == 2
+
+
+def test_a_client_reaches_a_restarted_daemon_soon_after_it_returns(
+    daemon: DaemonProcess, poll_until: PollUntil
+) -> None:
+    """While the daemon is down every call fails and gRPC backs off between reconnects
+    (by default 1, 1.6, 2.6, 4.2, 6.7 s... up to 120 s, failing calls fast in between);
+    capped at 1 s, a client whose daemon was gone for 10 s reaches it again within ~1 s."""
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        client.stats()
+        daemon.kill9()
+        down_until = time.monotonic() + 10.0
+        while time.monotonic() < down_until:
+            with pytest.raises(grpc.RpcError) as error:
+                client.stats()
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+            time.sleep(0.2)
+        daemon.start()
+        back = time.monotonic()
+
+        def reachable() -> bool:
+            try:
+                client.stats()
+            except grpc.RpcError:
+                return False
+            return True
+
+        poll_until(reachable, what="the client to reach the restarted daemon", timeout_seconds=30.0)
+        assert time.monotonic() - back < 2.5
 
 
 def test_sigterm_exits_zero_removes_the_arena_and_keeps_every_chunk(

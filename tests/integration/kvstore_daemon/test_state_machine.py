@@ -213,6 +213,10 @@ class DaemonModel(RuleBasedStateMachine):
         else:
             assert self.daemon.stop() == 0
             self.daemon.start()
+        # A channel that tried the daemon while it was down fails calls fast until its next
+        # reconnect attempt (at most 1 s later: attnstore.security.credentials).
+        for client in self.clients.values():
+            self.poll_until(lambda client=client: _reachable(client), what="the client to reconnect")
         self.pinned.clear()  # pins live in memory only
         self.deleted.clear()  # no SSD write survives a restart
         volatile = sorted(set(self.stored) - self.durable)
@@ -245,6 +249,14 @@ class DaemonModel(RuleBasedStateMachine):
         finally:
             for client in self.clients.values():
                 client.close()
+
+
+def _reachable(client: KVStoreClient) -> bool:
+    try:
+        client.stats()
+    except grpc.RpcError:
+        return False
+    return True
 
 
 def test_the_daemon_behaves_like_a_dict(
