@@ -22,6 +22,10 @@ import torch
 from attnstore.chunks.format import DTYPE_BYTES, encode_chunk, verify_layer
 from attnstore.kvstore_client.results import LayerPiece
 
+# torch warns that a tensor over read-only bytes (a chunk, a view of the leased arena) is
+# writable through torch; these tensors are only ever copy sources.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -159,11 +163,6 @@ def layer_from_pieces(
             verify_layer(piece.layout, piece.layer, piece.data)
         start += tokens
     return out_k, out_v
-
-
-# torch warns that a tensor over read-only bytes (a chunk, a view of the leased arena) is
-# writable through torch; these tensors are only ever copy sources.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 def _frombuffer(data: bytes | bytearray | memoryview, offset: int, nbytes: int) -> torch.Tensor:
