@@ -90,6 +90,18 @@ def save_tiny_model(path: Path, family: str = "llama", seed: int = 0, **override
     return path
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu`-marked tests skip, with the reason, where torch sees no CUDA device."""
+    gpu_tests = [item for item in items if "gpu" in item.keywords]
+    if not gpu_tests:
+        return
+    from machine import cuda_available
+
+    if not cuda_available():
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA: torch sees no GPU on this machine"))
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """The tokenizer every tiny model directory holds (vocabulary of 300, ChatML template)."""

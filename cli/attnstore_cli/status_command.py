@@ -1,5 +1,6 @@
-"""`attnstore status`: is every service of the stack healthy, and what is in the KV store
-(per tier: chunks, bytes used of capacity, hits; the overall hit rate)."""
+"""`attnstore status`: is every service of the stack healthy, what is in the KV store
+(per tier: chunks, bytes used of capacity, hits; the overall hit rate), and which kernels
+each worker's model runs on (and why)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.table import Table
 from attnstore.healthcheck import check
 from attnstore.kvstore.v1 import kvstore_pb2
 from attnstore.kvstore_client import KVStoreClient
+from attnstore.worker.v1 import worker_pb2, worker_pb2_grpc
 from attnstore_cli.scheduler_address import scheduler_address
 from attnstore_cli.stack_state import StackState
 
@@ -63,7 +65,39 @@ def run(args: argparse.Namespace, console: Console) -> int:
         except grpc.RpcError as exc:
             console.print(f"[red]{address}: Stats failed: {exc.code().name}: {exc.details()}[/red]")
             healthy = False
+    if workers:
+        kernels, healthy_workers = _kernels_table(workers)
+        console.print(kernels)
+        healthy &= healthy_workers
     return 0 if healthy else 1
+
+
+def _kernels_table(workers: list[str]) -> tuple[Table, bool]:
+    """Each worker's model and the kernels it chose at start (DescribeModel)."""
+    table = Table(title="worker kernels")
+    for column in ("worker", "model", "device", "cpu", "linear", "attention"):
+        table.add_column(column)
+    answered = True
+    for address in workers:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                card = worker_pb2_grpc.WorkerStub(channel).DescribeModel(
+                    worker_pb2.DescribeModelRequest(), timeout=HEALTH_TIMEOUT_SECONDS
+                )
+        except grpc.RpcError as exc:
+            table.add_row(address, f"[red]{exc.code().name}: {exc.details()}[/red]", "", "", "", "")
+            answered = False
+            continue
+        kernels = card.kernels
+        table.add_row(
+            address,
+            f"{card.model_label} ({card.dtype})",
+            kernels.device,
+            kernels.cpu_capability,
+            f"{kernels.linear.kernel}: {kernels.linear.reason}",
+            f"{kernels.attention.kernel}: {kernels.attention.reason}",
+        )
+    return table, answered
 
 
 def _tiers_table(address: str, stats: kvstore_pb2.StatsResponse) -> Table:

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import os
 
-import structlog
-
-log = structlog.get_logger("inference_worker.cpu_attention")
+from inference_worker.kernels import KernelChoice
 
 FORCE_GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
-def use_grouped_query_sdpa() -> None:
+def use_grouped_query_sdpa() -> KernelChoice:
     """Routes this process's SDPA attention through torch's grouped-head kernels (read by
     transformers on every attention call). Call it only for a model on a CPU."""
     if FORCE_GQA_VARIABLE not in os.environ:  # an explicit setting wins
         os.environ[FORCE_GQA_VARIABLE] = "1"
-    log.info("sdpa_grouped_query", enabled=os.environ[FORCE_GQA_VARIABLE] == "1")
+        return KernelChoice("sdpa-grouped-query", "CPU: torch's grouped-head SDPA, no repeated KV heads")
+    if os.environ[FORCE_GQA_VARIABLE] == "1":
+        return KernelChoice("sdpa-grouped-query", f"{FORCE_GQA_VARIABLE}=1 in the environment")
+    return KernelChoice("sdpa", f"{FORCE_GQA_VARIABLE}={os.environ[FORCE_GQA_VARIABLE]} in the environment")

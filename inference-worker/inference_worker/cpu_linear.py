@@ -8,7 +8,10 @@ of 642 tokens went from 904 to 581 ms, a decode step from 36 to 25 ms. vLLM's CP
 routes its linear layers through oneDNN for the same reason.
 
 The op is private to torch, so it is probed once at load time against `F.linear` and the
-model keeps torch's default where it is missing or disagrees.
+model keeps torch's default where it is missing or disagrees: on a CPU without AVX-512
+(no `avx512_bf16`), oneDNN has no bf16 inner product and bf16 models keep torch's kernel.
+`ATTNSTORE_ONEDNN_UNAVAILABLE=1` makes the probe answer "unavailable" on any machine, so
+tests run that fallback everywhere.
 
 oneDNN compiles a kernel per input shape and caches it (oneDNN's primitive cache and
 torch's ideep cache, 1024 entries each by default). A worker sees a new token count with
@@ -26,6 +29,8 @@ import structlog
 import torch
 from torch import nn
 
+from inference_worker.kernels import KernelChoice
+
 log = structlog.get_logger("inference_worker.cpu_linear")
 
 CpuLinear = Literal["onednn", "torch"]
@@ -33,6 +38,7 @@ CpuLinear = Literal["onednn", "torch"]
 _PROBE_RELATIVE_TOLERANCE = 0.05
 # Read when oneDNN first runs, so set before the probe.
 _KERNEL_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16", "LRU_CACHE_CAPACITY": "16"}
+UNAVAILABLE_VARIABLE = "ATTNSTORE_ONEDNN_UNAVAILABLE"
 
 
 class OneDnnLinear(nn.Linear):
@@ -42,33 +48,35 @@ class OneDnnLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> bool:
-    """Switches every nn.Linear of `model` (on the CPU) to oneDNN; False, and nothing
-    changed, when this torch build cannot run it correctly for `dtype`."""
+def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
+    """Switches every nn.Linear of `model` (on the CPU) to oneDNN where this torch build and
+    CPU run it correctly for `dtype`; otherwise changes nothing. Says which, and why."""
     for name, value in _KERNEL_CACHE_CAPACITY.items():
         os.environ.setdefault(name, value)
-    if not _onednn_works(dtype):
-        return False
+    unavailable = _onednn_unavailable(dtype)
+    if unavailable is not None:
+        log.info("onednn_linear_unavailable", reason=unavailable, dtype=str(dtype))
+        return KernelChoice("torch", f"oneDNN linear unavailable for {dtype}: {unavailable}")
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDnnLinear
-    log.info("linear_kernel", kernel="onednn", dtype=str(dtype))
-    return True
+    return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear")
 
 
-def _onednn_works(dtype: torch.dtype) -> bool:
+def _onednn_unavailable(dtype: torch.dtype) -> str | None:
+    """Why oneDNN cannot run this model's linears, or None when it can."""
+    if os.environ.get(UNAVAILABLE_VARIABLE) == "1":
+        return f"{UNAVAILABLE_VARIABLE}=1"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        log.info("onednn_linear_unavailable", reason="torch built without oneDNN linear")
-        return False
+        return "torch built without oneDNN linear"
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 64, generator=generator).to(dtype)  # [batch, tokens, in]
     weight = torch.randn(48, 64, generator=generator).to(dtype)  # [out, in]
     bias = torch.randn(48, generator=generator).to(dtype)
     try:
         got = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    except RuntimeError as exc:
-        log.info("onednn_linear_unavailable", reason=str(exc), dtype=str(dtype))
-        return False
+    except RuntimeError as exc:  # e.g. no bf16 inner product on a CPU without AVX-512
+        return str(exc).splitlines()[0]
     expected = nn.functional.linear(x.float(), weight.float(), bias.float())  # [batch, tokens, out]
     error = (
         (got.float() - expected).abs().max() / expected.abs().max()
@@ -76,6 +84,5 @@ def _onednn_works(dtype: torch.dtype) -> bool:
         else torch.inf
     )
     if not error < _PROBE_RELATIVE_TOLERANCE:
-        log.warning("onednn_linear_disagrees", relative_error=float(error), dtype=str(dtype))
-        return False
-    return True
+        return f"disagrees with F.linear (relative error {float(error):.3g})"
+    return None

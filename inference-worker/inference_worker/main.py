@@ -107,6 +107,16 @@ async def run_worker(settings: WorkerSettings) -> None:
         dtype=settings.dtype,
         kvstore=settings.kvstore_address,
     )
+    kernels = loaded.kernels
+    log.info(
+        "kernels",
+        device=kernels.device,
+        cpu_capability=kernels.cpu_capability,
+        linear=kernels.linear.kernel,
+        linear_reason=kernels.linear.reason,
+        attention=kernels.attention.kernel,
+        attention_reason=kernels.attention.reason,
+    )
 
     async def on_stop() -> None:
         try:

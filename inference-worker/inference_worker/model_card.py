@@ -46,4 +46,5 @@ def describe_model(
         max_prompt_tokens=limits.max_prompt_tokens,
         max_new_tokens=limits.max_new_tokens,
         attention_sink_tokens=window.sink_tokens,
+        kernels=loaded.kernels.message(),
     )

@@ -49,6 +49,7 @@ from transformers import (
 
 from inference_worker.cpu_attention import use_grouped_query_sdpa
 from inference_worker.cpu_linear import CpuLinear, use_onednn_linears
+from inference_worker.kernels import KernelChoice, KernelReport, cpu_capability
 
 log = structlog.get_logger("inference_worker.model_store")
 
@@ -78,6 +79,7 @@ class LoadedModel:
     model_dir: Path
     dtype: torch.dtype
     device: torch.device
+    kernels: KernelReport
 
 
 # ---- the default model ----------------------------------------------------------------------
@@ -207,11 +209,25 @@ def load_model(
     except OSError as exc:  # missing weights or tokenizer files
         raise ModelStoreError(f"cannot load the model in {model_dir}: {exc}") from exc
     model = model.to(target).eval()
-    if target.type == "cpu":
-        use_grouped_query_sdpa()
-        if cpu_linear == "onednn":
-            use_onednn_linears(model, dtype)
-    return LoadedModel(model, tokenizer, model.config, model_dir, dtype, target)
+    kernels = _choose_kernels(model, dtype, target, cpu_linear)
+    return LoadedModel(model, tokenizer, model.config, model_dir, dtype, target, kernels)
+
+
+def _choose_kernels(
+    model: PreTrainedModel, dtype: torch.dtype, device: torch.device, cpu_linear: CpuLinear
+) -> KernelReport:
+    """Switches the model's kernels where the device allows it better ones; says which and why."""
+    if device.type != "cpu":
+        default = KernelChoice("torch", f"device {device}: torch's kernels")
+        attention = KernelChoice(str(model.config._attn_implementation), f"device {device}: transformers' choice")
+        return KernelReport(str(device), cpu_capability(), default, attention)
+    attention = use_grouped_query_sdpa()
+    linear = (
+        use_onednn_linears(model, dtype)
+        if cpu_linear == "onednn"
+        else KernelChoice("torch", "setting ATTNSTORE_WORKER_CPU_LINEAR=torch")
+    )
+    return KernelReport(str(device), cpu_capability(), linear, attention)
 
 
 def _check_supported(config: PretrainedConfig, where: Path) -> None:

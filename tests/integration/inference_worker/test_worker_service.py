@@ -172,6 +172,8 @@ def test_describe_model_matches_the_model(stack: Stack) -> None:
     assert model.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, layers, kv heads, head dim, fp32
     assert model.vocab_size == VOCAB
     assert (model.max_prompt_tokens, model.max_new_tokens) == (256, 32)
+    assert model.kernels.device == "cpu" and model.kernels.cpu_capability
+    assert model.kernels.linear.kernel in ("onednn", "torch") and model.kernels.linear.reason
 
 
 def test_tokenize_applies_the_models_chat_template(

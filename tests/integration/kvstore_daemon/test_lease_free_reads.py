@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
+from machine import LEASE_FREE_READS, LEASE_FREE_READS_REASON
 from service_probes import free_port, scrape_metrics
 from small_arena import FOUR_CHUNK_DRAM, SHAPE, MiB
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by n
     from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
 
     from attnstore.kvstore.v1.kvstore_pb2_grpc import KVStoreStub
+
+pytestmark = pytest.mark.skipif(not LEASE_FREE_READS, reason=LEASE_FREE_READS_REASON)
 
 # Four chunks in DRAM, and an SSD tier that never fills during a test.
 SMALL_DRAM_ROOMY_SSD = {**FOUR_CHUNK_DRAM, "SSD_CAPACITY_BYTES": 1024 * MiB}

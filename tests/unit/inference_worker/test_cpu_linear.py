@@ -1,5 +1,8 @@
-"""oneDNN linear layers on the CPU: every nn.Linear switches, the weights (and their tying)
-stay, and the model computes what torch's default kernel computes."""
+"""oneDNN linear layers on the CPU: where the probe says oneDNN runs the model's dtype, every
+nn.Linear switches, the weights (and their tying) stay, and the model computes what torch's
+default kernel computes; where it does not (a CPU without AVX-512 has no bf16 inner product,
+or ATTNSTORE_ONEDNN_UNAVAILABLE=1 says so on any machine), torch's kernel stays and the
+kernel report says why. Both paths run on every machine."""
 
 from __future__ import annotations
 
@@ -10,38 +13,69 @@ import pytest
 import torch
 from torch import nn
 
-from inference_worker.cpu_linear import OneDnnLinear
+from inference_worker.cpu_linear import UNAVAILABLE_VARIABLE, OneDnnLinear, _onednn_unavailable
 from inference_worker.model_store import load_model
+
+# Each case runs with the probe's own verdict for this CPU, and with oneDNN forced unavailable.
+PROBE = ["detected", "forced-unavailable"]
+
+
+@pytest.fixture(params=PROBE)
+def probe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "forced-unavailable":
+        monkeypatch.setenv(UNAVAILABLE_VARIABLE, "1")
+    else:
+        monkeypatch.delenv(UNAVAILABLE_VARIABLE, raising=False)
+    return str(request.param)
 
 
 def _linears(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
+def _expected_linear(dtype: torch.dtype) -> type[nn.Linear]:
+    return nn.Linear if _onednn_unavailable(dtype) is not None else OneDnnLinear
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_onednn_gives_the_logits_and_tokens_of_torchs_kernel(
-    tiny_model_dir: Callable[..., Path], family: str
+def test_chosen_kernel_gives_the_logits_and_tokens_of_torchs_kernel(
+    tiny_model_dir: Callable[..., Path], family: str, probe: str
 ) -> None:
     model_dir = tiny_model_dir(family)
-    onednn = load_model(model_dir, torch.float32, "cpu", cpu_linear="onednn").model
+    chosen = load_model(model_dir, torch.float32, "cpu", cpu_linear="onednn")
     default = load_model(model_dir, torch.float32, "cpu", cpu_linear="torch").model
-    assert {type(m) for m in _linears(onednn)} == {OneDnnLinear}
+    linear_type = _expected_linear(torch.float32)
+    assert {type(m) for m in _linears(chosen.model)} == {linear_type}
     assert {type(m) for m in _linears(default)} == {nn.Linear}
+    assert chosen.kernels.linear.kernel == ("onednn" if linear_type is OneDnnLinear else "torch")
+    if probe == "forced-unavailable":
+        assert linear_type is nn.Linear and UNAVAILABLE_VARIABLE in chosen.kernels.linear.reason
 
-    ids = torch.randint(0, onednn.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, default.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        got, expected = onednn(input_ids=ids).logits, default(input_ids=ids).logits  # [1, 40, vocab]
-        tokens = onednn.generate(ids, max_new_tokens=16, do_sample=False)[0, 40:]
+        got, expected = chosen.model(input_ids=ids).logits, default(input_ids=ids).logits  # [1, 40, vocab]
+        tokens = chosen.model.generate(ids, max_new_tokens=16, do_sample=False)[0, 40:]
         expected_tokens = default.generate(ids, max_new_tokens=16, do_sample=False)[0, 40:]
     assert (got - expected).abs().max().item() <= 1e-4
     assert tokens.tolist() == expected_tokens.tolist()
 
 
-def test_tied_weights_stay_tied_and_bf16_runs(tiny_model_dir: Callable[..., Path]) -> None:
+def test_tied_weights_stay_tied_and_bf16_runs(tiny_model_dir: Callable[..., Path], probe: str) -> None:
     loaded = load_model(tiny_model_dir(tie_word_embeddings=True), torch.bfloat16, "cpu")
     model = loaded.model
-    assert type(model.lm_head) is OneDnnLinear
+    # oneDNN's bf16 inner product needs AVX-512 (avx512_bf16 or avx512f emulation): the probe
+    # decides per CPU, and the model keeps torch's kernel where it fails.
+    assert type(model.lm_head) is _expected_linear(torch.bfloat16)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits  # [1, 3, vocab]
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+
+
+def test_the_kernel_report_names_the_cpu_and_every_choice(tiny_model_dir: Callable[..., Path]) -> None:
+    kernels = load_model(tiny_model_dir(), torch.float32, "cpu", cpu_linear="torch").kernels
+    assert kernels.device == "cpu" and kernels.cpu_capability  # e.g. AVX512, AVX2, DEFAULT
+    assert kernels.linear.kernel == "torch" and "ATTNSTORE_WORKER_CPU_LINEAR" in kernels.linear.reason
+    assert kernels.attention.kernel.startswith("sdpa") and kernels.attention.reason
+    message = kernels.message()
+    assert message.linear.kernel == "torch" and message.cpu_capability == kernels.cpu_capability

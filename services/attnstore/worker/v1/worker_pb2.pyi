@@ -152,7 +152,7 @@ class DescribeModelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens")
+    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens", "kernels")
     MODEL_LABEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class DescribeModelResponse(_message.Message):
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     model_label: str
     model_digest: str
     dtype: str
@@ -179,4 +180,25 @@ class DescribeModelResponse(_message.Message):
     max_prompt_tokens: int
     max_new_tokens: int
     attention_sink_tokens: int
-    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ...) -> None: ...
+    kernels: KernelReport
+    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ..., kernels: _Optional[_Union[KernelReport, _Mapping]] = ...) -> None: ...
+
+class KernelChoice(_message.Message):
+    __slots__ = ("kernel", "reason")
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kernel: str
+    reason: str
+    def __init__(self, kernel: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class KernelReport(_message.Message):
+    __slots__ = ("device", "cpu_capability", "linear", "attention")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CPU_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    LINEAR_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    cpu_capability: str
+    linear: KernelChoice
+    attention: KernelChoice
+    def __init__(self, device: _Optional[str] = ..., cpu_capability: _Optional[str] = ..., linear: _Optional[_Union[KernelChoice, _Mapping]] = ..., attention: _Optional[_Union[KernelChoice, _Mapping]] = ...) -> None: ...
