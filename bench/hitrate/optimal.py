@@ -1,0 +1,80 @@
+"""The offline optimum of a schedule of prefix-chained chunk lookups.
+
+A schedule is the order in which a replay's turns looked up their prompts: each turn names
+its prompt's chain of chunk keys, root first, and hits the longest stored prefix of it.
+After a lookup the store may keep any chunk of that chain (as if a turn's KV were saved the
+moment it was looked up: the real save comes at the turn's end, so this bounds every real
+store from above). The optimum is the most hit chunks a store of `capacity_chunks` could
+serve on that schedule, knowing all of it in advance.
+
+It is Belady's MIN with two rules for chained keys: the store may decline a chunk (when it
+would be used later than everything it holds), and among chunks whose next use is the same
+lookup it evicts the deepest. A chunk's key chains its parent's, so a parent is never used
+later than its child: keeping the nearest-used chunks keeps every held chain prefix-closed,
+every held chunk that a lookup names is then a hit, and MIN's count is the optimum of plain
+caching with bypass, which bounds the prefix-limited one. Without the depth rule MIN may
+keep a child whose parent it evicted and count hits no store can serve. Checked against
+exhaustive search on small random prefix trees (tests/unit/bench/test_optimal_hitrate.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Hashable, Sequence
+
+Key = Hashable
+Chain = tuple[Key, ...]
+NEVER = float("inf")
+_Rank = tuple[float, int]  # (next use, depth): the larger, the better to evict
+
+
+def optimal_hits(schedule: Sequence[Chain], capacity_chunks: int) -> int:
+    """Hit chunks of the offline-optimal store on `schedule` (see the module doc)."""
+    uses = _lookup_times(schedule)
+    held: dict[Key, _Rank] = {}
+    # Max-heap by rank with lazy deletion: an entry whose rank is no longer its key's is skipped.
+    heap: list[tuple[float, int, int, Key]] = []
+    hits = 0
+    for time, chain in enumerate(schedule):
+        for key in chain:
+            if key not in held:
+                break
+            hits += 1
+        for depth, key in enumerate(chain):
+            rank = (_next_use(uses, key, time), depth)
+            if key not in held:
+                if rank[0] == NEVER:
+                    continue
+                if len(held) >= capacity_chunks:
+                    victim = _farthest(heap, held)
+                    if victim is None or rank >= held[victim]:  # nothing held is used later: decline
+                        continue
+                    del held[victim]
+            held[key] = rank
+            heapq.heappush(heap, (-rank[0], -depth, time, key))
+    return hits
+
+
+def _lookup_times(schedule: Sequence[Chain]) -> dict[Key, list[int]]:
+    times: dict[Key, list[int]] = {}
+    for time, chain in enumerate(schedule):
+        for key in chain:
+            times.setdefault(key, []).append(time)
+    return times
+
+
+def _next_use(uses: dict[Key, list[int]], key: Key, after: int) -> float:
+    times = uses[key]
+    index = bisect.bisect_right(times, after)
+    return times[index] if index < len(times) else NEVER
+
+
+def _farthest(heap: list[tuple[float, int, int, Key]], held: dict[Key, _Rank]) -> Key | None:
+    """The held chunk used last (deepest among ties), or None when nothing is held."""
+    while heap:
+        negative_use, negative_depth, _, key = heap[0]
+        if held.get(key) == (-negative_use, -negative_depth):
+            return key
+        heapq.heappop(heap)  # evicted, or re-ranked since
+    return None
