@@ -166,6 +166,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         metrics_port=settings.metrics_port,
         grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
+        on_stopping=http.begin_stop if http is not None else None,
         on_started=lambda port: write_ready_file(settings.ready_file, port),
         health_probe=store.ping,
         health_probe_interval_seconds=settings.health_check_interval_seconds,

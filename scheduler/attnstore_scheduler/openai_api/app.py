@@ -1,7 +1,7 @@
 """The HTTP application and its server: uvicorn in the scheduler's own event loop (uvloop),
 on a socket bound before the scheduler reports ready, so a client that read the ready
-file finds the HTTP port open too. The scheduler's lifecycle owns SIGTERM: `stop` lets
-in-flight requests finish for the grace period, as the gRPC server does."""
+file finds the HTTP port open too. The scheduler's lifecycle owns SIGTERM: `begin_stop`
+runs when the gRPC server begins its stop, so both drain in the same grace period."""
 
 from __future__ import annotations
 
@@ -58,8 +58,12 @@ class HttpServer:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._socket]))
 
-    async def stop(self) -> None:
+    def begin_stop(self) -> None:
         """Stops accepting; in-flight requests get the grace period, then are cancelled."""
         self._server.should_exit = True
+
+    async def stop(self) -> None:
+        """`begin_stop`, and waits until the server has stopped."""
+        self.begin_stop()
         if self._task is not None:
             await self._task
