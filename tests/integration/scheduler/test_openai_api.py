@@ -21,6 +21,8 @@ import openai
 import pytest
 from scheduler_stack import API_KEYS, CHUNK_TOKENS, RedisFactory, Stack, free_port, start_stack, wait_for
 
+from attnstore.api.v1 import api_pb2 as api
+
 SESSION_HEADER = "X-Attnstore-Session"
 SYSTEM = " ".join(["you are a helpful assistant who answers briefly and politely"] * 4)
 QUESTIONS = ["hello world, how are you", "the capital of france is paris", "system user assistant"]
@@ -159,7 +161,7 @@ def test_async_client_chat_and_completions_stream_as_they_answer(port: int, mode
     asyncio.run(run())
 
 
-def test_stop_texts_end_the_answer_and_are_left_out(client: openai.OpenAI, model: str) -> None:
+def test_stop_texts_end_the_answer_and_are_left_out(stack: Stack, client: openai.OpenAI, model: str) -> None:
     messages = chat("be brief", QUESTIONS[2])
     full = (
         client.chat.completions.create(model=model, messages=messages, max_tokens=40)
@@ -181,6 +183,10 @@ def test_stop_texts_end_the_answer_and_are_left_out(client: openai.OpenAI, model
     assert whole.choices[0].message.content == expected and whole.choices[0].finish_reason == "stop"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # gRPC's stop texts end the answer the same way; its tokens include the stop text.
+    grpc_answer = stack.client().generate(QUESTIONS[2], system_prompt="be brief", max_tokens=40, stop=[stop])
+    assert grpc_answer.text.startswith(expected + stop) and len(grpc_answer.text) < len(full)
+    assert grpc_answer.stats.finish_reason == api.FINISH_REASON_STOP
 
 
 def test_a_resent_conversation_reports_its_reused_kv_as_cached_tokens(
