@@ -57,6 +57,8 @@ def stack(
     )
     try:
         yield made
+        # SIGTERM: both servers drain and the scheduler exits cleanly.
+        assert made.scheduler.stop() == 0, made.scheduler.log_tail()
     finally:
         made.close()
 
