@@ -39,7 +39,7 @@ from attnstore_scheduler.openai_api.streaming import (
     until_disconnected,
 )
 from attnstore_scheduler.session_record import check_session_id
-from attnstore_scheduler.validation import check_text
+from attnstore_scheduler.validation import check_text, require_model, sampling
 
 log = structlog.get_logger("attnstore_scheduler.openai_api")
 
@@ -78,8 +78,9 @@ def build_router(ctx: ApiContext) -> APIRouter:
             )
             headers = {}
         else:
-            session_id, message = await _session_turn(ctx, tenant, header, messages)
-            events = ctx.turns.chat(tenant, session_id, message, options_of(body))
+            options = options_of(body)
+            session_id, message = await _session_turn(ctx, tenant, header, messages, options)
+            events = ctx.turns.chat(tenant, session_id, message, options)
             headers = {SESSION_HEADER: session_id}
         answer = answer_events(events, body.stop_texts())
         return await _respond(request, answer, ChatShape(model), body, headers)
@@ -125,7 +126,11 @@ def options_of(body: GenerationRequest) -> api.GenerationOptions:
 
 
 async def _session_turn(
-    ctx: ApiContext, tenant: str, header: str, messages: Sequence[tuple[str, str]]
+    ctx: ApiContext,
+    tenant: str,
+    header: str,
+    messages: Sequence[tuple[str, str]],
+    options: api.GenerationOptions,
 ) -> tuple[str, str]:
     """(session id, new message) of a request with X-Attnstore-Session. The last message is
     the new one and must be a user message; the session's stored history stands for all
@@ -155,6 +160,7 @@ async def _session_turn(
             param="messages",
         )
     system_prompt = check_text(earlier[0][1] if earlier else "", "system message", ctx.limits, required=False)
+    sampling(options, ctx.limits, require_model(ctx.registry.model()))  # refused before a session exists
     record = await ctx.sessions.create(tenant, system_prompt, ctx.limits.session_ttl_seconds)
     return record.session_id, message
 

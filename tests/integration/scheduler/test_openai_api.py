@@ -45,6 +45,7 @@ def stack(
         "openai_listen_address": f"127.0.0.1:{port}",
         "openai_max_request_bytes": 64 * 1024,
         "max_turns_per_worker": 1,
+        "max_queue_length": 1,
         "max_message_chars": 20_000,
     }
     made = start_stack(
@@ -250,7 +251,9 @@ def test_the_session_header_answers_as_grpc_chat_on_the_same_messages(
     assert grpc_client.get_session(header).turns == len(QUESTIONS)
 
 
-def test_errors_are_openai_shaped_with_the_right_status(port: int, client: openai.OpenAI, model: str) -> None:
+def test_errors_are_openai_shaped_with_the_right_status(
+    stack: Stack, port: int, client: openai.OpenAI, model: str
+) -> None:
     user = [{"role": "user", "content": "hi"}]
     wrong_key = openai.OpenAI(base_url=base_url(port), api_key="not-a-key", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as bad_key:
@@ -296,6 +299,11 @@ def test_errors_are_openai_shaped_with_the_right_status(port: int, client: opena
         **{SESSION_HEADER: "0" * 32},
     )
     assert status == 404 and json.loads(body)["error"]["type"] == "not_found_error"
+    # Options are checked before a new session is made: none is left behind.
+    sessions = len(list(stack.client().iter_sessions()))
+    too_long = {"model": model, "messages": user, "max_tokens": 100_000}
+    assert raw(port, "POST", "/v1/chat/completions", too_long, **{SESSION_HEADER: "new"})[0] == 400
+    assert len(list(stack.client().iter_sessions())) == sessions
     assistant_last = [*user, {"role": "assistant", "content": "hello"}]
     status, _, body = raw(
         port,
@@ -315,6 +323,25 @@ def test_a_tenant_over_its_rate_gets_429_with_retry_after(port: int) -> None:
             break
     assert status == 429, body
     assert json.loads(body)["error"]["code"] == "rate_limit_exceeded" and int(headers["retry-after"]) >= 1
+
+
+def test_a_full_queue_answers_429_with_retry_after(port: int, model: str) -> None:
+    long_turn = {"model": model, "messages": [{"role": "user", "content": "go on"}], "max_tokens": 2000}
+    headers = {"authorization": "Bearer key-acme", "content-type": "application/json"}
+    running, queued = (http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(2))
+    try:
+        running.request("POST", "/v1/chat/completions", json.dumps({**long_turn, "stream": True}), headers)
+        assert running.getresponse().readline().startswith(b"data: ")  # it holds the one slot
+        queued.request("POST", "/v1/chat/completions", json.dumps(long_turn), headers)
+        wait_for(lambda: metric(port, "attnstore_scheduler_queue_length") == 1, what="the queued turn")
+
+        status, reply_headers, body = raw(port, "POST", "/v1/chat/completions", long_turn)
+        assert status == 429 and reply_headers["retry-after"] == "1", body
+        assert json.loads(body)["error"]["code"] == "queue_full"
+    finally:
+        running.close()
+        queued.close()
+    wait_for(lambda: metric(port, "attnstore_scheduler_queue_length") == 0, what="the queued turn cancelled")
 
 
 @pytest.mark.parametrize("stream", [True, False])
