@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # A fresh directory each run, kept afterwards so that its logs can be read.
     data_dir = attnstore_home() / "demo"
     shutil.rmtree(data_dir, ignore_errors=True)
-    options = stack_options(args, data_dir=data_dir, scheduler_port=0)
+    options = stack_options(args, data_dir=data_dir, scheduler_port=0, openai_port=0)
     try:
         with running_stack(options, console) as (stack, state):
             baseline = WorkerProcess(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,12 @@ DRAM_BLOCK_BYTES = 256 * 1024
 SessionStoreChoice = Literal["auto", "redis", "embedded"]
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 class StackError(Exception):
     """The stack cannot start as asked; the message says what to change."""
 
@@ -40,6 +47,7 @@ class StackOptions:
     session_store: SessionStoreChoice = "auto"
     redis_url: str | None = None  # an external Redis; wins over session_store
     scheduler_port: int = 50071  # 0 picks a free one
+    openai_port: int = 8000  # the scheduler's OpenAI-compatible HTTP API; 0 picks a free one
     dram_bytes: int = 1 * GiB
     ssd_bytes: int = 8 * GiB
     worker_settings: dict[str, object] | None = None
@@ -115,6 +123,7 @@ class LocalStack:
         )
         self.start_service(self.worker)
         progress(f"starting the scheduler (sessions in {self.session_store})")
+        openai_port = options.openai_port or free_port()
         self.scheduler = SchedulerProcess(
             self.logs_dir / "scheduler.log",
             nodes=[
@@ -125,12 +134,13 @@ class LocalStack:
                 )
             ],
             redis_url=redis_url,
-            settings={"log_level": options.log_level},
+            settings={"log_level": options.log_level, "openai_listen_address": f"127.0.0.1:{openai_port}"},
         )
         self.scheduler.port = options.scheduler_port
         self.start_service(self.scheduler)
         return StackState(
             scheduler_address=self.scheduler.address,
+            openai_url=f"http://127.0.0.1:{openai_port}/v1",
             daemon_address=self.daemon.address,
             worker_addresses=[self.worker.address],
             session_store=self.session_store,

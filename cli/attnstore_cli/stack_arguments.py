@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from attnstore_cli.local_stack import GiB, LocalStack, StackOptions
+from attnstore_cli.openai_hint import curl_line
 from attnstore_cli.stack_state import StackState
 
 
@@ -43,7 +44,9 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
-def stack_options(args: argparse.Namespace, *, data_dir: Path, scheduler_port: int) -> StackOptions:
+def stack_options(
+    args: argparse.Namespace, *, data_dir: Path, scheduler_port: int, openai_port: int
+) -> StackOptions:
     worker_settings: dict[str, object] = {}
     if args.chunk_tokens:
         worker_settings["chunk_tokens"] = args.chunk_tokens
@@ -55,6 +58,7 @@ def stack_options(args: argparse.Namespace, *, data_dir: Path, scheduler_port: i
         session_store=args.session_store,
         redis_url=args.redis_url,
         scheduler_port=scheduler_port,
+        openai_port=openai_port,
         dram_bytes=int(args.dram_gib * GiB),
         ssd_bytes=int(args.ssd_gib * GiB),
         worker_settings=worker_settings,
@@ -75,6 +79,9 @@ def running_stack(options: StackOptions, console: Console) -> Iterator[tuple[Loc
             f"[green]stack up[/green]: scheduler {state.scheduler_address}, daemon {state.daemon_address}, "
             f"worker {state.worker_addresses[0]}; sessions in {state.session_store}; logs in {state.logs_dir}"
         )
+        if state.openai_url is not None:
+            console.print("OpenAI-compatible API, try:")
+            console.print(curl_line(state.openai_url), markup=False, highlight=False, soft_wrap=True)
         yield stack, state
     finally:
         codes = stack.stop()

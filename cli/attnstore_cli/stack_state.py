@@ -20,6 +20,7 @@ def attnstore_home() -> Path:
 
 class StackState(BaseModel):
     scheduler_address: str
+    openai_url: str | None = None  # base URL of the OpenAI-compatible API (".../v1")
     daemon_address: str
     worker_addresses: list[str]
     session_store: SessionStoreKind

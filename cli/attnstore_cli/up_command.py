@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_stack_arguments(parser)
     parser.add_argument("--port", type=int, default=50071, help="the scheduler's port (the public API)")
     parser.add_argument(
+        "--openai-port",
+        type=int,
+        default=8000,
+        help="the OpenAI-compatible HTTP API's port; 0 picks a free one",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=None,
@@ -31,7 +37,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]a local stack already runs (pid {running.pid}); stop it first[/red]")
         return 1
     options = stack_options(
-        args, data_dir=args.data_dir or attnstore_home() / "data", scheduler_port=args.port
+        args,
+        data_dir=args.data_dir or attnstore_home() / "data",
+        scheduler_port=args.port,
+        openai_port=args.openai_port,
     )
     try:
         with running_stack(options, console) as (stack, state):

@@ -35,3 +35,7 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise InvalidArgument(f"the model's chat template rejected the messages: {exc}") from exc
         return [int(token_id) for token_id in ids]
+
+    def text_ids(self, text: str) -> list[int]:
+        """Raw text as the tokenizer encodes it (with its BOS, if it adds one)."""
+        return [int(token_id) for token_id in self._tokenizer(text, add_special_tokens=True)["input_ids"]]

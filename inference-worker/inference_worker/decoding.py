@@ -119,8 +119,16 @@ class Decoding:
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.stopped = False  # ended on a stop token (else on the token limit)
+        self.stopped = False  # ended on a stop token or stop string (else on the token limit)
+        self.text = ""  # the answer so far (stop strings are looked for in it)
         self.first_token_at: float | None = None  # perf_counter() when the first token was ready
+
+
+def completes_stop_string(before: str, added: str, stop_strings: tuple[str, ...]) -> bool:
+    """Whether `added` completes a stop string: only the text that ends in it is searched."""
+    return bool(added) and any(
+        stop in (before[-(len(stop) - 1) :] if len(stop) > 1 else "") + added for stop in stop_strings
+    )
 
 
 async def decode(
@@ -143,9 +151,12 @@ async def decode(
     while True:
         token = sampler(logits)
         state.tokens.append(token)
-        state.stopped = token in stops
+        stop_token = token in stops
+        text = detokenizer.add(token, final=stop_token or len(state.tokens) >= limit)
+        state.stopped = stop_token or completes_stop_string(state.text, text, params.stop_strings)
+        state.text += text
         last = state.stopped or len(state.tokens) >= limit
-        event = TokenEvent(token_id=token, text=detokenizer.add(token, final=last))
+        event = TokenEvent(token_id=token, text=text)
         if state.first_token_at is None:
             state.first_token_at = time.perf_counter()
         yield event

@@ -21,6 +21,7 @@ from inference_worker.validation import (
     check_prompt,
     check_sampling,
     check_tenant,
+    check_text,
 )
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
@@ -82,6 +83,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
+        if request.text:  # raw text (OpenAI's /v1/completions), no chat template
+            ids = self._template.text_ids(check_text(request.text, bool(request.messages), self._limits))
+            return pb.TokenizeResponse(token_ids=ids)
         messages = check_messages(request.messages, self._limits)
         ids = self._template.token_ids(messages, add_generation_prompt=request.add_generation_prompt)
         return pb.TokenizeResponse(token_ids=ids)

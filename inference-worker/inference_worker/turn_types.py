@@ -14,6 +14,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None  # sampled decoding is reproducible with a seed
     stop_token_ids: tuple[int, ...] = ()  # on top of the model's own end-of-turn tokens
+    stop_strings: tuple[str, ...] = ()  # the turn ends once the answer's text contains one
 
 
 @dataclass(frozen=True)

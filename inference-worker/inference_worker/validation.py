@@ -15,6 +15,8 @@ from inference_worker.turn_types import SamplingParams
 ROLES = ("system", "user", "assistant")
 MAX_TENANT_BYTES = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,17 @@ def check_messages(messages: Sequence[pb.ChatMessage], limits: RequestLimits) ->
     return [{"role": message.role, "content": message.content} for message in messages]
 
 
+def check_text(text: str, with_messages: bool, limits: RequestLimits) -> str:
+    """TokenizeRequest.text: raw text, never together with messages."""
+    if with_messages:
+        raise InvalidArgument("give either text or messages, not both")
+    if len(text) > limits.max_message_chars:
+        raise InvalidArgument(
+            f"text is {len(text)} characters long; at most {limits.max_message_chars} are allowed"
+        )
+    return text
+
+
 def check_token_ids(token_ids: Sequence[int], limits: RequestLimits, field: str) -> list[int]:
     for index, token_id in enumerate(token_ids):
         if token_id >= limits.vocab_size:
@@ -98,6 +111,12 @@ def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> Sampli
         raise InvalidArgument(
             f"sampling.stop_token_ids holds {len(sampling.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS}"
         )
+    if len(sampling.stop_strings) > MAX_STOP_STRINGS or not all(
+        0 < len(stop) <= MAX_STOP_STRING_CHARS for stop in sampling.stop_strings
+    ):
+        raise InvalidArgument(
+            f"sampling.stop_strings: at most {MAX_STOP_STRINGS} texts of 1 to {MAX_STOP_STRING_CHARS} characters"
+        )
     if not math.isfinite(sampling.temperature):
         raise InvalidArgument(f"sampling.temperature must be a finite number, got {sampling.temperature}")
     params = SamplingParams(
@@ -106,6 +125,7 @@ def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> Sampli
         top_p=sampling.top_p if sampling.HasField("top_p") else SamplingParams.top_p,
         seed=sampling.seed if sampling.HasField("seed") else None,
         stop_token_ids=tuple(check_token_ids(sampling.stop_token_ids, limits, "sampling.stop_token_ids")),
+        stop_strings=tuple(sampling.stop_strings),
     )
     try:
         check_decodable(params)

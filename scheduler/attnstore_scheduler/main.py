@@ -2,7 +2,8 @@
 
 Start: settings, logging, TLS credentials, API keys, the session store (Redis, or
 embedded without `redis_url`), the worker registry fed by the static topology or by pod
-discovery, one health round over the workers, then serve. Background tasks: the dispatch
+discovery, one health round over the workers, then serve (gRPC, and the OpenAI-compatible
+HTTP API when `openai_listen_address` is set). Background tasks: the dispatch
 loop, worker health checks, the expiry sweeper and the look-ahead hint pusher. Health is
 SERVING while the session store answers. Stop: in-flight turns finish within the grace
 period, then the background tasks end and the store closes.
@@ -29,6 +30,8 @@ from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.kubernetes_discovery import PodWatcher
+from attnstore_scheduler.openai_api.app import HttpServer, create_app
+from attnstore_scheduler.openai_api.context import ApiContext
 from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.redis_session_store import RedisSessionStore
 from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
@@ -71,6 +74,16 @@ def topology_source(
     ).run()
 
 
+def open_http_api(settings: SchedulerSettings, context: ApiContext) -> HttpServer | None:
+    """The OpenAI-compatible HTTP API, bound now; None when openai_listen_address is unset."""
+    if settings.openai_listen_address is None:
+        return None
+    app = create_app(context, max_request_bytes=settings.openai_max_request_bytes)
+    return HttpServer(
+        app, settings.openai_listen_address, grace_seconds=settings.shutdown_grace_seconds, tls=settings.tls
+    )
+
+
 async def run_scheduler(settings: SchedulerSettings) -> None:
     server_credentials = settings.tls.load()
     api_keys = None
@@ -109,13 +122,10 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
     )
     hints = HintPusher(queue, registry.hint_targets)
-    servicer = AttnStoreServicer(
-        sessions,
-        Turns(sessions, runner, registry, limits),
-        api_keys,
-        RateLimiter(settings.requests_per_second, settings.requests_burst),
-        limits,
-    )
+    turns = Turns(sessions, runner, registry, limits)
+    rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
+    servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits)
+    http = open_http_api(settings, ApiContext(turns, sessions, registry, api_keys, rate_limiter, limits))
     discovery = topology_source(settings, registry)
     await registry.check_all()  # route from the first call on when workers are already up
     loop = asyncio.get_running_loop()
@@ -131,6 +141,8 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
     ]
 
     async def on_stop() -> None:
+        if http is not None:
+            await http.stop()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -139,6 +151,9 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         await registry.close()
         await store.close()
 
+    if http is not None:
+        http.start()
+        log.info("openai_api_serving", port=http.port)
     server = create_server()
     api_pb2_grpc.add_AttnStoreServicer_to_server(servicer, server)
     log.info(
@@ -151,6 +166,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         metrics_port=settings.metrics_port,
         grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
+        on_stopping=http.begin_stop if http is not None else None,
         on_started=lambda port: write_ready_file(settings.ready_file, port),
         health_probe=store.ping,
         health_probe_interval_seconds=settings.health_check_interval_seconds,

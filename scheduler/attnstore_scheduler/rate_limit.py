@@ -22,6 +22,14 @@ class _Bucket:
     refilled_at: float
 
 
+class RateLimited(ResourceExhausted):
+    """A tenant called above its rate; it may call again after `retry_after_seconds`."""
+
+    def __init__(self, message: str, retry_after_seconds: float) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
 class RateLimiter:
     def __init__(
         self, rate_per_second: float, burst: int, clock: Callable[[], float] = time.monotonic
@@ -40,9 +48,11 @@ class RateLimiter:
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.refilled_at) * self.rate_per_second)
         bucket.refilled_at = now
         if bucket.tokens < 1.0:
-            raise ResourceExhausted(
+            wait_seconds = (1.0 - bucket.tokens) / self.rate_per_second
+            raise RateLimited(
                 f"tenant {tenant!r} exceeded its rate of {self.rate_per_second:g} calls per second "
-                f"(burst {self.burst}); retry in {(1.0 - bucket.tokens) / self.rate_per_second:.2f}s"
+                f"(burst {self.burst}); retry in {wait_seconds:.2f}s",
+                wait_seconds,
             )
         bucket.tokens -= 1.0
 

@@ -31,6 +31,14 @@ class SchedulerSettings(FileBackedSettings):
         None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
     )
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
+    openai_listen_address: str | None = Field(
+        None,
+        description="host:port of the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+        "/v1/models, /health, /metrics); unset = off",
+    )
+    openai_max_request_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="largest request body the OpenAI-compatible API accepts"
+    )
     tls: ServerTLS = Field(
         default_factory=ServerTLS, description="TLS of the public API; require_client_cert = mutual TLS"
     )

@@ -108,23 +108,45 @@ class Turns:
     async def generate(
         self, tenant: str, system_prompt: str, prompt: str, options: api.GenerationOptions
     ) -> AsyncIterator[TurnEvent]:
+        messages = [("system", system_prompt)] if system_prompt else []
+        turn = self.complete(tenant, [*messages, ("user", prompt)], options, affinity=system_prompt)
+        async for event in turn:
+            yield event
+
+    async def complete(
+        self,
+        tenant: str,
+        prompt: Sequence[tuple[str, str]] | str,
+        options: api.GenerationOptions,
+        *,
+        affinity: str,
+        kind: str = "generate",
+    ) -> AsyncIterator[TurnEvent]:
+        """A turn outside any session over chat messages (role, content; the worker applies
+        the chat template) or raw text (tokenized as is). Its prompt's full chunks are saved,
+        so a later prompt that starts with the same tokens reuses them. Turns with the same
+        `affinity` text go to the node that ran the last one (where that KV is)."""
         params = sampling(options, self._limits, require_model(self._registry.model()))
-        messages = [worker_pb2.ChatMessage(role="user", content=prompt)]
-        if system_prompt:
-            messages.insert(0, worker_pb2.ChatMessage(role="system", content=system_prompt))
-        request = worker_pb2.ExecuteTurnRequest(
-            tenant=tenant, messages=worker_pb2.ChatMessages(messages=messages), sampling=params
-        )
 
         async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
+            request = worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params)
+            if isinstance(prompt, str):
+                reply = await worker.stub.Tokenize(
+                    worker_pb2.TokenizeRequest(text=prompt), timeout=_TOKENIZE_TIMEOUT_SECONDS
+                )
+                request.prompt_token_ids.token_ids.extend(reply.token_ids)
+            else:
+                request.messages.messages.extend(
+                    worker_pb2.ChatMessage(role=role, content=content) for role, content in prompt
+                )
             return request
 
-        prefix = (tenant, system_prompt)
+        prefix = (tenant, affinity)
         spec = TurnSpec(tenant=tenant, session_id="", prepare=prepare, node=self._prefix_nodes.get(prefix))
         async for event in self._runner.run(spec):
             if isinstance(event, TurnOutcome):
                 self._remember_prefix_node(prefix, event.node)
-                _observe("generate", event)
+                _observe(kind, event)
             yield event
 
     def _remember_prefix_node(self, prefix: tuple[str, str], node: str) -> None:

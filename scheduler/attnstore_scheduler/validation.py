@@ -13,6 +13,8 @@ from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.session_record import check_session_id
 
 MAX_TEMPERATURE = 2.0
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_STOP_CHARS = 256
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
 
@@ -72,6 +74,11 @@ def sampling(
         if not math.isfinite(options.top_p) or not 0.0 < options.top_p <= 1.0:
             raise InvalidArgument(f"options.top_p is {options.top_p}; expected a number in (0, 1]")
         params.top_p = options.top_p
+    if len(options.stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in options.stop):
+        raise InvalidArgument(
+            f"options.stop: at most {MAX_STOP_STRINGS} texts of 1 to {MAX_STOP_CHARS} characters each"
+        )
+    params.stop_strings.extend(options.stop)
     if temperature > 0:
         params.seed = options.seed if options.HasField("seed") else secrets.randbits(63)
     return params

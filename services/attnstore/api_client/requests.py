@@ -3,6 +3,7 @@ answer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from attnstore.api.v1 import api_pb2 as api
@@ -19,10 +20,15 @@ def call_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def options(
-    max_tokens: int = 0, temperature: float | None = None, top_p: float | None = None, seed: int | None = None
+    max_tokens: int = 0,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
 ) -> api.GenerationOptions:
-    """Generation options; None leaves a field to the server's default."""
-    message = api.GenerationOptions(max_tokens=max_tokens)
+    """Generation options; None leaves a field to the server's default. `stop`: texts that
+    end the answer (the streamed tokens include the one that matched)."""
+    message = api.GenerationOptions(max_tokens=max_tokens, stop=stop)
     if temperature is not None:
         message.temperature = temperature
     if top_p is not None:

@@ -65,7 +65,7 @@ class AttnStoreClient:
 
     def stream_chat(self, session_id: str, message: str, **generation: Any) -> Iterator[StreamEvent]:
         """The answer's TokenText messages as they come, then its TurnStats. `generation`:
-        max_tokens, temperature, top_p, seed."""
+        max_tokens, temperature, top_p, seed, stop."""
         request = api.ChatRequest(session_id=session_id, message=message, options=options(**generation))
         for reply in self._stub.Chat(request, **self._kwargs()):
             yield event_of(reply)

@@ -52,6 +52,7 @@ async def serve(
     metrics_port: int | None,
     grace_seconds: float,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    on_stopping: Callable[[], None] | None = None,
     on_started: Callable[[int], None] | None = None,
     health_probe: HealthProbe | None = None,
     health_probe_interval_seconds: float = 0.0,
@@ -61,7 +62,8 @@ async def serve(
 
     `health_probe` must pass once before anything reports SERVING (its failure ends
     serve() with that exception); with a positive interval it runs again periodically.
-    `credentials` (attnstore.security.ServerTLS.load()): TLS; None: plaintext."""
+    `credentials` (attnstore.security.ServerTLS.load()): TLS; None: plaintext. `on_stopping`
+    runs when the stop begins, so another server of the service drains during the same grace."""
     names = ["", *service_names]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -99,6 +101,8 @@ async def serve(
             )
         await stop_requested.wait()
         log.info("stopping", grace_seconds=grace_seconds)
+        if on_stopping is not None:
+            on_stopping()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace_seconds)
     finally:

@@ -5,6 +5,7 @@ shared memory behind; `demo` (what `make run` runs) walks its conversation."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -59,7 +60,7 @@ def _attnstore(
 def _start_up(model_dir: Path, session_store: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [*ATTNSTORE, "up", *_stack_flags(model_dir, session_store), "--port", "0"],
+            [*ATTNSTORE, "up", *_stack_flags(model_dir, session_store), "--port", "0", "--openai-port", "0"],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -101,6 +102,11 @@ def test_up_status_chat_and_ctrl_c(
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("SERVING") == 3 and "DRAM" in status.stdout and "SSD" in status.stdout
         assert "worker kernels" in status.stdout and "sdpa" in status.stdout  # the model's kernels, with reasons
+
+        # The curl line it printed answers from the running stack.
+        [curl] = [line for line in log.read_text().splitlines() if line.startswith("curl ")]
+        completion = json.loads(subprocess.run(["bash", "-c", curl], capture_output=True, check=True).stdout)
+        assert completion["object"] == "chat.completion" and completion["usage"]["completion_tokens"] >= 1
 
         chat = _attnstore(
             ["chat", "--max-tokens", "4", "--system", "You are terse."],
@@ -159,3 +165,4 @@ def test_demo_walks_the_conversation_with_reuse(cli_model_dir: Path, home: dict[
         r"turns 2-3: median TTFT \d+ ms with the conversation's KV reused vs \d+ ms recomputed", demo.stdout
     )
     assert "stopped every service; shared memory removed" in demo.stdout
+    assert re.search(r"^curl -s http://127\.0\.0\.1:\d+/v1/chat/completions ", demo.stdout, re.MULTILINE)

@@ -121,6 +121,8 @@ def test_published_ports_are_the_services_ports(
     service = compose["services"][name]
     settings = settings_of(name, compose, dockerfiles, settings_classes)
     served = {int(settings.listen_address.rsplit(":", 1)[1]), settings.metrics_port}
+    if getattr(settings, "openai_listen_address", None):  # the scheduler's HTTP API
+        served.add(int(settings.openai_listen_address.rsplit(":", 1)[1]))
     published = {port["target"] for port in service["ports"]}
     assert published == served
     assert published <= image_dockerfile(service, dockerfiles).final.exposed_ports

@@ -73,7 +73,9 @@ def test_health_check_and_exposed_ports_follow_the_image_settings(
     listen_port = int(final.env[f"{prefix}LISTEN_ADDRESS"].rsplit(":", 1)[1])
     assert final.env[f"{prefix}LISTEN_ADDRESS"].startswith("0.0.0.0:"), "must listen beyond the container"
     metrics_port = int(final.env[f"{prefix}METRICS_PORT"])
-    assert {listen_port, metrics_port} == final.exposed_ports
+    http_address = final.env.get(f"{prefix}OPENAI_LISTEN_ADDRESS")  # the scheduler's HTTP API
+    http_ports = {int(http_address.rsplit(":", 1)[1])} if http_address else set()
+    assert {listen_port, metrics_port} | http_ports == final.exposed_ports
     address = final.healthcheck[final.healthcheck.index("--address") + 1]
     assert address == f"127.0.0.1:{listen_port}"
 

@@ -245,6 +245,8 @@ def test_pod_environment_is_valid_settings(
     spec = container(workload, component)
     assert settings.listen_address == f"0.0.0.0:{port_number(spec, 'grpc')}"
     assert settings.metrics_port == port_number(spec, "metrics")
+    if component == "scheduler":  # the OpenAI-compatible HTTP API, on by default
+        assert settings.openai_listen_address == f"0.0.0.0:{port_number(spec, 'http')}"
     # The grace Kubernetes gives before SIGKILL covers the service's own shutdown grace.
     needed = settings.shutdown_grace_seconds * (2 if component == "inference-worker" else 1)
     assert pod_spec(workload)["terminationGracePeriodSeconds"] > needed

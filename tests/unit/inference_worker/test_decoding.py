@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnstore.errors import InvalidArgument
-from inference_worker.decoding import Sampler, check_sampling
+from inference_worker.decoding import Sampler, completes_stop_string, check_sampling
 from inference_worker.turn_types import SamplingParams
 
 # probabilities 0.5, 0.3, 0.15, 0.05 over four tokens
@@ -62,3 +62,19 @@ def test_a_tiny_temperature_samples_the_argmax(temperature: float, top_p: float)
 def test_impossible_parameters_are_refused(params: SamplingParams) -> None:
     with pytest.raises(InvalidArgument):
         check_sampling(params)
+
+
+@pytest.mark.parametrize(
+    ("before", "added", "expected"),
+    [
+        ("the answer", " is END", True),  # within the new text
+        ("the answer E", "ND here", True),  # across the previous text and the new one
+        ("ENDED before", " and on", False),  # only a stop the new text completes counts
+        ("the answer", "", False),
+        ("x", "\n", True),  # one-character stops
+    ],
+)
+def test_a_stop_string_ends_the_turn_on_the_token_that_completes_it(
+    before: str, added: str, expected: bool
+) -> None:
+    assert completes_stop_string(before, added, ("END", "\n")) is expected

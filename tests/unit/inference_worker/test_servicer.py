@@ -87,7 +87,9 @@ async def execute(service: WorkerServicer, **fields: Any) -> list[pb.ExecuteTurn
 
 async def test_a_chat_request_becomes_the_engines_turn(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
     engine = ScriptedEngine([STATS])
-    sampling = pb.SamplingParams(max_tokens=5, temperature=0.7, seed=2**63, stop_token_ids=[7, 8])
+    sampling = pb.SamplingParams(
+        max_tokens=5, temperature=0.7, seed=2**63, stop_token_ids=[7, 8], stop_strings=["\n\n", "END"]
+    )
     await execute(
         servicer(engine, tiny_tokenizer),
         messages=pb.ChatMessages(messages=[USER]),
@@ -104,7 +106,7 @@ async def test_a_chat_request_becomes_the_engines_turn(tiny_tokenizer: PreTraine
     assert (turn.truncated_tokens, turn.save_generated) == (3, True)
     params = turn.sampling
     assert (params.max_tokens, params.top_p, params.seed, params.stop_token_ids) == (5, 1.0, 2**63, (7, 8))
-    assert params.temperature == pytest.approx(0.7)
+    assert params.temperature == pytest.approx(0.7) and params.stop_strings == ("\n\n", "END")
     assert engine.salts == [b"acme"] and source is not None and source.namespace.startswith(b"acme")
 
 
@@ -195,6 +197,22 @@ async def test_a_refused_request_never_reaches_the_engine(tiny_tokenizer: PreTra
             messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hello " * 8)] * 3),
         )
     assert engine.turns == []
+
+
+async def test_raw_text_is_tokenized_without_the_chat_template(
+    tiny_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    service = servicer(ScriptedEngine([STATS]), tiny_tokenizer)
+    reply = await service.Tokenize(pb.TokenizeRequest(text="hello paris"), None)  # type: ignore[arg-type]
+    assert list(reply.token_ids) == tiny_tokenizer("hello paris")["input_ids"]
+    with pytest.raises(InvalidArgument, match="either text or messages"):
+        await service.Tokenize(pb.TokenizeRequest(text="x", messages=[USER]), None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="sampling.stop_strings"):
+        await execute(
+            service,
+            prompt_token_ids=pb.TokenIds(token_ids=[1]),
+            sampling=pb.SamplingParams(max_tokens=1, stop_strings=[""]),
+        )
 
 
 TEMPLATE_FAILURES = {

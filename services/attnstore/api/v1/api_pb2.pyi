@@ -36,16 +36,18 @@ class Message(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerationOptions(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "seed")
+    __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
     seed: int
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("session_id", "tenant", "messages", "turns", "history_tokens", "truncated_tokens", "cached_chunks", "node", "created_at_unix_ms", "updated_at_unix_ms", "expires_at_unix_ms", "ttl_seconds")

@@ -1,0 +1,67 @@
+"""The OpenAI API's view of a turn (openai_api/answers.py): text deltas with the stop texts
+cut off, held back no more than a stop text could need, then the finish reason and usage."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler.openai_api.answers import Ending, answer_events
+from attnstore_scheduler.turn_runner import TurnOutcome
+from attnstore_scheduler.turns import TurnEvent
+
+STOP = worker_pb2.FINISH_REASON_STOP
+LENGTH = worker_pb2.FINISH_REASON_LENGTH
+
+
+async def turn(texts: Sequence[str], finish: int) -> AsyncIterator[TurnEvent]:
+    for index, text in enumerate(texts):
+        yield worker_pb2.TokenChunk(token_id=index, text=text)
+    stats = worker_pb2.TurnStats(
+        prompt_tokens=40, reused_tokens=32, generated_tokens=len(texts), finish_reason=finish
+    )
+    yield TurnOutcome(
+        stats, worker_pb2.ExecuteTurnRequest(), list(range(len(texts))), "".join(texts), "n", 1, 0.0
+    )
+
+
+def answer(texts: Sequence[str], stop: Sequence[str], finish: int = LENGTH) -> list[str | Ending]:
+    async def collect() -> list[str | Ending]:
+        return [item async for item in answer_events(turn(texts, finish), stop)]
+
+    return asyncio.run(collect())
+
+
+def test_without_stop_texts_every_delta_passes_at_once_and_usage_reports_reuse() -> None:
+    *deltas, ending = answer(["he", "llo", "", " you"], stop=())
+    assert deltas == ["he", "llo", " you"]  # an empty delta (a special token) is dropped
+    assert isinstance(ending, Ending) and ending.finish_reason == "length"
+    usage = ending.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (40, 4, 44)
+    assert usage.prompt_tokens_details.cached_tokens == 32
+
+
+@pytest.mark.parametrize(
+    ("texts", "stop", "expected"),
+    [
+        (["the ", "cat", " sat", "##"], ["##"], "the cat sat"),  # the stop text as the last token
+        (["the c", "at E", "ND"], ["END"], "the cat "),  # a stop text across tokens
+        (["a", "b", "STOPc"], ["STOP", "b"], "a"),  # the first stop text in the answer wins
+    ],
+)
+def test_a_stop_text_is_cut_off_and_finishes_with_stop(
+    texts: list[str], stop: list[str], expected: str
+) -> None:
+    *deltas, ending = answer(texts, stop, finish=STOP)
+    assert "".join(d for d in deltas if isinstance(d, str)) == expected
+    assert isinstance(ending, Ending) and ending.finish_reason == "stop"
+
+
+def test_text_is_held_back_only_as_long_as_it_may_start_a_stop_text() -> None:
+    *deltas, ending = answer(["abcdef", "gh", "ij"], stop=["xyz"])
+    # Two characters wait each time (a 3-character stop text could start there).
+    assert deltas == ["abcd", "ef", "gh", "ij"]
+    assert isinstance(ending, Ending) and ending.finish_reason == "length"
