@@ -49,7 +49,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         self._store = store
         self._settings = settings
 
-    def _keys(self, keys: list[bytes], *, unique: bool = False) -> list[bytes]:
+    def _keys(self, keys: list[bytes], *, unique: bool = True) -> list[bytes]:
+        """Keys of one call, each at most once (a repeated key would be read and counted
+        twice); only Hint may name a key in several entries."""
         return check_keys(keys, self._settings.max_keys_per_request, unique=unique)
 
     async def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.aio.ServicerContext) -> pb.RegisterNamespaceResponse:
@@ -83,7 +85,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def ReservePut(self, request: pb.ReservePutRequest, context: grpc.aio.ServicerContext) -> pb.ReservePutResponse:
         namespace = check_namespace(request.namespace)
         check_nonempty(request.items, "items")
-        keys = self._keys([item.key for item in request.items], unique=True)
+        keys = self._keys([item.key for item in request.items])
         ttl = check_ttl(
             request.ttl_seconds, self._settings.reservation_ttl_seconds,
             self._settings.reservation_ttl_seconds * 10, "ttl_seconds",
@@ -172,7 +174,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
         limit = self._settings.max_keys_per_request
         reads = [
-            (check_namespace(r.namespace), check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys"))
+            (check_namespace(r.namespace), check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys", unique=True))
             for i, r in enumerate(request.lease_free_reads)
         ]
         if sum(len(keys) for _, keys in reads) > limit:
