@@ -1,7 +1,11 @@
 """The model's chunk namespaces (one per tenant salt) and their registration with the
 daemon, done once per namespace and retried after a failure by whoever needs it next
 (at most once per RETRY_SECONDS: a daemon that does not answer must not cost every turn
-a registration timeout)."""
+a registration timeout).
+
+The daemon may forget a namespace unused for its `namespace_idle_seconds` (15 min by
+default) that holds no chunk, so one this worker has not used for REREGISTER_IDLE_SECONDS
+is registered again before its next use (one cheap, idempotent call)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from inference_worker.turn_types import KVSource
 log = structlog.get_logger("inference_worker.namespaces")
 
 RETRY_SECONDS = 5.0
+REREGISTER_IDLE_SECONDS = 60.0  # well under the daemon's namespace_idle_seconds
 
 
 class Namespaces:
@@ -36,7 +41,7 @@ class Namespaces:
         self.timeout_seconds = timeout_seconds
         self.retry_seconds = RETRY_SECONDS
         self._digest: str | None = None
-        self._registered: set[bytes] = set()
+        self._last_used: dict[bytes, float] = {}  # registered namespaces: monotonic time of last use
         self._retry_at: dict[bytes, float] = {}  # monotonic time of the next attempt after a failure
 
     async def source_for(self, tenant_salt: bytes) -> KVSource:
@@ -51,9 +56,11 @@ class Namespaces:
 
     async def ensure_registered(self, source: KVSource) -> bool:
         """Whether the daemon knows the namespace (registering it now if needed); never raises."""
-        if source.namespace in self._registered:
+        now, last_used = time.monotonic(), self._last_used.get(source.namespace)
+        if last_used is not None and now - last_used < REREGISTER_IDLE_SECONDS:
+            self._last_used[source.namespace] = now
             return True
-        if self.client is None or time.monotonic() < self._retry_at.get(source.namespace, 0.0):
+        if self.client is None or now < self._retry_at.get(source.namespace, 0.0):
             return False
         runner = self.runner
         try:
@@ -73,5 +80,5 @@ class Namespaces:
             log.warning("registering the namespace failed", namespace=source.namespace.hex(), error=repr(exc))
             self._retry_at[source.namespace] = time.monotonic() + self.retry_seconds
             return False
-        self._registered.add(source.namespace)
+        self._last_used[source.namespace] = time.monotonic()
         return True

@@ -89,3 +89,6 @@ class StoreStats:
     leases: int = 0
     pinned_chunks: int = 0
     namespaces: int = 0
+    max_namespaces: int = 0
+    namespaces_refused: dict[str, int] = field(default_factory=dict)  # by reason: table_full, rate_limited
+    namespaces_reclaimed: int = 0

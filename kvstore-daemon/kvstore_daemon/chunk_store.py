@@ -46,9 +46,11 @@ from kvstore_daemon.chunk_entry import (
     StoreStats,
     Tier,
 )
+from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.dram_tier import DramTier
 from kvstore_daemon.hints import HintAction, HintBook
-from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry
+from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry, NamespaceTableFull
+from kvstore_daemon.registration_limit import RegistrationLimit, RegistrationRateLimited
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
 from kvstore_daemon.tier_mover import TierMover
@@ -70,7 +72,7 @@ class ChunkStore:
         self.ssd = ssd
         self.namespaces = namespaces
         self._clock = clock
-        self._chunks: dict[bytes, Chunk] = {}
+        self._chunks = ChunkIndex()
         self._reservations: dict[int, Reservation] = {}
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
@@ -78,16 +80,28 @@ class ChunkStore:
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
         self._counts: Counter[str] = Counter()
+        self._registration_limit = RegistrationLimit(
+            settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
+        )
         self._mover = TierMover(settings, dram, ssd, self._chunks, self.hints, self._counts, clock)
 
     # ---- start and stop ----------------------------------------------------------
 
     async def start(self) -> None:
+        """Rebuilds the index from the SSD tier. Chunks of a namespace the namespace file
+        does not name (reclaimed, or its registration never saved) are deleted: a later
+        registration of that name may declare another layout."""
+        orphans = 0
         for stored in await self.ssd.open():
-            self._chunks[stored.key] = Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True)
+            if stored.namespace not in self.namespaces:
+                await self.ssd.delete(stored.key)
+                orphans += 1
+                continue
+            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True))
             self._mover.ssd_policy.on_insert(stored.key)
-        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped)
+        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped, unregistered=orphans)
         metrics.CORRUPT.inc(self.ssd.recovery_dropped)  # bad files found at start count like bad reads
+        metrics.NAMESPACES.set(len(self.namespaces))
         self._update_gauges()
 
     async def stop(self, grace_seconds: float) -> None:
@@ -99,8 +113,27 @@ class ChunkStore:
 
     # ---- namespaces and lookups -----------------------------------------------------
 
-    def register_namespace(self, namespace: bytes, layout: NamespaceLayout) -> int:
-        return self.namespaces.register(namespace, layout)
+    def register_namespace(self, namespace: bytes, layout: NamespaceLayout, caller: str) -> int:
+        """Registers (idempotently); a new namespace costs `caller` one of its rate and may
+        reclaim an idle, empty one. Refusals are counted by reason."""
+        try:
+            if namespace not in self.namespaces:
+                self._registration_limit.take(caller)
+            return self.namespaces.register(namespace, layout, self._holds_anything)
+        except RegistrationRateLimited:
+            metrics.NAMESPACE_REFUSALS.labels("rate_limited").inc()
+            raise
+        except NamespaceTableFull:
+            metrics.NAMESPACE_REFUSALS.labels("table_full").inc()
+            raise
+        finally:
+            metrics.NAMESPACES.set(len(self.namespaces))
+
+    def _holds_anything(self, namespace: bytes) -> bool:
+        """Whether a namespace has a chunk (in any tier or being read) or a write open."""
+        return self._chunks.holds_namespace(namespace) or any(
+            r.namespace == namespace for r in self._reservations.values()
+        )
 
     def lookup(self, namespace: bytes, keys: Sequence[bytes], promote: bool) -> list[Tier]:
         """Tiers of the longest stored prefix of `keys`."""
@@ -170,7 +203,7 @@ class ChunkStore:
                 reservation.key, reservation.namespace, reservation.size_bytes, layout,
                 reservation.blocks, reservation.extents,
             )
-            self._chunks[chunk.key] = chunk
+            self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
             if self.settings.persist_on_commit or durable:
@@ -307,7 +340,7 @@ class ChunkStore:
         self._update_gauges()
 
     def stats(self) -> StoreStats:
-        chunks = [c for c in self._chunks.values() if not c.deleted]
+        chunks = [c for c in self._chunks if not c.deleted]
         now = self._clock()
         return StoreStats(
             dram_capacity_bytes=self.dram.capacity_bytes,
@@ -325,6 +358,12 @@ class ChunkStore:
             leases=len(self._leases),
             pinned_chunks=sum(1 for c in chunks if c.pinned_until > now),
             namespaces=len(self.namespaces),
+            max_namespaces=self.namespaces.max_namespaces,
+            namespaces_refused={
+                reason: metrics.total("attnstore_kvstore_namespace_registrations_refused_total", reason=reason)
+                for reason in ("table_full", "rate_limited")
+            },
+            namespaces_reclaimed=metrics.total("attnstore_kvstore_namespaces_reclaimed_total"),
         )
 
     # ---- internals: visibility and readers -----------------------------------------

@@ -54,7 +54,8 @@ async def run_daemon(settings: DaemonSettings) -> None:
     dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
     ssd = SsdTier(settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads)
     namespaces = NamespaceRegistry(
-        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes
+        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes,
+        settings.namespace_idle_seconds,
     )
     store = ChunkStore(settings, dram, ssd, namespaces)
     await store.start()

@@ -1,6 +1,9 @@
-"""Prometheus metrics of the daemon (per-method latency comes from the shared interceptor)."""
+"""Prometheus metrics of the daemon (per-method latency comes from the shared interceptor).
 
-from prometheus_client import Counter, Gauge
+They are the daemon's only counters: the Stats RPC reads them back (`total`), so the two
+can never disagree. One daemon process holds one store."""
+
+from prometheus_client import REGISTRY, Counter, Gauge
 
 HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, by tier", ["tier"])
 MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
@@ -15,3 +18,17 @@ EXPIRED = Counter("attnstore_kvstore_expired_total", "Reservations, leases and p
 USED_BYTES = Gauge("attnstore_kvstore_used_bytes", "Bytes in use, by tier", ["tier"])
 CAPACITY_BYTES = Gauge("attnstore_kvstore_capacity_bytes", "Configured capacity, by tier", ["tier"])
 CHUNKS = Gauge("attnstore_kvstore_chunks", "Committed chunks, by tier", ["tier"])
+NAMESPACES = Gauge("attnstore_kvstore_namespaces", "Registered namespaces")
+NAMESPACES_RECLAIMED = Counter(
+    "attnstore_kvstore_namespaces_reclaimed_total", "Idle, empty namespaces forgotten to make room for new ones"
+)
+NAMESPACE_REFUSALS = Counter(
+    "attnstore_kvstore_namespace_registrations_refused_total",
+    "New namespaces refused, by reason (table_full, rate_limited)",
+    ["reason"],
+)
+
+
+def total(name: str, **labels: str) -> int:
+    """The current value of counter `name` (its `_total` sample) with `labels`; 0 before any."""
+    return int(REGISTRY.get_sample_value(name, labels) or 0)

@@ -44,6 +44,14 @@ _HINT_ACTION = {
 }
 
 
+def _caller(peer: str) -> str:
+    """The calling host ("ipv4:10.0.0.7"): a client's connections share its rate limits."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return f"{kind}:{address.rsplit(':', 1)[0]}"
+    return peer
+
+
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: ChunkStore, settings: DaemonSettings) -> None:
         self._store = store
@@ -68,6 +76,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                 dtype=layout.dtype,
                 model_label=layout.model_label,
             ),
+            _caller(context.peer()),
         )
         return pb.RegisterNamespaceResponse(max_chunk_bytes=max_bytes)
 
@@ -235,4 +244,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             pinned_chunks=s.pinned_chunks,
             promotions=s.promotions,
             demotions=s.demotions,
+            max_namespaces=s.max_namespaces,
+            namespaces_refused_table_full=s.namespaces_refused["table_full"],
+            namespaces_refused_rate_limited=s.namespaces_refused["rate_limited"],
+            namespaces_reclaimed=s.namespaces_reclaimed,
         )

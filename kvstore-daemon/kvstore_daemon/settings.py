@@ -56,7 +56,20 @@ class DaemonSettings(FileBackedSettings):
     pin_ttl_seconds: float = Field(600.0, gt=0, description="default pin TTL")
     max_pin_ttl_seconds: float = Field(3600.0, gt=0, description="longest pin a client may ask for")
     hint_ttl_seconds: float = Field(60.0, gt=0, description="default look-ahead hint TTL")
-    max_namespaces: int = Field(1024, ge=1, description="registered namespaces the daemon accepts")
+    # One namespace per tenant x model x dtype x chunk size: thousands of tenants on a node
+    # with a model or two. An entry costs about 120 bytes in namespaces.msgpack, which is
+    # rewritten on every new registration (8,192 entries: 0.95 MB, 5 ms with fsync).
+    max_namespaces: int = Field(8192, ge=1, description="registered namespaces the daemon keeps")
+    namespace_idle_seconds: float = Field(
+        900.0, gt=0,
+        description="a namespace unused this long and holding nothing may be reclaimed when the table is full",
+    )
+    namespace_registrations_per_second: float = Field(
+        20.0, gt=0, description="new namespaces one caller (peer host) may register per second, sustained"
+    )
+    namespace_registration_burst: int = Field(
+        200, ge=1, description="new namespaces one caller may register at once (a worker's start)"
+    )
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls and SSD writes get this long on SIGTERM")
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")

@@ -19,6 +19,7 @@ from attnstore.chunks.format import decode_layout
 from attnstore.errors import DataLoss, ResourceExhausted
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk, Tier
+from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.dram_tier import DramTier
 from kvstore_daemon.eviction import EvictionPolicy, make_policy
 from kvstore_daemon.hints import HintAction, HintBook
@@ -36,7 +37,7 @@ class TierMover:
         settings: DaemonSettings,
         dram: DramTier,
         ssd: SsdTier,
-        chunks: dict[bytes, Chunk],
+        chunks: ChunkIndex,
         hints: HintBook,
         counts: Counter[str],
         clock: Callable[[], float],
@@ -47,7 +48,7 @@ class TierMover:
         self.hints = hints
         self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
         self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
-        self._chunks = chunks  # shared with the ChunkStore, which owns it
+        self._chunks = chunks
         self._counts = counts
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
@@ -69,9 +70,9 @@ class TierMover:
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""
-        if not chunk.deleted or chunk.readers > 0 or self._chunks.get(chunk.key) is not chunk:
+        if not chunk.deleted or chunk.readers > 0 or not self._chunks.holds(chunk):
             return
-        del self._chunks[chunk.key]
+        self._chunks.remove(chunk)
         self.drop_dram_copy(chunk)
         if chunk.on_ssd:
             self.ssd_policy.on_remove(chunk.key)
@@ -123,14 +124,14 @@ class TierMover:
             if demoted:
                 self._counts["demotion"] += 1
                 metrics.DEMOTIONS.inc()
-        if chunk.readers > 0 or chunk.blocks is None or self._chunks.get(chunk.key) is not chunk:
+        if chunk.readers > 0 or chunk.blocks is None or not self._chunks.holds(chunk):
             self.free_if_unread(chunk)
             return
         self.drop_dram_copy(chunk)
         self._counts["evict_dram"] += 1
         metrics.EVICTIONS.labels("dram").inc()
         if not chunk.on_ssd:  # SSD refused it: the chunk is gone
-            del self._chunks[chunk.key]
+            self._chunks.remove(chunk)
 
     def start_persist(self, chunk: Chunk) -> asyncio.Task[bool]:
         task = chunk.persist_task
@@ -178,7 +179,7 @@ class TierMover:
         self.ssd_policy.on_remove(chunk.key)
         chunk.on_ssd = False
         if chunk.blocks is None:  # no DRAM copy: the chunk leaves the store
-            del self._chunks[chunk.key]
+            self._chunks.remove(chunk)
         self._counts["evict_ssd"] += 1
         metrics.EVICTIONS.labels("ssd").inc()
         await self.ssd.delete(chunk.key)
