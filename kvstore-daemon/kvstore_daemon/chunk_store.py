@@ -83,7 +83,7 @@ class ChunkStore:
         self._registration_limit = RegistrationLimit(
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
-        self._mover = TierMover(settings, dram, ssd, self._chunks, self.hints, self._counts, clock)
+        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, self._counts, clock)
 
     # ---- start and stop ----------------------------------------------------------
 
@@ -335,7 +335,9 @@ class ChunkStore:
             self.release_lease(lease_id)
             metrics.EXPIRED.labels("lease").inc()
         self.hints.expire(now)
+        self.ssd.refresh_capacity()  # another program may have filled (or freed) the disk
         await self._mover.enforce_watermarks()
+        self.namespaces.save_if_changed()
         self._mover.start_prefetches()
         self._update_gauges()
 

@@ -94,6 +94,7 @@ class NamespaceRegistry:
         self._clock = clock
         self._layouts: OrderedDict[bytes, NamespaceLayout] = OrderedDict()  # oldest use first
         self._last_used: dict[bytes, float] = {}
+        self._unsaved = False  # a change the file does not hold yet
         if path.exists():
             now = clock()
             for namespace, fields in msgpack.unpackb(path.read_bytes()).items():
@@ -165,9 +166,20 @@ class NamespaceRegistry:
             self._save()
         except OSError as exc:
             # A full or read-only disk: DRAM still serves the namespace. The file only lets a
-            # restart recover SSD chunks, which that disk cannot take either; the next
-            # registration writes it again.
+            # restart recover SSD chunks, which that disk cannot take either; upkeep writes
+            # it again once the SSD tier has shrunk to leave its reserve free.
+            self._unsaved = True
             log.warning("namespace_not_persisted", namespace=namespace.hex(), error=str(exc))
+
+    def save_if_changed(self) -> None:
+        """Writes the file if a change could not be saved before (upkeep calls this)."""
+        if not self._unsaved:
+            return
+        try:
+            self._save()
+        except OSError:
+            return  # still full or read-only: the warning was logged when the change was made
+        log.info("namespaces_persisted", namespaces=len(self._layouts))
 
     def _save(self) -> None:
         # Atomic replace: a crash leaves either the old or the new file.
@@ -179,6 +191,7 @@ class NamespaceRegistry:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self._path)
+            self._unsaved = False
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)  # a partial file would hold on to the space of a full disk

@@ -38,6 +38,10 @@ class DaemonSettings(FileBackedSettings):
         description="SSD tier directories, written round-robin (JSON list in the environment)",
     )
     ssd_capacity_bytes: int = Field(16 * GiB, ge=MiB, description="total bytes across ssd_dirs")
+    ssd_reserved_bytes: int = Field(
+        64 * MiB, ge=0,
+        description="left free on the SSD file systems (the namespace file, other programs); the tier shrinks to fit",
+    )
     ssd_high_watermark: float = Field(0.95, gt=0, le=1, description="start deleting above this fill ratio")
     ssd_low_watermark: float = Field(0.90, gt=0, le=1, description="delete down to this fill ratio")
     persist_on_commit: bool = Field(True, description="write every committed chunk to SSD in the background")

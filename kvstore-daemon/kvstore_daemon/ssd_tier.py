@@ -102,11 +102,18 @@ class SsdTier:
     the previous one (write or unlink) to finish, so an unlink never races a re-publish.
     """
 
-    def __init__(self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = 4) -> None:
+    def __init__(
+        self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = 4, *, reserve_bytes: int = 0
+    ) -> None:
+        """`capacity_bytes` is what the tier may use at most; the disks may hold less, see
+        `refresh_capacity`. `reserve_bytes` are left free on the disks for other files (the
+        namespace file)."""
         if not dirs:
             raise errors.InvalidArgument("SsdTier needs at least one directory")
         self._dirs = [Path(d) for d in dirs]
+        self._configured_bytes = capacity_bytes
         self._capacity_bytes = capacity_bytes
+        self._reserve_bytes = reserve_bytes
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="ssd-io")
         self._index: dict[bytes, _Entry] = {}
         self._writing: dict[bytes, _PendingWrite] = {}
@@ -137,6 +144,7 @@ class SsdTier:
         self._state = "open"
         if self.recovery_dropped:
             log.warning("ssd_recovery_dropped", chunks=self.recovery_dropped)
+        self.refresh_capacity()
         return [StoredChunk(k, e.namespace, e.size_bytes) for k, e in self._index.items()]
 
     async def close(self) -> None:
@@ -186,6 +194,24 @@ class SsdTier:
     @property
     def capacity_bytes(self) -> int:
         return self._capacity_bytes
+
+    def refresh_capacity(self) -> int:
+        """Sets the capacity to what the disks can hold: at most the configured bytes, and at
+        most our bytes plus the space free on the disks less the reserve (another program
+        may fill a shared disk at any time). Cheap (one statvfs per file system); called at
+        open, on every upkeep pass and when a write finds the disk full. Returns it."""
+        free_bytes = _free_bytes(self._dirs)
+        room = max(0, self.used_bytes + free_bytes - self._reserve_bytes)
+        capacity = min(self._configured_bytes, room)
+        clamped, was_clamped = capacity < self._configured_bytes, self._capacity_bytes < self._configured_bytes
+        if clamped != was_clamped:  # one line per change, not one per refresh
+            (log.warning if clamped else log.info)(
+                "ssd_capacity_clamped" if clamped else "ssd_capacity_restored",
+                configured_bytes=self._configured_bytes, capacity_bytes=capacity, free_bytes=free_bytes,
+                used_bytes=self.used_bytes, reserve_bytes=self._reserve_bytes,
+            )
+        self._capacity_bytes = capacity
+        return capacity
 
     # --- operations --------------------------------------------------------------------
 
@@ -451,6 +477,15 @@ def _key_of_file(path: Path) -> bytes:
     if len(key) != KEY_BYTES or key.hex() != key_hex or path.parent.name != key_hex[:2]:
         raise ChunkFormatError("file name is not a chunk key in its prefix folder")
     return key
+
+
+def _free_bytes(dirs: Sequence[Path]) -> int:
+    """Bytes available to us on the file systems of `dirs`, each file system counted once."""
+    free: dict[int, int] = {}
+    for directory in dirs:
+        stat = os.statvfs(directory)
+        free[os.stat(directory).st_dev] = stat.f_bavail * stat.f_frsize
+    return sum(free.values())
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -9,6 +9,7 @@ evicting an SSD chunk that has no DRAM copy removes it from the store.
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -16,13 +17,14 @@ from typing import Any
 import structlog
 
 from attnstore.chunks.format import decode_layout
-from attnstore.errors import DataLoss, ResourceExhausted
+from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk, Tier
 from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.dram_tier import DramTier
 from kvstore_daemon.eviction import EvictionPolicy, make_policy
 from kvstore_daemon.hints import HintAction, HintBook
+from kvstore_daemon.namespaces import NamespaceRegistry
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdChunkCorrupt, SsdFullError, SsdTier, SsdWriteError
 
@@ -38,6 +40,7 @@ class TierMover:
         dram: DramTier,
         ssd: SsdTier,
         chunks: ChunkIndex,
+        namespaces: NamespaceRegistry,
         hints: HintBook,
         counts: Counter[str],
         clock: Callable[[], float],
@@ -49,6 +52,7 @@ class TierMover:
         self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
         self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
         self._chunks = chunks
+        self._namespaces = namespaces
         self._counts = counts
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
@@ -150,13 +154,25 @@ class TierMover:
     async def _persist(self, chunk: Chunk) -> bool:
         chunk.readers += 1
         try:
-            if not await self._make_ssd_room(chunk.size_bytes):
-                return False
             if chunk.blocks is None or chunk.extents is None:
                 return False
             data = self.dram.arena.read(chunk.extents, 0, chunk.size_bytes)
-            await self.ssd.write(chunk.key, chunk.namespace, data)
-        except (SsdWriteError, SsdFullError) as exc:
+            for attempt in range(2):
+                if not await self._make_ssd_room(chunk.size_bytes):
+                    return False
+                try:
+                    await self.ssd.write(chunk.key, chunk.namespace, data)
+                    break
+                except SsdWriteError as exc:
+                    metrics.SSD_WRITE_ERRORS.inc()
+                    # A full disk (the capacity was more than it holds, or another program
+                    # took the space) is pressure: shrink to what it holds, evict, retry once.
+                    if exc.errno != errno.ENOSPC or attempt:
+                        log.warning("ssd_write_failed", key=chunk.key.hex(), error=str(exc))
+                        return False
+                    log.info("ssd_full", key=chunk.key.hex(), error=str(exc),
+                             capacity_bytes=self.ssd.refresh_capacity())
+        except SsdFullError as exc:
             metrics.SSD_WRITE_ERRORS.inc()
             log.warning("ssd_write_failed", key=chunk.key.hex(), error=str(exc))
             return False
@@ -168,10 +184,17 @@ class TierMover:
         return True
 
     async def _make_ssd_room(self, size_bytes: int) -> bool:
+        """Evicts SSD chunks until `size_bytes` fit; False if only unevictable ones remain
+        (after checking whether the disks have more room than last seen)."""
+        refreshed = False
         while self.ssd.used_bytes + size_bytes > self.ssd.capacity_bytes:
             victim = self._next_victim(self.ssd_policy, None)
             if victim is None:
-                return False
+                if refreshed:
+                    return False
+                self.ssd.refresh_capacity()
+                refreshed = True
+                continue
             await self._evict_from_ssd(victim)
         return True
 
@@ -206,9 +229,15 @@ class TierMover:
                 raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
             try:
                 data = await self.ssd.read(chunk.key)
+                layout = decode_layout(data)
+                # Never serve a chunk under a layout it was not written for (a file that
+                # outlived its namespace and a re-registration of the name).
+                self._namespaces.get(chunk.namespace).check_header(layout.header)
             except BaseException as exc:
                 self.dram.free(blocks)
-                if not isinstance(exc, SsdChunkCorrupt | KeyError):
+                if isinstance(exc, InvalidArgument):
+                    await self.ssd.delete(chunk.key)
+                elif not isinstance(exc, SsdChunkCorrupt | KeyError):
                     raise  # an I/O error says nothing about the chunk: keep it
                 metrics.CORRUPT.inc()
                 self.ssd_policy.on_remove(chunk.key)
@@ -217,7 +246,7 @@ class TierMover:
                 raise DataLoss(f"chunk {chunk.key.hex()} failed verification on SSD and was dropped") from exc
             extents = self.dram.extents(blocks, chunk.size_bytes)
             self.dram.arena.write(extents, 0, data)
-            chunk.layout = chunk.layout or decode_layout(data)
+            chunk.layout = chunk.layout or layout
             chunk.blocks, chunk.extents = blocks, extents
             self.dram_policy.on_insert(chunk.key)
             self._counts["promotion"] += 1
