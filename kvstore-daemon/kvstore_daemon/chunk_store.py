@@ -22,7 +22,6 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -36,6 +35,7 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
+from attnstore.token_buckets import TokenBuckets
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import (
     Chunk,
@@ -44,13 +44,17 @@ from kvstore_daemon.chunk_entry import (
     ReserveResult,
     ReserveStatus,
     StoreStats,
-    Tier,
+    TierName,
 )
 from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.dram_tier import DramTier
 from kvstore_daemon.hints import HintAction, HintBook
-from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry, NamespaceTableFull
-from kvstore_daemon.registration_limit import RegistrationLimit, RegistrationRateLimited
+from kvstore_daemon.namespaces import (
+    NamespaceLayout,
+    NamespaceRegistry,
+    NamespaceTableFull,
+    RegistrationRateLimited,
+)
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
 from kvstore_daemon.tier_mover import TierMover
@@ -79,11 +83,12 @@ class ChunkStore:
         self.hints = HintBook()
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
-        self._counts: Counter[str] = Counter()
-        self._registration_limit = RegistrationLimit(
+        # New namespaces per caller: a worker's burst at start passes, a loop registering
+        # namespaces cannot fill the table in a second (issue 26: 1,022 took about one).
+        self._registrations = TokenBuckets(
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
-        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, self._counts, clock)
+        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock)
 
     # ---- start and stop ----------------------------------------------------------
 
@@ -117,8 +122,12 @@ class ChunkStore:
         """Registers (idempotently); a new namespace costs `caller` one of its rate and may
         reclaim an idle, empty one. Refusals are counted by reason."""
         try:
-            if namespace not in self.namespaces:
-                self._registration_limit.take(caller)
+            if namespace not in self.namespaces and (wait_seconds := self._registrations.take(caller)):
+                raise RegistrationRateLimited(
+                    f"{caller} registers new namespaces faster than {self._registrations.rate_per_second:g}/s "
+                    f"(namespace_registrations_per_second, burst {self._registrations.burst}); "
+                    f"retry in {wait_seconds:.2f}s"
+                )
             return self.namespaces.register(namespace, layout, self._holds_anything)
         except RegistrationRateLimited:
             metrics.NAMESPACE_REFUSALS.labels("rate_limited").inc()
@@ -135,17 +144,17 @@ class ChunkStore:
             r.namespace == namespace for r in self._reservations.values()
         )
 
-    def lookup(self, namespace: bytes, keys: Sequence[bytes], promote: bool) -> list[Tier]:
+    def lookup(self, namespace: bytes, keys: Sequence[bytes], promote: bool) -> list[TierName]:
         """Tiers of the longest stored prefix of `keys`."""
         self.namespaces.get(namespace)
-        tiers: list[Tier] = []
+        tiers: list[TierName] = []
         for key in keys:
             chunk = self._visible(namespace, key)
             if chunk is None:
                 break
             tiers.append(chunk.tier)
             self._mover.touch(chunk)
-            if promote and chunk.tier is Tier.SSD:
+            if promote and chunk.tier is TierName.SSD:
                 self._mover.spawn(self._mover.promote_quietly(chunk, None))
         self._count_hits(tiers, misses=len(keys) - len(tiers))
         return tiers
@@ -167,11 +176,11 @@ class ChunkStore:
                 results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
                 continue
             self._reserved_keys.add(key)  # before awaiting, so a concurrent reserve sees it
-            blocks = await self._mover.allocate_dram(size, None)
-            if blocks is None:
+            if not await self._mover.make_dram_room(size, None):
                 self._reserved_keys.discard(key)
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
+            blocks = self.dram.allocate(size)  # no await since the room was made: it is still there
             extents = self.dram.extents(blocks, size)
             write_id = next(self._ids)
             self._reservations[write_id] = Reservation(
@@ -295,7 +304,7 @@ class ChunkStore:
             chunk = self._visible(namespace, key)
             if chunk is not None:
                 chunk.pinned_until = self._clock() + ttl_seconds
-                if chunk.tier is Tier.SSD:
+                if chunk.tier is TierName.SSD:
                     self._mover.spawn(self._mover.promote_quietly(chunk, None))
                 pinned += 1
         return pinned
@@ -335,7 +344,7 @@ class ChunkStore:
             self.release_lease(lease_id)
             metrics.EXPIRED.labels("lease").inc()
         self.hints.expire(now)
-        self.ssd.refresh_capacity()  # another program may have filled (or freed) the disk
+        self.ssd.recheck_room()  # another program may have filled (or freed) the disk
         await self._mover.enforce_watermarks()
         self.namespaces.save_if_changed()
         self._mover.start_prefetches()
@@ -351,21 +360,21 @@ class ChunkStore:
             ssd_capacity_bytes=self.ssd.capacity_bytes,
             ssd_used_bytes=self.ssd.used_bytes,
             ssd_chunks=sum(1 for c in chunks if c.on_ssd),
-            hits={tier: self._counts[f"hit_{tier.value}"] for tier in Tier},
-            evictions={tier: self._counts[f"evict_{tier.value}"] for tier in Tier},
-            misses=self._counts["miss"],
-            promotions=self._counts["promotion"],
-            demotions=self._counts["demotion"],
+            hits={tier: metrics.total(metrics.HITS, tier=tier.value) for tier in TierName},
+            evictions={tier: metrics.total(metrics.EVICTIONS, tier=tier.value) for tier in TierName},
+            misses=metrics.total(metrics.MISSES),
+            promotions=metrics.total(metrics.PROMOTIONS),
+            demotions=metrics.total(metrics.DEMOTIONS),
             reservations=len(self._reservations),
             leases=len(self._leases),
             pinned_chunks=sum(1 for c in chunks if c.pinned_until > now),
             namespaces=len(self.namespaces),
             max_namespaces=self.namespaces.max_namespaces,
             namespaces_refused={
-                reason: metrics.total("attnstore_kvstore_namespace_registrations_refused_total", reason=reason)
+                reason: metrics.total(metrics.NAMESPACE_REFUSALS, reason=reason)
                 for reason in ("table_full", "rate_limited")
             },
-            namespaces_reclaimed=metrics.total("attnstore_kvstore_namespaces_reclaimed_total"),
+            namespaces_reclaimed=metrics.total(metrics.NAMESPACES_RECLAIMED),
         )
 
     # ---- internals: visibility and readers -----------------------------------------
@@ -382,11 +391,9 @@ class ChunkStore:
             raise NotFound(f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired")
         return reservation
 
-    def _count_hits(self, tiers: Sequence[Tier], misses: int) -> None:
+    def _count_hits(self, tiers: Sequence[TierName], misses: int) -> None:
         for tier in tiers:
-            self._counts[f"hit_{tier.value}"] += 1
             metrics.HITS.labels(tier.value).inc()
-        self._counts["miss"] += misses
         metrics.MISSES.inc(misses)
 
     async def _acquire(self, namespace: bytes, keys: Sequence[bytes]) -> list[Chunk]:

@@ -1,9 +1,10 @@
 """Prometheus metrics of the daemon (per-method latency comes from the shared interceptor).
 
 They are the daemon's only counters: the Stats RPC reads them back (`total`), so the two
-can never disagree. One daemon process holds one store."""
+never disagree. They are process-wide, like the /metrics page: one daemon process holds one
+store."""
 
-from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, by tier", ["tier"])
 MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
@@ -29,6 +30,10 @@ NAMESPACE_REFUSALS = Counter(
 )
 
 
-def total(name: str, **labels: str) -> int:
-    """The current value of counter `name` (its `_total` sample) with `labels`; 0 before any."""
-    return int(REGISTRY.get_sample_value(name, labels) or 0)
+def total(counter: Counter, **labels: str) -> int:
+    """The counter's value for `labels` (0 before its first increment)."""
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels == labels:
+                return int(sample.value)
+    return 0

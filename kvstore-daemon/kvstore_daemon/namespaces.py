@@ -69,6 +69,10 @@ class NamespaceTableFull(ResourceExhausted):
     """Every slot holds a namespace that is in use (holds chunks or was used lately)."""
 
 
+class RegistrationRateLimited(ResourceExhausted):
+    """A caller registered new namespaces faster than its rate allows."""
+
+
 class NamespaceRegistry:
     """Registered namespaces in least-recently-used order (every call naming one uses it).
 

@@ -10,7 +10,7 @@ from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from kvstore_daemon import metrics
-from kvstore_daemon.chunk_entry import ReserveStatus, Tier
+from kvstore_daemon.chunk_entry import ReserveStatus, TierName
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.get_encoding import GetResponseWriter
 from kvstore_daemon.hints import HintAction
@@ -30,7 +30,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
 # admin token. Delete is not among them: workers delete the stale chunks of a re-save.
 ADMIN_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Hint", "Pin", "Unpin", "Stats"))
 
-_TIER = {Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
+_TIER = {TierName.DRAM: pb.TIER_DRAM, TierName.SSD: pb.TIER_SSD}
 _RESERVE_STATUS = {
     ReserveStatus.RESERVED: pb.RESERVE_STATUS_RESERVED,
     ReserveStatus.ALREADY_STORED: pb.RESERVE_STATUS_ALREADY_STORED,
@@ -230,11 +230,11 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return pb.StatsResponse(
             dram=pb.TierStats(
                 capacity_bytes=s.dram_capacity_bytes, used_bytes=s.dram_used_bytes, chunks=s.dram_chunks,
-                hits=s.hits[Tier.DRAM], evictions=s.evictions[Tier.DRAM],
+                hits=s.hits[TierName.DRAM], evictions=s.evictions[TierName.DRAM],
             ),
             ssd=pb.TierStats(
                 capacity_bytes=s.ssd_capacity_bytes, used_bytes=s.ssd_used_bytes, chunks=s.ssd_chunks,
-                hits=s.hits[Tier.SSD], evictions=s.evictions[Tier.SSD],
+                hits=s.hits[TierName.SSD], evictions=s.evictions[TierName.SSD],
             ),
             misses=s.misses,
             eviction_policy=self._settings.eviction_policy,
