@@ -40,6 +40,7 @@ class Namespaces:
         self.chunk_tokens = chunk_tokens
         self.timeout_seconds = timeout_seconds
         self.retry_seconds = RETRY_SECONDS
+        self.reregister_idle_seconds = REREGISTER_IDLE_SECONDS
         self._digest: str | None = None
         self._last_used: dict[bytes, float] = {}  # registered namespaces: monotonic time of last use
         self._retry_at: dict[bytes, float] = {}  # monotonic time of the next attempt after a failure
@@ -57,7 +58,7 @@ class Namespaces:
     async def ensure_registered(self, source: KVSource) -> bool:
         """Whether the daemon knows the namespace (registering it now if needed); never raises."""
         now, last_used = time.monotonic(), self._last_used.get(source.namespace)
-        if last_used is not None and now - last_used < REREGISTER_IDLE_SECONDS:
+        if last_used is not None and now - last_used < self.reregister_idle_seconds:
             self._last_used[source.namespace] = now
             return True
         if self.client is None or now < self._retry_at.get(source.namespace, 0.0):
