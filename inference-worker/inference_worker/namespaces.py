@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
 import structlog
 
 from attnstore.chunks.keys import NamespaceSpec
@@ -44,6 +45,7 @@ class Namespaces:
         self._digest: str | None = None
         self._last_used: dict[bytes, float] = {}  # registered namespaces: monotonic time of last use
         self._retry_at: dict[bytes, float] = {}  # monotonic time of the next attempt after a failure
+        self._refusals: dict[bytes, str] = {}  # the daemon's RESOURCE_EXHAUSTED message, per namespace
 
     async def source_for(self, tenant_salt: bytes) -> KVSource:
         """The namespace of this model, dtype and chunk size for a tenant; registered now if
@@ -80,6 +82,13 @@ class Namespaces:
         except Exception as exc:  # noqa: BLE001 -- registration is retried by the next caller
             log.warning("registering the namespace failed", namespace=source.namespace.hex(), error=repr(exc))
             self._retry_at[source.namespace] = time.monotonic() + self.retry_seconds
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._refusals[source.namespace] = exc.details() or "RESOURCE_EXHAUSTED"
             return False
         self._last_used[source.namespace] = time.monotonic()
+        self._refusals.pop(source.namespace, None)
         return True
+
+    def refusal(self, namespace: bytes) -> str:
+        """The daemon's reason for refusing the namespace at its last registration ("" if none)."""
+        return self._refusals.get(namespace, "")
