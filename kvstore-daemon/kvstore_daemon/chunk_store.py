@@ -180,7 +180,7 @@ class ChunkStore:
                 self._reserved_keys.discard(key)
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
-            blocks = self.dram.allocate(size)  # no await since the room was made: it is still there
+            blocks = self.dram.allocate(size)  # nothing ran since the room was made: it is still free
             extents = self.dram.extents(blocks, size)
             write_id = next(self._ids)
             self._reservations[write_id] = Reservation(

@@ -261,6 +261,8 @@ class SsdTier:
         return await self.read(chunk.key)
 
     def discard(self, chunk: Chunk) -> asyncio.Future[None] | None:
+        if self._state == "closed":  # a reader let go during shutdown: recovery finds the file
+            return None
         unlinking = self._discard(chunk.key)
         return unlinking if isinstance(unlinking, asyncio.Task) else None
 
