@@ -61,7 +61,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for address in daemons:
         try:
             with KVStoreClient(address, use_shm=False, timeout_seconds=HEALTH_TIMEOUT_SECONDS) as client:
-                console.print(_tiers_table(address, client.stats()))
+                stats = client.stats()
+                console.print(_tiers_table(address, stats))
+                console.print(namespaces_line(stats))
         except grpc.RpcError as exc:
             console.print(f"[red]{address}: Stats failed: {exc.code().name}: {exc.details()}[/red]")
             healthy = False
@@ -122,3 +124,15 @@ def _tiers_table(address: str, stats: kvstore_pb2.StatsResponse) -> Table:
             str(tier.evictions),
         )
     return table
+
+
+def namespaces_line(stats: kvstore_pb2.StatsResponse) -> str:
+    """The namespace table's fill, in red once a registration was refused (those tenants'
+    KV is neither stored nor reused)."""
+    refused = stats.namespaces_refused_table_full + stats.namespaces_refused_rate_limited
+    line = (
+        f"namespaces: {stats.namespaces} of {stats.max_namespaces}, {stats.namespaces_reclaimed} reclaimed, "
+        f"{refused} refused ({stats.namespaces_refused_table_full} table full, "
+        f"{stats.namespaces_refused_rate_limited} rate limited)"
+    )
+    return f"[red]{line}[/red]" if refused else line

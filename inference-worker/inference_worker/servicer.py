@@ -114,4 +114,5 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         sink_tokens=stats.sink_tokens,
         namespace=stats.namespace,
         chunk_keys=stats.chunk_keys,
+        namespace_refused=stats.namespace_refused,
     )

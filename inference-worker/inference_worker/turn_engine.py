@@ -148,6 +148,7 @@ class TurnEngine:
             sink_tokens=truncation.sink_tokens,
             namespace=source.namespace if source is not None else b"",
             chunk_keys=tuple(keys),
+            namespace_refused=self.namespaces.refusal(source.namespace) if source is not None else "",
         )
 
     async def _save(

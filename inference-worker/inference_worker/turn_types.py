@@ -68,6 +68,7 @@ class TurnStats:
     # Chain keys (over the untruncated tokens) of every full chunk of the prompt plus the
     # saved generated tokens, in order; dropped chunks included.
     chunk_keys: tuple[bytes, ...] = ()
+    namespace_refused: str = ""  # the daemon's reason for refusing the namespace ("" if registered)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from attnstore.chunks.format import ChunkLayout
 from attnstore.shm_arena import Extent
 
 
-class Tier(Enum):
+class TierName(Enum):
     DRAM = "dram"
     SSD = "ssd"
 
@@ -41,8 +41,9 @@ class Chunk:
     promote_task: asyncio.Task[None] | None = None
 
     @property
-    def tier(self) -> Tier:
-        return Tier.DRAM if self.blocks is not None else Tier.SSD
+    def tier(self) -> TierName:
+        """The fastest tier holding a copy."""
+        return TierName.DRAM if self.blocks is not None else TierName.SSD
 
 
 @dataclass(eq=False)
@@ -80,8 +81,8 @@ class StoreStats:
     ssd_capacity_bytes: int
     ssd_used_bytes: int
     ssd_chunks: int
-    hits: dict[Tier, int] = field(default_factory=dict)
-    evictions: dict[Tier, int] = field(default_factory=dict)
+    hits: dict[TierName, int] = field(default_factory=dict)
+    evictions: dict[TierName, int] = field(default_factory=dict)
     misses: int = 0
     promotions: int = 0
     demotions: int = 0
@@ -89,3 +90,6 @@ class StoreStats:
     leases: int = 0
     pinned_chunks: int = 0
     namespaces: int = 0
+    max_namespaces: int = 0
+    namespaces_refused: dict[str, int] = field(default_factory=dict)  # by reason: table_full, rate_limited
+    namespaces_reclaimed: int = 0

@@ -22,7 +22,6 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -36,6 +35,7 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
+from attnstore.token_buckets import TokenBuckets
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import (
     Chunk,
@@ -44,11 +44,17 @@ from kvstore_daemon.chunk_entry import (
     ReserveResult,
     ReserveStatus,
     StoreStats,
-    Tier,
+    TierName,
 )
+from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.dram_tier import DramTier
 from kvstore_daemon.hints import HintAction, HintBook
-from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry
+from kvstore_daemon.namespaces import (
+    NamespaceLayout,
+    NamespaceRegistry,
+    NamespaceTableFull,
+    RegistrationRateLimited,
+)
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
 from kvstore_daemon.tier_mover import TierMover
@@ -70,24 +76,37 @@ class ChunkStore:
         self.ssd = ssd
         self.namespaces = namespaces
         self._clock = clock
-        self._chunks: dict[bytes, Chunk] = {}
+        self._chunks = ChunkIndex()
         self._reservations: dict[int, Reservation] = {}
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
         self.hints = HintBook()
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
-        self._counts: Counter[str] = Counter()
-        self._mover = TierMover(settings, dram, ssd, self._chunks, self.hints, self._counts, clock)
+        # New namespaces per caller: a worker's burst at start passes, a loop registering
+        # namespaces cannot fill the table in a second (issue 26: 1,022 took about one).
+        self._registrations = TokenBuckets(
+            settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
+        )
+        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock)
 
     # ---- start and stop ----------------------------------------------------------
 
     async def start(self) -> None:
+        """Rebuilds the index from the SSD tier. Chunks of a namespace the namespace file
+        does not name (reclaimed, or its registration never saved) are deleted: a later
+        registration of that name may declare another layout."""
+        orphans = 0
         for stored in await self.ssd.open():
-            self._chunks[stored.key] = Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True)
+            if stored.namespace not in self.namespaces:
+                await self.ssd.delete(stored.key)
+                orphans += 1
+                continue
+            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True))
             self._mover.ssd_policy.on_insert(stored.key)
-        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped)
+        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped, unregistered=orphans)
         metrics.CORRUPT.inc(self.ssd.recovery_dropped)  # bad files found at start count like bad reads
+        metrics.NAMESPACES.set(len(self.namespaces))
         self._update_gauges()
 
     async def stop(self, grace_seconds: float) -> None:
@@ -99,20 +118,43 @@ class ChunkStore:
 
     # ---- namespaces and lookups -----------------------------------------------------
 
-    def register_namespace(self, namespace: bytes, layout: NamespaceLayout) -> int:
-        return self.namespaces.register(namespace, layout)
+    def register_namespace(self, namespace: bytes, layout: NamespaceLayout, caller: str) -> int:
+        """Registers (idempotently); a new namespace costs `caller` one of its rate and may
+        reclaim an idle, empty one. Refusals are counted by reason."""
+        try:
+            if namespace not in self.namespaces and (wait_seconds := self._registrations.take(caller)):
+                raise RegistrationRateLimited(
+                    f"{caller} registers new namespaces faster than {self._registrations.rate_per_second:g}/s "
+                    f"(namespace_registrations_per_second, burst {self._registrations.burst}); "
+                    f"retry in {wait_seconds:.2f}s"
+                )
+            return self.namespaces.register(namespace, layout, self._holds_anything)
+        except RegistrationRateLimited:
+            metrics.NAMESPACE_REFUSALS.labels("rate_limited").inc()
+            raise
+        except NamespaceTableFull:
+            metrics.NAMESPACE_REFUSALS.labels("table_full").inc()
+            raise
+        finally:
+            metrics.NAMESPACES.set(len(self.namespaces))
 
-    def lookup(self, namespace: bytes, keys: Sequence[bytes], promote: bool) -> list[Tier]:
+    def _holds_anything(self, namespace: bytes) -> bool:
+        """Whether a namespace has a chunk (in any tier or being read) or a write open."""
+        return self._chunks.holds_namespace(namespace) or any(
+            r.namespace == namespace for r in self._reservations.values()
+        )
+
+    def lookup(self, namespace: bytes, keys: Sequence[bytes], promote: bool) -> list[TierName]:
         """Tiers of the longest stored prefix of `keys`."""
         self.namespaces.get(namespace)
-        tiers: list[Tier] = []
+        tiers: list[TierName] = []
         for key in keys:
             chunk = self._visible(namespace, key)
             if chunk is None:
                 break
             tiers.append(chunk.tier)
             self._mover.touch(chunk)
-            if promote and chunk.tier is Tier.SSD:
+            if promote and chunk.tier is TierName.SSD:
                 self._mover.spawn(self._mover.promote_quietly(chunk, None))
         self._count_hits(tiers, misses=len(keys) - len(tiers))
         return tiers
@@ -134,11 +176,11 @@ class ChunkStore:
                 results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
                 continue
             self._reserved_keys.add(key)  # before awaiting, so a concurrent reserve sees it
-            blocks = await self._mover.allocate_dram(size, None)
-            if blocks is None:
+            if not await self._mover.make_dram_room(size, None):
                 self._reserved_keys.discard(key)
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
+            blocks = self.dram.allocate(size)  # nothing ran since the room was made: it is still free
             extents = self.dram.extents(blocks, size)
             write_id = next(self._ids)
             self._reservations[write_id] = Reservation(
@@ -170,7 +212,7 @@ class ChunkStore:
                 reservation.key, reservation.namespace, reservation.size_bytes, layout,
                 reservation.blocks, reservation.extents,
             )
-            self._chunks[chunk.key] = chunk
+            self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
             if self.settings.persist_on_commit or durable:
@@ -262,7 +304,7 @@ class ChunkStore:
             chunk = self._visible(namespace, key)
             if chunk is not None:
                 chunk.pinned_until = self._clock() + ttl_seconds
-                if chunk.tier is Tier.SSD:
+                if chunk.tier is TierName.SSD:
                     self._mover.spawn(self._mover.promote_quietly(chunk, None))
                 pinned += 1
         return pinned
@@ -302,12 +344,14 @@ class ChunkStore:
             self.release_lease(lease_id)
             metrics.EXPIRED.labels("lease").inc()
         self.hints.expire(now)
+        self.ssd.recheck_room()  # another program may have filled (or freed) the disk
         await self._mover.enforce_watermarks()
+        self.namespaces.save_if_changed()
         self._mover.start_prefetches()
         self._update_gauges()
 
     def stats(self) -> StoreStats:
-        chunks = [c for c in self._chunks.values() if not c.deleted]
+        chunks = [c for c in self._chunks if not c.deleted]
         now = self._clock()
         return StoreStats(
             dram_capacity_bytes=self.dram.capacity_bytes,
@@ -316,15 +360,21 @@ class ChunkStore:
             ssd_capacity_bytes=self.ssd.capacity_bytes,
             ssd_used_bytes=self.ssd.used_bytes,
             ssd_chunks=sum(1 for c in chunks if c.on_ssd),
-            hits={tier: self._counts[f"hit_{tier.value}"] for tier in Tier},
-            evictions={tier: self._counts[f"evict_{tier.value}"] for tier in Tier},
-            misses=self._counts["miss"],
-            promotions=self._counts["promotion"],
-            demotions=self._counts["demotion"],
+            hits={tier: metrics.total(metrics.HITS, tier=tier.value) for tier in TierName},
+            evictions={tier: metrics.total(metrics.EVICTIONS, tier=tier.value) for tier in TierName},
+            misses=metrics.total(metrics.MISSES),
+            promotions=metrics.total(metrics.PROMOTIONS),
+            demotions=metrics.total(metrics.DEMOTIONS),
             reservations=len(self._reservations),
             leases=len(self._leases),
             pinned_chunks=sum(1 for c in chunks if c.pinned_until > now),
             namespaces=len(self.namespaces),
+            max_namespaces=self.namespaces.max_namespaces,
+            namespaces_refused={
+                reason: metrics.total(metrics.NAMESPACE_REFUSALS, reason=reason)
+                for reason in ("table_full", "rate_limited")
+            },
+            namespaces_reclaimed=metrics.total(metrics.NAMESPACES_RECLAIMED),
         )
 
     # ---- internals: visibility and readers -----------------------------------------
@@ -341,11 +391,9 @@ class ChunkStore:
             raise NotFound(f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired")
         return reservation
 
-    def _count_hits(self, tiers: Sequence[Tier], misses: int) -> None:
+    def _count_hits(self, tiers: Sequence[TierName], misses: int) -> None:
         for tier in tiers:
-            self._counts[f"hit_{tier.value}"] += 1
             metrics.HITS.labels(tier.value).inc()
-        self._counts["miss"] += misses
         metrics.MISSES.inc(misses)
 
     async def _acquire(self, namespace: bytes, keys: Sequence[bytes]) -> list[Chunk]:

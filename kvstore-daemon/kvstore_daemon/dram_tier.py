@@ -20,8 +20,11 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from attnstore.chunks.format import Buffer
 from attnstore.shm_arena import BlockVersions, Extent, SharedArena
-from kvstore_daemon.block_allocator import BlockAllocator
+from kvstore_daemon.block_allocator import BlockAllocator, OutOfBlocks
+from kvstore_daemon.chunk_entry import Chunk, TierName
+from kvstore_daemon.tier import TierFull
 
 _ARENA_NAME = re.compile(r"attnstore-arena-(\d+)-[0-9a-f]+\.bin")
 # A stale file's lock refused this often, this far apart, belongs to a live daemon.
@@ -33,7 +36,9 @@ class ArenaError(RuntimeError):
 
 
 class DramTier:
-    """Owns the arena file, its mapping and the block allocator; knows nothing of keys."""
+    """Owns the arena file, its mapping and the block allocator; knows nothing of keys. A
+    `Tier` (tier.py): a chunk's copy here is the blocks recorded on its `Chunk`. Writers
+    of shared memory also take blocks directly (`allocate`, then commit)."""
 
     def __init__(self, shm_dir: Path, capacity_bytes: int, block_bytes: int) -> None:
         if block_bytes < 1 or capacity_bytes < block_bytes:
@@ -93,6 +98,35 @@ class DramTier:
     @property
     def free_blocks(self) -> int:
         return self._allocator.free_count
+
+    @property
+    def name(self) -> TierName:
+        return TierName.DRAM
+
+    def has_room(self, size_bytes: int) -> bool:
+        return self.can_allocate(size_bytes)
+
+    def recheck_room(self) -> None:
+        """The arena was reserved whole at start: its room never changes."""
+
+    async def store(self, chunk: Chunk, data: Buffer) -> None:
+        try:
+            blocks = self.allocate(chunk.size_bytes)
+        except OutOfBlocks as exc:
+            raise TierFull(str(exc)) from exc
+        extents = self.extents(blocks, chunk.size_bytes)
+        self._arena.write(extents, 0, data)
+        chunk.blocks, chunk.extents = blocks, extents
+
+    async def load(self, chunk: Chunk) -> Buffer:
+        if chunk.extents is None:
+            raise KeyError(chunk.key)
+        return self._arena.read(chunk.extents, 0, chunk.size_bytes)
+
+    def discard(self, chunk: Chunk) -> None:
+        if chunk.blocks is not None:
+            self.free(chunk.blocks)
+            chunk.blocks = chunk.extents = None
 
     def blocks_for(self, size_bytes: int) -> int:
         if size_bytes < 0:

@@ -52,9 +52,12 @@ async def run_daemon(settings: DaemonSettings) -> None:
         )
     removed = remove_stale_arenas(settings.shm_dir)
     dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
-    ssd = SsdTier(settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads)
+    ssd = SsdTier(
+        settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads, reserve_bytes=settings.ssd_reserved_bytes
+    )
     namespaces = NamespaceRegistry(
-        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes
+        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes,
+        settings.namespace_idle_seconds,
     )
     store = ChunkStore(settings, dram, ssd, namespaces)
     await store.start()

@@ -1,4 +1,8 @@
-"""Prometheus metrics of the daemon (per-method latency comes from the shared interceptor)."""
+"""Prometheus metrics of the daemon (per-method latency comes from the shared interceptor).
+
+They are the daemon's only counters: the Stats RPC reads them back (`total`), so the two
+never disagree. They are process-wide, like the /metrics page: one daemon process holds one
+store."""
 
 from prometheus_client import Counter, Gauge
 
@@ -15,3 +19,21 @@ EXPIRED = Counter("attnstore_kvstore_expired_total", "Reservations, leases and p
 USED_BYTES = Gauge("attnstore_kvstore_used_bytes", "Bytes in use, by tier", ["tier"])
 CAPACITY_BYTES = Gauge("attnstore_kvstore_capacity_bytes", "Configured capacity, by tier", ["tier"])
 CHUNKS = Gauge("attnstore_kvstore_chunks", "Committed chunks, by tier", ["tier"])
+NAMESPACES = Gauge("attnstore_kvstore_namespaces", "Registered namespaces")
+NAMESPACES_RECLAIMED = Counter(
+    "attnstore_kvstore_namespaces_reclaimed_total", "Idle, empty namespaces forgotten to make room for new ones"
+)
+NAMESPACE_REFUSALS = Counter(
+    "attnstore_kvstore_namespace_registrations_refused_total",
+    "New namespaces refused, by reason (table_full, rate_limited)",
+    ["reason"],
+)
+
+
+def total(counter: Counter, **labels: str) -> int:
+    """The counter's value for `labels` (0 before its first increment)."""
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels == labels:
+                return int(sample.value)
+    return 0

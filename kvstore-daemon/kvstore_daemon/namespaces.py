@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import structlog
 
 from attnstore.chunks.format import DTYPE_BYTES, ChunkHeader, max_chunk_bytes
 from attnstore.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from kvstore_daemon import metrics
 
 log = structlog.get_logger("kvstore_daemon.namespaces")
 
@@ -61,20 +65,57 @@ def validate_layout(layout: NamespaceLayout) -> None:
         raise InvalidArgument("layout.model_label must be at most 256 characters")
 
 
+class NamespaceTableFull(ResourceExhausted):
+    """Every slot holds a namespace that is in use (holds chunks or was used lately)."""
+
+
+class RegistrationRateLimited(ResourceExhausted):
+    """A caller registered new namespaces faster than its rate allows."""
+
+
 class NamespaceRegistry:
-    def __init__(self, path: Path, max_namespaces: int, max_chunk_bytes: int) -> None:
+    """Registered namespaces in least-recently-used order (every call naming one uses it).
+
+    At `max_namespaces`, a new registration reclaims the least recently used namespace
+    that is idle (unused for `idle_seconds`) and empty (`in_use` says it holds no chunk
+    and no write): nothing of it is stored, so nothing can be served under a new
+    layout of its name. The file is rewritten (atomically) on every change; after a
+    restart every namespace counts as used at start.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        max_namespaces: int,
+        max_chunk_bytes: int,
+        idle_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._path = path
         self._max_namespaces = max_namespaces
         self._max_chunk_bytes = max_chunk_bytes
-        self._layouts: dict[bytes, NamespaceLayout] = {}
+        self._idle_seconds = idle_seconds
+        self._clock = clock
+        self._layouts: OrderedDict[bytes, NamespaceLayout] = OrderedDict()  # oldest use first
+        self._last_used: dict[bytes, float] = {}
+        self._unsaved = False  # a change the file does not hold yet
         if path.exists():
+            now = clock()
             for namespace, fields in msgpack.unpackb(path.read_bytes()).items():
                 self._layouts[namespace] = NamespaceLayout(**fields)
+                self._last_used[namespace] = now
 
     def __len__(self) -> int:
         return len(self._layouts)
 
-    def register(self, namespace: bytes, layout: NamespaceLayout) -> int:
+    @property
+    def max_namespaces(self) -> int:
+        return self._max_namespaces
+
+    def __contains__(self, namespace: bytes) -> bool:
+        return namespace in self._layouts
+
+    def register(self, namespace: bytes, layout: NamespaceLayout, in_use: Callable[[bytes], bool]) -> int:
         """Registers idempotently; returns the namespace's largest chunk in bytes."""
         validate_layout(layout)
         if layout.max_chunk_bytes > self._max_chunk_bytes:
@@ -86,24 +127,63 @@ class NamespaceRegistry:
         if existing is not None:
             if existing != layout:
                 raise AlreadyExists(f"namespace {namespace.hex()} is registered with a different layout")
+            self._touch(namespace)
             return existing.max_chunk_bytes
-        if len(self._layouts) >= self._max_namespaces:
-            raise ResourceExhausted(f"the daemon holds its maximum of {self._max_namespaces} namespaces")
+        if len(self._layouts) >= self._max_namespaces and not self._reclaim_one(in_use):
+            raise NamespaceTableFull(
+                f"the daemon holds its maximum of {self._max_namespaces} namespaces (max_namespaces) and "
+                f"none is both empty and unused for {self._idle_seconds:g}s (namespace_idle_seconds); "
+                "this namespace is not registered, so its KV is neither stored nor reused"
+            )
         self._layouts[namespace] = layout
+        self._touch(namespace)
+        self._save_or_warn(namespace)
+        return layout.max_chunk_bytes
+
+    def get(self, namespace: bytes) -> NamespaceLayout:
+        """The namespace's layout; counts as a use."""
+        layout = self._layouts.get(namespace)
+        if layout is None:
+            raise NotFound(f"unknown namespace {namespace.hex()}; call RegisterNamespace first")
+        self._touch(namespace)
+        return layout
+
+    def _touch(self, namespace: bytes) -> None:
+        self._layouts.move_to_end(namespace)
+        self._last_used[namespace] = self._clock()
+
+    def _reclaim_one(self, in_use: Callable[[bytes], bool]) -> bool:
+        """Forgets the least recently used idle, empty namespace; False if there is none."""
+        idle_before = self._clock() - self._idle_seconds
+        for namespace in self._layouts:  # oldest use first: stop at the first one used lately
+            if self._last_used[namespace] > idle_before:
+                return False
+            if not in_use(namespace):
+                del self._layouts[namespace], self._last_used[namespace]
+                metrics.NAMESPACES_RECLAIMED.inc()
+                log.info("namespace_reclaimed", namespace=namespace.hex())
+                return True
+        return False
+
+    def _save_or_warn(self, namespace: bytes) -> None:
         try:
             self._save()
         except OSError as exc:
             # A full or read-only disk: DRAM still serves the namespace. The file only lets a
-            # restart recover SSD chunks, which that disk cannot take either; the next
-            # registration writes it again.
+            # restart recover SSD chunks, which that disk cannot take either; upkeep writes
+            # it again once the SSD tier has shrunk to leave its reserve free.
+            self._unsaved = True
             log.warning("namespace_not_persisted", namespace=namespace.hex(), error=str(exc))
-        return layout.max_chunk_bytes
 
-    def get(self, namespace: bytes) -> NamespaceLayout:
-        layout = self._layouts.get(namespace)
-        if layout is None:
-            raise NotFound(f"unknown namespace {namespace.hex()}; call RegisterNamespace first")
-        return layout
+    def save_if_changed(self) -> None:
+        """Writes the file if a change could not be saved before (upkeep calls this)."""
+        if not self._unsaved:
+            return
+        try:
+            self._save()
+        except OSError:
+            return  # still full or read-only: the warning was logged when the change was made
+        log.info("namespaces_persisted", namespaces=len(self._layouts))
 
     def _save(self) -> None:
         # Atomic replace: a crash leaves either the old or the new file.
@@ -115,6 +195,7 @@ class NamespaceRegistry:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self._path)
+            self._unsaved = False
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)  # a partial file would hold on to the space of a full disk

@@ -10,7 +10,7 @@ from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from kvstore_daemon import metrics
-from kvstore_daemon.chunk_entry import ReserveStatus, Tier
+from kvstore_daemon.chunk_entry import ReserveStatus, TierName
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.get_encoding import GetResponseWriter
 from kvstore_daemon.hints import HintAction
@@ -30,7 +30,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
 # admin token. Delete is not among them: workers delete the stale chunks of a re-save.
 ADMIN_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Hint", "Pin", "Unpin", "Stats"))
 
-_TIER = {Tier.DRAM: pb.TIER_DRAM, Tier.SSD: pb.TIER_SSD}
+_TIER = {TierName.DRAM: pb.TIER_DRAM, TierName.SSD: pb.TIER_SSD}
 _RESERVE_STATUS = {
     ReserveStatus.RESERVED: pb.RESERVE_STATUS_RESERVED,
     ReserveStatus.ALREADY_STORED: pb.RESERVE_STATUS_ALREADY_STORED,
@@ -44,12 +44,22 @@ _HINT_ACTION = {
 }
 
 
+def _caller(peer: str) -> str:
+    """The calling host ("ipv4:10.0.0.7"): a client's connections share its rate limits."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return f"{kind}:{address.rsplit(':', 1)[0]}"
+    return peer
+
+
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: ChunkStore, settings: DaemonSettings) -> None:
         self._store = store
         self._settings = settings
 
-    def _keys(self, keys: list[bytes], *, unique: bool = False) -> list[bytes]:
+    def _keys(self, keys: list[bytes], *, unique: bool = True) -> list[bytes]:
+        """Keys of one call, each at most once (a repeated key would be read and counted
+        twice); only Hint may name a key in several entries."""
         return check_keys(keys, self._settings.max_keys_per_request, unique=unique)
 
     async def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.aio.ServicerContext) -> pb.RegisterNamespaceResponse:
@@ -66,6 +76,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                 dtype=layout.dtype,
                 model_label=layout.model_label,
             ),
+            _caller(context.peer()),
         )
         return pb.RegisterNamespaceResponse(max_chunk_bytes=max_bytes)
 
@@ -83,7 +94,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def ReservePut(self, request: pb.ReservePutRequest, context: grpc.aio.ServicerContext) -> pb.ReservePutResponse:
         namespace = check_namespace(request.namespace)
         check_nonempty(request.items, "items")
-        keys = self._keys([item.key for item in request.items], unique=True)
+        keys = self._keys([item.key for item in request.items])
         ttl = check_ttl(
             request.ttl_seconds, self._settings.reservation_ttl_seconds,
             self._settings.reservation_ttl_seconds * 10, "ttl_seconds",
@@ -172,7 +183,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
         limit = self._settings.max_keys_per_request
         reads = [
-            (check_namespace(r.namespace), check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys"))
+            (check_namespace(r.namespace), check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys", unique=True))
             for i, r in enumerate(request.lease_free_reads)
         ]
         if sum(len(keys) for _, keys in reads) > limit:
@@ -219,11 +230,11 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return pb.StatsResponse(
             dram=pb.TierStats(
                 capacity_bytes=s.dram_capacity_bytes, used_bytes=s.dram_used_bytes, chunks=s.dram_chunks,
-                hits=s.hits[Tier.DRAM], evictions=s.evictions[Tier.DRAM],
+                hits=s.hits[TierName.DRAM], evictions=s.evictions[TierName.DRAM],
             ),
             ssd=pb.TierStats(
                 capacity_bytes=s.ssd_capacity_bytes, used_bytes=s.ssd_used_bytes, chunks=s.ssd_chunks,
-                hits=s.hits[Tier.SSD], evictions=s.evictions[Tier.SSD],
+                hits=s.hits[TierName.SSD], evictions=s.evictions[TierName.SSD],
             ),
             misses=s.misses,
             eviction_policy=self._settings.eviction_policy,
@@ -233,4 +244,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             pinned_chunks=s.pinned_chunks,
             promotions=s.promotions,
             demotions=s.demotions,
+            max_namespaces=s.max_namespaces,
+            namespaces_refused_table_full=s.namespaces_refused["table_full"],
+            namespaces_refused_rate_limited=s.namespaces_refused["rate_limited"],
+            namespaces_reclaimed=s.namespaces_reclaimed,
         )

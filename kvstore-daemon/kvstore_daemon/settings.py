@@ -38,6 +38,10 @@ class DaemonSettings(FileBackedSettings):
         description="SSD tier directories, written round-robin (JSON list in the environment)",
     )
     ssd_capacity_bytes: int = Field(16 * GiB, ge=MiB, description="total bytes across ssd_dirs")
+    ssd_reserved_bytes: int = Field(
+        64 * MiB, ge=0,
+        description="left free on the SSD file systems (the namespace file, other programs); the tier shrinks to fit",
+    )
     ssd_high_watermark: float = Field(0.95, gt=0, le=1, description="start deleting above this fill ratio")
     ssd_low_watermark: float = Field(0.90, gt=0, le=1, description="delete down to this fill ratio")
     persist_on_commit: bool = Field(True, description="write every committed chunk to SSD in the background")
@@ -56,7 +60,20 @@ class DaemonSettings(FileBackedSettings):
     pin_ttl_seconds: float = Field(600.0, gt=0, description="default pin TTL")
     max_pin_ttl_seconds: float = Field(3600.0, gt=0, description="longest pin a client may ask for")
     hint_ttl_seconds: float = Field(60.0, gt=0, description="default look-ahead hint TTL")
-    max_namespaces: int = Field(1024, ge=1, description="registered namespaces the daemon accepts")
+    # One namespace per tenant x model x dtype x chunk size: thousands of tenants on a node
+    # with a model or two. An entry costs about 120 bytes in namespaces.msgpack, which is
+    # rewritten on every new registration (8,192 entries: 0.95 MB, 5 ms with fsync).
+    max_namespaces: int = Field(8192, ge=1, description="registered namespaces the daemon keeps")
+    namespace_idle_seconds: float = Field(
+        900.0, gt=0,
+        description="a namespace unused this long and holding nothing may be reclaimed when the table is full",
+    )
+    namespace_registrations_per_second: float = Field(
+        20.0, gt=0, description="new namespaces one caller (peer host) may register per second, sustained"
+    )
+    namespace_registration_burst: int = Field(
+        200, ge=1, description="new namespaces one caller may register at once (a worker's start)"
+    )
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls and SSD writes get this long on SIGTERM")
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")

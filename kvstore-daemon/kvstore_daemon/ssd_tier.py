@@ -32,6 +32,8 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.chunks.keys import KEY_BYTES
+from kvstore_daemon.chunk_entry import Chunk, TierName
+from kvstore_daemon.tier import TierCopyCorrupt, TierFull, TierWriteError
 
 _T = TypeVar("_T")
 _CHUNK_SUFFIX = ".chunk"
@@ -41,17 +43,16 @@ _HEADER_PROBE_BYTES = 4096  # one page: holds every real header, so one pread us
 log = structlog.get_logger("attnstore.ssd_tier")
 
 
-class SsdFullError(errors.ResourceExhausted):
+class SsdFullError(TierFull):
     """The write would take the tier past capacity_bytes; the caller evicts first."""
 
 
-class SsdWriteError(errors.Unavailable):
+class SsdWriteError(TierWriteError):
     """The OS refused a write (ENOSPC, EROFS, EIO...); nothing was published."""
 
     def __init__(self, key: bytes, exc: OSError) -> None:
-        super().__init__(f"writing chunk {key.hex()} to SSD failed: {exc.strerror or exc}")
+        super().__init__(f"writing chunk {key.hex()} to SSD failed: {exc.strerror or exc}", exc.errno)
         self.key = key
-        self.errno = exc.errno
 
 
 class SsdReadError(errors.Unavailable):
@@ -59,7 +60,7 @@ class SsdReadError(errors.Unavailable):
     the chunk is kept."""
 
 
-class SsdChunkCorrupt(errors.DataLoss):
+class SsdChunkCorrupt(TierCopyCorrupt):
     """A chunk file failed verification or vanished; it is dropped, so callers see a miss."""
 
     def __init__(self, key: bytes, reason: str) -> None:
@@ -89,7 +90,7 @@ class _PendingWrite:
 
 
 class SsdTier:
-    """Chunk files on local disks, one index in memory.
+    """Chunk files on local disks, one index in memory; a `Tier` (tier.py).
 
     Lifecycle of a key (index and counters change only on the event-loop thread):
 
@@ -102,11 +103,18 @@ class SsdTier:
     the previous one (write or unlink) to finish, so an unlink never races a re-publish.
     """
 
-    def __init__(self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = 4) -> None:
+    def __init__(
+        self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = 4, *, reserve_bytes: int = 0
+    ) -> None:
+        """`capacity_bytes` is what the tier may use at most; the disks may hold less, see
+        `recheck_room`. `reserve_bytes` are left free on the disks for other files (the
+        namespace file)."""
         if not dirs:
             raise errors.InvalidArgument("SsdTier needs at least one directory")
         self._dirs = [Path(d) for d in dirs]
+        self._configured_bytes = capacity_bytes
         self._capacity_bytes = capacity_bytes
+        self._reserve_bytes = reserve_bytes
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="ssd-io")
         self._index: dict[bytes, _Entry] = {}
         self._writing: dict[bytes, _PendingWrite] = {}
@@ -137,6 +145,7 @@ class SsdTier:
         self._state = "open"
         if self.recovery_dropped:
             log.warning("ssd_recovery_dropped", chunks=self.recovery_dropped)
+        self.recheck_room()
         return [StoredChunk(k, e.namespace, e.size_bytes) for k, e in self._index.items()]
 
     async def close(self) -> None:
@@ -187,6 +196,34 @@ class SsdTier:
     def capacity_bytes(self) -> int:
         return self._capacity_bytes
 
+    @property
+    def name(self) -> TierName:
+        return TierName.SSD
+
+    def has_room(self, size_bytes: int) -> bool:
+        return self.used_bytes + size_bytes <= self._capacity_bytes
+
+    def recheck_room(self) -> None:
+        """Sets the capacity to what the disks can hold: at most the configured bytes, and at
+        most our bytes plus the space free on the disks less the reserve (another program
+        may fill a shared disk at any time). Cheap (one statvfs per file system); called at
+        open, on every upkeep pass and when a write finds the disk full."""
+        try:
+            free_bytes = _free_bytes(self._dirs)
+        except OSError as exc:  # a directory gone or unreadable: keep the last finding
+            log.warning("ssd_free_space_unknown", error=str(exc))
+            return
+        room = max(0, self.used_bytes + free_bytes - self._reserve_bytes)
+        capacity = min(self._configured_bytes, room)
+        clamped, was_clamped = capacity < self._configured_bytes, self._capacity_bytes < self._configured_bytes
+        if clamped != was_clamped:  # one line per change, not one per refresh
+            (log.warning if clamped else log.info)(
+                "ssd_capacity_clamped" if clamped else "ssd_capacity_restored",
+                configured_bytes=self._configured_bytes, capacity_bytes=capacity, free_bytes=free_bytes,
+                used_bytes=self.used_bytes, reserve_bytes=self._reserve_bytes,
+            )
+        self._capacity_bytes = capacity
+
     # --- operations --------------------------------------------------------------------
 
     async def write(self, key: bytes, namespace: bytes, data: Buffer) -> None:
@@ -216,6 +253,18 @@ class SsdTier:
         self._pending_bytes += size
         # shield: a cancelled caller must not leave a published file out of the index
         await asyncio.shield(self._start_op(key, self._write_op(key, namespace, view, directory, pending)))
+
+    async def store(self, chunk: Chunk, data: Buffer) -> None:
+        await self.write(chunk.key, chunk.namespace, data)
+
+    async def load(self, chunk: Chunk) -> bytearray:
+        return await self.read(chunk.key)
+
+    def discard(self, chunk: Chunk) -> asyncio.Future[None] | None:
+        if self._state == "closed":  # a reader let go during shutdown: recovery finds the file
+            return None
+        unlinking = self._discard(chunk.key)
+        return unlinking if isinstance(unlinking, asyncio.Task) else None
 
     async def read(self, key: bytes) -> bytearray:
         """The whole chunk, every layer verified; raises KeyError if not stored here and
@@ -251,6 +300,14 @@ class SsdTier:
     async def delete(self, key: bytes) -> bool:
         """Removes the chunk; False if it was absent. A write in flight is cancelled: its
         file is removed as soon as it lands."""
+        unlinking = self._discard(key)
+        if isinstance(unlinking, asyncio.Task):
+            await asyncio.shield(unlinking)
+        return bool(unlinking)
+
+    def _discard(self, key: bytes) -> asyncio.Task[None] | bool:
+        """Forgets the chunk at once: the unlink that follows (returned), or for a write in
+        flight whether this is its first delete; False if the key is absent."""
         self._check_open()
         pending = self._writing.get(key)
         if pending is not None:
@@ -261,8 +318,7 @@ class SsdTier:
         if entry is None:
             return False
         self._published_bytes -= entry.size_bytes
-        await asyncio.shield(self._start_op(key, self._run(_unlink_quietly, entry.path)))
-        return True
+        return self._start_op(key, self._run(_unlink_quietly, entry.path))
 
     # --- event-loop helpers ------------------------------------------------------------
 
@@ -451,6 +507,15 @@ def _key_of_file(path: Path) -> bytes:
     if len(key) != KEY_BYTES or key.hex() != key_hex or path.parent.name != key_hex[:2]:
         raise ChunkFormatError("file name is not a chunk key in its prefix folder")
     return key
+
+
+def _free_bytes(dirs: Sequence[Path]) -> int:
+    """Bytes available to us on the file systems of `dirs`, each file system counted once."""
+    free: dict[int, int] = {}
+    for directory in dirs:
+        stat = os.statvfs(directory)
+        free[os.stat(directory).st_dev] = stat.f_bavail * stat.f_frsize
+    return sum(free.values())
 
 
 def _unlink_quietly(path: Path) -> None:

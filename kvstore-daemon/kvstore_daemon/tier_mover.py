@@ -1,29 +1,32 @@
-"""Moving chunks between the DRAM and SSD tiers: allocation with eviction, demotion,
+"""Moving chunks between the DRAM and SSD tiers: room-making with eviction, demotion,
 write-through persistence, promotion, watermarks and look-ahead prefetch.
 
-Eviction order comes from the tier's policy; a chunk with readers or a live pin is
-never chosen. Evicting a DRAM chunk that has no SSD copy writes one first (demotion);
-evicting an SSD chunk that has no DRAM copy removes it from the store.
+Both tiers are `Tier`s (tier.py): the mover copies bytes with `load`/`store` and drops
+copies with `discard`; the upper tier (DRAM) holds the readable copy, the lower (SSD)
+the persistent one. Eviction order comes from each tier's policy; a chunk with readers
+or a live pin is never chosen. Evicting a DRAM chunk that has no SSD copy writes one
+first (demotion); evicting an SSD chunk that has no DRAM copy removes it from the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+import errno
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
 
 from attnstore.chunks.format import decode_layout
-from attnstore.errors import DataLoss, ResourceExhausted
+from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
-from kvstore_daemon.chunk_entry import Chunk, Tier
-from kvstore_daemon.dram_tier import DramTier
+from kvstore_daemon.chunk_entry import Chunk, TierName
+from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.eviction import EvictionPolicy, make_policy
 from kvstore_daemon.hints import HintAction, HintBook
+from kvstore_daemon.namespaces import NamespaceRegistry
 from kvstore_daemon.settings import DaemonSettings
-from kvstore_daemon.ssd_tier import SsdChunkCorrupt, SsdFullError, SsdTier, SsdWriteError
+from kvstore_daemon.tier import Tier, TierCopyCorrupt, TierFull, TierWriteError
 
 log = structlog.get_logger("kvstore_daemon.tiers")
 
@@ -34,11 +37,11 @@ class TierMover:
     def __init__(
         self,
         settings: DaemonSettings,
-        dram: DramTier,
-        ssd: SsdTier,
-        chunks: dict[bytes, Chunk],
+        dram: Tier,
+        ssd: Tier,
+        chunks: ChunkIndex,
+        namespaces: NamespaceRegistry,
         hints: HintBook,
-        counts: Counter[str],
         clock: Callable[[], float],
     ) -> None:
         self.settings = settings
@@ -47,8 +50,8 @@ class TierMover:
         self.hints = hints
         self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
         self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
-        self._chunks = chunks  # shared with the ChunkStore, which owns it
-        self._counts = counts
+        self._chunks = chunks
+        self._namespaces = namespaces
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
         self._persisting: set[asyncio.Task[bool]] = set()
@@ -69,41 +72,38 @@ class TierMover:
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""
-        if not chunk.deleted or chunk.readers > 0 or self._chunks.get(chunk.key) is not chunk:
+        if not chunk.deleted or chunk.readers > 0 or not self._chunks.holds(chunk):
             return
-        del self._chunks[chunk.key]
+        self._chunks.remove(chunk)
         self.drop_dram_copy(chunk)
         if chunk.on_ssd:
             self.ssd_policy.on_remove(chunk.key)
-            self.spawn(self.ssd.delete(chunk.key))
+            self.ssd.discard(chunk)
             chunk.on_ssd = False
 
     def drop_dram_copy(self, chunk: Chunk) -> None:
         if chunk.blocks is not None:
             self.dram_policy.on_remove(chunk.key)
-            self.dram.free(chunk.blocks)
-            chunk.blocks = chunk.extents = None
+            self.dram.discard(chunk)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-
-
-    async def allocate_dram(self, size_bytes: int, may_evict: VictimFilter | None) -> list[int] | None:
-        """Blocks for `size_bytes`, evicting (and demoting) as the policy orders; None if
+    async def make_dram_room(self, size_bytes: int, may_evict: VictimFilter | None) -> bool:
+        """Evicts (and demotes) as the policy orders until `size_bytes` fit in DRAM; False if
         only unevictable chunks remain. Chunks whose SSD copy is being written cannot be
         evicted until it lands, so those writes are waited for rather than given up on."""
-        while not self.dram.can_allocate(size_bytes):
+        while not self.dram.has_room(size_bytes):
             victim = self._next_victim(self.dram_policy, may_evict)
             if victim is not None:
                 await self._evict_from_dram(victim)
             elif self._persisting:
                 await asyncio.wait(list(self._persisting), return_when=asyncio.FIRST_COMPLETED)
             else:
-                return None
-        return self.dram.allocate(size_bytes)
+                return False
+        return True
 
     def _next_victim(self, policy: EvictionPolicy, may_evict: VictimFilter | None) -> Chunk | None:
         now = self._clock()
@@ -121,16 +121,14 @@ class TierMover:
             finally:
                 chunk.readers -= 1
             if demoted:
-                self._counts["demotion"] += 1
                 metrics.DEMOTIONS.inc()
-        if chunk.readers > 0 or chunk.blocks is None or self._chunks.get(chunk.key) is not chunk:
+        if chunk.readers > 0 or chunk.blocks is None or not self._chunks.holds(chunk):
             self.free_if_unread(chunk)
             return
         self.drop_dram_copy(chunk)
-        self._counts["evict_dram"] += 1
-        metrics.EVICTIONS.labels("dram").inc()
+        metrics.EVICTIONS.labels(TierName.DRAM.value).inc()
         if not chunk.on_ssd:  # SSD refused it: the chunk is gone
-            del self._chunks[chunk.key]
+            self._chunks.remove(chunk)
 
     def start_persist(self, chunk: Chunk) -> asyncio.Task[bool]:
         task = chunk.persist_task
@@ -149,13 +147,25 @@ class TierMover:
     async def _persist(self, chunk: Chunk) -> bool:
         chunk.readers += 1
         try:
-            if not await self._make_ssd_room(chunk.size_bytes):
+            if chunk.blocks is None:
                 return False
-            if chunk.blocks is None or chunk.extents is None:
-                return False
-            data = self.dram.arena.read(chunk.extents, 0, chunk.size_bytes)
-            await self.ssd.write(chunk.key, chunk.namespace, data)
-        except (SsdWriteError, SsdFullError) as exc:
+            data = await self.dram.load(chunk)
+            for attempt in range(2):
+                if not await self._make_ssd_room(chunk.size_bytes):
+                    return False
+                try:
+                    await self.ssd.store(chunk, data)
+                    break
+                except TierWriteError as exc:
+                    metrics.SSD_WRITE_ERRORS.inc()
+                    # A full disk (the capacity was more than it holds, or another program
+                    # took the space) is pressure: shrink to what it holds, evict, retry once.
+                    if exc.errno != errno.ENOSPC or attempt:
+                        log.warning("ssd_write_failed", key=chunk.key.hex(), error=str(exc))
+                        return False
+                    self.ssd.recheck_room()
+                    log.info("ssd_full", key=chunk.key.hex(), error=str(exc), capacity_bytes=self.ssd.capacity_bytes)
+        except TierFull as exc:
             metrics.SSD_WRITE_ERRORS.inc()
             log.warning("ssd_write_failed", key=chunk.key.hex(), error=str(exc))
             return False
@@ -167,27 +177,35 @@ class TierMover:
         return True
 
     async def _make_ssd_room(self, size_bytes: int) -> bool:
-        while self.ssd.used_bytes + size_bytes > self.ssd.capacity_bytes:
+        """Evicts SSD chunks until `size_bytes` fit; False if only unevictable ones remain
+        (after checking whether the disks have more room than last seen)."""
+        rechecked = False
+        while not self.ssd.has_room(size_bytes):
             victim = self._next_victim(self.ssd_policy, None)
-            if victim is None:
+            if victim is not None:
+                await self._evict_from_ssd(victim)
+            elif rechecked:
                 return False
-            await self._evict_from_ssd(victim)
+            else:
+                self.ssd.recheck_room()
+                rechecked = True
         return True
 
     async def _evict_from_ssd(self, chunk: Chunk) -> None:
         self.ssd_policy.on_remove(chunk.key)
         chunk.on_ssd = False
         if chunk.blocks is None:  # no DRAM copy: the chunk leaves the store
-            del self._chunks[chunk.key]
-        self._counts["evict_ssd"] += 1
-        metrics.EVICTIONS.labels("ssd").inc()
-        await self.ssd.delete(chunk.key)
+            self._chunks.remove(chunk)
+        metrics.EVICTIONS.labels(TierName.SSD.value).inc()
+        unlinking = self.ssd.discard(chunk)
+        if unlinking is not None:  # the space is back only once the file is gone
+            await asyncio.shield(unlinking)
 
     async def promote(self, chunk: Chunk, may_evict: VictimFilter | None) -> None:
         """Copies an SSD-only chunk into DRAM (verified); concurrent callers share one copy."""
         if chunk.blocks is not None:
             if chunk.layout is None:
-                chunk.layout = decode_layout(self.dram.arena.read(chunk.extents or [], 0, chunk.size_bytes))
+                chunk.layout = decode_layout(await self.dram.load(chunk))
             return
         if chunk.promote_task is None:
             chunk.promote_task = asyncio.get_running_loop().create_task(self._copy_to_dram(chunk, may_evict))
@@ -200,26 +218,27 @@ class TierMover:
     async def _copy_to_dram(self, chunk: Chunk, may_evict: VictimFilter | None) -> None:
         chunk.readers += 1
         try:
-            blocks = await self.allocate_dram(chunk.size_bytes, may_evict)
-            if blocks is None:
+            if not await self.make_dram_room(chunk.size_bytes, may_evict):
                 raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
             try:
-                data = await self.ssd.read(chunk.key)
-            except BaseException as exc:
-                self.dram.free(blocks)
-                if not isinstance(exc, SsdChunkCorrupt | KeyError):
-                    raise  # an I/O error says nothing about the chunk: keep it
+                data = await self.ssd.load(chunk)
+                layout = decode_layout(data)
+                # Never serve a chunk under a layout it was not written for (a file that
+                # outlived its namespace and a re-registration of the name).
+                self._namespaces.get(chunk.namespace).check_header(layout.header)
+            except (TierCopyCorrupt, KeyError, InvalidArgument) as exc:
+                if isinstance(exc, InvalidArgument):
+                    self.ssd.discard(chunk)
                 metrics.CORRUPT.inc()
                 self.ssd_policy.on_remove(chunk.key)
                 chunk.on_ssd = False
                 chunk.deleted = True
                 raise DataLoss(f"chunk {chunk.key.hex()} failed verification on SSD and was dropped") from exc
-            extents = self.dram.extents(blocks, chunk.size_bytes)
-            self.dram.arena.write(extents, 0, data)
-            chunk.layout = chunk.layout or decode_layout(data)
-            chunk.blocks, chunk.extents = blocks, extents
+            if not await self.make_dram_room(chunk.size_bytes, may_evict):  # others took it meanwhile
+                raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
+            await self.dram.store(chunk, data)
+            chunk.layout = chunk.layout or layout
             self.dram_policy.on_insert(chunk.key)
-            self._counts["promotion"] += 1
             metrics.PROMOTIONS.inc()
         finally:
             chunk.readers -= 1
@@ -246,7 +265,7 @@ class TierMover:
         started = 0
         for key in self.hints.prefetch_keys(now):
             chunk = self._chunks.get(key)
-            if chunk is not None and not chunk.deleted and chunk.tier is Tier.SSD and chunk.promote_task is None:
+            if chunk is not None and not chunk.deleted and chunk.tier is TierName.SSD and chunk.promote_task is None:
                 self.spawn(self.promote_quietly(chunk, unprotected))
                 started += 1
         return started
@@ -255,27 +274,22 @@ class TierMover:
         """Above a tier's high watermark, evicts down to its low watermark (headroom, so
         writes and promotions rarely wait for an eviction)."""
         s = self.settings
-        await self._shrink(
-            self.dram_policy, lambda: self.dram.used_bytes, self.dram.capacity_bytes,
-            s.dram_high_watermark, s.dram_low_watermark, self._evict_from_dram,
-        )
-        await self._shrink(
-            self.ssd_policy, lambda: self.ssd.used_bytes, self.ssd.capacity_bytes,
-            s.ssd_high_watermark, s.ssd_low_watermark, self._evict_from_ssd,
-        )
+        await self._shrink(self.dram, self.dram_policy, s.dram_high_watermark, s.dram_low_watermark,
+                           self._evict_from_dram)
+        await self._shrink(self.ssd, self.ssd_policy, s.ssd_high_watermark, s.ssd_low_watermark,
+                           self._evict_from_ssd)
 
     async def _shrink(
         self,
+        tier: Tier,
         policy: EvictionPolicy,
-        used_bytes: Callable[[], int],
-        capacity_bytes: int,
         high: float,
         low: float,
         evict: Callable[[Chunk], Coroutine[Any, Any, None]],
     ) -> None:
-        if used_bytes() <= high * capacity_bytes:
+        if tier.used_bytes <= high * tier.capacity_bytes:
             return
-        while used_bytes() > low * capacity_bytes:
+        while tier.used_bytes > low * tier.capacity_bytes:
             victim = self._next_victim(policy, None)
             if victim is None:
                 return

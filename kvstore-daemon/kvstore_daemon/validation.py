@@ -20,9 +20,20 @@ def check_keys(keys: Sequence[bytes], max_keys: int, *, field: str = "keys", uni
     for index, key in enumerate(keys):
         if len(key) != KEY_BYTES:
             raise InvalidArgument(f"{field}[{index}] must be a {KEY_BYTES}-byte chunk key, got {len(key)} bytes")
-    if unique and len(set(keys)) != len(keys):
-        raise InvalidArgument(f"{field} must not repeat a key")
+    if unique:
+        _check_no_repeated_key(keys, field)
     return list(keys)
+
+
+def _check_no_repeated_key(keys: Sequence[bytes], field: str) -> None:
+    """A key named twice in one call would be read (and counted as a hit) twice."""
+    first: dict[bytes, int] = {}
+    for index, key in enumerate(keys):
+        earlier = first.setdefault(key, index)
+        if earlier != index:
+            raise InvalidArgument(
+                f"{field} must not repeat a key: {field}[{index}] repeats {field}[{earlier}] ({key.hex()})"
+            )
 
 
 def check_nonempty(values: Sequence[object], field: str) -> None:

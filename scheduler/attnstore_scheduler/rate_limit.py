@@ -8,18 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from attnstore.errors import ResourceExhausted
-
-# Buckets of tenants idle this long are full again; dropping them bounds the map's size.
-_IDLE_SECONDS = 300.0
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    refilled_at: float
+from attnstore.token_buckets import TokenBuckets
 
 
 class RateLimited(ResourceExhausted):
@@ -36,29 +27,14 @@ class RateLimiter:
     ) -> None:
         self.rate_per_second = rate_per_second
         self.burst = burst
-        self._clock = clock
-        self._buckets: dict[str, _Bucket] = {}
-        self._swept_at = clock()
+        self._buckets = TokenBuckets(rate_per_second, burst, clock)
 
     def check(self, tenant: str) -> None:
         """Takes one call from the tenant's bucket, or raises ResourceExhausted."""
-        now = self._clock()
-        self._drop_idle(now)
-        bucket = self._buckets.setdefault(tenant, _Bucket(float(self.burst), now))
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.refilled_at) * self.rate_per_second)
-        bucket.refilled_at = now
-        if bucket.tokens < 1.0:
-            wait_seconds = (1.0 - bucket.tokens) / self.rate_per_second
+        wait_seconds = self._buckets.take(tenant)
+        if wait_seconds:
             raise RateLimited(
                 f"tenant {tenant!r} exceeded its rate of {self.rate_per_second:g} calls per second "
                 f"(burst {self.burst}); retry in {wait_seconds:.2f}s",
                 wait_seconds,
             )
-        bucket.tokens -= 1.0
-
-    def _drop_idle(self, now: float) -> None:
-        if now - self._swept_at < _IDLE_SECONDS:
-            return
-        self._swept_at = now
-        for tenant in [t for t, b in self._buckets.items() if now - b.refilled_at > _IDLE_SECONDS]:
-            del self._buckets[tenant]

@@ -143,6 +143,15 @@ KEYED_BAD_INPUT: dict[str, tuple[Callable[[Store], tuple[bytes, list[bytes]]], g
 }
 
 
+# A key named twice would be read, leased or counted twice (issue 26, point 10). Hint alone
+# may name a key in several entries (a shared prefix needed by several queued jobs).
+REPEATED_KEY_RPCS = [rpc for rpc in KEYED_RPCS if rpc != "Hint"]
+
+
+def repeated_key(s: Store) -> tuple[bytes, list[bytes]]:
+    return s.ns, [s.key(0), s.key(1), s.key(0)]
+
+
 def keyed(rpc: str, target: Callable[[Store], tuple[bytes, list[bytes]]]) -> Call:
     return lambda s: KEYED_RPCS[rpc](s.stub, *target(s))
 
@@ -252,6 +261,16 @@ CASES: dict[str, Case] = {
         for bad, (target, code, message) in KEYED_BAD_INPUT.items()
         for rpc in KEYED_RPCS
     },
+    **{
+        f"{rpc}-repeated-key": Case(
+            keyed(rpc, repeated_key), INVALID, "keys must not repeat a key: keys[2] repeats keys[0] ("
+        )
+        for rpc in REPEATED_KEY_RPCS
+    },
+    "ReleaseLease-reads-repeated-key": Case(
+        report_reads((None, [0]), (None, [1, 2, 1])), INVALID,
+        "lease_free_reads[1].keys must not repeat a key: lease_free_reads[1].keys[2] repeats",
+    ),
     "RegisterNamespace-short-namespace": Case(
         register(layout(), namespace=bytes(8)), INVALID, "namespace must be 16 bytes, got 8"
     ),

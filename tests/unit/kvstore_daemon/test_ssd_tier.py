@@ -13,11 +13,11 @@ from pathlib import Path
 import msgpack
 import pytest
 import xxhash
+from faulty_ssd_tier import FaultySsdTier
 
 from attnstore import errors
 from attnstore.chunks.format import FORMAT_VERSION, encode_chunk
 from attnstore.chunks.keys import NamespaceSpec, chunk_key
-from kvstore_daemon.faulty_ssd_tier import FaultySsdTier
 from kvstore_daemon.ssd_tier import SsdChunkCorrupt, SsdFullError, SsdTier, SsdWriteError, StoredChunk
 
 NS = NamespaceSpec(model_digest="test-model", dtype="float16", chunk_tokens=4).namespace_id()

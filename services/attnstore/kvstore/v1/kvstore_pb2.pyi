@@ -371,7 +371,7 @@ class TierStats(_message.Message):
     def __init__(self, capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("dram", "ssd", "misses", "eviction_policy", "namespaces", "reservations", "leases", "pinned_chunks", "promotions", "demotions")
+    __slots__ = ("dram", "ssd", "misses", "eviction_policy", "namespaces", "reservations", "leases", "pinned_chunks", "promotions", "demotions", "max_namespaces", "namespaces_refused_table_full", "namespaces_refused_rate_limited", "namespaces_reclaimed")
     DRAM_FIELD_NUMBER: _ClassVar[int]
     SSD_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -382,6 +382,10 @@ class StatsResponse(_message.Message):
     PINNED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
     DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_REFUSED_TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_REFUSED_RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
     dram: TierStats
     ssd: TierStats
     misses: int
@@ -392,4 +396,8 @@ class StatsResponse(_message.Message):
     pinned_chunks: int
     promotions: int
     demotions: int
-    def __init__(self, dram: _Optional[_Union[TierStats, _Mapping]] = ..., ssd: _Optional[_Union[TierStats, _Mapping]] = ..., misses: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., namespaces: _Optional[int] = ..., reservations: _Optional[int] = ..., leases: _Optional[int] = ..., pinned_chunks: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ...) -> None: ...
+    max_namespaces: int
+    namespaces_refused_table_full: int
+    namespaces_refused_rate_limited: int
+    namespaces_reclaimed: int
+    def __init__(self, dram: _Optional[_Union[TierStats, _Mapping]] = ..., ssd: _Optional[_Union[TierStats, _Mapping]] = ..., misses: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., namespaces: _Optional[int] = ..., reservations: _Optional[int] = ..., leases: _Optional[int] = ..., pinned_chunks: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., max_namespaces: _Optional[int] = ..., namespaces_refused_table_full: _Optional[int] = ..., namespaces_refused_rate_limited: _Optional[int] = ..., namespaces_reclaimed: _Optional[int] = ...) -> None: ...

@@ -117,7 +117,10 @@ class KVStoreServicer:
     def RegisterNamespace(self, request, context):
         """Declares the KV layout of a namespace. Idempotent; every other call names
         a registered namespace. Registering a different layout under an existing
-        namespace fails with ALREADY_EXISTS.
+        namespace fails with ALREADY_EXISTS. A new namespace fails with
+        RESOURCE_EXHAUSTED when its caller registers new ones too fast or when the
+        table is full of namespaces in use; an idle, empty namespace may be
+        forgotten to make room (register it again before use).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,4 +1,5 @@
-"""An SsdTier whose disk misbehaves on demand, for tests of the failure paths.
+"""An SsdTier whose disk misbehaves on demand, for tests of the failure paths: the
+fault-injecting twin of the daemon's tiers (a `Tier`, kvstore_daemon/tier.py).
 
 Faults are injected at the lowest layer (the blocking file calls on the I/O threads), so
 everything above them, cleanup and verification included, runs as in production.
