@@ -39,7 +39,7 @@ from bench.load.model import TINY_LLAMA, save_load_model
 from bench.load.plot import plot_load
 from bench.load.report import format_cpu, format_memory, format_table, summarize, summarize_run
 from bench.load.sampler import ResourceSampler
-from bench.load.stack import API_KEY, DAEMON_SETTINGS, SCHEDULER_SETTINGS, WORKER_SETTINGS, LoadStack
+from bench.load.stack import API_KEY, DAEMON_SETTINGS, SCHEDULER_SETTINGS, WORKER_SETTINGS, load_stack
 
 MiB = 1024 * 1024
 POLL_SECONDS = 1.0
@@ -74,7 +74,7 @@ async def drive(
 
 def run_one(sessions: int, model_dir: Path, args: argparse.Namespace, work_root: Path) -> tuple[dict, dict]:
     """One fresh stack, one load; (summary row, time series for the figure)."""
-    stack = LoadStack(
+    stack = load_stack(
         Path(tempfile.mkdtemp(prefix=f"n{sessions}-", dir=work_root)),
         model_dir,
         daemon_settings={
@@ -94,9 +94,9 @@ def run_one(sessions: int, model_dir: Path, args: argparse.Namespace, work_root:
             file=sys.stderr,
             flush=True,
         )
-        warmup_end, deadline, filled = uvloop.run(drive(driver, stack.address_of_daemon, sampler.now, args))
+        warmup_end, deadline, filled = uvloop.run(drive(driver, stack.daemon.address, sampler.now, args))
         samples = sampler.stop()
-        with KVStoreClient(stack.address_of_daemon, use_shm=False) as kv:
+        with KVStoreClient(stack.daemon.address, use_shm=False) as kv:
             daemon_stats = MessageToDict(kv.stats(), preserving_proto_field_name=True)
     finally:
         exit_codes = stack.stop()

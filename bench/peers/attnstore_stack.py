@@ -1,4 +1,4 @@
-"""attnstore's side of the serving comparison: the whole local stack as processes on
+"""attnstore's side of the serving comparison: the whole local stack (a LocalStack) on
 loopback (one KV-store daemon, one inference worker on the real SmolLM2-135M-Instruct in
 fp32, the scheduler with its embedded session store and no auth), driven through the
 public API (`AsyncAttnStoreClient.stream_chat`), one session per conversation.
@@ -16,26 +16,20 @@ TTFT is what the client sees: Chat sent to the first streamed token.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api_client import AsyncAttnStoreClient
-from attnstore_scheduler.launcher import SchedulerProcess
-from attnstore_scheduler.settings import NodeSpec
-from inference_worker.launcher import WorkerProcess
-from kvstore_daemon.launcher import DaemonProcess
+from attnstore_cli.local_stack import LocalStack
+from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 
 MiB = 1024 * 1024
 NODE = "node-a"
-WORKER_SETTINGS = {"chunk_tokens": 64, "dtype": "float32", "device": "cpu", "health_check_interval_seconds": 0,
-                   "log_level": "WARNING"}
-SCHEDULER_SETTINGS = {"requests_per_second": 1_000_000, "requests_burst": 1_000_000, "log_level": "WARNING"}
-DAEMON_SETTINGS = {"dram_block_bytes": 1 * MiB, "ssd_capacity_bytes": 8192 * MiB, "max_chunk_bytes": 32 * MiB,
-                   "log_level": "WARNING"}
+WORKER_SETTINGS = {"chunk_tokens": 64, "dtype": "float32", "device": "cpu", "health_check_interval_seconds": 0}
+SCHEDULER_SETTINGS = {"requests_per_second": 1_000_000, "requests_burst": 1_000_000}
+DAEMON_SETTINGS = {"dram_block_bytes": 1 * MiB, "ssd_capacity_bytes": 8192 * MiB, "max_chunk_bytes": 32 * MiB}
 
 
 @dataclass(frozen=True)
@@ -48,56 +42,19 @@ class TurnTiming:
     server_ttft_ms: float  # the scheduler's own measure (request received to first token sent)
 
 
-@dataclass
-class AttnstoreStack:
-    work_dir: Path
-    model_dir: Path
-    dram_bytes: int
-    daemon: DaemonProcess | None = None
-    worker: WorkerProcess | None = None
-    scheduler: SchedulerProcess | None = None
-    start_seconds: float = 0.0
-    _shm_dir: Path | None = field(default=None, repr=False)
-
-    def start(self) -> None:
-        """Starts every service; stops them all on a failure."""
-        started = time.monotonic()
-        try:
-            shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else self.work_dir
-            self._shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-peers-", dir=shm_root))
-            self.daemon = DaemonProcess(self.work_dir / "ssd", self._shm_dir, self.work_dir / "daemon.log",
-                                        {**DAEMON_SETTINGS, "dram_capacity_bytes": self.dram_bytes})
-            self.daemon.start()
-            self.worker = WorkerProcess(self.work_dir / "worker.log", model_dir=self.model_dir,
-                                        kvstore_address=self.daemon.address, settings=WORKER_SETTINGS)
-            self.worker.start()
-            node = NodeSpec(name=NODE, daemon_address=self.daemon.address, worker_addresses=(self.worker.address,))
-            self.scheduler = SchedulerProcess(self.work_dir / "scheduler.log", nodes=[node],
-                                              settings=SCHEDULER_SETTINGS)
-            self.scheduler.start()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - started
-
-    @property
-    def address(self) -> str:
-        assert self.scheduler is not None
-        return self.scheduler.address
-
-    @property
-    def pids(self) -> list[int]:
-        return [process.pid for process in (self.daemon, self.worker, self.scheduler)
-                if process is not None and process.pid is not None]
-
-    def stop(self) -> dict[str, int | None]:
-        """Stops in reverse start order; exit codes by service (0: a graceful stop)."""
-        codes = {name: process.stop() for name, process in
-                 (("scheduler", self.scheduler), ("worker", self.worker), ("daemon", self.daemon))
-                 if process is not None}
-        if self._shm_dir is not None:
-            shutil.rmtree(self._shm_dir, ignore_errors=True)
-        return codes
+def attnstore_stack(work_dir: Path, model_dir: Path, dram_bytes: int) -> LocalStack:
+    """The stack (not started), its DRAM tier `dram_bytes`."""
+    return LocalStack(
+        StackSpec(
+            work_dir=work_dir,
+            model_dir=model_dir,
+            workers=(WorkerSpec(NODE),),
+            daemon_settings={**DAEMON_SETTINGS, "dram_capacity_bytes": dram_bytes},
+            worker_settings=WORKER_SETTINGS,
+            scheduler_settings=SCHEDULER_SETTINGS,
+            log_level="WARNING",
+        )
+    )
 
 
 async def chat_turn(client: AsyncAttnStoreClient, session_id: str, message: str, max_tokens: int) -> TurnTiming:

@@ -33,8 +33,9 @@ from tqdm import tqdm
 
 from attnstore.api_client import AsyncAttnStoreClient
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore_cli.local_stack import LocalStack
 from bench.common.cpu_quiet import wait_until_idle
-from bench.peers.attnstore_stack import AttnstoreStack, chat_turn
+from bench.peers.attnstore_stack import attnstore_stack, chat_turn
 from bench.peers.install import PeerVenv
 from bench.peers.report import ATTNSTORE, VLLM, Record
 from bench.peers.vllm import VllmServer
@@ -169,13 +170,12 @@ async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: Attnstore
     return records
 
 
-async def _serve(stack: AttnstoreStack, vllm: VllmSide | None, phases: list[Phase], max_tokens: int,
+async def _serve(stack: LocalStack, vllm: VllmSide | None, phases: list[Phase], max_tokens: int,
                  progress: tqdm) -> tuple[list[Record], dict[str, Any]]:
-    assert stack.daemon is not None
     async with (AsyncAttnStoreClient(stack.address, timeout_seconds=600) as client,
                 AsyncKVStoreClient(stack.daemon.address, use_shm=False) as kvstore):
         ours = AttnstoreSide(client, kvstore, max_tokens)
-        pids = stack.pids + ([vllm.server.pid] if vllm is not None and vllm.server.pid is not None else [])
+        pids = list(stack.pids().values()) + ([vllm.server.pid] if vllm is not None and vllm.server.pid is not None else [])
         records = await _run_pairs(phases, vllm, ours, pids, progress)
     return records, {"daemon_stats_after_phase": ours.stats}
 
@@ -186,7 +186,8 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
     server = VllmServer(peer, config.model_dir, config.kv_cache_bytes, work_dir / "vllm.log",
                         config.max_model_len, config.omp_threads_bind) if peer.available else None
     shutil.rmtree(work_dir / "attnstore", ignore_errors=True)
-    stack = AttnstoreStack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes)
+    stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes)
+    start_seconds = 0.0
     with tqdm(total=sum(len(phase.steps) for phase in phases), desc="bench-peers serving", unit="turn pair",
               file=sys.stderr) as progress:
         try:
@@ -198,14 +199,16 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
                 except (RuntimeError, OSError) as exc:
                     outcome["unavailable"], server = str(exc), None
             progress.set_postfix_str("starting the attnstore stack")
+            started = time.monotonic()
             stack.start()
+            start_seconds = time.monotonic() - started
             vllm = VllmSide(server, config.max_tokens) if server is not None else None
             outcome["records"], outcome["attnstore"] = asyncio.run(_serve(stack, vllm, phases, config.max_tokens,
                                                                           progress))
             if vllm is not None:
                 outcome["vllm"]["prefix_cache"] = vllm.counters
         finally:
-            outcome.setdefault("attnstore", {}).update(start_seconds=round(stack.start_seconds, 1),
+            outcome.setdefault("attnstore", {}).update(start_seconds=round(start_seconds, 1),
                                                        exit_codes=stack.stop())
             if server is not None:
                 server.stop()

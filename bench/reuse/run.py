@@ -33,9 +33,7 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -46,6 +44,7 @@ from tqdm import tqdm
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.logging import configure_logging
+from attnstore_cli.local_stack import LocalStack
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, save_results, work_dir
 from bench.common.sharegpt import Conversation, Turn, select_conversations
@@ -67,9 +66,9 @@ from bench.reuse.stack import (
     WORKER_SETTINGS,
     Clients,
     ServePath,
-    ServiceStack,
     Timing,
     reuse_path,
+    reuse_stack,
 )
 from inference_worker.kv_codec import DTYPE_NAMES
 from inference_worker.main import resolve_device
@@ -153,10 +152,11 @@ class ReuseBench:
         return {key: timings[key] for key in self.order}
 
 
-async def run_all(stack: ServiceStack, loaded: LoadedModel, conversations: list[Conversation]) -> list[Row]:
+async def run_all(stack: LocalStack, paths: list[ServePath], loaded: LoadedModel,
+                  conversations: list[Conversation]) -> list[Row]:
     clients = Clients(stack)
     try:
-        bench = ReuseBench(clients, loaded, stack.paths)
+        bench = ReuseBench(clients, loaded, paths)
         total = WARMUP_TURNS + sum(len(c.turns) for c in conversations)
         with tqdm(total=total, desc="bench-reuse", unit="turn", file=sys.stderr) as progress:
             first = conversations[0]
@@ -199,12 +199,10 @@ def main(argv: list[str] | None = None) -> None:
              *(reuse_path(c, use_shm=True) for c in args.chunk_tokens[1:]), RECOMPUTE]
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=shm_root))
-    stack = ServiceStack(WORK_DIR, shm_dir, model_dir, str(device), paths)
+    stack = reuse_stack(WORK_DIR, model_dir, str(device), paths)
     try:
         stack.start()
-        rows = asyncio.run(run_all(stack, loaded, conversations))
+        rows = asyncio.run(run_all(stack, paths, loaded, conversations))
         machine = machine_info(WORK_DIR, packages=("torch", "transformers"))
         machine.update(device=str(device), torch_threads=torch.get_num_threads(),
                        loadavg_1_5_15min={"before": load_before, "after": os.getloadavg()})
@@ -213,7 +211,6 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         exit_codes = stack.stop()
-        shutil.rmtree(shm_dir, ignore_errors=True)
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     if any(exit_codes.values()):
         print(f"warning: a service did not stop cleanly: {exit_codes}", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""The services the reuse benchmark measures: one KV-store daemon and one real worker
-process (`inference_worker.main`) per path, each serving ExecuteTurn over gRPC.
+"""The services the reuse benchmark measures, a LocalStack: one KV-store daemon and one
+real worker process (`inference_worker.main`) per path, each serving ExecuteTurn over gRPC.
 
     recompute          a worker with no store: every turn prefills its whole prompt
     shm c<N>           a worker on the daemon, chunks of N tokens read from its shared memory
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,17 +21,17 @@ import grpc
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
-from inference_worker.launcher import WorkerProcess
-from kvstore_daemon.launcher import DaemonProcess
+from attnstore_cli.local_stack import LocalStack
+from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 
 MiB = 1024 * 1024
 # No write-through to SSD: the store's bytes stay in DRAM and no background disk writes
 # share the 2 cores with the measurements (each conversation's chunks are deleted after it).
 DAEMON_SETTINGS = {
     "dram_capacity_bytes": 2048 * MiB, "ssd_capacity_bytes": 256 * MiB, "max_chunk_bytes": 32 * MiB,
-    "persist_on_commit": False, "log_level": "WARNING",
+    "persist_on_commit": False,
 }
-WORKER_SETTINGS = {"health_check_interval_seconds": 0, "log_level": "WARNING", "dtype": "float32"}
+WORKER_SETTINGS = {"health_check_interval_seconds": 0, "dtype": "float32"}
 TURN_TIMEOUT_SECONDS = 300.0
 SAVE_TIMEOUT_SECONDS = 30.0
 
@@ -70,43 +69,34 @@ class Timing:
     fallback: str | None = None
 
 
-class ServiceStack:
-    def __init__(
-        self, work_dir: Path, shm_dir: Path, model_dir: Path, device: str, paths: list[ServePath]
-    ) -> None:
-        self.daemon = DaemonProcess(work_dir / "ssd", shm_dir, work_dir / "daemon.log", DAEMON_SETTINGS)
-        self.paths = paths
-        self.model_dir = model_dir
-        self.device = device
-        self.work_dir = work_dir
-        self.workers: dict[str, WorkerProcess] = {}
-
-    def start(self) -> None:
-        self.daemon.start()
-        for path in self.paths:
-            settings = {**WORKER_SETTINGS, "device": self.device}
-            if path.reuses:
-                settings.update(chunk_tokens=path.chunk_tokens, kvstore_use_shm=path.use_shm)
-            self.workers[path.key] = WorkerProcess(
-                self.work_dir / f"worker-{path.key.replace(' ', '-')}.log",
-                model_dir=self.model_dir,
-                kvstore_address=self.daemon.address if path.reuses else None,
-                settings=settings,
-            )
-        with ThreadPoolExecutor(len(self.workers)) as pool:  # model loads overlap their file reads
-            list(pool.map(WorkerProcess.start, self.workers.values()))
-
-    def stop(self) -> dict[str, int | None]:
-        """Exit codes by service (0 = a clean graceful stop)."""
-        codes = {key: worker.stop() for key, worker in self.workers.items()}
-        codes["daemon"] = self.daemon.stop()
-        return codes
+def reuse_stack(work_dir: Path, model_dir: Path, device: str, paths: list[ServePath]) -> LocalStack:
+    """The stack (not started): one daemon, one worker per path (named by its key), no
+    scheduler."""
+    workers = tuple(
+        WorkerSpec(
+            path.key,
+            daemon=0 if path.reuses else None,
+            settings={"chunk_tokens": path.chunk_tokens, "kvstore_use_shm": path.use_shm} if path.reuses else {},
+        )
+        for path in paths
+    )
+    return LocalStack(
+        StackSpec(
+            work_dir=work_dir,
+            model_dir=model_dir,
+            workers=workers,
+            scheduler=False,
+            daemon_settings=DAEMON_SETTINGS,
+            worker_settings={**WORKER_SETTINGS, "device": device},
+            log_level="WARNING",
+        )
+    )
 
 
 class Clients:
     """gRPC stubs of every worker and one daemon client, on the running event loop."""
 
-    def __init__(self, stack: ServiceStack) -> None:
+    def __init__(self, stack: LocalStack) -> None:
         self.channels = {key: grpc.aio.insecure_channel(w.address) for key, w in stack.workers.items()}
         self.stubs = {key: worker_pb2_grpc.WorkerStub(channel) for key, channel in self.channels.items()}
         self.kvstore = AsyncKVStoreClient(stack.daemon.address, use_shm=True)
