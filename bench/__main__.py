@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if suite not in known:
         print(f"unknown suite {suite!r}; suites: {', '.join(known)}", file=sys.stderr)
         return 2
+    sys.argv[0] = f"python -m bench {suite}"  # the suite's --help names the command (argparse's prog)
     importlib.import_module(f"bench.{suite}.run").main(rest)
     return 0
 
