@@ -22,3 +22,12 @@ def save_results(name: str, document: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
     return path
+
+
+def print_report(table: str, verdicts: list[str], summary: dict[str, Any]) -> None:
+    """What every suite ends with: its table, one PASS/FAIL line per target, and the
+    summary as one JSON line (the last line of the output, for scripts)."""
+    print(table)
+    print()
+    print("\n".join(verdicts))
+    print(json.dumps(summary))

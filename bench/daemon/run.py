@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -45,7 +44,7 @@ from tqdm import tqdm
 from attnstore.server.redis_process import RedisProcess
 from bench.common.harness import Budget
 from bench.common.machine import machine_info
-from bench.common.results import RESULTS_DIR, save_results, work_dir
+from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
 from bench.daemon.disk_reads import RawReader, measure_cold_reads
 from bench.daemon.grpc_ceiling import CeilingServer
 from bench.daemon.memory_paths import BUDGETS, QUICK_BUDGET, MemoryBench, cells_per_pool
@@ -186,11 +185,5 @@ def write_results(
           f"({machine['ssd_disk']['filesystem']}); python {machine['python']}, grpcio {machine['grpcio']}, "
           f"redis-server {machine['redis_server']}")
     print(f"raw disk reads: {raw_method}; run took {seconds:.0f} s\n")
-    print(format_table(rows))
-    print()
-    print("\n".join(verdict_lines))
-    print(json.dumps(summary))
+    print_report(format_table(rows), verdict_lines, summary)
 
-
-if __name__ == "__main__":
-    main()

@@ -19,7 +19,6 @@ as the last line (JSON). Targets are printed as PASS/FAIL; the exit code stays 0
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -36,7 +35,7 @@ from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore_scheduler.hint_pusher import DEFAULT_MIN_INTERVAL_SECONDS
 from attnstore_scheduler.lookahead import NodeCapacity
 from bench.common.machine import machine_info
-from bench.common.results import RESULTS_DIR, save_results
+from bench.common.results import RESULTS_DIR, print_report, save_results
 from bench.hitrate.report import POLICIES, Row, format_table, plot, summarize
 from bench.hitrate.sim import Replay
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, chunk_layout, load_mooncake, load_sharegpt
@@ -137,11 +136,5 @@ def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str,
         print(f"{w.name}: {w.turns} turns, working set {w.working_set_bytes // CHUNK_BYTES} chunks, "
               f"{math.ceil(w.mean_service_demand() / args.load)} worker slots")
     print()
-    print(format_table(rows))
-    print()
-    print("\n".join(verdicts))
-    print(json.dumps(summary))
+    print_report(format_table(rows), verdicts, summary)
 
-
-if __name__ == "__main__":
-    main()

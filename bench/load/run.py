@@ -214,6 +214,3 @@ def write_results(
     print("\n\n".join([head, format_table(runs), format_memory(runs), format_cpu(runs), "\n".join(verdicts)]))
     print(json.dumps(summary))  # last: the summary line
 
-
-if __name__ == "__main__":
-    main()

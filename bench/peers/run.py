@@ -196,6 +196,3 @@ def _reads_by_tier(attnstore: dict[str, Any]) -> dict[str, dict[str, int]]:
         before = now
     return reads
 
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import sys
@@ -46,7 +45,7 @@ from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.logging import configure_logging
 from attnstore_cli.local_stack import LocalStack
 from bench.common.machine import machine_info
-from bench.common.results import RESULTS_DIR, save_results, work_dir
+from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
 from bench.common.sharegpt import Conversation, Turn, select_conversations
 from bench.reuse.history_cache import HistoryCache
 from bench.reuse.plot import plot_ttft
@@ -250,11 +249,5 @@ def write_results(
           f"python {machine['python']}")
     print(f"model {config['model']} ({config['dtype']}); {len(conversations)} conversations, "
           f"{len(rows)} turns; run took {seconds:.0f} s\n")
-    print(format_table(rows, reuse[0]))
-    print()
-    print("\n".join(verdicts))
-    print(json.dumps(summary))
+    print_report(format_table(rows, reuse[0]), verdicts, summary)
 
-
-if __name__ == "__main__":
-    main()

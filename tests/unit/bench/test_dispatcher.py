@@ -36,21 +36,15 @@ def test_each_suite_takes_its_arguments_from_argv(suite: str, capsys: pytest.Cap
     assert f"python -m bench {suite}" in capsys.readouterr().out
 
 
-def test_the_command_line_runs_from_the_repository_root() -> None:
-    listed = subprocess.run(
-        [sys.executable, "-m", "bench", "--list"],
-        cwd=BENCH_DIR.parent,
-        capture_output=True,
-        text=True,
-        check=False,
+def _module(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=BENCH_DIR.parent, capture_output=True, text=True, check=False
     )
+
+
+def test_the_command_lines_run_from_the_repository_root() -> None:
+    listed = _module("bench", "--list")
     assert listed.returncode == 0 and listed.stdout.split()[0] == "daemon"
-    peers = subprocess.run(
-        [sys.executable, "-m", "bench.peers.install", "--help"],
-        cwd=BENCH_DIR.parent,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    peers = _module("bench.peers.install", "--help")  # the vLLM-connector test installs through it
     assert peers.returncode == 0 and "vllm" in peers.stdout
     assert set(RECIPES) == {"lmcache", "vllm"} and callable(ensure_peer)
