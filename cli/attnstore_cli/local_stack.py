@@ -136,24 +136,35 @@ class LocalStack:
         return self
 
     def _start(self, progress: Progress) -> None:
-        spec = self.spec
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         if self.session_store == "redis" and self.redis_url is None:
             progress("starting Redis (append-only file in the work directory)")
-            self.redis = RedisProcess(spec.work_dir / "redis", persistent=True)
-            self.redis.own_session = spec.own_sessions
-            self.redis.start()
-            self.redis_url = self.redis.url
-        progress("starting the KV-store daemon" + ("s" if spec.daemons > 1 else ""))
-        for index in range(spec.daemons):
+            self._start_redis()
+        progress("starting the KV-store daemon" + ("s" if self.spec.daemons > 1 else ""))
+        self._start_daemons()
+        progress("starting the inference workers (load the model; the first start converts it)")
+        self._start_workers()
+        if self.spec.scheduler:
+            progress(f"starting the scheduler (sessions in {self.session_store})")
+            self._start_scheduler()
+
+    def _start_redis(self) -> None:
+        self.redis = RedisProcess(self.spec.work_dir / "redis", persistent=True)
+        self.redis.own_session = self.spec.own_sessions
+        self.redis.start()
+        self.redis_url = self.redis.url
+
+    def _start_daemons(self) -> None:
+        for index in range(self.spec.daemons):
             name = self._daemon_name(index)
-            ssd_dir = spec.work_dir / name.replace("daemon", "ssd")
+            ssd_dir = self.spec.work_dir / name.replace("daemon", "ssd")
             shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-", dir=_shm_root()))
             log = self.logs_dir / f"{name}.log"
-            self.daemons.append(DaemonProcess(ssd_dir, shm_dir, log, spec.daemon_service_settings()))
+            self.daemons.append(DaemonProcess(ssd_dir, shm_dir, log, self.spec.daemon_service_settings()))
             self._launch(self.daemons[-1])
-        progress("starting the inference workers (load the model; the first start converts it)")
-        for worker in spec.workers:
+
+    def _start_workers(self) -> None:
+        for worker in self.spec.workers:
             self.workers[worker.name] = self._worker_process(worker)
         # Model loads overlap their file reads; a lone worker starts in this thread (Ctrl-C).
         if len(self.workers) > 1:
@@ -162,17 +173,17 @@ class LocalStack:
         else:
             for process in self.workers.values():
                 self._launch(process)
-        if spec.scheduler:
-            progress(f"starting the scheduler (sessions in {self.session_store})")
-            self.scheduler = SchedulerProcess(
-                self.logs_dir / "scheduler.log",
-                nodes=self._nodes(),
-                redis_url=self.redis_url,
-                api_keys_file=self._write_api_keys(),
-                settings=spec.scheduler_service_settings(),
-            )
-            self.scheduler.port = spec.scheduler_port
-            self._launch(self.scheduler)
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = SchedulerProcess(
+            self.logs_dir / "scheduler.log",
+            nodes=self._nodes(),
+            redis_url=self.redis_url,
+            api_keys_file=self._write_api_keys(),
+            settings=self.spec.scheduler_service_settings(),
+        )
+        self.scheduler.port = self.spec.scheduler_port
+        self._launch(self.scheduler)
 
     def add_worker(self, worker: WorkerSpec) -> WorkerProcess:
         """Starts one more worker on the running stack (stopped with it); the scheduler does
