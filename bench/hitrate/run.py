@@ -38,7 +38,14 @@ from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results
 from bench.hitrate.report import POLICIES, Row, format_table, plot, summarize
 from bench.hitrate.sim import Replay
-from bench.hitrate.workloads import CHUNK_BYTES, Workload, chunk_layout, load_mooncake, load_sharegpt
+from bench.hitrate.workloads import (
+    CHUNK_BYTES,
+    MOONCAKE_TRACE,
+    Workload,
+    chunk_layout,
+    load_mooncake,
+    load_sharegpt,
+)
 from kvstore_daemon.launcher import DaemonProcess
 
 MiB = 1024 * 1024
@@ -83,6 +90,8 @@ def run_one(workload: Workload, policy: str, fractions: tuple[float, float], slo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mooncake-trace", type=Path, default=MOONCAKE_TRACE,
+                        help="the trace's conversation_trace.jsonl (default: shared/workloads/ beside the checkout)")
     parser.add_argument("--mooncake-minutes", type=float, default=10.0,
                         help="replay the trace's first minutes (its whole hour takes ~6 min per policy here)")
     parser.add_argument("--sharegpt-conversations", type=int, default=SHAREGPT["conversations"])
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started, load_before = time.monotonic(), os.getloadavg()
     workloads = [
-        load_mooncake(args.mooncake_minutes),
+        load_mooncake(args.mooncake_minutes, args.mooncake_trace),
         load_sharegpt(args.sharegpt_conversations, SHAREGPT["sessions_per_s"], SHAREGPT["think_s"],
                       SHAREGPT["seed"]),
     ]
