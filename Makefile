@@ -32,19 +32,19 @@ test: venv  ## the whole test suite
 	$(PY) -m pytest
 
 bench-daemon: venv redis  ## daemon vs memcpy, Redis and raw disk reads
-	$(PY) bench/daemon_bench.py
+	$(PY) -m bench daemon
 
 bench-reuse: venv  ## TTFT of ShareGPT turns: KV reused through the daemon vs recomputed vs in memory
-	$(PY) bench/reuse_bench.py
+	$(PY) -m bench reuse
 
 bench-hitrate: venv  ## hit rate of lookahead vs lru vs fifo on the Mooncake trace and ShareGPT (real daemon)
-	$(PY) bench/hitrate_bench.py
+	$(PY) -m bench hitrate
 
 bench-load: venv redis  ## 64 and 256 concurrent multi-turn chat sessions through the public API: throughput, TTFT, memory
-	$(PY) bench/load_bench.py
+	$(PY) -m bench load
 
 bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each peer in its own cached venv
-	$(PY) bench/peers_bench.py
+	$(PY) -m bench peers
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png

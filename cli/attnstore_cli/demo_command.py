@@ -21,10 +21,10 @@ from attnstore.api_client import AttnStoreClient
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from attnstore_cli.demo_conversation import SYSTEM_PROMPT, USER_TURNS
-from attnstore_cli.stack_arguments import add_stack_arguments, running_stack, stack_options
+from attnstore_cli.stack_arguments import add_stack_arguments, running_stack, stack_spec
+from attnstore_cli.stack_spec import WorkerSpec
 from attnstore_cli.stack_state import attnstore_home
 from attnstore_cli.turn_display import reuse_summary
-from inference_worker.launcher import WorkerProcess
 
 TURN_TIMEOUT_SECONDS = 300.0
 
@@ -51,20 +51,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # A fresh directory each run, kept afterwards so that its logs can be read.
     data_dir = attnstore_home() / "demo"
     shutil.rmtree(data_dir, ignore_errors=True)
-    options = stack_options(args, data_dir=data_dir, scheduler_port=0, openai_port=0)
+    spec = stack_spec(args, data_dir=data_dir, scheduler_port=0, openai_port=0)
     try:
-        with running_stack(options, console) as (stack, state):
-            baseline = WorkerProcess(
-                stack.logs_dir / "baseline-worker.log",
-                model_dir=options.model_dir,
-                settings={"log_level": options.log_level, **(options.worker_settings or {})},
-            )
+        with running_stack(spec, console) as (stack, state):
             with console.status("starting the baseline worker (same model, no KV store)"):
-                stack.start_service(baseline)
-            try:
-                turns = _converse(state.scheduler_address, baseline.address, args, console)
-            finally:
-                baseline.stop()
+                baseline = stack.add_worker(WorkerSpec("baseline", daemon=None))
+            turns = _converse(state.scheduler_address, baseline.address, args, console)
             console.print(_turns_table(turns))
             console.print(_summary(turns))
     except KeyboardInterrupt:

@@ -1,57 +1,47 @@
-"""The whole attnstore stack as local processes: Redis (or the scheduler's embedded
-session store), one KV-store daemon, one inference worker and the scheduler, started in
-dependency order, each readied by its health, and stopped in reverse order with nothing
-left behind (no child process, no shared-memory arena)."""
+"""The whole attnstore stack as local processes, for the CLI, the benchmarks and the
+tests: a spec in (stack_spec.py), addresses and a clean shutdown out.
+
+Redis (or the scheduler's embedded session store), the daemons, the workers and the
+scheduler start in dependency order, each awaited through its readiness (the ready file
+of attnstore.server.process, a PING for Redis; never a fixed sleep), and stop in reverse
+order with nothing left behind: no child process, no shared-memory arena.
+
+It lives in the CLI's package because that package already depends on every service;
+`attnstore` (services/) must not depend on the services that depend on it, and the
+daemon and scheduler images install neither the CLI nor torch. Nothing here imports
+torch: each service is launched as `python -m <service>` by its own launcher, its
+settings passed through as environment variables.
+
+    with LocalStack(StackSpec(work_dir, model_dir=model)) as stack:
+        client = AttnStoreClient(stack.address)
+"""
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from types import TracebackType
+from typing import Self
 
+from attnstore.security import token_digest
 from attnstore.server.process import ServiceProcess
 from attnstore.server.redis_process import RedisProcess
-from attnstore_cli.stack_state import SessionStoreKind, StackState
+from attnstore_cli.stack_spec import SessionStoreChoice, StackSpec, WorkerSpec
+from attnstore_cli.stack_state import SessionStoreKind
 from attnstore_scheduler.launcher import SchedulerProcess
 from attnstore_scheduler.settings import NodeSpec
 from inference_worker.launcher import WorkerProcess
 from kvstore_daemon.launcher import DaemonProcess
 
-GiB = 1024**3
-NODE_NAME = "local"
-# Small blocks so that chunks of a small model (or of few tokens) don't each take a 2 MiB
-# block of a laptop-sized arena; a chunk spans as many blocks as it needs.
-DRAM_BLOCK_BYTES = 256 * 1024
-SessionStoreChoice = Literal["auto", "redis", "embedded"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+Progress = Callable[[str], None]
 
 
 class StackError(Exception):
     """The stack cannot start as asked; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class StackOptions:
-    data_dir: Path  # the SSD tier, Redis' files and the logs
-    model_dir: Path | None = None  # None: the default model (SmolLM2-135M-Instruct)
-    session_store: SessionStoreChoice = "auto"
-    redis_url: str | None = None  # an external Redis; wins over session_store
-    scheduler_port: int = 50071  # 0 picks a free one
-    openai_port: int = 8000  # the scheduler's OpenAI-compatible HTTP API; 0 picks a free one
-    dram_bytes: int = 1 * GiB
-    ssd_bytes: int = 8 * GiB
-    worker_settings: dict[str, object] | None = None
-    log_level: str = "WARNING"
 
 
 def choose_session_store(choice: SessionStoreChoice, redis_url: str | None) -> SessionStoreKind:
@@ -70,113 +60,180 @@ def choose_session_store(choice: SessionStoreChoice, redis_url: str | None) -> S
     return "embedded"
 
 
+def _shm_root() -> Path | None:
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+
+
 class LocalStack:
-    def __init__(self, options: StackOptions) -> None:
-        self.options = options
-        self.session_store = choose_session_store(options.session_store, options.redis_url)
-        self.logs_dir = options.data_dir / "logs"
+    def __init__(self, spec: StackSpec) -> None:
+        self.spec = spec
+        self.session_store = choose_session_store(spec.session_store, spec.redis_url)
+        self.redis_url = spec.redis_url
+        self.logs_dir = spec.work_dir / "logs"
         self.redis: RedisProcess | None = None
-        self.daemon: DaemonProcess | None = None
-        self.worker: WorkerProcess | None = None
+        self.daemons: list[DaemonProcess] = []
+        self.workers: dict[str, WorkerProcess] = {}
         self.scheduler: SchedulerProcess | None = None
-        self._shm_dir: Path | None = None
 
-    def start(self, progress: Callable[[str], None]) -> StackState:
-        """Starts every service; on any failure stops what started and re-raises."""
-        try:
-            return self._start(progress)
-        except BaseException:
-            self.stop()
-            raise
+    @property
+    def address(self) -> str:
+        """The scheduler's public API."""
+        if self.scheduler is None:
+            raise StackError("this stack has no scheduler")
+        return self.scheduler.address
 
-    def _start(self, progress: Callable[[str], None]) -> StackState:
-        options = self.options
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        redis_url = options.redis_url
-        if self.session_store == "redis" and redis_url is None:
-            progress("starting Redis (append-only file in the data directory)")
-            self.redis = RedisProcess(options.data_dir / "redis", persistent=True)
-            self.redis.own_session = True
-            self.redis.start()
-            redis_url = self.redis.url
-        progress("starting the KV-store daemon")
-        shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-        self._shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-", dir=shm_root))
-        self.daemon = DaemonProcess(
-            options.data_dir / "ssd",
-            self._shm_dir,
-            self.logs_dir / "kvstore-daemon.log",
-            {
-                "dram_capacity_bytes": options.dram_bytes,
-                "ssd_capacity_bytes": options.ssd_bytes,
-                "dram_block_bytes": DRAM_BLOCK_BYTES,
-                "log_level": options.log_level,
-            },
-        )
-        self.start_service(self.daemon)
-        progress("starting the inference worker (loads the model; the first start converts it)")
-        self.worker = WorkerProcess(
-            self.logs_dir / "inference-worker.log",
-            model_dir=options.model_dir,
-            kvstore_address=self.daemon.address,
-            settings={"log_level": options.log_level, **(options.worker_settings or {})},
-        )
-        self.start_service(self.worker)
-        progress(f"starting the scheduler (sessions in {self.session_store})")
-        openai_port = options.openai_port or free_port()
-        self.scheduler = SchedulerProcess(
-            self.logs_dir / "scheduler.log",
-            nodes=[
-                NodeSpec(
-                    name=NODE_NAME,
-                    daemon_address=self.daemon.address,
-                    worker_addresses=(self.worker.address,),
-                )
-            ],
-            redis_url=redis_url,
-            settings={"log_level": options.log_level, "openai_listen_address": f"127.0.0.1:{openai_port}"},
-        )
-        self.scheduler.port = options.scheduler_port
-        self.start_service(self.scheduler)
-        return StackState(
-            scheduler_address=self.scheduler.address,
-            openai_url=f"http://127.0.0.1:{openai_port}/v1",
-            daemon_address=self.daemon.address,
-            worker_addresses=[self.worker.address],
-            session_store=self.session_store,
-            redis_url=redis_url,
-            data_dir=options.data_dir,
-            logs_dir=self.logs_dir,
-            shm_dir=self._shm_dir,
-            pid=os.getpid(),
-        )
+    @property
+    def daemon(self) -> DaemonProcess:
+        """The first (or only) daemon."""
+        return self.daemons[0]
 
-    @staticmethod
-    def start_service(service: ServiceProcess) -> None:
-        """Ctrl-C in the terminal reaches only us; stop() then stops the services in order."""
-        service.own_session = True
-        service.start()
+    @property
+    def worker(self) -> WorkerProcess:
+        """The first (or only) worker."""
+        return next(iter(self.workers.values()))
 
-    def services(self) -> dict[str, ServiceProcess]:
-        started = {
-            "scheduler": self.scheduler,
-            "inference-worker": self.worker,
-            "kvstore-daemon": self.daemon,
-        }
-        return {name: service for name, service in started.items() if service is not None}
+    def processes(self) -> dict[str, ServiceProcess]:
+        """Every started service by name, in start order (Redis apart)."""
+        named: dict[str, ServiceProcess] = {}
+        named.update({self._daemon_name(index): daemon for index, daemon in enumerate(self.daemons)})
+        named.update({f"worker {name}": worker for name, worker in self.workers.items()})
+        if self.scheduler is not None:
+            named["scheduler"] = self.scheduler
+        return named
+
+    def _daemon_name(self, index: int) -> str:
+        return "daemon" if self.spec.daemons == 1 else f"daemon-{index}"
+
+    def pids(self) -> dict[str, int]:
+        """Every running process of the stack by name, Redis included."""
+        pids = {name: process.pid for name, process in self.processes().items()}
+        if self.redis is not None:
+            pids["redis"] = self.redis.pid
+        return {name: pid for name, pid in pids.items() if pid is not None}
 
     def dead_services(self) -> list[str]:
         """Services that exited on their own (a crash), by name."""
-        dead = [name for name, service in self.services().items() if not service.running]
+        dead = [name for name, process in self.processes().items() if not process.running]
         if self.redis is not None and not self.redis.running:
             dead.append("redis")
         return dead
 
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self, progress: Progress | None = None) -> Self:
+        """Starts every service; on any failure stops what started and re-raises."""
+        try:
+            self._start(progress or (lambda step: None))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, progress: Progress) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        if self.session_store == "redis" and self.redis_url is None:
+            progress("starting Redis (append-only file in the work directory)")
+            self._start_redis()
+        progress("starting the KV-store daemon" + ("s" if self.spec.daemons > 1 else ""))
+        self._start_daemons()
+        progress("starting the inference workers (load the model; the first start converts it)")
+        self._start_workers()
+        if self.spec.scheduler:
+            progress(f"starting the scheduler (sessions in {self.session_store})")
+            self._start_scheduler()
+
+    def _start_redis(self) -> None:
+        self.redis = RedisProcess(self.spec.work_dir / "redis", persistent=True)
+        self.redis.own_session = self.spec.own_sessions
+        self.redis.start()
+        self.redis_url = self.redis.url
+
+    def _start_daemons(self) -> None:
+        for index in range(self.spec.daemons):
+            name = self._daemon_name(index)
+            ssd_dir = self.spec.work_dir / name.replace("daemon", "ssd")
+            shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-", dir=_shm_root()))
+            log = self.logs_dir / f"{name}.log"
+            self.daemons.append(DaemonProcess(ssd_dir, shm_dir, log, self.spec.daemon_service_settings()))
+            self._launch(self.daemons[-1])
+
+    def _start_workers(self) -> None:
+        for worker in self.spec.workers:
+            self.workers[worker.name] = self._worker_process(worker)
+        # Model loads overlap their file reads; a lone worker starts in this thread (Ctrl-C).
+        if len(self.workers) > 1:
+            with ThreadPoolExecutor(len(self.workers)) as pool:
+                list(pool.map(self._launch, self.workers.values()))
+        else:
+            for process in self.workers.values():
+                self._launch(process)
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = SchedulerProcess(
+            self.logs_dir / "scheduler.log",
+            nodes=self._nodes(),
+            redis_url=self.redis_url,
+            api_keys_file=self._write_api_keys(),
+            settings=self.spec.scheduler_service_settings(),
+        )
+        self.scheduler.port = self.spec.scheduler_port
+        self._launch(self.scheduler)
+
+    def add_worker(self, worker: WorkerSpec) -> WorkerProcess:
+        """Starts one more worker on the running stack (stopped with it); the scheduler does
+        not know it (e.g. a baseline that recomputes: `WorkerSpec("baseline", daemon=None)`)."""
+        if worker.name in self.workers:
+            raise StackError(f"a worker named {worker.name!r} already runs")
+        self.workers[worker.name] = self._worker_process(worker)
+        self._launch(self.workers[worker.name])
+        return self.workers[worker.name]
+
+    def _worker_process(self, worker: WorkerSpec) -> WorkerProcess:
+        daemon = self.daemons[worker.daemon] if worker.daemon is not None else None
+        return WorkerProcess(
+            self.logs_dir / f"worker-{worker.name.replace(' ', '-')}.log",
+            model_dir=self.spec.model_dir,
+            kvstore_address=daemon.address if daemon is not None else None,
+            settings=self.spec.worker_service_settings(worker),
+        )
+
+    def _launch(self, service: ServiceProcess) -> None:
+        service.own_session = self.spec.own_sessions
+        service.start()
+
+    def _nodes(self) -> list[NodeSpec]:
+        """The scheduler's topology: one node per worker node name, at its daemon (the spec
+        made sure the workers of a node share one)."""
+        daemons: dict[str, str] = {}
+        workers: dict[str, list[str]] = {}
+        for worker in self.spec.workers:
+            if worker.daemon is not None:
+                daemons[worker.node_name] = self.daemons[worker.daemon].address
+                workers.setdefault(worker.node_name, []).append(self.workers[worker.name].address)
+        return [
+            NodeSpec(name=node, daemon_address=daemons[node], worker_addresses=tuple(addresses))
+            for node, addresses in workers.items()
+        ]
+
+    def _write_api_keys(self) -> Path | None:
+        if self.spec.api_keys is None:
+            return None
+        path = self.spec.work_dir / "api-keys.json"
+        digests = {tenant: [token_digest(key)] for tenant, key in self.spec.api_keys.items()}
+        path.write_text(json.dumps(digests))
+        return path
+
     def stop(self) -> dict[str, int | None]:
         """Stops in reverse start order; exit codes by service (0: a graceful stop)."""
-        codes = {name: service.stop() for name, service in self.services().items()}
+        codes = {name: process.stop() for name, process in reversed(self.processes().items())}
         if self.redis is not None:
             self.redis.stop()
-        if self._shm_dir is not None:
-            shutil.rmtree(self._shm_dir, ignore_errors=True)
+        for daemon in self.daemons:
+            shutil.rmtree(daemon.shm_dir, ignore_errors=True)
         return codes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
 import urllib.request
 
 _MODELS_TIMEOUT_SECONDS = 10.0
@@ -23,3 +24,11 @@ def curl_line(openai_url: str) -> str:
         f"curl -s {openai_url}/chat/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(json.dumps(body))}"
     )
+
+
+def free_port() -> int:
+    """A port free on loopback now, for the HTTP API's listen address (uvicorn takes an
+    address, so the port is chosen here rather than by the server)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

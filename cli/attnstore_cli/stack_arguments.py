@@ -4,6 +4,7 @@ running one for the length of a `with` block."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,9 +12,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from attnstore_cli.local_stack import GiB, LocalStack, StackOptions
-from attnstore_cli.openai_hint import curl_line
+from attnstore_cli.local_stack import LocalStack
+from attnstore_cli.openai_hint import curl_line, free_port
+from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 from attnstore_cli.stack_state import StackState
+
+GiB = 1024**3
+# Small blocks so that chunks of a small model (or of few tokens) don't each take a 2 MiB
+# block of a laptop-sized arena; a chunk spans as many blocks as it needs.
+DRAM_BLOCK_BYTES = 256 * 1024
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,37 +51,66 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
-def stack_options(
+def stack_spec(
     args: argparse.Namespace, *, data_dir: Path, scheduler_port: int, openai_port: int
-) -> StackOptions:
+) -> StackSpec:
+    """One daemon, one worker and the scheduler (with its OpenAI-compatible API on
+    `openai_port`, 0 = a free one), without authentication; the data directory (SSD tier,
+    Redis' files, logs) is kept across runs."""
     worker_settings: dict[str, object] = {}
     if args.chunk_tokens:
         worker_settings["chunk_tokens"] = args.chunk_tokens
     if args.device:
         worker_settings["device"] = args.device
-    return StackOptions(
-        data_dir=data_dir,
+    return StackSpec(
+        work_dir=data_dir,
         model_dir=args.model_dir,
+        workers=(WorkerSpec("local"),),
+        scheduler_port=scheduler_port,
         session_store=args.session_store,
         redis_url=args.redis_url,
-        scheduler_port=scheduler_port,
-        openai_port=openai_port,
-        dram_bytes=int(args.dram_gib * GiB),
-        ssd_bytes=int(args.ssd_gib * GiB),
+        daemon_settings={
+            "dram_capacity_bytes": int(args.dram_gib * GiB),
+            "ssd_capacity_bytes": int(args.ssd_gib * GiB),
+            "dram_block_bytes": DRAM_BLOCK_BYTES,
+        },
         worker_settings=worker_settings,
+        scheduler_settings={"openai_listen_address": f"127.0.0.1:{openai_port or free_port()}"},
         log_level=args.log_level,
+        own_sessions=True,  # Ctrl-C reaches only us; we stop the services in order
+    )
+
+
+def _openai_url(spec: StackSpec) -> str | None:
+    address = spec.scheduler_settings.get("openai_listen_address")
+    return f"http://{address}/v1" if address else None
+
+
+def stack_state(stack: LocalStack) -> StackState:
+    return StackState(
+        scheduler_address=stack.address,
+        openai_url=_openai_url(stack.spec),
+        daemon_address=stack.daemon.address,
+        worker_addresses=[worker.address for worker in stack.workers.values()],
+        session_store=stack.session_store,
+        redis_url=stack.redis_url,
+        data_dir=stack.spec.work_dir,
+        logs_dir=stack.logs_dir,
+        shm_dir=stack.daemon.shm_dir,
+        pid=os.getpid(),
     )
 
 
 @contextmanager
-def running_stack(options: StackOptions, console: Console) -> Iterator[tuple[LocalStack, StackState]]:
+def running_stack(spec: StackSpec, console: Console) -> Iterator[tuple[LocalStack, StackState]]:
     """Starts the stack, yields it, and stops it however the block ends (SIGTERM included:
     it raises KeyboardInterrupt like Ctrl-C, so no child outlives us)."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    stack = LocalStack(options)
+    stack = LocalStack(spec)
     try:
         with console.status("starting") as status:
-            state = stack.start(lambda step: status.update(step))
+            stack.start(lambda step: status.update(step))
+        state = stack_state(stack)
         console.print(
             f"[green]stack up[/green]: scheduler {state.scheduler_address}, daemon {state.daemon_address}, "
             f"worker {state.worker_addresses[0]}; sessions in {state.session_store}; logs in {state.logs_dir}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from attnstore_cli.stack_arguments import add_stack_arguments, running_stack, stack_options
+from attnstore_cli.stack_arguments import add_stack_arguments, running_stack, stack_spec
 from attnstore_cli.stack_state import StackState, attnstore_home
 
 WATCH_INTERVAL_SECONDS = 1.0
@@ -36,14 +36,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if (running := StackState.read()) is not None:
         console.print(f"[red]a local stack already runs (pid {running.pid}); stop it first[/red]")
         return 1
-    options = stack_options(
+    spec = stack_spec(
         args,
         data_dir=args.data_dir or attnstore_home() / "data",
         scheduler_port=args.port,
         openai_port=args.openai_port,
     )
     try:
-        with running_stack(options, console) as (stack, state):
+        with running_stack(spec, console) as (stack, state):
             state.write()
             console.print("try [bold]attnstore chat[/bold] and [bold]attnstore status[/bold]; Ctrl-C stops")
             while not (dead := stack.dead_services()):

@@ -1,5 +1,6 @@
-"""The fuzzed services: one daemon, one worker (a tiny random-weight Llama), one scheduler
-with the embedded session store, real processes on loopback (the fixture is in conftest.py).
+"""The fuzzed services: a LocalStack of one daemon, one worker (a tiny random-weight Llama)
+and one scheduler with the embedded session store, real processes on loopback (the fixture
+is in conftest.py).
 
 Before any fuzzing, a canary tenant stores data the fuzzer can never name: a chunk under a
 namespace only the canary knows, and a session of the canary tenant (the fuzzer calls with
@@ -11,12 +12,8 @@ fuzzed calls also reach real state."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +30,9 @@ from attnstore.kvstore.v1 import kvstore_pb2 as kv_pb
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.server.process import ServiceProcess
 from attnstore.worker.v1 import worker_pb2 as worker_pb
+from attnstore_cli.local_stack import LocalStack
+from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 from attnstore_scheduler.launcher import SchedulerProcess
-from attnstore_scheduler.settings import NodeSpec
 from inference_worker.launcher import WorkerProcess
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -123,12 +121,6 @@ class FuzzStack:
             self.canary_session.turns,
             self.canary_session.history_tokens,
         )
-
-
-def _write_api_keys(path: Path) -> Path:
-    tenants = {"fuzz": FUZZ_KEY, "canary": CANARY_KEY}
-    path.write_text(json.dumps({t: [hashlib.sha256(k.encode()).hexdigest()] for t, k in tenants.items()}))
-    return path
 
 
 def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dict[str, Message]:
@@ -220,28 +212,15 @@ def _seed(
 @contextlib.contextmanager
 def running_fuzz_stack(root: Path, model_dir: Path) -> Iterator[FuzzStack]:
     """Starts the services under `root`, seeds them, and stops them on exit."""
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
-    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-fuzz-", dir=shm_root))
-    started: list[ServiceProcess] = []  # stopped in reverse order
-    try:
-        daemon = DaemonProcess(root / "ssd", shm_dir, root / "daemon.log", DAEMON_SETTINGS)
-        daemon.start()
-        started.append(daemon)
-        worker = WorkerProcess(
-            root / "worker.log", model_dir=model_dir, kvstore_address=daemon.address, settings=WORKER_SETTINGS
-        )
-        worker.start()
-        started.append(worker)
-        scheduler = SchedulerProcess(
-            root / "scheduler.log",
-            nodes=[NodeSpec(name="node", daemon_address=daemon.address, worker_addresses=(worker.address,))],
-            api_keys_file=_write_api_keys(root / "api-keys.json"),
-            settings=SCHEDULER_SETTINGS,
-        )
-        scheduler.start()
-        started.append(scheduler)
-        yield FuzzStack(daemon, worker, scheduler, *_seed(daemon, scheduler))
-    finally:
-        for process in reversed(started):
-            process.stop()
-        shutil.rmtree(shm_dir, ignore_errors=True)
+    spec = StackSpec(
+        work_dir=root,
+        model_dir=model_dir,
+        workers=(WorkerSpec("node"),),
+        api_keys={"fuzz": FUZZ_KEY, "canary": CANARY_KEY},
+        daemon_settings=DAEMON_SETTINGS,
+        worker_settings=WORKER_SETTINGS,
+        scheduler_settings=SCHEDULER_SETTINGS,
+    )
+    with LocalStack(spec) as stack:
+        assert stack.scheduler is not None
+        yield FuzzStack(stack.daemon, stack.worker, stack.scheduler, *_seed(stack.daemon, stack.scheduler))

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from scheduler_stack import API_KEYS, CHUNK_TOKENS, RedisFactory, Stack, free_port, start_stack, wait_for
+from scheduler_stack import API_KEYS, CHUNK_TOKENS, RedisFactory, Stack, start_stack, wait_for
+from service_probes import free_port
 
 from attnstore.api.v1 import api_pb2 as api
 

@@ -1,11 +1,11 @@
 """Settings and processes of the security integration tests (imported by the tests of this
 folder; the fixtures are in conftest.py): TLS and internal-auth settings as the services
-read them, client credentials, and `start_secure_stack`, a daemon + one worker + a
-scheduler with TLS on every endpoint, mutual TLS and internal tokens between them."""
+read them, client credentials, and `start_secure_stack`, a LocalStack of a daemon + one
+worker + a scheduler with TLS on every endpoint, mutual TLS and internal tokens between
+them."""
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import tempfile
@@ -18,8 +18,9 @@ from attnstore.api_client import AttnStoreClient
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.security import ChannelSecurity, ClientCredentials, token_digest
+from attnstore_cli.local_stack import LocalStack
+from attnstore_cli.stack_spec import InternalAuth, StackSpec, StackTls, WorkerSpec
 from attnstore_scheduler.launcher import SchedulerProcess
-from attnstore_scheduler.settings import NodeSpec
 from inference_worker.launcher import WorkerProcess
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -72,11 +73,12 @@ def write_tokens(directory: Path) -> Tokens:
     return Tokens(*paths)
 
 
+def stack_tls(pki: Pki) -> StackTls:
+    return StackTls(pki.ca, pki.server_cert, pki.server_key, pki.client_cert, pki.client_key)
+
+
 def server_tls(pki: Pki, *, mutual: bool) -> dict[str, object]:
-    tls: dict[str, object] = {"cert_file": pki.server_cert, "key_file": pki.server_key}
-    if mutual:
-        tls |= {"client_ca_file": pki.ca, "require_client_cert": True}
-    return tls
+    return stack_tls(pki).server(mutual=mutual)
 
 
 def internal_auth() -> dict[str, object]:
@@ -127,12 +129,25 @@ def stop_daemon(daemon: DaemonProcess) -> None:
 
 @dataclass
 class SecureStack:
+    """One LocalStack with TLS and internal auth, and the clients the tests open on it."""
+
     pki: Pki
     tokens: Tokens
-    daemon: DaemonProcess
-    worker: WorkerProcess
-    scheduler: SchedulerProcess
+    local: LocalStack
     _clients: list[AttnStoreClient] = field(default_factory=list)
+
+    @property
+    def daemon(self) -> DaemonProcess:
+        return self.local.daemon
+
+    @property
+    def worker(self) -> WorkerProcess:
+        return self.local.worker
+
+    @property
+    def scheduler(self) -> SchedulerProcess:
+        assert self.local.scheduler is not None
+        return self.local.scheduler
 
     def client(self, tenant: str) -> AttnStoreClient:
         """A TLS client of the public API with `tenant`'s key, closed with the stack."""
@@ -146,9 +161,7 @@ class SecureStack:
     def close(self) -> None:
         for client in self._clients:
             client.close()
-        self.scheduler.stop()
-        self.worker.stop()
-        stop_daemon(self.daemon)
+        self.local.stop()
 
 
 def start_secure_stack(
@@ -156,37 +169,15 @@ def start_secure_stack(
 ) -> SecureStack:
     """Internal endpoints: mutual TLS and internal auth; the worker dials its daemon with the
     worker token, the scheduler dials both with the admin token. The public API: TLS."""
-    daemon = start_daemon(root, {"tls": server_tls(pki, mutual=True), "internal_auth": internal_auth()})
-    worker = WorkerProcess(
-        root / "worker.log",
+    spec = StackSpec(
+        work_dir=root,
         model_dir=model_dir,
-        kvstore_address=daemon.address,
-        settings={
-            "chunk_tokens": CHUNK_TOKENS,
-            "tls": server_tls(pki, mutual=True),
-            "internal_auth": internal_auth(),
-            "kvstore_channel": channel(pki, cert=True, token=tokens.worker),
-        },
+        workers=(WorkerSpec("node"),),
+        api_keys=API_KEYS,
+        tls=stack_tls(pki),
+        internal_auth=InternalAuth(worker_token_file=tokens.worker, admin_token_file=tokens.admin),
+        daemon_settings=DAEMON_SETTINGS,
+        worker_settings={"chunk_tokens": CHUNK_TOKENS},
+        scheduler_settings={"worker_health_interval_seconds": 0.5, **scheduler_settings},
     )
-    try:
-        worker.start()
-        keys = root / "api-keys.json"
-        keys.write_text(json.dumps({t: [token_digest(k)] for t, k in API_KEYS.items()}))
-        scheduler = SchedulerProcess(
-            root / "scheduler.log",
-            nodes=[NodeSpec(name="node", daemon_address=daemon.address, worker_addresses=(worker.address,))],
-            api_keys_file=keys,
-            settings={
-                "tls": server_tls(pki, mutual=False),
-                "daemon_channel": channel(pki, cert=True, token=tokens.admin),
-                "worker_channel": channel(pki, cert=True, token=tokens.admin),
-                "worker_health_interval_seconds": 0.5,
-                **scheduler_settings,
-            },
-        )
-        scheduler.start()
-    except BaseException:
-        worker.stop()
-        stop_daemon(daemon)
-        raise
-    return SecureStack(pki, tokens, daemon, worker, scheduler)
+    return SecureStack(pki, tokens, LocalStack(spec).start())

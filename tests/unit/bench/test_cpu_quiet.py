@@ -6,8 +6,8 @@ import subprocess
 import sys
 import time
 
-import cpu_quiet
-from cpu_quiet import wait_until_idle
+from bench.common import cpu_quiet
+from bench.common.cpu_quiet import wait_until_idle
 
 SPIN_THEN_SLEEP = "import time\nend = time.monotonic() + {spin}\nwhile time.monotonic() < end: pass\ntime.sleep(60)"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from peers_report import (
+from bench.daemon.report import GRPC, SHM, SHM_LEASED
+from bench.peers.report import (
     ATTNSTORE,
     FITS,
     LMCACHE,
@@ -18,7 +19,6 @@ from peers_report import (
     store_summary,
     verdicts,
 )
-from report import GRPC, SHM, SHM_LEASED
 
 
 def _row(path: str, op: str, gbps: float, size: str = "5.9MB", concurrency: int = 1) -> dict[str, Any]:

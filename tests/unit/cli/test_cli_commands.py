@@ -9,7 +9,7 @@ import pytest
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore_cli import local_stack
-from attnstore_cli.bench_command import available_benchmarks
+from attnstore_cli.bench_command import available_suites
 from attnstore_cli.local_stack import StackError, choose_session_store
 from attnstore_cli.main import build_parser
 from attnstore_cli.stack_state import StackState
@@ -55,14 +55,14 @@ def test_state_file_is_read_only_while_its_process_lives(
     assert not StackState.path().exists()
 
 
-def test_benchmarks_come_from_the_makefile_targets(tmp_path: Path) -> None:
-    makefile = tmp_path / "Makefile"
-    makefile.write_text(
-        "run: venv\n\nbench-daemon: venv redis  ## daemon vs memcpy\nbench-load: venv\ntest: venv\n"
-    )
-    assert available_benchmarks(makefile) == {"daemon": "daemon vs memcpy", "load": ""}
-    assert available_benchmarks(tmp_path / "missing") == {}
-    assert "reuse" in available_benchmarks()  # the repository's own Makefile
+def test_benchmark_suites_are_the_bench_folders_with_a_run_py(tmp_path: Path) -> None:
+    for folder, files in {"daemon": ["run.py"], "load": ["run.py", "stack.py"], "common": ["harness.py"]}.items():
+        (tmp_path / "bench" / folder).mkdir(parents=True)
+        for name in files:
+            (tmp_path / "bench" / folder / name).write_text("")
+    assert available_suites(tmp_path) == ["daemon", "load"]
+    assert available_suites(tmp_path / "missing") == []
+    assert {"daemon", "reuse", "hitrate", "load", "peers"} <= set(available_suites())  # the repository's own
 
 
 def test_reuse_summary_names_ttft_and_reuse() -> None:

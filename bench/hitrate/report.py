@@ -1,0 +1,107 @@
+"""What the hit-rate benchmark prints and saves: the table, the figure, the summary at
+the headline capacity and the issue's targets (reported, never gating the exit code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common.plot_style import plt, save_figure
+
+Row = dict[str, Any]  # workload, policy, dram_fraction, ssd_fraction, hit_rate, dram_share_of_hits...
+
+POLICIES = ("lookahead", "lru", "fifo")
+TARGET_GAIN_OVER_LRU = 0.15  # lookahead hit rate >= LRU's + 15 points
+TARGET_DRAM_SHARE = 0.95  # >= 95% of lookahead's hits served from DRAM
+_COLORS = {"lookahead": "tab:green", "lru": "tab:blue", "fifo": "tab:orange"}
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def _capacity(row: Row) -> str:
+    return f"{_percent(row['dram_fraction'])}/{_percent(row['ssd_fraction'])}"
+
+
+def format_table(rows: list[Row]) -> str:
+    header = (f"{'workload':<9} {'DRAM/SSD':>9} {'policy':<9} {'hit rate':>8} {'from DRAM':>9} "
+              f"{'(waited)':>8} {'ideal':>6} {'mean wait s':>11} {'turnover s':>10} {'pushes':>6} {'run s':>6}")
+    lines = [header, "-" * len(header)]
+    previous = None
+    for r in rows:
+        group = (r["workload"], _capacity(r))
+        if previous is not None and group != previous:
+            lines.append("")
+        previous = group
+        lines.append(
+            f"{r['workload']:<9} {_capacity(r):>9} {r['policy']:<9} {r['hit_rate']:>8.1%} "
+            f"{r['dram_share_of_hits']:>9.1%} {r['waited_dram_share_of_hits']:>8.1%} {r['ideal_hit_rate']:>6.1%} "
+            f"{r['mean_wait_s']:>11.1f} {r['store_turnover_s']:>10.0f} {r['hint_pushes']:>6} {r['wall_seconds']:>6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def summarize(rows: list[Row], headline: tuple[float, float]) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Per workload at the headline capacity: each policy's hit rate and lookahead's DRAM
+    share; and one PASS/FAIL line per target."""
+    summary: dict[str, dict[str, float]] = {}
+    lines = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        by = {r["policy"]: r for r in rows
+              if r["workload"] == workload and (r["dram_fraction"], r["ssd_fraction"]) == headline}
+        if set(POLICIES) - by.keys():
+            continue
+        entry = {f"{policy}_hit": by[policy]["hit_rate"] for policy in POLICIES}
+        entry["lookahead_dram_share"] = by["lookahead"]["dram_share_of_hits"]
+        summary[workload] = entry
+        gain = entry["lookahead_hit"] - entry["lru_hit"]
+        lines.append(f"{'PASS' if gain >= TARGET_GAIN_OVER_LRU else 'FAIL'}  {workload}: lookahead hit rate "
+                     f"{entry['lookahead_hit']:.1%} vs LRU {entry['lru_hit']:.1%} (+{gain * 100:.1f} points; target "
+                     f"+{TARGET_GAIN_OVER_LRU * 100:.0f}; a store that never evicts: {by['lru']['ideal_hit_rate']:.1%})")
+        share = entry["lookahead_dram_share"]
+        lines.append(f"{'PASS' if share >= TARGET_DRAM_SHARE else 'FAIL'}  {workload}: {share:.1%} of lookahead's "
+                     f"hits from DRAM (target >= {TARGET_DRAM_SHARE:.0%}; LRU {by['lru']['dram_share_of_hits']:.1%})")
+    return summary, lines
+
+
+def plot(rows: list[Row], headline: tuple[float, float], title: str, out: Path) -> None:
+    """Per workload: the headline capacity as stacked bars (hits from DRAM, from SSD) per
+    policy, and the capacity sweep as hit rate (solid) and DRAM hit rate (dashed)."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(12, 4.2 * len(workloads)), squeeze=False,
+                             constrained_layout=True)
+    for (bars, sweep), workload in zip(axes, workloads, strict=True):
+        mine = [r for r in rows if r["workload"] == workload]
+        at = {r["policy"]: r for r in mine if (r["dram_fraction"], r["ssd_fraction"]) == headline}
+        present = [p for p in POLICIES if p in at]
+        dram = np.array([at[p]["hit_rate"] * at[p]["dram_share_of_hits"] for p in present])
+        total = np.array([at[p]["hit_rate"] for p in present])
+        bars.bar(present, dram, color=[_COLORS[p] for p in present], label="hits from DRAM")
+        bars.bar(present, total - dram, bottom=dram, color=[_COLORS[p] for p in present], alpha=0.35,
+                 label="hits from SSD")
+        for index, value in enumerate(total):
+            bars.text(index, value, f"{value:.1%}", ha="center", va="bottom", fontsize=8)
+        if present:
+            bars.axhline(at[present[0]]["ideal_hit_rate"], color="gray", linestyle=":", label="never evicts")
+        bars.set_title(f"{workload}: DRAM {_percent(headline[0])} / SSD {_percent(headline[1])} of the working set")
+        bars.set_ylabel("hit rate (chunks)")
+        bars.legend(fontsize=8)
+        for policy in POLICIES:
+            runs = sorted((r for r in mine if r["policy"] == policy), key=lambda r: r["dram_fraction"])
+            x = [r["dram_fraction"] + r["ssd_fraction"] for r in runs]
+            sweep.plot(x, [r["hit_rate"] for r in runs], marker="o", color=_COLORS[policy], label=policy)
+            sweep.plot(x, [r["hit_rate"] * r["dram_share_of_hits"] for r in runs], linestyle="--",
+                       color=_COLORS[policy], alpha=0.7, label=f"{policy}, from DRAM")
+        sweep.set_xscale("log")
+        points = sorted({(r["dram_fraction"] + r["ssd_fraction"], _capacity(r)) for r in mine})
+        sweep.set_xticks([x for x, _ in points], [label for _, label in points])
+        sweep.minorticks_off()
+        sweep.set_xlabel("DRAM / SSD capacity, share of the working set")
+        sweep.set_ylabel("hit rate (chunks)")
+        sweep.set_title(f"{workload}: capacity sweep")
+        sweep.grid(alpha=0.3)
+        sweep.legend(fontsize=7, ncols=2)
+    save_figure(fig, title, out)

@@ -1,0 +1,195 @@
+"""One replay of a workload against a real daemon on a simulated clock.
+
+Turns arrive into the scheduler's JobQueue; `slots` workers serve them, each for the
+turn's service time. A turn that starts Lookups its prompt's chunk keys (promote=true,
+as a worker's read would: SSD hits move to DRAM) and records the hit prefix and the tier
+of each hit chunk; when it completes it stores the chunks it had to compute. With
+`push_hints`, the HintPusher plans from the waiting queue and pushes to the daemon after
+it changes, at most once per `hint_interval_s` of simulated time. The daemon never sees
+the simulated clock: only the order of calls matters to its policies, and its prefetches
+run beside the replay in real time (they finish within a few calls; holding the replay
+until they had finished changed the DRAM share of hits by 0.1 point in a trial).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from attnstore.kvstore_client import AsyncKVStoreClient, Tier
+from attnstore_scheduler.hint_pusher import HintPusher
+from attnstore_scheduler.job_queue import JobQueue, QueuedJob
+from attnstore_scheduler.lookahead import NodeCapacity
+from bench.hitrate.workloads import CHUNK_BYTES, Workload, encode
+
+NODE = "node0"
+
+
+@dataclass
+class ReplayResult:
+    turns: int = 0
+    lookup_blocks: int = 0  # prompt chunks looked up
+    hit_blocks: int = 0  # of them, in the stored prefix
+    dram_hit_blocks: int = 0  # of the hits, found in DRAM
+    ideal_hit_blocks: int = 0  # hits of a store that never evicts (same schedule)
+    waited_hit_blocks: int = 0  # hits of turns that waited a hint interval or more in the queue
+    waited_dram_hit_blocks: int = 0  # of them, found in DRAM
+    stored_chunks: int = 0  # chunks the turns computed and stored
+    hint_pushes: int = 0
+    prefetches_started: int = 0
+    put_refused: int = 0  # chunks the daemon had no room for
+    queue_length_sum: int = 0  # sampled at every turn start
+    queue_length_max: int = 0
+    wait_s_sum: float = 0.0
+    sim_seconds: float = 0.0
+    capacity_chunks: int = 0  # DRAM + SSD
+    daemon: dict[str, int] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        turns = max(self.turns, 1)
+        store_rate = self.stored_chunks / max(self.sim_seconds, 1e-9)  # chunks per simulated second
+        return {
+            "hit_rate": _ratio(self.hit_blocks, self.lookup_blocks),
+            "dram_share_of_hits": _ratio(self.dram_hit_blocks, self.hit_blocks),
+            "ideal_hit_rate": _ratio(self.ideal_hit_blocks, self.lookup_blocks),
+            "waited_dram_share_of_hits": _ratio(self.waited_dram_hit_blocks, self.waited_hit_blocks),
+            "waited_share_of_hits": _ratio(self.waited_hit_blocks, self.hit_blocks),
+            "turns": self.turns, "lookup_blocks": self.lookup_blocks, "hit_blocks": self.hit_blocks,
+            "dram_hit_blocks": self.dram_hit_blocks, "stored_chunks": self.stored_chunks,
+            "hint_pushes": self.hint_pushes, "prefetches_started": self.prefetches_started,
+            "put_refused": self.put_refused,
+            "mean_queue_length": round(self.queue_length_sum / turns, 2), "max_queue_length": self.queue_length_max,
+            "mean_wait_s": round(self.wait_s_sum / turns, 2),
+            # How long the store takes to fill with new chunks: reuse further apart is lost by any policy.
+            "store_turnover_s": round(self.capacity_chunks / store_rate, 1) if store_rate else None,
+            "sim_seconds": round(self.sim_seconds, 1), "wall_seconds": round(self.wall_seconds, 1),
+            **self.daemon,
+        }
+
+
+def _ratio(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The one daemon, as the scheduler's registry would describe it to the pusher."""
+
+    node: str
+    client: AsyncKVStoreClient
+    capacity: NodeCapacity
+
+
+class Replay:
+    def __init__(
+        self, workload: Workload, kv: AsyncKVStoreClient, capacity: NodeCapacity, *,
+        slots: int, push_hints: bool, hint_interval_s: float, on_turn_done: Callable[[], object],
+    ) -> None:
+        self.workload = workload
+        self.kv = kv
+        self.slots = slots
+        self.hint_interval_s = hint_interval_s
+        self.queue = JobQueue(max_length=workload.turns + 1)
+        target = _Target(NODE, kv, capacity)
+        self.pusher = HintPusher(self.queue, lambda: [target]) if push_hints else None
+        self.result = ReplayResult(capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES)
+        self.now = 0.0  # simulated seconds
+        self._on_turn_done = on_turn_done
+        self._events: list[tuple[float, int, Callable[[], Awaitable[None]]]] = []
+        self._order = itertools.count()
+        self._turn_of: dict[str, tuple[int, int]] = {}  # job id -> (session, turn)
+        self._running: dict[str, int] = {}  # job id -> its hit prefix
+        self._stored: set[bytes] = set()  # every key ever stored: the never-evicting store
+        self._dirty = False  # the queue changed since the last push
+        self._last_push = float("-inf")
+        self.queue.add_listener(self._changed)
+
+    async def run(self) -> ReplayResult:
+        started = time.monotonic()
+        for number, session in enumerate(self.workload.sessions):
+            self._at(session.arrival_s, lambda n=number: self._arrive(n, 0))
+        while self._events:
+            self.now, _, action = heapq.heappop(self._events)
+            await action()
+            await self._dispatch()
+            await self._maybe_push()
+        stats = await self.kv.stats()
+        self.result.daemon = {
+            "promotions": stats.promotions, "demotions": stats.demotions,
+            "dram_evictions": stats.dram.evictions, "ssd_evictions": stats.ssd.evictions,
+        }
+        self.result.sim_seconds = self.now
+        self.result.wall_seconds = time.monotonic() - started
+        return self.result
+
+    def _at(self, when: float, action: Callable[[], Awaitable[None]]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def _changed(self) -> None:
+        self._dirty = True
+
+    async def _arrive(self, session: int, turn: int) -> None:
+        spec = self.workload.sessions[session].turns[turn]
+        keys = spec.keys[: spec.prompt_blocks]
+        job_id = f"{session}/{turn}"
+        self._turn_of[job_id] = (session, turn)
+        self.queue.push(QueuedJob(
+            job_id=job_id, tenant="bench", session_id=str(session), priority=0, chunk_keys=keys,
+            namespace=self.workload.namespace, kv_bytes=len(keys) * CHUNK_BYTES, node=NODE, enqueued_at=self.now,
+        ))
+
+    async def _dispatch(self) -> None:
+        while len(self._running) < self.slots and len(self.queue):
+            self.result.queue_length_sum += len(self.queue)
+            self.result.queue_length_max = max(self.result.queue_length_max, len(self.queue))
+            job = await self.queue.pop()
+            waited = self.now - job.enqueued_at
+            self.result.wait_s_sum += waited
+            self._running[job.job_id] = await self._lookup(job.chunk_keys, waited >= self.hint_interval_s)
+            session, turn = self._turn_of[job.job_id]
+            self._at(self.now + self.workload.sessions[session].turns[turn].service_s,
+                     lambda j=job.job_id: self._complete(j))
+
+    async def _lookup(self, keys: tuple[bytes, ...], waited: bool) -> int:
+        result = self.result
+        result.turns += 1
+        if not keys:
+            return 0
+        found = await self.kv.lookup(self.workload.namespace, keys, promote=True)
+        in_dram = sum(1 for tier in found.tiers if tier is Tier.DRAM)
+        result.lookup_blocks += len(keys)
+        result.hit_blocks += found.prefix_length
+        result.dram_hit_blocks += in_dram
+        result.ideal_hit_blocks += next((i for i, key in enumerate(keys) if key not in self._stored), len(keys))
+        if waited:
+            result.waited_hit_blocks += found.prefix_length
+            result.waited_dram_hit_blocks += in_dram
+        return found.prefix_length
+
+    async def _complete(self, job_id: str) -> None:
+        session, turn = self._turn_of.pop(job_id)
+        turns = self.workload.sessions[session].turns
+        computed = turns[turn].keys[self._running.pop(job_id):]
+        namespace, tokens = self.workload.namespace, self.workload.chunk_tokens
+        if computed:
+            put = await self.kv.put_chunks(namespace, {key: encode(namespace, key, tokens) for key in computed})
+            self.result.put_refused += len(put.no_space)
+            self.result.stored_chunks += len(computed)
+            self._stored.update(computed)
+        self._on_turn_done()
+        if turn + 1 < len(turns):
+            self._at(self.now + turns[turn + 1].think_s, lambda: self._arrive(session, turn + 1))
+
+    async def _maybe_push(self) -> None:
+        if self.pusher is None or not self._dirty or self.now < self._last_push + self.hint_interval_s:
+            return
+        if self._events and self._events[0][0] == self.now:
+            return  # more happens at this instant: push once it has
+        self._dirty, self._last_push = False, self.now
+        report = await self.pusher.push()
+        self.result.hint_pushes += 1
+        self.result.prefetches_started += report.prefetches_started

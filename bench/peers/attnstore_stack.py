@@ -1,0 +1,69 @@
+"""attnstore's side of the serving comparison: the whole local stack (a LocalStack) on
+loopback (one KV-store daemon, one inference worker on the real SmolLM2-135M-Instruct in
+fp32, the scheduler with its embedded session store and no auth), driven through the
+public API (`AsyncAttnStoreClient.stream_chat`), one session per conversation.
+
+The daemon's DRAM tier gets the same bytes as vLLM's KV space, so whatever attnstore
+keeps beyond that comes from its SSD tier, not from more memory. Settings that differ
+from the defaults, and why:
+- worker: 64-token chunks (chosen when only full chunks were stored, where short chat
+  turns reused more with them; the published results use them), no periodic health-check
+  op (nothing else on the cores);
+- daemon: 1 MiB arena blocks (a 64-token fp32 chunk is 2.8 MiB: 3 blocks, not 2 x 2 MiB);
+- scheduler: no rate limit (one client makes every call).
+TTFT is what the client sees: Chat sent to the first streamed token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnstore.api.v1 import api_pb2 as api
+from attnstore.api_client import AsyncAttnStoreClient
+from attnstore_cli.local_stack import LocalStack
+from attnstore_cli.stack_spec import StackSpec, WorkerSpec
+
+MiB = 1024 * 1024
+NODE = "node-a"
+WORKER_SETTINGS = {"chunk_tokens": 64, "dtype": "float32", "device": "cpu", "health_check_interval_seconds": 0}
+SCHEDULER_SETTINGS = {"requests_per_second": 1_000_000, "requests_burst": 1_000_000}
+DAEMON_SETTINGS = {"dram_block_bytes": 1 * MiB, "ssd_capacity_bytes": 8192 * MiB, "max_chunk_bytes": 32 * MiB}
+
+
+@dataclass(frozen=True)
+class TurnTiming:
+    ttft_ms: float
+    total_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    reused_tokens: int
+    server_ttft_ms: float  # the scheduler's own measure (request received to first token sent)
+
+
+def attnstore_stack(work_dir: Path, model_dir: Path, dram_bytes: int) -> LocalStack:
+    """The stack (not started), its DRAM tier `dram_bytes`."""
+    return LocalStack(
+        StackSpec(
+            work_dir=work_dir,
+            model_dir=model_dir,
+            workers=(WorkerSpec(NODE),),
+            daemon_settings={**DAEMON_SETTINGS, "dram_capacity_bytes": dram_bytes},
+            worker_settings=WORKER_SETTINGS,
+            scheduler_settings=SCHEDULER_SETTINGS,
+            log_level="WARNING",
+        )
+    )
+
+
+async def chat_turn(client: AsyncAttnStoreClient, session_id: str, message: str, max_tokens: int) -> TurnTiming:
+    """One streamed, greedy Chat turn."""
+    sent, first = time.perf_counter(), None
+    async for event in client.stream_chat(session_id, message, max_tokens=max_tokens, temperature=0.0):
+        if isinstance(event, api.TurnStats):  # the last event
+            done = time.perf_counter()
+            return TurnTiming(((first or done) - sent) * 1000, (done - sent) * 1000, event.prompt_tokens,
+                              event.generated_tokens, event.reused_tokens, event.ttft_ms)
+        first = first or time.perf_counter()
+    raise RuntimeError("the Chat stream ended without its stats")
