@@ -1,11 +1,12 @@
-"""The offline optimum of a schedule of prefix-chained chunk lookups.
+"""The offline optimum of a schedule of prefix-chained chunk lookups and stores.
 
-A schedule is the order in which a replay's turns looked up their prompts: each turn names
-its prompt's chain of chunk keys, root first, and hits the longest stored prefix of it.
-After a lookup the store may keep any chunk of that chain (as if a turn's KV were saved the
-moment it was looked up: the real save comes at the turn's end, so this bounds every real
-store from above). The optimum is the most hit chunks a store of `capacity_chunks` could
-serve on that schedule, knowing all of it in advance.
+A schedule is what a replay did, in order: a turn *looks up* its prompt's chain of chunk
+keys, root first, when it starts (it hits the longest stored prefix) and *offers* the
+chunks it computed when it ends (the store may keep any of them). The store may also keep
+any chunk of a chain right after looking it up (as if a turn's KV were saved the moment
+it was looked up: the real save comes at the turn's end, so this bounds every real store
+from above). The optimum is the most hit chunks a store of `capacity_chunks` could serve
+on that schedule, knowing all of it in advance.
 
 It is Belady's MIN with two rules for chained keys: the store may decline a chunk (when it
 would be used later than everything it holds), and among chunks whose next use is the same
@@ -13,8 +14,13 @@ lookup it evicts the deepest. A chunk's key chains its parent's, so a parent is 
 later than its child: keeping the nearest-used chunks keeps every held chain prefix-closed,
 every held chunk that a lookup names is then a hit, and MIN's count is the optimum of plain
 caching with bypass, which bounds the prefix-limited one. Without the depth rule MIN may
-keep a child whose parent it evicted and count hits no store can serve. Checked against
-exhaustive search on small random prefix trees (tests/unit/bench/test_optimal_hitrate.py).
+keep a child whose parent it evicted and count hits no store can serve. On schedules of
+lookups alone this equals exhaustive search on small random prefix trees
+(tests/unit/bench/test_optimal_hitrate.py). With answers stored at a turn's end (a chunk
+offered before its first lookup) MIN's choices remain a valid store but not always the
+best: in a few of 4,000 random small schedules it fell one chunk short of exhaustive
+search (8 vs 9 hits at 4 chunks of room), so the reported optimum may sit a hair below
+the true one, never above what a store could do on the relaxed schedule.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 Key = Hashable
 Chain = tuple[Key, ...]
@@ -29,19 +36,36 @@ NEVER = float("inf")
 _Rank = tuple[float, int]  # (next use, depth): the larger, the better to evict
 
 
-def optimal_hits(schedule: Sequence[Chain], capacity_chunks: int) -> int:
+@dataclass(frozen=True)
+class Lookup:
+    chain: Chain  # the prompt's chunk keys, root first
+
+
+@dataclass(frozen=True)
+class Offer:
+    chunks: tuple[tuple[Key, int], ...]  # (key, depth in its chain): what a finished turn computed
+
+
+Event = Lookup | Offer
+
+
+def optimal_hits(schedule: Sequence[Event], capacity_chunks: int) -> int:
     """Hit chunks of the offline-optimal store on `schedule` (see the module doc)."""
     uses = _lookup_times(schedule)
     held: dict[Key, _Rank] = {}
     # Max-heap by rank with lazy deletion: an entry whose rank is no longer its key's is skipped.
     heap: list[tuple[float, int, int, Key]] = []
     hits = 0
-    for time, chain in enumerate(schedule):
-        for key in chain:
-            if key not in held:
-                break
-            hits += 1
-        for depth, key in enumerate(chain):
+    for time, event in enumerate(schedule):
+        if isinstance(event, Lookup):
+            for key in event.chain:
+                if key not in held:
+                    break
+                hits += 1
+            chunks: Sequence[tuple[Key, int]] = [(key, depth) for depth, key in enumerate(event.chain)]
+        else:
+            chunks = event.chunks
+        for key, depth in chunks:
             rank = (_next_use(uses, key, time), depth)
             if key not in held:
                 if rank[0] == NEVER:
@@ -56,16 +80,17 @@ def optimal_hits(schedule: Sequence[Chain], capacity_chunks: int) -> int:
     return hits
 
 
-def _lookup_times(schedule: Sequence[Chain]) -> dict[Key, list[int]]:
+def _lookup_times(schedule: Sequence[Event]) -> dict[Key, list[int]]:
     times: dict[Key, list[int]] = {}
-    for time, chain in enumerate(schedule):
-        for key in chain:
-            times.setdefault(key, []).append(time)
+    for time, event in enumerate(schedule):
+        if isinstance(event, Lookup):
+            for key in event.chain:
+                times.setdefault(key, []).append(time)
     return times
 
 
 def _next_use(uses: dict[Key, list[int]], key: Key, after: int) -> float:
-    times = uses[key]
+    times = uses.get(key, [])
     index = bisect.bisect_right(times, after)
     return times[index] if index < len(times) else NEVER
 
