@@ -64,6 +64,8 @@ def test_channel_security_refuses_inconsistent_fields(fields: dict, message: str
 def test_internal_auth_needs_tls_and_a_credential() -> None:
     with pytest.raises(ValidationError, match="should match pattern"):
         InternalAuth(enabled=True, token_sha256=("s3cret",))
+    with pytest.raises(ValidationError, match="should match pattern"):  # `$` anchors at the very end
+        InternalAuth(enabled=True, token_sha256=(DIGEST + "\n",))
     with pytest.raises(ValidationError, match="enabled is false"):
         InternalAuth(token_sha256=(DIGEST,))
     with pytest.raises(ValueError, match="internal_auth needs tls"):
