@@ -1,11 +1,12 @@
 """The public API end to end: a real scheduler (sessions in a real Redis) in front of two
 real workers on two nodes and a real daemon. Multi-turn chat reuses more KV every turn;
 sessions expire and release their KV; tenants never see each other's sessions or KV;
-concurrent turns of one session are serialized; health, reflection and metrics answer.
+concurrent turns of one session are serialized, in arrival order; health, reflection and metrics answer.
 One stack serves the whole module."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import urllib.request
@@ -14,14 +15,18 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from scheduler_stack import CHUNK_TOKENS, RedisFactory, Stack, free_port, start_stack, wait_for
+from scheduler_stack import API_KEYS, CHUNK_TOKENS, RedisFactory, Stack, free_port, start_stack, wait_for
 from transformers import PreTrainedTokenizerFast
 
 from attnstore.api.v1 import api_pb2 as api
+from attnstore.api_client import AsyncAttnStoreClient
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import KVStoreClient
+from attnstore_scheduler.redis_session_store import RedisSessionStore
+from attnstore_scheduler.redis_turn_queue import queue_key
 from inference_worker.model_store import model_digest
 
 SYSTEM = "you are a helpful assistant"
@@ -173,6 +178,37 @@ def test_concurrent_turns_of_one_session_are_serialized(stack: Stack) -> None:
     later = answers[second]
     assert contents[1] == answers[first].text and contents[3] == later.text  # type: ignore[attr-defined]
     assert later.stats.reused_tokens > 0  # type: ignore[attr-defined]  # it ran on top of the other
+
+
+async def test_turns_of_one_session_are_stored_in_arrival_order(stack: Stack) -> None:
+    """Ten Chat calls queue behind a turn held by another replica (a second store on the same
+    Redis); each is sent once the previous one is queued, and they are stored in that order."""
+    assert stack.redis is not None
+    session_id = stack.client("globex").create_session(system_prompt=SYSTEM).session_id
+    messages = [f"message number {number}" for number in range(10)]
+    replica = RedisSessionStore(
+        stack.redis.url, expiry_grace_seconds=60, lock_ttl_seconds=5, lock_wait_seconds=60
+    )
+    queue = aioredis.from_url(stack.redis.url)
+
+    async def queued(length: int) -> None:
+        async with asyncio.timeout(30):
+            while await queue.zcard(queue_key("globex", session_id)) < length:
+                await asyncio.sleep(0.01)
+
+    try:
+        async with AsyncAttnStoreClient(stack.scheduler.address, API_KEYS["globex"]) as client:
+            async with replica.turn_lock("globex", session_id):
+                calls = []
+                for number, message in enumerate(messages):
+                    calls.append(asyncio.create_task(client.chat(session_id, message, max_tokens=4)))
+                    await queued(number + 2)
+            await asyncio.gather(*calls)
+    finally:
+        await replica.close()
+        await queue.aclose()
+    stored = stack.client("globex").get_session(session_id)
+    assert [m.content for m in stored.messages if m.role == api.ROLE_USER] == messages
 
 
 def test_ids_list_in_pages_and_the_tenant_limit_holds(stack: Stack) -> None:
