@@ -153,6 +153,7 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         attempts=outcome.attempts,
         node=outcome.node,
         history_tokens=history if outcome.request.HasField("prompt_token_ids") else 0,
+        session_saved=outcome.session_saved,
     )
 
 

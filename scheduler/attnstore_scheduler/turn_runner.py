@@ -75,6 +75,7 @@ class TurnOutcome:
     node: str
     attempts: int
     queue_wait_seconds: float
+    session_saved: bool = False  # Chat: the turn was stored in its session (set by Turns)
 
 
 class _Finished(NamedTuple):
