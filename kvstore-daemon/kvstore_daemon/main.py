@@ -68,7 +68,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         await store.stop(settings.shutdown_grace_seconds)
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
-    server = create_server(interceptors=auth)
+    server = create_server(settings.serving, interceptors=auth)
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings), server)
     await serve(
         server,

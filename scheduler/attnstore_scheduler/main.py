@@ -51,6 +51,8 @@ def open_store(settings: SchedulerSettings) -> SessionStore:
         expiry_grace_seconds=settings.expiry_grace_seconds,
         lock_ttl_seconds=settings.session_lock_ttl_seconds,
         lock_wait_seconds=settings.session_lock_wait_seconds,
+        max_connections=settings.redis_max_connections,
+        pool_timeout_seconds=settings.redis_pool_timeout_seconds,
     )
 
 
@@ -139,7 +141,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         await registry.close()
         await store.close()
 
-    server = create_server()
+    server = create_server(settings.serving)
     api_pb2_grpc.add_AttnStoreServicer_to_server(servicer, server)
     log.info(
         "scheduler_starting", store="redis" if settings.redis_url else "embedded", nodes=len(settings.nodes)

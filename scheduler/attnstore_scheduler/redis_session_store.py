@@ -121,17 +121,25 @@ class RedisSessionStore:
         expiry_grace_seconds: int,
         lock_ttl_seconds: float,
         lock_wait_seconds: float,
+        max_connections: int,
+        pool_timeout_seconds: float,
     ) -> None:
+        """At most `max_connections` to Redis; a call finding them all busy waits up to
+        `pool_timeout_seconds` for one (redis-py's default pool fails at once: a flood of
+        calls answered UNAVAILABLE "Too many connections" and the expiry sweep failed)."""
         # Reconnects by itself: a call during a Redis restart retries with backoff, and
         # the ones that still fail answer UNAVAILABLE.
-        self._redis = aioredis.from_url(
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=pool_timeout_seconds,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
             socket_connect_timeout=2.0,
             socket_timeout=5.0,
             health_check_interval=10,
         )
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._grace_ms = expiry_grace_seconds * 1000
         self._turns = RedisTurnQueue(
             self._redis, self._call, lease_ttl_seconds=lock_ttl_seconds, wait_seconds=lock_wait_seconds

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import ChannelSecurity, ServerTLS
+from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 
 
@@ -34,6 +35,10 @@ class SchedulerSettings(FileBackedSettings):
     tls: ServerTLS = Field(
         default_factory=ServerTLS, description="TLS of the public API; require_client_cert = mutual TLS"
     )
+    serving: ServingLimits = Field(
+        default_factory=ServingLimits,
+        description="load limits of the public API: calls at once (a Chat counts until its stream ends)",
+    )
     daemon_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity,
         description="TLS and internal token of the calls to the daemons (an admin token: hints, stats)",
@@ -46,6 +51,12 @@ class SchedulerSettings(FileBackedSettings):
         None,
         description="session metadata in this Redis (redis://host:port/db); unset = an embedded "
         "in-process store (one replica only; sessions are lost when the scheduler stops)",
+    )
+    redis_max_connections: int = Field(
+        100, ge=1, description="connections to Redis per replica; a call finding all busy waits for one"
+    )
+    redis_pool_timeout_seconds: float = Field(
+        5.0, gt=0, description="longest a call waits for a free Redis connection, then UNAVAILABLE"
     )
     api_keys_file: Path | None = Field(
         None, description="YAML/JSON file: tenant -> list of sha256 hex digests of its API keys"

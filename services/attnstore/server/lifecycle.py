@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from attnstore.server.concurrency import ConcurrencyLimit, ServingLimits
 from attnstore.server.interceptors import ErrorAndMetricsInterceptor
 
 log = structlog.get_logger("attnstore.server")
@@ -32,11 +33,13 @@ _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HealthProbe = Callable[[], Awaitable[None]]
 
 
-def create_server(*, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+def create_server(
+    limits: ServingLimits, *, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+) -> grpc.aio.Server:
     """`interceptors` run before the shared one, first outermost (internal auth refuses a
-    call before any handler sees it)."""
+    call before any handler sees it). `limits`: the service's `serving` settings."""
     return grpc.aio.server(
-        interceptors=[*interceptors, ErrorAndMetricsInterceptor()],
+        interceptors=[*interceptors, ErrorAndMetricsInterceptor(ConcurrencyLimit(limits))],
         options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),

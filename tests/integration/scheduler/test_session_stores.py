@@ -12,10 +12,9 @@ from dataclasses import replace
 
 import pytest
 import redis.asyncio as aioredis
-from scheduler_stack import RedisFactory
+from scheduler_stack import RedisFactory, redis_store
 
 from attnstore.errors import ResourceExhausted, Unavailable
-from attnstore_scheduler.redis_session_store import RedisSessionStore
 from attnstore_scheduler.redis_turn_queue import queue_key
 from attnstore_scheduler.session_record import SessionRecord, new_session_id
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
@@ -28,12 +27,7 @@ async def store(request: pytest.FixtureRequest, redis_factory: RedisFactory) -> 
     if request.param == "embedded":
         made: SessionStore = EmbeddedSessionStore(LOCK_WAIT_SECONDS)
     else:
-        made = RedisSessionStore(
-            redis_factory().url,
-            expiry_grace_seconds=60,
-            lock_ttl_seconds=0.6,
-            lock_wait_seconds=LOCK_WAIT_SECONDS,
-        )
+        made = redis_store(redis_factory().url, lock_ttl_seconds=0.6, lock_wait_seconds=LOCK_WAIT_SECONDS)
     try:
         yield made
     finally:
@@ -180,9 +174,7 @@ async def test_waiting_for_a_busy_session_times_out_with_unavailable(store: Sess
 
 
 async def test_the_redis_lock_outlives_its_ttl_while_held(redis_factory: RedisFactory) -> None:
-    store = RedisSessionStore(
-        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=0.2
-    )
+    store = redis_store(redis_factory().url, lock_ttl_seconds=0.3, lock_wait_seconds=0.2)
     try:
         async with store.turn_lock("acme", "a" * 32):
             await asyncio.sleep(1.0)  # three TTLs: renewed in the background
@@ -195,7 +187,7 @@ async def test_the_redis_lock_outlives_its_ttl_while_held(redis_factory: RedisFa
 
 async def test_a_redis_store_answers_unavailable_while_redis_is_down(redis_factory: RedisFactory) -> None:
     redis = redis_factory()
-    store = RedisSessionStore(redis.url, expiry_grace_seconds=60, lock_ttl_seconds=1, lock_wait_seconds=1)
+    store = redis_store(redis.url, lock_ttl_seconds=1, lock_wait_seconds=1)
     try:
         await store.ping()
         redis.stop()
@@ -220,12 +212,7 @@ async def test_a_turn_ends_even_when_redis_swallows_the_lock_renewals_cancel(
         return await evalsha(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(aioredis.Redis, "evalsha", swallowing_evalsha)
-    store = RedisSessionStore(
-        redis_factory().url,
-        expiry_grace_seconds=60,
-        lock_ttl_seconds=0.3,
-        lock_wait_seconds=LOCK_WAIT_SECONDS,
-    )
+    store = redis_store(redis_factory().url, lock_ttl_seconds=0.3, lock_wait_seconds=LOCK_WAIT_SECONDS)
     started = time.monotonic()
     try:
         async with asyncio.timeout(5):  # a turn stuck on its renewer would wait forever
@@ -260,7 +247,7 @@ async def test_turns_of_one_session_run_in_arrival_order(redis_factory: RedisFac
     lock used to be polled by every waiter, and the fastest poller won)."""
     url = redis_factory().url if kind == "redis" else None
     store: SessionStore = (
-        RedisSessionStore(url, expiry_grace_seconds=60, lock_ttl_seconds=5, lock_wait_seconds=30)
+        redis_store(url, lock_ttl_seconds=5, lock_wait_seconds=30)
         if url is not None
         else EmbeddedSessionStore(30)
     )
@@ -286,10 +273,12 @@ async def test_turns_of_one_session_run_in_arrival_order(redis_factory: RedisFac
 # A scheduler that holds a session's turn and has another one waiting, then is killed.
 _DYING_SCHEDULER = """
 import asyncio, sys
-from attnstore_scheduler.redis_session_store import RedisSessionStore
 
 async def main():
-    store = RedisSessionStore(sys.argv[1], expiry_grace_seconds=60, lock_ttl_seconds=0.5, lock_wait_seconds=60)
+    store = RedisSessionStore(
+        sys.argv[1], expiry_grace_seconds=60, lock_ttl_seconds=0.5, lock_wait_seconds=60, max_connections=4,
+        pool_timeout_seconds=5,
+    )
     holding, waiting = store.turn_lock("acme", sys.argv[2]), store.turn_lock("acme", sys.argv[2])
     await holding.__aenter__()
     asyncio.create_task(waiting.__aenter__())
@@ -321,7 +310,7 @@ async def test_a_killed_schedulers_tickets_lapse_and_the_queue_goes_on_in_order(
     dead = frozenset(await _tickets(url, session_id))
     assert len(dead) == 2
 
-    store = RedisSessionStore(url, expiry_grace_seconds=60, lock_ttl_seconds=0.5, lock_wait_seconds=30)
+    store = redis_store(url, lock_ttl_seconds=0.5, lock_wait_seconds=30)
     ran: list[int] = []
     started = time.monotonic()
 
