@@ -133,6 +133,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         ),
         health_probe_interval_seconds=settings.health_check_interval_seconds,
         credentials=server_credentials,
+        health_address=settings.tls.health_listen_address,
     )
 
 

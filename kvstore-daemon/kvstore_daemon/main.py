@@ -79,6 +79,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         on_stop=on_stop,
         on_started=lambda port: _write_ready_file(settings, port),
         credentials=credentials,
+        health_address=settings.tls.health_listen_address,
     )
 
 

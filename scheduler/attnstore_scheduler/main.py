@@ -157,6 +157,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         health_probe=store.ping,
         health_probe_interval_seconds=settings.health_check_interval_seconds,
         credentials=server_credentials,
+        health_address=settings.tls.health_listen_address,
     )
 
 

@@ -68,12 +68,20 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             "response_serializer": _passing_bytes(handler.response_serializer),
         }
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary(method, limit, handler.unary_unary), **kwargs)
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(method, limit, handler.unary_unary), **kwargs
+            )
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary(method, limit, handler.stream_unary), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(method, limit, handler.stream_unary), **kwargs
+            )
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream(method, limit, handler.unary_stream), **kwargs)
-        return grpc.stream_stream_rpc_method_handler(_wrap_stream(method, limit, handler.stream_stream), **kwargs)
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(method, limit, handler.unary_stream), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream(method, limit, handler.stream_stream), **kwargs
+        )
 
 
 def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:

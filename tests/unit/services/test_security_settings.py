@@ -40,6 +40,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"cert_file": "/c", "key_file": "/k", "require_client_cert": True}, "needs client_ca_file"),
         ({"cert_file": "/c", "key_file": "/k", "client_ca_file": "/ca"}, "only with require_client_cert"),
         ({"client_ca_file": "/ca", "require_client_cert": True}, "mutual TLS is TLS"),
+        ({"health_listen_address": "0.0.0.0:50052"}, "health_listen_address is for TLS servers"),
         ({"cert_file": "/c", "key_file": "/k", "ca_file": "/ca"}, "Extra inputs"),
     ],
 )
