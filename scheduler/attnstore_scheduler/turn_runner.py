@@ -46,7 +46,6 @@ _PASSED_ON: dict[grpc.StatusCode, type[errors.ServiceError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
 }
 RETRY_PRIORITY_BOOST = 1  # a replay runs before new turns of the same priority
-_job_ids = itertools.count()
 
 # Builds the worker request on the worker that will run it (a chat turn tokenizes there).
 PrepareTurn = Callable[[WorkerHandle], Awaitable[worker_pb2.ExecuteTurnRequest]]
@@ -105,6 +104,7 @@ class TurnRunner:
         self._registry = registry
         self._retry_attempts = retry_attempts
         self._timeout_seconds = attempt_timeout_seconds
+        self._job_ids = itertools.count()  # unique within the one queue this runner feeds
 
     async def run(self, spec: TurnSpec) -> AsyncIterator[worker_pb2.TokenChunk | TurnOutcome]:
         """Streams the answer's tokens, then one TurnOutcome."""
@@ -183,9 +183,9 @@ class TurnRunner:
 
     def _job(self, spec: TurnSpec, attempt: int) -> QueuedJob:
         return QueuedJob(
-            job_id=f"turn-{next(_job_ids)}",
+            job_id=f"turn-{next(self._job_ids)}",
             tenant=spec.tenant,
-            session_id=spec.session_id or f"generate-{next(_job_ids)}",
+            session_id=spec.session_id or f"generate-{next(self._job_ids)}",
             priority=spec.priority + (RETRY_PRIORITY_BOOST if attempt > 1 else 0),
             chunk_keys=tuple(spec.chunk_keys),
             namespace=spec.namespace,
