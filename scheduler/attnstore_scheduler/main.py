@@ -104,13 +104,14 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         session_ttl_seconds=settings.session_ttl_seconds,
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )
+    hints = HintPusher(queue, registry.hint_targets, settings.hints)
     sessions = Sessions(
         store,
         registry,
+        hints,
         max_sessions_per_tenant=settings.max_sessions_per_tenant,
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
     )
-    hints = HintPusher(queue, registry.hint_targets)
     servicer = AttnStoreServicer(
         sessions,
         Turns(sessions, runner, registry, limits),
