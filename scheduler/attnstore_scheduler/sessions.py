@@ -81,6 +81,10 @@ class Sessions:
             raise not_found(session_id)
         return record
 
+    async def list(self, tenant: str, after_id: str, limit: int) -> list[SessionRecord]:
+        """Up to `limit` live sessions of the tenant with ids above `after_id`, by id."""
+        return await self.store.list(tenant, after_id, limit)
+
     async def check_kv_budget(
         self, record: SessionRecord, tokens_after_turn: int, kv_bytes_per_token: int
     ) -> None:

@@ -26,7 +26,8 @@ from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.session_record import SessionRecord
 from attnstore_scheduler.sessions import Sessions
-from attnstore_scheduler.turn_runner import TurnOutcome, TurnRunner, TurnSpec
+from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
+from attnstore_scheduler.turn_types import Token, TurnOutcome
 from attnstore_scheduler.validation import ApiLimits, check_session_tokens, require_model, sampling
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
 
@@ -35,7 +36,7 @@ log = structlog.get_logger("attnstore_scheduler.turns")
 _PREFIX_AFFINITY_ENTRIES = 4096
 _TOKENIZE_TIMEOUT_SECONDS = 30.0
 
-TurnEvent = worker_pb2.TokenChunk | TurnOutcome
+TurnEvent = Token | TurnOutcome
 
 
 class Turns:
@@ -97,12 +98,12 @@ class Turns:
         updated = replace(
             record,
             messages=(*record.messages, ("user", message), ("assistant", outcome.text)),
-            token_ids=(*outcome.request.prompt_token_ids.token_ids, *outcome.token_ids),
+            token_ids=(*(outcome.prompt_token_ids or ()), *outcome.token_ids),
             turns=record.turns + 1,
             truncated_tokens=stats.truncated_tokens,
             sink_tokens=stats.sink_tokens,
             namespace=stats.namespace,
-            chunk_keys=tuple(stats.chunk_keys),
+            chunk_keys=stats.chunk_keys,
             node=outcome.node,
             updated_at=time.time(),
         )
