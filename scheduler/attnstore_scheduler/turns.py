@@ -175,7 +175,8 @@ async def _tokenize(
 
 def _observe(kind: str, outcome: TurnOutcome) -> None:
     stats = outcome.stats
-    metrics.TURNS.labels(kind, "ok").inc()
+    unsaved = kind == "chat" and not outcome.session_saved  # answered, but the session store failed
+    metrics.TURNS.labels(kind, "not_saved" if unsaved else "ok").inc()
     metrics.PROMPT_TOKENS.inc(stats.prompt_tokens)
     metrics.REUSED_TOKENS.inc(stats.reused_tokens)
     if stats.prompt_tokens:
