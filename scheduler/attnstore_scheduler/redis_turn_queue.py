@@ -7,7 +7,10 @@ renews while it waits and while it runs; a ticket whose lease lapsed (its schedu
 or stopped answering) is dropped by the next turn that looks at the queue, so a dead
 holder or waiter delays the session by one lease TTL at most, and the queue outlives a
 scheduler restart. Waiters poll: who polls first does not matter, only the ticket order,
-and a poll costs one short script (no connection held per waiter, as BLPOP would).
+and a poll costs one short script (no connection held per waiter, as BLPOP would). A
+waiter with n tickets ahead polls every n x 20 ms (the turns ahead take longer than
+that), so a session with a thousand waiters costs Redis tens of polls per turn, not a
+thousand every 20 ms (which exhausted the connection pool in a 10,000-call flood).
 
     attnstore:turns:<tenant>:<id>        sorted set: ticket -> arrival number
     attnstore:turn-leases:<tenant>:<id>  hash: ticket -> lease deadline (ms, Redis' clock)
@@ -31,7 +34,8 @@ from attnstore_scheduler.session_store import lock_timeout
 
 log = structlog.get_logger("attnstore_scheduler.redis_turn_queue")
 
-# A waiter asks again this often; the delay a finished turn adds before the next one starts.
+# The next waiter asks again this often: the delay a finished turn adds before the next
+# one starts. Waiters further back ask proportionally less often.
 _POLL_SECONDS = 0.02
 
 _NOW_MS = """
@@ -50,8 +54,8 @@ redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 # KEYS: queue, leases. ARGV: ticket, lease ms. Renews the ticket's lease and drops lapsed
-# tickets ahead of it. 1: the ticket is first (its turn runs); 0: it waits; -1: it is gone
-# (its own lease lapsed and another turn dropped it).
+# tickets at the head. 0: the ticket is first (its turn runs); n > 0: n tickets are ahead
+# of it; -1: it is gone (its own lease lapsed and another turn dropped it).
 _RENEW = _NOW_MS + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
 redis.call('HSET', KEYS[2], ARGV[1], now_ms + tonumber(ARGV[2]))
@@ -59,8 +63,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 while true do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  if head == ARGV[1] then return 1 end
-  if tonumber(redis.call('HGET', KEYS[2], head) or '0') > now_ms then return 0 end
+  if head == ARGV[1] then return 0 end
+  if tonumber(redis.call('HGET', KEYS[2], head) or '0') > now_ms then
+    return redis.call('ZRANK', KEYS[1], ARGV[1])
+  end
   redis.call('ZREM', KEYS[1], head)
   redis.call('HDEL', KEYS[2], head)
 end
@@ -136,10 +142,10 @@ class RedisTurnQueue:
         task = asyncio.current_task()
         deadline = asyncio.get_running_loop().time() + self._wait_seconds
         while True:
-            state = await self._call(self._renew(keys=keys, args=[ticket, self._lease_ms]))
-            if state == 1:
+            ahead = await self._call(self._renew(keys=keys, args=[ticket, self._lease_ms]))
+            if ahead == 0:
                 return
-            if state == -1:
+            if ahead == -1:
                 raise Unavailable(
                     f"session {session_id}: this turn lost its place in the session's queue (the session "
                     "store did not answer within the lock TTL); retry"
@@ -148,7 +154,7 @@ class RedisTurnQueue:
                 raise asyncio.CancelledError
             if asyncio.get_running_loop().time() > deadline:
                 raise lock_timeout(session_id, self._wait_seconds)
-            await asyncio.sleep(_POLL_SECONDS)
+            await asyncio.sleep(min(_POLL_SECONDS * ahead, self._lease_ttl_seconds / 3))  # renews in time
 
     async def _keep(self, keys: list[str], ticket: str, session_id: str) -> None:
         """Renews the running turn's lease (a turn may outlast it). Ends when cancelled, also
@@ -158,9 +164,9 @@ class RedisTurnQueue:
         while task is not None and not task.cancelling():
             await asyncio.sleep(self._lease_ttl_seconds / 3)
             try:
-                state = await self._renew(keys=keys, args=[ticket, self._lease_ms])
+                ahead = await self._renew(keys=keys, args=[ticket, self._lease_ms])
             except RedisError as exc:
                 log.warning("session_lock_renewal_failed", session_id=session_id, error=repr(exc))
                 continue
-            if state != 1:
-                log.warning("session_lock_lost", session_id=session_id, state=state)
+            if ahead != 0:
+                log.warning("session_lock_lost", session_id=session_id, ahead=ahead)

@@ -35,6 +35,15 @@ class ServingLimits(BaseModel):
     max_concurrent_rpcs: int = Field(
         1024, ge=1, description="calls the server runs at once (streams until they end); more are refused"
     )
+    max_pending_rpcs: int = Field(
+        100_000,
+        ge=1,
+        description="calls received but not yet taken up by the server (a flood's backlog); beyond it "
+        "gRPC drops calls as a bare CANCELLED",
+    )
+    max_pending_seconds: int = Field(
+        600, ge=1, description="longest a received call may wait to be taken up; then gRPC drops it as CANCELLED"
+    )
     overload_retry_after_ms: int = Field(
         500, ge=0, description="retry hint sent with a refused call (trailing metadata retry-after-ms)"
     )

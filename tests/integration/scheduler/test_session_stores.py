@@ -273,6 +273,7 @@ async def test_turns_of_one_session_run_in_arrival_order(redis_factory: RedisFac
 # A scheduler that holds a session's turn and has another one waiting, then is killed.
 _DYING_SCHEDULER = """
 import asyncio, sys
+from attnstore_scheduler.redis_session_store import RedisSessionStore
 
 async def main():
     store = RedisSessionStore(
