@@ -27,6 +27,10 @@ SHED_RPCS = Counter(
 UNLIMITED_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
+class CallLimitReached(Overloaded):
+    """Refused by the server's call limit (logged here, at most once per period)."""
+
+
 class ServingLimits(BaseModel):
     """Load limits of a service's gRPC server (nested in each service's settings as `serving`)."""
 
@@ -42,7 +46,9 @@ class ServingLimits(BaseModel):
         "gRPC drops calls as a bare CANCELLED",
     )
     max_pending_seconds: int = Field(
-        600, ge=1, description="longest a received call may wait to be taken up; then gRPC drops it as CANCELLED"
+        600,
+        ge=1,
+        description="longest a received call may wait to be taken up; then gRPC drops it as CANCELLED",
     )
     overload_retry_after_ms: int = Field(
         500, ge=0, description="retry hint sent with a refused call (trailing metadata retry-after-ms)"
@@ -64,12 +70,12 @@ class ConcurrencyLimit:
 
     @contextlib.contextmanager
     def admit(self, method: str) -> Iterator[None]:
-        """Holds one of the server's call slots; Overloaded when none is free."""
+        """Holds one of the server's call slots; CallLimitReached when none is free."""
         limit = self._limits.max_concurrent_rpcs
         if self.running >= limit:
             self._shed(method)
             retry_ms = self._limits.overload_retry_after_ms
-            raise Overloaded(
+            raise CallLimitReached(
                 f"the server is running its maximum of {limit} calls (serving.max_concurrent_rpcs); "
                 f"retry in {retry_ms} ms",
                 retry_after_ms=retry_ms,

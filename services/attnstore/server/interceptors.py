@@ -15,7 +15,7 @@ import structlog
 from prometheus_client import Histogram
 
 from attnstore import errors
-from attnstore.server.concurrency import UNLIMITED_SERVICES, ConcurrencyLimit
+from attnstore.server.concurrency import UNLIMITED_SERVICES, CallLimitReached, ConcurrencyLimit
 
 _STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -131,12 +131,12 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
-    if isinstance(exc, errors.Overloaded):  # logged by the limit, at most once per period
+    if isinstance(exc, errors.ServiceError):
         code, message = status_of(exc), str(exc)
-        context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
-    elif isinstance(exc, errors.ServiceError):
-        code, message = status_of(exc), str(exc)
-        log.info("rpc_rejected", method=method, code=code.name, reason=message)
+        if isinstance(exc, errors.Overloaded):
+            context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
+        if not isinstance(exc, CallLimitReached):  # that one is logged by the limit, once per period
+            log.info("rpc_rejected", method=method, code=code.name, reason=message)
     else:
         code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log"
         log.exception("rpc_failed", method=method)
