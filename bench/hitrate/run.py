@@ -32,8 +32,8 @@ import uvloop
 from tqdm import tqdm
 
 from attnstore.kvstore_client import AsyncKVStoreClient
-from attnstore_scheduler.hint_pusher import DEFAULT_MIN_INTERVAL_SECONDS
 from attnstore_scheduler.lookahead import NodeCapacity
+from attnstore_scheduler.settings import HintSettings
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results
 from bench.hitrate.report import POLICIES, Row, format_table, plot, summarize
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sharegpt-conversations", type=int, default=SHAREGPT["conversations"])
     parser.add_argument("--load", type=float, default=1.0,
                         help="offered load: worker slots = mean service demand / load")
-    parser.add_argument("--hint-interval", type=float, default=DEFAULT_MIN_INTERVAL_SECONDS,
+    parser.add_argument("--hint-interval", type=float, default=HintSettings().min_interval_seconds,
                         help="simulated seconds between hint pushes at most (the pusher's default)")
     parser.add_argument("--no-sweep", action="store_true", help="only the headline capacity")
     args = parser.parse_args(argv)

@@ -23,6 +23,7 @@ from attnstore.kvstore_client import AsyncKVStoreClient, Tier
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import NodeCapacity
+from attnstore_scheduler.settings import HintSettings
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, encode
 
 NODE = "node0"
@@ -95,7 +96,7 @@ class Replay:
         self.hint_interval_s = hint_interval_s
         self.queue = JobQueue(max_length=workload.turns + 1)
         target = _Target(NODE, kv, capacity)
-        self.pusher = HintPusher(self.queue, lambda: [target]) if push_hints else None
+        self.pusher = HintPusher(self.queue, lambda: [target], HintSettings()) if push_hints else None
         self.result = ReplayResult(capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES)
         self.now = 0.0  # simulated seconds
         self._on_turn_done = on_turn_done

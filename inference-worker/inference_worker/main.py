@@ -127,7 +127,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             if kvstore is not None:
                 await kvstore.close()
 
-    server = create_server(interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls))
+    server = create_server(settings.serving, interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls))
     servicer = WorkerServicer(engine, ChatTemplate(loaded.tokenizer), limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     await serve(
@@ -143,6 +143,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         ),
         health_probe_interval_seconds=settings.health_check_interval_seconds,
         credentials=server_credentials,
+        health_address=settings.tls.health_listen_address,
     )
 
 

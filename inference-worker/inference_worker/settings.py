@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import ChannelSecurity, InternalAuth, ServerTLS, check_server_security
+from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.model_store import DEFAULT_CACHE_DIR
@@ -28,6 +29,9 @@ class WorkerSettings(FileBackedSettings):
     )
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
     tls: ServerTLS = Field(default_factory=ServerTLS, description="TLS of the gRPC server; unset = plaintext")
+    serving: ServingLimits = Field(
+        default_factory=ServingLimits, description="load limits of the gRPC server (calls at once)"
+    )
     internal_auth: InternalAuth = Field(
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
     )

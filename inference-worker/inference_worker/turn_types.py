@@ -3,7 +3,7 @@ worker's gRPC edge (and the scheduler, through proto/attnstore/worker/v1)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -75,10 +75,3 @@ class TurnStats:
 class TokenEvent:
     token_id: int
     text: str  # the text this token adds (incremental detokenization)
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    stats: TurnStats | None = None

@@ -71,7 +71,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         await store.stop(settings.shutdown_grace_seconds)
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
-    server = create_server(interceptors=auth)
+    server = create_server(settings.serving, interceptors=auth)
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings), server)
     await serve(
         server,
@@ -82,6 +82,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         on_stop=on_stop,
         on_started=lambda port: _write_ready_file(settings, port),
         credentials=credentials,
+        health_address=settings.tls.health_listen_address,
     )
 
 

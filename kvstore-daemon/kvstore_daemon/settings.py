@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import InternalAuth, ServerTLS, check_server_security
+from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 
 MiB = 1024 * 1024
@@ -23,6 +24,9 @@ class DaemonSettings(FileBackedSettings):
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port; unset = off")
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
     tls: ServerTLS = Field(default_factory=ServerTLS, description="TLS of the gRPC server; unset = plaintext")
+    serving: ServingLimits = Field(
+        default_factory=ServingLimits, description="load limits of the gRPC server (calls at once)"
+    )
     internal_auth: InternalAuth = Field(
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
     )

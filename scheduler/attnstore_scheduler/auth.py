@@ -17,9 +17,10 @@ import yaml
 
 from attnstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
-TENANT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Matched with fullmatch: `$` would also accept a trailing newline ("acme\n", a separate key space).
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 DEV_TENANT = "default"
-_DIGEST_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST_PATTERN = re.compile(r"[0-9a-f]{64}")
 
 
 class ApiKeysError(Exception):
@@ -47,7 +48,7 @@ class Principal:
 
 
 def check_tenant_name(tenant: str, where: str) -> str:
-    if not TENANT_PATTERN.match(tenant):
+    if not TENANT_PATTERN.fullmatch(tenant):
         raise InvalidArgument(
             f"{where} {tenant[:80]!r} is not a tenant name (1-64 of A-Z a-z 0-9 . _ -, starting alphanumeric)"
         )
@@ -64,7 +65,7 @@ class ApiKeys:
             check_tenant_name(tenant, "api keys file: tenant")
             for digest in digests:
                 digest = digest.lower()
-                if not _DIGEST_PATTERN.match(digest):
+                if not _DIGEST_PATTERN.fullmatch(digest):
                     raise ApiKeysError(f"tenant {tenant!r}: {digest[:16]!r}... is not a sha256 hex digest")
                 if self._tenant_of.setdefault(digest, tenant) != tenant:
                     raise ApiKeysError(

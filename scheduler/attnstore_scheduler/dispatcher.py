@@ -46,12 +46,9 @@ class Dispatcher:
         self._queue = queue
         self._registry = registry
         self._waiters: dict[str, _Waiter] = {}  # by job id
-        self._running: dict[str, QueuedJob] = {}  # by job id, in admission order
+        self._running: set[str] = set()  # ids of the admitted jobs not finished yet
         registry.add_listener(queue.wake)  # a freed slot may let a refused job run
         queue.add_listener(lambda: metrics.QUEUE_LENGTH.set(len(queue)))
-
-    def running_jobs(self) -> list[QueuedJob]:
-        return list(self._running.values())
 
     async def admit(
         self, job: QueuedJob, *, exclude: Collection[WorkerHandle] = (), retry: bool = False
@@ -70,7 +67,8 @@ class Dispatcher:
             raise
 
     def finish(self, slot: Slot) -> None:
-        if self._running.pop(slot.job.job_id, None) is not None:
+        if slot.job.job_id in self._running:
+            self._running.remove(slot.job.job_id)
             self._registry.release(slot.worker)
 
     async def run(self) -> None:
@@ -87,7 +85,7 @@ class Dispatcher:
             worker, route = acquired
             waited = time.monotonic() - job.enqueued_at
             slot = Slot(job, worker, "retry" if waiter.retry else route, waited)
-            self._running[job.job_id] = job
+            self._running.add(job.job_id)
             metrics.ROUTES.labels(slot.route).inc()
             metrics.QUEUE_WAIT_SECONDS.observe(waited)
             log.debug("dispatched", job=job.job_id, worker=worker.address, route=slot.route, waited=waited)

@@ -7,7 +7,8 @@ of a node's window is sent an empty replace). Pushes are rate-limited: after one
 the next waits `min_interval_seconds`, and the changes in between coalesce into it.
 Without changes a push still repeats every `refresh_seconds`, because the daemon lets
 hints expire (its hint TTL) so that a silent scheduler stops steering eviction. Chunks
-the scheduler releases (`release`) are hinted EVICT_FIRST within the same pushes.
+the scheduler releases (`release`: the one KV releaser, which Sessions is given) are
+hinted EVICT_FIRST within the same pushes for `release_seconds`.
 
 A daemon that cannot be reached is logged and counted, never raised: its hints are
 retried by the next push, and every other node is still served.
@@ -28,13 +29,10 @@ import structlog
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity, NodePlan, plan_hints
+from attnstore_scheduler.settings import HintSettings
 
 log = structlog.get_logger("attnstore_scheduler.hints")
 
-DEFAULT_MIN_INTERVAL_SECONDS = 0.2
-DEFAULT_REFRESH_SECONDS = 15.0  # well under the daemon's default hint TTL (60 s)
-DEFAULT_RELEASE_SECONDS = 60.0
-DEFAULT_MAX_KEYS_PER_CALL = 4096  # the daemon's default max_keys_per_request
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -85,25 +83,18 @@ class HintPusher:
         self,
         queue: JobQueue,
         targets: Callable[[], Iterable[HintTarget]],
+        settings: HintSettings,
         *,
-        min_interval_seconds: float = DEFAULT_MIN_INTERVAL_SECONDS,
-        refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
-        hint_ttl_seconds: int = 0,
-        release_seconds: float = DEFAULT_RELEASE_SECONDS,
-        max_keys_per_call: int = DEFAULT_MAX_KEYS_PER_CALL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`targets()` is read at every push (the registry's live nodes).
-        `hint_ttl_seconds` 0 = the daemon's default; `release_seconds`: see `release`."""
-        if min_interval_seconds < 0 or refresh_seconds <= 0 or max_keys_per_call < 1:
-            raise ValueError("min_interval_seconds >= 0, refresh_seconds > 0 and max_keys_per_call >= 1 are required")
+        """`targets()` is read at every push (the registry's live nodes)."""
         self._queue = queue
         self._targets = targets
-        self._min_interval = min_interval_seconds
-        self._refresh = refresh_seconds
-        self._ttl = hint_ttl_seconds
-        self._release_seconds = release_seconds
-        self._max_keys = max_keys_per_call
+        self._min_interval = settings.min_interval_seconds
+        self._refresh = settings.refresh_seconds
+        self._ttl = settings.ttl_seconds
+        self._release_seconds = settings.release_seconds
+        self._max_keys = settings.max_keys_per_call
         self._clock = clock
         self._changed = asyncio.Event()
         self._last_push = float("-inf")

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 
 from attnstore.errors import AlreadyExists, ResourceExhausted
 
-DEFAULT_MAX_LENGTH = 10_000
-
 _OrderKey = tuple[int, int, int]  # (-priority, fair-queuing tag, arrival number)
 
 
@@ -61,7 +59,7 @@ class _Level:
 class JobQueue:
     """Asyncio job queue; every method runs on the event loop thread."""
 
-    def __init__(self, max_length: int = DEFAULT_MAX_LENGTH) -> None:
+    def __init__(self, max_length: int) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be positive, got {max_length}")
         self.max_length = max_length

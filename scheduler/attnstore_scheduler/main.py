@@ -54,6 +54,8 @@ def open_store(settings: SchedulerSettings) -> SessionStore:
         expiry_grace_seconds=settings.expiry_grace_seconds,
         lock_ttl_seconds=settings.session_lock_ttl_seconds,
         lock_wait_seconds=settings.session_lock_wait_seconds,
+        max_connections=settings.redis_max_connections,
+        pool_timeout_seconds=settings.redis_pool_timeout_seconds,
     )
 
 
@@ -115,13 +117,14 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         session_ttl_seconds=settings.session_ttl_seconds,
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )
+    hints = HintPusher(queue, registry.hint_targets, settings.hints)
     sessions = Sessions(
         store,
         registry,
+        hints,
         max_sessions_per_tenant=settings.max_sessions_per_tenant,
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
     )
-    hints = HintPusher(queue, registry.hint_targets)
     turns = Turns(sessions, runner, registry, limits)
     rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
     servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits)
@@ -154,7 +157,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
     if http is not None:
         http.start()
         log.info("openai_api_serving", port=http.port)
-    server = create_server()
+    server = create_server(settings.serving)
     api_pb2_grpc.add_AttnStoreServicer_to_server(servicer, server)
     log.info(
         "scheduler_starting", store="redis" if settings.redis_url else "embedded", nodes=len(settings.nodes)
@@ -171,6 +174,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         health_probe=store.ping,
         health_probe_interval_seconds=settings.health_check_interval_seconds,
         credentials=server_credentials,
+        health_address=settings.tls.health_listen_address,
     )
 
 

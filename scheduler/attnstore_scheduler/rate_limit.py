@@ -6,19 +6,16 @@ With several scheduler replicas each enforces the limit on its own share of the 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
-from attnstore.errors import ResourceExhausted
+from attnstore.errors import Overloaded
 from attnstore.token_buckets import TokenBuckets
 
 
-class RateLimited(ResourceExhausted):
-    """A tenant called above its rate; it may call again after `retry_after_seconds`."""
-
-    def __init__(self, message: str, retry_after_seconds: float) -> None:
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
+class RateLimited(Overloaded):
+    """A tenant called above its rate; it may call again after `retry_after_ms`."""
 
 
 class RateLimiter:
@@ -30,11 +27,12 @@ class RateLimiter:
         self._buckets = TokenBuckets(rate_per_second, burst, clock)
 
     def check(self, tenant: str) -> None:
-        """Takes one call from the tenant's bucket, or raises ResourceExhausted."""
+        """Takes one call from the tenant's bucket, or raises RateLimited (RESOURCE_EXHAUSTED
+        with the wait until the bucket holds a call again as retry-after-ms)."""
         wait_seconds = self._buckets.take(tenant)
         if wait_seconds:
             raise RateLimited(
                 f"tenant {tenant!r} exceeded its rate of {self.rate_per_second:g} calls per second "
                 f"(burst {self.burst}); retry in {wait_seconds:.2f}s",
-                wait_seconds,
+                retry_after_ms=math.ceil(wait_seconds * 1000),
             )

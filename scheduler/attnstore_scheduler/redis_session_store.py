@@ -4,7 +4,8 @@ behaviour both stores share. Keys (one Redis, not Redis Cluster):
     attnstore:session:<tenant>:<id>   msgpack SessionRecord; PEXPIRE = TTL + expiry grace
     attnstore:sessions:<tenant>       sorted set of the tenant's ids (score 0: ordered by id)
     attnstore:expiries                sorted set "<tenant>/<id>" scored by expiry (Unix seconds)
-    attnstore:lock:<tenant>:<id>      the turn lock (redis-py Lock: token, TTL, renewed)
+    attnstore:turns:<tenant>:<id>     the turn queue (redis_turn_queue.py: FIFO tickets with leases)
+    attnstore:turn-leases:<tenant>:<id>
     attnstore:tokens:<tenant>         hash: <id> -> history tokens, "total" -> their sum
 
 Expiry is a sweep over `attnstore:expiries` rather than keyspace notifications: those are
@@ -17,26 +18,23 @@ half-made change and each expired session is claimed by exactly one of them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-import structlog
-from redis.asyncio.lock import Lock
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from attnstore.errors import Unavailable
+from attnstore_scheduler.redis_turn_queue import IN_TURN_LUA, RedisTurnQueue, leases_key
 from attnstore_scheduler.session_record import SessionRecord
-from attnstore_scheduler.session_store import lock_timeout, too_many_sessions
+from attnstore_scheduler.session_store import too_many_sessions
 
-log = structlog.get_logger("attnstore_scheduler.redis_session_store")
 T = TypeVar("T")
 
 _PREFIX = "attnstore"
@@ -83,13 +81,13 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return record
 """
-# KEYS: record, tenant index, expiries, lock, tokens. ARGV: id, expiry member, now.
+# KEYS: record, tenant index, expiries, turn leases, tokens. ARGV: id, expiry member, now.
 # Returns {0} when not claimable (refreshed, claimed by another, or in a turn), else
 # {1, record} (record "" when its key already expired on its own).
-_CLAIM = _FORGET_TOKENS + """
+_CLAIM = _FORGET_TOKENS + IN_TURN_LUA + """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if not score or tonumber(score) > tonumber(ARGV[3]) then return {0} end
-if redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
+if in_turn(KEYS[4]) then return {0} end
 forget_tokens(KEYS[5], ARGV[1])
 local record = redis.call('GET', KEYS[1]) or ''
 redis.call('DEL', KEYS[1])
@@ -111,10 +109,6 @@ def _tokens_key(tenant: str) -> str:
     return f"{_PREFIX}:tokens:{tenant}"
 
 
-def _lock_key(tenant: str, session_id: str) -> str:
-    return f"{_PREFIX}:lock:{tenant}:{session_id}"
-
-
 def _member(tenant: str, session_id: str) -> str:
     return f"{tenant}/{session_id}"  # tenant names have no "/"
 
@@ -127,20 +121,29 @@ class RedisSessionStore:
         expiry_grace_seconds: int,
         lock_ttl_seconds: float,
         lock_wait_seconds: float,
+        max_connections: int,
+        pool_timeout_seconds: float,
     ) -> None:
+        """At most `max_connections` to Redis; a call finding them all busy waits up to
+        `pool_timeout_seconds` for one (redis-py's default pool fails at once: a flood of
+        calls answered UNAVAILABLE "Too many connections" and the expiry sweep failed)."""
         # Reconnects by itself: a call during a Redis restart retries with backoff, and
         # the ones that still fail answer UNAVAILABLE.
-        self._redis = aioredis.from_url(
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=pool_timeout_seconds,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
             socket_connect_timeout=2.0,
             socket_timeout=5.0,
             health_check_interval=10,
         )
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._grace_ms = expiry_grace_seconds * 1000
-        self._lock_ttl_seconds = lock_ttl_seconds
-        self._lock_wait_seconds = lock_wait_seconds
+        self._turns = RedisTurnQueue(
+            self._redis, self._call, lease_ttl_seconds=lock_ttl_seconds, wait_seconds=lock_wait_seconds
+        )
         self._create = self._redis.register_script(_CREATE)
         self._save = self._redis.register_script(_SAVE)
         self._delete = self._redis.register_script(_DELETE)
@@ -217,7 +220,7 @@ class RedisSessionStore:
                 _record_key(tenant, session_id),
                 _index_key(tenant),
                 _EXPIRIES,
-                _lock_key(tenant, session_id),
+                leases_key(tenant, session_id),
                 _tokens_key(tenant),
             ]
             reply = await self._call(self._claim(keys=keys, args=[session_id, member, now]))
@@ -228,39 +231,8 @@ class RedisSessionStore:
     async def stored_tokens(self, tenant: str) -> int:
         return int(await self._call(self._redis.hget(_tokens_key(tenant), "total")) or 0)
 
-    @contextlib.asynccontextmanager
-    async def turn_lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
-        lock = self._redis.lock(
-            _lock_key(tenant, session_id),
-            timeout=self._lock_ttl_seconds,
-            sleep=0.05,
-            blocking_timeout=self._lock_wait_seconds,
-        )
-        if not await self._call(lock.acquire()):
-            raise lock_timeout(session_id, self._lock_wait_seconds)
-        renewer = asyncio.get_running_loop().create_task(self._renew(lock, session_id))
-        try:
-            yield
-        finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-            try:
-                await lock.release()
-            except (LockError, RedisError) as exc:  # expired meanwhile, or Redis gone: its TTL ends it
-                log.warning("session_lock_release_failed", session_id=session_id, error=repr(exc))
-
-    async def _renew(self, lock: Lock, session_id: str) -> None:
-        """Keeps the lock while the turn runs (a turn may outlast the lock's TTL). Ends when
-        cancelled, also when the cancel landed inside a Redis call and redis-py swallowed it
-        (the call returns, the task goes on): cancelling() still counts the request."""
-        task = asyncio.current_task()
-        while task is not None and not task.cancelling():
-            await asyncio.sleep(self._lock_ttl_seconds / 3)
-            try:
-                await lock.reacquire()
-            except (LockError, RedisError) as exc:
-                log.warning("session_lock_renewal_failed", session_id=session_id, error=repr(exc))
+    def turn_lock(self, tenant: str, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._turns.turn(tenant, session_id)
 
     async def ping(self) -> None:
         await self._call(self._redis.ping())

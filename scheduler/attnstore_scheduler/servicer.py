@@ -11,13 +11,12 @@ import grpc
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
 from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.session_record import SessionRecord, check_session_id
 from attnstore_scheduler.sessions import Sessions
-from attnstore_scheduler.turn_runner import TurnOutcome
+from attnstore_scheduler.turn_types import FinishReason, TurnOutcome
 from attnstore_scheduler.turns import TurnEvent, Turns
 from attnstore_scheduler.validation import ApiLimits, check_page, check_text, check_ttl
 
@@ -25,8 +24,9 @@ SERVICE_NAME = api.DESCRIPTOR.services_by_name["AttnStore"].full_name
 
 _ROLES = {"system": api.ROLE_SYSTEM, "user": api.ROLE_USER, "assistant": api.ROLE_ASSISTANT}
 _FINISH = {
-    worker_pb2.FINISH_REASON_STOP: api.FINISH_REASON_STOP,
-    worker_pb2.FINISH_REASON_LENGTH: api.FINISH_REASON_LENGTH,
+    FinishReason.UNSPECIFIED: api.FINISH_REASON_UNSPECIFIED,
+    FinishReason.STOP: api.FINISH_REASON_STOP,
+    FinishReason.LENGTH: api.FINISH_REASON_LENGTH,
 }
 
 
@@ -108,7 +108,7 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         tenant = self._caller(context).tenant_for(request.tenant)
         page_size, after_id = check_page(request)
         # One more than asked: whether a next page exists without an extra round trip.
-        records = await self._sessions.store.list(tenant, after_id, page_size + 1)
+        records = await self._sessions.list(tenant, after_id, page_size + 1)
         page = records[:page_size]
         next_token = page[-1].session_id if len(records) > page_size else ""
         return api.ListSessionsResponse(
@@ -139,8 +139,7 @@ async def _stream(
 
 
 def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
-    stats = outcome.stats
-    history = len(outcome.request.prompt_token_ids.token_ids) + len(outcome.token_ids)
+    stats, prompt = outcome.stats, outcome.prompt_token_ids
     return api.TurnStats(
         prompt_tokens=stats.prompt_tokens,
         reused_tokens=stats.reused_tokens,
@@ -149,10 +148,11 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         worker_ttft_ms=stats.ttft_ms,
         queue_wait_ms=outcome.queue_wait_seconds * 1000,
         truncated_tokens=stats.truncated_tokens,
-        finish_reason=_FINISH.get(stats.finish_reason, api.FINISH_REASON_UNSPECIFIED),
+        finish_reason=_FINISH[stats.finish_reason],
         attempts=outcome.attempts,
         node=outcome.node,
-        history_tokens=history if outcome.request.HasField("prompt_token_ids") else 0,
+        history_tokens=len(prompt) + len(outcome.token_ids) if prompt is not None else 0,
+        session_saved=outcome.session_saved,
     )
 
 

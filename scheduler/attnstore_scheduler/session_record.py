@@ -18,7 +18,7 @@ import msgpack
 
 from attnstore.errors import InvalidArgument
 
-SESSION_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+SESSION_ID_PATTERN = re.compile(r"[0-9a-f]{32}")  # fullmatch: `$` accepts a trailing newline
 ROLES = ("system", "user", "assistant")
 
 
@@ -41,7 +41,7 @@ def new_session_id(now_seconds: float | None = None) -> str:
 
 
 def check_session_id(session_id: str, field_name: str = "session_id") -> str:
-    if not SESSION_ID_PATTERN.match(session_id):
+    if not SESSION_ID_PATTERN.fullmatch(session_id):
         shown = session_id[:40] + ("..." if len(session_id) > 40 else "")
         raise InvalidArgument(f"{field_name} {shown!r} is not a session id (32 lower-case hex characters)")
     return session_id

@@ -2,8 +2,10 @@
 session that ended.
 
 Releasing (deletion, expiry, or the session moving to another node) tells the node's
-daemon that the chunks are no longer needed: Unpin removes any pin, and an EVICT_FIRST
-hint puts them at the front of its eviction order. Nothing is deleted outright: another
+daemon that the chunks are no longer needed: Unpin removes any pin, and the releaser (the
+hint pusher) hints them EVICT_FIRST, at the front of its eviction order, with each of its
+pushes for a while: a hint sent on its own would be wiped by the pusher's next replace
+of that namespace's hints. Nothing is deleted outright: another
 session of the tenant may share a prefix (a system prompt), and the look-ahead hints of
 its queued turns protect that prefix again. A daemon that does not answer only costs
 cache space (its eviction reclaims the chunks anyway), so a release never fails a call.
@@ -18,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
+from typing import Protocol
 
 import grpc
 import structlog
 
 from attnstore.errors import NotFound, ResourceExhausted
-from attnstore.kvstore_client import HintAction
 from attnstore_scheduler import metrics
 from attnstore_scheduler.session_record import SessionRecord, new_session_id
 from attnstore_scheduler.session_store import SessionStore
@@ -34,11 +37,18 @@ log = structlog.get_logger("attnstore_scheduler.sessions")
 _SWEEP_BATCH = 100
 
 
+class ChunkReleaser(Protocol):
+    """Hints chunks EVICT_FIRST on a node from now on (hint_pusher.HintPusher)."""
+
+    def release(self, node: str, namespace: bytes, keys: Iterable[bytes]) -> None: ...
+
+
 class Sessions:
     def __init__(
         self,
         store: SessionStore,
         registry: WorkerRegistry,
+        releaser: ChunkReleaser,
         *,
         max_sessions_per_tenant: int,
         max_kv_bytes_per_tenant: int | None = None,
@@ -46,6 +56,7 @@ class Sessions:
         """`max_kv_bytes_per_tenant` None: no limit beyond the session count."""
         self.store = store
         self._registry = registry
+        self._releaser = releaser
         self._max_sessions_per_tenant = max_sessions_per_tenant
         self._max_kv_bytes_per_tenant = max_kv_bytes_per_tenant
 
@@ -69,6 +80,10 @@ class Sessions:
         if record is None:
             raise not_found(session_id)
         return record
+
+    async def list(self, tenant: str, after_id: str, limit: int) -> list[SessionRecord]:
+        """Up to `limit` live sessions of the tenant with ids above `after_id`, by id."""
+        return await self.store.list(tenant, after_id, limit)
 
     async def check_kv_budget(
         self, record: SessionRecord, tokens_after_turn: int, kv_bytes_per_token: int
@@ -105,9 +120,9 @@ class Sessions:
         if daemon is None or not record.chunk_keys:
             return 0
         keys = list(record.chunk_keys)
+        self._releaser.release(node, record.namespace, keys)
         try:
             await daemon.unpin(record.namespace, keys)
-            await daemon.hint(record.namespace, [(keys, HintAction.EVICT_FIRST, 0)])
         except grpc.aio.AioRpcError as exc:
             log.warning("release_failed", session_id=record.session_id, node=node, code=exc.code().name)
             return 0

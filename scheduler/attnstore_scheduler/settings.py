@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import ChannelSecurity, ServerTLS
+from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 
 
@@ -19,6 +20,26 @@ class NodeSpec(BaseModel, frozen=True):
     name: str = Field(min_length=1, max_length=253)
     daemon_address: str | None = Field(None, description="host:port of the node's daemon; None = no cache")
     worker_addresses: tuple[str, ...] = Field(min_length=1)
+
+
+class HintSettings(BaseModel, frozen=True):
+    """The look-ahead hint pusher (hint_pusher.py); nested as `hints`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_interval_seconds: float = Field(
+        0.2, ge=0, description="after a push the next waits this long; the queue changes in between coalesce"
+    )
+    refresh_seconds: float = Field(
+        15.0, gt=0, description="pushed again this often without changes; keep it under the daemons' hint TTL"
+    )
+    ttl_seconds: int = Field(0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default")
+    release_seconds: float = Field(
+        60.0, gt=0, description="chunks of an ended or moved session are hinted EVICT_FIRST this long"
+    )
+    max_keys_per_call: int = Field(
+        4096, ge=1, description="keys per Hint call; at most the daemons' max_keys_per_request"
+    )
 
 
 class SchedulerSettings(FileBackedSettings):
@@ -42,6 +63,10 @@ class SchedulerSettings(FileBackedSettings):
     tls: ServerTLS = Field(
         default_factory=ServerTLS, description="TLS of the public API; require_client_cert = mutual TLS"
     )
+    serving: ServingLimits = Field(
+        default_factory=ServingLimits,
+        description="load limits of the public API: calls at once (a Chat counts until its stream ends)",
+    )
     daemon_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity,
         description="TLS and internal token of the calls to the daemons (an admin token: hints, stats)",
@@ -54,6 +79,12 @@ class SchedulerSettings(FileBackedSettings):
         None,
         description="session metadata in this Redis (redis://host:port/db); unset = an embedded "
         "in-process store (one replica only; sessions are lost when the scheduler stops)",
+    )
+    redis_max_connections: int = Field(
+        100, ge=1, description="connections to Redis per replica; a call finding all busy waits for one"
+    )
+    redis_pool_timeout_seconds: float = Field(
+        5.0, gt=0, description="longest a call waits for a free Redis connection, then UNAVAILABLE"
     )
     api_keys_file: Path | None = Field(
         None, description="YAML/JSON file: tenant -> list of sha256 hex digests of its API keys"
@@ -104,6 +135,9 @@ class SchedulerSettings(FileBackedSettings):
     requests_per_second: float = Field(50.0, gt=0, description="sustained calls per second per tenant")
     requests_burst: int = Field(100, ge=1, description="calls a tenant may make at once above the rate")
     max_queue_length: int = Field(1024, ge=1, description="turns waiting for a worker; more are refused")
+    hints: HintSettings = Field(
+        default_factory=HintSettings, description="look-ahead hints to the daemons (prefetch, eviction order)"
+    )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens of a turn that names none")
 
     turn_retry_attempts: int = Field(

@@ -27,6 +27,13 @@ from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.job_queue import QueuedJob
+from attnstore_scheduler.turn_types import (
+    Token,
+    TurnOutcome,
+    prompt_from_request,
+    stats_from_worker,
+    token_from_worker,
+)
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
 
 log = structlog.get_logger("attnstore_scheduler.turns")
@@ -46,7 +53,6 @@ _PASSED_ON: dict[grpc.StatusCode, type[errors.ServiceError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
 }
 RETRY_PRIORITY_BOOST = 1  # a replay runs before new turns of the same priority
-_job_ids = itertools.count()
 
 # Builds the worker request on the worker that will run it (a chat turn tokenizes there).
 PrepareTurn = Callable[[WorkerHandle], Awaitable[worker_pb2.ExecuteTurnRequest]]
@@ -64,23 +70,10 @@ class TurnSpec:
     kv_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class TurnOutcome:
-    """The last event of a turn: what the worker that answered reported."""
-
-    stats: worker_pb2.TurnStats
-    request: worker_pb2.ExecuteTurnRequest  # the request the answering worker ran
-    token_ids: list[int]
-    text: str
-    node: str
-    attempts: int
-    queue_wait_seconds: float
-
-
 class _Finished(NamedTuple):
     request: worker_pb2.ExecuteTurnRequest
     stats: worker_pb2.TurnStats
-    produced: list[worker_pb2.TokenChunk]
+    produced: list[Token]
 
 
 class _AttemptFailed(Exception):
@@ -104,10 +97,11 @@ class TurnRunner:
         self._registry = registry
         self._retry_attempts = retry_attempts
         self._timeout_seconds = attempt_timeout_seconds
+        self._job_ids = itertools.count()  # unique within the one queue this runner feeds
 
-    async def run(self, spec: TurnSpec) -> AsyncIterator[worker_pb2.TokenChunk | TurnOutcome]:
+    async def run(self, spec: TurnSpec) -> AsyncIterator[Token | TurnOutcome]:
         """Streams the answer's tokens, then one TurnOutcome."""
-        sent: list[worker_pb2.TokenChunk] = []  # tokens the caller already has
+        sent: list[Token] = []  # tokens the caller already has
         failed: list[WorkerHandle] = []
         waited, last_error = 0.0, "no attempt ran"
         for attempt in range(1, self._retry_attempts + 2):
@@ -118,14 +112,14 @@ class TurnRunner:
             try:
                 async with contextlib.aclosing(self._attempt(slot.worker, spec, sent)) as events:
                     async for event in events:
-                        if isinstance(event, worker_pb2.TokenChunk):
+                        if isinstance(event, Token):
                             yield event
                             continue
                         request, stats, produced = event
                         yield TurnOutcome(
-                            stats=stats,
-                            request=request,
-                            token_ids=[token.token_id for token in produced],
+                            stats=stats_from_worker(stats),
+                            prompt_token_ids=prompt_from_request(request),
+                            token_ids=tuple(token.token_id for token in produced),
                             text="".join(token.text for token in produced),
                             node=slot.worker.node,
                             attempts=attempt,
@@ -150,26 +144,26 @@ class TurnRunner:
         raise errors.Unavailable(f"the turn failed on {len(failed)} worker(s); last error: {last_error}")
 
     async def _attempt(
-        self, worker: WorkerHandle, spec: TurnSpec, sent: list[worker_pb2.TokenChunk]
-    ) -> AsyncIterator[worker_pb2.TokenChunk | _Finished]:
+        self, worker: WorkerHandle, spec: TurnSpec, sent: list[Token]
+    ) -> AsyncIterator[Token | _Finished]:
         """One worker's run of the turn: the tokens the caller does not have yet (appended
         to `sent`), then what the worker ran and reported; _AttemptFailed to try another."""
         call: grpc.aio.UnaryStreamCall | None = None
         try:
             request = await spec.prepare(worker)
-            produced: list[worker_pb2.TokenChunk] = []
+            produced: list[Token] = []
             call = worker.stub.ExecuteTurn(request, timeout=self._timeout_seconds)
             async for reply in call:
                 if reply.HasField("stats"):
                     _check_replay_covers(sent, produced)
                     yield _Finished(request, reply.stats, produced)
                     return
-                produced.append(reply.token)
+                produced.append(token_from_worker(reply.token))
                 if len(produced) <= len(sent):  # a replay: the caller has this one
                     _check_replayed(sent, produced)
                 else:
-                    sent.append(reply.token)
-                    yield reply.token
+                    sent.append(produced[-1])
+                    yield produced[-1]
         except grpc.aio.AioRpcError as exc:
             passed_on = _PASSED_ON.get(exc.code())
             if passed_on is not None:
@@ -182,9 +176,9 @@ class TurnRunner:
 
     def _job(self, spec: TurnSpec, attempt: int) -> QueuedJob:
         return QueuedJob(
-            job_id=f"turn-{next(_job_ids)}",
+            job_id=f"turn-{next(self._job_ids)}",
             tenant=spec.tenant,
-            session_id=spec.session_id or f"generate-{next(_job_ids)}",
+            session_id=spec.session_id or f"generate-{next(self._job_ids)}",
             priority=spec.priority + (RETRY_PRIORITY_BOOST if attempt > 1 else 0),
             chunk_keys=tuple(spec.chunk_keys),
             namespace=spec.namespace,
@@ -194,7 +188,7 @@ class TurnRunner:
         )
 
 
-def _check_replayed(sent: list[worker_pb2.TokenChunk], produced: list[worker_pb2.TokenChunk]) -> None:
+def _check_replayed(sent: list[Token], produced: list[Token]) -> None:
     index = len(produced) - 1
     if produced[index].token_id != sent[index].token_id:
         raise errors.Unavailable(
@@ -203,7 +197,7 @@ def _check_replayed(sent: list[worker_pb2.TokenChunk], produced: list[worker_pb2
         )
 
 
-def _check_replay_covers(sent: list[worker_pb2.TokenChunk], produced: list[worker_pb2.TokenChunk]) -> None:
+def _check_replay_covers(sent: list[Token], produced: list[Token]) -> None:
     if len(produced) < len(sent):
         raise errors.Unavailable(
             f"a worker failed mid-turn and the replay on another worker ended after {len(produced)} "

@@ -18,19 +18,25 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
+import structlog
+
 from attnstore.api.v1 import api_pb2 as api
+from attnstore.errors import Unavailable
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.session_record import SessionRecord
 from attnstore_scheduler.sessions import Sessions
-from attnstore_scheduler.turn_runner import TurnOutcome, TurnRunner, TurnSpec
+from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
+from attnstore_scheduler.turn_types import Token, TurnOutcome
 from attnstore_scheduler.validation import ApiLimits, check_session_tokens, require_model, sampling
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
+
+log = structlog.get_logger("attnstore_scheduler.turns")
 
 _PREFIX_AFFINITY_ENTRIES = 4096
 _TOKENIZE_TIMEOUT_SECONDS = 30.0
 
-TurnEvent = worker_pb2.TokenChunk | TurnOutcome
+TurnEvent = Token | TurnOutcome
 
 
 class Turns:
@@ -82,28 +88,35 @@ class Turns:
             )
             async for event in self._runner.run(spec):
                 if isinstance(event, TurnOutcome):
-                    await self._store_turn(record, message, event)
+                    event = replace(event, session_saved=await self._store_turn(record, message, event))
                     _observe("chat", event)
                 yield event
 
-    async def _store_turn(self, record: SessionRecord, message: str, outcome: TurnOutcome) -> None:
+    async def _store_turn(self, record: SessionRecord, message: str, outcome: TurnOutcome) -> bool:
+        """Whether the turn was stored; the client has its answer either way (see session_saved)."""
         stats = outcome.stats
         updated = replace(
             record,
             messages=(*record.messages, ("user", message), ("assistant", outcome.text)),
-            token_ids=(*outcome.request.prompt_token_ids.token_ids, *outcome.token_ids),
+            token_ids=(*(outcome.prompt_token_ids or ()), *outcome.token_ids),
             turns=record.turns + 1,
             truncated_tokens=stats.truncated_tokens,
             sink_tokens=stats.sink_tokens,
             namespace=stats.namespace,
-            chunk_keys=tuple(stats.chunk_keys),
+            chunk_keys=stats.chunk_keys,
             node=outcome.node,
             updated_at=time.time(),
         )
-        if not await self._sessions.store.save(updated):
+        try:
+            saved = await self._sessions.store.save(updated)
+        except Unavailable as exc:  # its tokens are out: say the turn did not count, not fail the call
+            log.warning("turn_not_saved", tenant=record.tenant, session_id=record.session_id, error=str(exc))
+            return False
+        if not saved:
             await self._sessions.release(updated)  # deleted during the turn: nothing keeps its KV
         elif record.node and record.node != outcome.node:
             await self._sessions.release(record)  # moved: the old node's copy will not be read
+        return saved
 
     async def generate(
         self, tenant: str, system_prompt: str, prompt: str, options: api.GenerationOptions
@@ -184,7 +197,8 @@ async def _tokenize(
 
 def _observe(kind: str, outcome: TurnOutcome) -> None:
     stats = outcome.stats
-    metrics.TURNS.labels(kind, "ok").inc()
+    unsaved = kind == "chat" and not outcome.session_saved  # answered, but the session store failed
+    metrics.TURNS.labels(kind, "not_saved" if unsaved else "ok").inc()
     metrics.PROMPT_TOKENS.inc(stats.prompt_tokens)
     metrics.REUSED_TOKENS.inc(stats.reused_tokens)
     if stats.prompt_tokens:

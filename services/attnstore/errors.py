@@ -26,6 +26,15 @@ class ResourceExhausted(ServiceError):
     """Capacity is full and nothing can be evicted to make room."""
 
 
+class Overloaded(ResourceExhausted):
+    """The server is at a load limit; the caller should retry after `retry_after_ms` (sent
+    as the trailing metadata `retry-after-ms`)."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
 class FailedPrecondition(ServiceError):
     """The system is not in a state that allows the operation."""
 

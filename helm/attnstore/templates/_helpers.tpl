@@ -126,21 +126,12 @@ capabilities:
   drop: [ALL]
 {{- end }}
 
-{{/* Probes on the standard health service: (dict "context" $ "port" 50051 "clientCert" true
-"startupFailureThreshold" 60 "livenessFailureThreshold" 3). Native gRPC probes speak no TLS:
-with tls.enabled they run attnstore-healthcheck over TLS (with the pod's certificate when the
-server requires client certificates: clientCert). */}}
+{{/* Probes on the standard health service: (dict "context" $ "port" 50051 "healthPort" 50052
+"startupFailureThreshold" 60 "livenessFailureThreshold" 3). Native gRPC probes speak no TLS and
+present no client certificate: with tls.enabled the services serve health alone on the plaintext
+healthPort (tls.health_listen_address) and the probes go there. */}}
 {{- define "attnstore.grpcProbes" -}}
-{{- $handler := dict "grpc" (dict "port" .port) }}
-{{- $tls := .context.Values.tls }}
-{{- if $tls.enabled }}
-{{- $dir := include "attnstore.tlsDir" . }}
-{{- $command := list "attnstore-healthcheck" "--address" (printf "127.0.0.1:%d" (int .port)) "--tls" "--ca-file" (printf "%s/ca.crt" $dir) "--server-name" $tls.serverName }}
-{{- if .clientCert }}
-{{- $command = concat $command (list "--cert-file" (printf "%s/tls.crt" $dir) "--key-file" (printf "%s/tls.key" $dir)) }}
-{{- end }}
-{{- $handler = dict "exec" (dict "command" $command) }}
-{{- end }}
+{{- $handler := dict "grpc" (dict "port" (int (ternary .healthPort .port .context.Values.tls.enabled))) }}
 startupProbe:
   {{- toYaml $handler | nindent 2 }}
   periodSeconds: 5
@@ -180,7 +171,7 @@ livenessProbe:
 {{- end }}
 {{- end }}
 
-{{/* A server's tls setting as JSON: (dict "context" $ "mutual" true) */}}
+{{/* A server's tls setting as JSON: (dict "context" $ "mutual" true "healthPort" 50052) */}}
 {{- define "attnstore.serverTLS" -}}
 {{- $dir := include "attnstore.tlsDir" . }}
 {{- $tls := dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir) }}
@@ -188,6 +179,7 @@ livenessProbe:
 {{- $_ := set $tls "client_ca_file" (printf "%s/ca.crt" $dir) }}
 {{- $_ := set $tls "require_client_cert" true }}
 {{- end }}
+{{- $_ := set $tls "health_listen_address" (printf "0.0.0.0:%d" (int .healthPort)) }}
 {{- toJson $tls }}
 {{- end }}
 

@@ -70,7 +70,7 @@ def from_service_error(exc: errors.ServiceError) -> ApiError:
 
 def _retry_after(exc: errors.ServiceError) -> dict[str, str]:
     if isinstance(exc, RateLimited):
-        seconds = max(1, math.ceil(exc.retry_after_seconds))
+        seconds = max(1, math.ceil(exc.retry_after_ms / 1000))
     elif isinstance(exc, QueueFull):
         seconds = _QUEUE_FULL_RETRY_SECONDS
     elif isinstance(exc, errors.Unavailable):

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from attnstore.security.tls import ServerTLS
 
+# pydantic matches with Rust's regex engine, whose `$` is the end of the text (Python's
+# would also accept a trailing newline); a test holds it to that.
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$", to_lower=True)]
 
 

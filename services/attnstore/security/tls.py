@@ -29,6 +29,12 @@ class ServerTLS(BaseModel):
     require_client_cert: bool = Field(
         False, description="mutual TLS: refuse connections without a certificate signed by client_ca_file"
     )
+    health_listen_address: str | None = Field(
+        None,
+        min_length=1,
+        description="host:port of a plaintext port serving only grpc.health.v1, for probes that speak no "
+        "TLS (Kubernetes' gRPC probes); unset = health only on the TLS port",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -44,6 +50,10 @@ class ServerTLS(BaseModel):
             raise ValueError("client_ca_file is used only with require_client_cert=true")
         if self.require_client_cert and not self.enabled:
             raise ValueError("require_client_cert needs cert_file and key_file (mutual TLS is TLS)")
+        if self.health_listen_address is not None and not self.enabled:
+            raise ValueError(
+                "health_listen_address is for TLS servers (a plaintext port serves health already)"
+            )
         return self
 
     def load(self) -> grpc.ServerCredentials | None:

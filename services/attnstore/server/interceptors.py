@@ -1,6 +1,7 @@
-"""One interceptor for every service: maps domain errors to gRPC statuses, logs
-unexpected exceptions, records per-method latency, answers requests whose bytes do not
-parse with INVALID_ARGUMENT, and lets handlers reply with already serialized messages."""
+"""One interceptor for every service: bounds the calls running at once (concurrency.py),
+maps domain errors to gRPC statuses, logs unexpected exceptions, records per-method
+latency, answers requests whose bytes do not parse with INVALID_ARGUMENT, and lets
+handlers reply with already serialized messages."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import structlog
 from prometheus_client import Histogram
 
 from attnstore import errors
+from attnstore.server.concurrency import UNLIMITED_SERVICES, CallLimitReached, ConcurrencyLimit
 
 _STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -48,6 +50,9 @@ def status_of(exc: errors.ServiceError) -> grpc.StatusCode:
 class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Wraps every handler; a client's mistake never surfaces as INTERNAL."""
 
+    def __init__(self, limit: ConcurrencyLimit) -> None:
+        self._limit = limit
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -57,17 +62,26 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
+        limit = None if handler_call_details.method.startswith(UNLIMITED_SERVICES) else self._limit
         kwargs = {
             "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": _passing_bytes(handler.response_serializer),
         }
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary(method, handler.unary_unary), **kwargs)
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(method, limit, handler.unary_unary), **kwargs
+            )
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary(method, handler.stream_unary), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(method, limit, handler.stream_unary), **kwargs
+            )
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream(method, handler.unary_stream), **kwargs)
-        return grpc.stream_stream_rpc_method_handler(_wrap_stream(method, handler.stream_stream), **kwargs)
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(method, limit, handler.unary_stream), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream(method, limit, handler.stream_stream), **kwargs
+        )
 
 
 def _passing_bytes(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
@@ -119,7 +133,10 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
     if isinstance(exc, errors.ServiceError):
         code, message = status_of(exc), str(exc)
-        log.info("rpc_rejected", method=method, code=code.name, reason=message)
+        if isinstance(exc, errors.Overloaded):
+            context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
+        if not isinstance(exc, CallLimitReached):  # that one is logged by the limit, once per period
+            log.info("rpc_rejected", method=method, code=code.name, reason=message)
     else:
         code, message = grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log"
         log.exception("rpc_failed", method=method)
@@ -127,11 +144,15 @@ async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerCont
 
 
 @contextlib.asynccontextmanager
-async def _observed(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-    """Times one call and answers its exceptions with a status."""
+async def _observed(
+    method: str, limit: ConcurrencyLimit | None, context: grpc.aio.ServicerContext
+) -> AsyncIterator[None]:
+    """Holds a call slot (`limit` None: unlimited), times the call and answers its exceptions
+    with a status."""
     start, code = time.perf_counter(), "OK"
     try:
-        yield
+        with limit.admit(method) if limit is not None else contextlib.nullcontext():
+            yield
     except grpc.aio.AbortError:
         raise  # the handler chose its status itself
     except Exception as exc:  # noqa: BLE001 -- the one place every failure becomes a status
@@ -141,17 +162,21 @@ async def _observed(method: str, context: grpc.aio.ServicerContext) -> AsyncIter
         RPC_SECONDS.labels(method, code).observe(time.perf_counter() - start)
 
 
-def _wrap_unary(method: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _wrap_unary(
+    method: str, limit: ConcurrencyLimit | None, behavior: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with _observed(method, context):
+        async with _observed(method, limit, context):
             return await behavior(_checked(request), context)
 
     return wrapped
 
 
-def _wrap_stream(method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+def _wrap_stream(
+    method: str, limit: ConcurrencyLimit | None, behavior: Callable[..., AsyncIterator[Any]]
+) -> Callable[..., AsyncIterator[Any]]:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with _observed(method, context):
+        async with _observed(method, limit, context):
             async for response in behavior(_checked(request), context):
                 yield response
 

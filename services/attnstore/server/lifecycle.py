@@ -1,7 +1,9 @@
 """Serving lifecycle shared by the services.
 
 Start: bind (with TLS when given server credentials), register health and reflection,
-expose Prometheus metrics; health turns SERVING only once the server runs and the
+optionally serve health alone on a plaintext port (`health_address`: Kubernetes' gRPC
+probes speak no TLS, so under TLS, and mutual TLS above all, they cannot reach the main
+port), expose Prometheus metrics; health turns SERVING only once the server runs and the
 service's health probe (if any) has passed. While serving, the probe runs again every
 `health_probe_interval_seconds` and health follows it. Stop (SIGTERM/SIGINT): health
 NOT_SERVING, stop accepting, let in-flight calls finish for `grace_seconds`, then run the
@@ -21,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from attnstore.server.concurrency import ConcurrencyLimit, ServingLimits
 from attnstore.server.interceptors import ErrorAndMetricsInterceptor
 
 log = structlog.get_logger("attnstore.server")
@@ -32,14 +35,24 @@ _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HealthProbe = Callable[[], Awaitable[None]]
 
 
-def create_server(*, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+def create_server(
+    limits: ServingLimits, *, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+) -> grpc.aio.Server:
     """`interceptors` run before the shared one, first outermost (internal auth refuses a
-    call before any handler sees it)."""
+    call before any handler sees it). `limits`: the service's `serving` settings."""
     return grpc.aio.server(
-        interceptors=[*interceptors, ErrorAndMetricsInterceptor()],
+        interceptors=[*interceptors, ErrorAndMetricsInterceptor(ConcurrencyLimit(limits))],
         options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+            # Calls the transport accepted that the server loop has not taken up yet: gRPC
+            # core drops them as a bare CANCELLED, with no log line, beyond 1,000 (at random;
+            # all beyond 3,000) or after 30 s. Kept instead, each reaches the concurrency
+            # limit and is refused with a message, or runs (a flood of 10,000 Chat calls on 2
+            # cores took 85 s to take up).
+            ("grpc.server.max_pending_requests", limits.max_pending_rpcs),
+            ("grpc.server.max_pending_requests_hard_limit", limits.max_pending_rpcs),
+            ("grpc.server_max_unrequested_time_in_server", limits.max_pending_seconds),
         ],
     )
 
@@ -57,13 +70,16 @@ async def serve(
     health_probe: HealthProbe | None = None,
     health_probe_interval_seconds: float = 0.0,
     credentials: grpc.ServerCredentials | None = None,
+    health_address: str | None = None,
 ) -> None:
     """Runs `server` until SIGTERM or SIGINT; `on_started` receives the bound port.
 
     `health_probe` must pass once before anything reports SERVING (its failure ends
     serve() with that exception); with a positive interval it runs again periodically.
     `credentials` (attnstore.security.ServerTLS.load()): TLS; None: plaintext. `on_stopping`
-    runs when the stop begins, so another server of the service drains during the same grace."""
+    runs when the stop begins, so another server of the service drains during the same grace.
+    `health_address` (ServerTLS.health_listen_address): host:port of a plaintext server
+    with the health service only, following the same statuses; None: none."""
     names = ["", *service_names]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -74,6 +90,7 @@ async def serve(
         port = server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"could not bind gRPC address {address}")
+    health_server = _health_only_server(health_servicer, health_address) if health_address else None
     if metrics_port is not None:
         start_http_server(metrics_port)
     stop_requested = asyncio.Event()
@@ -84,6 +101,8 @@ async def serve(
     try:
         await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
+        if health_server is not None:
+            await health_server.start()
         if health_probe is not None:
             try:
                 await health_probe()
@@ -92,7 +111,14 @@ async def serve(
                 raise
         await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.SERVING)
         tls = credentials is not None
-        log.info("serving", address=address, port=port, metrics_port=metrics_port, tls=tls)
+        log.info(
+            "serving",
+            address=address,
+            port=port,
+            metrics_port=metrics_port,
+            tls=tls,
+            health_address=health_address,
+        )
         if on_started is not None:
             on_started(port)
         if health_probe is not None and health_probe_interval_seconds > 0:
@@ -106,6 +132,8 @@ async def serve(
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace_seconds)
     finally:
+        if health_server is not None:
+            await health_server.stop(0)
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -113,6 +141,16 @@ async def serve(
         if on_stop is not None:
             await on_stop()
         log.info("stopped")
+
+
+def _health_only_server(health_servicer: health.aio.HealthServicer, address: str) -> grpc.aio.Server:
+    """A plaintext server answering grpc.health.v1 and nothing else (no credential is
+    asked, none is needed: it tells only SERVING or not)."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"could not bind the health address {address}")
+    return server
 
 
 async def _set_all(

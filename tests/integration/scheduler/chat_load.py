@@ -3,7 +3,8 @@ each in its own thread, while a test breaks something underneath them.
 
 A refused turn is retried with the same message, as an application would, and the
 refusal's status is kept, so a test can say which failures it tolerates. A turn counts as
-acknowledged once the client has its stats (the scheduler has stored the turn by then).
+acknowledged once the client has its stats saying it was saved; an answer whose turn was
+not saved (the session store failed under it) is sent again, as the API tells clients.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class SessionLoop:
     max_tokens: int
     turns: list[Turn] = field(default_factory=list)
     refusals: list[grpc.StatusCode] = field(default_factory=list)
+    unsaved: int = 0  # answers received whose turn the session store did not record
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -47,6 +49,9 @@ class SessionLoop:
             except grpc.RpcError as exc:
                 self.refusals.append(exc.code())
                 time.sleep(RETRY_PAUSE_SECONDS)
+                continue
+            if not answer.stats.session_saved:
+                self.unsaved += 1
                 continue
             self.turns.append(Turn(message, answer.text, answer.stats, time.monotonic()))
 

@@ -24,6 +24,7 @@ from attnstore.server.redis_process import RedisProcess
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 from attnstore_scheduler.launcher import SchedulerProcess
+from attnstore_scheduler.redis_session_store import RedisSessionStore
 from inference_worker.launcher import WorkerProcess
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -156,3 +157,15 @@ def wait_for(condition: Callable[[], T], *, what: str, timeout_seconds: float = 
             raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
         time.sleep(0.05)
     return value
+
+
+def redis_store(url: str, *, lock_ttl_seconds: float, lock_wait_seconds: float) -> RedisSessionStore:
+    """A session store on the Redis at `url`, as a scheduler replica opens it."""
+    return RedisSessionStore(
+        url,
+        expiry_grace_seconds=60,
+        lock_ttl_seconds=lock_ttl_seconds,
+        lock_wait_seconds=lock_wait_seconds,
+        max_connections=20,
+        pool_timeout_seconds=5,
+    )

@@ -81,6 +81,7 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     "create: ttl over the limit": (lambda c, _: c.create_session(ttl_seconds=601), INVALID, "at most 600"),
     "chat: malformed session id": (chat(session="nope"), INVALID, "'nope' is not a session id"),
     "chat: unknown session": (chat(session=UNKNOWN_ID), NOT_FOUND, f"session {UNKNOWN_ID} not found"),
+    "chat: id with a trailing newline": (chat(session=UNKNOWN_ID + "\n"), INVALID, "is not a session id"),
     "chat: empty message": (chat(message="  "), INVALID, "message must not be empty"),
     "chat: long message": (chat(message="x" * 201), INVALID, "message is 201 characters"),
     "chat: max_tokens over the model's": (chat(max_tokens=5000), INVALID, "the model allows at most 2048"),
@@ -107,6 +108,7 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     ),
     "get: malformed id": (lambda c, _: c.get_session("ABC"), INVALID, "not a session id"),
     "get: unknown id": (lambda c, _: c.get_session(UNKNOWN_ID), NOT_FOUND, "not found"),
+    "get: id with a trailing newline": (lambda c, s: c.get_session(s + "\n"), INVALID, "not a session id"),
     "get: another tenant, not admin": (
         lambda c, s: c.get_session(s, tenant="globex"),
         grpc.StatusCode.PERMISSION_DENIED,
@@ -114,6 +116,7 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     ),
     "delete: malformed id": (lambda c, _: c.delete_session("x" * 33), INVALID, "not a session id"),
     "delete: unknown id": (lambda c, _: c.delete_session(UNKNOWN_ID), NOT_FOUND, "not found"),
+    "delete: id with a trailing newline": (lambda c, s: c.delete_session(s + "\n"), INVALID, "not a session id"),
     "list: page too large": (lambda c, _: c.list_sessions(page_size=1001), INVALID, "at most 1000"),
     "list: malformed page token": (lambda c, _: c.list_sessions(page_token="zz"), INVALID, "page_token"),
 }
@@ -126,6 +129,20 @@ def test_bad_input_is_refused_with_a_clear_status(stack: Stack, session_id: str,
         call(stack.client(), session_id)
     assert error.value.code() == code, error.value.details()
     assert message in error.value.details()
+
+
+@pytest.mark.parametrize("tenant", ["acme\n", "acme\n\n", "\nacme", "ac me"])
+def test_an_admin_cannot_name_a_tenant_with_a_newline(stack: Stack, session_id: str, tenant: str) -> None:
+    """`acme\n` would be a key space of its own beside `acme`'s (the pattern is anchored)."""
+    admin = stack.client("admin")
+    for call in (
+        lambda: admin.get_session(session_id, tenant=tenant),
+        lambda: admin.list_sessions(tenant=tenant),
+        lambda: admin.delete_session(session_id, tenant=tenant),
+    ):
+        with pytest.raises(grpc.RpcError) as error:
+            call()
+        assert error.value.code() == INVALID and "is not a tenant name" in error.value.details()
 
 
 @pytest.mark.parametrize(

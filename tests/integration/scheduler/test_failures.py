@@ -121,6 +121,41 @@ def test_redis_killed_under_load_loses_no_acknowledged_turn(stack: Stack) -> Non
     wait_for(lambda: is_serving(stack.scheduler.address), what="health SERVING again", timeout_seconds=10)
 
 
+def test_redis_killed_mid_turn_the_answer_arrives_and_its_stats_say_it_was_not_saved(stack: Stack) -> None:
+    assert stack.redis is not None
+    client = stack.client()
+    session_id = client.create_session(system_prompt=SYSTEM).session_id
+    assert client.chat(session_id, "hello world", max_tokens=4).stats.session_saved
+    reference_id = client.create_session(system_prompt=SYSTEM).session_id
+    client.chat(reference_id, "hello world", max_tokens=4)
+    reference = client.chat(reference_id, "how are you", max_tokens=LONG_ANSWER_TOKENS)
+    assert reference.stats.session_saved and len(reference.token_ids) > 2 * TOKENS_BEFORE_KILL
+
+    received: list[api.TokenText] = []
+    stats: api.TurnStats | None = None
+    started = time.monotonic()
+    try:
+        for event in client.stream_chat(session_id, "how are you", max_tokens=LONG_ANSWER_TOKENS):
+            if isinstance(event, api.TurnStats):
+                stats = event
+                continue
+            received.append(event)
+            if len(received) == TOKENS_BEFORE_KILL:
+                stack.redis.kill9()
+        took = time.monotonic() - started
+    finally:
+        stack.redis.start()  # the append-only file brings back the sessions as they were
+
+    assert stats is not None and not stats.session_saved  # the whole answer, flagged as not counted
+    assert [token.token_id for token in received] == reference.token_ids
+    assert took < 30, took
+    wait_for(lambda: is_serving(stack.scheduler.address), what="health SERVING again", timeout_seconds=10)
+    assert client.get_session(session_id).turns == 1  # as before the turn: send it again
+    again = client.chat(session_id, "how are you", max_tokens=LONG_ANSWER_TOKENS)
+    assert again.stats.session_saved and again.token_ids == reference.token_ids
+    assert client.get_session(session_id).turns == 2
+
+
 def daemon_fallbacks(stack: Stack) -> float:
     return sum(scrape_metrics(port).get(DAEMON_FALLBACK, 0.0) for port in stack.worker_metrics_ports.values())
 

@@ -1,11 +1,12 @@
 """The public API end to end: a real scheduler (sessions in a real Redis) in front of two
 real workers on two nodes and a real daemon. Multi-turn chat reuses more KV every turn;
 sessions expire and release their KV; tenants never see each other's sessions or KV;
-concurrent turns of one session are serialized; health, reflection and metrics answer.
+concurrent turns of one session are serialized, in arrival order; health, reflection and metrics answer.
 One stack serves the whole module."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import urllib.request
@@ -14,19 +15,35 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from scheduler_stack import CHUNK_TOKENS, RedisFactory, Stack, free_port, start_stack, wait_for
+from scheduler_stack import (
+    API_KEYS,
+    CHUNK_TOKENS,
+    RedisFactory,
+    Stack,
+    free_port,
+    redis_store,
+    start_stack,
+    wait_for,
+)
 from transformers import PreTrainedTokenizerFast
 
 from attnstore.api.v1 import api_pb2 as api
+from attnstore.api.v1 import api_pb2_grpc
+from attnstore.api_client import AsyncAttnStoreClient
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import KVStoreClient
+from attnstore_scheduler.redis_turn_queue import queue_key
 from inference_worker.model_store import model_digest
 
 SYSTEM = "you are a helpful assistant"
 MESSAGES = ["hello world, how are you", "the capital of france is paris", "system user assistant"]
+MAX_CONCURRENT_RPCS = 16
 SCHEDULER_SETTINGS = {
+    "serving": {"max_concurrent_rpcs": MAX_CONCURRENT_RPCS, "overload_retry_after_ms": 250},
+    "redis_max_connections": 4,  # fewer than the calls at once: they wait for a connection
     "max_session_tokens": 1500,
     "max_sessions_per_tenant": 4,
     "max_session_ttl_seconds": 600,
@@ -173,6 +190,71 @@ def test_concurrent_turns_of_one_session_are_serialized(stack: Stack) -> None:
     later = answers[second]
     assert contents[1] == answers[first].text and contents[3] == later.text  # type: ignore[attr-defined]
     assert later.stats.reused_tokens > 0  # type: ignore[attr-defined]  # it ran on top of the other
+
+
+async def test_turns_of_one_session_are_stored_in_arrival_order(stack: Stack) -> None:
+    """Ten Chat calls queue behind a turn held by another replica (a second store on the same
+    Redis); each is sent once the previous one is queued, and they are stored in that order."""
+    assert stack.redis is not None
+    session_id = stack.client("globex").create_session(system_prompt=SYSTEM).session_id
+    messages = [f"message number {number}" for number in range(10)]
+    replica = redis_store(stack.redis.url, lock_ttl_seconds=5, lock_wait_seconds=60)
+    queue = aioredis.from_url(stack.redis.url)
+
+    async def queued(length: int) -> None:
+        async with asyncio.timeout(30):
+            while await queue.zcard(queue_key("globex", session_id)) < length:
+                await asyncio.sleep(0.01)
+
+    try:
+        async with AsyncAttnStoreClient(stack.scheduler.address, API_KEYS["globex"]) as client:
+            async with replica.turn_lock("globex", session_id):
+                calls = []
+                for number, message in enumerate(messages):
+                    calls.append(asyncio.create_task(client.chat(session_id, message, max_tokens=4)))
+                    await queued(number + 2)
+            await asyncio.gather(*calls)
+    finally:
+        await replica.close()
+        await queue.aclose()
+    stored = stack.client("globex").get_session(session_id)
+    assert [m.content for m in stored.messages if m.role == api.ROLE_USER] == messages
+
+
+async def test_a_flood_beyond_the_call_limit_is_refused_with_a_retry_hint(stack: Stack) -> None:
+    """200 Chat calls at once on one session (each holds a call slot while it waits for the
+    session): 16 run, the rest get RESOURCE_EXHAUSTED with a message and retry-after-ms,
+    never a bare CANCELLED; health answers throughout; the shedding is logged."""
+    session_id = stack.client("globex").create_session(system_prompt=SYSTEM).session_id
+    metadata = (("x-api-key", API_KEYS["globex"]),)
+    async with grpc.aio.insecure_channel(stack.scheduler.address) as channel:
+        stub = api_pb2_grpc.AttnStoreStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def chat(number: int) -> grpc.aio.AioRpcError | None:
+            request = api.ChatRequest(
+                session_id=session_id, message=f"flood {number}", options=api.GenerationOptions(max_tokens=2)
+            )
+            try:
+                async for _ in stub.Chat(request, metadata=metadata, timeout=120):
+                    pass
+            except grpc.aio.AioRpcError as error:
+                return error
+            return None
+
+        calls = [asyncio.create_task(chat(number)) for number in range(200)]
+        probe = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        outcomes = await asyncio.gather(*calls)
+    assert probe.status == health_pb2.HealthCheckResponse.SERVING
+    refused = [error for error in outcomes if error is not None]
+    assert len(refused) >= 200 - 2 * MAX_CONCURRENT_RPCS, len(refused)  # some may start after others end
+    for error in refused:
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (error.code(), error.details())
+        assert "maximum of 16 calls (serving.max_concurrent_rpcs)" in (error.details() or "")
+        assert ("retry-after-ms", "250") in tuple(error.trailing_metadata() or ())
+    stored = stack.client("globex").get_session(session_id)
+    assert stored.turns == 200 - len(refused)  # every admitted turn ran and was saved
+    wait_for(lambda: "rpcs_shed" in stack.scheduler.log_tail(400), what="the shedding log line")
 
 
 def test_ids_list_in_pages_and_the_tenant_limit_holds(stack: Stack) -> None:

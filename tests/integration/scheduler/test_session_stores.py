@@ -1,20 +1,21 @@
 """Both session stores behave the same: the embedded one and the Redis one against a real
 redis-server. TTLs, expiry claims, paging, the per-tenant limits (sessions, stored tokens),
-turn locks, and saves that never bring a deleted session back."""
+turn locks granted in arrival order, and saves that never bring a deleted session back."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
-from redis.asyncio.lock import Lock
-from scheduler_stack import RedisFactory
+import redis.asyncio as aioredis
+from scheduler_stack import RedisFactory, redis_store
 
 from attnstore.errors import ResourceExhausted, Unavailable
-from attnstore_scheduler.redis_session_store import RedisSessionStore
+from attnstore_scheduler.redis_turn_queue import queue_key
 from attnstore_scheduler.session_record import SessionRecord, new_session_id
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 
@@ -26,12 +27,7 @@ async def store(request: pytest.FixtureRequest, redis_factory: RedisFactory) -> 
     if request.param == "embedded":
         made: SessionStore = EmbeddedSessionStore(LOCK_WAIT_SECONDS)
     else:
-        made = RedisSessionStore(
-            redis_factory().url,
-            expiry_grace_seconds=60,
-            lock_ttl_seconds=0.6,
-            lock_wait_seconds=LOCK_WAIT_SECONDS,
-        )
+        made = redis_store(redis_factory().url, lock_ttl_seconds=0.6, lock_wait_seconds=LOCK_WAIT_SECONDS)
     try:
         yield made
     finally:
@@ -178,9 +174,7 @@ async def test_waiting_for_a_busy_session_times_out_with_unavailable(store: Sess
 
 
 async def test_the_redis_lock_outlives_its_ttl_while_held(redis_factory: RedisFactory) -> None:
-    store = RedisSessionStore(
-        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=0.2
-    )
+    store = redis_store(redis_factory().url, lock_ttl_seconds=0.3, lock_wait_seconds=0.2)
     try:
         async with store.turn_lock("acme", "a" * 32):
             await asyncio.sleep(1.0)  # three TTLs: renewed in the background
@@ -193,7 +187,7 @@ async def test_the_redis_lock_outlives_its_ttl_while_held(redis_factory: RedisFa
 
 async def test_a_redis_store_answers_unavailable_while_redis_is_down(redis_factory: RedisFactory) -> None:
     redis = redis_factory()
-    store = RedisSessionStore(redis.url, expiry_grace_seconds=60, lock_ttl_seconds=1, lock_wait_seconds=1)
+    store = redis_store(redis.url, lock_ttl_seconds=1, lock_wait_seconds=1)
     try:
         await store.ping()
         redis.stop()
@@ -208,19 +202,17 @@ async def test_a_turn_ends_even_when_redis_swallows_the_lock_renewals_cancel(
 ) -> None:
     """redis-py (8.x asyncio) can swallow a Task.cancel() that lands inside a command: the
     call returns and the task goes on. The turn must still end and free its session."""
-    reacquire = Lock.do_reacquire
+    evalsha = aioredis.Redis.evalsha
 
-    async def swallowing_reacquire(self: Lock) -> bool:
+    async def swallowing_evalsha(self: aioredis.Redis, *args: object) -> object:
         try:
             await asyncio.sleep(0.05)  # the command in flight
         except asyncio.CancelledError:
             pass  # swallowed, as redis-py does
-        return await reacquire(self)
+        return await evalsha(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Lock, "do_reacquire", swallowing_reacquire)
-    store = RedisSessionStore(
-        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=LOCK_WAIT_SECONDS
-    )
+    monkeypatch.setattr(aioredis.Redis, "evalsha", swallowing_evalsha)
+    store = redis_store(redis_factory().url, lock_ttl_seconds=0.3, lock_wait_seconds=LOCK_WAIT_SECONDS)
     started = time.monotonic()
     try:
         async with asyncio.timeout(5):  # a turn stuck on its renewer would wait forever
@@ -231,3 +223,109 @@ async def test_a_turn_ends_even_when_redis_swallows_the_lock_renewals_cancel(
     finally:
         await store.close()
     assert time.monotonic() - started < 2, "the turn waited for a renewer that ignored its cancel"
+
+
+async def _tickets(url: str, session_id: str) -> set[bytes]:
+    async with aioredis.from_url(url) as redis:
+        return set(await redis.zrange(queue_key("acme", session_id), 0, -1))
+
+
+async def _wait_queued(
+    url: str | None, session_id: str, length: int, besides: frozenset[bytes] = frozenset()
+) -> None:
+    """Until `length` turns (tickets not in `besides`) hold or wait for the session (Redis),
+    or one loop pass (embedded: a task reaches the asyncio lock's queue without I/O)."""
+    async with asyncio.timeout(10):
+        while url is not None and len(await _tickets(url, session_id) - besides) < length:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+async def test_turns_of_one_session_run_in_arrival_order(redis_factory: RedisFactory, kind: str) -> None:
+    """16 turns wait behind a running one; they run in the order they arrived (the Redis
+    lock used to be polled by every waiter, and the fastest poller won)."""
+    url = redis_factory().url if kind == "redis" else None
+    store: SessionStore = (
+        redis_store(url, lock_ttl_seconds=5, lock_wait_seconds=30)
+        if url is not None
+        else EmbeddedSessionStore(30)
+    )
+    session_id, ran = "b" * 32, []
+
+    async def turn(number: int) -> None:
+        async with store.turn_lock("acme", session_id):
+            ran.append(number)
+            await asyncio.sleep(0.01)
+
+    try:
+        async with store.turn_lock("acme", session_id):
+            tasks = []
+            for number in range(16):
+                tasks.append(asyncio.create_task(turn(number)))
+                await _wait_queued(url, session_id, number + 2)
+        await asyncio.gather(*tasks)
+    finally:
+        await store.close()
+    assert ran == list(range(16))
+
+
+# A scheduler that holds a session's turn and has another one waiting, then is killed.
+_DYING_SCHEDULER = """
+import asyncio, sys
+from attnstore_scheduler.redis_session_store import RedisSessionStore
+
+async def main():
+    store = RedisSessionStore(
+        sys.argv[1], expiry_grace_seconds=60, lock_ttl_seconds=0.5, lock_wait_seconds=60, max_connections=4,
+        pool_timeout_seconds=5,
+    )
+    holding, waiting = store.turn_lock("acme", sys.argv[2]), store.turn_lock("acme", sys.argv[2])
+    await holding.__aenter__()
+    asyncio.create_task(waiting.__aenter__())
+    await asyncio.sleep(0.2)
+    print("holding", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_schedulers_tickets_lapse_and_the_queue_goes_on_in_order(
+    redis_factory: RedisFactory,
+) -> None:
+    """Its two tickets stay in Redis unrenewed: a new scheduler's turns wait one lock TTL for
+    them to lapse, then run in their own arrival order."""
+    url = redis_factory().url
+    session_id = "c" * 32
+    dying = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _DYING_SCHEDULER, url, session_id, stdout=asyncio.subprocess.PIPE
+    )
+    assert dying.stdout is not None
+    try:
+        async with asyncio.timeout(20):
+            assert await dying.stdout.readline() == b"holding\n"
+    finally:
+        dying.kill()
+        await dying.wait()
+    dead = frozenset(await _tickets(url, session_id))
+    assert len(dead) == 2
+
+    store = redis_store(url, lock_ttl_seconds=0.5, lock_wait_seconds=30)
+    ran: list[int] = []
+    started = time.monotonic()
+
+    async def turn(number: int) -> None:
+        async with store.turn_lock("acme", session_id):
+            ran.append(number)
+
+    try:
+        tasks = []
+        for number in range(4):
+            tasks.append(asyncio.create_task(turn(number)))
+            await _wait_queued(url, session_id, number + 1, besides=dead)
+        await asyncio.gather(*tasks)
+    finally:
+        await store.close()
+    assert ran == [0, 1, 2, 3]
+    assert time.monotonic() - started < 5  # waited for the dead tickets' leases, not for ever

@@ -1,22 +1,36 @@
 """A daemon process serving mutual TLS: clients with a certificate from its CA get through,
 over shared memory and over gRPC; without one, with another CA's, in plaintext, or
-trusting the wrong CA, they never reach it. Health probes work over TLS."""
+trusting the wrong CA, they never reach it. Health probes work over TLS, and on the
+plaintext health port without any credential (which serves nothing else)."""
 
 from __future__ import annotations
 
+import socket
+
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from secure_stack import LAYOUT, NAMESPACE, credentials, make_chunks, server_tls
 
 from attnstore.healthcheck import main as healthcheck
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.security import ClientCredentials
 from kvstore_daemon.launcher import DaemonProcess
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+HEALTH_ADDRESS = f"127.0.0.1:{free_port()}"
+
+
 @pytest.fixture(scope="module")
 def daemon(daemon_factory, pki) -> DaemonProcess:
-    return daemon_factory({"tls": server_tls(pki, mutual=True)})
+    return daemon_factory({"tls": server_tls(pki, mutual=True) | {"health_listen_address": HEALTH_ADDRESS}})
 
 
 @pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "grpc"])
@@ -72,3 +86,19 @@ def test_the_health_probe_speaks_mutual_tls(daemon: DaemonProcess, pki) -> None:
     tls = ["--address", daemon.address, "--tls", "--ca-file", str(pki.ca)]
     assert healthcheck([*tls, "--cert-file", str(pki.client_cert), "--key-file", str(pki.client_key)]) == 0
     assert healthcheck(tls) == 1
+
+
+def test_the_plaintext_health_port_answers_a_caller_without_a_certificate_and_nothing_else(
+    daemon: DaemonProcess,
+) -> None:
+    """What Kubernetes' gRPC probes need under mutual TLS: they present no certificate."""
+    with grpc.insecure_channel(HEALTH_ADDRESS) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        service = health_pb2.HealthCheckRequest(service="attnstore.kvstore.v1.KVStore")
+        assert health_pb2_grpc.HealthStub(channel).Check(service, timeout=5).status == reply.status
+        with pytest.raises(grpc.RpcError) as error:
+            kvstore_pb2_grpc.KVStoreStub(channel).Stats(kvstore_pb2.StatsRequest(), timeout=5)
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert healthcheck(["--address", HEALTH_ADDRESS]) == 0
+    assert healthcheck(["--address", daemon.address]) == 1  # the TLS port still needs the handshake

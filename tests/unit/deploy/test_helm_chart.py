@@ -213,15 +213,10 @@ def test_attnstore_pods_probe_grpc_health(rendered: dict[str, list[dict]], value
         ]
         for workload in candidates:
             spec = container(workload, component)
+            # Native gRPC probes speak no TLS: under TLS they go to the plaintext health port.
+            port = "grpc-health" if VALUE_SETS[values_set].get("tls", {}).get("enabled") else "grpc"
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                if "grpc" in spec[probe]:
-                    assert spec[probe]["grpc"] == {"port": port_number(spec, "grpc")}, (component, probe)
-                    continue
-                # Native gRPC probes speak no TLS: attnstore-healthcheck over TLS instead.
-                command = spec[probe]["exec"]["command"]
-                address = f"127.0.0.1:{port_number(spec, 'grpc')}"
-                assert command[:3] == ["attnstore-healthcheck", "--address", address]
-                assert "--tls" in command, (component, probe)
+                assert spec[probe]["grpc"] == {"port": port_number(spec, port)}, (component, probe)
 
 
 # ---- the services' settings in the pods ------------------------------------------------------
@@ -599,9 +594,9 @@ def test_tls_and_tokens_reach_every_service(rendered: dict[str, list[dict]], set
         if component != "scheduler":
             admin_digests = tuple(values["internalAuth"]["adminTokenSha256"])
             assert settings.internal_auth.admin_token_sha256 == admin_digests
-        probe = container(workload, component)["readinessProbe"]["exec"]["command"]
-        assert probe[probe.index("--server-name") + 1] == server_name
-        assert Path(probe[probe.index("--cert-file") + 1]) in files  # the server requires one
+        health_port = port_number(container(workload, component), "grpc-health")
+        assert tls.health_listen_address == f"0.0.0.0:{health_port}"
+        assert container(workload, component)["readinessProbe"]["grpc"] == {"port": health_port}
 
 
 def test_without_mutual_tls_workers_send_their_token(chart: helm.Chart, settings_classes) -> None:
@@ -620,4 +615,3 @@ def test_without_mutual_tls_workers_send_their_token(chart: helm.Chart, settings
     daemon_env = settings_env(daemon, "kvstore-daemon")
     daemon_settings = check_settings_env(settings_classes["kvstore-daemon"], daemon_env)
     assert daemon_settings.internal_auth.token_sha256 == ("ab" * 32,)
-    assert "--cert-file" not in container(daemon, "kvstore-daemon")["readinessProbe"]["exec"]["command"]

@@ -67,6 +67,8 @@ def test_the_keys_file_may_be_yaml_or_json(tmp_path: Path) -> None:
         ("acme: [abc]", "not a sha256 hex digest"),
         (f"acme: ['{'0' * 64}']\nother: ['{'0' * 64}']", "listed for tenants"),
         (f"'bad tenant!': ['{'0' * 64}']", "is not a tenant name"),
+        ('"acme\\n": ["' + "0" * 64 + '"]', "is not a tenant name"),
+        ('acme: ["' + "0" * 64 + '\\n"]', "not a sha256 hex digest"),
         ("acme: [", "keys.yaml"),
     ],
 )

@@ -1,5 +1,6 @@
 """The hint pusher: against a real daemon process (lookahead policy) that prefetches what
-the queue needs, rate limiting, an unreachable daemon, stale namespaces, split calls."""
+the queue needs and evicts what Sessions released first, rate limiting, an unreachable
+daemon, stale namespaces, split calls."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult,
 from attnstore_scheduler.hint_pusher import HintClient, HintPusher, capacity_from_stats, split_entries
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity
+from attnstore_scheduler.session_record import SessionRecord
+from attnstore_scheduler.session_store import EmbeddedSessionStore
+from attnstore_scheduler.sessions import Sessions
+from attnstore_scheduler.settings import HintSettings, NodeSpec
+from attnstore_scheduler.worker_registry import WorkerRegistry
 from kvstore_daemon.launcher import DaemonProcess
 
 KiB, MiB = 1024, 1024 * 1024
@@ -42,6 +48,7 @@ DAEMON_SETTINGS = {
     "dram_low_watermark": 1.0,
     "log_level": "WARNING",
 }
+QUEUE_LENGTH = 64
 _ids = itertools.count()
 
 
@@ -135,12 +142,12 @@ async def test_prefetch_hints_move_the_queued_sessions_from_ssd_to_dram(client: 
         await client.put_chunks(NS, {key: chunk(key) for key in session_keys(session)})
     assert await tiers(client, 0) == await tiers(client, 1) == [Tier.SSD] * 4
     assert await tiers(client, 2) == [Tier.DRAM] * 4
-    queue = JobQueue()
+    queue = JobQueue(QUEUE_LENGTH)
     for session in (0, 1, 2):  # 768 KiB of KV: inside the 80% of 1 MiB prefetch window
         queue.push(job(session))
     capacity = await capacity_from_stats(client)
     assert capacity == NodeCapacity(dram_bytes=MiB, ssd_bytes=16 * MiB)
-    pusher = HintPusher(queue, lambda: [Target("up", client, capacity)])
+    pusher = HintPusher(queue, lambda: [Target("up", client, capacity)], HintSettings())
 
     report = await pusher.push()
 
@@ -157,13 +164,44 @@ async def test_prefetch_hints_move_the_queued_sessions_from_ssd_to_dram(client: 
     assert stats.promotions == 8 and stats.eviction_policy == "lookahead"
 
 
+async def test_a_released_sessions_chunks_are_still_evicted_first_after_the_next_push(
+    daemon: DaemonProcess, client: AsyncKVStoreClient
+) -> None:
+    """Sessions releases through the pusher: its EVICT_FIRST rides along with every replace
+    push (a hint of its own, as Sessions used to send, was wiped by the next one)."""
+    for session in range(6):  # 24 chunks into a 16-chunk DRAM: sessions 2 to 5 stay in DRAM
+        await client.put_chunks(NS, {key: chunk(key) for key in session_keys(session)})
+    assert await tiers(client, 2) == await tiers(client, 5) == [Tier.DRAM] * 4
+    registry = WorkerRegistry(
+        max_turns_per_worker=1, health_interval_seconds=1, health_timeout_seconds=1, daemon_timeout_seconds=5
+    )
+    registry.set_topology([NodeSpec(name="up", daemon_address=daemon.address, worker_addresses=("unused:1",))])
+    queue = JobQueue(QUEUE_LENGTH)
+    queue.push(job(3))  # a queued turn in the namespace: every push replaces its hints there
+    pusher = HintPusher(queue, lambda: [Target("up", client, NodeCapacity(MiB, 16 * MiB))], HintSettings())
+    sessions = Sessions(EmbeddedSessionStore(1.0), registry, pusher, max_sessions_per_tenant=10)
+    ended = SessionRecord(
+        tenant="t", session_id="5" * 32, ttl_seconds=60, created_at=0.0, updated_at=0.0,
+        namespace=NS, chunk_keys=tuple(session_keys(5)), node="up",
+    )  # fmt: skip
+    try:
+        assert await sessions.release(ended) == CHUNKS_PER_SESSION
+        await pusher.push()
+        await pusher.push()  # the next push replaces the namespace's hints again
+        await client.put_chunks(NS, {key: chunk(key) for key in session_keys(6)})  # 4 chunks must go
+    finally:
+        await registry.close()
+    assert await tiers(client, 5) == [Tier.SSD] * 4  # the released session went first...
+    assert await tiers(client, 2) == [Tier.DRAM] * 4  # ...not the least recently used one
+
+
 async def test_pushes_are_rate_limited_and_the_last_one_carries_the_final_queue(
     client: AsyncKVStoreClient,
 ) -> None:
-    queue = JobQueue()
+    queue = JobQueue(QUEUE_LENGTH)
     recorder = RecordingClient(client)
     pusher = HintPusher(
-        queue, lambda: [Target("up", recorder, NodeCapacity(MiB, 16 * MiB))], min_interval_seconds=0.5
+        queue, lambda: [Target("up", recorder, NodeCapacity(MiB, 16 * MiB))], HintSettings(min_interval_seconds=0.5)
     )
     runner = asyncio.create_task(pusher.run())
     try:
@@ -185,14 +223,14 @@ async def test_an_unreachable_daemon_is_counted_and_the_others_still_get_their_h
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         dead_address = f"127.0.0.1:{probe.getsockname()[1]}"
-    queue = JobQueue()
+    queue = JobQueue(QUEUE_LENGTH)
     queue.push(job(0, node="up"))
     queue.push(job(1, node="down"))
     queue.push(job(2, node="down", namespace=NS2))
     async with AsyncKVStoreClient(dead_address, timeout_seconds=2.0) as dead:
         capacity = NodeCapacity(MiB, 16 * MiB)
         targets = [Target("up", client, capacity), Target("down", dead, capacity), Target("new", dead, None)]
-        pusher = HintPusher(queue, lambda: targets)
+        pusher = HintPusher(queue, lambda: targets, HintSettings())
         for attempt in (1, 2):  # the failed node is retried by the next push
             report = await pusher.push()
             assert report.nodes_pushed == ["up"] and report.nodes_failed == ["down"]
@@ -201,9 +239,10 @@ async def test_an_unreachable_daemon_is_counted_and_the_others_still_get_their_h
 
 
 async def test_a_namespace_that_leaves_the_window_is_replaced_by_nothing() -> None:
-    queue = JobQueue()
+    queue = JobQueue(QUEUE_LENGTH)
     recorder = RecordingClient()
-    pusher = HintPusher(queue, lambda: [Target("n", recorder, NodeCapacity(MiB, MiB))], max_keys_per_call=3)
+    target = Target("n", recorder, NodeCapacity(MiB, MiB))
+    pusher = HintPusher(queue, lambda: [target], HintSettings(max_keys_per_call=3))
     first = job(0, node="n", namespace=NS2)
     queue.push(first)
     await pusher.push()
@@ -216,11 +255,11 @@ async def test_a_namespace_that_leaves_the_window_is_replaced_by_nothing() -> No
 
 
 async def test_released_chunks_are_hinted_evict_first_with_every_push_until_their_time_is_up() -> None:
-    queue = JobQueue()
+    queue = JobQueue(QUEUE_LENGTH)
     recorder = RecordingClient()
     now = [0.0]
-    pusher = HintPusher(queue, lambda: [Target("n", recorder, NodeCapacity(MiB, MiB))], release_seconds=30,
-                        clock=lambda: now[0])
+    target = Target("n", recorder, NodeCapacity(MiB, MiB))
+    pusher = HintPusher(queue, lambda: [target], HintSettings(release_seconds=30), clock=lambda: now[0])
     queued = job(0, node="n")
     queue.push(queued)
     released = session_keys(1)

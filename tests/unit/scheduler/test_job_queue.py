@@ -29,7 +29,7 @@ async def drain(queue: JobQueue) -> list[QueuedJob]:
 
 
 async def test_higher_priority_runs_first_and_ties_keep_arrival_order() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     low, high, high2, mid = job(priority=0), job(priority=5), job(priority=5), job(priority=1)
     for item in (low, high, high2, mid):
         queue.push(item)
@@ -37,7 +37,7 @@ async def test_higher_priority_runs_first_and_ties_keep_arrival_order() -> None:
 
 
 async def test_a_tenants_burst_does_not_starve_the_others() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     burst = [job("bulk") for _ in range(10)]
     for item in burst:
         queue.push(item)
@@ -51,7 +51,7 @@ async def test_a_tenants_burst_does_not_starve_the_others() -> None:
 
 
 async def test_a_newcomer_joins_the_current_round_while_a_burst_is_served() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     for _ in range(6):
         queue.push(job("bulk"))
     await queue.pop()
@@ -65,7 +65,7 @@ async def test_a_newcomer_joins_the_current_round_while_a_burst_is_served() -> N
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 2)), min_size=1, max_size=40))
 async def test_predicted_order_is_the_service_order_and_is_fair(pushes: list[tuple[str, int]]) -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     jobs = [job(tenant, priority) for tenant, priority in pushes]
     for item in jobs:
         queue.push(item)
@@ -88,7 +88,7 @@ async def test_predicted_order_is_the_service_order_and_is_fair(pushes: list[tup
 
 
 async def test_remove_drops_a_waiting_job_only_once() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     first, second, third = job(), job(), job()
     for item in (first, second, third):
         queue.push(item)
@@ -115,7 +115,7 @@ async def test_a_full_queue_raises_queue_full_and_duplicates_are_refused() -> No
 
 
 async def test_accept_skips_jobs_it_cannot_place_and_keeps_a_sessions_order() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     turn1, turn2 = job("a", session="s1", node="busy"), job("a", session="s1", node="free")
     other = job("b", node="free")
     for item in (turn1, turn2, other):
@@ -126,7 +126,7 @@ async def test_accept_skips_jobs_it_cannot_place_and_keeps_a_sessions_order() ->
 
 
 async def test_pop_waits_for_a_push_and_wake_reevaluates_accept() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     waiter = asyncio.create_task(queue.pop())
     await asyncio.sleep(0)
     assert not waiter.done()
@@ -145,7 +145,7 @@ async def test_pop_waits_for_a_push_and_wake_reevaluates_accept() -> None:
 
 
 async def test_listeners_hear_every_change() -> None:
-    queue = JobQueue()
+    queue = JobQueue(64)
     calls: list[int] = []
     queue.add_listener(lambda: calls.append(len(queue)))
     first = job()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnstore.errors import ResourceExhausted
+from attnstore.errors import Overloaded, ResourceExhausted
 from attnstore_scheduler.rate_limit import RateLimiter
 
 
@@ -27,8 +27,9 @@ def test_a_burst_then_the_rate_per_tenant() -> None:
 
     clock.now += 0.5  # one call's worth refilled
     limiter.check("acme")
-    with pytest.raises(ResourceExhausted, match="retry in 0.50s"):
+    with pytest.raises(ResourceExhausted, match="retry in 0.50s") as refused:
         limiter.check("acme")
+    assert isinstance(refused.value, Overloaded) and refused.value.retry_after_ms == 500  # retry-after-ms
     clock.now += 100  # never more than the burst
     for _ in range(3):
         limiter.check("acme")

@@ -8,8 +8,11 @@ from dataclasses import replace
 import pytest
 
 from attnstore.errors import ResourceExhausted
+from attnstore_scheduler.hint_pusher import HintPusher
+from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.session_store import EmbeddedSessionStore
 from attnstore_scheduler.sessions import Sessions
+from attnstore_scheduler.settings import HintSettings
 from attnstore_scheduler.worker_registry import WorkerRegistry
 
 KV_BYTES_PER_TOKEN = 256
@@ -19,8 +22,9 @@ def sessions(limit: int | None) -> Sessions:
     registry = WorkerRegistry(
         max_turns_per_worker=1, health_interval_seconds=1, health_timeout_seconds=1, daemon_timeout_seconds=1
     )
+    pusher = HintPusher(JobQueue(1), registry.hint_targets, HintSettings())
     return Sessions(
-        EmbeddedSessionStore(1.0), registry, max_sessions_per_tenant=10, max_kv_bytes_per_tenant=limit
+        EmbeddedSessionStore(1.0), registry, pusher, max_sessions_per_tenant=10, max_kv_bytes_per_tenant=limit
     )
 
 

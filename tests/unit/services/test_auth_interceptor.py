@@ -13,6 +13,7 @@ from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.security import InternalAuth, token_digest
 from attnstore.server.auth_interceptor import InternalAuthInterceptor
+from attnstore.server.concurrency import ServingLimits
 from attnstore.server.lifecycle import create_server
 from kvstore_daemon.servicer import ADMIN_METHODS
 
@@ -78,6 +79,7 @@ class TinyDaemon(kvstore_pb2_grpc.KVStoreServicer):
 async def channel() -> AsyncIterator[grpc.aio.Channel]:
     """To a server with a daemon servicer behind internal auth."""
     server = create_server(
+        ServingLimits(),
         interceptors=[InternalAuthInterceptor(AUTH, client_cert_required=False, admin_methods=ADMIN_METHODS)]
     )
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(TinyDaemon(), server)

@@ -11,6 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from attnstore.server.concurrency import ServingLimits
 from attnstore.server.lifecycle import create_server, serve
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -46,7 +47,7 @@ async def test_health_follows_the_probe_and_sigterm_stops() -> None:
 
     serving = asyncio.create_task(
         serve(
-            create_server(),
+            create_server(ServingLimits()),
             address="127.0.0.1:0",
             service_names=["test.Service"],
             metrics_port=None,
@@ -76,7 +77,7 @@ async def test_a_failing_probe_at_start_ends_serve_before_it_reports_ready() -> 
     probe.healthy = False
     with pytest.raises(RuntimeError, match="the device is gone"):
         await serve(
-            create_server(),
+            create_server(ServingLimits()),
             address="127.0.0.1:0",
             service_names=["test.Service"],
             metrics_port=None,

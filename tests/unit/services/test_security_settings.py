@@ -40,6 +40,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"cert_file": "/c", "key_file": "/k", "require_client_cert": True}, "needs client_ca_file"),
         ({"cert_file": "/c", "key_file": "/k", "client_ca_file": "/ca"}, "only with require_client_cert"),
         ({"client_ca_file": "/ca", "require_client_cert": True}, "mutual TLS is TLS"),
+        ({"health_listen_address": "0.0.0.0:50052"}, "health_listen_address is for TLS servers"),
         ({"cert_file": "/c", "key_file": "/k", "ca_file": "/ca"}, "Extra inputs"),
     ],
 )
@@ -64,6 +65,8 @@ def test_channel_security_refuses_inconsistent_fields(fields: dict, message: str
 def test_internal_auth_needs_tls_and_a_credential() -> None:
     with pytest.raises(ValidationError, match="should match pattern"):
         InternalAuth(enabled=True, token_sha256=("s3cret",))
+    with pytest.raises(ValidationError, match="should match pattern"):  # `$` anchors at the very end
+        InternalAuth(enabled=True, token_sha256=(DIGEST + "\n",))
     with pytest.raises(ValidationError, match="enabled is false"):
         InternalAuth(token_sha256=(DIGEST,))
     with pytest.raises(ValueError, match="internal_auth needs tls"):

@@ -1,0 +1,81 @@
+"""What a turn produces, as the scheduler's own types: the worker's messages are mapped
+here once, where they arrive (turn_runner.py), and the public API's once, where they
+leave (servicer.py), so the rest of the scheduler depends on neither."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from attnstore.worker.v1 import worker_pb2
+
+
+@dataclass(frozen=True)
+class Token:
+    token_id: int
+    text: str  # what the token adds to the answer (may be "" mid-character)
+
+
+class FinishReason(enum.Enum):
+    UNSPECIFIED = enum.auto()
+    STOP = enum.auto()  # an end-of-turn or stop token
+    LENGTH = enum.auto()  # max_tokens reached
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """What the worker that answered reported about the turn."""
+
+    prompt_tokens: int  # after truncation
+    reused_tokens: int  # loaded from the store instead of computed
+    generated_tokens: int
+    ttft_ms: float  # the worker's own time to first token
+    truncated_tokens: int
+    sink_tokens: int
+    finish_reason: FinishReason
+    namespace: bytes  # of chunk_keys
+    chunk_keys: tuple[bytes, ...]  # the conversation's saved full chunks, oldest first
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """The last event of a turn."""
+
+    stats: WorkerStats
+    prompt_token_ids: tuple[int, ...] | None  # the prompt the worker ran; None: it got messages (Generate)
+    token_ids: tuple[int, ...]
+    text: str
+    node: str
+    attempts: int
+    queue_wait_seconds: float
+    session_saved: bool = False  # Chat: the turn was stored in its session (set by Turns)
+
+
+_FINISH = {
+    worker_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    worker_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+}
+
+
+def token_from_worker(token: worker_pb2.TokenChunk) -> Token:
+    return Token(token.token_id, token.text)
+
+
+def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
+    return WorkerStats(
+        prompt_tokens=stats.prompt_tokens,
+        reused_tokens=stats.reused_tokens,
+        generated_tokens=stats.generated_tokens,
+        ttft_ms=stats.ttft_ms,
+        truncated_tokens=stats.truncated_tokens,
+        sink_tokens=stats.sink_tokens,
+        finish_reason=_FINISH.get(stats.finish_reason, FinishReason.UNSPECIFIED),
+        namespace=stats.namespace,
+        chunk_keys=tuple(stats.chunk_keys),
+    )
+
+
+def prompt_from_request(request: worker_pb2.ExecuteTurnRequest) -> tuple[int, ...] | None:
+    if not request.HasField("prompt_token_ids"):
+        return None
+    return tuple(request.prompt_token_ids.token_ids)
