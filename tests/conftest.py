@@ -92,7 +92,7 @@ def save_tiny_model(path: Path, family: str = "llama", seed: int = 0, **override
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`gpu`-marked tests skip, with the reason, where torch sees no CUDA device."""
-    gpu_tests = [item for item in items if "gpu" in item.keywords]
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_tests:
         return
     from machine import cuda_available
