@@ -15,7 +15,7 @@ from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
 from attnstore_scheduler.rate_limit import RateLimiter
-from attnstore_scheduler.session_record import SessionRecord, check_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turn_runner import TurnOutcome
 from attnstore_scheduler.turns import TurnEvent, Turns
@@ -28,6 +28,7 @@ _FINISH = {
     worker_pb2.FINISH_REASON_STOP: api.FINISH_REASON_STOP,
     worker_pb2.FINISH_REASON_LENGTH: api.FINISH_REASON_LENGTH,
 }
+_STORED_FINISH = {"stop": api.FINISH_REASON_STOP, "length": api.FINISH_REASON_LENGTH}
 
 
 class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
@@ -61,6 +62,8 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         tenant = self._caller(context).tenant
         system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
         ttl_seconds = check_ttl(request.ttl_seconds, self._limits)
+        if system_prompt:
+            await self._turns.check_system_prompt(system_prompt)
         record = await self._sessions.create(tenant, system_prompt, ttl_seconds)
         return api.CreateSessionResponse(session=session_message(record, with_messages=True))
 
@@ -140,7 +143,9 @@ async def _stream(
 
 def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
     stats = outcome.stats
-    history = len(outcome.request.prompt_token_ids.token_ids) + len(outcome.token_ids)
+    history = (
+        len(outcome.request.prompt_token_ids.token_ids) + len(outcome.token_ids) + outcome.closing_tokens
+    )
     return api.TurnStats(
         prompt_tokens=stats.prompt_tokens,
         reused_tokens=stats.reused_tokens,
@@ -156,6 +161,14 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
     )
 
 
+def message_of(message: Message) -> api.Message:
+    return api.Message(
+        role=_ROLES[message.role],
+        content=message.content,
+        finish_reason=_STORED_FINISH.get(message.finish_reason, api.FINISH_REASON_UNSPECIFIED),
+    )
+
+
 def session_message(record: SessionRecord, *, with_messages: bool) -> api.Session:
     def millis(seconds: float) -> int:
         return int(seconds * 1000)
@@ -163,9 +176,7 @@ def session_message(record: SessionRecord, *, with_messages: bool) -> api.Sessio
     return api.Session(
         session_id=record.session_id,
         tenant=record.tenant,
-        messages=[api.Message(role=_ROLES[role], content=content) for role, content in record.messages]
-        if with_messages
-        else [],
+        messages=[message_of(message) for message in record.messages] if with_messages else [],
         turns=record.turns,
         history_tokens=len(record.token_ids),
         truncated_tokens=record.truncated_tokens,

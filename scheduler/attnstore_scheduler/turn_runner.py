@@ -75,6 +75,7 @@ class TurnOutcome:
     node: str
     attempts: int
     queue_wait_seconds: float
+    closing_tokens: int = 0  # the chat template's closing the session's history adds after the answer
 
 
 class _Finished(NamedTuple):

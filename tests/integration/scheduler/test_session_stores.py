@@ -15,7 +15,7 @@ from scheduler_stack import RedisFactory
 
 from attnstore.errors import ResourceExhausted, Unavailable
 from attnstore_scheduler.redis_session_store import RedisSessionStore
-from attnstore_scheduler.session_record import SessionRecord, new_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 
 LOCK_WAIT_SECONDS = 1.0
@@ -52,8 +52,13 @@ def record(tenant: str = "acme", ttl_seconds: int = 60, **fields: object) -> Ses
 
 async def test_a_session_round_trips_and_is_invisible_to_other_tenants(store: SessionStore) -> None:
     session = record(
-        messages=(("system", "be brief"), ("user", "hi"), ("assistant", "hello")),
+        messages=(
+            Message("system", "be brief"),
+            Message("user", "hi"),
+            Message("assistant", "hello", "stop"),
+        ),
         token_ids=(1, 2, 3),
+        closing_tokens=1,
         namespace=bytes(16),
         chunk_keys=(bytes(32), b"\x01" * 32),
         truncated_tokens=16,
@@ -219,7 +224,10 @@ async def test_a_turn_ends_even_when_redis_swallows_the_lock_renewals_cancel(
 
     monkeypatch.setattr(Lock, "do_reacquire", swallowing_reacquire)
     store = RedisSessionStore(
-        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=LOCK_WAIT_SECONDS
+        redis_factory().url,
+        expiry_grace_seconds=60,
+        lock_ttl_seconds=0.3,
+        lock_wait_seconds=LOCK_WAIT_SECONDS,
     )
     started = time.monotonic()
     try:
