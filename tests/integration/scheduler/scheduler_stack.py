@@ -158,14 +158,7 @@ def start_stack(
         raise
     metrics_port = (scheduler_settings or {}).get("metrics_port")
     return Stack(
-        root,
-        model_dir,
-        daemon,
-        workers,
-        scheduler,
-        redis,
-        metrics_port,
-        worker_metrics_ports,  # type: ignore[arg-type]
+        root, model_dir, daemon, workers, scheduler, redis, metrics_port, worker_metrics_ports  # type: ignore[arg-type]
     )
 
 
