@@ -89,11 +89,7 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     "chat: temperature infinite": (chat(temperature=float("inf")), INVALID, "options.temperature"),
     "chat: top_p zero": (chat(top_p=0.0), INVALID, "options.top_p"),
     "chat: top_p not a number": (chat(top_p=float("nan")), INVALID, "options.top_p"),
-    "chat: max_tokens the largest uint32": (
-        chat(max_tokens=2**32 - 1),
-        INVALID,
-        "the model allows at most 2048",
-    ),
+    "chat: max_tokens the largest uint32": (chat(max_tokens=2**32 - 1), INVALID, "the model allows at most 2048"),
     "chat: top_p above one": (chat(top_p=1.5), INVALID, "options.top_p"),
     "chat: session tokens": (chat(max_tokens=290), EXHAUSTED, "limit of 300: start a new session"),
     "generate: empty prompt": (lambda c, _: c.generate(""), INVALID, "prompt must not be empty"),

@@ -224,10 +224,7 @@ async def test_a_turn_ends_even_when_redis_swallows_the_lock_renewals_cancel(
 
     monkeypatch.setattr(Lock, "do_reacquire", swallowing_reacquire)
     store = RedisSessionStore(
-        redis_factory().url,
-        expiry_grace_seconds=60,
-        lock_ttl_seconds=0.3,
-        lock_wait_seconds=LOCK_WAIT_SECONDS,
+        redis_factory().url, expiry_grace_seconds=60, lock_ttl_seconds=0.3, lock_wait_seconds=LOCK_WAIT_SECONDS
     )
     started = time.monotonic()
     try:
