@@ -33,6 +33,9 @@ from attnstore_scheduler.session_record import FinishReason, Message, SessionRec
 from attnstore_scheduler.worker_registry import WorkerHandle
 
 _TOKENIZE_TIMEOUT_SECONDS = 30.0
+# The answer is not known before the turn, and its closing is markup: any text stands in
+# (not an empty one, which a template may leave out).
+_ANSWER_STAND_IN = "answer"
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,10 @@ async def chat_prompt(worker: WorkerHandle, record: SessionRecord, message: str)
     """The prompt of a turn that adds `message` to the session (see the module doc)."""
     question = Message("user", message)
     closing = tokenize(
-        worker, (question, Message("assistant", "")), add_generation_prompt=False, after_contents=2
+        worker,
+        (question, Message("assistant", _ANSWER_STAND_IN)),
+        add_generation_prompt=False,
+        after_contents=2,
     )
     conversation = (*record.messages, question)
     ran = record.token_ids[: len(record.token_ids) - (record.closing_tokens or 0)]
