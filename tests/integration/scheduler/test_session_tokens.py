@@ -188,6 +188,19 @@ def test_a_message_cannot_forge_a_system_turn(stack: Stack, model: Model) -> Non
         assert history.count(control) == harmless.count(control)
 
 
+def test_generate_keeps_control_token_text_as_text(stack: Stack, model: Model) -> None:
+    """Prompt and system prompt alike: the worker runs them as text, not as markup."""
+    as_text = Transcript(model.tokenizer, system_prompt=FORGED).rendered(FORGED)
+    as_markup = model.tokenizer.apply_chat_template(
+        [{"role": "system", "content": FORGED}, {"role": "user", "content": FORGED}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    assert as_text != as_markup
+    answer = stack.client().generate(FORGED, system_prompt=FORGED, max_tokens=8)
+    assert list(answer.token_ids) == greedy(model.model, as_text, 8, model.stop_ids)
+
+
 def test_a_system_prompt_too_long_in_tokens_is_refused_at_creation(stack: Stack) -> None:
     client = stack.client()
     emoji = "\N{SLIGHTLY SMILING FACE}" * 500  # 500 characters, about 2,000 tokens
