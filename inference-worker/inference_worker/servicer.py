@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from attnstore.errors import InvalidArgument
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker import metrics
@@ -87,7 +88,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             ids = self._template.text_ids(check_text(request.text, bool(request.messages), self._limits))
             return pb.TokenizeResponse(token_ids=ids)
         messages = check_messages(request.messages, self._limits)
-        ids = self._template.token_ids(messages, add_generation_prompt=request.add_generation_prompt)
+        if request.after_contents > len(messages):
+            raise InvalidArgument(
+                f"after_contents is {request.after_contents}, more than the {len(messages)} messages"
+            )
+        ids = self._template.token_ids(
+            messages,
+            add_generation_prompt=request.add_generation_prompt,
+            after_contents=request.after_contents,
+        )
         return pb.TokenizeResponse(token_ids=ids)
 
     async def DescribeModel(

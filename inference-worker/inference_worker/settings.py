@@ -13,6 +13,7 @@ from pydantic_settings import SettingsConfigDict
 from attnstore.security import ChannelSecurity, InternalAuth, ServerTLS, check_server_security
 from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
+from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
@@ -100,6 +101,11 @@ class WorkerSettings(FileBackedSettings):
     )
     max_message_chars: int = Field(200_000, ge=1, description="longest chat message accepted, in characters")
     max_messages: int = Field(1024, ge=1, description="most chat messages in one request")
+    special_tokens_in_messages: SpecialTokensInMessages = Field(
+        "text",
+        description="a message content that spells a control token (<|im_end|>): text = tokenize it as "
+        "plain text, refuse = INVALID_ARGUMENT; never parsed as the control token (chat_template.py)",
+    )
 
     health_check_interval_seconds: float = Field(
         10.0, ge=0, description="period of the health check's tiny tensor op on the device; 0 = only at start"

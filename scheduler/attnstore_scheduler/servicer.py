@@ -14,7 +14,7 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
 from attnstore_scheduler.rate_limit import RateLimiter
-from attnstore_scheduler.session_record import SessionRecord, check_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turn_types import FinishReason, TurnOutcome
 from attnstore_scheduler.turns import TurnEvent, Turns
@@ -28,6 +28,7 @@ _FINISH = {
     FinishReason.STOP: api.FINISH_REASON_STOP,
     FinishReason.LENGTH: api.FINISH_REASON_LENGTH,
 }
+_STORED_FINISH = {"stop": api.FINISH_REASON_STOP, "length": api.FINISH_REASON_LENGTH}
 
 
 class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
@@ -61,6 +62,8 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         tenant = self._caller(context).tenant
         system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
         ttl_seconds = check_ttl(request.ttl_seconds, self._limits)
+        if system_prompt:
+            await self._turns.check_system_prompt(system_prompt)
         record = await self._sessions.create(tenant, system_prompt, ttl_seconds)
         return api.CreateSessionResponse(session=session_message(record, with_messages=True))
 
@@ -151,8 +154,16 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         finish_reason=_FINISH[stats.finish_reason],
         attempts=outcome.attempts,
         node=outcome.node,
-        history_tokens=len(prompt) + len(outcome.token_ids) if prompt is not None else 0,
+        history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens if prompt is not None else 0,
         session_saved=outcome.session_saved,
+    )
+
+
+def message_of(message: Message) -> api.Message:
+    return api.Message(
+        role=_ROLES[message.role],
+        content=message.content,
+        finish_reason=_STORED_FINISH.get(message.finish_reason, api.FINISH_REASON_UNSPECIFIED),
     )
 
 
@@ -163,9 +174,7 @@ def session_message(record: SessionRecord, *, with_messages: bool) -> api.Sessio
     return api.Session(
         session_id=record.session_id,
         tenant=record.tenant,
-        messages=[api.Message(role=_ROLES[role], content=content) for role, content in record.messages]
-        if with_messages
-        else [],
+        messages=[message_of(message) for message in record.messages] if with_messages else [],
         turns=record.turns,
         history_tokens=len(record.token_ids),
         truncated_tokens=record.truncated_tokens,

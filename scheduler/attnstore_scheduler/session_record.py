@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
+from typing import Literal, NamedTuple
 
 import msgpack
 
@@ -47,6 +48,17 @@ def check_session_id(session_id: str, field_name: str = "session_id") -> str:
     return session_id
 
 
+FinishReason = Literal["stop", "length", ""]
+
+
+class Message(NamedTuple):
+    role: str  # one of ROLES
+    content: str
+    # How an answer ended: "stop" (an end-of-turn token), "length" (max_tokens); "" for
+    # the other roles and for answers stored before it was recorded.
+    finish_reason: FinishReason = ""
+
+
 @dataclass(frozen=True)
 class SessionRecord:
     tenant: str
@@ -54,10 +66,15 @@ class SessionRecord:
     ttl_seconds: int
     created_at: float  # Unix seconds
     updated_at: float  # Unix seconds: the last turn's end (or the creation)
-    messages: tuple[tuple[str, str], ...] = ()  # (role, content), oldest first
-    # Token ids of the whole conversation, chat template applied: the next turn's prompt
+    messages: tuple[Message, ...] = ()  # oldest first
+    # Token ids of the whole conversation, chat template applied, each answer's generated
+    # ids as its content and the template's closing after them: the next turn's prompt
     # starts with them, so identical history gives identical chunk keys.
     token_ids: tuple[int, ...] = ()
+    # The last token_ids that close the last answer and were not generated: no turn ran
+    # them yet (the next one prefills them with its message). None: stored by a scheduler
+    # that did not close answers; the next turn renders the conversation anew.
+    closing_tokens: int | None = None
     turns: int = 0
     truncated_tokens: int = 0  # tokens the worker drops after the sinks (the least it drops next turn)
     sink_tokens: int = 0  # first tokens kept as attention sinks when truncating
@@ -89,7 +106,7 @@ class SessionRecord:
         # Fields a newer scheduler added are skipped, so replicas can be upgraded one by one.
         known = {f.name for f in fields(cls)}
         values = {name: value for name, value in data_fields.items() if name in known}
-        values["messages"] = tuple(tuple(message) for message in values["messages"])
+        values["messages"] = tuple(Message(*message) for message in values["messages"])
         values["token_ids"] = tuple(values["token_ids"])
         values["chunk_keys"] = tuple(values["chunk_keys"])
         return cls(**values)

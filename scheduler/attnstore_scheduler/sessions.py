@@ -28,7 +28,7 @@ import structlog
 
 from attnstore.errors import NotFound, ResourceExhausted
 from attnstore_scheduler import metrics
-from attnstore_scheduler.session_record import SessionRecord, new_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
 from attnstore_scheduler.session_store import SessionStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
 
@@ -68,7 +68,7 @@ class Sessions:
             ttl_seconds=ttl_seconds,
             created_at=now,
             updated_at=now,
-            messages=(("system", system_prompt),) if system_prompt else (),
+            messages=(Message("system", system_prompt),) if system_prompt else (),
         )
         await self.store.create(record, self._max_sessions_per_tenant)
         metrics.SESSIONS_CREATED.inc()

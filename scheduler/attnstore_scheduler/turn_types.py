@@ -49,6 +49,7 @@ class TurnOutcome:
     attempts: int
     queue_wait_seconds: float
     session_saved: bool = False  # Chat: the turn was stored in its session (set by Turns)
+    closing_tokens: int = 0  # Chat: the template's closing the session's history adds after the answer
 
 
 _FINISH = {

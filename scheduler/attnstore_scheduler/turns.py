@@ -1,40 +1,50 @@
 """Chat turns on sessions and one-off Generate calls, from prompt to stored session.
 
-A session's prompt is its token history (the previous prompt plus the tokens generated)
-followed by the new message's tokens: the history is never re-tokenized, so its chunk
-keys stay those of the KV the worker saved. The new message's tokens are what the chat
-template adds for it: the template rendered over [last message, new message] minus the
-rendering of [last message] (templates render message by message); a template for which
-that is not a prefix gets the whole conversation rendered anew (correct, but that turn
-reuses only the common prefix). A prompt that extends the history tells the worker where
-the history ends (`history_tokens`), so it also reuses the history's partial last chunk.
+A chat turn's prompt is the session's token history followed by the new message, as
+chat_prompt.py builds it; the stored history then adds the answer's generated ids and the
+chat template's closing of the answer. A prompt that extends the history tells the worker
+where the history it ran ends (`history_tokens`), so it also reuses the history's partial
+last chunk.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
+import grpc
 import structlog
 
 from attnstore.api.v1 import api_pb2 as api
-from attnstore.errors import Unavailable
+from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError, Unavailable
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
-from attnstore_scheduler.session_record import SessionRecord
+from attnstore_scheduler.chat_prompt import TOKENIZE_TIMEOUT_SECONDS, chat_prompt, closing_after, tokenize
+from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
+from attnstore_scheduler.turn_types import FinishReason as TurnFinish
 from attnstore_scheduler.turn_types import Token, TurnOutcome
-from attnstore_scheduler.validation import ApiLimits, check_session_tokens, require_model, sampling
+from attnstore_scheduler.validation import (
+    ApiLimits,
+    check_session_tokens,
+    check_system_prompt_tokens,
+    require_model,
+    sampling,
+)
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
 
 log = structlog.get_logger("attnstore_scheduler.turns")
 
 _PREFIX_AFFINITY_ENTRIES = 4096
-_TOKENIZE_TIMEOUT_SECONDS = 30.0
+# What a worker's refusal to tokenize means to the caller (anything else: try later).
+_TOKENIZE_REFUSALS: dict[grpc.StatusCode, type[ServiceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,  # the template rejects the message
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,  # the model takes no messages
+}
+_FINISH_REASONS: dict[TurnFinish, FinishReason] = {TurnFinish.STOP: "stop", TurnFinish.LENGTH: "length"}
 
 TurnEvent = Token | TurnOutcome
 
@@ -60,20 +70,22 @@ class Turns:
         async with self._sessions.store.turn_lock(tenant, session_id):
             record = await self._sessions.get(tenant, session_id)
 
+            closings: list[list[int]] = []  # the answer's closing, from the worker that runs it
+
             async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
-                prompt = await _chat_prompt(worker, record, message)
-                check_session_tokens(len(prompt), params.max_tokens, self._limits)
-                tokens_after = len(prompt) + params.max_tokens
+                prompt = await chat_prompt(worker, record, message)
+                closings.append(prompt.answer_closing)
+                prompt_tokens = len(prompt.token_ids) + len(prompt.answer_closing)
+                check_session_tokens(prompt_tokens, params.max_tokens, self._limits)
+                tokens_after = prompt_tokens + params.max_tokens
                 await self._sessions.check_kv_budget(record, tokens_after, model.kv_bytes_per_token)
-                history = record.token_ids
-                extends_history = tuple(prompt[: len(history)]) == tuple(history)
                 return worker_pb2.ExecuteTurnRequest(
                     tenant=tenant,
-                    prompt_token_ids=worker_pb2.TokenIds(token_ids=prompt),
+                    prompt_token_ids=worker_pb2.TokenIds(token_ids=prompt.token_ids),
                     sampling=params,
                     truncated_tokens=record.truncated_tokens,
                     save_generated=True,
-                    history_tokens=len(history) if extends_history else 0,
+                    history_tokens=prompt.history_tokens,
                 )
 
             readable = record.readable_chunk_keys(model.chunk_tokens)
@@ -88,17 +100,27 @@ class Turns:
             )
             async for event in self._runner.run(spec):
                 if isinstance(event, TurnOutcome):
-                    event = replace(event, session_saved=await self._store_turn(record, message, event))
+                    event = await self._store_turn(record, message, event, closings[-1])
                     _observe("chat", event)
                 yield event
 
-    async def _store_turn(self, record: SessionRecord, message: str, outcome: TurnOutcome) -> bool:
-        """Whether the turn was stored; the client has its answer either way (see session_saved)."""
+    async def _store_turn(
+        self, record: SessionRecord, message: str, outcome: TurnOutcome, answer_closing: list[int]
+    ) -> TurnOutcome:
+        """Stores the turn; the outcome says whether it was stored (the client has its answer
+        either way, see session_saved) and the closing the history added after the answer."""
         stats = outcome.stats
+        finish_reason = _FINISH_REASONS.get(stats.finish_reason, "")
+        closing = closing_after(outcome.token_ids, answer_closing, finish_reason)
         updated = replace(
             record,
-            messages=(*record.messages, ("user", message), ("assistant", outcome.text)),
-            token_ids=(*(outcome.prompt_token_ids or ()), *outcome.token_ids),
+            messages=(
+                *record.messages,
+                Message("user", message),
+                Message("assistant", outcome.text, finish_reason),
+            ),
+            token_ids=(*(outcome.prompt_token_ids or ()), *outcome.token_ids, *closing),
+            closing_tokens=len(closing),
             turns=record.turns + 1,
             truncated_tokens=stats.truncated_tokens,
             sink_tokens=stats.sink_tokens,
@@ -111,12 +133,26 @@ class Turns:
             saved = await self._sessions.store.save(updated)
         except Unavailable as exc:  # its tokens are out: say the turn did not count, not fail the call
             log.warning("turn_not_saved", tenant=record.tenant, session_id=record.session_id, error=str(exc))
-            return False
+            return replace(outcome, session_saved=False, closing_tokens=len(closing))
         if not saved:
             await self._sessions.release(updated)  # deleted during the turn: nothing keeps its KV
         elif record.node and record.node != outcome.node:
             await self._sessions.release(record)  # moved: the old node's copy will not be read
-        return saved
+        return replace(outcome, session_saved=saved, closing_tokens=len(closing))
+
+    async def check_system_prompt(self, system_prompt: str) -> None:
+        """InvalidArgument when a session's system prompt is too many tokens to chat with;
+        Unavailable when no worker can tokenize it."""
+        model = require_model(self._registry.model())
+        worker = next((w for w in self._registry.workers() if w.healthy and w.model is not None), None)
+        if worker is None:
+            raise Unavailable("no healthy worker is registered yet; retry later")
+        try:
+            ids = await tokenize(worker, [Message("system", system_prompt)], add_generation_prompt=True)
+        except grpc.aio.AioRpcError as exc:
+            error = _TOKENIZE_REFUSALS.get(exc.code(), Unavailable)
+            raise error(f"the worker could not tokenize system_prompt: {exc.details()}") from exc
+        check_system_prompt_tokens(len(ids), self._limits, model)
 
     async def generate(
         self, tenant: str, system_prompt: str, prompt: str, options: api.GenerationOptions
@@ -145,7 +181,7 @@ class Turns:
             request = worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params)
             if isinstance(prompt, str):
                 reply = await worker.stub.Tokenize(
-                    worker_pb2.TokenizeRequest(text=prompt), timeout=_TOKENIZE_TIMEOUT_SECONDS
+                    worker_pb2.TokenizeRequest(text=prompt), timeout=TOKENIZE_TIMEOUT_SECONDS
                 )
                 request.prompt_token_ids.token_ids.extend(reply.token_ids)
             else:
@@ -167,32 +203,6 @@ class Turns:
         self._prefix_nodes.move_to_end(prefix)
         while len(self._prefix_nodes) > _PREFIX_AFFINITY_ENTRIES:
             self._prefix_nodes.popitem(last=False)
-
-
-async def _chat_prompt(worker: WorkerHandle, record: SessionRecord, message: str) -> list[int]:
-    """The turn's prompt token ids (see the module doc)."""
-    new = ("user", message)
-    if not record.token_ids:  # the first turn: the system prompt (if any) and the message
-        return await _tokenize(worker, [*record.messages, new], add_generation_prompt=True)
-    last = record.messages[-1:]
-    with_new, without = await asyncio.gather(
-        _tokenize(worker, [*last, new], add_generation_prompt=True),
-        _tokenize(worker, last, add_generation_prompt=False),
-    )
-    if with_new[: len(without)] == without:
-        return [*record.token_ids, *with_new[len(without) :]]
-    return await _tokenize(worker, [*record.messages, new], add_generation_prompt=True)
-
-
-async def _tokenize(
-    worker: WorkerHandle, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool
-) -> list[int]:
-    request = worker_pb2.TokenizeRequest(
-        messages=[worker_pb2.ChatMessage(role=role, content=content) for role, content in messages],
-        add_generation_prompt=add_generation_prompt,
-    )
-    reply = await worker.stub.Tokenize(request, timeout=_TOKENIZE_TIMEOUT_SECONDS)
-    return list(reply.token_ids)
 
 
 def _observe(kind: str, outcome: TurnOutcome) -> None:

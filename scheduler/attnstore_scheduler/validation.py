@@ -93,6 +93,20 @@ def check_session_tokens(prompt_tokens: int, max_tokens: int, limits: ApiLimits)
         )
 
 
+def check_system_prompt_tokens(
+    tokens: int, limits: ApiLimits, model: worker_pb2.DescribeModelResponse
+) -> None:
+    """A session whose system prompt leaves no room for a message and an answer would fail
+    every Chat: refused at creation (INVALID_ARGUMENT: the request itself can never pass)."""
+    room = min(limits.max_session_tokens, model.max_prompt_tokens + 1) - 2  # a message token, an answer token
+    if tokens > room:
+        raise InvalidArgument(
+            f"system_prompt is {tokens} tokens under the model's chat template; a session allows at "
+            f"most {room} for it (max_session_tokens {limits.max_session_tokens}, the worker's "
+            f"max_prompt_tokens {model.max_prompt_tokens}, room for a message and an answer)"
+        )
+
+
 def require_model(model: worker_pb2.DescribeModelResponse | None) -> worker_pb2.DescribeModelResponse:
     if model is None:
         raise Unavailable("no healthy worker is registered yet; retry later")

@@ -77,10 +77,14 @@ def test_multi_turn_chat_reuses_more_kv_every_turn(stack: Stack) -> None:
     for previous, answer in itertools.pairwise(answers):
         # The new turn's prompt is the previous conversation plus the new message.
         assert answer.stats.prompt_tokens > previous.stats.history_tokens
-        # It reuses the whole history but the last answer token (never fed back, so never
-        # computed): the full chunks and the partial one that ends the history.
-        assert answer.stats.reused_tokens == previous.stats.history_tokens - 1
-        assert previous.stats.history_tokens % CHUNK_TOKENS != 1  # so a partial chunk was read
+        # The history closes the answer as the template does (`<|im_end|>\n`; the end-of-turn
+        # token is the generation's own when it stopped on it); no turn has run the closing yet.
+        closing = 1 if previous.stats.finish_reason == api.FINISH_REASON_STOP else 2
+        ran = previous.stats.history_tokens - closing
+        # It reuses what the previous turn ran but the last answer token (never fed back, so
+        # never computed): the full chunks and the partial one that ends it.
+        assert answer.stats.reused_tokens == ran - 1
+        assert ran % CHUNK_TOKENS != 1  # so a partial chunk was read
     for answer in answers:
         assert answer.stats.generated_tokens == len(answer.token_ids) >= 1
         assert answer.stats.ttft_ms > 0 and answer.stats.attempts == 1

@@ -16,7 +16,7 @@ from scheduler_stack import RedisFactory, redis_store
 
 from attnstore.errors import ResourceExhausted, Unavailable
 from attnstore_scheduler.redis_turn_queue import queue_key
-from attnstore_scheduler.session_record import SessionRecord, new_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 
 LOCK_WAIT_SECONDS = 1.0
@@ -48,8 +48,13 @@ def record(tenant: str = "acme", ttl_seconds: int = 60, **fields: object) -> Ses
 
 async def test_a_session_round_trips_and_is_invisible_to_other_tenants(store: SessionStore) -> None:
     session = record(
-        messages=(("system", "be brief"), ("user", "hi"), ("assistant", "hello")),
+        messages=(
+            Message("system", "be brief"),
+            Message("user", "hi"),
+            Message("assistant", "hello", "stop"),
+        ),
         token_ids=(1, 2, 3),
+        closing_tokens=1,
         namespace=bytes(16),
         chunk_keys=(bytes(32), b"\x01" * 32),
         truncated_tokens=16,

@@ -1,11 +1,13 @@
-"""Session records: ids, their encoding, and which chunks a truncated session still reads."""
+"""Session records: ids, their encoding (records stored by older schedulers included), and
+which chunks a truncated session still reads."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from attnstore.errors import InvalidArgument
-from attnstore_scheduler.session_record import SessionRecord, check_session_id, new_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id, new_session_id
 
 
 def test_ids_sort_by_creation_time_and_are_checked() -> None:
@@ -26,8 +28,9 @@ def test_a_record_round_trips_through_its_encoding() -> None:
         ttl_seconds=60,
         created_at=1.5,
         updated_at=2.5,
-        messages=(("user", "hi"), ("assistant", "hello")),
+        messages=(Message("user", "hi"), Message("assistant", "hello", "length")),
         token_ids=(1, 2, 3),
+        closing_tokens=2,
         turns=1,
         truncated_tokens=28,
         sink_tokens=4,
@@ -37,6 +40,29 @@ def test_a_record_round_trips_through_its_encoding() -> None:
     )
     assert SessionRecord.decode(record.encode()) == record
     assert record.expires_at == 62.5
+
+
+def test_a_record_stored_before_answers_were_closed_loads() -> None:
+    """No closing_tokens, messages as [role, content] pairs: its next turn renders anew."""
+    old = {
+        "tenant": "acme",
+        "session_id": "0" * 32,
+        "ttl_seconds": 60,
+        "created_at": 1.0,
+        "updated_at": 2.0,
+        "messages": [["system", "be brief"], ["user", "hi"], ["assistant", "hello"]],
+        "token_ids": [1, 2, 3],
+        "turns": 1,
+        "truncated_tokens": 0,
+        "sink_tokens": 0,
+        "namespace": b"",
+        "chunk_keys": [],
+        "node": "node-a",
+    }
+    record = SessionRecord.decode(msgpack.packb(old, use_bin_type=True))
+    assert record.closing_tokens is None
+    assert record.messages[-1] == Message("assistant", "hello", "")
+    assert record.messages[-1].finish_reason == ""
 
 
 @pytest.mark.parametrize(

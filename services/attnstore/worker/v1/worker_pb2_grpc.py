@@ -65,7 +65,9 @@ class WorkerServicer:
 
     def Tokenize(self, request, context):
         """The token ids of chat messages under the model's chat template (what
-        ExecuteTurn prefills for the same messages).
+        ExecuteTurn prefills for the same messages). Message contents are plain text:
+        text that spells a control token (`<|im_end|>`) is tokenized as text, never as
+        the control token (or refused, by the worker's special_tokens_in_messages).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
