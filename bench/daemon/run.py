@@ -42,6 +42,7 @@ import uvloop
 from tqdm import tqdm
 
 from attnstore.server.redis_process import RedisProcess
+from attnstore.shm_arena import arena_root
 from bench.common.harness import Budget
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     started, load_before = time.monotonic(), os.getloadavg()  # other load on the machine skews the numbers
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    shm_root = arena_root(Path(tempfile.gettempdir()))
     shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=shm_root))
     daemon = DaemonProcess(WORK_DIR / "daemon" / "ssd", shm_dir, WORK_DIR / "daemon" / "daemon.log", DAEMON_SETTINGS)
     daemon_env = dict(item.split("=", 1) for item in args.daemon_env)

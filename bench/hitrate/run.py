@@ -32,6 +32,7 @@ import uvloop
 from tqdm import tqdm
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.shm_arena import arena_root
 from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.settings import HintSettings
 from bench.common.machine import machine_info
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                       SHAREGPT["seed"]),
     ]
     points = [HEADLINE] + ([] if args.no_sweep else [(d, 10 * d) for d in SWEEP_DRAM])
-    work_dir = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    work_dir = arena_root(Path(tempfile.gettempdir()))
     rows: list[Row] = []
     runs = [(w, p, f) for w in workloads for f in points for p in POLICIES]
     for workload, policy, fractions in tqdm(runs, desc="bench-hitrate", unit="run", file=sys.stderr):

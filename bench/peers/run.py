@@ -52,6 +52,13 @@ MiB = 1024 * 1024
 MESSAGE_LIMITS = {"min_tokens": 900, "max_tokens": 2200, "max_message_tokens": 800}
 
 
+def usable_cores_bind() -> str:
+    """The cores this process may use, as vLLM's bind list ("0-1" on the 2-core machine):
+    detected, never assumed; "auto" (vLLM's own choice) when they are not one range."""
+    cores = sorted(os.sched_getaffinity(0))
+    return f"{cores[0]}-{cores[-1]}" if cores[-1] - cores[0] + 1 == len(cores) else "auto"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny budgets and few turns: a smoke run")
@@ -64,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--over-conversations", type=int, default=20)
     parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens generated per turn, both sides")
-    parser.add_argument("--omp-threads-bind", default="0-1", help="vLLM's VLLM_CPU_OMP_THREADS_BIND")
+    parser.add_argument("--omp-threads-bind", default=usable_cores_bind(),
+                        help="vLLM's VLLM_CPU_OMP_THREADS_BIND (default: every core this process may use)")
     parser.add_argument("--seed", type=int, default=0, help="conversation order")
     args = parser.parse_args(argv)
     if args.quick:

@@ -36,6 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.shm_arena import arena_root
 from bench.common.harness import Budget, run_tasks
 from bench.common.results import BENCH_DIR
 from bench.daemon.memory_paths import BUDGETS, QUICK_BUDGET
@@ -55,7 +56,7 @@ def budget_of(concurrency: int, quick: bool) -> Budget:
 
 
 def _shm_root() -> Path:
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return arena_root(Path(tempfile.gettempdir()))
 
 
 def free_port() -> int:

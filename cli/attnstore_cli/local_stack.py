@@ -30,12 +30,14 @@ from typing import Self
 from attnstore.security import token_digest
 from attnstore.server.process import ServiceProcess
 from attnstore.server.redis_process import RedisProcess
+from attnstore.shm_arena import arena_root
 from attnstore_cli.stack_spec import SessionStoreChoice, StackSpec, WorkerSpec
 from attnstore_cli.stack_state import SessionStoreKind
 from attnstore_scheduler.launcher import SchedulerProcess
 from attnstore_scheduler.settings import NodeSpec
 from inference_worker.launcher import WorkerProcess
 from kvstore_daemon.launcher import DaemonProcess
+from kvstore_daemon.settings import DaemonSettings
 
 Progress = Callable[[str], None]
 
@@ -58,10 +60,6 @@ def choose_session_store(choice: SessionStoreChoice, redis_url: str | None) -> S
             "pass --redis-url, or use --session-store embedded"
         )
     return "embedded"
-
-
-def _shm_root() -> Path | None:
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 
 
 class LocalStack:
@@ -158,7 +156,7 @@ class LocalStack:
         for index in range(self.spec.daemons):
             name = self._daemon_name(index)
             ssd_dir = self.spec.work_dir / name.replace("daemon", "ssd")
-            shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-", dir=_shm_root()))
+            shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-", dir=self._arena_root()))
             log = self.logs_dir / f"{name}.log"
             self.daemons.append(DaemonProcess(ssd_dir, shm_dir, log, self.spec.daemon_service_settings()))
             self._launch(self.daemons[-1])
@@ -184,6 +182,12 @@ class LocalStack:
         )
         self.scheduler.port = self.spec.scheduler_port
         self._launch(self.scheduler)
+
+    def _arena_root(self) -> Path:
+        """/dev/shm where it has room for a daemon's arena, else the temporary directory."""
+        settings = self.spec.daemon_service_settings()
+        room = settings.get("dram_capacity_bytes", DaemonSettings.model_fields["dram_capacity_bytes"].default)
+        return arena_root(Path(tempfile.gettempdir()), int(str(room)))
 
     def add_worker(self, worker: WorkerSpec) -> WorkerProcess:
         """Starts one more worker on the running stack (stopped with it); the scheduler does

@@ -120,3 +120,18 @@ def seqlock_reads_supported() -> bool:
     """Whether this CPU keeps loads in program order (x86-64's TSO), as version-checked
     reads need: Python has no load barrier to order them elsewhere."""
     return platform.machine().lower() in ("x86_64", "amd64")
+
+
+SHARED_MEMORY_DIR = Path("/dev/shm")
+DEFAULT_ARENA_ROOM_BYTES = 256 * 1024 * 1024
+
+
+def arena_root(fallback: Path, room_bytes: int = DEFAULT_ARENA_ROOM_BYTES) -> Path:
+    """Where a local daemon's arena goes: /dev/shm when this machine has one with
+    `room_bytes` free, else `fallback` (a file-backed arena works the same, slower). A
+    container's /dev/shm is often 64 MiB, too small for a store; nothing assumes it."""
+    if SHARED_MEMORY_DIR.is_dir():
+        stat = os.statvfs(SHARED_MEMORY_DIR)
+        if stat.f_bavail * stat.f_frsize >= room_bytes:
+            return SHARED_MEMORY_DIR
+    return fallback

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnstore.shm_arena import arena_root
 from inference_worker.model_store import LoadedModel, load_model
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -55,7 +56,7 @@ def one_layer_model(
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     """A daemon with room for the real model's chunks; its arena in a private /dev/shm folder."""
     shm_dir = Path(
-        tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp_path)
+        tempfile.mkdtemp(prefix="attnstore-test-", dir=arena_root(tmp_path))
     )
     process = DaemonProcess(
         ssd_dir=tmp_path / "ssd",

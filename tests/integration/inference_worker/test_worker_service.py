@@ -25,6 +25,7 @@ from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import KVStoreClient
+from attnstore.shm_arena import arena_root
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.launcher import WorkerProcess
@@ -71,7 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[.
     root = tmp_path_factory.mktemp("stack")
     # Peaked logits (initializer_range 0.2): greedy tokens never hinge on a near tie.
     model_dir = tiny_model_saver(root / "model", max_position_embeddings=512, initializer_range=0.2)
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
+    shm_root = arena_root(root)
     shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root))
     daemon = DaemonProcess(
         root / "ssd",

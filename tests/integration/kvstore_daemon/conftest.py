@@ -23,6 +23,7 @@ from attnstore.chunks.format import DTYPE_BYTES, encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.kvstore_client import KVStoreClient, Tier
+from attnstore.shm_arena import arena_root
 from kvstore_daemon.launcher import DaemonProcess
 
 _POLL_SECONDS = 0.02
@@ -37,7 +38,7 @@ class DaemonFactory:
 
     def __init__(self, root: Path) -> None:
         self._root = root
-        self._shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
+        self._shm_root = arena_root(root)
         self._started: list[DaemonProcess] = []
 
     def __call__(self, *, ssd_dir: Path | None = None, **settings: object) -> DaemonProcess:

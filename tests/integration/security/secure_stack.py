@@ -18,6 +18,7 @@ from attnstore.api_client import AttnStoreClient
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.security import ChannelSecurity, ClientCredentials, token_digest
+from attnstore.shm_arena import arena_root
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import InternalAuth, StackSpec, StackTls, WorkerSpec
 from attnstore_scheduler.launcher import SchedulerProcess
@@ -107,7 +108,7 @@ def credentials(pki: Pki, *, cert: bool, token: Path | None = None, **fields: ob
 
 def start_daemon(root: Path, settings: dict[str, object]) -> DaemonProcess:
     """A daemon under `root` (its arena under /dev/shm); stop it with stop_daemon."""
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else root
+    shm_root = arena_root(root)
     daemon = DaemonProcess(
         root / "ssd",
         Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root)),

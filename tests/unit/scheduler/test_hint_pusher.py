@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult, Tier
+from attnstore.shm_arena import arena_root
 from attnstore_scheduler.hint_pusher import HintClient, HintPusher, capacity_from_stats, split_entries
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity
@@ -54,7 +55,7 @@ _ids = itertools.count()
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    shm_root = arena_root(tmp_path)
     process = DaemonProcess(
         tmp_path / "ssd", Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root)),
         tmp_path / "daemon.log", DAEMON_SETTINGS,
