@@ -1,0 +1,113 @@
+"""vLLM CPU for the connector's end-to-end tests: its own cached venv (never the project's:
+their pins clash), one engine process per test module driven over stdin/stdout
+(vllm_driver.py), and the attnstore packages reached through PYTHONPATH.
+
+`vllm_python()` is the one place that installs vLLM: it calls bench's peer installer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+DRIVER = Path(__file__).with_name("vllm_driver.py")
+RESULT_PREFIX = "ATTNSTORE-DRIVER "
+DEPS_STAMP = "attnstore-vllm-deps.json"
+START_TIMEOUT_SECONDS = 600.0
+
+
+def vllm_python() -> Path:
+    """vLLM CPU's venv python, with the third-party dependencies of the attnstore SDK."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from peers_install import ensure_peer
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    peer = ensure_peer("vllm")
+    if peer.python is None:
+        pytest.fail(f"vLLM CPU could not be installed: {peer.reason}")
+    deps = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]["dependencies"]
+    stamp = peer.python.parent.parent / DEPS_STAMP
+    if not stamp.exists() or json.loads(stamp.read_text()) != deps:
+        subprocess.run([str(peer.python), "-m", "pip", "install", "--quiet", *deps], check=True, timeout=900)
+        stamp.write_text(json.dumps(deps))
+    return peer.python
+
+
+def driver_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "integrations" / "vllm")]),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_OMP_THREADS_BIND": "all",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+class VllmEngine:
+    """One vLLM engine in a child process of vLLM's venv; `call` sends a command, waits for its reply."""
+
+    def __init__(self, python: Path, model_dir: Path, log_path: Path, *, block_size: int,
+                 kv_cache_bytes: int, kv_transfer_config: dict[str, Any] | None = None) -> None:
+        command = [str(python), str(DRIVER), "--model", str(model_dir), "--block-size", str(block_size),
+                   "--kv-cache-bytes", str(kv_cache_bytes)]
+        if kv_transfer_config is not None:
+            command += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                         env=driver_env(), text=True)
+
+    def wait_ready(self) -> None:
+        """Returns once the engine has started (engines start side by side, then wait)."""
+        self._read()
+
+    def call(self, **command: Any) -> dict[str, Any]:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(command) + "\n")
+        self._process.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            if line.startswith(RESULT_PREFIX):
+                return json.loads(line[len(RESULT_PREFIX):])
+        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"the vLLM driver exited ({self._process.wait()}):\n{tail}")
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory):
+    """`vllm_engine(model_dir, name, **VllmEngine options)`: a started-not-ready engine; all
+    are closed at the end of the session."""
+    python = vllm_python()
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    engines: list[VllmEngine] = []
+
+    def start(model_dir: Path, name: str, **options: Any) -> VllmEngine:
+        engines.append(VllmEngine(python, model_dir, logs / f"{name}.log", **options))
+        return engines[-1]
+
+    yield start
+    for engine in engines:
+        engine.close()
