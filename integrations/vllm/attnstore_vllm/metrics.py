@@ -17,7 +17,9 @@ LOAD_ERRORS = Counter(
 SAVED_CHUNKS = Counter("attnstore_vllm_saved_chunks_total", "Chunks the daemon stored from vLLM")
 SAVE_BYTES = Counter("attnstore_vllm_save_bytes_total", "Serialized chunk bytes sent to the daemon")
 SAVE_SECONDS = Counter("attnstore_vllm_save_seconds_total", "Time encoding and putting chunks (off the step)")
-SAVE_ERRORS = Counter("attnstore_vllm_save_errors_total", "Chunk puts that failed (their KV is recomputed later)")
+SAVE_ERRORS = Counter(
+    "attnstore_vllm_save_errors_total", "Chunk puts that failed (their KV is recomputed later)"
+)
 SAVES_DROPPED = Counter(
     "attnstore_vllm_saves_dropped_total", "Chunks not saved because max_pending_save_bytes was reached"
 )

@@ -31,9 +31,8 @@ class ModelShape:
     digest: str
     dtype: str  # "float32", "float16" or "bfloat16"
     num_layers: int
-    kv_heads: int  # of this rank
+    kv_heads: int  # of one tensor-parallel rank
     head_dim: int
-    tp_rank: int
     tp_size: int
 
 
@@ -43,8 +42,8 @@ def config_digest(model: str, hf_config_json: str) -> str:
     return blake3.blake3(f"attnstore-vllm/model/v1\0{model}\0{canonical}".encode()).hexdigest()
 
 
-def namespace_id(shape: ModelShape, chunk_tokens: int, tenant: str) -> bytes:
-    digest = shape.digest if shape.tp_size == 1 else f"{shape.digest}/tp{shape.tp_rank}of{shape.tp_size}"
+def namespace_id(shape: ModelShape, chunk_tokens: int, tenant: str, tp_rank: int) -> bytes:
+    digest = shape.digest if shape.tp_size == 1 else f"{shape.digest}/tp{tp_rank}of{shape.tp_size}"
     return NamespaceSpec(digest, shape.dtype, chunk_tokens, tenant.encode()).namespace_id()
 
 

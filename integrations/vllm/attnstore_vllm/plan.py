@@ -10,13 +10,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """Read `keys` (consecutive chunks) into `block_ids`, `blocks_per_chunk` per chunk;
-    the first `skip_blocks` of them vLLM holds already (its own prefix cache) and are not
-    written."""
+    """Read consecutive chunks into `block_ids`, `blocks_per_chunk` per chunk; the first
+    `skip_blocks` of them vLLM holds already (its own prefix cache) and are not written.
+    Each tensor-parallel rank reads its own chunks (its own kv heads): `namespaces[rank]`,
+    `keys[rank]`."""
 
     req_id: str
-    namespace: bytes
-    keys: tuple[bytes, ...]
+    namespaces: tuple[bytes, ...]
+    keys: tuple[tuple[bytes, ...], ...]
     block_ids: tuple[int, ...]
     skip_blocks: int
 
@@ -28,11 +29,11 @@ class LoadSpec:
 @dataclass(frozen=True)
 class SaveSpec:
     """Gather `block_ids` (one chunk's blocks, whose KV this step completes) and store them
-    as chunk `key`, whose first token is at `base_position`."""
+    as chunk `keys[rank]` in `namespaces[rank]`; its first token is at `base_position`."""
 
     req_id: str
-    namespace: bytes
-    key: bytes
+    namespaces: tuple[bytes, ...]
+    keys: tuple[bytes, ...]
     block_ids: tuple[int, ...]
     base_position: int
 

@@ -2,7 +2,9 @@
 vLLM puts them, and which completed chunks to save.
 
 Per request: the chained keys of the prompt's full chunks (attnstore.chunks.keys) in its
-tenant's namespace and one Lookup. vLLM is offered the hit minus what its own prefix
+tenant's namespace, one chain per tensor-parallel rank, and one Lookup (of rank 0's
+chain: the ranks save the same chunks together; a chunk another rank lacks fails that
+rank's load, and vLLM recomputes). vLLM is offered the hit minus what its own prefix
 cache holds, in whole chunks (so whole blocks), and never the chunk holding the last
 prompt token: that token's logits start decoding, so it is always computed. Chunks from
 the first one the daemon lacks are saved in the step whose forward completes them.
@@ -23,8 +25,8 @@ from attnstore_vllm.store_loop import StoreLoop
 
 @dataclass
 class _Request:
-    namespace: bytes
-    keys: list[bytes]  # of the prompt's full chunks
+    namespaces: tuple[bytes, ...]  # per tensor-parallel rank
+    chains: tuple[list[bytes], ...]  # per rank: the keys of the prompt's full chunks
     stored_chunks: int  # the Lookup's answer: leading chunks the daemon holds
     block_ids: list[int]
     next_save: int  # the first chunk not yet handed to the worker for saving
@@ -50,17 +52,17 @@ class SchedulerSide:
 
     def matched_tokens(self, req_id: str, prompt: list[int], tenant: str | None, num_computed: int) -> int:
         """Tokens beyond `num_computed` that the daemon holds and vLLM may load."""
-        namespace = self._namespace(tenant)
-        keys = chunk_key_chain(namespace, prompt, self._chunk_tokens)
-        if not keys:
+        if len(prompt) < self._chunk_tokens:
             return 0
-        stored = self._lookup(namespace, keys)
-        self._requests[req_id] = _Request(namespace, keys, stored, [], next_save=stored)
+        salt = tenant if tenant is not None else self._settings.tenant
+        namespaces = tuple(
+            namespace_id(self._shape, self._chunk_tokens, salt, rank) for rank in range(self._shape.tp_size)
+        )
+        chains = tuple(chunk_key_chain(namespace, prompt, self._chunk_tokens) for namespace in namespaces)
+        stored = self._lookup(namespaces[0], chains[0])
+        self._requests[req_id] = _Request(namespaces, chains, stored, [], next_save=stored)
         loadable = min(stored, (len(prompt) - 1) // self._chunk_tokens) * self._chunk_tokens
         return max(0, loadable - num_computed)
-
-    def _namespace(self, tenant: str | None) -> bytes:
-        return namespace_id(self._shape, self._chunk_tokens, tenant if tenant is not None else self._settings.tenant)
 
     def _lookup(self, namespace: bytes, keys: list[bytes]) -> int:
         metrics.LOOKUPS.inc()
@@ -68,7 +70,9 @@ class SchedulerSide:
             metrics.LOOKUP_ERRORS.inc()
             return 0
         try:
-            found = self._store.run(self._store.client.lookup(namespace, keys), self._settings.lookup_timeout_seconds)
+            found = self._store.run(
+                self._store.client.lookup(namespace, keys), self._settings.lookup_timeout_seconds
+            )
         except Exception:  # noqa: BLE001 -- any failure of the store is a miss
             metrics.LOOKUP_ERRORS.inc()
             return 0
@@ -96,11 +100,15 @@ class SchedulerSide:
             if (request := self._requests.get(req_id)) is None:
                 continue
             if new_block_ids is not None:  # a resumed request gets all of its blocks anew
-                request.block_ids = list(new_block_ids) if resumed else request.block_ids + list(new_block_ids)
+                request.block_ids = (
+                    list(new_block_ids) if resumed else request.block_ids + list(new_block_ids)
+                )
             self._plan(meta, req_id, request, computed, scheduled_tokens.get(req_id, 0))
         return meta
 
-    def _plan(self, meta: AttnStoreMetadata, req_id: str, request: _Request, computed: int, scheduled: int) -> None:
+    def _plan(
+        self, meta: AttnStoreMetadata, req_id: str, request: _Request, computed: int, scheduled: int
+    ) -> None:
         per_chunk = self._blocks_per_chunk
         if request.external_tokens:
             local = computed - request.external_tokens  # vLLM's own prefix-cache hit, whole blocks
@@ -108,20 +116,20 @@ class SchedulerSide:
             meta.loads.append(
                 LoadSpec(
                     req_id=req_id,
-                    namespace=request.namespace,
-                    keys=tuple(request.keys[first:end]),
+                    namespaces=request.namespaces,
+                    keys=tuple(tuple(chain[first:end]) for chain in request.chains),
                     block_ids=tuple(request.block_ids[first * per_chunk : end * per_chunk]),
                     skip_blocks=(local - first * self._chunk_tokens) // (self._chunk_tokens // per_chunk),
                 )
             )
             request.external_tokens = 0
-        ready = min((computed + scheduled) // self._chunk_tokens, len(request.keys))
+        ready = min((computed + scheduled) // self._chunk_tokens, len(request.chains[0]))
         for chunk in range(request.next_save, ready):
             meta.saves.append(
                 SaveSpec(
                     req_id=req_id,
-                    namespace=request.namespace,
-                    key=request.keys[chunk],
+                    namespaces=request.namespaces,
+                    keys=tuple(chain[chunk] for chain in request.chains),
                     block_ids=tuple(request.block_ids[chunk * per_chunk : (chunk + 1) * per_chunk]),
                     base_position=chunk * self._chunk_tokens,
                 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -46,9 +47,7 @@ class StoreLoop:
     def close(self, timeout_seconds: float) -> None:
         if self._loop.is_closed():
             return
-        try:
+        with contextlib.suppress(Exception):  # closing a dead channel must not fail vLLM's shutdown
             self.run(self.client.close(), timeout_seconds)
-        except Exception:  # noqa: BLE001 -- closing a dead channel must not fail vLLM's shutdown
-            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_seconds)

@@ -48,8 +48,10 @@ class LoadJob:
         dtype: torch.dtype,
         store: StoreLoop,
         layer_timeout_seconds: float,
+        tp_rank: int,
     ) -> None:
         self._loads = loads
+        self._rank = tp_rank
         self._views = views
         self._dtype = dtype
         self._store = store
@@ -72,7 +74,9 @@ class LoadJob:
             self._future.result(self._timeout)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             self._abandon()
-        return {block for spec in self._loads if spec.req_id in self.failed for block in spec.written_block_ids}
+        return {
+            block for spec in self._loads if spec.req_id in self.failed for block in spec.written_block_ids
+        }
 
     def _abandon(self) -> None:
         self.failed.update(spec.req_id for spec in self._loads)
@@ -92,16 +96,17 @@ class LoadJob:
 
     async def _load(self, spec: LoadSpec) -> None:
         done = 0  # layers of this load that are in place (or given up)
-        last = len(spec.keys) - 1
+        namespace, keys = spec.namespaces[self._rank], spec.keys[self._rank]
+        last = len(keys) - 1
         try:
-            pieces = self._store.client.iter_layers(spec.namespace, spec.keys)
+            pieces = self._store.client.iter_layers(namespace, keys)
             async with contextlib.aclosing(pieces) as layers:
                 async for piece in layers:
                     self._write(spec, piece.chunk_index, piece.layer, piece.layout, piece.data)
                     if piece.chunk_index == last:
                         self._layer_done(piece.layer)
                         done += 1
-            metrics.LOADED_CHUNKS.inc(len(spec.keys))
+            metrics.LOADED_CHUNKS.inc(len(keys))
         except asyncio.CancelledError:
             self.failed.add(spec.req_id)
             raise
@@ -111,16 +116,18 @@ class LoadJob:
             log.warning("loading KV from the daemon failed; vLLM recomputes it", error=repr(exc))
             if isinstance(exc, ValueError):  # ChunkCorruptError, ChunkFormatError, BadChunkError
                 with contextlib.suppress(Exception):
-                    await self._store.client.delete(spec.namespace, spec.keys)
+                    await self._store.client.delete(namespace, keys)
         finally:
             for layer in range(done, len(self._views)):
                 self._layer_done(layer)
 
-    def _write(self, spec: LoadSpec, chunk: int, layer: int, layout: ChunkLayout, data: memoryview | bytes) -> None:
+    def _write(
+        self, spec: LoadSpec, chunk: int, layer: int, layout: ChunkLayout, data: memoryview | bytes
+    ) -> None:
         """Copies one chunk's layer into its blocks, then verifies the bytes it copied."""
         view = self._views[layer]
         _, _, heads, block_tokens, head_dim = view.shape
-        per_chunk = len(spec.block_ids) // len(spec.keys)
+        per_chunk = len(spec.block_ids) // len(spec.keys[self._rank])
         header = layout.header
         if (header.kv_heads, header.head_dim, header.tokens) != (heads, head_dim, per_chunk * block_tokens):
             raise BadChunkError(f"chunk {header.key.hex()} has another shape than this model's layer")

@@ -37,9 +37,15 @@ PUT_RETRY_SECONDS = 0.05
 
 class ChunkSaver:
     def __init__(
-        self, store: StoreLoop, registry: NamespaceRegistry, dtype_name: str, max_pending_bytes: int
+        self,
+        store: StoreLoop,
+        registry: NamespaceRegistry,
+        dtype_name: str,
+        max_pending_bytes: int,
+        tp_rank: int,
     ) -> None:
         self._store = store
+        self._rank = tp_rank
         self._registry = registry
         self._dtype_name = dtype_name
         self._max_pending_bytes = max_pending_bytes
@@ -66,7 +72,7 @@ class ChunkSaver:
                     metrics.SAVES_DROPPED.inc()
                     continue
                 self._pending_bytes += size
-            if not self._registry.ensure(spec.namespace):
+            if not self._registry.ensure(spec.namespaces[self._rank]):
                 self._release(size)
                 metrics.SAVE_ERRORS.inc()
                 continue
@@ -77,7 +83,8 @@ class ChunkSaver:
         try:
             chunk = await asyncio.to_thread(self._encode, spec, layers)
             for _ in range(PUT_ATTEMPTS):
-                result = await self._store.client.put_chunks(spec.namespace, [(spec.key, chunk)])
+                namespace, key = spec.namespaces[self._rank], spec.keys[self._rank]
+                result = await self._store.client.put_chunks(namespace, [(key, chunk)])
                 if not result.in_progress:
                     break
                 await asyncio.sleep(PUT_RETRY_SECONDS)
@@ -94,8 +101,8 @@ class ChunkSaver:
     def _encode(self, spec: SaveSpec, layers: list[torch.Tensor]) -> bytes:
         _, heads, tokens, head_dim = layers[0].shape
         return encode_chunk(
-            namespace=spec.namespace,
-            key=spec.key,
+            namespace=spec.namespaces[self._rank],
+            key=spec.keys[self._rank],
             dtype=self._dtype_name,
             kv_heads=heads,
             tokens=tokens,

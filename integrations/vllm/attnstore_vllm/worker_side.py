@@ -40,12 +40,14 @@ class WorkerSide:
         store: StoreLoop,
         registry: NamespaceRegistry,
         dtype: torch.dtype,
+        tp_rank: int,
     ) -> None:
         self._settings = settings
+        self._rank = tp_rank
         self._shape = shape
         self._store = store
         self._dtype = dtype
-        self._saver = ChunkSaver(store, registry, shape.dtype, settings.max_pending_save_bytes)
+        self._saver = ChunkSaver(store, registry, shape.dtype, settings.max_pending_save_bytes, tp_rank)
         self._views: list[torch.Tensor] = []  # per model layer: [2, blocks, H, N, D]
         self._index: dict[str, int] = {}
         self._job: LoadJob | None = None
@@ -61,11 +63,20 @@ class WorkerSide:
             for name in names
         ]
         self._index = {name: index for index, name in enumerate(names)}
-        log.info("attnstore connector registered vLLM's KV", layers=len(names), shape=list(self._views[0].shape))
+        log.info(
+            "attnstore connector registered vLLM's KV", layers=len(names), shape=list(self._views[0].shape)
+        )
 
     def start_load(self, meta: AttnStoreMetadata) -> None:
         if meta.loads:
-            self._job = LoadJob(meta.loads, self._views, self._dtype, self._store, self._settings.layer_timeout_seconds)
+            self._job = LoadJob(
+                meta.loads,
+                self._views,
+                self._dtype,
+                self._store,
+                self._settings.layer_timeout_seconds,
+                self._rank,
+            )
 
     def wait_for_layer(self, layer_name: str) -> None:
         if self._job is not None and layer_name in self._index:

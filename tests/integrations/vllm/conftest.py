@@ -56,16 +56,38 @@ def driver_env() -> dict[str, str]:
 class VllmEngine:
     """One vLLM engine in a child process of vLLM's venv; `call` sends a command, waits for its reply."""
 
-    def __init__(self, python: Path, model_dir: Path, log_path: Path, *, block_size: int,
-                 kv_cache_bytes: int, kv_transfer_config: dict[str, Any] | None = None) -> None:
-        command = [str(python), str(DRIVER), "--model", str(model_dir), "--block-size", str(block_size),
-                   "--kv-cache-bytes", str(kv_cache_bytes)]
+    def __init__(
+        self,
+        python: Path,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        block_size: int,
+        kv_cache_bytes: int,
+        kv_transfer_config: dict[str, Any] | None = None,
+    ) -> None:
+        command = [
+            str(python),
+            str(DRIVER),
+            "--model",
+            str(model_dir),
+            "--block-size",
+            str(block_size),
+            "--kv-cache-bytes",
+            str(kv_cache_bytes),
+        ]
         if kv_transfer_config is not None:
             command += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
         self.log_path = log_path
         self._log = log_path.open("wb")
-        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                         env=driver_env(), text=True)
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=driver_env(),
+            text=True,
+        )
 
     def wait_ready(self) -> None:
         """Returns once the engine has started (engines start side by side, then wait)."""
@@ -81,7 +103,9 @@ class VllmEngine:
         assert self._process.stdout is not None
         for line in self._process.stdout:
             if line.startswith(RESULT_PREFIX):
-                return json.loads(line[len(RESULT_PREFIX):])
+                return json.loads(line[len(RESULT_PREFIX) :])
+            self._log.write(line.encode())  # vLLM logs to stdout
+            self._log.flush()
         tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"the vLLM driver exited ({self._process.wait()}):\n{tail}")
 

@@ -42,8 +42,12 @@ pytestmark = pytest.mark.timeout(1200)  # the first run installs vLLM CPU (about
 def model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]) -> Path:
     # head_dim 32: the smallest head size vLLM's CPU attention supports.
     return tiny_model_saver(
-        tmp_path_factory.mktemp("vllm-model"), hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=128, max_position_embeddings=1024,
+        tmp_path_factory.mktemp("vllm-model"),
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        max_position_embeddings=1024,
     )
 
 
@@ -54,7 +58,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         ssd_dir=root / "ssd",
         shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm")),
         log_path=root / "daemon.log",
-        settings={"DRAM_CAPACITY_BYTES": 64 * MiB, "SSD_CAPACITY_BYTES": 256 * MiB, "MAX_CHUNK_BYTES": 16 * MiB},
+        settings={
+            "DRAM_CAPACITY_BYTES": 64 * MiB,
+            "SSD_CAPACITY_BYTES": 256 * MiB,
+            "MAX_CHUNK_BYTES": 16 * MiB,
+        },
     )
     process.start()
     try:
@@ -73,8 +81,11 @@ def engines(vllm_engine: Callable[..., Any], model_dir: Path, daemon: DaemonProc
         "kv_connector_module_path": "attnstore_vllm.connector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
-            "daemon": daemon.address, "chunk_tokens": CHUNK_TOKENS, "model_digest": MODEL_DIGEST,
-            "lookup_timeout_seconds": 2.0, "rpc_timeout_seconds": 2.0,
+            "daemon": daemon.address,
+            "chunk_tokens": CHUNK_TOKENS,
+            "model_digest": MODEL_DIGEST,
+            "lookup_timeout_seconds": 2.0,
+            "rpc_timeout_seconds": 2.0,
         },
     }
     with_store = vllm_engine(model_dir, "with-connector", kv_transfer_config=connector_config, **options)
@@ -183,6 +194,7 @@ def test_a_corrupt_chunk_is_recomputed_counted_and_replaced(engines, store, daem
     after = counters(with_store)
     assert got == expected
     assert after["load_errors"] == before["load_errors"] + 1
+    assert "Recovered from KV load failure" in with_store.log_path.read_text()  # vLLM recomputed
     # The bad chunk was deleted and the recompute saved a good one: the next run loads it.
     deadline = time.monotonic() + SAVE_DEADLINE_SECONDS
     while store.lookup(namespace, keys).prefix_length < len(keys):

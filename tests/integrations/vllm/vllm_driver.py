@@ -31,27 +31,44 @@ def main(argv: list[str]) -> None:
 
     extra = {"kv_transfer_config": json.loads(args.kv_transfer_config)} if args.kv_transfer_config else {}
     llm = LLM(
-        model=args.model, skip_tokenizer_init=True, dtype="float32", block_size=args.block_size,
-        enable_prefix_caching=True, kv_cache_memory_bytes=args.kv_cache_bytes, max_model_len=1024,
-        enforce_eager=True, seed=0, **extra,
+        model=args.model,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        block_size=args.block_size,
+        enable_prefix_caching=True,
+        kv_cache_memory_bytes=args.kv_cache_bytes,
+        max_model_len=1024,
+        enforce_eager=True,
+        seed=0,
+        **extra,
     )
     reply({"ready": True})
     for line in sys.stdin:
         command = json.loads(line)
         if command["op"] == "generate":
-            params = SamplingParams(temperature=0.0, max_tokens=command["max_tokens"], logprobs=0, detokenize=False)
-            output = llm.generate([TokensPrompt(prompt_token_ids=command["prompt"])], params, use_tqdm=False)[0]
+            params = SamplingParams(
+                temperature=0.0, max_tokens=command["max_tokens"], logprobs=0, detokenize=False
+            )
+            output = llm.generate([TokensPrompt(prompt_token_ids=command["prompt"])], params, use_tqdm=False)[
+                0
+            ]
             sample = output.outputs[0]
-            logprobs = [entry[token].logprob for token, entry in zip(sample.token_ids, sample.logprobs, strict=True)]
+            logprobs = [
+                entry[token].logprob for token, entry in zip(sample.token_ids, sample.logprobs, strict=True)
+            ]
             reply({"tokens": list(sample.token_ids), "logprobs": logprobs})
         elif command["op"] == "reset_prefix_cache":
             reply({"ok": bool(llm.reset_prefix_cache())})
         elif command["op"] == "metrics":
-            reply({
-                metric.name: sample.value
-                for metric in REGISTRY.collect() if metric.name.startswith("attnstore_vllm")
-                for sample in metric.samples if sample.name.endswith("_total")
-            })
+            reply(
+                {
+                    metric.name: sample.value
+                    for metric in REGISTRY.collect()
+                    if metric.name.startswith("attnstore_vllm")
+                    for sample in metric.samples
+                    if sample.name.endswith("_total")
+                }
+            )
 
 
 def reply(payload: dict) -> None:
