@@ -21,7 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from attnstore_vllm.kv_layout import BACKEND_PACKINGS
+from attnstore_vllm.kv_layout import BACKEND_PACKINGS, CPU_VEC_ISAS, KVPacking
 from attnstore_vllm.namespaces import DTYPE_NAMES, ModelShape, NamespaceRegistry, config_digest
 from attnstore_vllm.plan import AttnStoreMetadata
 from attnstore_vllm.scheduler_side import SchedulerSide, request_tenant
@@ -63,6 +63,17 @@ def model_shape(vllm_config: VllmConfig, settings: ConnectorSettings) -> ModelSh
         head_dim=model.get_head_size(),
         tp_size=parallel.tensor_parallel_size,
     )
+
+
+def layer_packing(layer: Any) -> KVPacking:
+    """How the attention layer's backend packs K and V (kv_layout.py); refuses the unknown."""
+    backend = layer.attn_backend.get_name()
+    if backend not in BACKEND_PACKINGS:
+        raise ValueError(f"AttnStoreConnector does not know the KV layout of attention backend {backend}")
+    isa = getattr(layer, "isa", None)  # set by the CPU backend's metadata builder
+    if backend == "CPU_ATTN" and isa not in CPU_VEC_ISAS:
+        raise ValueError(f"AttnStoreConnector does not support the CPU attention kernel {isa!r} (only vec)")
+    return BACKEND_PACKINGS[backend]
 
 
 class AttnStoreConnector(KVConnectorBase_V1):
@@ -125,15 +136,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         context = self._vllm_config.compilation_config.static_forward_context
-        backends = {name: context[name].attn_backend.get_name() for name in kv_caches}
-        unknown = {name for name in set(backends.values()) if name not in BACKEND_PACKINGS}
-        if unknown:
-            raise ValueError(
-                f"AttnStoreConnector does not know the KV layout of attention backend(s) {unknown}"
-            )
-        self._worker.register(
-            kv_caches, {name: BACKEND_PACKINGS[backend] for name, backend in backends.items()}
-        )
+        self._worker.register(kv_caches, {name: layer_packing(context[name]) for name in kv_caches})
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None

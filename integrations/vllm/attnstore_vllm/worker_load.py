@@ -25,7 +25,7 @@ import torch
 
 from attnstore.chunks.format import ChunkFormatError, ChunkLayout, verify_layer
 from attnstore_vllm import metrics
-from attnstore_vllm.kv_layout import scatter_blocks
+from attnstore_vllm.kv_layout import KVViews, scatter_blocks
 from attnstore_vllm.plan import LoadSpec
 from attnstore_vllm.store_loop import StoreLoop
 
@@ -44,7 +44,7 @@ class LoadJob:
     def __init__(
         self,
         loads: Sequence[LoadSpec],
-        views: Sequence[torch.Tensor],  # per model layer: [2, blocks, kv_heads, block_tokens, head_dim]
+        views: Sequence[KVViews],  # per model layer
         dtype: torch.dtype,
         store: StoreLoop,
         layer_timeout_seconds: float,
@@ -125,8 +125,9 @@ class LoadJob:
         self, spec: LoadSpec, chunk: int, layer: int, layout: ChunkLayout, data: memoryview | bytes
     ) -> None:
         """Copies one chunk's layer into its blocks, then verifies the bytes it copied."""
-        view = self._views[layer]
-        _, _, heads, block_tokens, head_dim = view.shape
+        views = self._views[layer]
+        _, heads, block_tokens, head_dim = views[0].shape
+        device = views[0].device
         per_chunk = len(spec.block_ids) // len(spec.keys[self._rank])
         header = layout.header
         if (header.kv_heads, header.head_dim, header.tokens) != (heads, head_dim, per_chunk * block_tokens):
@@ -137,8 +138,8 @@ class LoadJob:
         tokens = source.view(self._dtype).view(2, heads, header.tokens, head_dim)
         skip = spec.skip_blocks if chunk == 0 else 0
         blocks = spec.block_ids[chunk * per_chunk + skip : (chunk + 1) * per_chunk]
-        layer_tokens = tokens[:, :, skip * block_tokens :].to(view.device)  # no-op on a CPU
-        scatter_blocks(view, torch.tensor(blocks, device=view.device), layer_tokens)
+        layer_tokens = tokens[:, :, skip * block_tokens :].to(device)  # no-op on a CPU
+        scatter_blocks(views, torch.tensor(blocks, device=device), layer_tokens)
         verify_layer(layout, layer, data)  # while the copied bytes are still in cache
         metrics.LOAD_BYTES.inc(header.layer_bytes)
 

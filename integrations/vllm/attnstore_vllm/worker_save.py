@@ -21,7 +21,7 @@ import torch
 
 from attnstore.chunks.format import encode_chunk
 from attnstore_vllm import metrics
-from attnstore_vllm.kv_layout import gather_blocks
+from attnstore_vllm.kv_layout import KVViews, gather_blocks
 from attnstore_vllm.namespaces import NamespaceRegistry
 from attnstore_vllm.plan import SaveSpec
 from attnstore_vllm.store_loop import StoreLoop
@@ -53,11 +53,11 @@ class ChunkSaver:
         self._lock = threading.Lock()  # _pending_bytes: vLLM's thread adds, the loop subtracts
         self._gathered: dict[int, list[torch.Tensor]] = {}  # save index -> per layer [2, H, T, D]
 
-    def gather_layer(self, saves: Sequence[SaveSpec], view: torch.Tensor) -> None:
+    def gather_layer(self, saves: Sequence[SaveSpec], views: KVViews) -> None:
         """Copies this layer of every chunk to save out of the blocks (layers come in order)."""
         for index, spec in enumerate(saves):
-            blocks = torch.tensor(spec.block_ids, device=view.device)
-            self._gathered.setdefault(index, []).append(gather_blocks(view, blocks).cpu())  # no-op on a CPU
+            blocks = torch.tensor(spec.block_ids, device=views[0].device)
+            self._gathered.setdefault(index, []).append(gather_blocks(views, blocks).cpu())  # no-op on a CPU
 
     def submit(self, saves: Sequence[SaveSpec], num_layers: int, skip_requests: set[str]) -> None:
         """Hands this step's whole chunks to the daemon in the background."""

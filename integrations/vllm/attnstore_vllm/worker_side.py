@@ -7,7 +7,7 @@ import re
 import structlog
 import torch
 
-from attnstore_vllm.kv_layout import KVPacking, canonical_view
+from attnstore_vllm.kv_layout import KVPacking, KVViews, kv_views
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry
 from attnstore_vllm.plan import AttnStoreMetadata
 from attnstore_vllm.settings import ConnectorSettings
@@ -48,7 +48,7 @@ class WorkerSide:
         self._store = store
         self._dtype = dtype
         self._saver = ChunkSaver(store, registry, shape.dtype, settings.max_pending_save_bytes, tp_rank)
-        self._views: list[torch.Tensor] = []  # per model layer: [2, blocks, H, N, D]
+        self._views: list[KVViews] = []  # per model layer
         self._index: dict[str, int] = {}
         self._job: LoadJob | None = None
         self._failed_blocks: set[int] = set()
@@ -59,12 +59,14 @@ class WorkerSide:
         if len(names) != self._shape.num_layers:
             raise ValueError(f"{len(names)} attention layers for a model of {self._shape.num_layers}")
         self._views = [
-            canonical_view(kv_caches[name], packings[name], self._shape.kv_heads, self._shape.head_dim)
+            kv_views(kv_caches[name], packings[name], self._shape.kv_heads, self._shape.head_dim)
             for name in names
         ]
         self._index = {name: index for index, name in enumerate(names)}
         log.info(
-            "attnstore connector registered vLLM's KV", layers=len(names), shape=list(self._views[0].shape)
+            "attnstore connector registered vLLM's KV",
+            layers=len(names),
+            block_shape=list(self._views[0][0].shape),
         )
 
     def start_load(self, meta: AttnStoreMetadata) -> None:

@@ -19,15 +19,16 @@ from typing import Any
 import grpc
 import pytest
 
+from attnstore.chunks.format import decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.shm_arena import SharedArena
+from inference_worker.model_store import model_digest
 from kvstore_daemon.launcher import DaemonProcess
 
 BLOCK_TOKENS = 32
 CHUNK_TOKENS = 64  # two vLLM blocks
-MODEL_DIGEST = "tiny-llama-for-the-vllm-connector-test"  # so the test computes the chunk keys
 PROMPT_TOKENS = 200  # three full chunks (192 tokens) and a partial one
 SUFFIX_TOKENS = 100
 MAX_TOKENS = 8
@@ -83,7 +84,7 @@ def engines(vllm_engine: Callable[..., Any], model_dir: Path, daemon: DaemonProc
         "kv_connector_extra_config": {
             "daemon": daemon.address,
             "chunk_tokens": CHUNK_TOKENS,
-            "model_digest": MODEL_DIGEST,
+            "model_digest": model_digest(model_dir),  # the attnstore worker's: they share chunks
             "lookup_timeout_seconds": 2.0,
             "rpc_timeout_seconds": 2.0,
         },
@@ -106,8 +107,9 @@ def prompt(seed: int, length: int) -> list[int]:
     return [rng.randrange(3, 300) for _ in range(length)]
 
 
-def chunk_keys(tokens: list[int]) -> tuple[bytes, list[bytes]]:
-    namespace = NamespaceSpec(MODEL_DIGEST, "float32", CHUNK_TOKENS).namespace_id()
+def chunk_keys(model_dir: Path, tokens: list[int]) -> tuple[bytes, list[bytes]]:
+    """The attnstore worker's namespace and keys for `tokens` (inference_worker.namespaces)."""
+    namespace = NamespaceSpec(model_digest(model_dir), "float32", CHUNK_TOKENS).namespace_id()
     return namespace, chunk_key_chain(namespace, tokens, CHUNK_TOKENS)
 
 
@@ -152,11 +154,11 @@ def run_both(engines: tuple[Any, Any], first: list[int], second: list[int]) -> t
     return with_store.call(op="generate", prompt=second, max_tokens=MAX_TOKENS), expected
 
 
-def test_the_prefix_loads_from_the_daemon_and_the_output_equals_vllm_alone(engines, store) -> None:
+def test_the_prefix_loads_from_the_daemon_and_the_output_equals_vllm_alone(engines, store, model_dir) -> None:
     with_store, _ = engines
     first = prompt(1, PROMPT_TOKENS)
     second = first + prompt(2, SUFFIX_TOKENS)
-    namespace, keys = chunk_keys(first)
+    namespace, keys = chunk_keys(model_dir, first)
     before = counters(with_store)
     dram_hits = store.stats().dram.hits
 
@@ -177,11 +179,11 @@ def test_the_prefix_loads_from_the_daemon_and_the_output_equals_vllm_alone(engin
     assert store.stats().dram.hits >= dram_hits + len(keys)  # the daemon served them
 
 
-def test_a_corrupt_chunk_is_recomputed_counted_and_replaced(engines, store, daemon) -> None:
+def test_a_corrupt_chunk_is_recomputed_counted_and_replaced(engines, store, daemon, model_dir) -> None:
     with_store, _ = engines
     first = prompt(3, PROMPT_TOKENS)
     second = first + prompt(4, SUFFIX_TOKENS)
-    namespace, keys = chunk_keys(first)
+    namespace, keys = chunk_keys(model_dir, first)
     before = counters(with_store)
     with_store.call(op="generate", prompt=first, max_tokens=MAX_TOKENS)
     wait_for_saved(with_store, before["saved_chunks"] + len(keys))
@@ -201,6 +203,38 @@ def test_a_corrupt_chunk_is_recomputed_counted_and_replaced(engines, store, daem
         assert time.monotonic() < deadline, "the recomputed chunk was not saved again"
         time.sleep(0.05)
     assert store.get_whole_chunks(namespace, [keys[1]])[0] == good  # checksums verified on read
+
+
+def test_chunks_saved_by_vllm_hold_the_models_kv_as_the_attnstore_worker_reads_it(
+    engines, store, model_dir
+) -> None:
+    """Equal outputs prove vLLM reads back what it wrote; this proves what it wrote is the
+    project's format: per layer K then V [kv_heads, tokens, head_dim], keys rotated at their
+    positions, under the worker's namespace and keys, equal to transformers' own KV."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with_store, _ = engines
+    tokens = prompt(7, PROMPT_TOKENS)
+    namespace, keys = chunk_keys(model_dir, tokens)
+    before = counters(with_store)
+    with_store.call(op="generate", prompt=tokens, max_tokens=1)
+    wait_for_saved(with_store, before["saved_chunks"] + len(keys))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        cache = model(torch.tensor([tokens]), use_cache=True).past_key_values
+
+    for index, data in enumerate(store.get_whole_chunks(namespace, keys)):
+        layout = decode_layout(data)
+        header = layout.header
+        assert (header.tokens, header.base_position) == (CHUNK_TOKENS, index * CHUNK_TOKENS)
+        span = slice(index * CHUNK_TOKENS, (index + 1) * CHUNK_TOKENS)
+        for layer in range(header.num_layers):
+            start, end = layout.layer_span(layer, layer + 1)
+            stored = torch.frombuffer(bytearray(data[start:end]), dtype=torch.float32)
+            k, v = stored.view(2, header.kv_heads, header.tokens, header.head_dim)
+            torch.testing.assert_close(k, cache.layers[layer].keys[0, :, span], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, cache.layers[layer].values[0, :, span], atol=1e-4, rtol=1e-4)
 
 
 def test_vllm_keeps_answering_when_the_daemon_dies(engines, daemon) -> None:
