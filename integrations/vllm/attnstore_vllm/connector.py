@@ -14,6 +14,7 @@ layer by layer), saves asynchronous (after the step, off its path). vLLM's
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -95,6 +96,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
         self._store = StoreLoop(
             self._settings.daemon,
             use_shm=self._settings.use_shm,
+            shm_dir=Path(self._settings.shm_dir) if self._settings.shm_dir else None,
             timeout_seconds=self._settings.rpc_timeout_seconds,
         )
         registry = NamespaceRegistry(self._register)

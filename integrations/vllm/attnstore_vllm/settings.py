@@ -21,6 +21,9 @@ class ConnectorSettings(BaseModel):
     )
     tenant: str = Field("", description="isolation salt of every request without its own")
     use_shm: bool = Field(True, description="move chunk bytes through the daemon's shared memory")
+    shm_dir: str = Field(
+        "", description="where this process sees the daemon's arena directory, when mounted elsewhere"
+    )
     lookup_timeout_seconds: float = Field(1.0, gt=0, description="bounds the scheduler's Lookup")
     layer_timeout_seconds: float = Field(10.0, gt=0, description="the longest a layer waits for its KV")
     rpc_timeout_seconds: float = Field(10.0, gt=0, description="bounds every other daemon call")

@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from attnstore.kvstore_client import AsyncKVStoreClient
@@ -19,7 +20,7 @@ T = TypeVar("T")
 
 
 class StoreLoop:
-    def __init__(self, address: str, *, use_shm: bool, timeout_seconds: float) -> None:
+    def __init__(self, address: str, *, use_shm: bool, shm_dir: Path | None, timeout_seconds: float) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="attnstore-vllm", daemon=True)
         self._thread.start()
@@ -27,7 +28,11 @@ class StoreLoop:
         async def create() -> AsyncKVStoreClient:  # grpc.aio binds a channel to the running loop
             # Loads verify each layer themselves, right after copying it (worker_load.py).
             return AsyncKVStoreClient(
-                address, use_shm=use_shm, timeout_seconds=timeout_seconds, verify_checksums=False
+                address,
+                use_shm=use_shm,
+                shm_dir=shm_dir,
+                timeout_seconds=timeout_seconds,
+                verify_checksums=False,
             )
 
         self.client = self.run(create(), timeout_seconds)
