@@ -2,15 +2,14 @@
 their pins clash), one engine process per test module driven over stdin/stdout
 (vllm_driver.py), and the attnstore packages reached through PYTHONPATH.
 
-`vllm_python()` is the one place that installs vLLM: it calls bench's peer installer."""
+`vllm_python()` gets vLLM from bench/vllm/vllm_env.py, the one place that installs it
+(with bench's peer installer, `ensure_peer("vllm")`)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,38 +18,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 RESULT_PREFIX = "ATTNSTORE-DRIVER "
-DEPS_STAMP = "attnstore-vllm-deps.json"
-START_TIMEOUT_SECONDS = 600.0
 
 
-def vllm_python() -> Path:
-    """vLLM CPU's venv python, with the third-party dependencies of the attnstore SDK."""
-    sys.path.insert(0, str(ROOT / "bench"))
+def vllm_python() -> tuple[Path, dict[str, str]]:
+    """vLLM CPU's python and the environment its processes run in (bench/vllm/vllm_env.py)."""
+    sys.path.insert(0, str(ROOT / "bench" / "vllm"))
     try:
-        from peers_install import ensure_peer
+        from vllm_env import VllmUnavailable, connector_env, ensure_vllm
     finally:
-        sys.path.remove(str(ROOT / "bench"))
-    peer = ensure_peer("vllm")
-    if peer.python is None:
-        pytest.fail(f"vLLM CPU could not be installed: {peer.reason}")
-    deps = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]["dependencies"]
-    stamp = peer.python.parent.parent / DEPS_STAMP
-    if not stamp.exists() or json.loads(stamp.read_text()) != deps:
-        subprocess.run([str(peer.python), "-m", "pip", "install", "--quiet", *deps], check=True, timeout=900)
-        stamp.write_text(json.dumps(deps))
-    return peer.python
-
-
-def driver_env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "integrations" / "vllm")]),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_TARGET_DEVICE": "cpu",
+        sys.path.remove(str(ROOT / "bench" / "vllm"))
+    try:
+        peer = ensure_vllm()
+    except VllmUnavailable as exc:
+        pytest.fail(f"vLLM CPU could not be installed: {exc}")
+    assert peer.python is not None
+    env = {
+        **connector_env(peer),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in the driver's process: its counters too
         "VLLM_CPU_OMP_THREADS_BIND": "all",
-        "HF_HUB_OFFLINE": "1",
     }
+    return peer.python, env
 
 
 class VllmEngine:
@@ -59,6 +46,7 @@ class VllmEngine:
     def __init__(
         self,
         python: Path,
+        env: dict[str, str],
         model_dir: Path,
         log_path: Path,
         *,
@@ -85,7 +73,7 @@ class VllmEngine:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            env=driver_env(),
+            env=env,
             text=True,
         )
 
@@ -124,12 +112,12 @@ class VllmEngine:
 def vllm_engine(tmp_path_factory: pytest.TempPathFactory):
     """`vllm_engine(model_dir, name, **VllmEngine options)`: a started-not-ready engine; all
     are closed at the end of the session."""
-    python = vllm_python()
+    python, env = vllm_python()
     logs = tmp_path_factory.mktemp("vllm-logs")
     engines: list[VllmEngine] = []
 
     def start(model_dir: Path, name: str, **options: Any) -> VllmEngine:
-        engines.append(VllmEngine(python, model_dir, logs / f"{name}.log", **options))
+        engines.append(VllmEngine(python, env, model_dir, logs / f"{name}.log", **options))
         return engines[-1]
 
     yield start
