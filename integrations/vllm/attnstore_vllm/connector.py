@@ -18,13 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from attnstore_vllm.kv_layout import BACKEND_PACKINGS, CPU_VEC_ISAS, KVPacking
 from attnstore_vllm.namespaces import DTYPE_NAMES, ModelShape, NamespaceRegistry, config_digest
-from attnstore_vllm.plan import AttnStoreMetadata
+from attnstore_vllm.plan import StepPlan
 from attnstore_vllm.scheduler_side import SchedulerSide, request_tenant
 from attnstore_vllm.settings import ConnectorSettings
 from attnstore_vllm.store_loop import StoreLoop
@@ -75,6 +79,10 @@ def layer_packing(layer: Any) -> KVPacking:
     if backend == "CPU_ATTN" and isa not in CPU_VEC_ISAS:
         raise ValueError(f"AttnStoreConnector does not support the CPU attention kernel {isa!r} (only vec)")
     return BACKEND_PACKINGS[backend]
+
+
+class AttnStoreMetadata(StepPlan, KVConnectorMetadata):
+    """A step's plan as vLLM's connector metadata."""
 
 
 class AttnStoreConnector(KVConnectorBase_V1):
@@ -162,7 +170,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
         assert self._worker is not None
         return self._worker.take_failed_blocks()
 
-    def _meta(self) -> AttnStoreMetadata:
+    def _meta(self) -> StepPlan:
         meta = self._get_connector_metadata()
         assert isinstance(meta, AttnStoreMetadata)
         return meta
@@ -189,7 +197,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> AttnStoreMetadata:
         assert self._scheduler is not None
         cached = scheduler_output.scheduled_cached_reqs
-        return self._scheduler.build_meta(
+        plan = self._scheduler.build_meta(
             new=[
                 (req.req_id, req.block_ids[0], req.num_computed_tokens)
                 for req in scheduler_output.scheduled_new_reqs
@@ -202,6 +210,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
             ],
             scheduled_tokens=scheduler_output.num_scheduled_tokens,
         )
+        return AttnStoreMetadata(loads=plan.loads, saves=plan.saves)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         assert self._scheduler is not None

@@ -1,11 +1,10 @@
 """What the scheduler-side connector tells the worker-side one each step (vLLM pickles
-it to the workers when they run in other processes)."""
+it to the workers when they run in other processes). No vLLM import here: the planning
+is tested without vLLM (connector.py wraps a StepPlan in vLLM's metadata type)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,6 @@ class SaveSpec:
 
 
 @dataclass
-class AttnStoreMetadata(KVConnectorMetadata):
+class StepPlan:
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)

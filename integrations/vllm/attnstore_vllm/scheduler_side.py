@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore_vllm import metrics
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry, namespace_id
-from attnstore_vllm.plan import AttnStoreMetadata, LoadSpec, SaveSpec
+from attnstore_vllm.plan import LoadSpec, SaveSpec, StepPlan
 from attnstore_vllm.settings import TENANT_PARAM, ConnectorSettings
 from attnstore_vllm.store_loop import StoreLoop
 
@@ -88,10 +88,10 @@ class SchedulerSide:
         new: Iterable[tuple[str, list[int], int]],
         cached: Iterable[tuple[str, list[int] | None, bool, int]],
         scheduled_tokens: dict[str, int],
-    ) -> AttnStoreMetadata:
+    ) -> StepPlan:
         """`new`: (req id, block ids, computed tokens) of first-scheduled requests; `cached`:
         (req id, new block ids, resumed, computed tokens) of the others."""
-        meta = AttnStoreMetadata()
+        meta = StepPlan()
         for req_id, block_ids, computed in new:
             if (request := self._requests.get(req_id)) is not None:
                 request.block_ids = list(block_ids)
@@ -106,9 +106,7 @@ class SchedulerSide:
             self._plan(meta, req_id, request, computed, scheduled_tokens.get(req_id, 0))
         return meta
 
-    def _plan(
-        self, meta: AttnStoreMetadata, req_id: str, request: _Request, computed: int, scheduled: int
-    ) -> None:
+    def _plan(self, meta: StepPlan, req_id: str, request: _Request, computed: int, scheduled: int) -> None:
         per_chunk = self._blocks_per_chunk
         if request.external_tokens:
             local = computed - request.external_tokens  # vLLM's own prefix-cache hit, whole blocks

@@ -9,7 +9,7 @@ import torch
 
 from attnstore_vllm.kv_layout import KVPacking, KVViews, kv_views
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry
-from attnstore_vllm.plan import AttnStoreMetadata
+from attnstore_vllm.plan import StepPlan
 from attnstore_vllm.settings import ConnectorSettings
 from attnstore_vllm.store_loop import StoreLoop
 from attnstore_vllm.worker_load import LoadJob
@@ -69,7 +69,7 @@ class WorkerSide:
             block_shape=list(self._views[0][0].shape),
         )
 
-    def start_load(self, meta: AttnStoreMetadata) -> None:
+    def start_load(self, meta: StepPlan) -> None:
         if meta.loads:
             self._job = LoadJob(
                 meta.loads,
@@ -84,11 +84,11 @@ class WorkerSide:
         if self._job is not None and layer_name in self._index:
             self._job.wait_for_layer(self._index[layer_name])
 
-    def save_layer(self, layer_name: str, meta: AttnStoreMetadata) -> None:
+    def save_layer(self, layer_name: str, meta: StepPlan) -> None:
         if meta.saves and layer_name in self._index:
             self._saver.gather_layer(meta.saves, self._views[self._index[layer_name]])
 
-    def finish_step(self, meta: AttnStoreMetadata | None) -> None:
+    def finish_step(self, meta: StepPlan | None) -> None:
         """After the forward pass: ends the step's loads, then submits its saves."""
         if self._job is not None:
             self._failed_blocks |= self._job.finish()
