@@ -29,6 +29,7 @@ import re
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=128,
         help="each vLLM's KV space and the daemon's DRAM tier (SmolLM2 fp32: 45 KiB per token)",
     )
+    parser.add_argument(
+        "--max-model-len", type=int, default=2560, help="vLLM needs KV space for one sequence this long"
+    )
     parser.add_argument("--fits-conversations", type=int, default=1)
     parser.add_argument("--over-conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
@@ -98,7 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.quick:
-        args.fits_conversations, args.over_conversations, args.turns, args.kv_cache_mib = 1, 4, 3, 64
+        args.fits_conversations, args.over_conversations, args.turns = 1, 4, 3
     return args
 
 
@@ -230,12 +234,13 @@ def main(argv: list[str]) -> dict[str, Any]:
                 model_dir,
                 kv_bytes,
                 WORK_DIR / f"{side}.log",
-                4096,
+                args.max_model_len,
                 args.omp_threads_bind,
                 block_size=args.block_size,
                 kv_transfer_config=config,
             )
-            servers[side].start()
+        with ThreadPoolExecutor(len(servers)) as pool:  # compiling takes minutes: both at once
+            list(pool.map(BenchServer.start, servers.values()))
         records, deltas = replay(servers, phases, args.turns, args.max_tokens)
         with KVStoreClient(daemon.address, use_shm=False) as client:
             daemon_stats = str(client.stats()).replace("\n", " ")
