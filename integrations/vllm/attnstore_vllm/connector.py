@@ -26,6 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from attnstore.kvstore_client import Tier
 from attnstore_vllm.kv_layout import BACKEND_PACKINGS, CPU_VEC_ISAS, KVPacking
 from attnstore_vllm.namespaces import DTYPE_NAMES, ModelShape, NamespaceRegistry, config_digest
 from attnstore_vllm.plan import StepPlan
@@ -81,13 +82,14 @@ def layer_packing(layer: Any) -> KVPacking:
     return BACKEND_PACKINGS[backend]
 
 
+_TIER_SOURCES = {Tier.DRAM: CacheHitSource.HOST, Tier.SSD: CacheHitSource.DISK}
+
+
 class AttnStoreMetadata(StepPlan, KVConnectorMetadata):
     """A step's plan as vLLM's connector metadata."""
 
 
 class AttnStoreConnector(KVConnectorBase_V1):
-    _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
-
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
@@ -193,6 +195,13 @@ class AttnStoreConnector(KVConnectorBase_V1):
     ) -> None:
         assert self._scheduler is not None
         self._scheduler.after_alloc(request.request_id, num_external_tokens)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        assert self._scheduler is not None
+        tiers = self._scheduler.hit_tiers(request.request_id, num_external_tokens)
+        return {_TIER_SOURCES[tier]: tokens for tier, tokens in tiers.items() if tokens}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> AttnStoreMetadata:
         assert self._scheduler is not None

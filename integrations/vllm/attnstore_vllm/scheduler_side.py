@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from attnstore.chunks.keys import chunk_key_chain
+from attnstore.kvstore_client import Tier
 from attnstore_vllm import metrics
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry, namespace_id
 from attnstore_vllm.plan import LoadSpec, SaveSpec, StepPlan
@@ -27,7 +28,8 @@ from attnstore_vllm.store_loop import StoreLoop
 class _Request:
     namespaces: tuple[bytes, ...]  # per tensor-parallel rank
     chains: tuple[list[bytes], ...]  # per rank: the keys of the prompt's full chunks
-    stored_chunks: int  # the Lookup's answer: leading chunks the daemon holds
+    tiers: list[Tier]  # the Lookup's answer: the tier of each leading chunk the daemon holds
+    offered_from: int  # vLLM's own hit when the daemon's was offered
     block_ids: list[int]
     next_save: int  # the first chunk not yet handed to the worker for saving
     external_tokens: int = 0  # to load in the request's first step
@@ -59,24 +61,37 @@ class SchedulerSide:
             namespace_id(self._shape, self._chunk_tokens, salt, rank) for rank in range(self._shape.tp_size)
         )
         chains = tuple(chunk_key_chain(namespace, prompt, self._chunk_tokens) for namespace in namespaces)
-        stored = self._lookup(namespaces[0], chains[0])
-        self._requests[req_id] = _Request(namespaces, chains, stored, [], next_save=stored)
-        loadable = min(stored, (len(prompt) - 1) // self._chunk_tokens) * self._chunk_tokens
+        tiers = self._lookup(namespaces[0], chains[0])
+        self._requests[req_id] = _Request(namespaces, chains, tiers, num_computed, [], next_save=len(tiers))
+        loadable = min(len(tiers), (len(prompt) - 1) // self._chunk_tokens) * self._chunk_tokens
         return max(0, loadable - num_computed)
 
-    def _lookup(self, namespace: bytes, keys: list[bytes]) -> int:
+    def _lookup(self, namespace: bytes, keys: list[bytes]) -> list[Tier]:
         metrics.LOOKUPS.inc()
         if not self._registry.ensure(namespace):
             metrics.LOOKUP_ERRORS.inc()
-            return 0
+            return []
         try:
             found = self._store.run(
                 self._store.client.lookup(namespace, keys), self._settings.lookup_timeout_seconds
             )
         except Exception:  # noqa: BLE001 -- any failure of the store is a miss
             metrics.LOOKUP_ERRORS.inc()
-            return 0
-        return found.prefix_length
+            return []
+        return found.tiers[: found.prefix_length]
+
+    def hit_tiers(self, req_id: str, num_external_tokens: int) -> dict[Tier, int]:
+        """How many of the offered tokens each daemon tier holds."""
+        request = self._requests.get(req_id)
+        counts: dict[Tier, int] = {}
+        if request is None:
+            return counts
+        start, end = request.offered_from, request.offered_from + num_external_tokens
+        for chunk in range(start // self._chunk_tokens, -(-end // self._chunk_tokens)):
+            overlap = min(end, (chunk + 1) * self._chunk_tokens) - max(start, chunk * self._chunk_tokens)
+            tier = request.tiers[chunk]
+            counts[tier] = counts.get(tier, 0) + overlap
+        return counts
 
     def after_alloc(self, req_id: str, num_external_tokens: int) -> None:
         if num_external_tokens > 0 and req_id in self._requests:

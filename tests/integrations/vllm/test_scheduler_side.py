@@ -13,7 +13,7 @@ import pytest
 
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key_chain
-from attnstore.kvstore_client import KVStoreClient
+from attnstore.kvstore_client import KVStoreClient, Tier
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry, namespace_id
 from attnstore_vllm.scheduler_side import SchedulerSide
 from attnstore_vllm.settings import ConnectorSettings
@@ -105,6 +105,7 @@ def test_the_hit_is_whole_chunks_beyond_vllms_own_and_loads_into_the_right_block
     assert load.keys == (tuple(keys),) and load.block_ids == tuple(blocks[:6]) and load.skip_blocks == 1
     assert load.written_block_ids == tuple(blocks[1:6])
     assert plan.saves == []  # every full chunk of the prompt is stored already
+    assert scheduler.hit_tiers("r", 3 * CHUNK - BLOCK) == {Tier.DRAM: 3 * CHUNK - BLOCK}
 
 
 def test_the_chunk_holding_the_last_prompt_token_is_never_offered(daemon) -> None:
