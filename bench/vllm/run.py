@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: its modu
 
 import transformers
 from cpu_quiet import wait_until_idle
+from peers_serving import WARMUP_MESSAGE
 from peers_vllm import VllmServer
 from peers_workload import Dialogue, Step, round_robin, select_dialogues
 from vllm_env import ROOT, PeerVenv, connector_env, ensure_vllm
@@ -114,6 +115,8 @@ def replay(
     records: list[dict[str, Any]] = []
     deltas: dict[str, dict[str, dict[str, float]]] = {}
     pids = [server.pid for server in servers.values() if server.pid is not None]
+    for server in servers.values():  # untimed: first-request costs stay out of the phases
+        server.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens)
     for phase, dialogues in phases:
         before = {side: server.counters() for side, server in servers.items()}
         steps: list[Step] = round_robin(dialogues, turns)

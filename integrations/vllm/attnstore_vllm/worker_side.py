@@ -52,7 +52,6 @@ class WorkerSide:
         self._index: dict[str, int] = {}
         self._job: LoadJob | None = None
         self._failed_blocks: set[int] = set()
-        self._failed_requests: set[str] = set()
 
     def register(self, kv_caches: dict[str, torch.Tensor], packings: dict[str, KVPacking]) -> None:
         names = layer_order(list(kv_caches))
@@ -90,14 +89,13 @@ class WorkerSide:
 
     def finish_step(self, meta: StepPlan | None) -> None:
         """After the forward pass: ends the step's loads, then submits its saves."""
+        failed_requests: set[str] = set()
         if self._job is not None:
             self._failed_blocks |= self._job.finish()
-            self._failed_requests = set(self._job.failed)
+            failed_requests = self._job.failed
             self._job = None
-        else:
-            self._failed_requests = set()
         if meta is not None and meta.saves:
-            self._saver.submit(meta.saves, len(self._views), self._failed_requests)
+            self._saver.submit(meta.saves, len(self._views), failed_requests)
 
     def take_failed_blocks(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
