@@ -8,16 +8,22 @@ their pins clash), one engine process per test module driven over stdin/stdout
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvstore_daemon.launcher import DaemonProcess
+
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 RESULT_PREFIX = "ATTNSTORE-DRIVER "
+MiB = 1024 * 1024
 
 
 def vllm_python() -> tuple[Path, dict[str, str]]:
@@ -106,6 +112,28 @@ class VllmEngine:
             self._process.kill()
             self._process.wait()
         self._log.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A real daemon per test module, its arena in a private /dev/shm folder."""
+    root = tmp_path_factory.mktemp("daemon")
+    process = DaemonProcess(
+        ssd_dir=root / "ssd",
+        shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm")),
+        log_path=root / "daemon.log",
+        settings={
+            "DRAM_CAPACITY_BYTES": 64 * MiB,
+            "SSD_CAPACITY_BYTES": 256 * MiB,
+            "MAX_CHUNK_BYTES": 16 * MiB,
+        },
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

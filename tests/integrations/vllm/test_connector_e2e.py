@@ -9,8 +9,6 @@ prefix can only come from the daemon. Output token ids and log-probs must be equ
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,27 +48,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callab
         intermediate_size=128,
         max_position_embeddings=1024,
     )
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    root = tmp_path_factory.mktemp("vllm-daemon")
-    process = DaemonProcess(
-        ssd_dir=root / "ssd",
-        shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm")),
-        log_path=root / "daemon.log",
-        settings={
-            "DRAM_CAPACITY_BYTES": 64 * MiB,
-            "SSD_CAPACITY_BYTES": 256 * MiB,
-            "MAX_CHUNK_BYTES": 16 * MiB,
-        },
-    )
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

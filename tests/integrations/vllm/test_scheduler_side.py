@@ -4,13 +4,6 @@ which chunks each step saves, and that a failed load makes them saved again."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import KVStoreClient, Tier
@@ -18,31 +11,12 @@ from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry, namespace_i
 from attnstore_vllm.scheduler_side import SchedulerSide
 from attnstore_vllm.settings import ConnectorSettings
 from attnstore_vllm.store_loop import StoreLoop
-from kvstore_daemon.launcher import DaemonProcess
 
 BLOCK, CHUNK = 32, 64
 SHAPE = ModelShape(
     label="tiny", digest="tiny-digest", dtype="float32", num_layers=1, kv_heads=1, head_dim=4, tp_size=1
 )
 PROMPT = list(range(10, 210))  # 200 tokens: three full chunks and a partial one
-MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    root = tmp_path_factory.mktemp("scheduler-side")
-    process = DaemonProcess(
-        ssd_dir=root / "ssd",
-        shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm")),
-        log_path=root / "daemon.log",
-        settings={"DRAM_CAPACITY_BYTES": 16 * MiB, "SSD_CAPACITY_BYTES": 64 * MiB, "MAX_CHUNK_BYTES": MiB},
-    )
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 def side(address: str, **settings: object) -> SchedulerSide:
