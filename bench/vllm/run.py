@@ -33,7 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: its modules import by bare name
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE.parent), str(_HERE)]  # bench/ and bench/vllm/ import by bare name
 
 import transformers
 from cpu_quiet import wait_until_idle
