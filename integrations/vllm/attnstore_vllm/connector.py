@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -97,11 +98,6 @@ class AttnStoreConnector(KVConnectorBase_V1):
         self._settings = ConnectorSettings.from_extra_config(
             self._kv_transfer_config.kv_connector_extra_config
         )
-        tp_rank = 0
-        if role == KVConnectorRole.WORKER:
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-            tp_rank = get_tensor_model_parallel_rank()
         self._shape = model_shape(vllm_config, self._settings)
         self._store = StoreLoop(
             self._settings.daemon,
@@ -123,7 +119,12 @@ class AttnStoreConnector(KVConnectorBase_V1):
             )
         else:
             self._worker = WorkerSide(
-                self._settings, self._shape, self._store, registry, vllm_config.model_config.dtype, tp_rank
+                self._settings,
+                self._shape,
+                self._store,
+                registry,
+                vllm_config.model_config.dtype,
+                get_tensor_model_parallel_rank(),
             )
 
     def _register(self, namespace: bytes) -> None:
