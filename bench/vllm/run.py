@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -252,6 +253,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         for server in servers.values():
             server.stop()
         daemon.stop()
+        shutil.rmtree(daemon.shm_dir, ignore_errors=True)
     summary = summarize(records, deltas)
     result = {
         "args": vars(args),
