@@ -139,7 +139,7 @@ async def decode(
     when it is a special token). The last token is not fed back: its KV is never computed."""
     sampler = Sampler(params)
     detokenizer = IncrementalDetokenizer(tokenizer, prompt)
-    limit = min(params.max_tokens, runner.max_positions - len(prompt))
+    limit = min(params.max_tokens, runner.geometry.max_positions - len(prompt))
     while True:
         token = sampler(logits)
         state.tokens.append(token)

@@ -87,15 +87,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             credentials=kvstore_credentials,
             verify_checksums=False,  # the prefix loader verifies its own copies (kv_codec)
         )
-    engine = TurnEngine(
-        loaded,
-        kvstore,
-        layer_timeout_seconds=settings.layer_timeout_seconds,
-        lookup_timeout_seconds=settings.lookup_timeout_seconds,
-        chunk_tokens=settings.chunk_tokens,
-        max_context_tokens=settings.max_context_tokens,
-        attention_sink_tokens=settings.attention_sink_tokens,
-    )
+    engine = TurnEngine(loaded, kvstore, settings)
     await warm_up(engine)
     limits = request_limits(loaded, settings, engine.window)
     model_card = describe_model(loaded, digest, engine.window, limits)

@@ -15,21 +15,15 @@ from transformers import DynamicCache
 
 from attnstore.errors import InvalidArgument
 from inference_worker.kv_codec import DTYPE_NAMES
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        config = loaded.config
         self.device = loaded.device
-        self.num_layers: int = config.num_hidden_layers
-        self.kv_heads: int = config.num_key_value_heads
-        self.head_dim: int = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
-        self.max_positions: int = config.max_position_embeddings
-        self.vocab_size: int = config.vocab_size
+        self.geometry = ModelGeometry.of(loaded.config)
         self.dtype_name = DTYPE_NAMES[loaded.dtype]
         self._lock = threading.Lock()
 
@@ -38,8 +32,8 @@ class ModelRunner:
         (whether it fits the context window is the truncation plan's business)."""
         if not token_ids:
             raise InvalidArgument("the prompt holds no tokens")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise InvalidArgument(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if min(token_ids) < 0 or max(token_ids) >= self.geometry.vocab_size:
+            raise InvalidArgument(f"prompt token ids must lie in [0, {self.geometry.vocab_size})")
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.loaded.config)

@@ -221,7 +221,7 @@ class Prefiller:
         chunk_tokens = source.chunk_tokens
         head_tokens = truncation.sink_tokens or chunk_tokens  # what the first hit chunk gives
         full_tokens = head_tokens + (len(hit.chunks) - 1) * chunk_tokens if hit.chunks else 0
-        prefix = PrefixKV(self.runner.num_layers, full_tokens + hit.tail_tokens)
+        prefix = PrefixKV(self.runner.geometry.num_layers, full_tokens + hit.tail_tokens)
         cache = LayerwiseCache(
             prefix, self.runner.loaded.config, layer_timeout_seconds=self.layer_timeout_seconds
         )

@@ -40,34 +40,30 @@ from inference_worker.model_store import LoadedModel
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefill import Prefill, Prefiller
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
-from inference_worker.truncation import DEFAULT_SINK_TOKENS, NO_TRUNCATION, ContextWindow
+from inference_worker.settings import WorkerSettings
+from inference_worker.truncation import NO_TRUNCATION, ContextWindow
 from inference_worker.turn_types import KVSource, TokenEvent, TurnInput, TurnStats
 
 log = structlog.get_logger("inference_worker.turn_engine")
 
-DEFAULT_CHUNK_TOKENS = 256
-
 
 class TurnEngine:
     def __init__(
-        self,
-        model: LoadedModel,
-        kvstore: AsyncKVStoreClient | None,
-        *,
-        layer_timeout_seconds: float = 2.0,
-        lookup_timeout_seconds: float = 0.5,
-        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-        max_context_tokens: int | None = None,
-        attention_sink_tokens: int = DEFAULT_SINK_TOKENS,
+        self, model: LoadedModel, kvstore: AsyncKVStoreClient | None, settings: WorkerSettings
     ) -> None:
-        """Raises ContextWindowError when the context settings do not suit the model."""
+        """Takes its chunk size, context window and timeouts from `settings` (their one
+        source). Raises ContextWindowError when the context settings do not suit the model."""
         self.loaded = model
         self.runner = ModelRunner(model)
+        chunk_tokens = settings.chunk_tokens
         self.window = ContextWindow.for_model(
-            self.runner.max_positions, max_context_tokens, attention_sink_tokens, chunk_tokens
+            self.runner.geometry.max_positions,
+            settings.max_context_tokens,
+            settings.attention_sink_tokens,
+            chunk_tokens,
         )
         self.namespaces = Namespaces(
-            self.runner, kvstore, chunk_tokens=chunk_tokens, timeout_seconds=lookup_timeout_seconds
+            self.runner, kvstore, chunk_tokens=chunk_tokens, timeout_seconds=settings.lookup_timeout_seconds
         )
         self.stop_ids = stop_token_ids(model.model, model.tokenizer)
         try:
@@ -81,8 +77,8 @@ class TurnEngine:
             kvstore,
             self.namespaces,
             shift,
-            layer_timeout_seconds=layer_timeout_seconds,
-            lookup_timeout_seconds=lookup_timeout_seconds,
+            layer_timeout_seconds=settings.layer_timeout_seconds,
+            lookup_timeout_seconds=settings.lookup_timeout_seconds,
             saver=self._saver,
         )
 

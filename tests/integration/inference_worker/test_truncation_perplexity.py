@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.prefill import Prefill
+from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
@@ -98,7 +99,9 @@ async def test_truncation_keeps_perplexity_with_sinks_and_repositioned_keys(daem
     ppl: dict[str, float] = {}
 
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(model, client, chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=SINK_TOKENS)
+        engine = TurnEngine(
+            model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=SINK_TOKENS)
+        )
         source = await engine.namespace_for(b"perplexity")
         # The first turn computes the whole context and stores its 8 chunks.
         store = TurnInput(context, SamplingParams(max_tokens=1), save_generated=False)
@@ -117,7 +120,9 @@ async def test_truncation_keeps_perplexity_with_sinks_and_repositioned_keys(daem
         ppl["full"] = perplexity(continue_prefill(model, full, len(prompt), inputs), targets)
 
         for sinks, label in ((SINK_TOKENS, "ours"), (0, "no sinks, re-positioned")):
-            engine = TurnEngine(model, client, chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=sinks)
+            engine = TurnEngine(
+                model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=sinks)
+            )
             dropped = CONTEXT_TOKENS - KEPT_TOKENS - sinks  # the session's truncation so far
             truncation = engine.window.plan(len(prompt), SCORED_TOKENS, requested_tokens=dropped)
             assert (truncation.sink_tokens, truncation.dropped_tokens) == (sinks, dropped)
