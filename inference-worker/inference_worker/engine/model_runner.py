@@ -10,6 +10,7 @@ only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from transformers import PreTrainedModel
 
 from inference_worker.engine.attention import BlockRun, PagedKV, SequenceSlice, paged_attention
 from inference_worker.engine.sequence import Sequence
+from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.rotary_shift import rotate_half
 
@@ -26,6 +28,15 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
 class UnsupportedModel(ValueError):
     """The paged runner cannot run this model; the message says why."""
+
+
+class SequencePrefixFailed(Exception):
+    """The stored KV of `seq` did not arrive (PrefixLoadFailed as the cause): the forward
+    pass was abandoned; `seq` must recompute that part."""
+
+    def __init__(self, seq: Sequence) -> None:
+        super().__init__(f"sequence {seq.seq_id}: its stored KV did not arrive")
+        self.seq = seq
 
 
 @dataclass(frozen=True)
@@ -45,10 +56,12 @@ class Batch:
     slots: torch.Tensor  # [tokens]: where each token's K and V go in the pool
     slices: list[SequenceSlice]
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
+    prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
 
 
 class PagedModelRunner:
-    def __init__(self, model: PreTrainedModel, kv: PagedKV) -> None:
+    def __init__(self, model: PreTrainedModel, kv: PagedKV, *, layer_timeout_seconds: float = 2.0) -> None:
+        """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(f"model type {config.model_type!r} has no paged forward")
@@ -57,6 +70,7 @@ class PagedModelRunner:
         self.geometry = ModelGeometry.of(config)
         self.device = next(model.parameters()).device
         decoder = model.model
+        self.layer_timeout_seconds = layer_timeout_seconds
         self.windows = [_window(config, layer.self_attn) for layer in decoder.layers]
 
     def prepare(self, work: Seq[Work]) -> Batch:
@@ -65,6 +79,7 @@ class PagedModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         slices: list[SequenceSlice] = []
+        prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]] = []
         size = self.kv.block_tokens
         for item in work:
             seq, start = item.seq, item.seq.computed_tokens
@@ -77,6 +92,10 @@ class PagedModelRunner:
             table = seq.block_table
             slots.extend(table[p // size] * size + p % size for p in range(start, stop))
             slices.append(SequenceSlice(rows, start, _block_run(table[: -(-stop // size)], self.device)))
+            if seq.prefix is not None:
+                stored = range(seq.prefix_skip, seq.prefix.prefix_tokens)
+                prefix_slots = [table[p // size] * size + p % size for p in stored]
+                prefixes.append((seq, seq.prefix, torch.tensor(prefix_slots, device=self.device)))
         device = self.device
         return Batch(
             input_ids=torch.tensor(ids, device=device),
@@ -84,12 +103,15 @@ class PagedModelRunner:
             slots=torch.tensor(slots, device=device),
             slices=slices,
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
+            prefixes=prefixes,
         )
 
     @torch.no_grad()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Writes the batch's K and V into the pool; the logits [sequences, vocab] (fp32)
-        of each sequence's last token."""
+        of each sequence's last token. A sequence's stored KV (`Sequence.prefix`) is written
+        into its blocks layer by layer, each layer waited for only when the pass reaches it,
+        so loading layer l+1 overlaps computing layer l. Raises SequencePrefixFailed."""
         decoder, geometry = self.model.model, self.geometry
         tokens = batch.input_ids.shape[0]
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
@@ -103,6 +125,8 @@ class PagedModelRunner:
             v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+            for seq, prefix, slots in batch.prefixes:
+                self._write_prefix(seq, prefix, index, slots)
             self.kv.write(index, batch.slots, k, v)
             out = paged_attention(
                 q, k, v, self.kv, index, batch.slices, scale=attn.scaling, window=self.windows[index]
@@ -111,6 +135,16 @@ class PagedModelRunner:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor) -> None:
+        started = time.perf_counter()
+        try:
+            k, v = prefix.wait_layer(layer, self.layer_timeout_seconds)  # [kv_heads, P, D]
+        except PrefixLoadFailed as exc:
+            raise SequencePrefixFailed(seq) from exc
+        seq.load_wait_seconds += time.perf_counter() - started
+        skip = seq.prefix_skip
+        self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
 
 
 def _window(config: object, attn: object) -> int | None:
