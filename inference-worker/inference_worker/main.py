@@ -28,6 +28,7 @@ from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
+from inference_worker.engine.memory import PoolTooSmall
 from inference_worker.kv_codec import TORCH_DTYPES
 from inference_worker.model_card import describe_model, request_limits
 from inference_worker.model_store import (
@@ -106,6 +107,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         except TimeoutError:
             log.warning("kv_saves_abandoned", grace_seconds=settings.shutdown_grace_seconds)
         finally:
+            await engine.close()
             if kvstore is not None:
                 await kvstore.close()
 
@@ -136,7 +138,14 @@ def main() -> None:
         log.info("allocator_not_tuned", reason="not glibc")
     try:
         asyncio.run(run_worker(settings))
-    except (ModelStoreError, StartupError, DeviceCheckFailed, ContextWindowError, SecurityConfigError) as exc:
+    except (
+        ModelStoreError,
+        StartupError,
+        DeviceCheckFailed,
+        ContextWindowError,
+        PoolTooSmall,
+        SecurityConfigError,
+    ) as exc:
         exit_on_startup_error("attnstore-inference-worker", exc)
 
 

@@ -40,8 +40,10 @@ class PagedKV:
         device: torch.device,
     ) -> None:
         shape = (geometry.num_layers, num_blocks, block_tokens, geometry.kv_heads, geometry.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, blocks, B, kv_heads, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, blocks, B, kv_heads, D]
+        # Uninitialized: a slot is always written before any query reads it, and pages a
+        # large CPU pool never uses are never touched.
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, blocks, B, kv_heads, D]
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, blocks, B, kv_heads, D]
         self.block_tokens = block_tokens
         self.kv_heads = geometry.kv_heads
         self.head_dim = geometry.head_dim
@@ -61,6 +63,17 @@ class PagedKV:
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
 
+    def span(self, table: list[int], start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the KV of a sequence's tokens [start, stop): per layer K, V [kv_heads,
+        stop - start, D] (what the chunk codec saves)."""
+        slots = torch.tensor(
+            slots_of(table, self.block_tokens, start, stop), dtype=torch.long, device=self.k.device
+        )
+        flat = (self.k.shape[0], -1, self.kv_heads, self.head_dim)
+        k = self.k.view(flat)[:, slots].transpose(1, 2).contiguous()  # [L, kv_heads, tokens, D]
+        v = self.v.view(flat)[:, slots].transpose(1, 2).contiguous()  # [L, kv_heads, tokens, D]
+        return list(zip(k.unbind(0), v.unbind(0), strict=True))
+
     def context(self, layer: int, blocks: BlockRun, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [kv_heads, tokens, D] of a sequence's first `tokens` tokens."""
         if isinstance(blocks, slice):  # consecutive blocks: a view
@@ -69,6 +82,11 @@ class PagedKV:
             k, v = self.k[layer, blocks], self.v[layer, blocks]  # gathered [n, B, kv_heads, D]
         shape = (-1, self.kv_heads, self.head_dim)
         return k.reshape(shape)[:tokens].transpose(0, 1), v.reshape(shape)[:tokens].transpose(0, 1)
+
+
+def slots_of(table: list[int], block_tokens: int, start: int, stop: int) -> list[int]:
+    """The pool slots of a sequence's tokens [start, stop), through its block table."""
+    return [table[p // block_tokens] * block_tokens + p % block_tokens for p in range(start, stop)]
 
 
 BlockRun = slice | torch.Tensor  # a sequence's blocks: a consecutive run, or the table's ids

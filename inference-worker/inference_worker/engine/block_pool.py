@@ -6,8 +6,8 @@ lifecycle:
 
     free (no key) --allocate--> owned (ref 1) --fork / prefix hit--> shared (ref > 1)
     owned/shared --computed full--> keyed (in the prefix map, findable by its chain key)
-    ref drops to 0 --> free, key kept (cached): a later prefix hit revives it; taking it
-                       for new tokens drops the key
+    ref drops to 0 --> free; with `keep_freed_prefixes` its key is kept (cached): a later
+                       prefix hit revives it, taking it for new tokens drops the key
     a sequence about to write into a shared block --copy-on-write--> its own copy (ref 1)
 
 Decisions:
@@ -20,7 +20,12 @@ Decisions:
   chunked prefill another sequence could otherwise hit a block still being filled.
 - A prefix hit never covers the block holding a sequence's last token: that token's logits
   start the decoding, so at least it is computed (as the daemon lookup does).
-- Free blocks are reused oldest-freed first, so the cached prefixes freed last survive longest.
+- Blocks never used go first, then freed ones oldest-freed first, so the cached prefixes
+  freed last survive longest. Every count is kept as it changes: a step never walks the
+  pool (a CPU pool sized from free RAM holds a million blocks of a tiny model).
+- Keeping freed prefixes is a choice (`keep_freed_prefixes`): off, the pool shares blocks
+  among live sequences only and the daemon stays the one cache across turns (every turn's
+  KV is saved there), so a turn's reuse statistics say what the store gave it.
 """
 
 from __future__ import annotations
@@ -57,15 +62,18 @@ class PoolUsage:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_tokens: int) -> None:
+    def __init__(self, num_blocks: int, block_tokens: int, *, keep_freed_prefixes: bool = True) -> None:
         if num_blocks < 1 or block_tokens < 1:
             raise ValueError(f"a pool needs blocks ({num_blocks}) of at least one token ({block_tokens})")
         self.num_blocks = num_blocks
         self.block_tokens = block_tokens
+        self.keep_freed_prefixes = keep_freed_prefixes
         self.ref_counts = [0] * num_blocks
         self.keys: list[bytes | None] = [None] * num_blocks
         self.by_key: dict[bytes, int] = {}
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self._never_used_from = 0  # blocks from here on were never taken
+        self._freed: OrderedDict[int, None] = OrderedDict()  # free again, oldest first
+        self._used = self._shared = self._cached = 0
 
     # ---- queries -----------------------------------------------------------------------
 
@@ -74,13 +82,10 @@ class BlockPool:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return self.num_blocks - self._used
 
     def usage(self) -> PoolUsage:
-        used = sum(1 for count in self.ref_counts if count)
-        shared = sum(1 for count in self.ref_counts if count > 1)
-        cached = sum(1 for block in self._free if self.keys[block] is not None)
-        return PoolUsage(self.num_blocks, used, shared, cached)
+        return PoolUsage(self.num_blocks, self._used, self._shared, self._cached)
 
     def _hits(self, seq: Sequence) -> list[int]:
         """The pool blocks holding the longest computed prefix of `seq`'s full blocks (the
@@ -178,7 +183,7 @@ class BlockPool:
         if child.block_table or child.token_ids != parent.token_ids:
             raise ValueError("a fork starts without blocks, with its parent's tokens")
         for block in parent.block_table:
-            self.ref_counts[block] += 1
+            self._add_ref(block, 1)
         child.block_table = list(parent.block_table)
         child.computed_tokens = parent.computed_tokens
         child.block_keys = list(parent.block_keys)
@@ -193,21 +198,43 @@ class BlockPool:
 
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:
-            del self._free[block]
-        self.ref_counts[block] += 1
+            del self._freed[block]
+            self._cached -= self.keys[block] is not None
+        self._add_ref(block, 1)
 
     def _take_fresh(self) -> int:
-        if not self._free:
+        if self._never_used_from < self.num_blocks:
+            block = self._never_used_from
+            self._never_used_from += 1
+        elif self._freed:
+            block, _ = self._freed.popitem(last=False)
+            key = self.keys[block]
+            if key is not None:  # its cached prefix is gone
+                del self.by_key[key]
+                self.keys[block] = None
+                self._cached -= 1
+        else:
             raise PoolExhausted("no free block")
-        block, _ = self._free.popitem(last=False)
-        key = self.keys[block]
-        if key is not None:  # its cached prefix is gone
-            del self.by_key[key]
-            self.keys[block] = None
-        self.ref_counts[block] = 1
+        self._add_ref(block, 1)
         return block
 
     def _release(self, block: int) -> None:
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
-            self._free[block] = None
+        self._add_ref(block, -1)
+        if self.ref_counts[block]:
+            return
+        self._freed[block] = None
+        key = self.keys[block]
+        if key is None:
+            return
+        if self.keep_freed_prefixes:
+            self._cached += 1
+        else:
+            del self.by_key[key]
+            self.keys[block] = None
+
+    def _add_ref(self, block: int, delta: int) -> None:
+        before = self.ref_counts[block]
+        after = before + delta
+        self.ref_counts[block] = after
+        self._used += (after > 0) - (before > 0)
+        self._shared += (after > 1) - (before > 1)

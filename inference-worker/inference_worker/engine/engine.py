@@ -39,6 +39,7 @@ class StepOutput:
     seq: Sequence
     token: int | None  # the sampled token; None when a prefill-only sequence finished
     finished: bool
+    logits: torch.Tensor  # [vocab] fp32 that `token` was sampled from
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Engine:
         self._preemptions += len(plan.preempted)
         metrics.PREEMPTIONS.inc(len(plan.preempted))
         if not plan.work:
+            self._observe_pool()  # blocks released since the last step
             return []
         for copy in plan.copies:
             self.kv.copy_block(copy.src, copy.dst)
@@ -107,20 +109,23 @@ class Engine:
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
         if seq.max_new_tokens == 0:
             seq.finish_reason = "length"
-            return StepOutput(seq, None, True)
+            return StepOutput(seq, None, True, logits)
         token = self._samplers[seq.seq_id](logits)
         seq.token_ids.append(token)
         if token in seq.stops:
             seq.finish_reason = "stop"
         elif len(seq.generated) >= seq.max_new_tokens:
             seq.finish_reason = "length"
-        return StepOutput(seq, token, seq.finish_reason is not None)
+        return StepOutput(seq, token, seq.finish_reason is not None, logits)
 
     def _observe(self, batch: int) -> None:
         self._steps += 1
         self._last_batch, self._max_batch = batch, max(self._max_batch, batch)
-        usage = self.pool.usage()
         metrics.BATCH_SEQUENCES.observe(batch)
+        self._observe_pool()
+
+    def _observe_pool(self) -> None:
+        usage = self.pool.usage()
         metrics.RUNNING_SEQUENCES.set(len(self.scheduler.running))
         metrics.WAITING_SEQUENCES.set(len(self.scheduler.waiting))
         metrics.POOL_BLOCKS.labels("used").set(usage.used)

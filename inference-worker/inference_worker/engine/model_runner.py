@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from inference_worker.engine.attention import BlockRun, PagedKV, SequenceSlice, paged_attention
+from inference_worker.engine.attention import BlockRun, PagedKV, SequenceSlice, paged_attention, slots_of
 from inference_worker.engine.sequence import Sequence
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.model_geometry import ModelGeometry
@@ -90,17 +90,18 @@ class PagedModelRunner:
             ids.extend(seq.token_ids[start:stop])
             positions.extend(range(start, stop))
             table = seq.block_table
-            slots.extend(table[p // size] * size + p % size for p in range(start, stop))
+            slots.extend(slots_of(table, size, start, stop))
             slices.append(SequenceSlice(rows, start, _block_run(table[: -(-stop // size)], self.device)))
             if seq.prefix is not None:
-                stored = range(seq.prefix_skip, seq.prefix.prefix_tokens)
-                prefix_slots = [table[p // size] * size + p % size for p in stored]
-                prefixes.append((seq, seq.prefix, torch.tensor(prefix_slots, device=self.device)))
+                prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)
+                prefixes.append(
+                    (seq, seq.prefix, torch.tensor(prefix_slots, dtype=torch.long, device=self.device))
+                )
         device = self.device
         return Batch(
-            input_ids=torch.tensor(ids, device=device),
-            positions=torch.tensor(positions, device=device),
-            slots=torch.tensor(slots, device=device),
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            slots=torch.tensor(slots, dtype=torch.long, device=device),
             slices=slices,
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
             prefixes=prefixes,
@@ -142,7 +143,8 @@ class PagedModelRunner:
             k, v = prefix.wait_layer(layer, self.layer_timeout_seconds)  # [kv_heads, P, D]
         except PrefixLoadFailed as exc:
             raise SequencePrefixFailed(seq) from exc
-        seq.load_wait_seconds += time.perf_counter() - started
+        finally:
+            seq.load_wait_seconds += time.perf_counter() - started
         skip = seq.prefix_skip
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
 
@@ -157,4 +159,4 @@ def _window(config: object, attn: object) -> int | None:
 def _block_run(table: list[int], device: torch.device) -> BlockRun:
     if table and table[-1] - table[0] == len(table) - 1 and table == list(range(table[0], table[-1] + 1)):
         return slice(table[0], table[-1] + 1)
-    return torch.tensor(table, device=device)
+    return torch.tensor(table, dtype=torch.long, device=device)

@@ -91,6 +91,7 @@ class Scheduler:
         """Allocates `seq`'s blocks; stored KV it brings (`prefix`) covers what the pool's
         own prefix hit does not, and is written into its blocks during its first forward."""
         self.pool.allocate(seq)
+        seq.cached_tokens = seq.computed_tokens
         if seq.prefix is None:
             return
         if seq.computed_tokens >= seq.prefix.prefix_tokens:

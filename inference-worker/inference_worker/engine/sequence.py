@@ -36,6 +36,7 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))
     block_table: list[int] = field(default_factory=list)  # pool block of tokens [iB, (i+1)B)
     computed_tokens: int = 0  # tokens [0, computed_tokens) have their KV in the blocks
+    cached_tokens: int = 0  # of them, found in the pool's blocks when it was admitted
     block_keys: list[bytes] = field(default_factory=list)  # chain keys of its first full blocks
     # -- decoding (engine.py) --
     sampling: SamplingParams = field(default_factory=SamplingParams)

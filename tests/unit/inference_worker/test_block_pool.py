@@ -20,10 +20,11 @@ tokens = st.lists(st.integers(0, 2), min_size=1, max_size=9)
 
 class PoolMachine(RuleBasedStateMachine):
     live = Bundle("live")
+    keep_freed_prefixes = True
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = BlockPool(BLOCKS, BLOCK)
+        self.pool = BlockPool(BLOCKS, BLOCK, keep_freed_prefixes=self.keep_freed_prefixes)
         self.slots: list[list[int | None]] = [[None] * BLOCK for _ in range(BLOCKS)]  # the "KV"
         self.sequences: list[Sequence] = []
         self.preempted: list[Sequence] = []
@@ -130,6 +131,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.by_key == {key: block for block, key in keyed.items()}
         for block in keyed:
             assert None not in self.slots[block]
+            assert self.keep_freed_prefixes or self.pool.ref_counts[block] > 0
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self) -> None:
@@ -139,8 +141,14 @@ class PoolMachine(RuleBasedStateMachine):
             assert read == seq.token_ids
 
 
+class LivePrefixesMachine(PoolMachine):
+    keep_freed_prefixes = False
+
+
 TestBlockPool = PoolMachine.TestCase
 TestBlockPool.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestBlockPoolLivePrefixes = LivePrefixesMachine.TestCase
+TestBlockPoolLivePrefixes.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
 def test_a_shared_prefix_is_found_and_the_last_token_recomputed() -> None:
