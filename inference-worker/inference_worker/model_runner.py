@@ -1,8 +1,9 @@
-"""The model on its device: its KV geometry and one forward pass at a time.
+"""The model on its device: its geometry, the prompt check, and a single-sequence forward
+over a transformers DynamicCache.
 
-Forward passes are blocking torch code; callers run `forward` in a worker thread
-(`asyncio.to_thread`) so the event loop stays free, and the lock keeps two turns from
-computing at once on one device (they interleave per forward pass instead).
+Turns run on the paged engine (engine/); this forward remains for the reuse benchmark's
+floor (bench/history_cache.py: a prefix already in memory, no pool). It is blocking torch
+code, run in a worker thread, and the lock keeps two callers from computing at once.
 """
 
 from __future__ import annotations
