@@ -42,7 +42,7 @@ from attnstore.chunks.keys import chunk_key, chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
 from inference_worker.engine.engine import Engine
 from inference_worker.engine.sequence import Sequence as EngineSequence
-from inference_worker.kv_saver import KV, ChunkSaver
+from inference_worker.kv_saver import KV, ChunkRun, ChunkSaver
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefix_loader import classify_failure, load_prefix
@@ -144,6 +144,7 @@ class Prefiller:
         self.shift = shift
         self.layer_timeout_seconds = layer_timeout_seconds
         self.lookup_timeout_seconds = lookup_timeout_seconds
+        self.resumed_from_store = 0  # preempted sequences that came back by loading their KV
 
     async def start(
         self,
@@ -255,6 +256,34 @@ class Prefiller:
         finally:
             self.engine.release(seq)
         return prefill
+
+    async def resume(self, seq: EngineSequence, source: KVSource) -> asyncio.Task[None] | None:
+        """A sequence handed back by preemption with its snapshot: saves the snapshot's
+        chunks, then loads them back as the prefix its next admission writes; None (the
+        engine recomputes) when the store cannot take or give them."""
+        kv, seq.snapshot = seq.snapshot, None
+        if kv is None or self.saver is None or self.kvstore is None:
+            return None
+        chunk_tokens = source.chunk_tokens
+        keys = chunk_key_chain(source.namespace, seq.token_ids[: kv[0][0].shape[1]], chunk_tokens)
+        self.saver.save(
+            source, [ChunkRun(keys, kv, 0)], before_put=lambda: self.namespaces.ensure_registered(source)
+        )
+        try:
+            await self.saver.settle(source.namespace, keys, self.layer_timeout_seconds)
+            found = await asyncio.wait_for(
+                self.kvstore.lookup(source.namespace, keys), self.lookup_timeout_seconds
+            )
+        except Exception as exc:  # noqa: BLE001 -- the preempted sequence recomputes instead
+            log.warning("resuming from the store failed; recomputing", error=repr(exc))
+            return None
+        stored = min(found.prefix_length, len(keys))
+        if not stored:
+            return None
+        hit = _Hit(chunks=list(range(stored)), keys=keys[:stored], tiers=found.tiers[:stored])
+        seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
+        self.resumed_from_store += 1
+        return loader
 
     async def _find_prefix(
         self,

@@ -123,13 +123,21 @@ class TurnEngine:
         seq.sampling = turn.sampling
         seq.stops = self.stop_ids | frozenset(turn.sampling.stop_token_ids)
         seq.max_new_tokens = turn.sampling.max_tokens  # the truncation plan made them fit the window
+        if source is not None and truncation == NO_TRUNCATION:  # kept = original tokens: keys line up
+            seq.store_chunk_tokens = source.chunk_tokens  # preempted, it resumes from the store
         detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, seq.token_ids)
         prefill: Prefill | None = None
         first_token_at = started
+        resumes: list[asyncio.Task[None]] = []
         try:
             async with contextlib.aclosing(self.engine.generate(seq)) as outputs:
                 async for output in outputs:
-                    if output.token is None:  # max_new_tokens >= 1: every output carries one
+                    if output.preempted and source is not None:
+                        if (loader := await self.prefiller.resume(seq, source)) is not None:
+                            resumes.append(loader)
+                        self.engine.submit(seq)
+                        continue
+                    if output.token is None:  # max_new_tokens >= 1: every other output carries one
                         continue
                     if prefill is None:
                         first_token_at = time.perf_counter()
@@ -148,7 +156,10 @@ class TurnEngine:
                 saved = await self._save(source, prompt, keys, tail, prefill, seq)
         finally:
             if prefill is None and pending.loader is not None:
-                pending.loader.cancel()  # ends the read (and its lease) at once
+                resumes.append(pending.loader)
+            for loader in resumes:
+                loader.cancel()  # ends a read still running (and its lease) at once
+            await asyncio.gather(*resumes, return_exceptions=True)
             self.engine.release(seq)
         yield TurnStats(
             prompt_tokens=len(prompt),

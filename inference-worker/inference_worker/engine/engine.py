@@ -14,7 +14,6 @@ A finished sequence keeps its blocks until its owner `release`s it: the owner re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,9 +36,10 @@ class SequenceTooLong(ValueError):
 @dataclass(frozen=True)
 class StepOutput:
     seq: Sequence
-    token: int | None  # the sampled token; None when a prefill-only sequence finished
+    token: int | None  # the sampled token; None when a prefill-only sequence finished or when preempted
     finished: bool
-    logits: torch.Tensor  # [vocab] fp32 that `token` was sampled from
+    logits: torch.Tensor | None  # [vocab] fp32 that `token` was sampled from
+    preempted: bool = False  # handed back to its owner (store_chunk_tokens): resume it with `submit`
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,10 @@ class Engine:
         self.kv: PagedKV = runner.kv
         self.pool = pool
         self.scheduler = Scheduler(
-            pool, max_batch_tokens=max_batch_tokens, max_batch_sequences=max_batch_sequences
+            pool,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_sequences=max_batch_sequences,
+            before_free=self._snapshot,
         )
         self._samplers: dict[int, Sampler] = {}
         self._inbox: list[tuple[str, Sequence]] = []
@@ -66,6 +69,7 @@ class Engine:
         self._queues: dict[int, asyncio.Queue[StepOutput]] = {}
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._closing = False
         self._steps = self._last_batch = self._max_batch = self._preemptions = 0
 
     @property
@@ -79,9 +83,14 @@ class Engine:
         plan = self.scheduler.schedule()
         self._preemptions += len(plan.preempted)
         metrics.PREEMPTIONS.inc(len(plan.preempted))
+        handed_back = [
+            StepOutput(seq, None, False, None, preempted=True)
+            for seq in plan.preempted
+            if seq.store_chunk_tokens
+        ]
         if not plan.work:
             self._observe_pool()  # blocks released since the last step
-            return []
+            return handed_back
         for copy in plan.copies:
             self.kv.copy_block(copy.src, copy.dst)
         try:
@@ -90,9 +99,9 @@ class Engine:
             failed = exc.seq
             failed.load_failure, failed.prefix = exc.__cause__, None
             failed.computed_tokens = failed.prefix_skip
-            return []
+            return handed_back
         self._observe(len(plan.work))
-        outputs = []
+        outputs = handed_back
         for row, item in enumerate(plan.work):
             seq = item.seq
             seq.prefix = None
@@ -105,6 +114,12 @@ class Engine:
                 seq.status = Status.FINISHED
             outputs.append(output)
         return outputs
+
+    def _snapshot(self, seq: Sequence) -> None:
+        """A preempted sequence's KV of its computed whole chunks, copied before its blocks go."""
+        if seq.store_chunk_tokens:
+            tokens = seq.computed_tokens // seq.store_chunk_tokens * seq.store_chunk_tokens
+            seq.snapshot = self.kv.span(seq.block_table, 0, tokens) if tokens else None
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
         if seq.max_new_tokens == 0:
@@ -157,6 +172,7 @@ class Engine:
         self._wake.set()
 
     async def _run(self, wake: asyncio.Event) -> None:
+        """Steps while there is work or an inbox entry; ends, idle, once `close` was called."""
         while True:
             await wake.wait()
             wake.clear()
@@ -170,6 +186,8 @@ class Engine:
                     idle = not self._inbox
                 if idle and not self.scheduler.has_work():
                     break
+            if self._closing:
+                return
 
     async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
         """Submits `seq` and streams its outputs until it finishes. Its blocks stay allocated
@@ -194,12 +212,18 @@ class Engine:
             if not finished:
                 self.release(seq)
 
+    def submit(self, seq: Sequence) -> None:
+        """Queues a sequence handed back by preemption again (its stream goes on)."""
+        self._post("add", seq)
+
     def release(self, seq: Sequence) -> None:
         """Frees `seq`'s blocks (at the start of the next step)."""
         self._post("release", seq)
 
     async def close(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        """Applies what was posted (releases free their blocks), runs what is queued to its
+        end, then stops the step loop."""
+        self._closing = True
+        if self._wake is not None and self._loop_task is not None:
+            self._wake.set()
+            await self._loop_task

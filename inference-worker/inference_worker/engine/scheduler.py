@@ -15,6 +15,7 @@ A sequence whose prompt can never fit the pool is refused at submission (engine.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inference_worker.engine.block_pool import BlockCopy, BlockPool
@@ -30,8 +31,17 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, *, max_batch_tokens: int, max_batch_sequences: int) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        max_batch_tokens: int,
+        max_batch_sequences: int,
+        before_free: Callable[[Sequence], None] = lambda seq: None,
+    ) -> None:
+        """`before_free(seq)`: called on a preempted sequence while it still holds its blocks."""
         self.pool = pool
+        self.before_free = before_free
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sequences = max_batch_sequences
         self.waiting: deque[Sequence] = deque()
@@ -101,11 +111,15 @@ class Scheduler:
         seq.computed_tokens = seq.prefix.prefix_tokens
 
     def _preempt(self, seq: Sequence, plan: Plan) -> None:
+        """Frees `seq`'s blocks; it waits at the front of the queue, or, resumable through
+        the store (`store_chunk_tokens`), with its owner, who submits it again."""
         self.running.remove(seq)
+        self.before_free(seq)
         self.pool.free(seq)
         seq.prefix = None
         seq.preemptions += 1
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        if not seq.store_chunk_tokens:
+            self.waiting.appendleft(seq)
         plan.preempted.append(seq)
         plan.work = [item for item in plan.work if item.seq is not seq]

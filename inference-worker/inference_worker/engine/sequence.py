@@ -7,6 +7,8 @@ many of those tokens' KV is already computed (or loaded), and how it is sampled.
     WAITING --admitted (blocks allocated)--> RUNNING --stop token / max_tokens--> FINISHED
        ^                                        |
        +------- preempted (blocks freed) -------+
+    (with `store_chunk_tokens`, preempted goes to its owner instead, which saves the
+    snapshot, loads it back as the prefix, and submits the sequence again)
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import itertools
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 from enum import Enum
+
+import torch
 
 from attnstore.chunks.keys import NAMESPACE_BYTES
 from inference_worker.layerwise_cache import PrefixKV
@@ -51,6 +55,10 @@ class Sequence:
     prefix_skip: int = 0  # leading prefix tokens already in the pool (shared blocks: not written)
     load_wait_seconds: float = 0.0  # how long forward passes waited for the prefix's layers
     load_failure: BaseException | None = None  # why the prefix did not arrive (then recomputed)
+    # -- preemption through the store: when set, a preempted sequence's KV of its first
+    # whole chunks is copied out before its blocks are freed, and its owner resumes it --
+    store_chunk_tokens: int = 0
+    snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer K, V [kv_heads, tokens, D]
 
     @classmethod
     def of(cls, tokens: Tokens[int], namespace: bytes = bytes(NAMESPACE_BYTES), **fields: object) -> Sequence:
