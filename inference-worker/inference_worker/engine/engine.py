@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnstore.errors import ResourceExhausted
 from inference_worker import metrics
 from inference_worker.decoding import Sampler
 from inference_worker.engine.attention import PagedKV
@@ -29,8 +30,8 @@ from inference_worker.engine.scheduler import Scheduler
 from inference_worker.engine.sequence import Sequence, Status
 
 
-class SequenceTooLong(ValueError):
-    """A sequence that could never fit the KV pool, even alone."""
+class SequenceTooLong(ResourceExhausted):
+    """A sequence that could never fit the KV pool, even alone (RESOURCE_EXHAUSTED at the edge)."""
 
 
 @dataclass(frozen=True)
@@ -194,8 +195,8 @@ class Engine:
         until `release(seq)`; closing the stream early aborts it (and frees them)."""
         if self.pool.blocks_for(len(seq) + 1) > self.pool.num_blocks:
             raise SequenceTooLong(
-                f"{len(seq)} tokens need more than the pool's {self.pool.num_blocks} blocks of "
-                f"{self.pool.block_tokens} tokens"
+                f"{len(seq)} tokens need more than the worker's KV pool of {self.pool.num_blocks} blocks of "
+                f"{self.pool.block_tokens} tokens (kv_memory_bytes, kv_memory_fraction)"
             )
         self._samplers[seq.seq_id] = Sampler(seq.sampling)
         queue: asyncio.Queue[StepOutput] = asyncio.Queue()

@@ -10,6 +10,7 @@ import asyncio
 import pytest
 import torch
 
+from attnstore.errors import ResourceExhausted
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel
@@ -74,3 +75,15 @@ async def test_preempted_turns_resume_with_identical_output(
     else:
         assert engine.prefiller.resumed_from_store == 0
     assert engine.engine.pool.usage().used == 0
+
+
+async def test_a_prompt_larger_than_the_pool_is_refused_and_the_engine_goes_on(
+    tiny_model: LoadedModel,
+) -> None:
+    engine = TurnEngine(tiny_model, None, settings(tiny_model))
+    try:
+        with pytest.raises(ResourceExhausted, match="KV pool of 12 blocks"):
+            await run_turn(engine, list(range(POOL_BLOCKS * CHUNK_TOKENS + 1)), None)
+        assert len(await run_turn(engine, prompts()[0], None)) == ANSWER_TOKENS
+    finally:
+        await engine.close()
