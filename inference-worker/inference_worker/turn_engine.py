@@ -112,7 +112,8 @@ class TurnEngine:
         self, turn: TurnInput, source: KVSource | None
     ) -> AsyncIterator[TokenEvent | TurnStats]:
         """Streams a TokenEvent per generated token, then exactly one TurnStats. Raises
-        InvalidArgument (before any event) for a turn that cannot run."""
+        InvalidArgument (before any event) for a turn that cannot run, ResourceExhausted for
+        one the KV pool can never hold."""
         started = time.perf_counter()
         prompt = list(turn.prompt_token_ids)
         check_sampling(turn.sampling)
