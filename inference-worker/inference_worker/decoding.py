@@ -1,7 +1,7 @@
 """Decoding: choosing each next token and turning tokens into streamed text.
 
-`decode` runs the loop: sample, stream, feed the token back, until a stop token or the
-token limit. `Sampler` picks greedily (temperature 0) or samples with temperature and top-p from a
+The loop itself is the engine's (engine/engine.py: sample, stream, feed the token back,
+until a stop token or the token limit). `Sampler` picks greedily (temperature 0) or samples with temperature and top-p from a
 seeded `torch.Generator`, on the CPU so a seed gives the same tokens on every device.
 `stop_token_ids` gathers the model's end-of-turn tokens. `IncrementalDetokenizer` emits
 the text each token adds, holding back bytes of a character that is not complete yet.
@@ -9,16 +9,11 @@ the text each token adds, holding back bytes of a character that is not complete
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
-
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from attnstore.errors import InvalidArgument
-from inference_worker.model_runner import ModelRunner
-from inference_worker.turn_types import SamplingParams, TokenEvent
+from inference_worker.turn_types import SamplingParams
 
 # Special tokens that end an assistant turn in the chat templates of the supported families
 # (ChatML, Llama 3, Phi, Gemma), counted only when the tokenizer has them as special tokens.
@@ -114,16 +109,6 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :]
 
 
-class Decoding:
-    """The state of one turn's decoding, read by the caller once it ends."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.stopped = False  # ended on a stop token or stop string (else on the token limit)
-        self.text = ""  # the answer so far (stop strings are looked for in it)
-        self.first_token_at: float | None = None  # perf_counter() when the first token was ready
-
-
 def completes_stop_string(before: str, added: str, stop_strings: tuple[str, ...]) -> bool:
     """Whether `added` completes a stop string: only the text that ends in it is searched."""
     return bool(added) and any(
@@ -131,36 +116,20 @@ def completes_stop_string(before: str, added: str, stop_strings: tuple[str, ...]
     )
 
 
-async def decode(
-    runner: ModelRunner,
-    cache: DynamicCache,
-    logits: torch.Tensor,
-    *,
-    prompt: list[int],
-    params: SamplingParams,
-    stops: frozenset[int],
-    tokenizer: PreTrainedTokenizerBase,
-    state: Decoding,
-) -> AsyncIterator[TokenEvent]:
-    """Streams tokens continuing `prompt` from its last token's `logits` [vocab], extending
-    `cache` (which holds the prompt's KV). A stop token is streamed too (its text is empty
-    when it is a special token). The last token is not fed back: its KV is never computed."""
-    sampler = Sampler(params)
-    detokenizer = IncrementalDetokenizer(tokenizer, prompt)
-    limit = min(params.max_tokens, runner.max_positions - len(prompt))
-    while True:
-        token = sampler(logits)
-        state.tokens.append(token)
-        stop_token = token in stops
-        text = detokenizer.add(token, final=stop_token or len(state.tokens) >= limit)
-        state.stopped = stop_token or completes_stop_string(state.text, text, params.stop_strings)
-        state.text += text
-        last = state.stopped or len(state.tokens) >= limit
-        event = TokenEvent(token_id=token, text=text)
-        if state.first_token_at is None:
-            state.first_token_at = time.perf_counter()
-        yield event
-        if last:
-            return
-        position = len(prompt) + len(state.tokens) - 1
-        logits, _ = await asyncio.to_thread(runner.forward, [token], position, cache)
+class StopStrings:
+    """Whether a sequence's answer text now contains one of `stop_strings`, asked once per
+    generated token on the engine's thread (so the sequence ends on the token that
+    completes it, like a stop token); a detokenizer of its own, apart from the streamed one."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int], stop_strings: tuple[str, ...]
+    ) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self._stop_strings = stop_strings
+        self._text = ""
+
+    def __call__(self, token_id: int) -> bool:
+        added = self._detokenizer.add(token_id)
+        done = completes_stop_string(self._text, added, self._stop_strings)
+        self._text += added
+        return done

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import structlog
 import torch
-from transformers import DynamicCache
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.kv_codec import encode_chunks
@@ -38,14 +37,6 @@ class ChunkRun:
     keys: Sequence[bytes]  # their chain keys, in order
     kv: KV  # per layer K, V [kv_heads, tokens, head_dim]; tokens > (len(keys) - 1) * chunk_tokens
     base_position: int  # the position the first token's key was rotated for
-
-
-def cache_span(cache: DynamicCache, start: int, stop: int) -> KV | None:
-    """Views of tokens [start, stop) of every layer of `cache` (batch 0), each [kv_heads,
-    stop - start, head_dim]; None when the cache no longer holds them all (a sliding window)."""
-    if any(layer.keys is None or layer.keys.shape[-2] < stop for layer in cache.layers):
-        return None
-    return [(layer.keys[0, :, start:stop, :], layer.values[0, :, start:stop, :]) for layer in cache.layers]
 
 
 class ChunkSaver:

@@ -1,12 +1,11 @@
 """Layer-wise pre-loading: the forward pass waits for each layer's prefix KV only when it
 reaches that layer, so loading layer l+1 overlaps computing layer l.
 
-A loader (any thread) fills a `PrefixKV` layer by layer; a `LayerwiseCache` given to the
-model's forward takes layer l from it on the first `update` of layer l, prepends it, and
-from then on behaves as a plain `DynamicCache`.
+A loader (any thread) fills a `PrefixKV` layer by layer; the engine's paged forward
+(engine/model_runner.py) takes layer l from it when it reaches layer l and writes it into
+the sequence's pool blocks before that layer's attention.
 
-Shapes: prefix K, V per layer [kv_heads, prefix_tokens, head_dim] (batch squeezed); the
-cache's own tensors [batch, kv_heads, tokens, head_dim] as transformers expects.
+Shapes: prefix K, V per layer [kv_heads, prefix_tokens, head_dim].
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ import threading
 import time
 
 import torch
-from transformers import DynamicCache, PreTrainedConfig
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 class PrefixLoadFailed(Exception):
@@ -93,71 +90,3 @@ class PrefixKV:
         if any(t is None for t in self.ready_at):
             return None
         return max(t for t in self.ready_at if t is not None) - self.created_at
-
-
-class LayerwiseCache(DynamicCache):
-    """A DynamicCache whose layer l starts with `prefix`'s layer l, taken (waiting if needed)
-    on the first `update` of layer l.
-
-    Before a layer's prefix has arrived, `get_seq_length` and `get_mask_sizes` already
-    count it: the model builds the causal mask and default position ids from them before
-    its first layer runs. Pass position ids starting at `prefix.prefix_tokens` anyway.
-    """
-
-    def __init__(self, prefix: PrefixKV, config: PreTrainedConfig, *, layer_timeout_seconds: float) -> None:
-        super().__init__(config=config)
-        if len(self.layers) != prefix.num_layers:
-            raise ValueError(f"prefix has {prefix.num_layers} layers, the model's cache {len(self.layers)}")
-        for index, layer in enumerate(self.layers):
-            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-                raise ValueError(
-                    f"layer-wise loading does not support {type(layer).__name__} (layer {index})"
-                )
-        self.prefix = prefix
-        self.layer_timeout_seconds = layer_timeout_seconds
-        self._pending = [True] * prefix.num_layers  # prefix not yet prepended to layer l
-        self.wait_seconds = [0.0] * prefix.num_layers  # how long the forward blocked on layer l
-
-    @property
-    def exposed_load_seconds(self) -> float:
-        """Time the forward pass spent waiting for prefix KV (the rest of the load was hidden)."""
-        return sum(self.wait_seconds)
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # key_states, value_states: [batch, kv_heads, new_tokens, head_dim]
-        if self._pending[layer_idx]:
-            self._prepend_prefix(key_states, layer_idx)
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
-    def _prepend_prefix(self, key_states: torch.Tensor, layer_idx: int) -> None:
-        started = time.perf_counter()
-        k, v = self.prefix.wait_layer(layer_idx, self.layer_timeout_seconds)  # [kv_heads, P, head_dim]
-        self.wait_seconds[layer_idx] = time.perf_counter() - started
-        batch = key_states.shape[0]
-        k = k.to(key_states.device, key_states.dtype).unsqueeze(0).expand(batch, -1, -1, -1)  # [B, H, P, D]
-        v = v.to(key_states.device, key_states.dtype).unsqueeze(0).expand(batch, -1, -1, -1)  # [B, H, P, D]
-        layer = self.layers[layer_idx]
-        if type(layer) is DynamicLayer:
-            # Adopt the loaded tensors as the layer's state: the append that follows is the only copy.
-            layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k, v
-        else:
-            layer.update(k, v)  # a sliding window keeps its own length bookkeeping
-        self._pending[layer_idx] = False
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        own = super().get_seq_length(layer_idx)
-        return own + self.prefix.prefix_tokens if self._pending[layer_idx] else own
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) as the layer will answer once its prefix is in."""
-        if not self._pending[layer_idx]:
-            return super().get_mask_sizes(query_length, layer_idx)
-        layer = self.layers[layer_idx]
-        prefix_tokens = self.prefix.prefix_tokens
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            window = layer.sliding_window
-            return min(prefix_tokens, window - 1) + query_length, max(prefix_tokens - window + 1, 0)
-        return prefix_tokens + query_length, 0

@@ -28,6 +28,7 @@ from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
+from inference_worker.engine.memory import PoolTooSmall
 from inference_worker.kv_codec import TORCH_DTYPES
 from inference_worker.model_card import describe_model, request_limits
 from inference_worker.model_store import (
@@ -87,15 +88,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             credentials=kvstore_credentials,
             verify_checksums=False,  # the prefix loader verifies its own copies (kv_codec)
         )
-    engine = TurnEngine(
-        loaded,
-        kvstore,
-        layer_timeout_seconds=settings.layer_timeout_seconds,
-        lookup_timeout_seconds=settings.lookup_timeout_seconds,
-        chunk_tokens=settings.chunk_tokens,
-        max_context_tokens=settings.max_context_tokens,
-        attention_sink_tokens=settings.attention_sink_tokens,
-    )
+    engine = TurnEngine(loaded, kvstore, settings)
     await warm_up(engine)
     limits = request_limits(loaded, settings, engine.window)
     model_card = describe_model(loaded, digest, engine.window, limits)
@@ -124,6 +117,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         except TimeoutError:
             log.warning("kv_saves_abandoned", grace_seconds=settings.shutdown_grace_seconds)
         finally:
+            await engine.close()
             if kvstore is not None:
                 await kvstore.close()
 
@@ -156,7 +150,14 @@ def main() -> None:
         log.info("allocator_not_tuned", reason="not glibc")
     try:
         asyncio.run(run_worker(settings))
-    except (ModelStoreError, StartupError, DeviceCheckFailed, ContextWindowError, SecurityConfigError) as exc:
+    except (
+        ModelStoreError,
+        StartupError,
+        DeviceCheckFailed,
+        ContextWindowError,
+        PoolTooSmall,
+        SecurityConfigError,
+    ) as exc:
         exit_on_startup_error("attnstore-inference-worker", exc)
 
 

@@ -1,9 +1,10 @@
 """Prometheus metrics of the worker, observed from each turn's stats at the gRPC edge
-(per-method latency comes from the shared interceptor)."""
+(per-method latency comes from the shared interceptor), and the engine's, observed by its
+step loop (engine/engine.py)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from inference_worker.turn_types import TurnStats
 
@@ -43,6 +44,20 @@ COMPUTE_SECONDS = Histogram(
     "attnstore_worker_prefill_compute_seconds",
     "Prefill compute over a turn's new tokens",
     buckets=_SECONDS_BUCKETS,
+)
+
+BATCH_SEQUENCES = Histogram(
+    "attnstore_worker_batch_sequences",
+    "Sequences in one forward pass of the engine",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+RUNNING_SEQUENCES = Gauge("attnstore_worker_running_sequences", "Sequences holding KV blocks and running")
+WAITING_SEQUENCES = Gauge(
+    "attnstore_worker_waiting_sequences", "Sequences waiting for KV blocks or a batch slot"
+)
+POOL_BLOCKS = Gauge("attnstore_worker_pool_blocks", "KV pool blocks by state (used, free, shared)", ["state"])
+PREEMPTIONS = Counter(
+    "attnstore_worker_preemptions_total", "Sequences whose blocks were taken back when the pool ran out"
 )
 
 

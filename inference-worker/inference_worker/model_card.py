@@ -6,6 +6,7 @@ from __future__ import annotations
 from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.worker.v1 import worker_pb2 as pb
 from inference_worker.kv_codec import DTYPE_NAMES
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel
 from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import ContextWindow
@@ -15,7 +16,7 @@ from inference_worker.validation import RequestLimits
 def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: ContextWindow) -> RequestLimits:
     """The settings' limits; max_tokens capped so that every prompt fits the window once truncated."""
     return RequestLimits(
-        vocab_size=int(loaded.config.vocab_size),
+        vocab_size=ModelGeometry.of(loaded.config).vocab_size,
         max_prompt_tokens=settings.max_prompt_tokens,
         max_new_tokens=min(settings.max_new_tokens, window.max_new_tokens),
         max_message_chars=settings.max_message_chars,
@@ -26,22 +27,18 @@ def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: Contex
 def describe_model(
     loaded: LoadedModel, digest: str, window: ContextWindow, limits: RequestLimits
 ) -> pb.DescribeModelResponse:
-    config = loaded.config
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    num_layers = int(config.num_hidden_layers)
+    geometry = ModelGeometry.of(loaded.config)
     dtype = DTYPE_NAMES[loaded.dtype]
     return pb.DescribeModelResponse(
         model_label=loaded.model_dir.name,
         model_digest=digest,
         dtype=dtype,
-        num_layers=num_layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
+        num_layers=geometry.num_layers,
+        kv_heads=geometry.kv_heads,
+        head_dim=geometry.head_dim,
         chunk_tokens=window.chunk_tokens,
         max_context_tokens=window.max_context_tokens,
-        kv_bytes_per_token=2 * num_layers * kv_heads * head_dim * DTYPE_BYTES[dtype],  # K and V
+        kv_bytes_per_token=geometry.kv_bytes_per_token(DTYPE_BYTES[dtype]),
         vocab_size=limits.vocab_size,
         max_prompt_tokens=limits.max_prompt_tokens,
         max_new_tokens=limits.max_new_tokens,

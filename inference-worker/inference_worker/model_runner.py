@@ -1,8 +1,9 @@
-"""The model on its device: its KV geometry and one forward pass at a time.
+"""The model on its device: its geometry, the prompt check, and a single-sequence forward
+over a transformers DynamicCache.
 
-Forward passes are blocking torch code; callers run `forward` in a worker thread
-(`asyncio.to_thread`) so the event loop stays free, and the lock keeps two turns from
-computing at once on one device (they interleave per forward pass instead).
+Turns run on the paged engine (engine/); this forward remains for the reuse benchmark's
+floor (bench/history_cache.py: a prefix already in memory, no pool). It is blocking torch
+code, run in a worker thread, and the lock keeps two callers from computing at once.
 """
 
 from __future__ import annotations
@@ -15,21 +16,15 @@ from transformers import DynamicCache
 
 from attnstore.errors import InvalidArgument
 from inference_worker.kv_codec import DTYPE_NAMES
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        config = loaded.config
         self.device = loaded.device
-        self.num_layers: int = config.num_hidden_layers
-        self.kv_heads: int = config.num_key_value_heads
-        self.head_dim: int = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
-        self.max_positions: int = config.max_position_embeddings
-        self.vocab_size: int = config.vocab_size
+        self.geometry = ModelGeometry.of(loaded.config)
         self.dtype_name = DTYPE_NAMES[loaded.dtype]
         self._lock = threading.Lock()
 
@@ -38,8 +33,8 @@ class ModelRunner:
         (whether it fits the context window is the truncation plan's business)."""
         if not token_ids:
             raise InvalidArgument("the prompt holds no tokens")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise InvalidArgument(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if min(token_ids) < 0 or max(token_ids) >= self.geometry.vocab_size:
+            raise InvalidArgument(f"prompt token ids must lie in [0, {self.geometry.vocab_size})")
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.loaded.config)

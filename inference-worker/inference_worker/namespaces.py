@@ -65,14 +65,14 @@ class Namespaces:
             return True
         if self.client is None or now < self._retry_at.get(source.namespace, 0.0):
             return False
-        runner = self.runner
+        runner, geometry = self.runner, self.runner.geometry
         try:
             await asyncio.wait_for(
                 self.client.register_namespace(
                     source.namespace,
-                    num_layers=runner.num_layers,
-                    kv_heads=runner.kv_heads,
-                    head_dim=runner.head_dim,
+                    num_layers=geometry.num_layers,
+                    kv_heads=geometry.kv_heads,
+                    head_dim=geometry.head_dim,
                     chunk_tokens=source.chunk_tokens,
                     dtype=runner.dtype_name,
                     model_label=runner.loaded.model_dir.name,

@@ -1,10 +1,11 @@
-"""Prefill: a prompt's KV and last-token logits. The stored chunks found for it load layer by
-layer in the background while the rest of the kept prompt is computed on top of them; any
-cache failure recomputes instead, so the cache never fails a turn.
+"""Prefill: a prompt's sequence handed to the engine with its stored prefix. The stored chunks
+found for it load layer by layer in the background, straight into the sequence's pool
+blocks during its first forward pass, while the rest of the kept prompt is computed on top
+of them; any cache failure recomputes instead, so the cache never fails a turn.
 
     prompt ──chunk keys──> Lookup ──hit──> load_prefix (event loop) ──PrefixKV──┐
-                                                                             per layer
-    kept tokens at positions [hit tokens, kept) ──forward (thread)──> LayerwiseCache
+                                                                  layer l, into blocks
+    Sequence(kept tokens, prefix) ──Engine (batched with other turns)──> first token
 
 Decisions:
 - The reusable chunks are `Truncation.reusable_chunks`: every whole chunk before the one
@@ -18,9 +19,13 @@ Decisions:
 - Fallbacks: a lookup that fails or times out is DAEMON_UNAVAILABLE; a layer that misses
   its deadline is DEADLINE; a corrupt, malformed or vanished chunk is CHUNK_INVALID, and
   the hit chunks are then deleted before the turn's save puts them again (a put alone
-  would keep a corrupt chunk as "already stored").
-- Forward passes run in a worker thread (the runner allows one at a time), so the event
-  loop keeps feeding the prefix loader (and other turns) while torch computes.
+  would keep a corrupt chunk as "already stored"). The engine drops the failed prefix and
+  recomputes those tokens in a later step; the other sequences of the batch only lose
+  that step.
+- The pool's own blocks come first: blocks another live sequence already computed for the
+  same tokens are shared, and the loaded KV is written only after them. The daemon read
+  still covers the whole hit (it is hidden behind compute); reading only the rest is an
+  optimization left for later.
 """
 
 from __future__ import annotations
@@ -32,13 +37,13 @@ from dataclasses import dataclass, field
 
 import structlog
 import torch
-from transformers import DynamicCache
 
 from attnstore.chunks.keys import chunk_key, chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
-from inference_worker.kv_saver import ChunkSaver
-from inference_worker.layerwise_cache import LayerwiseCache, PrefixKV, PrefixLoadFailed
-from inference_worker.model_runner import ModelRunner
+from inference_worker.engine.engine import Engine
+from inference_worker.engine.sequence import Sequence as EngineSequence
+from inference_worker.kv_saver import KV, ChunkRun, ChunkSaver
+from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefix_loader import classify_failure, load_prefix
 from inference_worker.rotary_shift import RotaryShift
@@ -50,10 +55,8 @@ log = structlog.get_logger("inference_worker.prefill")
 
 @dataclass
 class Prefill:
-    """A prompt's KV and the logits of its last token, and how they were obtained."""
+    """How a prompt's KV was obtained (and, from `Prefiller.prefill`, its logits and KV)."""
 
-    cache: DynamicCache  # KV of every kept prompt token, the i-th at position i
-    logits: torch.Tensor  # [vocab] fp32, of the last prompt token
     truncation: Truncation
     prompt_keys: list[bytes] = field(default_factory=list)  # chain keys of its full chunks (no source: none)
     reused_tokens: int = 0
@@ -61,12 +64,29 @@ class Prefill:
     reused_ssd_chunks: int = 0
     kv_load_seconds: float = 0.0
     kv_load_exposed_seconds: float = 0.0
-    compute_seconds: float = 0.0  # forward time, waits for KV excluded
+    compute_seconds: float = 0.0  # submission to the last prompt token's logits, waits for KV excluded
     fallback: Fallback | None = None
     save_from_chunk: int = 0  # original index: the chunks before it are stored (reused) or dropped
     evict_keys: tuple[bytes, ...] = ()  # stored chunks that failed to load: replaced when saving
     stale_keys: tuple[bytes, ...] = ()  # the history's partial chunk it loaded: deleted when saving
     sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
+    logits: torch.Tensor | None = None  # [vocab] fp32 of the last prompt token (Prefiller.prefill)
+    kv: KV | None = None  # per layer K, V of every kept prompt token (Prefiller.prefill)
+
+
+@dataclass
+class PendingPrefill:
+    """A prompt's sequence, ready for the engine, and what its lookup found."""
+
+    seq: EngineSequence
+    truncation: Truncation
+    keys: list[bytes]
+    source: KVSource | None
+    hit: _Hit | None
+    fallback: Fallback | None  # of the lookup
+    prefix: PrefixKV | None  # the hit's KV, loading
+    loader: asyncio.Task[None] | None
+    started: float  # perf_counter() when the prefill began
 
 
 @dataclass(frozen=True)
@@ -106,7 +126,7 @@ def history_tail(
 class Prefiller:
     def __init__(
         self,
-        runner: ModelRunner,
+        engine: Engine,
         kvstore: AsyncKVStoreClient | None,
         namespaces: Namespaces,
         shift: RotaryShift | None,
@@ -117,13 +137,103 @@ class Prefiller:
     ) -> None:
         """`saver`: this worker's background saves, waited for (up to the layer timeout)
         when they hold chunks a prompt wants."""
-        self.runner = runner
+        self.engine = engine
         self.saver = saver
         self.kvstore = kvstore
         self.namespaces = namespaces
         self.shift = shift
         self.layer_timeout_seconds = layer_timeout_seconds
         self.lookup_timeout_seconds = lookup_timeout_seconds
+        self.resumed_from_store = 0  # preempted sequences that came back by loading their KV
+
+    async def start(
+        self,
+        prompt_token_ids: Sequence[int],
+        source: KVSource | None,
+        truncation: Truncation = NO_TRUNCATION,
+        history_tokens: int = 0,
+    ) -> PendingPrefill:
+        """Looks the prompt up and starts loading its stored prefix; the sequence of
+        `truncation.kept(prompt)` that the caller submits to the engine (after setting
+        its sampling). `history_tokens`: where the session's history ends (TurnInput)."""
+        started = time.perf_counter()
+        prompt = list(prompt_token_ids)
+        keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens) if source is not None else []
+        fallback: Fallback | None = None
+        try:
+            hit = await self._find_prefix(prompt, keys, source, truncation, history_tokens)
+        except Exception as exc:  # noqa: BLE001 -- any lookup failure means recompute
+            log.warning("lookup failed; recomputing", error=repr(exc))
+            hit, fallback = None, Fallback.DAEMON_UNAVAILABLE
+        seq = EngineSequence.of(truncation.kept(prompt))
+        prefix = loader = None
+        if source is not None:
+            seq.namespace = source.namespace  # tenants never share blocks
+            if hit is not None and hit.keys and self.kvstore is not None:
+                prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
+                seq.prefix = prefix
+        return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, started)
+
+    def _start_load(
+        self, client: AsyncKVStoreClient, source: KVSource, hit: _Hit, truncation: Truncation
+    ) -> tuple[PrefixKV, asyncio.Task[None]]:
+        chunk_tokens = source.chunk_tokens
+        head_tokens = truncation.sink_tokens or chunk_tokens  # what the first hit chunk gives
+        full_tokens = head_tokens + (len(hit.chunks) - 1) * chunk_tokens if hit.chunks else 0
+        prefix = PrefixKV(self.engine.runner.geometry.num_layers, full_tokens + hit.tail_tokens)
+        loader = asyncio.create_task(
+            load_prefix(
+                client,
+                source.namespace,
+                hit.keys,
+                prefix,
+                chunk_tokens=chunk_tokens,
+                head_tokens=head_tokens,
+                tail_tokens=hit.tail_tokens,
+                shift=self.shift,
+                device=self.engine.runner.device,
+            )
+        )
+        return prefix, loader
+
+    async def finish(self, pending: PendingPrefill, computed_at: float) -> Prefill:
+        """What the prefill reused and cost, once the engine computed the last prompt token
+        (at perf_counter() `computed_at`); ends the load if it still runs."""
+        seq, hit, source, truncation = pending.seq, pending.hit, pending.source, pending.truncation
+        load_seconds = 0.0
+        if pending.loader is not None:
+            pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
+            await asyncio.gather(pending.loader, return_exceptions=True)
+        prefix_tokens = 0
+        fallback = pending.fallback
+        failure = seq.load_failure
+        if failure is not None:
+            fallback = classify_failure(failure)
+            load_seconds = seq.load_wait_seconds  # the failed attempt delayed the turn this long
+            log.warning(
+                "loading the stored prefix failed; recomputed", fallback=fallback.value, error=str(failure)
+            )
+        elif hit is not None and pending.prefix is not None:
+            prefix_tokens = pending.prefix.prefix_tokens
+            load_seconds = pending.prefix.load_seconds or 0.0
+        invalid = hit is not None and fallback is Fallback.CHUNK_INVALID
+        stored = None if hit is None or invalid else hit  # still stored after a slow or failed read
+        loaded = prefix_tokens > 0
+        return Prefill(
+            truncation=truncation,
+            prompt_keys=pending.keys,
+            reused_tokens=max(prefix_tokens, seq.cached_tokens),
+            reused_dram_chunks=sum(tier is Tier.DRAM for tier in hit.tiers) if loaded and hit else 0,
+            reused_ssd_chunks=sum(tier is Tier.SSD for tier in hit.tiers) if loaded and hit else 0,
+            kv_load_seconds=load_seconds,
+            kv_load_exposed_seconds=seq.load_wait_seconds,
+            compute_seconds=max(computed_at - pending.started - seq.load_wait_seconds, 0.0),
+            fallback=fallback,
+            save_from_chunk=_save_from_chunk(stored, truncation, source),
+            evict_keys=tuple(hit.keys) if hit is not None and invalid else (),
+            stale_keys=(hit.keys[-1],) if loaded and hit is not None and hit.tail_tokens else (),
+            sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
+        )
 
     async def prefill(
         self,
@@ -132,45 +242,48 @@ class Prefiller:
         truncation: Truncation = NO_TRUNCATION,
         history_tokens: int = 0,
     ) -> Prefill:
-        """The KV of `truncation.kept(prompt)` and its last-token logits: the stored prefix
-        reused when the store has it, the rest computed; any cache failure recomputes.
-        `history_tokens`: where the session's history ends in the prompt (TurnInput)."""
-        prompt = list(prompt_token_ids)
-        keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens) if source is not None else []
-        fallback: Fallback | None = None
-        lost_seconds = 0.0  # spent on a failed reuse attempt
+        """The prompt's prefill alone (no decoding): its stats, last-token logits and the
+        KV of every kept token (copied out of the pool, whose blocks are then freed)."""
+        pending = await self.start(prompt_token_ids, source, truncation, history_tokens)
+        seq = pending.seq
+        logits = None
         try:
-            hit = await self._find_prefix(prompt, keys, source, truncation, history_tokens)
-        except Exception as exc:  # noqa: BLE001 -- any lookup failure means recompute
-            log.warning("lookup failed; recomputing", error=repr(exc))
-            hit, fallback = None, Fallback.DAEMON_UNAVAILABLE
-        if hit is not None and hit.keys and source is not None and self.kvstore is not None:
-            attempt_started = time.perf_counter()
-            try:
-                return await self._prefill_on_prefix(self.kvstore, prompt, keys, source, hit, truncation)
-            except PrefixLoadFailed as exc:
-                fallback = classify_failure(exc)
-                lost_seconds = time.perf_counter() - attempt_started
-                log.warning(
-                    "loading the stored prefix failed; recomputing", fallback=fallback.value, error=str(exc)
-                )
-        cache = self.runner.new_cache()
-        logits, seconds = await asyncio.to_thread(self.runner.forward, truncation.kept(prompt), 0, cache)
-        invalid = hit is not None and fallback is Fallback.CHUNK_INVALID
-        stored = None if hit is None or invalid else hit  # still stored after a slow or failed read
-        return Prefill(
-            cache=cache,
-            logits=logits,
-            truncation=truncation,
-            prompt_keys=keys,
-            kv_load_seconds=lost_seconds,
-            kv_load_exposed_seconds=lost_seconds,  # the whole failed attempt delayed the turn
-            compute_seconds=seconds,
-            fallback=fallback,
-            save_from_chunk=_save_from_chunk(stored, truncation, source),
-            evict_keys=tuple(hit.keys) if hit is not None and invalid else (),
-            sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
+            async for output in self.engine.generate(seq):
+                logits = output.logits
+            prefill = await self.finish(pending, time.perf_counter())
+            prefill.logits = logits
+            prefill.kv = await asyncio.to_thread(self.engine.kv.span, seq.block_table, 0, len(seq))
+        finally:
+            self.engine.release(seq)
+        return prefill
+
+    async def resume(self, seq: EngineSequence, source: KVSource) -> asyncio.Task[None] | None:
+        """A sequence handed back by preemption with its snapshot: saves the snapshot's
+        chunks, then loads them back as the prefix its next admission writes; None (the
+        engine recomputes) when the store cannot take or give them."""
+        kv, seq.snapshot = seq.snapshot, None
+        if kv is None or self.saver is None or self.kvstore is None:
+            return None
+        chunk_tokens = source.chunk_tokens
+        keys = chunk_key_chain(source.namespace, seq.token_ids[: kv[0][0].shape[1]], chunk_tokens)
+        self.saver.save(
+            source, [ChunkRun(keys, kv, 0)], before_put=lambda: self.namespaces.ensure_registered(source)
         )
+        try:
+            await self.saver.settle(source.namespace, keys, self.layer_timeout_seconds)
+            found = await asyncio.wait_for(
+                self.kvstore.lookup(source.namespace, keys), self.lookup_timeout_seconds
+            )
+        except Exception as exc:  # noqa: BLE001 -- the preempted sequence recomputes instead
+            log.warning("resuming from the store failed; recomputing", error=repr(exc))
+            return None
+        stored = min(found.prefix_length, len(keys))
+        if not stored:
+            return None
+        hit = _Hit(chunks=list(range(stored)), keys=keys[:stored], tiers=found.tiers[:stored])
+        seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
+        self.resumed_from_store += 1
+        return loader
 
     async def _find_prefix(
         self,
@@ -205,61 +318,6 @@ class Prefiller:
             return _Hit(chunks=chunks, keys=wanted, tiers=found.tiers[: len(wanted)], tail_tokens=tail.tokens)
         hit = min(found.prefix_length, len(chunks))
         return _Hit(chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit])
-
-    async def _prefill_on_prefix(
-        self,
-        client: AsyncKVStoreClient,
-        prompt: list[int],
-        keys: list[bytes],
-        source: KVSource,
-        hit: _Hit,
-        truncation: Truncation,
-    ) -> Prefill:
-        """Loads the hit chunks in the background while the rest of the kept prompt is
-        computed on top of them; raises PrefixLoadFailed (after ending the load) when they
-        do not come."""
-        chunk_tokens = source.chunk_tokens
-        head_tokens = truncation.sink_tokens or chunk_tokens  # what the first hit chunk gives
-        full_tokens = head_tokens + (len(hit.chunks) - 1) * chunk_tokens if hit.chunks else 0
-        prefix = PrefixKV(self.runner.num_layers, full_tokens + hit.tail_tokens)
-        cache = LayerwiseCache(
-            prefix, self.runner.loaded.config, layer_timeout_seconds=self.layer_timeout_seconds
-        )
-        loader = asyncio.create_task(
-            load_prefix(
-                client,
-                source.namespace,
-                hit.keys,
-                prefix,
-                chunk_tokens=chunk_tokens,
-                head_tokens=head_tokens,
-                tail_tokens=hit.tail_tokens,
-                shift=self.shift,
-                device=self.runner.device,
-            )
-        )
-        rest = truncation.kept(prompt)[prefix.prefix_tokens :]
-        try:
-            logits, seconds = await asyncio.to_thread(self.runner.forward, rest, prefix.prefix_tokens, cache)
-        except BaseException:
-            loader.cancel()  # ends the read (and its lease) at once
-            raise
-        finally:
-            await asyncio.gather(loader, return_exceptions=True)
-        return Prefill(
-            cache=cache,
-            logits=logits,
-            truncation=truncation,
-            prompt_keys=keys,
-            reused_tokens=prefix.prefix_tokens,
-            reused_dram_chunks=sum(tier is Tier.DRAM for tier in hit.tiers),
-            reused_ssd_chunks=sum(tier is Tier.SSD for tier in hit.tiers),
-            kv_load_seconds=prefix.load_seconds or 0.0,
-            kv_load_exposed_seconds=cache.exposed_load_seconds,
-            compute_seconds=seconds - cache.exposed_load_seconds,
-            save_from_chunk=_save_from_chunk(hit, truncation, source),
-            stale_keys=(hit.keys[-1],) if hit.tail_tokens else (),
-        )
 
 
 def _save_from_chunk(stored: _Hit | None, truncation: Truncation, source: KVSource | None) -> int:

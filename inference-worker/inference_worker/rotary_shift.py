@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from inference_worker.model_geometry import ModelGeometry
+
 # Model types whose attention applies rotate_half RoPE over the whole head to q and k.
 ROTATE_HALF_MODEL_TYPES = frozenset(
     {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
@@ -54,7 +56,7 @@ class RotaryShift:
             raise PositionShiftUnsupported(
                 f"model type {model_type!r}: rope type {rope_type!r} is not shiftable"
             )
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = ModelGeometry.of(config).head_dim
         if rotary.inv_freq.numel() * 2 != head_dim:
             raise PositionShiftUnsupported(f"model type {model_type!r}: partial rotary embedding")
         self.rotary = rotary

@@ -81,6 +81,28 @@ class WorkerSettings(FileBackedSettings):
         ge=0,
         description="first tokens a truncated prompt keeps as attention sinks; 0 = none; at most chunk_tokens",
     )
+    block_tokens: int = Field(
+        16, ge=1, le=65536, description="tokens per block of the worker's KV pool; must divide chunk_tokens"
+    )
+    kv_memory_bytes: int | None = Field(
+        None, ge=1, description="bytes of the worker's KV pool; unset = kv_memory_fraction of the free memory"
+    )
+    kv_memory_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=0.95,
+        description="share of the device's free memory (CPU: available RAM) after loading the model that "
+        "the KV pool takes when kv_memory_bytes is unset",
+    )
+    max_batch_tokens: int = Field(
+        2048, ge=1, description="most tokens one forward pass runs: decodes first, then prefill chunks"
+    )
+    max_batch_sequences: int = Field(64, ge=1, description="most sequences one forward pass runs")
+    pool_keeps_freed_prefixes: bool = Field(
+        False,
+        description="keep a finished turn's blocks findable by later turns until they are reused (the pool "
+        "as a cache level above the daemon); off, only live sequences share blocks",
+    )
     layer_timeout_seconds: float = Field(
         2.0, gt=0, description="longest wait for one layer of loaded KV before recomputing"
     )
@@ -124,5 +146,10 @@ class WorkerSettings(FileBackedSettings):
     def _check_consistency(self) -> WorkerSettings:
         if self.kvstore_address is None and self.kvstore_shm_dir is not None:
             raise ValueError("kvstore_shm_dir needs kvstore_address")
+        if self.chunk_tokens % self.block_tokens:
+            raise ValueError(
+                f"block_tokens ({self.block_tokens}) must divide chunk_tokens ({self.chunk_tokens}): a "
+                "daemon chunk is then whole pool blocks"
+            )
         check_server_security(self.tls, self.internal_auth)
         return self

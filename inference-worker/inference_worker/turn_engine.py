@@ -1,8 +1,10 @@
-"""One turn of a conversation: plan the context (truncation.py), prefill reusing the stored
-KV of the kept history (prefill.py), decode, and save the new KV in the background.
+"""One turn of a conversation: plan the context (truncation.py), look up and start loading
+the stored KV of the kept history (prefill.py), run the sequence in the engine (batched with
+every other live turn: prefill, then decode), stream its tokens, and save the new KV in
+the background.
 
-    prompt ──plan──> Truncation ──prefill──> Prefill ──decode──> TokenEvents
-           ──> TurnStats ──> save the new chunks (background task)
+    prompt ──plan──> Truncation ──start──> Sequence (+ stored prefix loading)
+           ──Engine.generate──> TokenEvents ──> TurnStats ──> save the new chunks (background)
 
 Decisions:
 - A chat turn (save_generated) also stores the partial last chunk of what it computed,
@@ -17,7 +19,8 @@ Decisions:
   sequence. The loader rotates keys by the difference when a later turn, truncated further,
   serves it elsewhere.
 - The KV of the last sampled token is never computed (decoding stops before feeding it),
-  so the saved sequence is the prompt plus all generated tokens but the last.
+  so the saved sequence is the prompt plus all generated tokens but the last. It is copied
+  out of the sequence's pool blocks before they are released.
 - A truncated turn that found no chunk 0 computes it whole after decoding (off the TTFT
   path) and saves it, so later turns have their attention sinks to load (prefill.py).
 """
@@ -31,43 +34,47 @@ from collections.abc import AsyncIterator, Sequence
 
 import structlog
 
+from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
-from inference_worker.decoding import Decoding, check_sampling, decode, stop_token_ids
-from inference_worker.kv_saver import KV, ChunkRun, ChunkSaver, cache_span
+from inference_worker.decoding import IncrementalDetokenizer, StopStrings, check_sampling, stop_token_ids
+from inference_worker.engine.attention import PagedKV
+from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.engine import Engine
+from inference_worker.engine.memory import pool_blocks
+from inference_worker.engine.model_runner import PagedModelRunner
+from inference_worker.engine.sequence import Sequence as EngineSequence
+from inference_worker.kv_codec import DTYPE_NAMES
+from inference_worker.kv_saver import ChunkRun, ChunkSaver
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_runner import ModelRunner
 from inference_worker.model_store import LoadedModel
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefill import Prefill, Prefiller
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
-from inference_worker.truncation import DEFAULT_SINK_TOKENS, NO_TRUNCATION, ContextWindow
+from inference_worker.settings import WorkerSettings
+from inference_worker.truncation import NO_TRUNCATION, ContextWindow
 from inference_worker.turn_types import KVSource, TokenEvent, TurnInput, TurnStats
 
 log = structlog.get_logger("inference_worker.turn_engine")
 
-DEFAULT_CHUNK_TOKENS = 256
-
 
 class TurnEngine:
     def __init__(
-        self,
-        model: LoadedModel,
-        kvstore: AsyncKVStoreClient | None,
-        *,
-        layer_timeout_seconds: float = 2.0,
-        lookup_timeout_seconds: float = 0.5,
-        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-        max_context_tokens: int | None = None,
-        attention_sink_tokens: int = DEFAULT_SINK_TOKENS,
+        self, model: LoadedModel, kvstore: AsyncKVStoreClient | None, settings: WorkerSettings
     ) -> None:
-        """Raises ContextWindowError when the context settings do not suit the model."""
+        """Takes its chunk size, context window, pool and timeouts from `settings` (their one
+        source). Raises ContextWindowError when the context settings do not suit the model,
+        PoolTooSmall when the KV budget holds no block."""
         self.loaded = model
         self.runner = ModelRunner(model)
+        geometry = self.runner.geometry
+        chunk_tokens = settings.chunk_tokens
         self.window = ContextWindow.for_model(
-            self.runner.max_positions, max_context_tokens, attention_sink_tokens, chunk_tokens
+            geometry.max_positions, settings.max_context_tokens, settings.attention_sink_tokens, chunk_tokens
         )
         self.namespaces = Namespaces(
-            self.runner, kvstore, chunk_tokens=chunk_tokens, timeout_seconds=lookup_timeout_seconds
+            self.runner, kvstore, chunk_tokens=chunk_tokens, timeout_seconds=settings.lookup_timeout_seconds
         )
         self.stop_ids = stop_token_ids(model.model, model.tokenizer)
         try:
@@ -75,14 +82,15 @@ class TurnEngine:
         except PositionShiftUnsupported as exc:  # chunks then serve only at their stored positions
             log.info("keys cannot be re-positioned", reason=str(exc))
             shift = None
+        self.engine = _build_engine(model, geometry, settings)
         self._saver = ChunkSaver(kvstore) if kvstore is not None else None
         self.prefiller = Prefiller(
-            self.runner,
+            self.engine,
             kvstore,
             self.namespaces,
             shift,
-            layer_timeout_seconds=layer_timeout_seconds,
-            lookup_timeout_seconds=lookup_timeout_seconds,
+            layer_timeout_seconds=settings.layer_timeout_seconds,
+            lookup_timeout_seconds=settings.lookup_timeout_seconds,
             saver=self._saver,
         )
 
@@ -96,54 +104,79 @@ class TurnEngine:
         if self._saver is not None:
             await self._saver.drain()
 
+    async def close(self) -> None:
+        """Stops the engine's step loop (after the turns ended)."""
+        await self.engine.close()
+
     async def run_turn(
         self, turn: TurnInput, source: KVSource | None
     ) -> AsyncIterator[TokenEvent | TurnStats]:
         """Streams a TokenEvent per generated token, then exactly one TurnStats. Raises
-        InvalidArgument (before any event) for a turn that cannot run."""
+        InvalidArgument (before any event) for a turn that cannot run, ResourceExhausted for
+        one the KV pool can never hold."""
         started = time.perf_counter()
         prompt = list(turn.prompt_token_ids)
         check_sampling(turn.sampling)
         self.runner.check_prompt(prompt)
         truncation = self.window.plan(len(prompt), turn.sampling.max_tokens, turn.truncated_tokens)
-        prefill = await self.prefiller.prefill(prompt, source, truncation, turn.history_tokens)
-        state = Decoding()
-        events = decode(
-            self.runner,
-            prefill.cache,
-            prefill.logits,
-            prompt=truncation.kept(prompt),
-            params=turn.sampling,
-            stops=self.stop_ids | frozenset(turn.sampling.stop_token_ids),
-            tokenizer=self.loaded.tokenizer,
-            state=state,
-        )
-        async with contextlib.aclosing(events):
-            async for event in events:
-                yield event
-        generated = state.tokens
-
-        # The last token's KV was never computed: it was not fed back.
-        sequence = prompt + generated[:-1] if turn.save_generated else prompt
-        keys: list[bytes] = []
-        saved = 0
-        if source is not None:
-            keys = extend_key_chain(source.namespace, prefill.prompt_keys, sequence, source.chunk_tokens)
-            tail = sequence[len(keys) * source.chunk_tokens :] if turn.save_generated else []
-            saved = await self._save(source, prompt, keys, tail, prefill)
+        pending = await self.prefiller.start(prompt, source, truncation, turn.history_tokens)
+        seq = pending.seq
+        seq.sampling = turn.sampling
+        seq.stops = self.stop_ids | frozenset(turn.sampling.stop_token_ids)
+        if turn.sampling.stop_strings:
+            seq.stop_text = StopStrings(self.loaded.tokenizer, seq.token_ids, turn.sampling.stop_strings)
+        seq.max_new_tokens = turn.sampling.max_tokens  # the truncation plan made them fit the window
+        if source is not None and truncation == NO_TRUNCATION:  # kept = original tokens: keys line up
+            seq.store_chunk_tokens = source.chunk_tokens  # preempted, it resumes from the store
+        detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, seq.token_ids)
+        prefill: Prefill | None = None
+        first_token_at = started
+        resumes: list[asyncio.Task[None]] = []
+        try:
+            async with contextlib.aclosing(self.engine.generate(seq)) as outputs:
+                async for output in outputs:
+                    if output.preempted and source is not None:
+                        if (loader := await self.prefiller.resume(seq, source)) is not None:
+                            resumes.append(loader)
+                        self.engine.submit(seq)
+                        continue
+                    if output.token is None:  # max_new_tokens >= 1: every other output carries one
+                        continue
+                    if prefill is None:
+                        first_token_at = time.perf_counter()
+                        prefill = await self.prefiller.finish(pending, first_token_at)
+                    yield TokenEvent(output.token, detokenizer.add(output.token, final=output.finished))
+            if prefill is None:
+                raise RuntimeError(f"the engine ended sequence {seq.seq_id} without a token")
+            generated = seq.generated
+            # The last token's KV was never computed: it was not fed back.
+            sequence = prompt + generated[:-1] if turn.save_generated else prompt
+            keys: list[bytes] = []
+            saved = 0
+            if source is not None:
+                keys = extend_key_chain(source.namespace, prefill.prompt_keys, sequence, source.chunk_tokens)
+                tail = sequence[len(keys) * source.chunk_tokens :] if turn.save_generated else []
+                saved = await self._save(source, prompt, keys, tail, prefill, seq)
+        finally:
+            if prefill is None and pending.loader is not None:
+                resumes.append(pending.loader)
+            for loader in resumes:
+                loader.cancel()  # ends a read still running (and its lease) at once
+            await asyncio.gather(*resumes, return_exceptions=True)
+            self.engine.release(seq)
         yield TurnStats(
             prompt_tokens=len(prompt),
             reused_tokens=prefill.reused_tokens,
             reused_dram_chunks=prefill.reused_dram_chunks,
             reused_ssd_chunks=prefill.reused_ssd_chunks,
             generated_tokens=len(generated),
-            ttft_seconds=(state.first_token_at or started) - started,
+            ttft_seconds=first_token_at - started,
             kv_load_seconds=prefill.kv_load_seconds,
             kv_load_exposed_seconds=prefill.kv_load_exposed_seconds,
             compute_seconds=prefill.compute_seconds,
             saved_chunks=saved,
             fallback=prefill.fallback,
-            finish_reason="stop" if state.stopped else "length",
+            finish_reason=seq.finish_reason or "length",
             truncated_tokens=truncation.dropped_tokens,
             sink_tokens=truncation.sink_tokens,
             namespace=source.namespace if source is not None else b"",
@@ -152,29 +185,37 @@ class TurnEngine:
         )
 
     async def _save(
-        self, source: KVSource, prompt: list[int], keys: list[bytes], tail: list[int], prefill: Prefill
+        self,
+        source: KVSource,
+        prompt: list[int],
+        keys: list[bytes],
+        tail: list[int],
+        prefill: Prefill,
+        seq: EngineSequence,
     ) -> int:
         """Starts saving the chunks of `keys` the store lacks, then the partial chunk of the
-        `tail` tokens that follow them (none when truncated); how many full ones."""
+        `tail` tokens that follow them (none when truncated); how many full ones. Their KV
+        is copied out of `seq`'s blocks first (still held: released after this)."""
         if self._saver is None:
             return 0
         chunk_tokens, dropped = source.chunk_tokens, prefill.truncation.dropped_tokens
-        spans: list[tuple[list[bytes], KV | None, int]] = []  # keys, their KV, base position
+        runs: list[ChunkRun] = []
         if prefill.sink_chunk_missing:  # chunk 0 whole, at its own positions: the next turns' sinks
-            scratch = self.runner.new_cache()
-            await asyncio.to_thread(self.runner.forward, prompt[:chunk_tokens], 0, scratch)
-            spans.append((keys[:1], cache_span(scratch, 0, chunk_tokens), 0))
+            sinks = await self.prefiller.prefill(prompt[:chunk_tokens], None)
+            if sinks.kv is not None:
+                runs.append(ChunkRun(keys[:1], sinks.kv, 0))
         first = prefill.save_from_chunk
         start = first * chunk_tokens - dropped  # where chunk `first` sits in the kept sequence
         stop = len(keys) * chunk_tokens - dropped
-        spans.append((keys[first:], cache_span(prefill.cache, start, stop), start))
-        tail_kv = None
-        if tail and prefill.truncation == NO_TRUNCATION:
-            tail_kv = cache_span(prefill.cache, stop, stop + len(tail))
-        runs = [ChunkRun(run_keys, kv, base) for run_keys, kv, base in spans if kv is not None]
-        if len(runs) < len(spans):
-            log.info("the cache does not hold every token (sliding window): not saving them all")
-        if tail_kv is not None:
+        with_tail = bool(tail) and prefill.truncation == NO_TRUNCATION
+        span_stop = stop + len(tail) if with_tail else stop
+        kv = await asyncio.to_thread(self.engine.kv.span, seq.block_table, start, span_stop)
+        if keys[first:]:
+            runs.append(
+                ChunkRun(keys[first:], [(k[:, : stop - start], v[:, : stop - start]) for k, v in kv], start)
+            )
+        if with_tail:
+            tail_kv = [(k[:, stop - start :], v[:, stop - start :]) for k, v in kv]
             runs.append(
                 ChunkRun([chunk_key(source.namespace, keys[-1] if keys else None, tail)], tail_kv, stop)
             )
@@ -184,7 +225,7 @@ class TurnEngine:
             evict_keys=(*prefill.evict_keys, *prefill.stale_keys),
             before_put=lambda: self.namespaces.ensure_registered(source),
         )
-        return saved - (tail_kv is not None)
+        return saved - with_tail
 
 
 def extend_key_chain(
@@ -196,3 +237,31 @@ def extend_key_chain(
     for start in range(len(chain) * chunk_tokens, len(tokens) - chunk_tokens + 1, chunk_tokens):
         chain.append(chunk_key(namespace, chain[-1] if chain else None, tokens[start : start + chunk_tokens]))
     return chain
+
+
+def _build_engine(model: LoadedModel, geometry: ModelGeometry, settings: WorkerSettings) -> Engine:
+    """The engine and its KV pool, sized from the settings (engine/memory.py)."""
+    blocks = pool_blocks(
+        geometry,
+        settings.block_tokens,
+        DTYPE_BYTES[DTYPE_NAMES[model.dtype]],
+        model.device,
+        kv_memory_bytes=settings.kv_memory_bytes,
+        kv_memory_fraction=settings.kv_memory_fraction,
+    )
+    kv = PagedKV(geometry, blocks, settings.block_tokens, model.dtype, model.device)
+    runner = PagedModelRunner(model.model, kv, layer_timeout_seconds=settings.layer_timeout_seconds)
+    pool = BlockPool(blocks, settings.block_tokens, keep_freed_prefixes=settings.pool_keeps_freed_prefixes)
+    log.info(
+        "kv_pool",
+        blocks=blocks,
+        block_tokens=settings.block_tokens,
+        bytes=blocks
+        * PagedKV.bytes_per_block(geometry, settings.block_tokens, DTYPE_BYTES[DTYPE_NAMES[model.dtype]]),
+    )
+    return Engine(
+        runner,
+        pool,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_sequences=settings.max_batch_sequences,
+    )

@@ -22,6 +22,7 @@ from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
 from inference_worker.rotary_shift import RotaryShift
+from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import Truncation
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
@@ -47,13 +48,10 @@ def random_tokens(count: int, seed: int) -> list[int]:
 
 
 def make_engine(model: LoadedModel, client: AsyncKVStoreClient | None) -> TurnEngine:
-    return TurnEngine(
-        model,
-        client,
-        chunk_tokens=CHUNK_TOKENS,
-        max_context_tokens=CONTEXT_TOKENS,
-        attention_sink_tokens=SINK_TOKENS,
+    settings = WorkerSettings(
+        chunk_tokens=CHUNK_TOKENS, max_context_tokens=CONTEXT_TOKENS, attention_sink_tokens=SINK_TOKENS
     )
+    return TurnEngine(model, client, settings)
 
 
 async def run_turn(

@@ -26,8 +26,10 @@ import torch
 from transformers import DynamicCache
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.kv_saver import KV
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.prefill import Prefill
+from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
@@ -81,11 +83,21 @@ def perplexity(logits: torch.Tensor, targets: list[int]) -> float:
     return math.exp(torch.nn.functional.cross_entropy(logits, torch.tensor(targets)).item())
 
 
+def as_cache(model: LoadedModel, kv: KV) -> DynamicCache:
+    """A transformers cache holding `kv` (per layer K, V [kv_heads, tokens, head_dim])."""
+    cache = DynamicCache(config=model.config)
+    for index, (k, v) in enumerate(kv):
+        cache.update(k[None], v[None], index)
+    return cache
+
+
 def continue_prefill(
     model: LoadedModel, prefill: Prefill, kept_tokens: int, inputs: list[int]
 ) -> torch.Tensor:
-    """The prefill's last-token logits, then those of `inputs` fed on top of its cache."""
-    return torch.cat((prefill.logits[None], logits_of(model, prefill.cache, inputs, kept_tokens)))
+    """The prefill's last-token logits, then those of `inputs` fed on top of its KV."""
+    assert prefill.logits is not None and prefill.kv is not None
+    cache = as_cache(model, prefill.kv)
+    return torch.cat((prefill.logits[None], logits_of(model, cache, inputs, kept_tokens)))
 
 
 async def test_truncation_keeps_perplexity_with_sinks_and_repositioned_keys(daemon: DaemonProcess) -> None:
@@ -98,7 +110,9 @@ async def test_truncation_keeps_perplexity_with_sinks_and_repositioned_keys(daem
     ppl: dict[str, float] = {}
 
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(model, client, chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=SINK_TOKENS)
+        engine = TurnEngine(
+            model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=SINK_TOKENS)
+        )
         source = await engine.namespace_for(b"perplexity")
         # The first turn computes the whole context and stores its 8 chunks.
         store = TurnInput(context, SamplingParams(max_tokens=1), save_generated=False)
@@ -109,15 +123,16 @@ async def test_truncation_keeps_perplexity_with_sinks_and_repositioned_keys(daem
         full = await engine.prefiller.prefill(prompt, source)  # every chunk reused, nothing dropped
         assert full.reused_tokens == CONTEXT_TOKENS
         # Naive KV truncation: views of the full-context KV of the last 1,024 context tokens.
-        naive = DynamicCache(config=model.config)
-        for index, layer in enumerate(full.cache.layers):  # each [1, kv_heads, 2049, head_dim]
-            naive.update(
-                layer.keys[:, :, -KEPT_TOKENS - 1 : -1], layer.values[:, :, -KEPT_TOKENS - 1 : -1], index
-            )
+        assert full.kv is not None
+        naive = as_cache(
+            model, [(k[:, -KEPT_TOKENS - 1 : -1], v[:, -KEPT_TOKENS - 1 : -1]) for k, v in full.kv]
+        )  # each [kv_heads, 1024, head_dim] of the 2049 prompt tokens
         ppl["full"] = perplexity(continue_prefill(model, full, len(prompt), inputs), targets)
 
         for sinks, label in ((SINK_TOKENS, "ours"), (0, "no sinks, re-positioned")):
-            engine = TurnEngine(model, client, chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=sinks)
+            engine = TurnEngine(
+                model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, attention_sink_tokens=sinks)
+            )
             dropped = CONTEXT_TOKENS - KEPT_TOKENS - sinks  # the session's truncation so far
             truncation = engine.window.plan(len(prompt), SCORED_TOKENS, requested_tokens=dropped)
             assert (truncation.sink_tokens, truncation.dropped_tokens) == (sinks, dropped)

@@ -9,6 +9,7 @@ import torch
 
 from attnstore.errors import InvalidArgument
 from inference_worker.model_store import LoadedModel
+from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import ContextWindowError
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import SamplingParams, TokenEvent, TurnInput, TurnStats
@@ -26,7 +27,7 @@ async def run(engine: TurnEngine, turn: TurnInput) -> tuple[list[TokenEvent], Tu
 
 
 async def test_greedy_turn_matches_generate(tiny_model: LoadedModel) -> None:
-    engine = TurnEngine(tiny_model, None)
+    engine = TurnEngine(tiny_model, None, WorkerSettings())
     events, stats = await run(engine, TurnInput(PROMPT, SamplingParams(max_tokens=24)))
     with torch.no_grad():
         ids = torch.tensor([PROMPT])  # [1, T]
@@ -42,7 +43,7 @@ async def test_greedy_turn_matches_generate(tiny_model: LoadedModel) -> None:
 
 
 async def test_stop_token_ends_the_turn(tiny_model: LoadedModel) -> None:
-    engine = TurnEngine(tiny_model, None)
+    engine = TurnEngine(tiny_model, None, WorkerSettings())
     events, _ = await run(engine, TurnInput(PROMPT, SamplingParams(max_tokens=24)))
     stop = events[5].token_id
     first = next(i for i, e in enumerate(events) if e.token_id == stop)
@@ -54,7 +55,7 @@ async def test_stop_token_ends_the_turn(tiny_model: LoadedModel) -> None:
 
 
 async def test_seeded_sampling_is_reproducible(tiny_model: LoadedModel) -> None:
-    engine = TurnEngine(tiny_model, None)
+    engine = TurnEngine(tiny_model, None, WorkerSettings())
 
     async def sample(seed: int, top_p: float = 0.9) -> list[int]:
         params = SamplingParams(max_tokens=16, temperature=1.5, top_p=top_p, seed=seed)
@@ -80,13 +81,15 @@ async def test_seeded_sampling_is_reproducible(tiny_model: LoadedModel) -> None:
     ],
 )
 async def test_refused_turns(tiny_model: LoadedModel, turn: TurnInput, message: str) -> None:
-    engine = TurnEngine(tiny_model, None)
+    engine = TurnEngine(tiny_model, None, WorkerSettings())
     with pytest.raises(InvalidArgument, match=message):
         await run(engine, turn)
 
 
 async def test_a_prompt_longer_than_the_window_runs_truncated(tiny_model: LoadedModel) -> None:
-    engine = TurnEngine(tiny_model, None, chunk_tokens=16, max_context_tokens=64, attention_sink_tokens=4)
+    engine = TurnEngine(
+        tiny_model, None, WorkerSettings(chunk_tokens=16, max_context_tokens=64, attention_sink_tokens=4)
+    )
     prompt = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(4)).tolist()
     events, stats = await run(engine, TurnInput(prompt, SamplingParams(max_tokens=8)))
     # 100 + 8 tokens in a 64-token window: 44 must go, so chunks 0 (but its 4 sinks) to 2 do.
@@ -108,4 +111,4 @@ async def test_a_prompt_longer_than_the_window_runs_truncated(tiny_model: Loaded
 )
 def test_bad_context_settings_are_refused(tiny_model: LoadedModel, settings: dict, message: str) -> None:
     with pytest.raises(ContextWindowError, match=message):
-        TurnEngine(tiny_model, None, **settings)
+        TurnEngine(tiny_model, None, WorkerSettings(**settings))

@@ -21,6 +21,7 @@ from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import AsyncKVStoreClient, LookupResult
 from attnstore.shm_arena import SharedArena
 from inference_worker.model_store import LoadedModel
+from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import Fallback, KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
@@ -80,7 +81,7 @@ async def test_second_turn_reuses_kv_and_matches_recompute(
 ) -> None:
     async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
         assert await client.open_shm() is use_shm
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         source = await engine.namespace_for(b"tenant-a")
         prompt = await first_turn(engine, source)
 
@@ -115,7 +116,7 @@ async def test_the_next_turn_also_reuses_the_partial_chunk_that_ends_the_history
     never computed); it gives what recomputation gives, and the tail it read is replaced by
     the full chunk over it."""
     async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         source = await engine.namespace_for(b"tenant-a")
         prompt = await first_turn(engine, source)
 
@@ -147,7 +148,7 @@ async def test_a_turn_right_after_the_first_waits_for_its_saves(
     """No drain between the turns: the second turn's lookup waits for the first turn's saves
     in flight instead of missing them and recomputing."""
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         source = await engine.namespace_for(b"tenant-a")
         prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
         answer, first = await run_turn(engine, prompt, source)
@@ -159,7 +160,7 @@ async def test_a_turn_right_after_the_first_waits_for_its_saves(
 
 async def test_daemon_killed_before_the_second_turn(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         source = await engine.namespace_for(b"tenant")
         prompt = await first_turn(engine, source)
         daemon.kill9()
@@ -197,8 +198,10 @@ async def test_corrupt_chunk_is_recomputed_and_replaced(
 ) -> None:
     """The worker's own client does not verify (its prefix loader checks the copies it
     makes); either check alone catches the damage."""
-    async with AsyncKVStoreClient(daemon.address, use_shm=use_shm, verify_checksums=client_verifies) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+    async with AsyncKVStoreClient(
+        daemon.address, use_shm=use_shm, verify_checksums=client_verifies
+    ) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         source = await engine.namespace_for(b"tenant")
         prompt = await first_turn(engine, source)
         keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens)
@@ -235,7 +238,9 @@ class FreezesDaemonAfterLookup(AsyncKVStoreClient):
 
 async def test_frozen_daemon_past_the_deadline(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
     async with FreezesDaemonAfterLookup(daemon, timeout_seconds=5.0) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS, layer_timeout_seconds=0.3)
+        engine = TurnEngine(
+            tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, layer_timeout_seconds=0.3)
+        )
         source = await engine.namespace_for(b"tenant")
         prompt = await first_turn(engine, source)
 
@@ -257,7 +262,7 @@ async def test_a_daemon_down_at_registration_is_registered_later(
 ) -> None:
     daemon.kill9()
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=CHUNK_TOKENS)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         engine.namespaces.retry_seconds = 0.0
         source = await engine.namespace_for(b"tenant")  # does not fail
         prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=1)

@@ -10,6 +10,7 @@ import torch
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.decoding import IncrementalDetokenizer
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
+from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
@@ -96,7 +97,7 @@ async def test_cached_turn_matches_recompute_on_the_real_model(
     )
     async with AsyncKVStoreClient(daemon.address, use_shm=use_shm) as client:
         assert await client.open_shm() is use_shm
-        engine = TurnEngine(smollm2, client, chunk_tokens=CHUNK_TOKENS)
+        engine = TurnEngine(smollm2, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
         source = await engine.namespace_for(b"tenant")
         answer, first = await run_turn(engine, first_prompt, source)
         assert first.saved_chunks == (len(first_prompt) + len(answer) - 1) // CHUNK_TOKENS

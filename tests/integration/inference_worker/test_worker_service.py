@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,18 +278,66 @@ def test_a_conversation_beyond_the_context_window_is_truncated(stack: Stack) -> 
 
 def test_metrics_count_turns_and_reuse(stack: Stack) -> None:
     run_turn(stack.stub, tenant="metrics", messages=chat(USER), sampling=sampling(2))
-    text = (
-        urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=10).read().decode()
-    )
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = scrape(stack)
     assert sum(v for k, v in samples.items() if k.startswith("attnstore_worker_turns_total{")) >= 1
     assert samples["attnstore_worker_ttft_seconds_count"] >= 1
     assert samples["attnstore_worker_reused_token_ratio_count"] >= 1
     assert samples['attnstore_rpc_duration_seconds_count{code="OK",method="ExecuteTurn"}'] >= 1
+
+
+def scrape(stack: Stack) -> dict[str, float]:
+    """The worker's Prometheus samples by name and labels."""
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=10).read().decode()
+    )
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def test_concurrent_turns_share_forward_passes(stack: Stack) -> None:
+    prompts = [[5, 6, 7, 8] * 5, [9, 10, 11] * 7]
+    alone = [
+        run_turn(stack.stub, tenant="batch", prompt_token_ids=pb.TokenIds(token_ids=p), sampling=sampling(32))
+        for p in prompts
+    ]
+    before = scrape(stack)
+    with ThreadPoolExecutor(2) as pool:
+        together = list(
+            pool.map(
+                lambda p: run_turn(
+                    stack.stub,
+                    tenant="batch",
+                    prompt_token_ids=pb.TokenIds(token_ids=p),
+                    sampling=sampling(32),
+                ),
+                prompts,
+            )
+        )
+    after = scrape(stack)
+    for (alone_tokens, _), (tokens, _) in zip(alone, together, strict=True):
+        assert [t.token_id for t in tokens] == [t.token_id for t in alone_tokens]
+    single = 'attnstore_worker_batch_sequences_bucket{le="1.0"}'
+    passes = (
+        after["attnstore_worker_batch_sequences_count"] - before["attnstore_worker_batch_sequences_count"]
+    )
+    shared = passes - (after[single] - before[single])
+    assert shared >= 1, "no forward pass ran both turns"
+
+
+def test_a_cancelled_turn_frees_its_blocks(stack: Stack) -> None:
+    request = pb.ExecuteTurnRequest(
+        tenant="cancel", prompt_token_ids=pb.TokenIds(token_ids=[7] * 40), sampling=sampling(32)
+    )
+    replies = stack.stub.ExecuteTurn(request, timeout=60)
+    assert next(replies).WhichOneof("event") == "token"
+    replies.cancel()
+    deadline = time.monotonic() + 10
+    while scrape(stack)['attnstore_worker_pool_blocks{state="used"}'] > 0:
+        assert time.monotonic() < deadline, "the cancelled turn's blocks were not freed"
+        time.sleep(0.05)
 
 
 # ---- bad input --------------------------------------------------------------------------------

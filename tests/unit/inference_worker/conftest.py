@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedModel
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from attnstore.chunks.format import decode_layout
 from attnstore.kvstore_client.results import LayerPiece
@@ -55,6 +63,16 @@ def tiny_mistral_factory() -> Callable[..., PreTrainedModel]:
 
     def build(attn_implementation: str = "sdpa", **overrides: Any) -> PreTrainedModel:
         return _build(MistralForCausalLM, MistralConfig(**{**TINY_SHAPE, **overrides}), attn_implementation)
+
+    return build
+
+
+@pytest.fixture
+def tiny_qwen2_factory() -> Callable[..., PreTrainedModel]:
+    """Builds a tiny seeded Qwen2ForCausalLM (biased q, k, v projections)."""
+
+    def build(attn_implementation: str = "sdpa", **overrides: Any) -> PreTrainedModel:
+        return _build(Qwen2ForCausalLM, Qwen2Config(**{**TINY_SHAPE, **overrides}), attn_implementation)
 
     return build
 

@@ -41,7 +41,9 @@ def test_grouped_heads_give_the_logits_of_repeated_heads(
     assert (grouped - repeated).abs().max().item() <= 1e-5
 
 
-def test_an_explicit_setting_is_kept(tiny_model_dir: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_explicit_setting_is_kept(
+    tiny_model_dir: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(FORCE_GQA_VARIABLE, "0")
     load_model(tiny_model_dir(), torch.float32, "cpu")
     assert os.environ[FORCE_GQA_VARIABLE] == "0"

@@ -1,5 +1,5 @@
-"""A prefix loaded layer by layer (through the chunk format) and a prefill of only the new
-tokens must give what full recomputation gives."""
+"""A prefix loaded layer by layer (through the chunk format) into a sequence's pool blocks
+during the paged forward of only the new tokens must give what full recomputation gives."""
 
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ import torch
 from transformers import DynamicCache
 
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
+from inference_worker.engine.attention import PagedKV
+from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.model_runner import PagedModelRunner, SequencePrefixFailed, Work
+from inference_worker.engine.sequence import Sequence
 from inference_worker.kv_codec import encode_chunks, layer_from_pieces
-from inference_worker.layerwise_cache import LayerwiseCache, PrefixKV, PrefixLoadFailed
+from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
+from inference_worker.model_geometry import ModelGeometry
 
 CHUNK_TOKENS = 16
 PREFIX_TOKENS = 2 * CHUNK_TOKENS
 NEW_TOKENS = 7
 DECODE_STEPS = 32
+BLOCK_TOKENS = 8
 LAYER_DELAY_SECONDS = 0.05
 TIMEOUT_SECONDS = 10.0
 
@@ -98,19 +104,39 @@ def start_loader(prefix: PrefixKV, per_layer_pieces, *, delay_seconds: float, fa
     return thread
 
 
-@torch.no_grad()
-def cached_turn(model, ids, prefix: PrefixKV, *, pass_positions: bool = True):
-    cache = LayerwiseCache(prefix, model.config, layer_timeout_seconds=TIMEOUT_SECONDS)
-    new_ids = ids[:, PREFIX_TOKENS:]  # [1, NEW_TOKENS]
-    position_ids = positions(PREFIX_TOKENS, NEW_TOKENS) if pass_positions else None
-    out = model(input_ids=new_ids, position_ids=position_ids, cache=cache, use_cache=True)
-    logits = out.logits[0, -1]  # [vocab]
-    return cache, logits
+class PagedTurn:
+    """One sequence on a paged runner: prefill of the new tokens over a loading prefix, then
+    greedy decoding."""
+
+    def __init__(self, model, ids: torch.Tensor, prefix: PrefixKV, timeout_seconds: float = TIMEOUT_SECONDS):
+        blocks = 16
+        kv = PagedKV(ModelGeometry.of(model.config), blocks, BLOCK_TOKENS, torch.float32, torch.device("cpu"))
+        self.runner = PagedModelRunner(model, kv, layer_timeout_seconds=timeout_seconds)
+        self.pool = BlockPool(blocks, BLOCK_TOKENS)
+        self.seq = Sequence.of(ids[0].tolist())
+        self.pool.allocate(self.seq)
+        self.seq.prefix, self.seq.computed_tokens = prefix, prefix.prefix_tokens  # as the scheduler admits it
+
+    def run(self, tokens: int) -> torch.Tensor:
+        logits = self.runner.forward(self.runner.prepare([Work(self.seq, tokens)]))[0]  # [vocab]
+        self.seq.prefix = None
+        self.pool.commit(self.seq, len(self.seq))
+        return logits
+
+    def greedy(self, logits: torch.Tensor) -> list[int]:
+        tokens = []
+        for _ in range(DECODE_STEPS):
+            tokens.append(int(logits.argmax()))
+            self.seq.token_ids.append(tokens[-1])
+            self.pool.append_slot(self.seq)
+            logits = self.run(1)
+        return tokens
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 def test_layerwise_load_matches_full_recompute(tiny_llama_factory, layer_major_pieces, attn_implementation):
+    """`attn_implementation` is the reference's: the paged forward is the same either way."""
     model = tiny_llama_factory(attn_implementation)
     ids = prompt(model.config.vocab_size)
     ref_logits, ref_tokens = full_recompute(model, ids)
@@ -119,12 +145,13 @@ def test_layerwise_load_matches_full_recompute(tiny_llama_factory, layer_major_p
     # Layer by layer, with the loader behind the forward pass.
     prefix = WatchedPrefixKV(model.config.num_hidden_layers, PREFIX_TOKENS)
     loader = start_loader(prefix, pieces, delay_seconds=LAYER_DELAY_SECONDS)
-    cache, logits = cached_turn(model, ids, prefix)
+    turn = PagedTurn(model, ids, prefix)
+    logits = turn.run(NEW_TOKENS)
     loader.join()
-    tokens = greedy(model, cache, logits, PREFIX_TOKENS + NEW_TOKENS)
+    tokens = turn.greedy(logits)
 
-    assert all(wait >= LAYER_DELAY_SECONDS for wait in cache.wait_seconds), cache.wait_seconds
-    assert cache.exposed_load_seconds == pytest.approx(sum(cache.wait_seconds))
+    # The forward waited for every layer, each at least the loader's delay.
+    assert turn.seq.load_wait_seconds >= model.config.num_hidden_layers * LAYER_DELAY_SECONDS
     assert prefix.load_seconds is not None and prefix.load_seconds >= 3 * LAYER_DELAY_SECONDS
     assert (logits - ref_logits).abs().max().item() <= 1e-4
     assert tokens == ref_tokens
@@ -133,40 +160,27 @@ def test_layerwise_load_matches_full_recompute(tiny_llama_factory, layer_major_p
     loaded = PrefixKV(model.config.num_hidden_layers, PREFIX_TOKENS)
     for layer, layer_pieces in enumerate(pieces):
         loaded.put_layer(layer, *layer_from_pieces(layer_pieces))
-    eager_cache, eager_logits = cached_turn(model, ids, loaded)
+    eager = PagedTurn(model, ids, loaded)
+    eager_logits = eager.run(NEW_TOKENS)
     assert torch.equal(eager_logits, logits)
-    assert greedy(model, eager_cache, eager_logits, PREFIX_TOKENS + NEW_TOKENS) == tokens
-
-
-@pytest.mark.timeout(60)
-def test_default_positions_come_from_the_pending_prefix(tiny_llama, layer_major_pieces):
-    """Without position ids, the model derives them from get_seq_length before any layer ran."""
-    ids = prompt(tiny_llama.config.vocab_size)
-    ref_logits, _ = full_recompute(tiny_llama, ids)
-    prefix = PrefixKV(tiny_llama.config.num_hidden_layers, PREFIX_TOKENS)
-    loader = start_loader(prefix, layer_major_pieces(prefix_chunks(tiny_llama, ids)), delay_seconds=0.01)
-
-    cache, logits = cached_turn(tiny_llama, ids, prefix, pass_positions=False)
-    loader.join()
-
-    assert (logits - ref_logits).abs().max().item() <= 1e-4
-    assert cache.get_seq_length() == PREFIX_TOKENS + NEW_TOKENS
+    assert eager.greedy(eager_logits) == tokens
 
 
 @pytest.mark.timeout(60)
 def test_sliding_window_layers(tiny_mistral_factory, layer_major_pieces):
-    """A window shorter than the prefix: the mask must already slide before the layers arrive."""
+    """A window shorter than the prefix: the loaded keys it excludes stay masked."""
     model = tiny_mistral_factory(sliding_window=24)
     ids = prompt(model.config.vocab_size)
     ref_logits, ref_tokens = full_recompute(model, ids)
     prefix = PrefixKV(model.config.num_hidden_layers, PREFIX_TOKENS)
     loader = start_loader(prefix, layer_major_pieces(prefix_chunks(model, ids)), delay_seconds=0.01)
 
-    cache, logits = cached_turn(model, ids, prefix)
+    turn = PagedTurn(model, ids, prefix)
+    logits = turn.run(NEW_TOKENS)
     loader.join()
 
     assert (logits - ref_logits).abs().max().item() <= 1e-4
-    assert greedy(model, cache, logits, PREFIX_TOKENS + NEW_TOKENS) == ref_tokens
+    assert turn.greedy(logits) == ref_tokens
 
 
 @pytest.mark.timeout(30)
@@ -176,22 +190,27 @@ def test_loader_failure_surfaces_as_prefix_load_failed(tiny_llama, layer_major_p
     pieces = layer_major_pieces(prefix_chunks(tiny_llama, ids))
     loader = start_loader(prefix, pieces, delay_seconds=0.01, fail_at=1)
 
-    with pytest.raises(PrefixLoadFailed, match="before layer 1") as failure:
-        cached_turn(tiny_llama, ids, prefix)
+    turn = PagedTurn(tiny_llama, ids, prefix)
+    with pytest.raises(SequencePrefixFailed) as failure:
+        turn.run(NEW_TOKENS)
     loader.join()
-    assert isinstance(failure.value.__cause__, ConnectionError)
+    assert failure.value.seq is turn.seq
+    cause = failure.value.__cause__
+    assert isinstance(cause, PrefixLoadFailed) and "before layer 1" in str(cause)
+    assert isinstance(cause.__cause__, ConnectionError)
 
 
 @pytest.mark.timeout(30)
 def test_a_stalled_loader_times_out(tiny_llama):
     ids = prompt(tiny_llama.config.vocab_size)
     prefix = PrefixKV(tiny_llama.config.num_hidden_layers, PREFIX_TOKENS)  # nobody feeds it
-    cache = LayerwiseCache(prefix, tiny_llama.config, layer_timeout_seconds=0.2)
+    turn = PagedTurn(tiny_llama, ids, prefix, timeout_seconds=0.2)
 
     started = time.monotonic()
-    with pytest.raises(PrefixLoadFailed, match="did not arrive within"), torch.no_grad():
-        tiny_llama(input_ids=ids[:, PREFIX_TOKENS:], cache=cache, use_cache=True)
-    assert time.monotonic() - started < 5
+    with pytest.raises(SequencePrefixFailed) as failure:
+        turn.run(NEW_TOKENS)
+    assert "did not arrive within" in str(failure.value.__cause__)
+    assert 0.2 <= turn.seq.load_wait_seconds and time.monotonic() - started < 5
 
 
 def test_prefix_kv_contract():

@@ -1,0 +1,230 @@
+"""The engine: one step loop that runs every live sequence's next tokens in one batched
+forward pass (continuous batching, PagedAttention's KV pool).
+
+    submit ──> Scheduler.waiting ──schedule──> Plan (decodes, prefill chunks, preemptions)
+           ──> copy-on-write ──> one forward ──> sample ──> outputs ──> each sequence's queue
+
+`step` runs in the engine's thread (blocking torch code); everything else runs on the
+event loop. Submissions, releases and aborts from the loop go through an inbox that the
+next step applies first, so the scheduler and the pool are only ever touched by one thread.
+A finished sequence keeps its blocks until its owner `release`s it: the owner reads its KV
+(to save it) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+
+from attnstore.errors import ResourceExhausted
+from inference_worker import metrics
+from inference_worker.decoding import Sampler
+from inference_worker.engine.attention import PagedKV
+from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.model_runner import PagedModelRunner, SequencePrefixFailed
+from inference_worker.engine.scheduler import Scheduler
+from inference_worker.engine.sequence import Sequence, Status
+
+
+class SequenceTooLong(ResourceExhausted):
+    """A sequence that could never fit the KV pool, even alone (RESOURCE_EXHAUSTED at the edge)."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    seq: Sequence
+    token: int | None  # the sampled token; None when a prefill-only sequence finished or when preempted
+    finished: bool
+    logits: torch.Tensor | None  # [vocab] fp32 that `token` was sampled from
+    preempted: bool = False  # handed back to its owner (store_chunk_tokens): resume it with `submit`
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    steps: int
+    last_batch_sequences: int
+    max_batch_sequences: int  # the most sequences one forward pass has run so far
+    preemptions: int
+
+
+class Engine:
+    def __init__(
+        self, runner: PagedModelRunner, pool: BlockPool, *, max_batch_tokens: int, max_batch_sequences: int
+    ) -> None:
+        self.runner = runner
+        self.kv: PagedKV = runner.kv
+        self.pool = pool
+        self.scheduler = Scheduler(
+            pool,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_sequences=max_batch_sequences,
+            before_free=self._snapshot,
+        )
+        self._samplers: dict[int, Sampler] = {}
+        self._inbox: list[tuple[str, Sequence]] = []
+        self._inbox_lock = threading.Lock()
+        self._queues: dict[int, asyncio.Queue[StepOutput]] = {}
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._steps = self._last_batch = self._max_batch = self._preemptions = 0
+
+    @property
+    def stats(self) -> EngineStats:
+        return EngineStats(self._steps, self._last_batch, self._max_batch, self._preemptions)
+
+    # ---- the step (engine thread) ------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        self._apply_inbox()
+        plan = self.scheduler.schedule()
+        self._preemptions += len(plan.preempted)
+        metrics.PREEMPTIONS.inc(len(plan.preempted))
+        handed_back = [
+            StepOutput(seq, None, False, None, preempted=True)
+            for seq in plan.preempted
+            if seq.store_chunk_tokens
+        ]
+        if not plan.work:
+            self._observe_pool()  # blocks released since the last step
+            return handed_back
+        for copy in plan.copies:
+            self.kv.copy_block(copy.src, copy.dst)
+        try:
+            logits = self.runner.forward(self.runner.prepare(plan.work))  # [sequences, vocab]
+        except SequencePrefixFailed as exc:  # its stored KV did not come: recompute it, retry the step
+            failed = exc.seq
+            failed.load_failure, failed.prefix = exc.__cause__, None
+            failed.computed_tokens = failed.prefix_skip
+            return handed_back
+        self._observe(len(plan.work))
+        outputs = handed_back
+        for row, item in enumerate(plan.work):
+            seq = item.seq
+            seq.prefix = None
+            self.pool.commit(seq, seq.computed_tokens + item.tokens)
+            if seq.pending_tokens:
+                continue  # a prefill chunk: the rest follows in later steps
+            output = self._sample(seq, logits[row])
+            if output.finished:
+                self.scheduler.remove(seq)
+                seq.status = Status.FINISHED
+            outputs.append(output)
+        return outputs
+
+    def _snapshot(self, seq: Sequence) -> None:
+        """A preempted sequence's KV of its computed whole chunks, copied before its blocks go."""
+        if seq.store_chunk_tokens:
+            tokens = seq.computed_tokens // seq.store_chunk_tokens * seq.store_chunk_tokens
+            seq.snapshot = self.kv.span(seq.block_table, 0, tokens) if tokens else None
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
+        if seq.max_new_tokens == 0:
+            seq.finish_reason = "length"
+            return StepOutput(seq, None, True, logits)
+        token = self._samplers[seq.seq_id](logits)
+        seq.token_ids.append(token)
+        if token in seq.stops or (seq.stop_text is not None and seq.stop_text(token)):
+            seq.finish_reason = "stop"
+        elif len(seq.generated) >= seq.max_new_tokens:
+            seq.finish_reason = "length"
+        return StepOutput(seq, token, seq.finish_reason is not None, logits)
+
+    def _observe(self, batch: int) -> None:
+        self._steps += 1
+        self._last_batch, self._max_batch = batch, max(self._max_batch, batch)
+        metrics.BATCH_SEQUENCES.observe(batch)
+        self._observe_pool()
+
+    def _observe_pool(self) -> None:
+        usage = self.pool.usage()
+        metrics.RUNNING_SEQUENCES.set(len(self.scheduler.running))
+        metrics.WAITING_SEQUENCES.set(len(self.scheduler.waiting))
+        metrics.POOL_BLOCKS.labels("used").set(usage.used)
+        metrics.POOL_BLOCKS.labels("free").set(usage.free)
+        metrics.POOL_BLOCKS.labels("shared").set(usage.shared)
+
+    def _apply_inbox(self) -> None:
+        with self._inbox_lock:
+            inbox, self._inbox = self._inbox, []
+        for action, seq in inbox:
+            if action == "add":
+                self.scheduler.add(seq)
+            else:  # "release": finished and read, or aborted
+                self.scheduler.remove(seq)
+                self.pool.free(seq)
+                seq.status = Status.FINISHED
+                self._samplers.pop(seq.seq_id, None)
+
+    # ---- the event loop side -------------------------------------------------------------
+
+    def _post(self, action: str, seq: Sequence) -> None:
+        with self._inbox_lock:
+            self._inbox.append((action, seq))
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(
+                self._run(self._wake), name="engine-steps"
+            )
+        self._wake.set()
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        """Steps while there is work or an inbox entry; ends, idle, once `close` was called."""
+        while True:
+            await wake.wait()
+            wake.clear()
+            while True:
+                outputs = await asyncio.to_thread(self.step)
+                for output in outputs:
+                    queue = self._queues.get(output.seq.seq_id)
+                    if queue is not None:
+                        queue.put_nowait(output)
+                with self._inbox_lock:
+                    idle = not self._inbox
+                if idle and not self.scheduler.has_work():
+                    break
+            if self._closing:
+                return
+
+    async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
+        """Submits `seq` and streams its outputs until it finishes. Its blocks stay allocated
+        until `release(seq)`; closing the stream early aborts it (and frees them)."""
+        if self.pool.blocks_for(len(seq) + 1) > self.pool.num_blocks:
+            raise SequenceTooLong(
+                f"{len(seq)} tokens need more than the worker's KV pool of {self.pool.num_blocks} blocks of "
+                f"{self.pool.block_tokens} tokens (kv_memory_bytes, kv_memory_fraction)"
+            )
+        self._samplers[seq.seq_id] = Sampler(seq.sampling)
+        queue: asyncio.Queue[StepOutput] = asyncio.Queue()
+        self._queues[seq.seq_id] = queue
+        self._post("add", seq)
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                yield output
+        finally:
+            del self._queues[seq.seq_id]
+            if not finished:
+                self.release(seq)
+
+    def submit(self, seq: Sequence) -> None:
+        """Queues a sequence handed back by preemption again (its stream goes on)."""
+        self._post("add", seq)
+
+    def release(self, seq: Sequence) -> None:
+        """Frees `seq`'s blocks (at the start of the next step)."""
+        self._post("release", seq)
+
+    async def close(self) -> None:
+        """Applies what was posted (releases free their blocks), runs what is queued to its
+        end, then stops the step loop."""
+        self._closing = True
+        if self._wake is not None and self._loop_task is not None:
+            self._wake.set()
+            await self._loop_task

@@ -1,0 +1,162 @@
+"""One batched forward pass over many sequences with paged KV, using the model's own
+weights (Llama, Qwen2, Mistral: pre-norm decoder layers with rotate-half RoPE).
+
+The batch is flattened (no padding): every sequence contributes the tokens it runs this
+step (a prefill chunk, or its one decode token) as rows of one [tokens, hidden] tensor, so
+the linear layers and MLPs run once for the whole batch; only attention is per sequence
+(over its block table, attention.py). Logits are computed for each sequence's last row
+only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from inference_worker.engine.attention import BlockRun, PagedKV, SequenceSlice, paged_attention, slots_of
+from inference_worker.engine.sequence import Sequence
+from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
+from inference_worker.model_geometry import ModelGeometry
+from inference_worker.rotary_shift import rotate_half
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+
+
+class UnsupportedModel(ValueError):
+    """The paged runner cannot run this model; the message says why."""
+
+
+class SequencePrefixFailed(Exception):
+    """The stored KV of `seq` did not arrive (PrefixLoadFailed as the cause): the forward
+    pass was abandoned; `seq` must recompute that part."""
+
+    def __init__(self, seq: Sequence) -> None:
+        super().__init__(f"sequence {seq.seq_id}: its stored KV did not arrive")
+        self.seq = seq
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one sequence runs in a step: its next `tokens` pending tokens."""
+
+    seq: Sequence
+    tokens: int
+
+
+@dataclass
+class Batch:
+    """A step's inputs, flattened over its sequences."""
+
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    slots: torch.Tensor  # [tokens]: where each token's K and V go in the pool
+    slices: list[SequenceSlice]
+    last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
+    prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
+
+
+class PagedModelRunner:
+    def __init__(self, model: PreTrainedModel, kv: PagedKV, *, layer_timeout_seconds: float = 2.0) -> None:
+        """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV."""
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(f"model type {config.model_type!r} has no paged forward")
+        self.model = model
+        self.kv = kv
+        self.geometry = ModelGeometry.of(config)
+        self.device = next(model.parameters()).device
+        decoder = model.model
+        self.layer_timeout_seconds = layer_timeout_seconds
+        self.windows = [_window(config, layer.self_attn) for layer in decoder.layers]
+
+    def prepare(self, work: Seq[Work]) -> Batch:
+        """The flattened inputs of `work` (each sequence's blocks already allocated)."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        slices: list[SequenceSlice] = []
+        prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]] = []
+        size = self.kv.block_tokens
+        for item in work:
+            seq, start = item.seq, item.seq.computed_tokens
+            stop = start + item.tokens
+            if stop > len(seq) or len(seq.block_table) * size < stop:
+                raise ValueError(f"sequence {seq.seq_id}: tokens [{start}, {stop}) have no blocks or ids")
+            rows = slice(len(ids), len(ids) + item.tokens)
+            ids.extend(seq.token_ids[start:stop])
+            positions.extend(range(start, stop))
+            table = seq.block_table
+            slots.extend(slots_of(table, size, start, stop))
+            slices.append(SequenceSlice(rows, start, _block_run(table[: -(-stop // size)], self.device)))
+            if seq.prefix is not None:
+                prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)
+                prefixes.append(
+                    (seq, seq.prefix, torch.tensor(prefix_slots, dtype=torch.long, device=self.device))
+                )
+        device = self.device
+        return Batch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            slots=torch.tensor(slots, dtype=torch.long, device=device),
+            slices=slices,
+            last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
+            prefixes=prefixes,
+        )
+
+    @torch.no_grad()
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Writes the batch's K and V into the pool; the logits [sequences, vocab] (fp32)
+        of each sequence's last token. A sequence's stored KV (`Sequence.prefix`) is written
+        into its blocks layer by layer, each layer waited for only when the pass reaches it,
+        so loading layer l+1 overlaps computing layer l. Raises SequencePrefixFailed."""
+        decoder, geometry = self.model.model, self.geometry
+        tokens = batch.input_ids.shape[0]
+        hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
+        cos, sin = decoder.rotary_emb(hidden, batch.positions.unsqueeze(0))  # each [1, tokens, D]
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [tokens, 1, D]
+        for index, layer in enumerate(decoder.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
+            k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+            v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            for seq, prefix, slots in batch.prefixes:
+                self._write_prefix(seq, prefix, index, slots)
+            self.kv.write(index, batch.slots, k, v)
+            out = paged_attention(
+                q, k, v, self.kv, index, batch.slices, scale=attn.scaling, window=self.windows[index]
+            )  # [tokens, heads, D]
+            hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
+        return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor) -> None:
+        started = time.perf_counter()
+        try:
+            k, v = prefix.wait_layer(layer, self.layer_timeout_seconds)  # [kv_heads, P, D]
+        except PrefixLoadFailed as exc:
+            raise SequencePrefixFailed(seq) from exc
+        finally:
+            seq.load_wait_seconds += time.perf_counter() - started
+        skip = seq.prefix_skip
+        self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
+
+
+def _window(config: object, attn: object) -> int | None:
+    """The layer's sliding window: Qwen2 names it per layer, Mistral in its config."""
+    if getattr(config, "model_type", None) == "mistral":
+        return getattr(config, "sliding_window", None)
+    return getattr(attn, "sliding_window", None)
+
+
+def _block_run(table: list[int], device: torch.device) -> BlockRun:
+    if table and table[-1] - table[0] == len(table) - 1 and table == list(range(table[0], table[-1] + 1)):
+        return slice(table[0], table[-1] + 1)
+    return torch.tensor(table, dtype=torch.long, device=device)

@@ -1,0 +1,79 @@
+"""One sequence as the engine sees it: its tokens, the pool blocks that hold their KV, how
+many of those tokens' KV is already computed (or loaded), and how it is sampled.
+
+    tokens:   t0 t1 t2 ... t(computed-1) | t(computed) ... t(n-1)
+              KV in the pool's blocks     | still to run (prefill chunk or the decode token)
+
+    WAITING --admitted (blocks allocated)--> RUNNING --stop token / max_tokens--> FINISHED
+       ^                                        |
+       +------- preempted (blocks freed) -------+
+    (with `store_chunk_tokens`, preempted goes to its owner instead, which saves the
+    snapshot, loads it back as the prefix, and submits the sequence again)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from collections.abc import Sequence as Tokens
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from attnstore.chunks.keys import NAMESPACE_BYTES
+from inference_worker.layerwise_cache import PrefixKV
+from inference_worker.turn_types import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity: two sequences with equal tokens are still two sequences
+class Sequence:
+    token_ids: list[int]
+    namespace: bytes = bytes(NAMESPACE_BYTES)  # its KV's namespace: who may share its blocks
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    block_table: list[int] = field(default_factory=list)  # pool block of tokens [iB, (i+1)B)
+    computed_tokens: int = 0  # tokens [0, computed_tokens) have their KV in the blocks
+    cached_tokens: int = 0  # of them, found in the pool's blocks when it was admitted
+    block_keys: list[bytes] = field(default_factory=list)  # chain keys of its first full blocks
+    # -- decoding (engine.py) --
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stops: frozenset[int] = frozenset()
+    stop_text: Callable[[int], bool] | None = None  # True on the token that completes a stop string
+    max_new_tokens: int = 0  # 0: prefill only (no token is sampled)
+    prompt_tokens: int = 0  # len(token_ids) when submitted
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop" or "length" once FINISHED
+    preemptions: int = 0
+    # -- stored KV loaded into its first blocks during its first forward (layer by layer) --
+    prefix: PrefixKV | None = None
+    prefix_skip: int = 0  # leading prefix tokens already in the pool (shared blocks: not written)
+    load_wait_seconds: float = 0.0  # how long forward passes waited for the prefix's layers
+    load_failure: BaseException | None = None  # why the prefix did not arrive (then recomputed)
+    # -- preemption through the store: when set, a preempted sequence's KV of its first
+    # whole chunks is copied out before its blocks are freed, and its owner resumes it --
+    store_chunk_tokens: int = 0
+    snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer K, V [kv_heads, tokens, D]
+
+    @classmethod
+    def of(cls, tokens: Tokens[int], namespace: bytes = bytes(NAMESPACE_BYTES), **fields: object) -> Sequence:
+        return cls(list(tokens), namespace, prompt_tokens=len(tokens), **fields)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens whose KV the next forward passes must compute."""
+        return len(self.token_ids) - self.computed_tokens
+
+    @property
+    def generated(self) -> list[int]:
+        return self.token_ids[self.prompt_tokens :]

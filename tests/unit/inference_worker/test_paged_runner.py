@@ -1,0 +1,140 @@
+"""The paged forward against transformers' own: for Llama, Qwen2 and Mistral (sliding
+window) models, sequences of different lengths batched together, prefilled in chunks, some
+sharing a prefix through the pool, decoded greedily with fragmented block tables, give the
+logits a plain forward over each sequence gives (1e-4, fp32)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from inference_worker.engine.attention import PagedKV
+from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.model_runner import PagedModelRunner, UnsupportedModel, Work
+from inference_worker.engine.sequence import Sequence
+from inference_worker.model_geometry import ModelGeometry
+
+TOLERANCE = 1e-4
+BLOCK = 4
+
+
+def reference_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()  # [vocab]
+
+
+def runner_for(model: PreTrainedModel, blocks: int = 64) -> tuple[PagedModelRunner, BlockPool]:
+    kv = PagedKV(ModelGeometry.of(model.config), blocks, BLOCK, torch.float32, torch.device("cpu"))
+    return PagedModelRunner(model, kv), BlockPool(blocks, BLOCK)
+
+
+def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=generator).tolist() for n in lengths]
+
+
+def run_batch(
+    runner: PagedModelRunner, pool: BlockPool, seqs: list[Sequence], chunk_tokens: int, decode_steps: int
+) -> list[list[torch.Tensor]]:
+    """Prefills `seqs` together in chunks of at most `chunk_tokens`, then decodes them greedily
+    together; each sequence's logits after its prompt and after each decode step."""
+    for seq in seqs:
+        pool.allocate(seq)
+    logits: list[list[torch.Tensor]] = [[] for _ in seqs]
+    while any(seq.pending_tokens for seq in seqs):
+        work = [Work(seq, min(seq.pending_tokens, chunk_tokens)) for seq in seqs if seq.pending_tokens]
+        out = runner.forward(runner.prepare(work))
+        for row, item in enumerate(work):
+            pool.commit(item.seq, item.seq.computed_tokens + item.tokens)
+            if not item.seq.pending_tokens:
+                logits[seqs.index(item.seq)].append(out[row])
+    for _ in range(decode_steps):
+        for index, seq in enumerate(seqs):
+            seq.token_ids.append(int(torch.argmax(logits[index][-1])))
+            copy = pool.append_slot(seq)
+            if copy is not None:
+                runner.kv.copy_block(copy.src, copy.dst)
+        out = runner.forward(runner.prepare([Work(seq, 1) for seq in seqs]))
+        for index, seq in enumerate(seqs):
+            pool.commit(seq, len(seq))
+            logits[index].append(out[index])
+    return logits
+
+
+def assert_matches_reference(
+    model: PreTrainedModel, seqs: list[Sequence], logits: list[list[torch.Tensor]]
+) -> None:
+    for seq, per_step in zip(seqs, logits, strict=True):
+        prompt_tokens = len(seq) - (len(per_step) - 1)
+        for step, got in enumerate(per_step):
+            want = reference_logits(model, seq.token_ids[: prompt_tokens + step])
+            torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_batched_chunked_prefill_and_decode_match_transformers(
+    family: str,
+    tiny_llama_factory: Callable[..., PreTrainedModel],
+    tiny_qwen2_factory: Callable[..., PreTrainedModel],
+    tiny_mistral_factory: Callable[..., PreTrainedModel],
+) -> None:
+    factories = {"llama": tiny_llama_factory, "qwen2": tiny_qwen2_factory, "mistral": tiny_mistral_factory}
+    model = factories[family]()
+    runner, pool = runner_for(model)
+    seqs = [Sequence.of(tokens) for tokens in prompts([1, 5, 13, 30])]
+    logits = run_batch(runner, pool, seqs, chunk_tokens=7, decode_steps=6)  # decode fragments the tables
+    assert_matches_reference(model, seqs, logits)
+
+
+def test_a_sliding_window_masks_old_keys(tiny_mistral_factory: Callable[..., PreTrainedModel]) -> None:
+    model = tiny_mistral_factory(sliding_window=6)
+    runner, pool = runner_for(model)
+    seqs = [Sequence.of(tokens) for tokens in prompts([3, 11, 20], seed=1)]
+    logits = run_batch(runner, pool, seqs, chunk_tokens=5, decode_steps=4)
+    assert_matches_reference(model, seqs, logits)
+
+
+def test_a_prefix_found_in_the_pool_is_not_recomputed(tiny_llama: PreTrainedModel) -> None:
+    runner, pool = runner_for(tiny_llama)
+    (shared,) = prompts([18], seed=2)
+    first = Sequence.of(shared + [1, 2])
+    run_batch(runner, pool, [first], chunk_tokens=64, decode_steps=0)
+    second, third = Sequence.of(shared + [3]), Sequence.of(shared[:9] + [4, 5])
+    logits = run_batch(runner, pool, [second, third], chunk_tokens=64, decode_steps=3)
+    assert second.block_table[:4] == first.block_table[:4] and third.block_table[:2] == first.block_table[:2]
+    assert pool.usage().shared == 4
+    assert_matches_reference(tiny_llama, [second, third], logits)
+
+
+def test_forked_samples_copy_the_block_they_write_into(tiny_llama: PreTrainedModel) -> None:
+    runner, pool = runner_for(tiny_llama)
+    (prompt,) = prompts([10], seed=3)
+    parent = Sequence.of(prompt)
+    (parent_logits,) = run_batch(runner, pool, [parent], chunk_tokens=64, decode_steps=0)
+    child = Sequence.of(prompt)
+    pool.fork(parent, child)
+    parent.token_ids.append(int(torch.argmax(parent_logits[0])))
+    child.token_ids.append(int(torch.argsort(parent_logits[0])[-2]))  # diverges at once
+    for seq in (parent, child):
+        copy = pool.append_slot(seq)
+        if copy is not None:
+            runner.kv.copy_block(copy.src, copy.dst)
+    out = runner.forward(runner.prepare([Work(parent, 1), Work(child, 1)]))
+    assert parent.block_table[:2] == child.block_table[:2] and parent.block_table[2] != child.block_table[2]
+    for row, seq in enumerate((parent, child)):
+        torch.testing.assert_close(
+            out[row], reference_logits(tiny_llama, seq.token_ids), atol=TOLERANCE, rtol=0
+        )
+
+
+def test_other_model_families_are_refused(tiny_model_dir: Callable[..., Any]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("gpt2"))
+    kv = PagedKV(ModelGeometry(1, 1, 1, 8, 8, 8), 1, 1, torch.float32, torch.device("cpu"))
+    with pytest.raises(UnsupportedModel, match="gpt2"):
+        PagedModelRunner(model, kv)
