@@ -156,6 +156,7 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         node=outcome.node,
         history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens if prompt is not None else 0,
         session_saved=outcome.session_saved,
+        kv_unavailable_reason=stats.namespace_refused,
     )
 
 

@@ -35,6 +35,7 @@ class WorkerStats:
     finish_reason: FinishReason
     namespace: bytes  # of chunk_keys
     chunk_keys: tuple[bytes, ...]  # the conversation's saved full chunks, oldest first
+    namespace_refused: str = ""  # why the KV store refused the tenant's namespace ("" if it did not)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         finish_reason=_FINISH.get(stats.finish_reason, FinishReason.UNSPECIFIED),
         namespace=stats.namespace,
         chunk_keys=tuple(stats.chunk_keys),
+        namespace_refused=stats.namespace_refused,
     )
 
 

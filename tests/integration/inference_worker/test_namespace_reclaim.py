@@ -16,6 +16,7 @@ import pytest
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
+from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource, SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
@@ -58,7 +59,7 @@ async def test_a_namespace_the_daemon_reclaimed_is_registered_again_before_its_n
     tiny_model: LoadedModel, one_namespace_daemon: DaemonProcess
 ) -> None:
     async with AsyncKVStoreClient(one_namespace_daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=16)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=16))
         engine.namespaces.reregister_idle_seconds = IDLE_SECONDS  # the worker's 60 s, scaled down
         first = await engine.namespace_for(b"tenant-a")
         await asyncio.sleep(IDLE_SECONDS + 0.1)
@@ -84,7 +85,7 @@ async def test_a_refused_namespace_is_named_in_the_turns_stats(
     tiny_model: LoadedModel, one_namespace_daemon: DaemonProcess
 ) -> None:
     async with AsyncKVStoreClient(one_namespace_daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, chunk_tokens=16)
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=16))
         holder = await engine.namespace_for(b"tenant-a")
         stats = await turn_stats(engine, holder)  # its chunks keep the only slot taken
         assert stats.saved_chunks > 0 and stats.namespace_refused == ""

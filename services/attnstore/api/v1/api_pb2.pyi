@@ -112,7 +112,7 @@ class TokenText(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved")
+    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class TurnStats(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SESSION_SAVED_FIELD_NUMBER: _ClassVar[int]
+    KV_UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     generated_tokens: int
@@ -137,7 +138,8 @@ class TurnStats(_message.Message):
     node: str
     history_tokens: int
     session_saved: bool
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ...) -> None: ...
+    kv_unavailable_reason: str
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("token", "stats")

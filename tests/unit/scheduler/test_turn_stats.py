@@ -1,0 +1,31 @@
+"""The public TurnStats built from what the worker reported (the scheduler's one mapping
+of a turn's outcome to the API): a namespace the KV store refused reaches the client."""
+
+from __future__ import annotations
+
+from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler.servicer import turn_stats
+from attnstore_scheduler.turn_types import TurnOutcome, stats_from_worker
+
+
+def _outcome(**worker_stats: object) -> TurnOutcome:
+    stats = worker_pb2.TurnStats(
+        prompt_tokens=40, reused_tokens=0, generated_tokens=4, finish_reason=worker_pb2.FINISH_REASON_LENGTH,
+        **worker_stats,
+    )
+    return TurnOutcome(
+        stats=stats_from_worker(stats), prompt_token_ids=tuple(range(40)), token_ids=(1, 2, 3, 4), text="abcd",
+        node="node-a", attempts=1, queue_wait_seconds=0.0, session_saved=True, closing_tokens=2,
+    )
+
+
+def test_a_refused_namespace_is_the_turns_kv_unavailable_reason() -> None:
+    reason = "the store keeps at most a maximum of 1 namespaces (max_namespaces)"
+    stats = turn_stats(_outcome(namespace_refused=reason), ttft_seconds=0.1)
+    assert stats.kv_unavailable_reason == reason and stats.reused_tokens == 0
+
+
+def test_a_registered_namespace_leaves_it_empty_and_counts_the_closing_in_the_history() -> None:
+    stats = turn_stats(_outcome(), ttft_seconds=0.1)
+    assert stats.kv_unavailable_reason == ""
+    assert stats.history_tokens == 40 + 4 + 2 and stats.session_saved
