@@ -31,22 +31,23 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import transformers
 
 from attnstore.kvstore_client import KVStoreClient
+from attnstore.shm_arena import arena_root
 from bench.common.cpu_quiet import wait_until_idle
+from bench.common.results import RESULTS_DIR, print_report, save_results
 from bench.peers.run import usable_cores_bind
 from bench.peers.serving import WARMUP_MESSAGE
 from bench.peers.vllm import VllmServer
 from bench.peers.workload import Dialogue, Step, round_robin, select_dialogues
+from bench.vllm.report import format_table, plot, verdicts
 from bench.vllm.vllm_env import ROOT, PeerVenv, connector_env, ensure_vllm
 from inference_worker.model_store import default_model_dir, model_digest
 from kvstore_daemon.launcher import DaemonProcess
 
-RESULTS_PATH = ROOT / "bench" / "results" / "vllm.json"
 WORK_DIR = ROOT / "bench" / ".work-vllm"
 MiB = 1024 * 1024
 LATER_TURN = 3
@@ -211,7 +212,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     kv_bytes = args.kv_cache_mib * MiB
     daemon = DaemonProcess(
         ssd_dir=WORK_DIR / "ssd",
-        shm_dir=Path("/dev/shm") / f"attnstore-bench-vllm-{os.getpid()}",
+        shm_dir=arena_root(WORK_DIR) / f"attnstore-bench-vllm-{os.getpid()}",
         log_path=WORK_DIR / "daemon.log",
         settings={"DRAM_CAPACITY_BYTES": kv_bytes, "SSD_CAPACITY_BYTES": 16 * kv_bytes},
     )
@@ -263,8 +264,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         "vllm": peer.version,
     }
     if not args.quick:
-        RESULTS_PATH.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(summary))
+        save_results("vllm", result)
+        plot(records, f"vLLM CPU {peer.version} alone vs with AttnStoreConnector (SmolLM2-135M)",
+             RESULTS_DIR / "vllm.png")
+    print_report(format_table(summary), verdicts(summary), summary)
     return summary
 
 
