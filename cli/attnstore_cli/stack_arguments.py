@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnstore_cli.disk_layout import disk_warnings
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.openai_hint import curl_line, free_port
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
@@ -115,6 +116,9 @@ def running_stack(spec: StackSpec, console: Console) -> Iterator[tuple[LocalStac
             f"[green]stack up[/green]: scheduler {state.scheduler_address}, daemon {state.daemon_address}, "
             f"worker {state.worker_addresses[0]}; sessions in {state.session_store}; logs in {state.logs_dir}"
         )
+        ssd_bytes = int(str(spec.daemon_settings.get("ssd_capacity_bytes", 0)))
+        for line in disk_warnings(spec.work_dir, ssd_bytes):
+            console.print(f"[yellow]note:[/yellow] {line}")
         if state.openai_url is not None:
             console.print("OpenAI-compatible API, try:")
             console.print(curl_line(state.openai_url), markup=False, highlight=False, soft_wrap=True)
