@@ -33,7 +33,11 @@ _FALLBACK = {
     Fallback.DEADLINE: pb.FALLBACK_DEADLINE,
     Fallback.CHUNK_INVALID: pb.FALLBACK_CHUNK_INVALID,
 }
-_FINISH_REASON = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_FINISH_REASON = {
+    "stop": pb.FINISH_REASON_STOP,
+    "stop_string": pb.FINISH_REASON_STOP_STRING,
+    "length": pb.FINISH_REASON_LENGTH,
+}
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):

@@ -61,7 +61,7 @@ class TurnStats:
     compute_seconds: float  # prefill of the new tokens
     saved_chunks: int  # new full chunks handed to the daemon (asynchronously)
     fallback: Fallback | None = None
-    finish_reason: str = "stop"  # "stop" (end-of-turn or stop token) or "length"
+    finish_reason: str = "stop"  # "stop" (end-of-turn or stop token), "stop_string" or "length"
     truncated_tokens: int = 0  # tokens dropped after the sinks (the next turn's request)
     sink_tokens: int = 0  # first tokens kept as attention sinks (0 when nothing was dropped)
     namespace: bytes = b""  # the KV namespace the turn used (b"" without a source)

@@ -85,8 +85,8 @@ async def _extend_history(worker: WorkerHandle, record: SessionRecord, question:
 def closing_after(generated: Sequence[int], closing: Sequence[int], finish_reason: FinishReason) -> list[int]:
     """What of the template's `closing` follows an answer's `generated` ids: after a stop
     token the closing starts with (ChatML's `<|im_end|>`), or holds further on, the rest of
-    the closing after it; after an answer cut at max_tokens, or a stop token the closing
-    lacks, all of it."""
+    the closing after it; after an answer cut at max_tokens or by a stop text, or a stop
+    token the closing lacks, all of it."""
     if finish_reason == "stop" and generated and generated[-1] in closing:
         return list(closing[closing.index(generated[-1]) + 1 :])
     return list(closing)

@@ -26,9 +26,14 @@ _ROLES = {"system": api.ROLE_SYSTEM, "user": api.ROLE_USER, "assistant": api.ROL
 _FINISH = {
     FinishReason.UNSPECIFIED: api.FINISH_REASON_UNSPECIFIED,
     FinishReason.STOP: api.FINISH_REASON_STOP,
+    FinishReason.STOP_STRING: api.FINISH_REASON_STOP_STRING,
     FinishReason.LENGTH: api.FINISH_REASON_LENGTH,
 }
-_STORED_FINISH = {"stop": api.FINISH_REASON_STOP, "length": api.FINISH_REASON_LENGTH}
+_STORED_FINISH = {
+    "stop": api.FINISH_REASON_STOP,
+    "stop_string": api.FINISH_REASON_STOP_STRING,
+    "length": api.FINISH_REASON_LENGTH,
+}
 
 
 class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):

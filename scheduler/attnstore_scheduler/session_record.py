@@ -48,13 +48,14 @@ def check_session_id(session_id: str, field_name: str = "session_id") -> str:
     return session_id
 
 
-FinishReason = Literal["stop", "length", ""]
+FinishReason = Literal["stop", "stop_string", "length", ""]
 
 
 class Message(NamedTuple):
     role: str  # one of ROLES
     content: str
-    # How an answer ended: "stop" (an end-of-turn token), "length" (max_tokens); "" for
+    # How an answer ended: "stop" (an end-of-turn token), "stop_string" (a stop text),
+    # "length" (max_tokens); "" for
     # the other roles and for answers stored before it was recorded.
     finish_reason: FinishReason = ""
 

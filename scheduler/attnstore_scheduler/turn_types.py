@@ -19,6 +19,7 @@ class Token:
 class FinishReason(enum.Enum):
     UNSPECIFIED = enum.auto()
     STOP = enum.auto()  # an end-of-turn or stop token
+    STOP_STRING = enum.auto()  # the answer's text reached a stop text
     LENGTH = enum.auto()  # max_tokens reached
 
 
@@ -55,6 +56,7 @@ class TurnOutcome:
 
 _FINISH = {
     worker_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    worker_pb2.FINISH_REASON_STOP_STRING: FinishReason.STOP_STRING,
     worker_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
 }
 

@@ -44,7 +44,11 @@ _TOKENIZE_REFUSALS: dict[grpc.StatusCode, type[ServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,  # the template rejects the message
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,  # the model takes no messages
 }
-_FINISH_REASONS: dict[TurnFinish, FinishReason] = {TurnFinish.STOP: "stop", TurnFinish.LENGTH: "length"}
+_FINISH_REASONS: dict[TurnFinish, FinishReason] = {
+    TurnFinish.STOP: "stop",
+    TurnFinish.STOP_STRING: "stop_string",
+    TurnFinish.LENGTH: "length",
+}
 
 TurnEvent = Token | TurnOutcome
 

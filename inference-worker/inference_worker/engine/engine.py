@@ -128,8 +128,10 @@ class Engine:
             return StepOutput(seq, None, True, logits)
         token = self._samplers[seq.seq_id](logits)
         seq.token_ids.append(token)
-        if token in seq.stops or (seq.stop_text is not None and seq.stop_text(token)):
+        if token in seq.stops:
             seq.finish_reason = "stop"
+        elif seq.stop_text is not None and seq.stop_text(token):
+            seq.finish_reason = "stop_string"
         elif len(seq.generated) >= seq.max_new_tokens:
             seq.finish_reason = "length"
         return StepOutput(seq, token, seq.finish_reason is not None, logits)

@@ -50,7 +50,7 @@ class Sequence:
     max_new_tokens: int = 0  # 0: prefill only (no token is sampled)
     prompt_tokens: int = 0  # len(token_ids) when submitted
     status: Status = Status.WAITING
-    finish_reason: str | None = None  # "stop" or "length" once FINISHED
+    finish_reason: str | None = None  # "stop", "stop_string" or "length" once FINISHED
     preemptions: int = 0
     # -- stored KV loaded into its first blocks during its first forward (layer by layer) --
     prefix: PrefixKV | None = None

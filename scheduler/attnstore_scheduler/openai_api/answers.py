@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.openai_api.models import FinishReason, PromptTokensDetails, Usage
-from attnstore_scheduler.turn_runner import TurnOutcome
+from attnstore_scheduler.turn_types import FinishReason as TurnFinish
+from attnstore_scheduler.turn_types import TurnOutcome, WorkerStats
 from attnstore_scheduler.turns import TurnEvent
 
 
@@ -38,7 +38,7 @@ async def answer_events(events: AsyncIterator[TurnEvent], stop: Sequence[str]) -
                 if cut:
                     yield held[:cut]
                 stop_text = cut < len(held)
-                length = event.stats.finish_reason == worker_pb2.FINISH_REASON_LENGTH and not stop_text
+                length = event.stats.finish_reason is TurnFinish.LENGTH and not stop_text
                 yield Ending("length" if length else "stop", usage_of(event.stats))
                 return
             held += event.text
@@ -49,7 +49,7 @@ async def answer_events(events: AsyncIterator[TurnEvent], stop: Sequence[str]) -
                 held = held[len(held) - keep :]
 
 
-def usage_of(stats: worker_pb2.TurnStats) -> Usage:
+def usage_of(stats: WorkerStats) -> Usage:
     return Usage(
         prompt_tokens=stats.prompt_tokens,
         completion_tokens=stats.generated_tokens,

@@ -83,7 +83,7 @@ class Transcript:
         return ids
 
     def content_ids(self, turn: Turn) -> list[int]:
-        stopped = turn.finish_reason == api.FINISH_REASON_STOP
+        stopped = turn.finish_reason == api.FINISH_REASON_STOP  # on a stop token: the closing writes it
         return turn.answer_ids[:-1] if stopped else turn.answer_ids
 
     def retokenizes(self, turn: Turn) -> bool:
@@ -111,12 +111,24 @@ class Conversation:
     def turns(self) -> list[Turn]:
         return self.transcript.turns
 
-    def chat(self, message: str, max_tokens: int) -> Turn:
+    def chat(self, message: str, max_tokens: int, *, stop_after: int | None = None) -> Turn:
+        """One turn; `stop_after` = k: a stop string is chosen so that the answer ends on its
+        k-th token (the text that token adds), as a client's stop text would end it."""
         prompt = self.transcript.rendered(message)
-        answer = self.client.chat(self.session_id, message, max_tokens=max_tokens)
+        expected = greedy(self.model, prompt, max_tokens, self.stop_ids)
+        stop: list[str] = []
+        if stop_after is not None:
+            tokenizer = self.transcript.tokenizer
+            before = tokenizer.decode(expected[: stop_after - 1], skip_special_tokens=True)
+            whole = tokenizer.decode(expected[:stop_after], skip_special_tokens=True)
+            assert whole.startswith(before) and len(whole) > len(before), "pick a token that adds text"
+            stop = [whole[len(before) :]]
+            assert stop[0] not in before, "the stop text must first appear at that token"
+            expected = expected[:stop_after]
+        answer = self.client.chat(self.session_id, message, max_tokens=max_tokens, stop=stop)
         turn = Turn(message, list(answer.token_ids), answer.text, answer.stats.finish_reason)
         self.turns.append(turn)
-        assert turn.answer_ids == greedy(self.model, prompt, max_tokens, self.stop_ids), (
+        assert turn.answer_ids == expected, (
             f"turn {len(self.turns)}: the worker's answer is not generate's on the rendered prompt"
         )
         self.check_history(answer.stats.history_tokens)

@@ -134,6 +134,18 @@ def test_every_turn_is_the_rendered_conversation(stack: Stack, model: Model, sys
     assert endings == {api.FINISH_REASON_STOP, api.FINISH_REASON_LENGTH}, [t.answer_ids for t in chat.turns]
 
 
+def test_an_answer_ended_by_a_stop_string_reads_as_closed(stack: Stack, model: Model) -> None:
+    """A stop text ends the answer on the token that completes it (not an end-of-turn
+    token): the history closes the answer with the template's whole closing."""
+    chat = conversation(stack, model, SYSTEM)
+    chat.chat(TURNS[0][0], TURNS[0][1])
+    ended = chat.chat(TURNS[2][0], 24, stop_after=2)
+    assert ended.finish_reason == api.FINISH_REASON_STOP_STRING
+    stored = chat.client.get_session(chat.session_id).messages[-1]
+    assert stored.finish_reason == api.FINISH_REASON_STOP_STRING  # GetSession says how it ended
+    chat.chat(TURNS[3][0], TURNS[3][1])  # the next turn runs on the closed conversation
+
+
 @pytest.mark.parametrize("system_prompt", ["", SYSTEM], ids=["no-system", "system"])
 def test_generate_runs_the_rendered_prompt(stack: Stack, model: Model, system_prompt: str) -> None:
     messages = [{"role": "user", "content": TURNS[2][0]}]

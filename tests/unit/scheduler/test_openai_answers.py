@@ -10,7 +10,7 @@ import pytest
 
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.openai_api.answers import Ending, answer_events
-from attnstore_scheduler.turn_runner import TurnOutcome
+from attnstore_scheduler.turn_types import Token, TurnOutcome, stats_from_worker
 from attnstore_scheduler.turns import TurnEvent
 
 STOP = worker_pb2.FINISH_REASON_STOP
@@ -19,13 +19,11 @@ LENGTH = worker_pb2.FINISH_REASON_LENGTH
 
 async def turn(texts: Sequence[str], finish: int) -> AsyncIterator[TurnEvent]:
     for index, text in enumerate(texts):
-        yield worker_pb2.TokenChunk(token_id=index, text=text)
+        yield Token(index, text)
     stats = worker_pb2.TurnStats(
         prompt_tokens=40, reused_tokens=32, generated_tokens=len(texts), finish_reason=finish
     )
-    yield TurnOutcome(
-        stats, worker_pb2.ExecuteTurnRequest(), list(range(len(texts))), "".join(texts), "n", 1, 0.0
-    )
+    yield TurnOutcome(stats_from_worker(stats), None, tuple(range(len(texts))), "".join(texts), "n", 1, 0.0)
 
 
 def answer(texts: Sequence[str], stop: Sequence[str], finish: int = LENGTH) -> list[str | Ending]:

@@ -20,6 +20,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
 FALLBACK_UNSPECIFIED: Fallback
 FALLBACK_NONE: Fallback
 FALLBACK_DAEMON_UNAVAILABLE: Fallback
@@ -28,6 +29,7 @@ FALLBACK_CHUNK_INVALID: Fallback
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_STOP_STRING: FinishReason
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
