@@ -242,7 +242,7 @@ async def test_chat_template_failures_name_the_problem(
 def test_every_fallback_and_finish_reason_has_a_proto_value() -> None:
     assert set(_FALLBACK) == {None, *Fallback}
     assert len(set(_FALLBACK.values())) == len(_FALLBACK)
-    assert set(_FINISH_REASON) == {"stop", "length"}  # TurnStats.finish_reason's values
+    assert set(_FINISH_REASON) == {"stop", "stop_string", "length"}  # TurnStats.finish_reason's values
 
 
 async def test_tokenize_after_a_messages_content(tiny_tokenizer: PreTrainedTokenizerFast) -> None:
