@@ -240,7 +240,7 @@ def test_a_disk_smaller_than_configured_is_clamped_at_start_and_evicts_instead_o
         assert "ssd_write_failed" not in daemon.log_tail(400)
         # A read promotes its chunk and may demote (and so evict) another: compare one at a time.
         for index in reversed(range(48)):
-            assert served(client, chunks, [index]) == stored(client, chunks, range(index, index + 1))
+            assert stored(client, chunks, range(index, index + 1)) == served(client, chunks, [index])
         assert temp_files(disk) == []
         assert client.register_namespace(bytes(range(1, 17)), **chunks.layout) > 0
         assert "namespace_not_persisted" not in daemon.log_tail(400)
