@@ -17,6 +17,7 @@ from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
+from kvstore_daemon.data_plane import DataPlaneServer
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
 from kvstore_daemon.namespaces import NamespaceRegistry
 from kvstore_daemon.servicer import ADMIN_METHODS, SERVICE_NAME, KVStoreServicer
@@ -63,8 +64,12 @@ async def run_daemon(settings: DaemonSettings) -> None:
     await store.start()
     log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
     maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
+    data_plane = DataPlaneServer(store, settings, asyncio.get_running_loop())
+    data_plane_port = data_plane.start() if settings.data_plane_port else 0
+    log.info("data_plane", port=data_plane_port, tls=data_plane.tls)
 
     async def on_stop() -> None:
+        data_plane.stop()
         maintenance.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await maintenance
@@ -72,7 +77,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
     server = create_server(interceptors=auth)
-    kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings), server)
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings, data_plane_port), server)
     await serve(
         server,
         address=settings.listen_address,

@@ -27,6 +27,18 @@ class DaemonSettings(FileBackedSettings):
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
     )
 
+    data_plane_port: int = Field(
+        0, ge=0, le=65535,
+        description="TCP port of the data plane (chunk bytes for readers on other nodes), on listen_address's host; 0 = off",
+    )
+    data_plane_idle_timeout_seconds: float = Field(
+        30.0, gt=0, description="a data-plane connection silent this long (or stalled mid-frame) is closed"
+    )
+    data_plane_max_connections: int = Field(256, ge=1, description="open data-plane connections at once (a thread each)")
+    data_plane_max_frame_bytes: int = Field(
+        1 * MiB, ge=4096, description="largest data-plane request frame (msgpack; chunk bytes are not framed)"
+    )
+
     dram_capacity_bytes: int = Field(1 * GiB, ge=MiB, description="size of the shared-memory arena")
     dram_block_bytes: int = Field(2 * MiB, ge=4096, description="arena block size (allocation unit)")
     shm_dir: Path = Field(Path("/dev/shm"), description="directory of the arena file (a tmpfs)")

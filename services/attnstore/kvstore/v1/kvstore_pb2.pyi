@@ -74,6 +74,20 @@ class OpenShmRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class OpenDataPlaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenDataPlaneResponse(_message.Message):
+    __slots__ = ("port", "tls", "max_frame_bytes")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    tls: bool
+    max_frame_bytes: int
+    def __init__(self, port: _Optional[int] = ..., tls: _Optional[bool] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+
 class OpenShmResponse(_message.Message):
     __slots__ = ("path", "size_bytes", "block_bytes", "arena_generation", "block_versions_offset_bytes")
     PATH_FIELD_NUMBER: _ClassVar[int]
