@@ -40,7 +40,6 @@ from attnstore.data_plane_wire import (
 )
 from attnstore.security import token_digest
 from kvstore_daemon import metrics
-from kvstore_daemon.chunk_entry import Chunk
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.validation import check_layer_range, check_namespace
@@ -215,7 +214,7 @@ class DataPlaneServer:
         def call() -> None:
             try:
                 result.set_result(fn(*args))
-            except BaseException as exc:  # handed to the waiting thread
+            except Exception as exc:  # noqa: BLE001 -- handed to the waiting thread, which raises it
                 result.set_exception(exc)
 
         self._loop.call_soon_threadsafe(call)

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from attnstore.data_plane_wire import (
+    pack_frame,
     raise_for_reply,
     recv_exactly_into,
     recv_frame,
     send_frame,
     send_views,
-    pack_frame,
 )
 from attnstore.kvstore_client.pieces import DaemonProtocolError
 

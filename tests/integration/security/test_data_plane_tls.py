@@ -79,12 +79,11 @@ def test_mutual_tls_is_a_credential_of_its_own(daemon_factory, pki) -> None:
         assert client.client_stats().transport == "dataplane"
     # Without a client certificate the data plane's handshake fails, as gRPC's does.
     port = _data_plane_port(daemon, pki, cert=True)
-    with pytest.raises((ssl.SSLError, ConnectionResetError)):
-        with _context(pki, cert=False).wrap_socket(
-            socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
-        ) as sock:
-            sock.sendall(pack_frame({"op": "hello", "token": None}))
-            recv_frame(sock, 1 << 16)
+    with pytest.raises((ssl.SSLError, ConnectionResetError)), _context(pki, cert=False).wrap_socket(
+        socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
+    ) as sock:
+        sock.sendall(pack_frame({"op": "hello", "token": None}))
+        recv_frame(sock, 1 << 16)
 
 
 def _data_plane_port(daemon: DaemonProcess, pki, *, cert: bool) -> int:
