@@ -16,8 +16,9 @@ import asyncio
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 from attnstore.data_plane_wire import (
     pack_frame,
@@ -30,6 +31,10 @@ from attnstore.data_plane_wire import (
 from attnstore.kvstore_client.pieces import DaemonProtocolError
 
 _MAX_IDLE_CONNECTIONS = 32
+# Threads moving bytes at once: one per concurrent transfer (asyncio's default executor
+# has cpu_count + 4, which would cap 16 concurrent readers at 6 on a small node).
+_TRANSFER_THREADS = 64
+T = TypeVar("T")
 _MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
 
 
@@ -84,6 +89,10 @@ class TcpDataPlane:
         self._timeout_seconds = timeout_seconds
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(_TRANSFER_THREADS, thread_name_prefix="data-plane")
+
+    async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     def connect(self) -> socket.socket:
         """A connection past its hello: one from the pool, else a new one."""
@@ -116,7 +125,7 @@ class TcpDataPlane:
             "op": "get", "namespace": namespace, "lease": lease_id, "chunks": list(range(chunk_count)),
             "layer_start": layer_start, "layer_end": layer_end, "release": True,
         }
-        return await asyncio.to_thread(self._open_read, request, chunk_count)
+        return await self.in_thread(self._open_read, request, chunk_count)
 
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
         sock = self.connect()
@@ -131,7 +140,7 @@ class TcpDataPlane:
         return _TcpRead(self, sock, headers)
 
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
-        return await asyncio.to_thread(self._write, namespace, writes)
+        return await self.in_thread(self._write, namespace, writes)
 
     def _write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
         sock = self.connect()
@@ -152,6 +161,7 @@ class TcpDataPlane:
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
+        self._threads.shutdown(wait=False)
 
 
 class _TcpRead:
@@ -161,7 +171,7 @@ class _TcpRead:
         self.headers = headers
 
     async def recv_into(self, views: Sequence[memoryview]) -> None:
-        await asyncio.to_thread(self._recv_all, views)
+        await self._plane.in_thread(self._recv_all, views)
 
     def _recv_all(self, views: Sequence[memoryview]) -> None:
         if self._sock is None:

@@ -7,7 +7,6 @@ speaks: a daemon from before the data plane, a port a firewall closes, a TLS mis
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 
 import grpc
@@ -51,7 +50,7 @@ async def open_data_plane(
         timeout_seconds=timeout_seconds,
     )
     try:
-        plane.give_back(await asyncio.to_thread(plane.connect))
+        plane.give_back(await plane.in_thread(plane.connect))
     except (OSError, ServiceError) as exc:
         log.warning("data_plane_unreachable", address=address, port=reply.port, error=str(exc))
         plane.close()
