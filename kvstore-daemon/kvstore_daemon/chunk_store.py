@@ -260,6 +260,10 @@ class ChunkStore:
         self._release(lease.chunks)
         return True
 
+    async def hold_keys(self, namespace: bytes, keys: Sequence[bytes]) -> list[Chunk]:
+        """Takes a reader on each chunk, DRAM-resident, for a data-plane send; `unhold` ends it."""
+        return await self._acquire(namespace, keys)
+
     def hold_leased(self, namespace: bytes, lease_id: int, indices: Sequence[int]) -> list[Chunk]:
         """Takes a reader on chunks `indices` of a lease, for a data-plane send that must
         outlive the lease's TTL; `unhold` gives them back. A lease of another namespace is

@@ -23,7 +23,7 @@ import hmac
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -42,7 +42,7 @@ from attnstore.security import token_digest
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.settings import DaemonSettings
-from kvstore_daemon.validation import check_layer_range, check_namespace
+from kvstore_daemon.validation import check_keys, check_layer_range, check_namespace
 
 log = structlog.get_logger("kvstore_daemon.data_plane")
 T = TypeVar("T")
@@ -167,17 +167,25 @@ class DataPlaneServer:
         send_frame(sock, {"ok": True})
 
     def _get(self, sock: socket.socket, request: dict[str, Any]) -> None:
+        """Sends chunks named by `keys` (held for the send, as gRPC's Get does: one round
+        trip), or chunks `chunks` of a lease granted by GetShm (ended after with `release`)."""
         namespace = check_namespace(field(request, "namespace", bytes))
-        lease_id = field(request, "lease", int)
-        indices = field(request, "chunks", list)
-        if not indices or len(indices) > self._settings.max_keys_per_request or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in indices
-        ):
-            raise FrameError(f"chunks must list 1..{self._settings.max_keys_per_request} chunk indices")
-        release = request.get("release") is True
-        chunks = self._on_loop(self._store.hold_leased, namespace, lease_id, indices)
+        limit = self._settings.max_keys_per_request
+        release_id = None
+        if "keys" in request:
+            keys = field(request, "keys", list)
+            if not 0 < len(keys) <= limit or not all(isinstance(key, bytes) for key in keys):
+                raise FrameError(f"keys must list 1..{limit} keys (bytes)")
+            chunks = self._await_on_loop(self._store.hold_keys(namespace, check_keys(keys, limit, unique=True)))
+        else:
+            lease_id = field(request, "lease", int)
+            indices = field(request, "chunks", list)
+            if not 0 < len(indices) <= limit or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+                raise FrameError(f"chunks must list 1..{limit} chunk indices")
+            release_id = lease_id if request.get("release") is True else None
+            chunks = self._on_loop(self._store.hold_leased, namespace, lease_id, indices)
         try:
-            num_layers = self._on_loop(self._store.namespaces.get, namespace).num_layers
+            num_layers = chunks[0].layout.header.num_layers  # one namespace: one layer count
             start, end = check_layer_range(
                 field(request, "layer_start", int), field(request, "layer_end", int), num_layers
             )
@@ -188,8 +196,8 @@ class DataPlaneServer:
                 send_views(sock, views)
                 sent += sum(v.nbytes for v in views)
             metrics.BYTES_OUT.labels("dataplane").inc(sent)
-        finally:
-            self._on_loop(self._store.unhold, chunks, lease_id if release else None)
+        finally:  # no need to wait: nothing here depends on it
+            self._loop.call_soon_threadsafe(self._store.unhold, chunks, release_id)
 
     def _put(self, sock: socket.socket, request: dict[str, Any], buffer: bytearray) -> bytearray:
         namespace = check_namespace(field(request, "namespace", bytes))
@@ -206,6 +214,10 @@ class DataPlaneServer:
         metrics.BYTES_IN.labels("dataplane").inc(written)
         send_frame(sock, {"ok": True, "bytes_written": written})
         return buffer
+
+    def _await_on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=self._settings.data_plane_idle_timeout_seconds)
 
     def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs `fn(*args)` on the store's event loop and returns its result (or raises)."""

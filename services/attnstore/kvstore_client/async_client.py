@@ -250,10 +250,7 @@ class AsyncKVStoreClient:
                 self._releaser, self._locations,
             )
         elif self._plane is not None:
-            opened = open_data_plane_read(
-                self._stub, self._plane, namespace, keys, layer_start, layer_end, self._timeout_seconds,
-                self._releaser,
-            )
+            opened = open_data_plane_read(self._plane, namespace, keys, layer_start, layer_end)
         else:
             opened = open_grpc_read(
                 self._stub, namespace, keys, layer_start, layer_end, self._timeout_seconds

@@ -1,9 +1,9 @@
 """The byte path for clients that cannot map the daemon's arena (another node).
 
 `DataPlane` is the one interface the client needs from a transport, so an RDMA engine
-(Mooncake's Transfer Engine, NIXL) can stand in for `TcpDataPlane`: it reads a leased
-range of chunks into the caller's buffers, layer-major, and writes reserved chunks.
-Leases, reservations and commits stay on gRPC.
+(Mooncake's Transfer Engine, NIXL) can stand in for `TcpDataPlane`: it reads a layer
+range of chunks into the caller's buffers, layer-major, and fills reserved chunks.
+Reservations and commits stay on gRPC.
 
 `TcpDataPlane` speaks attnstore/data_plane_wire.py over blocking sockets (TLS when the
 daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
@@ -56,10 +56,10 @@ class DataPlane(Protocol):
     name: str
 
     async def open_read(
-        self, namespace: bytes, lease_id: int, chunk_count: int, layer_start: int, layer_end: int
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
     ) -> DataPlaneRead:
-        """Starts sending layers [layer_start, layer_end) of the lease's chunks; the daemon
-        ends the lease when the last byte is sent."""
+        """Starts a read of layers [layer_start, layer_end) of `keys`; the daemon holds the
+        chunks until the last byte is sent (NotFound when one is not stored)."""
         ...
 
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
@@ -119,13 +119,12 @@ class TcpDataPlane:
         sock.close()
 
     async def open_read(
-        self, namespace: bytes, lease_id: int, chunk_count: int, layer_start: int, layer_end: int
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
     ) -> DataPlaneRead:
         request = {
-            "op": "get", "namespace": namespace, "lease": lease_id, "chunks": list(range(chunk_count)),
-            "layer_start": layer_start, "layer_end": layer_end, "release": True,
+            "op": "get", "namespace": namespace, "keys": list(keys), "layer_start": layer_start, "layer_end": layer_end
         }
-        return await self.in_thread(self._open_read, request, chunk_count)
+        return await self.in_thread(self._open_read, request, len(keys))
 
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
         sock = self.connect()

@@ -7,7 +7,7 @@ Shared memory without a lease: chunks leased before are copied from where they l
 (location_cache.py), and the copy counts only if their block versions did not change
 meanwhile (`CheckedShmRead.still_valid`).
 gRPC: the Get stream's first message carries every header; its slices carry the layers.
-Data plane: GetShm leases the chunks, the data plane sends their headers, then their
+Data plane: one request names the chunks; the daemon sends their headers, then their
 layers, received straight into the reader's buffers (data_plane.py).
 """
 
@@ -243,8 +243,7 @@ async def open_grpc_read(
 
 
 class _DataPlaneRead(ChunkRead):
-    """Chunks leased with GetShm and streamed by the data plane, layer-major, straight
-    into the reader's buffers."""
+    """Chunks streamed by the data plane, layer-major, straight into the reader's buffers."""
 
     def __init__(self, stream: DataPlaneRead, layer_start: int, layer_end: int) -> None:
         self._stream = stream
@@ -276,29 +275,14 @@ class _DataPlaneRead(ChunkRead):
 
 @contextlib.asynccontextmanager
 async def open_data_plane_read(
-    stub: kvstore_pb2_grpc.KVStoreStub,
-    plane: DataPlane,
-    namespace: bytes,
-    keys: Sequence[bytes],
-    layer_start: int,
-    layer_end: int,
-    timeout_seconds: float,
-    releaser: LeaseReleaser,
+    plane: DataPlane, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
 ) -> AsyncIterator[ChunkRead]:
-    """Leases `keys` over gRPC and reads them over the data plane, whose daemon side ends
-    the lease after the last byte; a read that fails first leaves it to the releaser."""
-    request = kvstore_pb2.GetShmRequest(namespace=namespace, keys=keys, release_lease_ids=releaser.take())
-    reply = await stub.GetShm(request, timeout=timeout_seconds)
+    """Reads `keys` over the data plane (one round trip: the daemon holds the chunks for the
+    send, no lease); leaving early discards the connection."""
+    stream = await plane.open_read(namespace, keys, layer_start, layer_end)
     read: _DataPlaneRead | None = None
     try:
-        if len(reply.chunks) != len(keys):
-            raise DaemonProtocolError(f"GetShm located {len(reply.chunks)} chunks for {len(keys)} keys")
-        stream = await plane.open_read(namespace, reply.lease_id, len(keys), layer_start, layer_end)
-        try:
-            read = _DataPlaneRead(stream, layer_start, layer_end)
-            yield read
-        finally:
-            stream.close(complete=read is not None and read.complete)
+        read = _DataPlaneRead(stream, layer_start, layer_end)
+        yield read
     finally:
-        if read is None or not read.complete:
-            releaser.release(reply.lease_id)
+        stream.close(complete=read is not None and read.complete)

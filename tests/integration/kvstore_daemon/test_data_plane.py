@@ -167,6 +167,9 @@ REFUSALS: list[tuple[str, Callable[[int], bytes]]] = [
     ("chunk out of range", lambda lease: _get(lease, chunks=[5])),
     ("no chunks", lambda lease: _get(lease, chunks=[])),
     ("layers out of range", lambda lease: _get(lease, layer_start=3, layer_end=99)),
+    ("keys not bytes", lambda lease: _get(lease, keys=[1, 2])),
+    ("a key not stored", lambda lease: _get(lease, keys=[b"\x07" * 32])),
+    ("a short key", lambda lease: _get(lease, keys=[b"\x07" * 3])),
     ("put of an unknown write", lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, 10]]})),
     ("put of a bad list", lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, -1]]})),
 ]

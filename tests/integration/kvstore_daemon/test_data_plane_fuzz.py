@@ -28,12 +28,13 @@ HELLO = pack_frame({"op": "hello", "token": None})
 _values = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.binary(max_size=40), st.text(max_size=10),
     st.lists(st.integers(-5, 2**40), max_size=5), st.lists(st.lists(st.integers(-5, 2**40), max_size=3), max_size=3),
+    st.lists(st.binary(min_size=31, max_size=33), max_size=3),
 )
 _requests = st.fixed_dictionaries(
     {"op": st.sampled_from(["get", "put", "hello", "x"])},
     optional={
         name: _values
-        for name in ("namespace", "lease", "chunks", "layer_start", "layer_end", "release", "writes")
+        for name in ("namespace", "keys", "lease", "chunks", "layer_start", "layer_end", "release", "writes")
     },
 )
 
