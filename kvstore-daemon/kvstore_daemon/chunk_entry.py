@@ -13,6 +13,7 @@ from attnstore.shm_arena import Extent
 class TierName(Enum):
     DRAM = "dram"
     SSD = "ssd"
+    PEER = "peer"  # a copy placed on another daemon (peer_tier.py)
 
 
 class ReserveStatus(Enum):
