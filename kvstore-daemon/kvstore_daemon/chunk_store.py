@@ -57,6 +57,7 @@ from kvstore_daemon.namespaces import (
 )
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
+from kvstore_daemon.tier import Tier
 from kvstore_daemon.tier_mover import TierMover
 
 log = structlog.get_logger("kvstore_daemon.store")
@@ -70,6 +71,7 @@ class ChunkStore:
         ssd: SsdTier,
         namespaces: NamespaceRegistry,
         clock: Callable[[], float] = time.monotonic,
+        peer: Tier | None = None,
     ) -> None:
         self.settings = settings
         self.dram = dram
@@ -88,7 +90,7 @@ class ChunkStore:
         self._registrations = TokenBuckets(
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
-        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock)
+        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
 

@@ -20,6 +20,7 @@ from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.data_plane import DataPlaneServer
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
 from kvstore_daemon.namespaces import NamespaceRegistry
+from kvstore_daemon.peer_tier import make_peer_tier
 from kvstore_daemon.servicer import ADMIN_METHODS, SERVICE_NAME, KVStoreServicer
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
@@ -60,7 +61,8 @@ async def run_daemon(settings: DaemonSettings) -> None:
         settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes,
         settings.namespace_idle_seconds,
     )
-    store = ChunkStore(settings, dram, ssd, namespaces)
+    peer = make_peer_tier(settings, namespaces)
+    store = ChunkStore(settings, dram, ssd, namespaces, peer=peer)
     await store.start()
     log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
     maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
@@ -74,6 +76,8 @@ async def run_daemon(settings: DaemonSettings) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await maintenance
         await store.stop(settings.shutdown_grace_seconds)
+        if peer is not None:
+            await peer.close()
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
     server = create_server(interceptors=auth)

@@ -12,6 +12,7 @@ BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by
 BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
 EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
+PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
 DEMOTIONS = Counter("attnstore_kvstore_demotions_total", "Chunks written to SSD because DRAM evicted them")
 CORRUPT = Counter("attnstore_kvstore_corrupt_chunks_total", "Chunks dropped because verification failed")
 SSD_WRITE_ERRORS = Counter("attnstore_kvstore_ssd_write_errors_total", "SSD writes the OS refused")

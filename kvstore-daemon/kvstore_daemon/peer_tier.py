@@ -10,7 +10,9 @@ TierCopyCorrupt, which the mover treats as a miss: the chunk is recomputed, neve
 wrong, since the client verifies every layer's checksum and the header names the key.
 Every call is bounded by the client's timeout, so a partitioned peer costs that much.
 
-Not wired into the TierMover yet: see docs/kvstore-daemon.md ("The pool").
+The TierMover places SSD evictions here (tier_mover.py); peers come from the
+`pool_peers` setting for now, the scheduler's ledger later (docs/kvstore-daemon.md,
+"The pool").
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from attnstore.chunks.format import Buffer, ChunkFormatError, decode_layout
 from attnstore.errors import ServiceError
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, PutResult
 from kvstore_daemon.chunk_entry import Chunk, TierName
-from kvstore_daemon.namespaces import NamespaceLayout
+from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry
+from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.tier import TierCopyCorrupt, TierFull
 
 log = structlog.get_logger("kvstore_daemon.peer_tier")
@@ -145,3 +148,18 @@ class PeerTier:
         if address not in self._clients:
             self._clients[address] = self._connect(address)
         return self._clients[address]
+
+
+def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry) -> PeerTier | None:
+    """The peer tier of `pool_peers` (None when the pool is off)."""
+    if not settings.pool_peers or not settings.pool_capacity_bytes:
+        return None
+    peers = list(settings.pool_peers)
+
+    async def find_peers(size_bytes: int) -> Sequence[str]:
+        return peers
+
+    return PeerTier(
+        settings.pool_capacity_bytes, find_peers, namespaces.get,
+        lambda address: AsyncKVStoreClient(address, timeout_seconds=settings.pool_peer_timeout_seconds),
+    )  # fmt: skip

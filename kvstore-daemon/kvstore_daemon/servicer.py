@@ -30,7 +30,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
 # admin token. Delete is not among them: workers delete the stale chunks of a re-save.
 ADMIN_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Hint", "Pin", "Unpin", "Stats"))
 
-_TIER = {TierName.DRAM: pb.TIER_DRAM, TierName.SSD: pb.TIER_SSD}
+_TIER = {TierName.DRAM: pb.TIER_DRAM, TierName.SSD: pb.TIER_SSD, TierName.PEER: pb.TIER_PEER}
 _RESERVE_STATUS = {
     ReserveStatus.RESERVED: pb.RESERVE_STATUS_RESERVED,
     ReserveStatus.ALREADY_STORED: pb.RESERVE_STATUS_ALREADY_STORED,

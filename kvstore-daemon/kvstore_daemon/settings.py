@@ -39,6 +39,16 @@ class DaemonSettings(FileBackedSettings):
         1 * MiB, ge=4096, description="largest data-plane request frame (msgpack; chunk bytes are not framed)"
     )
 
+    pool_peers: list[str] = Field(
+        default_factory=list,
+        description="gRPC addresses of peer daemons that take chunks this one evicts from SSD, tried in order "
+        "(JSON list; plaintext only for now)",
+    )
+    pool_capacity_bytes: int = Field(0, ge=0, description="bytes this daemon may place on peers in all; 0 = off")
+    pool_peer_timeout_seconds: float = Field(
+        5.0, gt=0, description="bounds every call to a peer (a partitioned peer costs this, then a miss)"
+    )
+
     dram_capacity_bytes: int = Field(1 * GiB, ge=MiB, description="size of the shared-memory arena")
     dram_block_bytes: int = Field(2 * MiB, ge=4096, description="arena block size (allocation unit)")
     shm_dir: Path = Field(Path("/dev/shm"), description="directory of the arena file (a tmpfs)")
@@ -102,4 +112,6 @@ class DaemonSettings(FileBackedSettings):
         if self.max_chunk_bytes > self.dram_capacity_bytes:
             raise ValueError("max_chunk_bytes must fit in dram_capacity_bytes")
         check_server_security(self.tls, self.internal_auth)
+        if self.pool_peers and (self.tls.enabled or self.internal_auth.enabled):
+            raise ValueError("pool_peers: calls to peers are plaintext for now; not with tls or internal_auth")
         return self

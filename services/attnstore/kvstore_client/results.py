@@ -14,6 +14,7 @@ class Tier(enum.Enum):
 
     DRAM = kvstore_pb2.TIER_DRAM
     SSD = kvstore_pb2.TIER_SSD
+    PEER = kvstore_pb2.TIER_PEER  # placed on another daemon of the pool
 
 
 class HintAction(enum.Enum):

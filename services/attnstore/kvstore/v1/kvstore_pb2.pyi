@@ -12,6 +12,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_UNSPECIFIED: _ClassVar[Tier]
     TIER_DRAM: _ClassVar[Tier]
     TIER_SSD: _ClassVar[Tier]
+    TIER_PEER: _ClassVar[Tier]
 
 class ReserveStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ class HintAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 TIER_UNSPECIFIED: Tier
 TIER_DRAM: Tier
 TIER_SSD: Tier
+TIER_PEER: Tier
 RESERVE_STATUS_UNSPECIFIED: ReserveStatus
 RESERVE_STATUS_RESERVED: ReserveStatus
 RESERVE_STATUS_ALREADY_STORED: ReserveStatus
