@@ -6,6 +6,8 @@ is killed or forgets the chunk yields a miss (TierCopyCorrupt), never other byte
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -114,3 +116,20 @@ def test_the_budget_of_bytes_placed_on_peers_is_kept(peers: list[DaemonProcess],
         await tier.close()
 
     asyncio.run(scenario())
+
+
+def test_a_partitioned_peer_costs_a_bounded_timeout(peers: list[DaemonProcess], chunk_set: type[ChunkSet]) -> None:
+    """A peer that accepts connections but never answers (a partition, a hung process)."""
+    chunks = chunk_set(NAMESPACE, num_layers=4, seed=8)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody answers
+        silent_address = f"127.0.0.1:{silent.getsockname()[1]}"
+
+        async def scenario() -> None:
+            tier = _tier(chunks, [silent_address, peers[0].address])
+            began = time.monotonic()
+            await tier.store(_chunk(chunks, 0), chunks.data(0))
+            assert tier.placed_on(chunks.key(0)) == peers[0].address
+            assert time.monotonic() - began < 10  # the client's 3 s deadline, then the next peer
+            await tier.close()
+
+        asyncio.run(scenario())
