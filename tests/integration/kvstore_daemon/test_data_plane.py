@@ -191,3 +191,21 @@ def test_malformed_requests_are_refused_and_close_the_connection(
     with KVStoreClient(daemon.address, use_shm=False) as client:  # still serving
         assert client.get_whole_chunks(NAMESPACE, chunks.keys(0, 1)) == [chunks.data(0)]
     stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_ids=[lease]))
+
+
+def test_a_writer_cut_mid_payload_stores_nothing(
+    stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, chunk_set: type[ChunkSet]
+) -> None:
+    made = chunk_set(NAMESPACE, num_layers=8, seed=99)  # `chunks` registered the namespace
+    data = made.data(20)
+    reply = stub.ReservePut(kvstore_pb2.ReservePutRequest(
+        namespace=NAMESPACE, items=[kvstore_pb2.PutItem(key=made.key(20), size_bytes=len(data))]))  # fmt: skip
+    write_id = reply.reservations[0].write_id
+    sock = _connect(_port(stub))
+    sock.sendall(pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[write_id, len(data)]]}) + data[:1000])
+    sock.close()
+    with pytest.raises(grpc.RpcError) as refused:  # the half-written chunk fails its checks
+        stub.CommitPut(kvstore_pb2.CommitPutRequest(write_ids=[write_id]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert stub.AbortPut(kvstore_pb2.AbortPutRequest(write_ids=[write_id])).aborted_count == 1
+    assert stub.Lookup(kvstore_pb2.LookupRequest(namespace=NAMESPACE, keys=[made.key(20)])).prefix_length == 0
