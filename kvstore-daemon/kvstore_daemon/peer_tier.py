@@ -10,9 +10,8 @@ TierCopyCorrupt, which the mover treats as a miss: the chunk is recomputed, neve
 wrong, since the client verifies every layer's checksum and the header names the key.
 Every call is bounded by the client's timeout, so a partitioned peer costs that much.
 
-The TierMover places SSD evictions here (tier_mover.py); peers come from the
-`pool_peers` setting for now, the scheduler's ledger later (docs/kvstore-daemon.md,
-"The pool").
+The TierMover places SSD evictions here (tier_mover.py); peers come from the ledger
+(pool_member.py) or the static `pool_peers` setting (docs/kvstore-daemon.md, "The pool").
 """
 
 from __future__ import annotations
@@ -150,14 +149,14 @@ class PeerTier:
         return self._clients[address]
 
 
-def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry) -> PeerTier | None:
-    """The peer tier of `pool_peers` (None when the pool is off)."""
-    if not settings.pool_peers or not settings.pool_capacity_bytes:
-        return None
-    peers = list(settings.pool_peers)
-
+def static_peers(addresses: Sequence[str]) -> FindPeers:
     async def find_peers(size_bytes: int) -> Sequence[str]:
-        return peers
+        return addresses
+
+    return find_peers
+
+
+def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry, find_peers: FindPeers) -> PeerTier:
 
     return PeerTier(
         settings.pool_capacity_bytes, find_peers, namespaces.get,

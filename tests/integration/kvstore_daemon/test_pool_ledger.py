@@ -5,11 +5,14 @@ heartbeating is forgotten (its stale score dropped) after its TTL."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
-from scheduler_stack import RedisFactory
 
-from attnstore_scheduler.pool_ledger import DaemonEntry, LendingLimits, PoolLedger
+from attnstore.pool_ledger import DaemonEntry, LendingLimits, PoolLedger
+from attnstore.server.redis_process import RedisProcess
 
 GB = 10**9
 
@@ -28,8 +31,18 @@ def test_lendable_bytes_keep_the_floor_and_the_ceiling() -> None:
     assert limits.lendable_bytes(entry("a", "n", free_gb=1)) == 0  # below its floor: lends nothing
 
 
-def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_factory: RedisFactory) -> None:
-    server = redis_factory()
+@pytest.fixture
+def redis_server(tmp_path: Path, redis_installed: None) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_server: RedisProcess) -> None:
+    server = redis_server
 
     async def scenario() -> None:
         client = aioredis.Redis.from_url(server.url)

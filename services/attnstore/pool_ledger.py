@@ -1,5 +1,8 @@
-"""The pool's ledger in Redis (issue 21, the global manager of Infinite-LLM): which
-daemons exist, where their data planes listen, and how much each may lend.
+"""The pool's ledger in the scheduler's Redis (issue 21, the global manager of
+Infinite-LLM): which daemons exist, where their data planes listen, and how much each
+may lend. Daemons write their own entries and ask it for peers (kvstore_daemon's
+pool_member.py); the scheduler may read it for routing. Needs redis-py, which the daemon
+and the scheduler install.
 
     attnstore:pool:daemon:<id>   hash of a DaemonEntry; PEXPIRE = heartbeat_ttl_seconds
     attnstore:pool:lendable      sorted set <id> scored by the bytes it may lend now
