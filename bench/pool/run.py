@@ -14,6 +14,9 @@ ones. Every path moves the same bytes between two processes on loopback:
   socket_limit            an 8-byte request answered by the bytes from one buffer, recv_into
   dataplane_get_tls       dataplane_get on a daemon with TLS on (5.9 MB only)
 
+Then the pooled replay (pooled.py): hit rates of multi-turn sessions on one small daemon
+alone, with two lenders in the pool's ledger, and on one daemon with three nodes' room.
+
 One summary JSON line comes last; `--results` writes the whole run as JSON.
 """
 
@@ -42,6 +45,7 @@ from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import ClientCredentials
 from attnstore.server.redis_process import RedisProcess
+from bench.pool.pooled import run_pooled
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
 from bench.pool.timing import Cell, run_tasks, run_threads
 from kvstore_daemon.launcher import DaemonProcess
@@ -226,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
+    parser.add_argument("--no-pooled", action="store_true", help="skip the pooled replay")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the run's JSON goes")
     args = parser.parse_args(argv)
     run = Run(sorted(args.concurrency), args.seconds or (0.5 if args.quick else 2.0))
@@ -255,14 +260,22 @@ def main(argv: list[str] | None = None) -> None:
                         credentials=credentials, data_plane_tls=context,
                     ))  # fmt: skip
                     run.rows += [r | {"path": "dataplane_get_tls"} for r in tls_run.rows]
+            pooled = {} if args.no_pooled else run_pooled(root, _free_port)
         finally:
             limit.close()
             redis_server.stop()
     summary = summarize(run.rows)
+    if pooled:
+        print(f"pooled replay hit rates: {pooled}")
+        summary["pooled_hit_rate_vs_single_node"] = round(pooled["pooled"] / max(pooled["single_node"], 1e-9), 3)
+        summary["pooled_hit_rate_vs_whole_capacity"] = round(
+            pooled["pooled"] / max(pooled["one_daemon_with_the_pools_capacity"], 1e-9), 3
+        )
     machine = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": sys.version.split()[0]}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(
-        {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "summary": summary}, indent=1) + "\n")
+        {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_hit_rates": pooled,
+         "summary": summary}, indent=1) + "\n")  # fmt: skip
     print(json.dumps(summary))
 
 
