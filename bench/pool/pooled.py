@@ -11,9 +11,6 @@ sessions' writes. Daemon-level: hit rates only (TTFT needs the worker's model).
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.server.redis_process import RedisProcess
+from bench.pool.daemons import daemon, free_port
 from kvstore_daemon.launcher import DaemonProcess
 
 KiB = 1024
@@ -63,18 +61,11 @@ def _replay(address: str) -> float:
 
 
 def _start(stack: ExitStack, root: Path, name: str, settings: dict[str, object]) -> DaemonProcess:
-    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else root))
-    daemon = DaemonProcess(root / name / "ssd", shm_dir, root / f"{name}.log", {
-        "ssd_reserved_bytes": 0, "max_chunk_bytes": 512 * KiB, "eviction_policy": "lru", "log_level": "WARNING",
-        **settings,
-    })  # fmt: skip
-    daemon.start()
-    stack.callback(shutil.rmtree, shm_dir, ignore_errors=True)
-    stack.callback(daemon.stop)
-    return daemon
+    base = {"ssd_reserved_bytes": 0, "max_chunk_bytes": 512 * KiB, "eviction_policy": "lru"}
+    return stack.enter_context(daemon(root, name, {**base, **settings}))
 
 
-def run_pooled(root: Path, free_port: Callable[[], int]) -> dict[str, float]:
+def run_pooled(root: Path) -> dict[str, float]:
     rates: dict[str, float] = {}
     with ExitStack() as stack:
         rates["single_node"] = _replay(_start(stack, root, "single", NODE).address)

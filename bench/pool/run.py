@@ -26,14 +26,12 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +43,7 @@ from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import ClientCredentials
 from attnstore.server.redis_process import RedisProcess
+from bench.pool.daemons import daemon, free_port
 from bench.pool.pooled import run_pooled
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
 from bench.pool.timing import Cell, run_tasks, run_threads
@@ -55,12 +54,6 @@ SIZES = {"0.5MB": 22, "2MB": 87, "5.9MB": 256, "8MB": 347}  # tokens per chunk
 HEADLINE = "5.9MB"
 MiB = 1024 * 1024
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "pool.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _chunks(namespace: bytes, tokens: int, count: int, seed: int) -> list[tuple[bytes, bytes]]:
@@ -77,22 +70,12 @@ def _chunks(namespace: bytes, tokens: int, count: int, seed: int) -> list[tuple[
     return made
 
 
-@contextmanager
-def _daemon(root: Path, name: str, tls: dict[str, str] | None = None) -> Iterator[DaemonProcess]:
-    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir="/dev/shm" if Path("/dev/shm").is_dir() else root))
+def _daemon(root: Path, name: str, tls: dict[str, str] | None = None) -> AbstractContextManager[DaemonProcess]:
     settings: dict[str, object] = {
         "dram_capacity_bytes": 768 * MiB, "max_chunk_bytes": 16 * MiB, "ssd_capacity_bytes": 1024 * MiB,
-        "persist_on_commit": False, "data_plane_port": _free_port(), "log_level": "WARNING",
+        "persist_on_commit": False, "data_plane_port": free_port(),
     }  # fmt: skip
-    if tls is not None:
-        settings["tls"] = tls
-    daemon = DaemonProcess(root / name / "ssd", shm_dir, root / f"{name}.log", settings)
-    daemon.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-        shutil.rmtree(shm_dir, ignore_errors=True)
+    return daemon(root, name, settings if tls is None else {**settings, "tls": tls})
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
@@ -260,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                         credentials=credentials, data_plane_tls=context,
                     ))  # fmt: skip
                     run.rows += [r | {"path": "dataplane_get_tls"} for r in tls_run.rows]
-            pooled = {} if args.no_pooled else run_pooled(root, _free_port)
+            pooled = {} if args.no_pooled else run_pooled(root)
         finally:
             limit.close()
             redis_server.stop()
