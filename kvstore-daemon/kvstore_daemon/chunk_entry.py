@@ -13,6 +13,7 @@ from attnstore.shm_arena import Extent
 class TierName(Enum):
     DRAM = "dram"
     SSD = "ssd"
+    PEER = "peer"  # a copy placed on another daemon (peer_tier.py)
 
 
 class ReserveStatus(Enum):
@@ -25,7 +26,8 @@ class ReserveStatus(Enum):
 @dataclass(eq=False)
 class Chunk:
     """A committed chunk. `blocks` is set while it has a DRAM copy, `on_ssd` while it
-    has an SSD copy; at least one holds unless it is being dropped."""
+    has an SSD copy, `on_peer` while a peer holds one; at least one holds unless it is
+    being dropped."""
 
     key: bytes
     namespace: bytes
@@ -34,6 +36,7 @@ class Chunk:
     blocks: list[int] | None = None
     extents: list[Extent] | None = None
     on_ssd: bool = False
+    on_peer: bool = False  # a copy placed on another daemon (the mover's peer tier)
     readers: int = 0  # leases and in-flight copies; a chunk with readers is never freed
     pinned_until: float = 0.0
     deleted: bool = False  # hidden; freed when the last reader leaves
@@ -43,7 +46,9 @@ class Chunk:
     @property
     def tier(self) -> TierName:
         """The fastest tier holding a copy."""
-        return TierName.DRAM if self.blocks is not None else TierName.SSD
+        if self.blocks is not None:
+            return TierName.DRAM
+        return TierName.SSD if self.on_ssd else TierName.PEER
 
 
 @dataclass(eq=False)

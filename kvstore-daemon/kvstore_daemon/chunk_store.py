@@ -57,6 +57,7 @@ from kvstore_daemon.namespaces import (
 )
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
+from kvstore_daemon.tier import Tier
 from kvstore_daemon.tier_mover import TierMover
 
 log = structlog.get_logger("kvstore_daemon.store")
@@ -70,6 +71,7 @@ class ChunkStore:
         ssd: SsdTier,
         namespaces: NamespaceRegistry,
         clock: Callable[[], float] = time.monotonic,
+        peer: Tier | None = None,
     ) -> None:
         self.settings = settings
         self.dram = dram
@@ -88,7 +90,7 @@ class ChunkStore:
         self._registrations = TokenBuckets(
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
-        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock)
+        self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
 
@@ -190,7 +192,7 @@ class ChunkStore:
         self._update_gauges()
         return results
 
-    def write(self, write_id: int, offset: int, data: bytes) -> None:
+    def write(self, write_id: int, offset: int, data: bytes | memoryview) -> None:
         reservation = self._reservation(write_id)
         if offset + len(data) > reservation.size_bytes:
             raise OutOfRange(
@@ -259,6 +261,38 @@ class ChunkStore:
             return False
         self._release(lease.chunks)
         return True
+
+    async def hold_keys(self, namespace: bytes, keys: Sequence[bytes]) -> list[Chunk]:
+        """Takes a reader on each chunk, DRAM-resident, for a data-plane send; `unhold` ends it."""
+        return await self._acquire(namespace, keys)
+
+    def hold_leased(self, namespace: bytes, lease_id: int, indices: Sequence[int]) -> list[Chunk]:
+        """Takes a reader on chunks `indices` of a lease, for a data-plane send that must
+        outlive the lease's TTL; `unhold` gives them back. A lease of another namespace is
+        as unknown as a missing one (a tenant learns nothing of another's ids)."""
+        lease = self._leases.get(lease_id)
+        if lease is None or any(chunk.namespace != namespace for chunk in lease.chunks):
+            raise NotFound(f"lease {lease_id} is unknown: never granted, released or expired")
+        if not all(0 <= index < len(lease.chunks) for index in indices):
+            raise InvalidArgument(f"chunk indices must lie in 0..{len(lease.chunks) - 1} for lease {lease_id}")
+        chunks = [lease.chunks[index] for index in indices]
+        for chunk in chunks:
+            chunk.readers += 1
+        return chunks
+
+    def unhold(self, chunks: Sequence[Chunk], release_lease_id: int | None) -> None:
+        self._release(chunks)
+        if release_lease_id is not None:
+            self.release_lease(release_lease_id)
+
+    def check_streamed_writes(self, namespace: bytes, writes: Sequence[tuple[int, int]]) -> None:
+        """Each (write id, bytes) names a reservation of `namespace` and its whole size."""
+        for write_id, size in writes:
+            reservation = self._reservations.get(write_id)
+            if reservation is None or reservation.namespace != namespace:
+                raise NotFound(f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired")
+            if size != reservation.size_bytes:
+                raise InvalidArgument(f"write id {write_id} reserved {reservation.size_bytes} bytes, not {size}")
 
     def note_lease_free_reads(self, namespace: bytes, keys: Sequence[bytes]) -> None:
         """Chunks a client copied from the arena on its own (version-checked, no lease):

@@ -17,8 +17,11 @@ from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
 from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
+from kvstore_daemon.data_plane import DataPlaneServer
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
 from kvstore_daemon.namespaces import NamespaceRegistry
+from kvstore_daemon.peer_tier import make_peer_tier, static_peers
+from kvstore_daemon.pool_member import PoolMember
 from kvstore_daemon.servicer import ADMIN_METHODS, SERVICE_NAME, KVStoreServicer
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
@@ -59,20 +62,37 @@ async def run_daemon(settings: DaemonSettings) -> None:
         settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes,
         settings.namespace_idle_seconds,
     )
-    store = ChunkStore(settings, dram, ssd, namespaces)
+    member = PoolMember(settings, [dram, ssd]) if settings.pool_redis_url is not None else None
+    find_peers = member.find_peers if member is not None else static_peers(settings.pool_peers)
+    pooled = settings.pool_capacity_bytes > 0 and (member is not None or settings.pool_peers)
+    peer = make_peer_tier(settings, namespaces, find_peers) if pooled else None
+    store = ChunkStore(settings, dram, ssd, namespaces, peer=peer)
     await store.start()
     log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
     maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
+    data_plane = DataPlaneServer(store, settings, asyncio.get_running_loop())
+    data_plane_port = data_plane.start() if settings.data_plane_port else 0
+    log.info("data_plane", port=data_plane_port, tls=data_plane.tls)
 
     async def on_stop() -> None:
+        data_plane.stop()
         maintenance.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await maintenance
+        if member is not None:
+            await member.stop()
         await store.stop(settings.shutdown_grace_seconds)
+        if peer is not None:
+            await peer.close()
+
+    def on_started(port: int) -> None:
+        if member is not None:  # into the ledger once peers can reach it
+            member.start(port, data_plane_port)
+        _write_ready_file(settings, port)
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
     server = create_server(settings.serving, interceptors=auth)
-    kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings), server)
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings, data_plane_port), server)
     await serve(
         server,
         address=settings.listen_address,
@@ -80,7 +100,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         metrics_port=settings.metrics_port,
         grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
-        on_started=lambda port: _write_ready_file(settings, port),
+        on_started=on_started,
         credentials=credentials,
         health_address=settings.tls.health_listen_address,
     )

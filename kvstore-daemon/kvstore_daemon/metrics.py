@@ -8,10 +8,11 @@ from prometheus_client import Counter, Gauge
 
 HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, by tier", ["tier"])
 MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
-BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by transport (shm, grpc)", ["transport"])
+BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by transport (shm, grpc, dataplane)", ["transport"])
 BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
 EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
+PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
 DEMOTIONS = Counter("attnstore_kvstore_demotions_total", "Chunks written to SSD because DRAM evicted them")
 CORRUPT = Counter("attnstore_kvstore_corrupt_chunks_total", "Chunks dropped because verification failed")
 SSD_WRITE_ERRORS = Counter("attnstore_kvstore_ssd_write_errors_total", "SSD writes the OS refused")

@@ -30,7 +30,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
 # admin token. Delete is not among them: workers delete the stale chunks of a re-save.
 ADMIN_METHODS = frozenset(f"/{SERVICE_NAME}/{name}" for name in ("Hint", "Pin", "Unpin", "Stats"))
 
-_TIER = {TierName.DRAM: pb.TIER_DRAM, TierName.SSD: pb.TIER_SSD}
+_TIER = {TierName.DRAM: pb.TIER_DRAM, TierName.SSD: pb.TIER_SSD, TierName.PEER: pb.TIER_PEER}
 _RESERVE_STATUS = {
     ReserveStatus.RESERVED: pb.RESERVE_STATUS_RESERVED,
     ReserveStatus.ALREADY_STORED: pb.RESERVE_STATUS_ALREADY_STORED,
@@ -53,9 +53,10 @@ def _caller(peer: str) -> str:
 
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
-    def __init__(self, store: ChunkStore, settings: DaemonSettings) -> None:
+    def __init__(self, store: ChunkStore, settings: DaemonSettings, data_plane_port: int = 0) -> None:
         self._store = store
         self._settings = settings
+        self._data_plane_port = data_plane_port  # 0: off
 
     def _keys(self, keys: list[bytes], *, unique: bool = True) -> list[bytes]:
         """Keys of one call, each at most once (a repeated key would be read and counted
@@ -85,6 +86,12 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return pb.OpenShmResponse(
             path=str(dram.path), size_bytes=dram.size_bytes, block_bytes=dram.block_bytes,
             arena_generation=dram.generation, block_versions_offset_bytes=dram.versions_offset_bytes,
+        )
+
+    async def OpenDataPlane(self, request: pb.OpenDataPlaneRequest, context: grpc.aio.ServicerContext) -> pb.OpenDataPlaneResponse:
+        return pb.OpenDataPlaneResponse(
+            port=self._data_plane_port, tls=self._settings.tls.enabled,
+            max_frame_bytes=self._settings.data_plane_max_frame_bytes,
         )
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:

@@ -31,6 +31,42 @@ class DaemonSettings(FileBackedSettings):
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
     )
 
+    data_plane_port: int = Field(
+        0, ge=0, le=65535,
+        description="TCP port of the data plane (chunk bytes for readers on other nodes), on listen_address's host; 0 = off",
+    )
+    data_plane_idle_timeout_seconds: float = Field(
+        30.0, gt=0, description="a data-plane connection silent this long (or stalled mid-frame) is closed"
+    )
+    data_plane_max_connections: int = Field(256, ge=1, description="open data-plane connections at once (a thread each)")
+    data_plane_max_frame_bytes: int = Field(
+        1 * MiB, ge=4096, description="largest data-plane request frame (msgpack; chunk bytes are not framed)"
+    )
+
+    pool_peers: list[str] = Field(
+        default_factory=list,
+        description="gRPC addresses of peer daemons that take chunks this one evicts from SSD, tried in order "
+        "(JSON list; plaintext only for now)",
+    )
+    pool_redis_url: str | None = Field(
+        None,
+        description="the scheduler's Redis, holding the pool's ledger: this daemon heartbeats into it and takes "
+        "its peers from it (instead of pool_peers); unset = no ledger",
+    )
+    pool_node: str = Field("", description="the node this daemon serves, in the ledger; empty = the host name")
+    pool_advertise_address: str | None = Field(
+        None, description="host:port peers reach this daemon's gRPC at; unset = listen_address with the bound port"
+    )
+    pool_heartbeat_seconds: float = Field(2.0, gt=0, description="ledger heartbeat period; 3 missed = forgotten")
+    pool_own_floor_fraction: float = Field(
+        0.2, ge=0, le=1, description="share of its capacity a daemon keeps free for its own node (lends none of it)"
+    )
+    pool_max_lent_fraction: float = Field(0.5, ge=0, le=1, description="share of its capacity a daemon may lend")
+    pool_capacity_bytes: int = Field(0, ge=0, description="bytes this daemon may place on peers in all; 0 = off")
+    pool_peer_timeout_seconds: float = Field(
+        5.0, gt=0, description="bounds every call to a peer (a partitioned peer costs this, then a miss)"
+    )
+
     dram_capacity_bytes: int = Field(1 * GiB, ge=MiB, description="size of the shared-memory arena")
     dram_block_bytes: int = Field(2 * MiB, ge=4096, description="arena block size (allocation unit)")
     shm_dir: Path = Field(Path("/dev/shm"), description="directory of the arena file (a tmpfs)")
@@ -94,4 +130,9 @@ class DaemonSettings(FileBackedSettings):
         if self.max_chunk_bytes > self.dram_capacity_bytes:
             raise ValueError("max_chunk_bytes must fit in dram_capacity_bytes")
         check_server_security(self.tls, self.internal_auth)
+        pooled = bool(self.pool_peers) or self.pool_redis_url is not None
+        if pooled and (self.tls.enabled or self.internal_auth.enabled):
+            raise ValueError("the pool's calls to peers are plaintext for now; not with tls or internal_auth")
+        if self.pool_peers and self.pool_redis_url is not None:
+            raise ValueError("pool_peers and pool_redis_url exclude each other (a static pool, or the ledger's)")
         return self

@@ -5,7 +5,9 @@ Both tiers are `Tier`s (tier.py): the mover copies bytes with `load`/`store` and
 copies with `discard`; the upper tier (DRAM) holds the readable copy, the lower (SSD)
 the persistent one. Eviction order comes from each tier's policy; a chunk with readers
 or a live pin is never chosen. Evicting a DRAM chunk that has no SSD copy writes one
-first (demotion); evicting an SSD chunk that has no DRAM copy removes it from the store.
+first (demotion); evicting an SSD chunk that has no DRAM copy removes it from the store,
+unless a peer tier (the pool, peer_tier.py) takes a copy first: the chunk then stays in
+the index, on its peer, and a read promotes it from there.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from attnstore.chunks.format import decode_layout
+from attnstore.chunks.format import Buffer, decode_layout
 from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk, TierName
@@ -43,10 +45,12 @@ class TierMover:
         namespaces: NamespaceRegistry,
         hints: HintBook,
         clock: Callable[[], float],
+        peer: Tier | None = None,
     ) -> None:
         self.settings = settings
         self.dram = dram
         self.ssd = ssd
+        self.peer = peer
         self.hints = hints
         self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
         self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
@@ -80,6 +84,12 @@ class TierMover:
             self.ssd_policy.on_remove(chunk.key)
             self.ssd.discard(chunk)
             chunk.on_ssd = False
+        self._drop_peer_copy(chunk)
+
+    def _drop_peer_copy(self, chunk: Chunk) -> None:
+        if chunk.on_peer and self.peer is not None:
+            self.peer.discard(chunk)
+        chunk.on_peer = False
 
     def drop_dram_copy(self, chunk: Chunk) -> None:
         if chunk.blocks is not None:
@@ -114,7 +124,7 @@ class TierMover:
         return None
 
     async def _evict_from_dram(self, chunk: Chunk) -> None:
-        if not chunk.on_ssd:
+        if not chunk.on_ssd and not chunk.on_peer:  # a peer's copy is its lower tier already
             chunk.readers += 1  # holds the blocks while their bytes are written out
             try:
                 demoted = await self.persisted(chunk)
@@ -127,7 +137,7 @@ class TierMover:
             return
         self.drop_dram_copy(chunk)
         metrics.EVICTIONS.labels(TierName.DRAM.value).inc()
-        if not chunk.on_ssd:  # SSD refused it: the chunk is gone
+        if not chunk.on_ssd and not chunk.on_peer:  # SSD refused it: the chunk is gone
             self._chunks.remove(chunk)
 
     def start_persist(self, chunk: Chunk) -> asyncio.Task[bool]:
@@ -192,14 +202,34 @@ class TierMover:
         return True
 
     async def _evict_from_ssd(self, chunk: Chunk) -> None:
+        if chunk.blocks is None and await self._place_on_peer(chunk) and chunk.readers > 0:
+            return  # read while it was shipped: it keeps its SSD copy this round
         self.ssd_policy.on_remove(chunk.key)
         chunk.on_ssd = False
-        if chunk.blocks is None:  # no DRAM copy: the chunk leaves the store
+        if chunk.blocks is None and not chunk.on_peer:  # no other copy: the chunk leaves the store
             self._chunks.remove(chunk)
         metrics.EVICTIONS.labels(TierName.SSD.value).inc()
         unlinking = self.ssd.discard(chunk)
         if unlinking is not None:  # the space is back only once the file is gone
             await asyncio.shield(unlinking)
+
+    async def _place_on_peer(self, chunk: Chunk) -> bool:
+        """Copies an SSD-only chunk to a peer that accepts; True if a peer holds it."""
+        if self.peer is None or chunk.on_peer:
+            return chunk.on_peer
+        if not self.peer.has_room(chunk.size_bytes):
+            return False
+        chunk.readers += 1  # not chosen again, not freed, while its bytes travel
+        try:
+            await self.peer.store(chunk, await self.ssd.load(chunk))
+        except (TierFull, TierCopyCorrupt, TierWriteError, KeyError) as exc:
+            log.info("peer_placement_failed", key=chunk.key.hex(), reason=str(exc))
+            return False
+        finally:
+            chunk.readers -= 1
+        chunk.on_peer = True
+        metrics.PEER_PLACEMENTS.inc()
+        return True
 
     async def promote(self, chunk: Chunk, may_evict: VictimFilter | None) -> None:
         """Copies an SSD-only chunk into DRAM (verified); concurrent callers share one copy."""
@@ -220,20 +250,22 @@ class TierMover:
         try:
             if not await self.make_dram_room(chunk.size_bytes, may_evict):
                 raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
+            from_peer = chunk.on_peer and not chunk.on_ssd
             try:
-                data = await self.ssd.load(chunk)
+                data = await (self._load_from_peer(chunk) if from_peer else self.ssd.load(chunk))
                 layout = decode_layout(data)
                 # Never serve a chunk under a layout it was not written for (a file that
                 # outlived its namespace and a re-registration of the name).
                 self._namespaces.get(chunk.namespace).check_header(layout.header)
             except (TierCopyCorrupt, KeyError, InvalidArgument) as exc:
-                if isinstance(exc, InvalidArgument):
+                if isinstance(exc, InvalidArgument) and chunk.on_ssd:
                     self.ssd.discard(chunk)
                 metrics.CORRUPT.inc()
                 self.ssd_policy.on_remove(chunk.key)
                 chunk.on_ssd = False
                 chunk.deleted = True
-                raise DataLoss(f"chunk {chunk.key.hex()} failed verification on SSD and was dropped") from exc
+                where = "its peer" if from_peer else "SSD"
+                raise DataLoss(f"chunk {chunk.key.hex()} failed verification on {where} and was dropped") from exc
             if not await self.make_dram_room(chunk.size_bytes, may_evict):  # others took it meanwhile
                 raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
             await self.dram.store(chunk, data)
@@ -243,6 +275,16 @@ class TierMover:
         finally:
             chunk.readers -= 1
             self.free_if_unread(chunk)
+
+    async def _load_from_peer(self, chunk: Chunk) -> Buffer:
+        """The peer's copy (checksums verified by the peer's client). A peer that lost it or
+        died raises TierCopyCorrupt: the caller drops the chunk, a miss."""
+        assert self.peer is not None
+        try:
+            return await self.peer.load(chunk)
+        except (TierCopyCorrupt, KeyError):
+            chunk.on_peer = False
+            raise
 
     async def promote_quietly(self, chunk: Chunk, may_evict: VictimFilter | None) -> None:
         """Background promotion: failures are logged, never raised to a caller."""

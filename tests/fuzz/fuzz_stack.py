@@ -133,6 +133,7 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
             namespace=ns, layout=kv_pb.NamespaceLayout(**LAYOUT)
         ),
         "KVStore.OpenShm": kv_pb.OpenShmRequest(),
+        "KVStore.OpenDataPlane": kv_pb.OpenDataPlaneRequest(),
         "KVStore.Lookup": kv_pb.LookupRequest(namespace=ns, keys=keys, promote=True),
         "KVStore.ReservePut": kv_pb.ReservePutRequest(
             namespace=ns, items=[kv_pb.PutItem(key=k, size_bytes=n) for k, n in zip(keys, sizes, strict=True)]

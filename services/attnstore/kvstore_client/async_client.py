@@ -1,14 +1,17 @@
 """The asyncio client of the KV-store daemon.
 
 Chunk bytes move through the daemon's shared-memory arena when this process can map it
-(same node), otherwise over gRPC streams; the choice is made once, on first use, and
-is invisible to callers. Failures propagate (grpc.aio.AioRpcError, ChunkCorruptError,
+(same node), otherwise over the daemon's data plane (another node), otherwise over gRPC
+streams (a daemon without a data plane, or one that cannot be reached); the choice is
+made once, on first use, is invisible to callers, and `client_stats()` names it. Failures propagate (grpc.aio.AioRpcError, ChunkCorruptError,
 ...): callers such as the inference worker treat any of them as a cache miss.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +22,8 @@ from attnstore.errors import InvalidArgument, ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import writes
 from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.data_plane import DataPlane
+from attnstore.kvstore_client.data_plane_choice import open_data_plane
 from attnstore.kvstore_client.lease_releaser import LeaseReleaser
 from attnstore.kvstore_client.location_cache import DEFAULT_ENTRIES as DEFAULT_LOCATION_ENTRIES
 from attnstore.kvstore_client.location_cache import LocationCache
@@ -28,9 +33,16 @@ from attnstore.kvstore_client.pieces import (
     join_parts,
     normalize_put_items,
 )
-from attnstore.kvstore_client.reads import ChunkRead, open_checked_read, open_grpc_read, open_shm_read
+from attnstore.kvstore_client.reads import (
+    ChunkRead,
+    open_checked_read,
+    open_data_plane_read,
+    open_grpc_read,
+    open_shm_read,
+)
 from attnstore.kvstore_client.results import (
     ChunkData,
+    ClientStats,
     HintAction,
     HintResult,
     LayerPiece,
@@ -57,6 +69,8 @@ class AsyncKVStoreClient:
         shm_dir: Path | None = None,
         credentials: ClientCredentials | None = None,
         location_cache_entries: int = DEFAULT_LOCATION_ENTRIES,
+        use_data_plane: bool = True,
+        data_plane_tls: ssl.SSLContext | None = None,
     ) -> None:
         """`timeout_seconds` bounds each call, a whole Get stream included.
         `verify_checksums` checks every layer read against its header checksum (xxh3; turn
@@ -65,7 +79,10 @@ class AsyncKVStoreClient:
         `credentials`: TLS (and the internal token) for a daemon that requires them; None:
         plaintext. Shared memory works the same under TLS: control goes over the channel.
         `location_cache_entries`: how many leased chunks' arena locations to remember, so
-        reading them whole again takes no round trip (reads.py); 0 turns that off."""
+        reading them whole again takes no round trip (reads.py); 0 turns that off.
+        `use_data_plane`: without shared memory, move bytes over the daemon's data plane when
+        it has one (False: gRPC). `data_plane_tls`: the TLS context for it when the daemon's
+        TLS is on (None: the system's trust roots); the token of `credentials` goes with it."""
         self.address = address
         self._timeout_seconds = timeout_seconds
         self._verify = verify_checksums
@@ -83,6 +100,12 @@ class AsyncKVStoreClient:
         )
         self._releaser = LeaseReleaser(self._stub, timeout_seconds)
         self._locations = LocationCache(location_cache_entries)
+        self._credentials = credentials
+        self._use_data_plane = use_data_plane
+        self._data_plane_tls = data_plane_tls
+        self._transport: str | None = None  # "shm", "dataplane" or "grpc", chosen on first use
+        self._plane: DataPlane | None = None
+        self._transfers: dict[str, Counter[str]] = {"reads": Counter(), "writes": Counter()}
 
     async def __aenter__(self) -> Self:
         return self
@@ -95,11 +118,32 @@ class AsyncKVStoreClient:
     async def close(self) -> None:
         await self._releaser.close()
         self._arena.close()
+        if self._plane is not None:
+            self._plane.close()
         await self._channel.close()
 
     async def open_shm(self) -> bool:
         """Maps the daemon's arena if this process can; False means transfers use gRPC."""
         return await self._arena.available()
+
+    async def transport(self) -> str:
+        """The byte path, chosen once: "shm" (same node), "dataplane", or "grpc"."""
+        if self._transport is None:
+            if await self._arena.available():
+                self._transport = "shm"
+            else:
+                if self._use_data_plane:
+                    self._plane = await open_data_plane(
+                        self._stub, self.address, self._credentials, self._data_plane_tls, self._timeout_seconds
+                    )
+                self._transport = "grpc" if self._plane is None else self._plane.name
+        return self._transport
+
+    def client_stats(self) -> ClientStats:
+        """The byte path in use (None before the first transfer) and transfers per path."""
+        return ClientStats(
+            transport=self._transport, reads=dict(self._transfers["reads"]), writes=dict(self._transfers["writes"])
+        )
 
     # Control calls
 
@@ -177,9 +221,12 @@ class AsyncKVStoreClient:
         """Stores serialized chunks (a mapping or (key, bytes) pairs; a repeated key counts
         once): reserve, write, commit. `durable` waits for the SSD fsync; `ttl_seconds`
         bounds the reservation. On any failure the reservations are aborted and it raises."""
+        transport = await self.transport()
+        self._transfers["writes"][transport] += 1
         return await writes.put_chunks(
             self._stub,
             self._arena,
+            self._plane,
             namespace,
             normalize_put_items(chunks),
             durable=durable,
@@ -193,12 +240,17 @@ class AsyncKVStoreClient:
     async def _open_read(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
     ) -> AsyncIterator[ChunkRead]:
-        """The one read path per transport: shared memory when mapped, else the Get stream."""
-        if await self._arena.available():
+        """The one read path per transport: shared memory when mapped, else the data plane,
+        else the Get stream."""
+        transport = await self.transport()
+        self._transfers["reads"][transport] += 1
+        if transport == "shm":
             opened = open_shm_read(
                 self._stub, self._arena, namespace, keys, layer_start, layer_end, self._timeout_seconds,
                 self._releaser, self._locations,
             )
+        elif self._plane is not None:
+            opened = open_data_plane_read(self._plane, namespace, keys, layer_start, layer_end)
         else:
             opened = open_grpc_read(
                 self._stub, namespace, keys, layer_start, layer_end, self._timeout_seconds
@@ -270,6 +322,7 @@ class AsyncKVStoreClient:
             with contextlib.suppress(ValueError, ServiceError, DaemonProtocolError):  # moved mid-copy
                 copies = await self._copy_out(checked, destination, whole)
                 if checked.still_valid():
+                    self._transfers["reads"]["shm"] += 1
                     self._check_copies(checked, copies)
                     self._releaser.note_reads(namespace, keys)
                     return checked.layouts

@@ -1,4 +1,4 @@
-"""The two read transports behind one shape, `ChunkRead`: the parsed layouts of the
+"""The read transports behind one shape, `ChunkRead`: the parsed layouts of the
 requested chunks, their header bytes, and their layers in layer-major order.
 
 Shared memory: GetShm leases the chunks, the client parses each header from the arena
@@ -7,6 +7,8 @@ Shared memory without a lease: chunks leased before are copied from where they l
 (location_cache.py), and the copy counts only if their block versions did not change
 meanwhile (`CheckedShmRead.still_valid`).
 gRPC: the Get stream's first message carries every header; its slices carry the layers.
+Data plane: one request names the chunks; the daemon sends their headers, then their
+layers, received straight into the reader's buffers (data_plane.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from attnstore.chunks.format import ChunkFormatError, ChunkLayout, decode_layout
 from attnstore.errors import ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.data_plane import DataPlane, DataPlaneRead
 from attnstore.kvstore_client.lease_releaser import LeaseReleaser
 from attnstore.kvstore_client.location_cache import KnownLocation, LocationCache
 from attnstore.kvstore_client.pieces import (
@@ -237,3 +240,49 @@ async def open_grpc_read(
         yield _GrpcRead(call, first, len(keys), layer_start, layer_end)
     finally:
         call.cancel()  # a no-op once the stream has finished
+
+
+class _DataPlaneRead(ChunkRead):
+    """Chunks streamed by the data plane, layer-major, straight into the reader's buffers."""
+
+    def __init__(self, stream: DataPlaneRead, layer_start: int, layer_end: int) -> None:
+        self._stream = stream
+        self.layouts = [decode_layout(header) for header in stream.headers]
+        self.layer_start, self.layer_end = layer_range(self.layouts, layer_start, layer_end)
+        self.complete = False  # every byte the daemon sends has been received
+
+    def header_region(self, index: int) -> bytes:
+        return header_region(self._stream.headers[index], self.layouts[index])
+
+    async def copy_into(self, outs: Sequence[memoryview], bases: Sequence[int]) -> None:
+        views = []
+        for layer in range(self.layer_start, self.layer_end):
+            for index, layout in enumerate(self.layouts):
+                start, end = layout.layer_span(layer, layer + 1)
+                views.append(outs[index][start - bases[index] : end - bases[index]])
+        await self._stream.recv_into(views)
+        self.complete = True
+
+    async def layers(self) -> AsyncIterator[LayerParts]:
+        for layer in range(self.layer_start, self.layer_end):
+            for index, layout in enumerate(self.layouts):
+                start, end = layout.layer_span(layer, layer + 1)
+                buffer = bytearray(end - start)
+                await self._stream.recv_into([memoryview(buffer)])
+                yield index, layer, [buffer]
+        self.complete = True
+
+
+@contextlib.asynccontextmanager
+async def open_data_plane_read(
+    plane: DataPlane, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+) -> AsyncIterator[ChunkRead]:
+    """Reads `keys` over the data plane (one round trip: the daemon holds the chunks for the
+    send, no lease); leaving early discards the connection."""
+    stream = await plane.open_read(namespace, keys, layer_start, layer_end)
+    read: _DataPlaneRead | None = None
+    try:
+        read = _DataPlaneRead(stream, layer_start, layer_end)
+        yield read
+    finally:
+        stream.close(complete=read is not None and read.complete)

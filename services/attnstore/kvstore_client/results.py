@@ -14,6 +14,7 @@ class Tier(enum.Enum):
 
     DRAM = kvstore_pb2.TIER_DRAM
     SSD = kvstore_pb2.TIER_SSD
+    PEER = kvstore_pb2.TIER_PEER  # placed on another daemon of the pool
 
 
 class HintAction(enum.Enum):
@@ -62,3 +63,10 @@ class LayerPiece:
     layer: int
     data: bytes | bytearray | memoryview  # a memoryview: of the leased arena, valid while iterating
     layout: ChunkLayout  # of the chunk the layer belongs to (tokens may differ for a tail chunk)
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    transport: str | None  # the byte path: "shm", "dataplane" or "grpc"; None before first use
+    reads: dict[str, int]  # read calls per byte path
+    writes: dict[str, int]  # put calls per byte path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from attnstore.kvstore_client.location_cache import DEFAULT_ENTRIES as DEFAULT_L
 from attnstore.kvstore_client.pieces import PutChunks
 from attnstore.kvstore_client.results import (
     ChunkData,
+    ClientStats,
     HintAction,
     HintResult,
     LayerPiece,
@@ -46,6 +48,8 @@ class KVStoreClient:
         shm_dir: Path | None = None,
         credentials: ClientCredentials | None = None,
         location_cache_entries: int = DEFAULT_LOCATION_ENTRIES,
+        use_data_plane: bool = True,
+        data_plane_tls: ssl.SSLContext | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-client", daemon=True)
@@ -60,6 +64,8 @@ class KVStoreClient:
                 shm_dir=shm_dir,
                 credentials=credentials,
                 location_cache_entries=location_cache_entries,
+                use_data_plane=use_data_plane,
+                data_plane_tls=data_plane_tls,
             )
 
         try:
@@ -95,6 +101,12 @@ class KVStoreClient:
 
     def open_shm(self) -> bool:
         return self._run(self._client.open_shm())
+
+    def transport(self) -> str:
+        return self._run(self._client.transport())
+
+    def client_stats(self) -> ClientStats:
+        return self._client.client_stats()
 
     def register_namespace(
         self,

@@ -1,5 +1,6 @@
 """The two-phase write: ReservePut, the bytes (into the shared-memory arena when mapped,
-else over one WritePut stream), then CommitPut. Any failure after reserving aborts the
+else over the data plane when the daemon has one, else over one WritePut stream), then
+CommitPut. Any failure after reserving aborts the
 reservations, so a failed put leaves nothing behind."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from attnstore.errors import FailedPrecondition
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client.arena import ArenaHandle
+from attnstore.kvstore_client.data_plane import DataPlane
 from attnstore.kvstore_client.pieces import DaemonProtocolError, split_pieces
 from attnstore.kvstore_client.results import PutResult
 
@@ -20,6 +22,7 @@ _Reserved = Sequence[tuple[memoryview, kvstore_pb2.Reservation]]
 async def put_chunks(
     stub: kvstore_pb2_grpc.KVStoreStub,
     arena: ArenaHandle,
+    plane: DataPlane | None,
     namespace: bytes,
     items: Sequence[tuple[bytes, memoryview]],
     *,
@@ -49,6 +52,11 @@ async def put_chunks(
                 mapped = await arena.for_generation(reply.arena_generation)
                 for data, reservation in reserved:
                     mapped.write([(e.offset_bytes, e.length_bytes) for e in reservation.extents], 0, data)
+            elif plane is not None:
+                sent = sum(data.nbytes for data, _ in reserved)
+                written = await plane.write(namespace, [(r.write_id, data) for data, r in reserved])
+                if written != sent:
+                    raise DaemonProtocolError(f"the data plane stored {written} of {sent} bytes")
             else:
                 await _write_stream(stub, reserved, timeout_seconds)
             commit = kvstore_pb2.CommitPutRequest(write_ids=write_ids, durable=durable)

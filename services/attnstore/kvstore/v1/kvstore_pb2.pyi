@@ -12,6 +12,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_UNSPECIFIED: _ClassVar[Tier]
     TIER_DRAM: _ClassVar[Tier]
     TIER_SSD: _ClassVar[Tier]
+    TIER_PEER: _ClassVar[Tier]
 
 class ReserveStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ class HintAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 TIER_UNSPECIFIED: Tier
 TIER_DRAM: Tier
 TIER_SSD: Tier
+TIER_PEER: Tier
 RESERVE_STATUS_UNSPECIFIED: ReserveStatus
 RESERVE_STATUS_RESERVED: ReserveStatus
 RESERVE_STATUS_ALREADY_STORED: ReserveStatus
@@ -73,6 +75,20 @@ class RegisterNamespaceResponse(_message.Message):
 class OpenShmRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class OpenDataPlaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenDataPlaneResponse(_message.Message):
+    __slots__ = ("port", "tls", "max_frame_bytes")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    tls: bool
+    max_frame_bytes: int
+    def __init__(self, port: _Optional[int] = ..., tls: _Optional[bool] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
 
 class OpenShmResponse(_message.Message):
     __slots__ = ("path", "size_bytes", "block_bytes", "arena_generation", "block_versions_offset_bytes")

@@ -44,6 +44,11 @@ class KVStoreStub:
                 request_serializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenShmRequest.SerializeToString,
                 response_deserializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenShmResponse.FromString,
                 _registered_method=True)
+        self.OpenDataPlane = channel.unary_unary(
+                '/attnstore.kvstore.v1.KVStore/OpenDataPlane',
+                request_serializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenDataPlaneRequest.SerializeToString,
+                response_deserializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenDataPlaneResponse.FromString,
+                _registered_method=True)
         self.Lookup = channel.unary_unary(
                 '/attnstore.kvstore.v1.KVStore/Lookup',
                 request_serializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.LookupRequest.SerializeToString,
@@ -128,6 +133,16 @@ class KVStoreServicer:
 
     def OpenShm(self, request, context):
         """Describes the shared-memory arena that same-node clients map.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenDataPlane(self, request, context):
+        """Describes the daemon's data plane: a TCP byte path for chunk bytes between
+        processes that cannot share memory (docs/kvstore-daemon.md, "Data plane").
+        Reads lease chunks with GetShm, writes reserve with ReservePut and commit
+        with CommitPut; only the bytes travel on the data plane.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -238,6 +253,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.OpenShm,
                     request_deserializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenShmRequest.FromString,
                     response_serializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenShmResponse.SerializeToString,
+            ),
+            'OpenDataPlane': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenDataPlane,
+                    request_deserializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenDataPlaneRequest.FromString,
+                    response_serializer=attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenDataPlaneResponse.SerializeToString,
             ),
             'Lookup': grpc.unary_unary_rpc_method_handler(
                     servicer.Lookup,
@@ -359,6 +379,33 @@ class KVStore:
             '/attnstore.kvstore.v1.KVStore/OpenShm',
             attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenShmRequest.SerializeToString,
             attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenShmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenDataPlane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.kvstore.v1.KVStore/OpenDataPlane',
+            attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenDataPlaneRequest.SerializeToString,
+            attnstore_dot_kvstore_dot_v1_dot_kvstore__pb2.OpenDataPlaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,32 @@
+"""Daemon processes of the pool benchmark: each with its own directories and arena."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kvstore_daemon.launcher import DaemonProcess
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def daemon(root: Path, name: str, settings: dict[str, object]) -> Iterator[DaemonProcess]:
+    """A started daemon under `root / name` (its arena under /dev/shm), stopped on exit."""
+    shm_root = "/dev/shm" if Path("/dev/shm").is_dir() else root
+    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=shm_root))
+    process = DaemonProcess(root / name / "ssd", shm_dir, root / f"{name}.log", {"log_level": "WARNING", **settings})
+    try:
+        process.start()
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(shm_dir, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""This daemon as a member of the pool's ledger (attnstore/pool_ledger.py): a heartbeat
+that publishes its addresses and free space, and the peer finder of its peer tier (the
+ledger's candidates: another daemon on this node first, then the roomiest).
+
+Bytes this daemon holds for others are not told apart from its own yet, so it reports
+lent_bytes 0 and lends up to its floor (LendingLimits.own_floor_fraction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from attnstore.pool_ledger import DaemonEntry, LendingLimits, PoolLedger
+from kvstore_daemon.settings import DaemonSettings
+from kvstore_daemon.tier import Tier
+
+log = structlog.get_logger("kvstore_daemon.pool")
+
+_CANDIDATES = 3  # peers asked in turn for one chunk
+_MISSED_HEARTBEATS = 3  # the ledger forgets a daemon after this many
+
+
+class PoolMember:
+    def __init__(self, settings: DaemonSettings, tiers: Sequence[Tier]) -> None:
+        """`tiers`: the local tiers whose capacity and use it reports."""
+        assert settings.pool_redis_url is not None
+        self._settings = settings
+        self._tiers = tiers
+        self._redis = aioredis.Redis.from_url(settings.pool_redis_url)
+        self._ledger = PoolLedger(
+            self._redis,
+            settings.pool_heartbeat_seconds * _MISSED_HEARTBEATS,
+            LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction),
+        )
+        self._grpc_address = ""  # known once the server is bound (`start`)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, grpc_port: int, data_plane_port: int) -> None:
+        host = self._settings.listen_address.rsplit(":", 1)[0]
+        self._grpc_address = self._settings.pool_advertise_address or f"{host}:{grpc_port}"
+        self._data_plane_address = f"{self._grpc_address.rsplit(':', 1)[0]}:{data_plane_port}"
+        self._task = asyncio.get_running_loop().create_task(self._beat_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self._ledger.forget(self._grpc_address)
+        except RedisError as exc:  # the ledger forgets it after its TTL anyway
+            log.info("pool_leave_failed", error=str(exc))
+        await self._redis.aclose()
+
+    async def find_peers(self, size_bytes: int) -> Sequence[str]:
+        """gRPC addresses of peers that may take `size_bytes`, best first ([] until started
+        or while Redis is unreachable: the chunk is then deleted as without a pool)."""
+        if not self._grpc_address:
+            return []
+        try:
+            return [e.grpc_address for e in await self._ledger.candidates(self._entry(), size_bytes, _CANDIDATES)]
+        except RedisError as exc:
+            log.info("pool_ledger_unreachable", error=str(exc))
+            return []
+
+    def _entry(self) -> DaemonEntry:
+        capacity = sum(tier.capacity_bytes for tier in self._tiers)
+        used = sum(tier.used_bytes for tier in self._tiers)
+        return DaemonEntry(
+            daemon_id=self._grpc_address, node=self._settings.pool_node or socket.gethostname(),
+            grpc_address=self._grpc_address, data_plane_address=self._data_plane_address,
+            capacity_bytes=capacity, free_bytes=max(0, capacity - used), lent_bytes=0,
+        )  # fmt: skip
+
+    async def _beat_forever(self) -> None:
+        while True:
+            try:
+                await self._ledger.heartbeat(self._entry())
+            except RedisError as exc:  # keeps beating: Redis may come back
+                log.info("pool_heartbeat_failed", error=str(exc))
+            await asyncio.sleep(self._settings.pool_heartbeat_seconds)

@@ -1,0 +1,130 @@
+"""The data plane's wire format, shared by the daemon's server and the client SDK.
+
+A connection carries frames and raw payloads on one TCP (or TLS) stream:
+
+    frame   = uint32 big-endian length, then that many bytes of one msgpack map
+    payload = raw bytes whose length an earlier frame declared
+
+Client                                   Daemon
+  {"op": "hello", "token": t|None}   ->
+                                     <-  {"ok": true}
+  {"op": "get", "namespace", "lease",
+   "chunks": [i...], "layer_start",
+   "layer_end"}                      ->
+                                     <-  {"ok": true, "headers": [bytes...]}
+                                     <-  payload: layer start of each named chunk, then
+                                         the next layer... (layer-major)
+  {"op": "put", "namespace",
+   "writes": [[write_id, bytes]...]} ->
+  payload: each write's bytes        ->
+                                     <-  {"ok": true, "bytes_written": n}
+
+Any refusal is `{"ok": false, "code": "NotFound", "message": ...}` (the name of an
+attnstore.errors class), after which the daemon closes the connection: a stream cannot
+be resynchronised once a payload may be in flight, and reconnecting is cheap.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from attnstore import errors
+
+_LENGTH = struct.Struct("!I")
+# sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
+_MAX_IOVECS = 1024
+
+
+class FrameError(errors.InvalidArgument):
+    """A frame that is not a msgpack map of the expected shape, or is too long."""
+
+
+class ConnectionClosed(errors.Unavailable):
+    """The peer closed the stream before a frame or payload was complete."""
+
+
+def pack_frame(message: dict[str, Any]) -> bytes:
+    payload = msgpack.packb(message)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(pack_frame(message))
+
+
+def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
+    """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
+    prefix = bytearray(_LENGTH.size)
+    recv_exactly_into(sock, memoryview(prefix))
+    (length,) = _LENGTH.unpack(prefix)
+    if length > max_bytes:
+        raise FrameError(f"frame of {length} bytes exceeds the {max_bytes}-byte limit")
+    body = bytearray(length)
+    recv_exactly_into(sock, memoryview(body))
+    try:
+        message = msgpack.unpackb(body)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise FrameError(f"frame is not msgpack: {exc}") from exc
+    if not isinstance(message, dict):
+        raise FrameError("frame is not a msgpack map")
+    return message
+
+
+def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
+    """Fills `view` from the stream (recv_into: no intermediate copy)."""
+    while view.nbytes:
+        received = sock.recv_into(view)
+        if received == 0:
+            raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
+        view = view[received:]
+
+
+def send_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
+    """Sends the views back to back without joining them: one sendmsg (gather write) per
+    batch on a plain socket; TLS sockets have no sendmsg, so one sendall per view."""
+    if isinstance(sock, ssl.SSLSocket):
+        for view in views:
+            sock.sendall(view)
+        return
+    pending = [v.cast("B") for v in views if v.nbytes]
+    while pending:
+        sent = sock.sendmsg(pending[:_MAX_IOVECS])
+        while sent:
+            if sent >= pending[0].nbytes:
+                sent -= pending.pop(0).nbytes
+            else:
+                pending[0] = pending[0][sent:]
+                sent = 0
+
+
+def error_frame(exc: errors.ServiceError) -> dict[str, Any]:
+    """The refusal naming the attnstore.errors class `exc` is (FrameError: InvalidArgument)."""
+    code = next(cls.__name__ for cls in type(exc).__mro__ if errors.ServiceError in cls.__bases__)
+    return {"ok": False, "code": code, "message": str(exc)}
+
+
+_ERRORS: dict[str, type[errors.ServiceError]] = {
+    cls.__name__: cls for cls in errors.ServiceError.__subclasses__()
+}
+
+
+def raise_for_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    """`reply` if it says ok, else the ServiceError it names (Unavailable when unknown)."""
+    if reply.get("ok") is True:
+        return reply
+    cls = _ERRORS.get(str(reply.get("code")), errors.Unavailable)
+    raise cls(f"data plane: {reply.get('message', 'refused')}")
+
+
+def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """message[name] if it is a `kind`; FrameError otherwise (bool is not an int here)."""
+    value = message.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise FrameError(f"frame field {name!r} must be {getattr(kind, '__name__', kind)}")
+    return value

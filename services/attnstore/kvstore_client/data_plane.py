@@ -1,0 +1,188 @@
+"""The byte path for clients that cannot map the daemon's arena (another node).
+
+`DataPlane` is the one interface the client needs from a transport, so an RDMA engine
+(Mooncake's Transfer Engine, NIXL) can stand in for `TcpDataPlane`: it reads a layer
+range of chunks into the caller's buffers, layer-major, and fills reserved chunks.
+Reservations and commits stay on gRPC.
+
+`TcpDataPlane` speaks attnstore/data_plane_wire.py over blocking sockets (TLS when the
+daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
+loop is free while the kernel copies straight into the caller's memory (`recv_into`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
+
+from attnstore.data_plane_wire import (
+    pack_frame,
+    raise_for_reply,
+    recv_exactly_into,
+    recv_frame,
+    send_frame,
+    send_views,
+)
+from attnstore.kvstore_client.pieces import DaemonProtocolError
+
+_MAX_IDLE_CONNECTIONS = 32
+# Threads moving bytes at once: one per concurrent transfer (asyncio's default executor
+# has cpu_count + 4, which would cap 16 concurrent readers at 6 on a small node).
+_TRANSFER_THREADS = 64
+T = TypeVar("T")
+_MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
+
+
+class DataPlaneRead(Protocol):
+    """An open read: the chunks' header bytes, then their layers in request order."""
+
+    headers: list[bytes]
+
+    async def recv_into(self, views: Sequence[memoryview]) -> None:
+        """Fills `views` in order with the next bytes of the layer-major stream."""
+        ...
+
+    def close(self, complete: bool) -> None:
+        """Ends the read; `complete` False (stopped early, failed) discards the stream."""
+        ...
+
+
+class DataPlane(Protocol):
+    name: str
+
+    async def open_read(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+    ) -> DataPlaneRead:
+        """Starts a read of layers [layer_start, layer_end) of `keys`; the daemon holds the
+        chunks until the last byte is sent (NotFound when one is not stored)."""
+        ...
+
+    async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
+        """Fills reservations (write id, whole chunk bytes); returns the bytes written."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TcpDataPlane:
+    name = "dataplane"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        server_hostname: str | None,
+        token: str | None,
+        timeout_seconds: float,
+    ) -> None:
+        self._address = (host, port)
+        self._ssl = ssl_context
+        self._server_hostname = server_hostname or host
+        self._hello = pack_frame({"op": "hello", "token": token})
+        self._timeout_seconds = timeout_seconds
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(_TRANSFER_THREADS, thread_name_prefix="data-plane")
+
+    async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    def connect(self) -> socket.socket:
+        """A connection past its hello: one from the pool, else a new one."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        sock = socket.create_connection(self._address, timeout=self._timeout_seconds)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            if self._ssl is not None:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._server_hostname)
+            sock.sendall(self._hello)
+            raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def give_back(self, sock: socket.socket) -> None:
+        with self._lock:
+            if len(self._idle) < _MAX_IDLE_CONNECTIONS:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    async def open_read(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+    ) -> DataPlaneRead:
+        request = {
+            "op": "get", "namespace": namespace, "keys": list(keys), "layer_start": layer_start, "layer_end": layer_end
+        }
+        return await self.in_thread(self._open_read, request, len(keys))
+
+    def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
+        sock = self.connect()
+        try:
+            send_frame(sock, request)
+            headers = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES)).get("headers")
+            if not isinstance(headers, list) or len(headers) != chunk_count:
+                raise DaemonProtocolError(f"the data plane sent headers for {chunk_count} chunks wrongly")
+        except BaseException:
+            sock.close()
+            raise
+        return _TcpRead(self, sock, headers)
+
+    async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
+        return await self.in_thread(self._write, namespace, writes)
+
+    def _write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
+        sock = self.connect()
+        try:
+            send_frame(sock, {"op": "put", "namespace": namespace, "writes": [[i, d.nbytes] for i, d in writes]})
+            send_views(sock, [data for _, data in writes])
+            written = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES)).get("bytes_written")
+        except BaseException:
+            sock.close()
+            raise
+        self.give_back(sock)
+        if not isinstance(written, int):
+            raise DaemonProtocolError("the data plane's put reply lacks bytes_written")
+        return written
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+        self._threads.shutdown(wait=False)
+
+
+class _TcpRead:
+    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes]) -> None:
+        self._plane = plane
+        self._sock: socket.socket | None = sock
+        self.headers = headers
+
+    async def recv_into(self, views: Sequence[memoryview]) -> None:
+        await self._plane.in_thread(self._recv_all, views)
+
+    def _recv_all(self, views: Sequence[memoryview]) -> None:
+        if self._sock is None:
+            raise DaemonProtocolError("the data-plane read is closed")
+        for view in views:
+            recv_exactly_into(self._sock, view)
+
+    def close(self, complete: bool) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        if complete:
+            self._plane.give_back(sock)
+        else:
+            sock.close()

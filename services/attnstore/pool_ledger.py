@@ -1,0 +1,112 @@
+"""The pool's ledger in the scheduler's Redis (issue 21, the global manager of
+Infinite-LLM): which daemons exist, where their data planes listen, and how much each
+may lend. Daemons write their own entries and ask it for peers (kvstore_daemon's
+pool_member.py); the scheduler may read it for routing. Needs redis-py, which the daemon
+and the scheduler install.
+
+    attnstore:pool:daemon:<id>   hash of a DaemonEntry; PEXPIRE = heartbeat_ttl_seconds
+    attnstore:pool:lendable      sorted set <id> scored by the bytes it may lend now
+
+A daemon's heartbeat rewrites both (one MULTI); a daemon that misses heartbeats for the
+TTL loses its hash, and the next `candidates` call drops its stale score, so the ledger
+forgets a dead peer without a sweeper. What a daemon may lend keeps a floor of its
+capacity for its own node and a ceiling on what it holds for others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as aioredis
+
+_PREFIX = "attnstore:pool"
+_LENDABLE = f"{_PREFIX}:lendable"
+_CANDIDATE_SCAN = 4  # scores read per candidate wanted: room for stale and own entries
+
+
+def _daemon_key(daemon_id: str) -> str:
+    return f"{_PREFIX}:daemon:{daemon_id}"
+
+
+@dataclass(frozen=True)
+class DaemonEntry:
+    daemon_id: str
+    node: str
+    grpc_address: str
+    data_plane_address: str  # host:port of its data plane
+    capacity_bytes: int  # its DRAM + SSD tiers
+    free_bytes: int
+    lent_bytes: int  # bytes it holds for other daemons
+
+
+@dataclass(frozen=True)
+class LendingLimits:
+    own_floor_fraction: float = 0.2  # of capacity kept free for its own node's chunks
+    max_lent_fraction: float = 0.5  # of capacity it may hold for other daemons
+
+    def lendable_bytes(self, entry: DaemonEntry) -> int:
+        above_floor = entry.free_bytes - int(entry.capacity_bytes * self.own_floor_fraction)
+        below_ceiling = int(entry.capacity_bytes * self.max_lent_fraction) - entry.lent_bytes
+        return max(0, min(above_floor, below_ceiling))
+
+
+class PoolLedger:
+    def __init__(self, client: aioredis.Redis, heartbeat_ttl_seconds: float, limits: LendingLimits) -> None:
+        self._redis = client
+        self._ttl_ms = int(heartbeat_ttl_seconds * 1000)
+        self._limits = limits
+
+    async def heartbeat(self, entry: DaemonEntry) -> None:
+        """Registers the daemon, or renews it with its current free space."""
+        fields = {name: str(value) for name, value in asdict(entry).items()}
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(_daemon_key(entry.daemon_id), mapping=fields)
+            pipe.pexpire(_daemon_key(entry.daemon_id), self._ttl_ms)
+            pipe.zadd(_LENDABLE, {entry.daemon_id: self._limits.lendable_bytes(entry)})
+            await pipe.execute()
+
+    async def forget(self, daemon_id: str) -> None:
+        """A daemon that stops cleanly leaves at once rather than after its TTL."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(_daemon_key(daemon_id))
+            pipe.zrem(_LENDABLE, daemon_id)
+            await pipe.execute()
+
+    async def entry(self, daemon_id: str) -> DaemonEntry | None:
+        return _decode(await self._redis.hgetall(_daemon_key(daemon_id)))
+
+    async def candidates(self, requester: DaemonEntry, size_bytes: int, count: int) -> list[DaemonEntry]:
+        """Up to `count` live daemons other than `requester` that may lend `size_bytes`:
+        another daemon on the same node first (no network hop), then by room."""
+        ids = await self._redis.zrevrangebyscore(
+            _LENDABLE, "+inf", size_bytes, start=0, num=count * _CANDIDATE_SCAN
+        )
+        ids = [_text(i) for i in ids if _text(i) != requester.daemon_id]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for daemon_id in ids:
+                pipe.hgetall(_daemon_key(daemon_id))
+            found = await pipe.execute()
+        live, stale = [], []
+        for daemon_id, fields in zip(ids, found, strict=True):
+            entry = _decode(fields)
+            (live if entry is not None else stale).append(entry or daemon_id)
+        if stale:
+            await self._redis.zrem(_LENDABLE, *stale)
+        live.sort(key=lambda e: (e.node != requester.node, -self._limits.lendable_bytes(e)))
+        return live[:count]
+
+
+def _text(value: bytes | str) -> str:
+    """Clients with and without decode_responses both work."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decode(fields: dict[bytes, bytes] | dict[str, str]) -> DaemonEntry | None:
+    if not fields:
+        return None
+    text = {_text(k): _text(v) for k, v in fields.items()}
+    return DaemonEntry(
+        daemon_id=text["daemon_id"], node=text["node"], grpc_address=text["grpc_address"],
+        data_plane_address=text["data_plane_address"], capacity_bytes=int(text["capacity_bytes"]),
+        free_bytes=int(text["free_bytes"]), lent_bytes=int(text["lent_bytes"]),
+    )  # fmt: skip

@@ -1,0 +1,211 @@
+"""The data plane with a real daemon process: byte-identical reads of whole chunks and of
+layer ranges, writes, concurrent readers, and the transport the client picks. Raw-socket
+clients check what a broken or hostile connection costs (nothing, and no lease)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import grpc
+import msgpack
+import pytest
+from service_probes import free_port
+
+from attnstore.chunks.format import decode_layout
+from attnstore.data_plane_wire import pack_frame, recv_frame
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
+
+if TYPE_CHECKING:
+    from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
+
+NAMESPACE = b"data-plane-tests"
+
+
+@pytest.fixture(scope="module")
+def daemon(module_daemon_factory: DaemonFactory) -> DaemonProcess:
+    return module_daemon_factory(DATA_PLANE_PORT=free_port(), LEASE_TTL_SECONDS=1.0)
+
+
+@pytest.fixture(scope="module")
+def chunks(chunk_set: type[ChunkSet], daemon: DaemonProcess) -> ChunkSet:
+    """Eight chunks of 8 layers stored through the data plane."""
+    made = chunk_set(NAMESPACE, num_layers=8, seed=7)
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        made.register(client)
+        assert len(client.put_chunks(NAMESPACE, made.items(0, 8)).stored) == 8
+        assert client.client_stats().writes == {"dataplane": 1}
+    return made
+
+
+@pytest.fixture(scope="module")
+def stub(daemon: DaemonProcess) -> Iterator[kvstore_pb2_grpc.KVStoreStub]:
+    with grpc.insecure_channel(daemon.address) as channel:
+        yield kvstore_pb2_grpc.KVStoreStub(channel)
+
+
+def _port(stub: kvstore_pb2_grpc.KVStoreStub) -> int:
+    return stub.OpenDataPlane(kvstore_pb2.OpenDataPlaneRequest()).port
+
+
+def test_whole_chunks_and_layer_ranges_are_byte_identical(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+    keys = chunks.keys(0, 8)
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        assert client.transport() == "dataplane"
+        assert client.get_whole_chunks(NAMESPACE, keys) == [chunks.data(i) for i in range(8)]
+        for start, end in [(0, 1), (3, 6), (7, 8), (0, 0)]:
+            for index, got in enumerate(client.get_chunks(NAMESPACE, keys[2:5], layer_start=start, layer_end=end)):
+                whole = chunks.data(index + 2)
+                first, last = decode_layout(whole).layer_span(start, end or 8)
+                assert bytes(got.data) == whole[first:last]
+        pieces = client.iter_layers(NAMESPACE, keys[:2], layer_start=1, layer_end=3)
+        assert [(p.chunk_index, p.layer) for p in pieces] == [(0, 1), (1, 1), (0, 2), (1, 2)]  # layer-major
+        for piece in pieces:
+            first, last = piece.layout.layer_span(piece.layer, piece.layer + 1)
+            assert bytes(piece.data) == chunks.data(piece.chunk_index)[first:last]
+        stats = client.client_stats()
+        assert stats.transport == "dataplane" and stats.reads == {"dataplane": 6}
+        assert client.stats().leases == 0  # the daemon ended every lease after sending
+
+
+def test_concurrent_readers_each_get_their_own_bytes(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+    async def read_all() -> list[list[bytes]]:
+        async with AsyncKVStoreClient(daemon.address, use_shm=False) as client:
+            reads = [client.get_whole_chunks(NAMESPACE, chunks.keys(i % 8, i % 8 + 1)) for i in range(32)]
+            return await asyncio.gather(*reads)
+
+    got = asyncio.run(read_all())
+    assert got == [[chunks.data(i % 8)] for i in range(32)]
+
+
+def test_a_missing_chunk_is_not_found_and_the_client_keeps_working(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        with pytest.raises(Exception, match="not stored"):
+            client.get_whole_chunks(NAMESPACE, [chunks.key(0), b"\x01" * 32])
+        assert client.get_whole_chunks(NAMESPACE, [chunks.key(1)]) == [chunks.data(1)]
+
+
+def test_without_a_data_plane_the_client_uses_grpc(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+    plain = daemon_factory()
+    made = chunk_set(NAMESPACE, num_layers=2)
+    with KVStoreClient(plain.address, use_shm=False) as client:
+        made.register(client)
+        client.put_chunks(NAMESPACE, made.items(0, 2))
+        assert client.get_whole_chunks(NAMESPACE, made.keys(0, 2)) == [made.data(0), made.data(1)]
+        assert client.client_stats().transport == "grpc"
+    with KVStoreClient(plain.address) as client:
+        assert client.transport() == "shm"
+
+
+# ---- raw connections ---------------------------------------------------------------------------
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(pack_frame({"op": "hello", "token": None}))
+    assert recv_frame(sock, 1 << 20) == {"ok": True}
+    return sock
+
+
+def _lease(stub: kvstore_pb2_grpc.KVStoreStub, keys: list[bytes], ttl_seconds: int) -> int:
+    request = kvstore_pb2.GetShmRequest(namespace=NAMESPACE, keys=keys, lease_ttl_seconds=ttl_seconds)
+    return stub.GetShm(request).lease_id
+
+
+def _leases(stub: kvstore_pb2_grpc.KVStoreStub) -> int:
+    return stub.Stats(kvstore_pb2.StatsRequest()).leases
+
+
+def _get(lease_id: int, **overrides: object) -> bytes:
+    request = {"op": "get", "namespace": NAMESPACE, "lease": lease_id, "chunks": [0], "layer_start": 0,
+               "layer_end": 0, "release": True} | overrides  # fmt: skip
+    return pack_frame(request)
+
+
+def test_a_reader_that_disconnects_mid_transfer_leaves_no_lease(
+    stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    port = _port(stub)
+    for cut_after in (0, 1, 5000):
+        lease = _lease(stub, chunks.keys(0, 4), ttl_seconds=60)
+        sock = _connect(port)
+        sock.sendall(_get(lease, chunks=[0, 1, 2, 3]))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not FIN
+        if cut_after:
+            sock.recv(cut_after)
+        sock.close()
+        poll_until(lambda: _leases(stub) == 0, what="the cut reader's lease ends")
+
+
+def test_an_expired_lease_is_refused(stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, poll_until: PollUntil) -> None:
+    lease = _lease(stub, chunks.keys(0, 1), ttl_seconds=1)
+    poll_until(lambda: _leases(stub) == 0, what="the lease expires")
+    sock = _connect(_port(stub))
+    sock.sendall(_get(lease))
+    reply = recv_frame(sock, 1 << 20)
+    assert reply["ok"] is False and reply["code"] == "NotFound"
+    assert sock.recv(1) == b""  # closed after the refusal
+
+
+def test_a_lease_cannot_be_read_under_another_namespace(stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet) -> None:
+    lease = _lease(stub, chunks.keys(0, 1), ttl_seconds=60)
+    sock = _connect(_port(stub))
+    sock.sendall(_get(lease, namespace=b"another-tenant!!"))
+    assert recv_frame(sock, 1 << 20)["code"] == "NotFound"  # as if there were no such lease
+
+
+REFUSALS: list[tuple[str, Callable[[int], bytes]]] = [
+    ("huge length", lambda lease: struct.pack("!I", 1 << 31)),
+    ("not msgpack", lambda lease: struct.pack("!I", 3) + b"\xc1\xc1\xc1"),
+    ("not a map", lambda lease: pack_frame([1, 2])),  # type: ignore[arg-type]
+    ("unknown op", lambda lease: pack_frame({"op": "steal"})),
+    ("lease not an int", lambda lease: _get(lease, lease="1")),
+    ("chunk out of range", lambda lease: _get(lease, chunks=[5])),
+    ("no chunks", lambda lease: _get(lease, chunks=[])),
+    ("layers out of range", lambda lease: _get(lease, layer_start=3, layer_end=99)),
+    ("keys not bytes", lambda lease: _get(lease, keys=[1, 2])),
+    ("a key not stored", lambda lease: _get(lease, keys=[b"\x07" * 32])),
+    ("a short key", lambda lease: _get(lease, keys=[b"\x07" * 3])),
+    ("put of an unknown write", lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, 10]]})),
+    ("put of a bad list", lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, -1]]})),
+]
+
+
+@pytest.mark.parametrize("build", [b for _, b in REFUSALS], ids=[name for name, _ in REFUSALS])
+def test_malformed_requests_are_refused_and_close_the_connection(
+    daemon: DaemonProcess, stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, build: Callable[[int], bytes]
+) -> None:
+    lease = _lease(stub, chunks.keys(0, 1), ttl_seconds=60)
+    sock = _connect(_port(stub))
+    sock.sendall(build(lease))
+    reply = sock.recv(1 << 16)
+    if reply:
+        (length,) = struct.unpack("!I", reply[:4])
+        refusal = msgpack.unpackb(reply[4 : 4 + length])
+        assert refusal["ok"] is False and refusal["code"] in ("InvalidArgument", "NotFound", "OutOfRange")
+        assert sock.recv(1) == b""
+    with KVStoreClient(daemon.address, use_shm=False) as client:  # still serving
+        assert client.get_whole_chunks(NAMESPACE, chunks.keys(0, 1)) == [chunks.data(0)]
+    stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_ids=[lease]))
+
+
+def test_a_writer_cut_mid_payload_stores_nothing(
+    stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, chunk_set: type[ChunkSet]
+) -> None:
+    made = chunk_set(NAMESPACE, num_layers=8, seed=99)  # `chunks` registered the namespace
+    data = made.data(20)
+    reply = stub.ReservePut(kvstore_pb2.ReservePutRequest(
+        namespace=NAMESPACE, items=[kvstore_pb2.PutItem(key=made.key(20), size_bytes=len(data))]))  # fmt: skip
+    write_id = reply.reservations[0].write_id
+    sock = _connect(_port(stub))
+    sock.sendall(pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[write_id, len(data)]]}) + data[:1000])
+    sock.close()
+    with pytest.raises(grpc.RpcError) as refused:  # the half-written chunk fails its checks
+        stub.CommitPut(kvstore_pb2.CommitPutRequest(write_ids=[write_id]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert stub.AbortPut(kvstore_pb2.AbortPutRequest(write_ids=[write_id])).aborted_count == 1
+    assert stub.Lookup(kvstore_pb2.LookupRequest(namespace=NAMESPACE, keys=[made.key(20)])).prefix_length == 0

@@ -1,0 +1,107 @@
+"""Two daemons on loopback as two "nodes": A's tiers are too small for the working set, B
+lends room. Chunks A evicts from its SSD land on B instead of being deleted, A's Lookup
+reports them on a peer, and A serves them byte-identical (fetched over B's data plane).
+When B is killed (-9), those chunks become misses on A, never other bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from service_probes import free_port
+
+from attnstore.kvstore_client import KVStoreClient, Tier
+from attnstore.server.redis_process import RedisProcess
+
+if TYPE_CHECKING:
+    from conftest import ChunkSet, DaemonFactory, PollUntil
+
+NAMESPACE = b"pool-tests-nodes"
+KiB = 1024
+COUNT = 36  # chunks of 68 KiB: A holds about 8 in DRAM and 14 on SSD
+SMALL_TIERS = {
+    "DRAM_CAPACITY_BYTES": 1024 * KiB, "DRAM_BLOCK_BYTES": 128 * KiB, "SSD_CAPACITY_BYTES": 1024 * KiB,
+    "SSD_RESERVED_BYTES": 0, "MAX_CHUNK_BYTES": 512 * KiB, "EVICTION_POLICY": "lru",
+}  # fmt: skip
+
+
+def test_evicted_chunks_live_on_a_peer_and_die_with_it(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    lender = daemon_factory(DATA_PLANE_PORT=free_port())
+    borrower = daemon_factory(**SMALL_TIERS, POOL_PEERS=[lender.address], POOL_CAPACITY_BYTES=64 * 1024 * KiB)
+    chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=21)
+    with KVStoreClient(borrower.address) as client:
+        chunks.register(client)
+        for index in range(0, COUNT, 2):
+            assert len(client.put_chunks(NAMESPACE, chunks.items(index, index + 2), durable=True).stored) == 2
+        tiers = poll_until(
+            lambda: (found := chunks.tiers(client, range(COUNT))).count(Tier.PEER) >= 10 and found,
+            what="SSD evictions placed on the peer",
+        )
+        assert None not in tiers  # nothing lost: what left A's tiers lives on B
+        on_peer = [i for i, tier in enumerate(tiers) if tier is Tier.PEER]
+        assert client.get_whole_chunks(NAMESPACE, chunks.keys(on_peer[0], on_peer[0] + 1)) == [
+            chunks.data(on_peer[0])
+        ]  # fetched from the peer, verified, byte-identical
+        for index in range(COUNT):
+            assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]
+
+        peer_only = poll_until(
+            lambda: [i for i, tier in enumerate(chunks.tiers(client, range(COUNT))) if tier is Tier.PEER],
+            what="chunks on the peer again after the reads",
+        )
+        lender.kill9()
+        with pytest.raises(grpc.RpcError) as failed:
+            client.get_whole_chunks(NAMESPACE, [chunks.key(peer_only[0])])
+        assert failed.value.code() in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND)
+        assert chunks.tiers(client, [peer_only[0]]) == [None]  # a miss from now on
+        for index in range(COUNT):  # the rest still reads right, or misses; never other bytes
+            try:
+                got = client.get_whole_chunks(NAMESPACE, [chunks.key(index)])
+            except grpc.RpcError as exc:
+                assert exc.code() in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND)
+            else:
+                assert got == [chunks.data(index)]
+
+
+def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_after_its_restart(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil,
+    tmp_path: Path, redis_installed: None,
+) -> None:  # fmt: skip
+    redis_server = RedisProcess(tmp_path / "redis")
+    redis_server.start()
+    try:
+        ledger = {"POOL_REDIS_URL": redis_server.url, "POOL_HEARTBEAT_SECONDS": 0.3}
+        lender = daemon_factory(DATA_PLANE_PORT=free_port(), **ledger)
+        borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, **ledger)
+        chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
+        with KVStoreClient(borrower.address) as client:
+            chunks.register(client)
+            for index in range(0, COUNT, 2):
+                client.put_chunks(NAMESPACE, chunks.items(index, index + 2), durable=True)
+            tiers = poll_until(
+                lambda: (found := chunks.tiers(client, range(COUNT))).count(Tier.PEER) >= 10 and found,
+                what="SSD evictions placed on the peer the ledger named",
+            )
+            assert None not in tiers
+            assert all(client.get_whole_chunks(NAMESPACE, [chunks.key(i)]) == [chunks.data(i)] for i in range(COUNT))
+
+        async def members() -> set[str]:
+            client = aioredis.Redis.from_url(redis_server.url)
+            try:
+                return {key.decode().removeprefix("attnstore:pool:daemon:") for key in await client.keys("attnstore:pool:daemon:*")}
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(members()) == {lender.address, borrower.address}
+        lender.kill9()
+        poll_until(lambda: asyncio.run(members()) == {borrower.address}, what="the ledger forgets the killed lender")
+        lender.restart()  # same port and directories: it registers again
+        poll_until(lambda: asyncio.run(members()) == {lender.address, borrower.address}, what="the ledger converges")
+    finally:
+        redis_server.stop()

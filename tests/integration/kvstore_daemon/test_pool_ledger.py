@@ -1,0 +1,71 @@
+"""The pool's ledger on a real redis-server: daemons register and heartbeat, candidates
+come by locality and room within the lending limits, and a daemon that stops
+heartbeating is forgotten (its stale score dropped) after its TTL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from attnstore.pool_ledger import DaemonEntry, LendingLimits, PoolLedger
+from attnstore.server.redis_process import RedisProcess
+
+GB = 10**9
+
+
+def entry(daemon_id: str, node: str, free_gb: float, *, lent_gb: float = 0, capacity_gb: float = 10) -> DaemonEntry:
+    return DaemonEntry(
+        daemon_id=daemon_id, node=node, grpc_address=f"{node}:50051", data_plane_address=f"{node}:50052",
+        capacity_bytes=int(capacity_gb * GB), free_bytes=int(free_gb * GB), lent_bytes=int(lent_gb * GB),
+    )  # fmt: skip
+
+
+def test_lendable_bytes_keep_the_floor_and_the_ceiling() -> None:
+    limits = LendingLimits(own_floor_fraction=0.2, max_lent_fraction=0.5)
+    assert limits.lendable_bytes(entry("a", "n", free_gb=6)) == 4 * GB  # 6 free - 2 floor
+    assert limits.lendable_bytes(entry("a", "n", free_gb=9, lent_gb=4)) == 1 * GB  # 5 ceiling - 4 lent
+    assert limits.lendable_bytes(entry("a", "n", free_gb=1)) == 0  # below its floor: lends nothing
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path, redis_installed: None) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_server: RedisProcess) -> None:
+    server = redis_server
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(server.url)
+        ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LendingLimits())
+        me = entry("me", "node-a", free_gb=0)
+        for peer in (me, entry("far-big", "node-b", 8), entry("far-small", "node-c", 4),
+                     entry("near", "node-a", 3), entry("full", "node-d", 1)):  # fmt: skip
+            await ledger.heartbeat(peer)
+        found = await ledger.candidates(me, size_bytes=500_000_000, count=3)
+        assert [e.daemon_id for e in found] == ["near", "far-big", "far-small"]  # never itself, nor "full"
+        assert (await ledger.candidates(me, size_bytes=5 * GB, count=3))[0].daemon_id == "far-big"
+
+        await ledger.forget("near")  # a clean stop leaves at once
+        assert [e.daemon_id for e in await ledger.candidates(me, 1, 5)] == ["far-big", "far-small"]
+
+        await asyncio.sleep(1.2)
+        await ledger.heartbeat(entry("far-small", "node-c", 4))  # only far-small keeps beating
+        await asyncio.sleep(1.2)  # far-big's TTL has passed, far-small's not
+        assert [e.daemon_id for e in await ledger.candidates(me, 1, 5)] == ["far-small"]
+        assert b"far-big" not in await client.zrange("attnstore:pool:lendable", 0, -1)  # its stale score is gone
+        assert await ledger.entry("far-big") is None
+        await ledger.heartbeat(entry("far-big", "node-b", 8))  # a restarted daemon comes back
+        assert [e.daemon_id for e in await ledger.candidates(me, 1, 5)] == ["far-big", "far-small"]
+        await client.aclose()
+
+    asyncio.run(scenario())
