@@ -43,8 +43,10 @@ from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import ClientCredentials
 from attnstore.server.redis_process import RedisProcess
+from bench.common.results import print_report
 from bench.pool.daemons import daemon, free_port
 from bench.pool.pooled import run_pooled
+from bench.pool.report import format_table, plot, verdicts
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
 from bench.pool.timing import Cell, run_tasks, run_threads
 from kvstore_daemon.launcher import DaemonProcess
@@ -259,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     args.results.write_text(json.dumps(
         {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_hit_rates": pooled,
          "summary": summary}, indent=1) + "\n")  # fmt: skip
-    print(json.dumps(summary))
+    plot(run.rows, f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
+         args.results.with_suffix(".png"))
+    print_report(format_table(run.rows), verdicts(summary), summary)
 
 
 if __name__ == "__main__":
