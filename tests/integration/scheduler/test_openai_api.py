@@ -190,7 +190,7 @@ def test_stop_texts_end_the_answer_and_are_left_out(stack: Stack, client: openai
     # gRPC's stop texts end the answer the same way; its tokens include the stop text.
     grpc_answer = stack.client().generate(QUESTIONS[2], system_prompt="be brief", max_tokens=40, stop=[stop])
     assert grpc_answer.text.startswith(expected + stop) and len(grpc_answer.text) < len(full)
-    assert grpc_answer.stats.finish_reason == api.FINISH_REASON_STOP
+    assert grpc_answer.stats.finish_reason == api.FINISH_REASON_STOP_STRING  # gRPC says which stop
 
 
 def test_a_resent_conversation_reports_its_reused_kv_as_cached_tokens(
