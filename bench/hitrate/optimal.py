@@ -21,6 +21,11 @@ offered before its first lookup) MIN's choices remain a valid store but not alwa
 best: in a few of 4,000 random small schedules it fell one chunk short of exhaustive
 search (8 vs 9 hits at 4 chunks of room), so the reported optimum may sit a hair below
 the true one, never above what a store could do on the relaxed schedule.
+
+bench-hitrate runs it with `admit_on_lookup=False` on each replay's schedule (chunks enter
+only when a turn stores them, the whole turn's chain offered whatever the policy hit, so
+one schedule serves every policy): never above the store that never evicts, and reported
+beside every policy as the share of the LRU-to-optimum gap it closes.
 """
 
 from __future__ import annotations
@@ -49,8 +54,10 @@ class Offer:
 Event = Lookup | Offer
 
 
-def optimal_hits(schedule: Sequence[Event], capacity_chunks: int) -> int:
-    """Hit chunks of the offline-optimal store on `schedule` (see the module doc)."""
+def optimal_hits(schedule: Sequence[Event], capacity_chunks: int, *, admit_on_lookup: bool = True) -> int:
+    """Hit chunks of the offline-optimal store on `schedule` (see the module doc).
+    `admit_on_lookup` False: chunks enter only when offered, as in a real store (then the
+    result never exceeds a store that never evicts, but MIN may fall short of the best)."""
     uses = _lookup_times(schedule)
     held: dict[Key, _Rank] = {}
     # Max-heap by rank with lazy deletion: an entry whose rank is no longer its key's is skipped.
@@ -62,7 +69,9 @@ def optimal_hits(schedule: Sequence[Event], capacity_chunks: int) -> int:
                 if key not in held:
                     break
                 hits += 1
-            chunks: Sequence[tuple[Key, int]] = [(key, depth) for depth, key in enumerate(event.chain)]
+            chunks: Sequence[tuple[Key, int]] = [
+                (key, depth) for depth, key in enumerate(event.chain) if admit_on_lookup or key in held
+            ]
         else:
             chunks = event.chunks
         for key, depth in chunks:

@@ -28,7 +28,7 @@ def _capacity(row: Row) -> str:
 
 def format_table(rows: list[Row]) -> str:
     header = (f"{'workload':<9} {'DRAM/SSD':>9} {'policy':<9} {'hit rate':>8} {'from DRAM':>9} "
-              f"{'(waited)':>8} {'ideal':>6} {'mean wait s':>11} {'turnover s':>10} {'pushes':>6} {'run s':>6}")
+              f"{'(waited)':>8} {'ideal':>6} {'optimal':>7} {'mean wait s':>11} {'turnover s':>10} {'pushes':>6} {'run s':>6}")
     lines = [header, "-" * len(header)]
     previous = None
     for r in rows:
@@ -39,6 +39,7 @@ def format_table(rows: list[Row]) -> str:
         lines.append(
             f"{r['workload']:<9} {_capacity(r):>9} {r['policy']:<9} {r['hit_rate']:>8.1%} "
             f"{r['dram_share_of_hits']:>9.1%} {r['waited_dram_share_of_hits']:>8.1%} {r['ideal_hit_rate']:>6.1%} "
+            f"{r.get('optimal_hit_rate', float('nan')):>7.1%} "
             f"{r['mean_wait_s']:>11.1f} {r['store_turnover_s']:>10.0f} {r['hint_pushes']:>6} {r['wall_seconds']:>6.1f}"
         )
     return "\n".join(lines)
@@ -56,6 +57,10 @@ def summarize(rows: list[Row], headline: tuple[float, float]) -> tuple[dict[str,
             continue
         entry = {f"{policy}_hit": by[policy]["hit_rate"] for policy in POLICIES}
         entry["lookahead_dram_share"] = by["lookahead"]["dram_share_of_hits"]
+        entry["optimal_hit"] = by["lru"]["optimal_hit_rate"]
+        for policy in POLICIES:
+            entry[f"{policy}_gap_closed"] = gap_closed(by[policy]["hit_rate"], by["lru"]["hit_rate"],
+                                                       entry["optimal_hit"])
         summary[workload] = entry
         gain = entry["lookahead_hit"] - entry["lru_hit"]
         lines.append(f"{'PASS' if gain >= TARGET_GAIN_OVER_LRU else 'FAIL'}  {workload}: lookahead hit rate "
@@ -65,6 +70,12 @@ def summarize(rows: list[Row], headline: tuple[float, float]) -> tuple[dict[str,
         lines.append(f"{'PASS' if share >= TARGET_DRAM_SHARE else 'FAIL'}  {workload}: {share:.1%} of lookahead's "
                      f"hits from DRAM (target >= {TARGET_DRAM_SHARE:.0%}; LRU {by['lru']['dram_share_of_hits']:.1%})")
     return summary, lines
+
+
+def gap_closed(hit: float, lru_hit: float, optimal_hit: float) -> float | None:
+    """The share of the LRU-to-optimum gap a policy closes (None when there is no gap)."""
+    gap = optimal_hit - lru_hit
+    return round((hit - lru_hit) / gap, 3) if gap > 0 else None
 
 
 def plot(rows: list[Row], headline: tuple[float, float], title: str, out: Path) -> None:

@@ -24,6 +24,7 @@ from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.settings import HintSettings
+from bench.hitrate.optimal import Event, Lookup, Offer, optimal_hits
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, encode
 
 NODE = "node0"
@@ -36,6 +37,7 @@ class ReplayResult:
     hit_blocks: int = 0  # of them, in the stored prefix
     dram_hit_blocks: int = 0  # of the hits, found in DRAM
     ideal_hit_blocks: int = 0  # hits of a store that never evicts (same schedule)
+    optimal_hit_blocks: int = 0  # hits of the offline optimum at this capacity (same schedule, optimal.py)
     waited_hit_blocks: int = 0  # hits of turns that waited a hint interval or more in the queue
     waited_dram_hit_blocks: int = 0  # of them, found in DRAM
     stored_chunks: int = 0  # chunks the turns computed and stored
@@ -57,6 +59,7 @@ class ReplayResult:
             "hit_rate": _ratio(self.hit_blocks, self.lookup_blocks),
             "dram_share_of_hits": _ratio(self.dram_hit_blocks, self.hit_blocks),
             "ideal_hit_rate": _ratio(self.ideal_hit_blocks, self.lookup_blocks),
+            "optimal_hit_rate": _ratio(self.optimal_hit_blocks, self.lookup_blocks),
             "waited_dram_share_of_hits": _ratio(self.waited_dram_hit_blocks, self.waited_hit_blocks),
             "waited_share_of_hits": _ratio(self.waited_hit_blocks, self.hit_blocks),
             "turns": self.turns, "lookup_blocks": self.lookup_blocks, "hit_blocks": self.hit_blocks,
@@ -105,6 +108,7 @@ class Replay:
         self._turn_of: dict[str, tuple[int, int]] = {}  # job id -> (session, turn)
         self._running: dict[str, int] = {}  # job id -> its hit prefix
         self._stored: set[bytes] = set()  # every key ever stored: the never-evicting store
+        self._schedule: list[Event] = []  # what the store saw, in order, for the offline optimum
         self._dirty = False  # the queue changed since the last push
         self._last_push = float("-inf")
         self.queue.add_listener(self._changed)
@@ -124,6 +128,9 @@ class Replay:
             "dram_evictions": stats.dram.evictions, "ssd_evictions": stats.ssd.evictions,
         }
         self.result.sim_seconds = self.now
+        self.result.optimal_hit_blocks = optimal_hits(
+            self._schedule, self.result.capacity_chunks, admit_on_lookup=False
+        )
         self.result.wall_seconds = time.monotonic() - started
         return self.result
 
@@ -160,6 +167,7 @@ class Replay:
         result.turns += 1
         if not keys:
             return 0
+        self._schedule.append(Lookup(keys))
         found = await self.kv.lookup(self.workload.namespace, keys, promote=True)
         in_dram = sum(1 for tier in found.tiers if tier is Tier.DRAM)
         result.lookup_blocks += len(keys)
@@ -175,6 +183,8 @@ class Replay:
         session, turn = self._turn_of.pop(job_id)
         turns = self.workload.sessions[session].turns
         computed = turns[turn].keys[self._running.pop(job_id):]
+        # The optimum may keep any chunk of the turn, whatever this policy hit: one schedule for all.
+        self._schedule.append(Offer(tuple((key, depth) for depth, key in enumerate(turns[turn].keys))))
         namespace, tokens = self.workload.namespace, self.workload.chunk_tokens
         if computed:
             put = await self.kv.put_chunks(namespace, {key: encode(namespace, key, tokens) for key in computed})
