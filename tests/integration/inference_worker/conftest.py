@@ -9,15 +9,13 @@ shm directories), ready once its ready file appears, stopped at teardown.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from running_daemon import running_daemon
 
-from attnstore.shm_arena import arena_root
 from inference_worker.model_store import LoadedModel, load_model
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -54,23 +52,6 @@ def one_layer_model(
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    """A daemon with room for the real model's chunks; its arena in a private /dev/shm folder."""
-    shm_dir = Path(
-        tempfile.mkdtemp(prefix="attnstore-test-", dir=arena_root(tmp_path))
-    )
-    process = DaemonProcess(
-        ssd_dir=tmp_path / "ssd",
-        shm_dir=shm_dir,
-        log_path=tmp_path / "daemon.log",
-        settings={
-            "DRAM_CAPACITY_BYTES": 256 * MiB,
-            "SSD_CAPACITY_BYTES": 512 * MiB,
-            "MAX_CHUNK_BYTES": 16 * MiB,
-        },
-    )
-    process.start()
-    try:
+    """A daemon with room for the real model's chunks (tests/running_daemon.py)."""
+    with running_daemon(tmp_path, dram_bytes=256 * MiB, ssd_bytes=512 * MiB) as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(shm_dir, ignore_errors=True)

@@ -8,15 +8,13 @@ their pins clash), one engine process per test module driven over stdin/stdout
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from running_daemon import running_daemon
 
 from bench.vllm.vllm_env import VllmUnavailable, connector_env, ensure_vllm
 from kvstore_daemon.launcher import DaemonProcess
@@ -112,24 +110,9 @@ class VllmEngine:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """A real daemon per test module, its arena in a private /dev/shm folder."""
-    root = tmp_path_factory.mktemp("daemon")
-    process = DaemonProcess(
-        ssd_dir=root / "ssd",
-        shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm")),
-        log_path=root / "daemon.log",
-        settings={
-            "DRAM_CAPACITY_BYTES": 64 * MiB,
-            "SSD_CAPACITY_BYTES": 256 * MiB,
-            "MAX_CHUNK_BYTES": 16 * MiB,
-        },
-    )
-    process.start()
-    try:
+    """A real daemon per test module (tests/running_daemon.py)."""
+    with running_daemon(tmp_path_factory.mktemp("daemon"), dram_bytes=64 * MiB, ssd_bytes=256 * MiB) as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
