@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnstore.worker.v1 import worker_pb2 as pb
-
 
 @dataclass(frozen=True)
 class KernelChoice:
@@ -27,14 +25,6 @@ class KernelReport:
     cpu_capability: str  # what torch dispatches on: "AVX512", "AVX2", "DEFAULT"...
     linear: KernelChoice
     attention: KernelChoice
-
-    def message(self) -> pb.KernelReport:
-        return pb.KernelReport(
-            device=self.device,
-            cpu_capability=self.cpu_capability,
-            linear=pb.KernelChoice(kernel=self.linear.kernel, reason=self.linear.reason),
-            attention=pb.KernelChoice(kernel=self.attention.kernel, reason=self.attention.reason),
-        )
 
 
 def cpu_capability() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.worker.v1 import worker_pb2 as pb
+from inference_worker.kernels import KernelReport
 from inference_worker.kv_codec import DTYPE_NAMES
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel
@@ -43,5 +44,14 @@ def describe_model(
         max_prompt_tokens=limits.max_prompt_tokens,
         max_new_tokens=limits.max_new_tokens,
         attention_sink_tokens=window.sink_tokens,
-        kernels=loaded.kernels.message(),
+        kernels=kernels_message(loaded.kernels),
+    )
+
+
+def kernels_message(kernels: KernelReport) -> pb.KernelReport:
+    return pb.KernelReport(
+        device=kernels.device,
+        cpu_capability=kernels.cpu_capability,
+        linear=pb.KernelChoice(kernel=kernels.linear.kernel, reason=kernels.linear.reason),
+        attention=pb.KernelChoice(kernel=kernels.attention.kernel, reason=kernels.attention.reason),
     )

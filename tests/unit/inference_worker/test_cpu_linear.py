@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from inference_worker.cpu_linear import UNAVAILABLE_VARIABLE, OneDnnLinear, _onednn_unavailable
+from inference_worker.model_card import kernels_message
 from inference_worker.model_store import load_model
 
 # Each case runs with the probe's own verdict for this CPU, and with oneDNN forced unavailable.
@@ -77,5 +78,5 @@ def test_the_kernel_report_names_the_cpu_and_every_choice(tiny_model_dir: Callab
     assert kernels.device == "cpu" and kernels.cpu_capability  # e.g. AVX512, AVX2, DEFAULT
     assert kernels.linear.kernel == "torch" and "ATTNSTORE_WORKER_CPU_LINEAR" in kernels.linear.reason
     assert kernels.attention.kernel.startswith("sdpa") and kernels.attention.reason
-    message = kernels.message()
+    message = kernels_message(kernels)
     assert message.linear.kernel == "torch" and message.cpu_capability == kernels.cpu_capability

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnstore.errors import InvalidArgument
-from inference_worker.decoding import Sampler, completes_stop_string, check_sampling
+from inference_worker.decoding import Sampler, check_sampling, completes_stop_string
 from inference_worker.turn_types import SamplingParams
 
 # probabilities 0.5, 0.3, 0.15, 0.05 over four tokens
