@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from attnstore.shm_arena import arena_root
 from kvstore_daemon.launcher import DaemonProcess
 
 
@@ -20,9 +21,9 @@ def free_port() -> int:
 
 @contextmanager
 def daemon(root: Path, name: str, settings: dict[str, object]) -> Iterator[DaemonProcess]:
-    """A started daemon under `root / name` (its arena under /dev/shm), stopped on exit."""
-    shm_root = "/dev/shm" if Path("/dev/shm").is_dir() else root
-    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=shm_root))
+    """A started daemon under `root / name` (its arena under /dev/shm where it has room),
+    stopped on exit."""
+    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=arena_root(root)))
     process = DaemonProcess(root / name / "ssd", shm_dir, root / f"{name}.log", {"log_level": "WARNING", **settings})
     try:
         process.start()

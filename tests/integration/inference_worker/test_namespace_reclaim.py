@@ -7,12 +7,12 @@ tenant's next turn finds its namespace known instead of failing every call with
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from running_daemon import running_daemon
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
@@ -30,20 +30,9 @@ IDLE_SECONDS = 0.2
 @pytest.fixture
 def one_namespace_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     """A daemon that keeps one namespace, reclaimable after IDLE_SECONDS unused and empty."""
-    process = DaemonProcess(
-        ssd_dir=tmp_path / "ssd",
-        shm_dir=Path(tempfile.mkdtemp(prefix="attnstore-test-", dir="/dev/shm")),
-        log_path=tmp_path / "daemon.log",
-        settings={
-            "DRAM_CAPACITY_BYTES": 64 * MiB, "SSD_CAPACITY_BYTES": 64 * MiB, "MAX_CHUNK_BYTES": 16 * MiB,
-            "MAX_NAMESPACES": 1, "NAMESPACE_IDLE_SECONDS": IDLE_SECONDS,
-        },
-    )
-    process.start()
-    try:
+    settings = {"MAX_NAMESPACES": 1, "NAMESPACE_IDLE_SECONDS": IDLE_SECONDS}
+    with running_daemon(tmp_path, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=settings) as process:
         yield process
-    finally:
-        process.stop()
 
 
 async def known(client: AsyncKVStoreClient, source: KVSource) -> bool:
