@@ -3,17 +3,12 @@ root conftest): a free loopback port, a service's Prometheus samples, its gRPC h
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from attnstore.server.ports import free_port as free_port  # the test folders import it from here
 
 
 def scrape_metrics(port: int) -> dict[str, float]:

@@ -36,6 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.server.ports import free_port
 from attnstore.shm_arena import arena_root
 from bench.common.harness import Budget, run_tasks
 from bench.common.results import BENCH_DIR
@@ -58,11 +59,6 @@ def budget_of(concurrency: int, quick: bool) -> Budget:
 def _shm_root() -> Path:
     return arena_root(Path(tempfile.gettempdir()))
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class DaemonCells:

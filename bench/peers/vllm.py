@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnstore.server.ports import free_port
 from bench.peers.install import PeerVenv
-from bench.peers.store import free_port
 
 READY_TIMEOUT_SECONDS = 900.0  # the engine takes about two minutes to start on 2 cores
 REQUEST_TIMEOUT_SECONDS = 600.0

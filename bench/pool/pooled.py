@@ -17,8 +17,9 @@ from pathlib import Path
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import KVStoreClient
+from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
-from bench.pool.daemons import daemon, free_port
+from bench.pool.daemons import daemon
 from kvstore_daemon.launcher import DaemonProcess
 
 KiB = 1024

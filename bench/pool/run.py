@@ -42,9 +42,10 @@ from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import ClientCredentials
+from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
 from bench.common.results import print_report
-from bench.pool.daemons import daemon, free_port
+from bench.pool.daemons import daemon
 from bench.pool.pooled import run_pooled
 from bench.pool.report import format_table, plot, verdicts
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import urllib.request
 
 _MODELS_TIMEOUT_SECONDS = 10.0
@@ -25,10 +24,3 @@ def curl_line(openai_url: str) -> str:
         f"-d {shlex.quote(json.dumps(body))}"
     )
 
-
-def free_port() -> int:
-    """A port free on loopback now, for the HTTP API's listen address (uvicorn takes an
-    address, so the port is chosen here rather than by the server)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnstore.server.ports import free_port
 from attnstore_cli.disk_layout import disk_warnings
 from attnstore_cli.local_stack import LocalStack
-from attnstore_cli.openai_hint import curl_line, free_port
+from attnstore_cli.openai_hint import curl_line
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 from attnstore_cli.stack_state import StackState
 

@@ -15,16 +15,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from attnstore.server.ports import free_port
+
 READY_TIMEOUT_SECONDS = 10.0
 STOP_TIMEOUT_SECONDS = 10.0
 _POLL_SECONDS = 0.02
 _START_ATTEMPTS = 3
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _answers_ping(port: int) -> bool:
@@ -72,7 +68,7 @@ class RedisProcess:
     def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(_START_ATTEMPTS if self.port == 0 else 1):
-            port = self.port or _free_port()
+            port = self.port or free_port()
             self._spawn(port)
             if self._wait_ready(port):
                 self.port = port

@@ -9,7 +9,6 @@ serve the whole module."""
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 import time
 import urllib.request
@@ -26,6 +25,7 @@ from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import KVStoreClient
+from attnstore.server.ports import free_port
 from attnstore.shm_arena import arena_root
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
@@ -61,11 +61,6 @@ class Stack:
     stub: worker_pb2_grpc.WorkerStub
     channel: grpc.Channel
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ plaintext health port without any credential (which serves nothing else)."""
 
 from __future__ import annotations
 
-import socket
-
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,14 +14,8 @@ from attnstore.healthcheck import main as healthcheck
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.security import ClientCredentials
+from attnstore.server.ports import free_port
 from kvstore_daemon.launcher import DaemonProcess
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 HEALTH_ADDRESS = f"127.0.0.1:{free_port()}"
 
