@@ -23,7 +23,6 @@ from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
-from attnstore.server.process import write_ready_file
 from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
@@ -127,18 +126,14 @@ async def run_worker(settings: WorkerSettings) -> None:
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     await serve(
         server,
-        address=settings.listen_address,
+        settings,
         service_names=[SERVICE_NAME],
-        metrics_port=settings.metrics_port,
-        grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
-        on_started=lambda port: write_ready_file(settings.ready_file, port),
         health_probe=functools.partial(
             check_device, loaded.device, loaded.dtype, settings.health_check_timeout_seconds
         ),
         health_probe_interval_seconds=settings.health_check_interval_seconds,
         credentials=server_credentials,
-        health_address=settings.tls.health_listen_address,
     )
 
 

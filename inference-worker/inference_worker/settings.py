@@ -10,28 +10,19 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from attnstore.security import ChannelSecurity, InternalAuth, ServerTLS, check_server_security
-from attnstore.server.concurrency import ServingLimits
-from attnstore.settings import FileBackedSettings
+from attnstore.security import ChannelSecurity, InternalAuth, check_server_security
+from attnstore.server.service_settings import ServiceSettings
 from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
 
-class WorkerSettings(FileBackedSettings):
+class WorkerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_WORKER_", extra="forbid")
 
     listen_address: str = Field(
         "127.0.0.1:50061", description="host:port of the gRPC server; port 0 picks one"
-    )
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
-    )
-    ready_file: Path | None = Field(None, description="written with the bound port once serving")
-    tls: ServerTLS = Field(default_factory=ServerTLS, description="TLS of the gRPC server; unset = plaintext")
-    serving: ServingLimits = Field(
-        default_factory=ServingLimits, description="load limits of the gRPC server (calls at once)"
     )
     internal_auth: InternalAuth = Field(
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
@@ -139,8 +130,6 @@ class WorkerSettings(FileBackedSettings):
         30.0, ge=0, description="on SIGTERM, in-flight turns get this long, then pending KV saves as long"
     )
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")
-    log_json: bool = Field(True, description="JSON log lines (false: key=value for a terminal)")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> WorkerSettings:

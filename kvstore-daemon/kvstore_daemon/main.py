@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 
 import structlog
 import uvloop
@@ -38,13 +37,6 @@ async def _maintain_forever(store: ChunkStore) -> None:
             await store.maintain()
         except Exception:  # upkeep must keep running; the next pass retries
             log.exception("maintenance_failed")
-
-
-def _write_ready_file(settings: DaemonSettings, port: int) -> None:
-    if settings.ready_file is not None:
-        tmp = settings.ready_file.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        os.replace(tmp, settings.ready_file)
 
 
 async def run_daemon(settings: DaemonSettings) -> None:
@@ -88,21 +80,17 @@ async def run_daemon(settings: DaemonSettings) -> None:
     def on_started(port: int) -> None:
         if member is not None:  # into the ledger once peers can reach it
             member.start(port, data_plane_port)
-        _write_ready_file(settings, port)
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
     server = create_server(settings.serving, interceptors=auth)
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings, data_plane_port), server)
     await serve(
         server,
-        address=settings.listen_address,
+        settings,
         service_names=[SERVICE_NAME],
-        metrics_port=settings.metrics_port,
-        grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
         on_started=on_started,
         credentials=credentials,
-        health_address=settings.tls.health_listen_address,
     )
 
 

@@ -23,7 +23,6 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
-from attnstore.server.process import write_ready_file
 from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
 from attnstore_scheduler.dispatcher import Dispatcher
@@ -164,17 +163,13 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
     )
     await serve(
         server,
-        address=settings.listen_address,
+        settings,
         service_names=[SERVICE_NAME],
-        metrics_port=settings.metrics_port,
-        grace_seconds=settings.shutdown_grace_seconds,
         on_stop=on_stop,
         on_stopping=http.begin_stop if http is not None else None,
-        on_started=lambda port: write_ready_file(settings.ready_file, port),
         health_probe=store.ping,
         health_probe_interval_seconds=settings.health_check_interval_seconds,
         credentials=server_credentials,
-        health_address=settings.tls.health_listen_address,
     )
 
 

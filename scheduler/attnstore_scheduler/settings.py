@@ -4,14 +4,12 @@ by `ATTNSTORE_SCHEDULER_CONFIG_FILE`). Each default is written here once."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from attnstore.security import ChannelSecurity, ServerTLS
-from attnstore.server.concurrency import ServingLimits
-from attnstore.settings import FileBackedSettings
+from attnstore.security import ChannelSecurity
+from attnstore.server.service_settings import ServiceSettings
 
 
 class NodeSpec(BaseModel, frozen=True):
@@ -42,16 +40,12 @@ class HintSettings(BaseModel, frozen=True):
     )
 
 
-class SchedulerSettings(FileBackedSettings):
+class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_SCHEDULER_", extra="forbid")
 
     listen_address: str = Field(
         "127.0.0.1:50071", description="host:port of the gRPC server; port 0 picks one"
     )
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Prometheus /metrics port; unset = off"
-    )
-    ready_file: Path | None = Field(None, description="written with the bound port once serving")
     openai_listen_address: str | None = Field(
         None,
         description="host:port of the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
@@ -59,13 +53,6 @@ class SchedulerSettings(FileBackedSettings):
     )
     openai_max_request_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="largest request body the OpenAI-compatible API accepts"
-    )
-    tls: ServerTLS = Field(
-        default_factory=ServerTLS, description="TLS of the public API; require_client_cert = mutual TLS"
-    )
-    serving: ServingLimits = Field(
-        default_factory=ServingLimits,
-        description="load limits of the public API: calls at once (a Chat counts until its stream ends)",
     )
     daemon_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity,
@@ -168,8 +155,6 @@ class SchedulerSettings(FileBackedSettings):
         5.0, gt=0, description="period of the scheduler's own health probe (its session store answers)"
     )
     shutdown_grace_seconds: float = Field(30.0, ge=0, description="on SIGTERM, in-flight turns get this long")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="minimum log level")
-    log_json: bool = Field(True, description="JSON log lines (false: key=value for a terminal)")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> SchedulerSettings:

@@ -14,6 +14,7 @@ layer by layer), saves asynchronous (after the step, off its path). vLLM's
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +28,12 @@ from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from attnstore.kvstore_client import Tier
+from attnstore.kvstore_client import KVStoreClient, Tier
 from attnstore_vllm.kv_layout import BACKEND_PACKINGS, CPU_VEC_ISAS, KVPacking
 from attnstore_vllm.namespaces import DTYPE_NAMES, ModelShape, NamespaceRegistry, config_digest
 from attnstore_vllm.plan import StepPlan
 from attnstore_vllm.scheduler_side import SchedulerSide, request_tenant
 from attnstore_vllm.settings import ConnectorSettings
-from attnstore_vllm.store_loop import StoreLoop
 from attnstore_vllm.worker_side import WorkerSide
 
 if TYPE_CHECKING:
@@ -99,11 +99,15 @@ class AttnStoreConnector(KVConnectorBase_V1):
             self._kv_transfer_config.kv_connector_extra_config
         )
         self._shape = model_shape(vllm_config, self._settings)
-        self._store = StoreLoop(
+        # vLLM calls the connector from threads without an event loop: the client runs its
+        # own, where loads and saves overlap the forward pass. Loads verify each layer
+        # themselves, right after copying it (worker_load.py).
+        self._store = KVStoreClient(
             self._settings.daemon,
             use_shm=self._settings.use_shm,
             shm_dir=Path(self._settings.shm_dir) if self._settings.shm_dir else None,
             timeout_seconds=self._settings.rpc_timeout_seconds,
+            verify_checksums=False,
         )
         registry = NamespaceRegistry(self._register)
         self._scheduler: SchedulerSide | None = None
@@ -129,7 +133,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
 
     def _register(self, namespace: bytes) -> None:
         shape = self._shape
-        register = self._store.client.register_namespace(
+        register = self._store.aio.register_namespace(
             namespace,
             num_layers=shape.num_layers,
             kv_heads=shape.kv_heads,
@@ -138,7 +142,7 @@ class AttnStoreConnector(KVConnectorBase_V1):
             dtype=shape.dtype,
             model_label=shape.label,
         )
-        self._store.run(register, self._settings.rpc_timeout_seconds)
+        self._store.call(register, self._settings.rpc_timeout_seconds)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -179,7 +183,8 @@ class AttnStoreConnector(KVConnectorBase_V1):
         return meta
 
     def shutdown(self) -> None:
-        self._store.close(self._settings.rpc_timeout_seconds)
+        with contextlib.suppress(Exception):  # closing a dead channel must not fail vLLM's shutdown
+            self._store.close(self._settings.rpc_timeout_seconds)
 
     # Scheduler side
 

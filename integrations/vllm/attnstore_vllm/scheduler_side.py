@@ -16,12 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from attnstore.chunks.keys import chunk_key_chain
-from attnstore.kvstore_client import Tier
+from attnstore.kvstore_client import KVStoreClient, Tier
 from attnstore_vllm import metrics
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry, namespace_id
 from attnstore_vllm.plan import LoadSpec, SaveSpec, StepPlan
 from attnstore_vllm.settings import TENANT_PARAM, ConnectorSettings
-from attnstore_vllm.store_loop import StoreLoop
 
 
 @dataclass
@@ -41,7 +40,7 @@ class SchedulerSide:
         settings: ConnectorSettings,
         shape: ModelShape,
         block_size: int,
-        store: StoreLoop,
+        store: KVStoreClient,
         registry: NamespaceRegistry,
     ) -> None:
         self._settings = settings
@@ -72,8 +71,8 @@ class SchedulerSide:
             metrics.LOOKUP_ERRORS.inc()
             return []
         try:
-            found = self._store.run(
-                self._store.client.lookup(namespace, keys), self._settings.lookup_timeout_seconds
+            found = self._store.call(
+                self._store.aio.lookup(namespace, keys), self._settings.lookup_timeout_seconds
             )
         except Exception:  # noqa: BLE001 -- any failure of the store is a miss
             metrics.LOOKUP_ERRORS.inc()

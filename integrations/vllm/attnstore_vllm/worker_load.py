@@ -24,10 +24,10 @@ import structlog
 import torch
 
 from attnstore.chunks.format import ChunkFormatError, ChunkLayout, verify_layer
+from attnstore.kvstore_client import KVStoreClient
 from attnstore_vllm import metrics
 from attnstore_vllm.kv_layout import KVViews, scatter_blocks
 from attnstore_vllm.plan import LoadSpec
-from attnstore_vllm.store_loop import StoreLoop
 
 log = structlog.get_logger("attnstore_vllm.load")
 
@@ -46,7 +46,7 @@ class LoadJob:
         loads: Sequence[LoadSpec],
         views: Sequence[KVViews],  # per model layer
         dtype: torch.dtype,
-        store: StoreLoop,
+        store: KVStoreClient,
         layer_timeout_seconds: float,
         tp_rank: int,
     ) -> None:
@@ -99,7 +99,7 @@ class LoadJob:
         namespace, keys = spec.namespaces[self._rank], spec.keys[self._rank]
         last = len(keys) - 1
         try:
-            pieces = self._store.client.iter_layers(namespace, keys)
+            pieces = self._store.aio.iter_layers(namespace, keys)
             async with contextlib.aclosing(pieces) as layers:
                 async for piece in layers:
                     self._write(spec, piece.chunk_index, piece.layer, piece.layout, piece.data)
@@ -116,7 +116,7 @@ class LoadJob:
             log.warning("loading KV from the daemon failed; vLLM recomputes it", error=repr(exc))
             if isinstance(exc, ValueError):  # ChunkCorruptError, ChunkFormatError, BadChunkError
                 with contextlib.suppress(Exception):
-                    await self._store.client.delete(namespace, keys)
+                    await self._store.aio.delete(namespace, keys)
         finally:
             for layer in range(done, len(self._views)):
                 self._layer_done(layer)

@@ -20,11 +20,11 @@ import structlog
 import torch
 
 from attnstore.chunks.format import encode_chunk
+from attnstore.kvstore_client import KVStoreClient
 from attnstore_vllm import metrics
 from attnstore_vllm.kv_layout import KVViews, gather_blocks
 from attnstore_vllm.namespaces import NamespaceRegistry
 from attnstore_vllm.plan import SaveSpec
-from attnstore_vllm.store_loop import StoreLoop
 
 log = structlog.get_logger("attnstore_vllm.save")
 
@@ -38,7 +38,7 @@ PUT_RETRY_SECONDS = 0.05
 class ChunkSaver:
     def __init__(
         self,
-        store: StoreLoop,
+        store: KVStoreClient,
         registry: NamespaceRegistry,
         dtype_name: str,
         max_pending_bytes: int,
@@ -84,7 +84,7 @@ class ChunkSaver:
             chunk = await asyncio.to_thread(self._encode, spec, layers)
             for _ in range(PUT_ATTEMPTS):
                 namespace, key = spec.namespaces[self._rank], spec.keys[self._rank]
-                result = await self._store.client.put_chunks(namespace, [(key, chunk)])
+                result = await self._store.aio.put_chunks(namespace, [(key, chunk)])
                 if not result.in_progress:
                     break
                 await asyncio.sleep(PUT_RETRY_SECONDS)

@@ -7,11 +7,11 @@ import re
 import structlog
 import torch
 
+from attnstore.kvstore_client import KVStoreClient
 from attnstore_vllm.kv_layout import KVPacking, KVViews, kv_views
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry
 from attnstore_vllm.plan import StepPlan
 from attnstore_vllm.settings import ConnectorSettings
-from attnstore_vllm.store_loop import StoreLoop
 from attnstore_vllm.worker_load import LoadJob
 from attnstore_vllm.worker_save import ChunkSaver
 
@@ -37,7 +37,7 @@ class WorkerSide:
         self,
         settings: ConnectorSettings,
         shape: ModelShape,
-        store: StoreLoop,
+        store: KVStoreClient,
         registry: NamespaceRegistry,
         dtype: torch.dtype,
         tp_rank: int,

@@ -6,10 +6,9 @@ each call, so the two clients cannot drift apart: this file holds no protocol lo
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import dataclasses
 import ssl
-import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +17,7 @@ from typing import Any, Self, TypeVar
 from attnstore.chunks.format import ChunkLayout
 from attnstore.kvstore.v1 import kvstore_pb2
 from attnstore.kvstore_client.async_client import AsyncKVStoreClient
+from attnstore.kvstore_client.background_loop import BackgroundLoop
 from attnstore.kvstore_client.location_cache import DEFAULT_ENTRIES as DEFAULT_LOCATION_ENTRIES
 from attnstore.kvstore_client.pieces import PutChunks
 from attnstore.kvstore_client.results import (
@@ -51,9 +51,7 @@ class KVStoreClient:
         use_data_plane: bool = True,
         data_plane_tls: ssl.SSLContext | None = None,
     ) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kvstore-client", daemon=True)
-        self._thread.start()
+        self._loop = BackgroundLoop("kvstore-client")
 
         async def create() -> AsyncKVStoreClient:  # grpc.aio binds a channel to the running loop
             return AsyncKVStoreClient(
@@ -69,27 +67,35 @@ class KVStoreClient:
             )
 
         try:
-            self._client = self._run(create())
+            self._client = self._loop.run(create())
         except BaseException:
-            self._stop_loop()
+            self._loop.stop()
             raise
         self.address = address
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+    @property
+    def aio(self) -> AsyncKVStoreClient:
+        """The asyncio client underneath, for coroutines given to `submit` or `call`."""
+        return self._client
 
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Starts `coroutine` (built from `aio`) on the client's loop without waiting: loads
+        and saves that overlap the caller's own work."""
+        return self._loop.submit(coroutine)
 
-    def close(self) -> None:
-        if self._loop.is_closed():
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout_seconds: float | None = None) -> T:
+        """Waits for `coroutine` (built from `aio`); past `timeout_seconds` cancels it and
+        raises TimeoutError."""
+        return self._loop.run(coroutine, timeout_seconds)
+
+    def close(self, timeout_seconds: float | None = None) -> None:
+        """Ends the channel and the loop's thread, each waited for at most `timeout_seconds`."""
+        if self._loop.closed:
             return
         try:
-            self._run(self._client.close())
+            self._loop.run(self._client.close(), timeout_seconds)
         finally:
-            self._stop_loop()
+            self._loop.stop(timeout_seconds)
 
     def __enter__(self) -> Self:
         return self
@@ -100,10 +106,10 @@ class KVStoreClient:
         self.close()
 
     def open_shm(self) -> bool:
-        return self._run(self._client.open_shm())
+        return self.call(self._client.open_shm())
 
     def transport(self) -> str:
-        return self._run(self._client.transport())
+        return self.call(self._client.transport())
 
     def client_stats(self) -> ClientStats:
         return self._client.client_stats()
@@ -119,7 +125,7 @@ class KVStoreClient:
         dtype: str,
         model_label: str = "",
     ) -> int:
-        return self._run(
+        return self.call(
             self._client.register_namespace(
                 namespace,
                 num_layers=num_layers,
@@ -132,27 +138,27 @@ class KVStoreClient:
         )
 
     def lookup(self, namespace: bytes, keys: Sequence[bytes], *, promote: bool = False) -> LookupResult:
-        return self._run(self._client.lookup(namespace, keys, promote=promote))
+        return self.call(self._client.lookup(namespace, keys, promote=promote))
 
     def put_chunks(
         self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0
     ) -> PutResult:
-        return self._run(self._client.put_chunks(namespace, chunks, durable=durable, ttl_seconds=ttl_seconds))
+        return self.call(self._client.put_chunks(namespace, chunks, durable=durable, ttl_seconds=ttl_seconds))
 
     def get_chunks(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
     ) -> list[ChunkData]:
-        return self._run(
+        return self.call(
             self._client.get_chunks(namespace, keys, layer_start=layer_start, layer_end=layer_end)
         )
 
     def get_chunks_into(
         self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
     ) -> list[ChunkLayout]:
-        return self._run(self._client.get_chunks_into(namespace, keys, outs))
+        return self.call(self._client.get_chunks_into(namespace, keys, outs))
 
     def get_whole_chunks(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes]:
-        return self._run(self._client.get_whole_chunks(namespace, keys))
+        return self.call(self._client.get_whole_chunks(namespace, keys))
 
     def iter_layers(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
@@ -167,16 +173,16 @@ class KVStoreClient:
                 async for piece in pieces
             ]
 
-        return self._run(collect())
+        return self.call(collect())
 
     def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
-        return self._run(self._client.delete(namespace, keys))
+        return self.call(self._client.delete(namespace, keys))
 
     def pin(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: int = 0) -> int:
-        return self._run(self._client.pin(namespace, keys, ttl_seconds))
+        return self.call(self._client.pin(namespace, keys, ttl_seconds))
 
     def unpin(self, namespace: bytes, keys: Sequence[bytes]) -> int:
-        return self._run(self._client.unpin(namespace, keys))
+        return self.call(self._client.unpin(namespace, keys))
 
     def hint(
         self,
@@ -186,7 +192,7 @@ class KVStoreClient:
         replace: bool = False,
         ttl_seconds: int = 0,
     ) -> HintResult:
-        return self._run(self._client.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds))
+        return self.call(self._client.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds))
 
     def stats(self) -> kvstore_pb2.StatsResponse:
-        return self._run(self._client.stats())
+        return self.call(self._client.stats())

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
 
 import grpc
 import structlog
@@ -25,6 +27,7 @@ from prometheus_client import start_http_server
 
 from attnstore.server.concurrency import ConcurrencyLimit, ServingLimits
 from attnstore.server.interceptors import ErrorAndMetricsInterceptor
+from attnstore.server.service_settings import ServiceSettings
 
 log = structlog.get_logger("attnstore.server")
 
@@ -59,27 +62,28 @@ def create_server(
 
 async def serve(
     server: grpc.aio.Server,
+    settings: ServiceSettings,
     *,
-    address: str,
     service_names: Iterable[str],
-    metrics_port: int | None,
-    grace_seconds: float,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     on_stopping: Callable[[], None] | None = None,
     on_started: Callable[[int], None] | None = None,
     health_probe: HealthProbe | None = None,
     health_probe_interval_seconds: float = 0.0,
     credentials: grpc.ServerCredentials | None = None,
-    health_address: str | None = None,
 ) -> None:
-    """Runs `server` until SIGTERM or SIGINT; `on_started` receives the bound port.
+    """Runs `server` at `settings.listen_address` until SIGTERM or SIGINT, then gives
+    in-flight calls `settings.shutdown_grace_seconds`; `on_started` receives the bound
+    port, which then goes to `settings.ready_file`.
 
     `health_probe` must pass once before anything reports SERVING (its failure ends
     serve() with that exception); with a positive interval it runs again periodically.
     `credentials` (attnstore.security.ServerTLS.load()): TLS; None: plaintext. `on_stopping`
     runs when the stop begins, so another server of the service drains during the same grace.
-    `health_address` (ServerTLS.health_listen_address): host:port of a plaintext server
-    with the health service only, following the same statuses; None: none."""
+    `settings.tls.health_listen_address`: host:port of a plaintext server with the health
+    service only, following the same statuses; None: none."""
+    address, metrics_port = settings.listen_address, settings.metrics_port
+    grace_seconds, health_address = settings.shutdown_grace_seconds, settings.tls.health_listen_address
     names = ["", *service_names]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -121,6 +125,7 @@ async def serve(
         )
         if on_started is not None:
             on_started(port)
+        write_ready_file(settings.ready_file, port)
         if health_probe is not None and health_probe_interval_seconds > 0:
             watcher = loop.create_task(
                 _watch_health(health_servicer, names, health_probe, health_probe_interval_seconds)
@@ -181,3 +186,12 @@ async def _watch_health(
             log.info("health_probe_recovered")
             await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.SERVING)
         healthy = True
+
+
+def write_ready_file(path: Path | None, port: int) -> None:
+    """The service side of readiness: publishes the bound port atomically (no reader ever
+    sees an empty file)."""
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, path)

@@ -139,12 +139,3 @@ class ServiceProcess:
 def _env_value(value: object) -> str:
     """Mappings and lists as the JSON the settings parse, anything else as its text."""
     return json.dumps(value, default=str) if isinstance(value, Mapping | list) else str(value)
-
-
-def write_ready_file(path: Path | None, port: int) -> None:
-    """The service side of readiness: publishes the bound port atomically (no reader ever
-    sees an empty file)."""
-    if path is not None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(port))
-        os.replace(tmp, path)

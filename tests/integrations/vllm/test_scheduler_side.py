@@ -10,7 +10,6 @@ from attnstore.kvstore_client import KVStoreClient, Tier
 from attnstore_vllm.namespaces import ModelShape, NamespaceRegistry, namespace_id
 from attnstore_vllm.scheduler_side import SchedulerSide
 from attnstore_vllm.settings import ConnectorSettings
-from attnstore_vllm.store_loop import StoreLoop
 
 BLOCK, CHUNK = 32, 64
 SHAPE = ModelShape(
@@ -21,11 +20,11 @@ PROMPT = list(range(10, 210))  # 200 tokens: three full chunks and a partial one
 
 def side(address: str, **settings: object) -> SchedulerSide:
     config = ConnectorSettings(daemon=address, chunk_tokens=CHUNK, lookup_timeout_seconds=1.0, **settings)
-    store = StoreLoop(address, use_shm=False, shm_dir=None, timeout_seconds=1.0)
+    store = KVStoreClient(address, use_shm=False, timeout_seconds=1.0, verify_checksums=False)
 
     def register(namespace: bytes) -> None:
-        store.run(
-            store.client.register_namespace(
+        store.call(
+            store.aio.register_namespace(
                 namespace, num_layers=1, kv_heads=1, head_dim=4, chunk_tokens=CHUNK, dtype="float32"
             ),
             1.0,

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.server.concurrency import ServingLimits
 from attnstore.server.lifecycle import create_server, serve
+from attnstore.server.service_settings import ServiceSettings
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -48,10 +49,8 @@ async def test_health_follows_the_probe_and_sigterm_stops() -> None:
     serving = asyncio.create_task(
         serve(
             create_server(ServingLimits()),
-            address="127.0.0.1:0",
+            ServiceSettings(listen_address="127.0.0.1:0", shutdown_grace_seconds=1),
             service_names=["test.Service"],
-            metrics_port=None,
-            grace_seconds=1,
             on_stop=on_stop,
             on_started=started.set_result,
             health_probe=probe,
@@ -78,10 +77,8 @@ async def test_a_failing_probe_at_start_ends_serve_before_it_reports_ready() -> 
     with pytest.raises(RuntimeError, match="the device is gone"):
         await serve(
             create_server(ServingLimits()),
-            address="127.0.0.1:0",
+            ServiceSettings(listen_address="127.0.0.1:0", shutdown_grace_seconds=0),
             service_names=["test.Service"],
-            metrics_port=None,
-            grace_seconds=0,
             on_started=ready.append,
             health_probe=probe,
         )
