@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from attnstore.server.child_process import ChildProcess
+
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 20.0
 _POLL_SECONDS = 0.02
 
 
-class ServiceProcess:
-    # True: the child runs in its own session, so a terminal's Ctrl-C reaches only the
-    # parent, which then stops the services in order (the local stack sets it).
-    own_session = False
-
+class ServiceProcess(ChildProcess):
     def __init__(
         self,
         module: str,
@@ -42,16 +39,15 @@ class ServiceProcess:
         """`settings` and `service_env` are settings by field name without `env_prefix`
         (e.g. {"log_level": "DEBUG"}; a nested one such as {"tls": {...}} goes as JSON);
         `settings` win. The log goes to `log_path`, the ready file beside it."""
+        super().__init__(stop_timeout_seconds)
         self.module = module
         self.env_prefix = env_prefix
         self.log_path = log_path
         self.ready_file = log_path.with_name(log_path.stem + ".ready")
         self.port = 0
         self.ready_timeout_seconds = ready_timeout_seconds
-        self.stop_timeout_seconds = stop_timeout_seconds
         self._service_env = self._prefixed(service_env or {})
         self._settings = self._prefixed(settings or {})
-        self._process: subprocess.Popen[bytes] | None = None
 
     def _prefixed(self, settings: Mapping[str, object]) -> dict[str, str]:
         return {f"{self.env_prefix}{name.upper()}": _env_value(value) for name, value in settings.items()}
@@ -59,15 +55,6 @@ class ServiceProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        """Started and not exited (False after a crash, too)."""
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
 
     def _env(self) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if not name.startswith(self.env_prefix)}
@@ -105,30 +92,6 @@ class ServiceProcess:
                 )
             time.sleep(_POLL_SECONDS)
         self.port = int(self.ready_file.read_text())
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait for the graceful exit (SIGKILL past the timeout); the exit code."""
-        if self._process is None:
-            return None
-        process, self._process = self._process, None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                return process.wait(self.stop_timeout_seconds)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        return process.wait()
-
-    def kill9(self) -> None:
-        """Kills the service without letting it clean up (a crash)."""
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            self._process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():

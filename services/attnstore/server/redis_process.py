@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from attnstore.server.child_process import ChildProcess
 from attnstore.server.ports import free_port
 
 READY_TIMEOUT_SECONDS = 10.0
@@ -32,26 +33,16 @@ def _answers_ping(port: int) -> bool:
         return False
 
 
-class RedisProcess:
-    own_session = False  # as ServiceProcess.own_session
-
+class RedisProcess(ChildProcess):
     def __init__(self, work_dir: Path, *, persistent: bool = False) -> None:
+        super().__init__(STOP_TIMEOUT_SECONDS)  # SIGTERM: Redis flushes its append-only file
         self.work_dir = work_dir
         self.persistent = persistent
         self.port = 0
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
 
     @property
     def version(self) -> str:
@@ -112,27 +103,3 @@ class RedisProcess:
                 return True
             time.sleep(_POLL_SECONDS)
         return False
-
-    def stop(self) -> None:
-        """SIGTERM (Redis flushes its append-only file), then SIGKILL past the timeout."""
-        if self._process is None:
-            return
-        process, self._process = self._process, None
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def kill9(self) -> None:
-        """SIGKILL: a crash, nothing flushed on the way out; `start()` brings it back on its port."""
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            self._process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
