@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -58,6 +58,11 @@ class Measurement:
     def percentile_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q) * 1e3) if self.latencies_s else float("nan")
 
+    def add_round(self, seconds: float, latencies_by_worker: Iterable[list[float]]) -> None:
+        """A measured (not warm-up) round: its wall time and every operation's latency."""
+        self.seconds += seconds
+        self.latencies_s += [latency for latencies in latencies_by_worker for latency in latencies]
+
     def as_dict(self) -> dict[str, float | int]:
         return {
             "ops": self.ops, "bytes": self.moved_bytes, "seconds": round(self.seconds, 4),
@@ -95,10 +100,8 @@ def run_threads(
             else:
                 futures = [pool.submit(worker, w, items) for w, items in enumerate(_shares(count, concurrency))]
                 rounds = [f.result() for f in futures]
-            elapsed = time.perf_counter() - start
             if not warm:
-                result.seconds += elapsed
-                result.latencies_s += [latency for latencies in rounds for latency in latencies]
+                result.add_round(time.perf_counter() - start, rounds)
             warm = False
             if between_rounds is not None:
                 between_rounds()
@@ -124,10 +127,8 @@ async def run_tasks(
     while warm or not budget.done(result.ops, result.moved_bytes, result.seconds):
         start = time.perf_counter()
         rounds = await asyncio.gather(*(worker(w, items) for w, items in enumerate(_shares(count, concurrency))))
-        elapsed = time.perf_counter() - start
         if not warm:
-            result.seconds += elapsed
-            result.latencies_s += [latency for latencies in rounds for latency in latencies]
+            result.add_round(time.perf_counter() - start, rounds)
         warm = False
         if between_rounds is not None:
             await between_rounds()
