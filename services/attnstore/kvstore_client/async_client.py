@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypedDict
 
 from attnstore.chunks.format import ChunkLayout, verify_layer
 from attnstore.errors import InvalidArgument, ServiceError
@@ -53,6 +53,20 @@ from attnstore.kvstore_client.results import (
 from attnstore.security.credentials import ClientCredentials, aio_channel
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class ClientOptions(TypedDict, total=False):
+    """AsyncKVStoreClient's keyword arguments (their defaults and meaning: its __init__),
+    which the blocking KVStoreClient passes on."""
+
+    use_shm: bool
+    timeout_seconds: float
+    verify_checksums: bool
+    shm_dir: Path | None
+    credentials: ClientCredentials | None
+    location_cache_entries: int
+    use_data_plane: bool
+    data_plane_tls: ssl.SSLContext | None
 
 
 class AsyncKVStoreClient:

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import ssl
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
 from attnstore.chunks.format import ChunkLayout
 from attnstore.kvstore.v1 import kvstore_pb2
-from attnstore.kvstore_client.async_client import AsyncKVStoreClient
+from attnstore.kvstore_client.async_client import AsyncKVStoreClient, ClientOptions
 from attnstore.kvstore_client.background_loop import BackgroundLoop
-from attnstore.kvstore_client.location_cache import DEFAULT_ENTRIES as DEFAULT_LOCATION_ENTRIES
 from attnstore.kvstore_client.pieces import PutChunks
 from attnstore.kvstore_client.results import (
     ChunkData,
@@ -29,7 +26,6 @@ from attnstore.kvstore_client.results import (
     LookupResult,
     PutResult,
 )
-from attnstore.security.credentials import ClientCredentials
 
 T = TypeVar("T")
 
@@ -38,33 +34,12 @@ class KVStoreClient:
     """Same methods and semantics as AsyncKVStoreClient, blocking; safe to share between
     threads (calls interleave on the private loop). `close()` it, or use `with`."""
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        use_shm: bool = True,
-        timeout_seconds: float = 10.0,
-        verify_checksums: bool = True,
-        shm_dir: Path | None = None,
-        credentials: ClientCredentials | None = None,
-        location_cache_entries: int = DEFAULT_LOCATION_ENTRIES,
-        use_data_plane: bool = True,
-        data_plane_tls: ssl.SSLContext | None = None,
-    ) -> None:
+    def __init__(self, address: str, **options: Unpack[ClientOptions]) -> None:
+        """`options`: AsyncKVStoreClient's keyword arguments, with its defaults."""
         self._loop = BackgroundLoop("kvstore-client")
 
         async def create() -> AsyncKVStoreClient:  # grpc.aio binds a channel to the running loop
-            return AsyncKVStoreClient(
-                address,
-                use_shm=use_shm,
-                timeout_seconds=timeout_seconds,
-                verify_checksums=verify_checksums,
-                shm_dir=shm_dir,
-                credentials=credentials,
-                location_cache_entries=location_cache_entries,
-                use_data_plane=use_data_plane,
-                data_plane_tls=data_plane_tls,
-            )
+            return AsyncKVStoreClient(address, **options)
 
         try:
             self._client = self._loop.run(create())
