@@ -38,7 +38,7 @@ class _SchemaParser:
         name = check_name(element.attributes["name"], element.line, element.describe(), self._limits)
         scaffold_elements = [c for c in element.children if isinstance(c, XmlElement) and c.tag == "scaffold"]
         content = [c for c in element.children if not (isinstance(c, XmlElement) and c.tag == "scaffold")]
-        children = self._content(content, element, in_module=False, in_role=False)
+        children = self._content(content, in_module=False, in_role=False)
         _check_scope(children, element)
         if len(scaffold_elements) > self._limits.scaffolds_per_schema_max:
             raise PmlLimitExceeded(
@@ -52,22 +52,20 @@ class _SchemaParser:
         return schema
 
     def _content(
-        self, items: list[XmlElement | XmlText], parent: XmlElement, *, in_module: bool, in_role: bool
+        self, items: list[XmlElement | XmlText], *, in_module: bool, in_role: bool
     ) -> tuple[SchemaNode, ...]:
         nodes: list[SchemaNode] = []
         for item in items:
             if isinstance(item, XmlText):
                 nodes.append(Text(item.text, item.line))
             else:
-                nodes.append(self._element(item, parent, in_module=in_module, in_role=in_role))
+                nodes.append(self._element(item, in_module=in_module, in_role=in_role))
         return tuple(nodes)
 
-    def _element(
-        self, element: XmlElement, parent: XmlElement, *, in_module: bool, in_role: bool
-    ) -> SchemaNode:
+    def _element(self, element: XmlElement, *, in_module: bool, in_role: bool) -> SchemaNode:
         where = element.describe()
         if element.tag == "module":
-            return self._module(element)
+            return self._module(element, in_role=in_role)
         if element.tag == "param":
             if not in_module:
                 raise ParamAtRoot(element.line, where, "a parameter must be inside a module")
@@ -78,21 +76,21 @@ class _SchemaParser:
             for child in element.children:
                 if not (isinstance(child, XmlElement) and child.tag == "module"):
                     raise MalformedPml(child.line, where, "a union holds only <module> elements")
-                members.append(self._module(child))
+                members.append(self._module(child, in_role=in_role))
             if not members:
                 raise MalformedPml(element.line, where, "a union needs at least one module")
             return ModuleUnion(tuple(members), element.line)
         if element.tag in ROLES:
             if in_role:
-                raise MalformedPml(element.line, where, f"role tags do not nest (inside {parent.describe()})")
+                raise MalformedPml(element.line, where, "role tags do not nest, not even through modules")
             check_attributes(element, required=())
-            children = self._content(element.children, element, in_module=in_module, in_role=True)
+            children = self._content(element.children, in_module=in_module, in_role=True)
             return RoleBlock(element.tag, children, element.line)  # type: ignore[arg-type]
         if element.tag == "scaffold":
             raise MalformedPml(element.line, where, "a scaffold is declared directly in <schema>")
         raise MalformedPml(element.line, where, f"unknown element <{element.tag}> in a schema")
 
-    def _module(self, element: XmlElement) -> Module:
+    def _module(self, element: XmlElement, *, in_role: bool) -> Module:
         where = element.describe()
         check_attributes(element, required=("name",))
         name = check_name(element.attributes["name"], element.line, where, self._limits)
@@ -101,7 +99,7 @@ class _SchemaParser:
             raise PmlLimitExceeded(
                 element.line, where, f"more than {self._limits.modules_per_schema_max} modules in the schema"
             )
-        children = self._content(element.children, element, in_module=True, in_role=False)
+        children = self._content(element.children, in_module=True, in_role=in_role)
         _check_scope(children, element)
         return Module(name, children, element.line)
 

@@ -65,7 +65,9 @@ class _TreeBuilder:
         text = "".join(self._text)
         self._text.clear()
         if self._stack and text.strip():
-            self._stack[-1].children.append(XmlText(text, self._text_line))
+            # The line of its first visible character, where a reader looks for it.
+            line = self._text_line + text[: len(text) - len(text.lstrip())].count("\n")
+            self._stack[-1].children.append(XmlText(text, line))
 
     def refuse(self, what: str) -> None:
         raise MalformedPml(self._parser.CurrentLineNumber, "document", f"{what} is not allowed in PML")
