@@ -60,7 +60,7 @@ from attnstore.prompt_modules.prompt_layout import (
     layout_prompt,
 )
 from attnstore.prompt_modules.prompt_parser import parse_prompt
-from attnstore.prompt_modules.roles import RenderRole, RoleFrame, plain_roles, role_frames
+from attnstore.prompt_modules.roles import RenderRole, RoleFrame, messages_renderer, plain_roles, role_frames
 from attnstore.prompt_modules.scaffolds import choose_scaffold
 from attnstore.prompt_modules.schema_parser import parse_schema
 
@@ -113,6 +113,7 @@ __all__ = [
     "format_path",
     "layout_prompt",
     "layout_schema",
+    "messages_renderer",
     "module_chunk_keys",
     "module_key",
     "parse_path",

@@ -83,6 +83,7 @@ class PromptLayout:
     segments: tuple[Segment, ...]  # in serving order
     modules: tuple[ModulePath, ...]  # imported modules in serving order, the root () first
     scaffold: str | None  # the scaffold whose KV serves its modules (and the root)
+    next_position: int  # the first position after everything served: where generation continues
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -110,7 +111,9 @@ def layout_prompt(
     server = _Server(schema_layout, tokenize, role_frames(render_role), scaffold.modules if scaffold else ())
     scaffold_name = scaffold.name if scaffold else None
     server.serve(ROOT, prompt.children, {}, prompt.line, scaffold_name)
-    return PromptLayout(schema_layout.digest, tuple(server.segments), tuple(server.modules), scaffold_name)
+    return PromptLayout(
+        schema_layout.digest, tuple(server.segments), tuple(server.modules), scaffold_name, server.cursor
+    )
 
 
 def _imported_paths(nodes: tuple[PromptNode, ...], path: ModulePath) -> Iterator[ModulePath]:
@@ -142,7 +145,7 @@ class _Server:
         scaffold: str | None,
     ) -> None:
         """One import: the module's items in schema order, its child imports at their slots,
-        the prompt's text after the items before the next import (or before the closing piece)."""
+        the prompt's text after the items before the next import (after all, if none follows)."""
         module = self._layout.module(path)
         self.modules.append(path)
         scaffold_here = scaffold if path in self._scaffolded else None
@@ -168,7 +171,7 @@ class _Server:
                 self.serve((*path, event.name), event.children, event.argument_map(), event.line, scaffold)
                 continue
             following = next((e for e in events[i + 1 :] if isinstance(e, Import)), None)
-            serve_items_until(slot_of[following.name] if following else module.closing_index)
+            serve_items_until(slot_of[following.name] if following else len(module.items))
             self._text(event)
         serve_items_until(len(module.items))
 

@@ -53,8 +53,7 @@ def test_omitted_modules_leave_gaps_and_the_root_text_is_always_served() -> None
 
 def test_uncached_text_takes_the_positions_after_what_precedes_it() -> None:
     served = serve('<prompt schema="docs"><doc1/>why is that</prompt>')
-    # No import follows and the root has no closing text (trip's slot comes last): the text
-    # follows all the root's pieces, r1 included.
+    # No import follows: the text follows all the root's pieces, r1 included.
     assert spans(served) == [("root", 0, 1), ("doc1", 1, 3), ("root", 6, 1), ("text 'why is that'", 7, 3)]
     assert served.cached_tokens == 5 and served.computed_tokens == 3
 
@@ -100,9 +99,9 @@ def test_union_members_are_served_at_the_union_start_and_nested_modules_inside()
     assert spans(served)[-1] == ("trip", 18, 1)
 
 
-def test_text_inside_an_import_goes_before_the_module_closing_text() -> None:
+def test_text_after_the_last_import_follows_all_the_module_text() -> None:
     served = serve('<prompt schema="docs"><trip city="Rome">x</trip></prompt>')
-    assert spans(served)[-3:] == [("trip", 12, 1), ("text 'x'", 13, 1), ("trip", 18, 1)]
+    assert spans(served)[-3:] == [("trip", 12, 1), ("trip", 18, 1), ("text 'x'", 19, 1)]
 
 
 def test_prompt_role_tags_are_framed_and_computed() -> None:
