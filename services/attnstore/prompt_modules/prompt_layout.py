@@ -20,8 +20,19 @@ from attnstore.prompt_modules.roles import RenderRole, RoleFrames, plain_roles, 
 from attnstore.prompt_modules.scaffolds import choose_scaffold
 
 
+class _Placed:
+    """Tokens served at consecutive positions from `start`."""
+
+    start: int
+    token_ids: tuple[int, ...]
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.start + len(self.token_ids))
+
+
 @dataclass(frozen=True)
-class ModuleSegment:
+class ModuleSegment(_Placed):
     """A piece of an imported module, served from cached KV."""
 
     cached: ClassVar[bool] = True
@@ -38,13 +49,9 @@ class ModuleSegment:
         """Positions to rotate the cached keys by (0 when served where encoded)."""
         return self.start - self.schema_start
 
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + len(self.token_ids))
-
 
 @dataclass(frozen=True)
-class ArgumentSegment:
+class ArgumentSegment(_Placed):
     """An argument, computed at serve time on its param's reserved positions."""
 
     cached: ClassVar[bool] = False
@@ -55,23 +62,15 @@ class ArgumentSegment:
     start: int
     reserved: int  # the param's len; token_ids never exceed it
 
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + len(self.token_ids))
-
 
 @dataclass(frozen=True)
-class TextSegment:
+class TextSegment(_Placed):
     """Uncached text (role frames of the prompt's own role tags included), computed."""
 
     cached: ClassVar[bool] = False
     text: str
     token_ids: tuple[int, ...]
     start: int
-
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + len(self.token_ids))
 
 
 Segment = ModuleSegment | ArgumentSegment | TextSegment
