@@ -161,3 +161,56 @@ def test_scaffold_pieces_are_what_it_encodes_in_position_order() -> None:
         (("doc2",), 4),
         ((), 6),
     ]
+
+
+TRAVEL = """<schema name="travel">
+  <system>You plan trips. </system>
+  <module name="city-guide">Guide: museums, food and parks. </module>
+  <module name="trip">Plan a trip to <param name="destination" len="3"/> for
+    <union>
+      <module name="solo">one person. </module>
+      <module name="family">a family with two kids. </module>
+    </union>
+  </module>
+  <scaffold name="guided-trip" modules="city-guide trip"/>
+</schema>"""
+
+
+def test_the_worked_example_of_the_docs() -> None:
+    def template(role: str, content: str) -> str:
+        return f"<{role}> {content} </{role}> "
+
+    layout = layout_schema(parse_schema(TRAVEL), word_tokens, template)
+    assert [(p, m.start, m.length) for p, m in layout.modules.items()] == [
+        ((), 0, 23),
+        (("city-guide",), 5, 5),
+        (("trip",), 10, 13),
+        (("trip", "solo"), 18, 2),
+        (("trip", "family"), 18, 5),
+    ]
+    family = serve(
+        '<prompt schema="travel"><trip destination="New York"><family/></trip><user>Any tips?</user></prompt>',
+        TRAVEL,
+        template,
+    )
+    assert spans(family) == [
+        ("root", 0, 5),
+        ("trip", 10, 4),
+        ("trip:destination", 14, 2),
+        ("trip", 17, 1),
+        ("trip.family", 18, 5),
+        ("text '<user> Any tips? </user>'", 23, 4),
+    ]
+    assert (family.cached_tokens, family.computed_tokens, family.next_position) == (15, 6, 27)
+    long_turn = serve(
+        '<prompt schema="travel"><user>Hello there, I need help with a long question first</user>'
+        "<city-guide/></prompt>",
+        TRAVEL,
+        template,
+    )
+    guide = long_turn.segments[-1]
+    assert isinstance(guide, ModuleSegment) and (guide.start, guide.shift) == (17, 12)
+    both = serve(
+        '<prompt schema="travel"><city-guide/><trip destination="Oslo"><solo/></trip></prompt>', TRAVEL
+    )
+    assert both.scaffold == "guided-trip"
