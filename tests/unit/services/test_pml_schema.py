@@ -1,5 +1,8 @@
 """PML schemas and prompts parse into the typed tree, every element included."""
 
+import subprocess
+import sys
+
 from attnstore.prompt_modules import (
     Import,
     Module,
@@ -109,3 +112,9 @@ def test_module_paths_lists_every_module_in_document_order() -> None:
 def test_arguments_keep_escaped_line_ends() -> None:
     prompt = parse_prompt('<prompt schema="s"><doc note="a&#10;b &quot;c&quot;"/></prompt>')
     assert prompt.children == (Import("doc", (("note", 'a\nb "c"'),), ()),)
+
+
+def test_the_package_imports_no_model_library() -> None:
+    code = "import sys, attnstore.prompt_modules; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
