@@ -55,9 +55,9 @@ from kvstore_daemon.namespaces import (
     NamespaceTableFull,
     RegistrationRateLimited,
 )
+from kvstore_daemon.peer_tier import PeerTier
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
-from kvstore_daemon.tier import Tier
 from kvstore_daemon.tier_mover import TierMover
 
 log = structlog.get_logger("kvstore_daemon.store")
@@ -71,7 +71,7 @@ class ChunkStore:
         ssd: SsdTier,
         namespaces: NamespaceRegistry,
         clock: Callable[[], float] = time.monotonic,
-        peer: Tier | None = None,
+        peer: PeerTier | None = None,
     ) -> None:
         self.settings = settings
         self.dram = dram
@@ -90,6 +90,7 @@ class ChunkStore:
         self._registrations = TokenBuckets(
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
+        self._peer = peer
         self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
@@ -160,6 +161,11 @@ class ChunkStore:
                 self._mover.spawn(self._mover.promote_quietly(chunk, None))
         self._count_hits(tiers, misses=len(keys) - len(tiers))
         return tiers
+
+    def placed_on(self, key: bytes) -> str:
+        """The gRPC address of the peer holding a TIER_PEER chunk (for Lookup: readers may
+        fetch it there themselves); empty when no peer does."""
+        return (self._peer.placed_on(key) if self._peer is not None else None) or ""
 
     # ---- two-phase writes ---------------------------------------------------------
 
