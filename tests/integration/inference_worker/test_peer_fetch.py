@@ -7,16 +7,16 @@ When the lender dies, the turn recomputes: misses, never wrong KV."""
 
 from __future__ import annotations
 
-import random
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filler_chunks import write_filler
 from running_daemon import running_daemon
 from service_probes import free_port
 from test_turn_reuse import ANSWER_TOKENS, CHUNK_TOKENS, LOGITS_TOLERANCE, SAVED_CHUNKS, first_turn, run_turn
 
-from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
 from inference_worker.model_store import LoadedModel
@@ -65,22 +65,17 @@ async def push_to_peer(
 ) -> list[bytes]:
     """Fills the borrower with other chunks until turn 1's chunks live only on the lender."""
     geometry = engine.runner.geometry
-    layout = {"num_layers": geometry.num_layers, "kv_heads": geometry.kv_heads, "head_dim": geometry.head_dim}
-    await client.register_namespace(FILLER_NAMESPACE, **layout, chunk_tokens=CHUNK_TOKENS, dtype="float32")
-    rng = random.Random(3)
-    half = layout["kv_heads"] * CHUNK_TOKENS * layout["head_dim"] * 4
-    keys = chunk_key_chain(FILLER_NAMESPACE, list(range(FILLER_CHUNKS * CHUNK_TOKENS)), CHUNK_TOKENS)
-    for index, key in enumerate(keys):
-        data = encode_chunk(
-            namespace=FILLER_NAMESPACE, key=key, dtype="float32", kv_heads=layout["kv_heads"], tokens=CHUNK_TOKENS,
-            head_dim=layout["head_dim"], base_position=index * CHUNK_TOKENS,
-            layers=[(rng.randbytes(half), rng.randbytes(half)) for _ in range(layout["num_layers"])],
-        )  # fmt: skip
-        await client.put_chunks(FILLER_NAMESPACE, [(key, data)], durable=True)
+    await write_filler(
+        client, FILLER_NAMESPACE, FILLER_CHUNKS, num_layers=geometry.num_layers, kv_heads=geometry.kv_heads,
+        head_dim=geometry.head_dim, chunk_tokens=CHUNK_TOKENS, dtype="float32", seed=3,
+    )  # fmt: skip
     turn_keys = chunk_key_chain(source.namespace, prompt, CHUNK_TOKENS)[:SAVED_CHUNKS]
-    found = await client.lookup(source.namespace, turn_keys)
-    assert found.tiers == [Tier.PEER] * SAVED_CHUNKS, found  # evicted from DRAM and SSD, kept on the peer
-    return turn_keys
+    for _ in range(100):  # placement finishes in the background of the evicting write
+        found = await client.lookup(source.namespace, turn_keys)
+        if found.tiers == [Tier.PEER] * SAVED_CHUNKS:  # evicted from DRAM and SSD, kept on the peer
+            return turn_keys
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"turn 1's chunks never all moved to the peer: {found}")
 
 
 async def test_the_worker_reads_peer_chunks_from_the_peer_and_matches_recompute(
