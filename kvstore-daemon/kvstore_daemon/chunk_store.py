@@ -107,10 +107,31 @@ class ChunkStore:
                 continue
             self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True))
             self._mover.ssd_policy.on_insert(stored.key)
-        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped, unregistered=orphans)
+        on_peers = self._restore_placements()
+        log.info(
+            "recovered", chunks=len(self._chunks), on_peers=on_peers, dropped=self.ssd.recovery_dropped,
+            unregistered=orphans,
+        )  # fmt: skip
         metrics.CORRUPT.inc(self.ssd.recovery_dropped)  # bad files found at start count like bad reads
         metrics.NAMESPACES.set(len(self.namespaces))
         self._update_gauges()
+
+    def _restore_placements(self) -> int:
+        """Indexes again the chunks an earlier life placed on peers; how many."""
+        if self._peer is None:
+            return 0
+        restored = 0
+        for placement in self._peer.restore():
+            chunk = self._chunks.get(placement.key)
+            if chunk is None and placement.namespace in self.namespaces:
+                chunk = Chunk(placement.key, placement.namespace, placement.size_bytes)
+                self._chunks.add(chunk)
+            if chunk is None:  # its namespace was reclaimed: the peer's copy names nothing now
+                self._peer.discard(Chunk(placement.key, placement.namespace, placement.size_bytes))
+                continue
+            chunk.on_peer = True
+            restored += 1
+        return restored
 
     async def stop(self, grace_seconds: float) -> None:
         """Lets in-flight SSD writes finish (bounded by the grace period), then closes the tiers."""

@@ -69,6 +69,34 @@ def test_evicted_chunks_live_on_a_peer_and_die_with_it(
                 assert got == [chunks.data(index)]
 
 
+def test_placements_survive_the_restart_of_the_lender_and_of_the_borrower(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """The lender keeps what it holds for others on its SSD (durable puts); the borrower
+    journals where its chunks went and, killed and restarted, indexes them again."""
+    lender = daemon_factory(DATA_PLANE_PORT=free_port())
+    borrower = daemon_factory(**SMALL_TIERS, POOL_PEERS=[lender.address], POOL_CAPACITY_BYTES=64 * 1024 * KiB)
+    chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=23)
+    with KVStoreClient(borrower.address) as client:
+        chunks.register(client)
+        for index in range(0, COUNT, 2):
+            client.put_chunks(NAMESPACE, chunks.items(index, index + 2), durable=True)
+        on_peer = poll_until(
+            lambda: len(found := [i for i, t in enumerate(chunks.tiers(client, range(COUNT))) if t is Tier.PEER]) >= 10
+            and found,
+            what="SSD evictions placed on the peer",
+        )
+    lender.kill9()
+    lender.restart()
+    borrower.kill9()
+    borrower.restart()
+    with KVStoreClient(borrower.address) as client:
+        assert chunks.tiers(client, on_peer) == [Tier.PEER] * len(on_peer)  # indexed again, on the same peer
+        assert client.lookup(NAMESPACE, [chunks.key(on_peer[0])]).peers == [lender.address]
+        for index in on_peer:
+            assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]
+
+
 def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_after_its_restart(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil,
     tmp_path: Path, redis_installed: None,
