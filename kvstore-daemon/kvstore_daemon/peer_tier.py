@@ -178,9 +178,14 @@ def static_peers(addresses: Sequence[str]) -> FindPeers:
 
 
 def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry, find_peers: FindPeers) -> PeerTier:
-
+    """Peers are called as `pool_channel` says (credentials read now: a bad file stops the start)."""
+    credentials = settings.pool_channel.load("pool_channel")
+    data_plane_tls = settings.pool_channel.ssl_context()
     return PeerTier(
         settings.pool_capacity_bytes, find_peers, namespaces.get,
-        lambda address: AsyncKVStoreClient(address, timeout_seconds=settings.pool_peer_timeout_seconds),
+        lambda address: AsyncKVStoreClient(
+            address, timeout_seconds=settings.pool_peer_timeout_seconds, credentials=credentials,
+            data_plane_tls=data_plane_tls,
+        ),
         PlacementJournal(settings.ssd_dirs[0] / "peer_placements.log"),
     )  # fmt: skip
