@@ -138,8 +138,9 @@ class DaemonSettings(FileBackedSettings):
         pooled = bool(self.pool_peers) or self.pool_redis_url is not None
         if pooled and (self.tls.enabled or self.internal_auth.enabled) and not self.pool_channel.tls:
             raise ValueError("the peers of a daemon with tls or internal_auth need pool_channel.tls to be called")
-        if pooled and self.internal_auth.enabled and self.pool_channel.token_file is None:
-            raise ValueError("the peers of a daemon with internal_auth need pool_channel.token_file")
+        channel = self.pool_channel
+        if pooled and self.internal_auth.enabled and channel.token_file is None and channel.cert_file is None:
+            raise ValueError("the peers of a daemon with internal_auth need pool_channel.token_file or cert_file")
         if self.pool_peers and self.pool_redis_url is not None:
             raise ValueError("pool_peers and pool_redis_url exclude each other (a static pool, or the ledger's)")
         return self
