@@ -30,8 +30,9 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     lines = []
     for key, target, what in TARGETS:
         worst = summary[key].get("min")
-        if worst is None and summary.get("unavailable"):  # a peer that could not run: no verdict
-            lines.append(f"SKIP  {what}: not measured ({', '.join(summary['unavailable'])} unavailable)")
+        if worst is None:  # a path left out (--sizes, --no-lmcache) or a peer that could not run
+            why = f"{', '.join(summary['unavailable'])} unavailable" if summary.get("unavailable") else "not run"
+            lines.append(f"SKIP  {what}: not measured ({why})")
             continue
         passed = worst is not None and worst >= target
         lines.append(f"{'PASS' if passed else 'FAIL'}  {what}: {worst} at worst (target >= {target})")
