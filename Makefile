@@ -49,7 +49,7 @@ bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each 
 bench-vllm: venv  ## vLLM CPU alone vs with the attnstore connector, within and beyond its KV space
 	$(PY) -m bench vllm
 
-bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET and the loopback socket limit, 1/4/16 readers
+bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET, LMCache, Mooncake's Transfer Engine and the socket limit, 1/4/16 readers
 	$(PY) -m bench pool
 
 clean:

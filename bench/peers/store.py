@@ -174,7 +174,7 @@ class LMCacheSide:
 
     def _receive(self, timeout_seconds: float) -> dict[str, Any]:
         assert self.driver is not None and self.driver.stdout is not None
-        line = _readline(self.driver.stdout, timeout_seconds)
+        line = readline_within(self.driver.stdout, timeout_seconds)
         if not line:
             tail = (self.work_dir / "lmcache_driver.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the LMCache driver stopped (exit code {self.driver.poll()}):\n{tail}")
@@ -203,7 +203,7 @@ class LMCacheSide:
         shutil.rmtree(self.files, ignore_errors=True)
 
 
-def _readline(stream: IO[str], timeout_seconds: float) -> str:
+def readline_within(stream: IO[str], timeout_seconds: float) -> str:
     """One line from a child's pipe, or "" once it closes or `timeout_seconds` pass."""
     with selectors.DefaultSelector() as selector:
         selector.register(stream, selectors.EVENT_READ)

@@ -12,6 +12,8 @@ from bench.common.plot_style import plt, save_figure
 TARGETS = (  # (summary key, at least, what)
     ("dataplane_get_vs_redis_get", 1.2, "data-plane Get vs Redis GET at every reader count (5.9 MB)"),
     ("dataplane_get_vs_socket_limit", 0.6, "data-plane Get vs the plain loopback socket (5.9 MB)"),
+    ("dataplane_get_vs_lmcache", 1.0, "data-plane Get vs LMCache's server at every reader count (5.9 MB)"),
+    ("dataplane_get_vs_mooncake_te", 1.0, "data-plane Get vs Mooncake's Transfer Engine over TCP (5.9 MB)"),
 )
 
 
@@ -28,6 +30,10 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     lines = []
     for key, target, what in TARGETS:
         worst = summary[key].get("min")
+        if worst is None:  # a path left out (--sizes, --no-lmcache) or a peer that could not run
+            why = f"{', '.join(summary['unavailable'])} unavailable" if summary.get("unavailable") else "not run"
+            lines.append(f"SKIP  {what}: not measured ({why})")
+            continue
         passed = worst is not None and worst >= target
         lines.append(f"{'PASS' if passed else 'FAIL'}  {what}: {worst} at worst (target >= {target})")
     by_size = summary["dataplane_get_vs_redis_get_every_size"]

@@ -13,6 +13,11 @@ ones. Every path moves the same bytes between two processes on loopback:
   redis_get, redis_set    redis-py on a private redis-server, one connection per worker
   socket_limit            an 8-byte request answered by the bytes from one buffer, recv_into
   dataplane_get_tls       dataplane_get on a daemon with TLS on (5.9 MB only)
+  lmcache_get, lmcache_put  LMCache's standalone server via its lm:// connector (peer_rows.py)
+  mooncake_te_read        Mooncake's Transfer Engine over TCP, one chunk per transfer_sync_read
+
+LMCache and Mooncake run from their own cached venvs (bench/peers/install.py); one that
+cannot be installed or started is listed with the reason under the summary's `unavailable`.
 
 Then the pooled replay (pooled.py): hit rates of multi-turn sessions on one small daemon
 alone, with two lenders in the pool's ledger, and on one daemon with three nodes' room.
@@ -46,6 +51,7 @@ from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
 from bench.common.results import print_report
 from bench.pool.daemons import daemon
+from bench.pool.peer_rows import lmcache_rows, mooncake_rows
 from bench.pool.pooled import run_pooled
 from bench.pool.report import format_table, plot, verdicts
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
@@ -168,6 +174,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "dataplane_get_vs_redis_get": _ratio(rows, "dataplane_get", "redis_get", HEADLINE),
         "dataplane_get_vs_socket_limit": _ratio(rows, "dataplane_get", "socket_limit", HEADLINE),
+        "dataplane_get_vs_lmcache": _ratio(rows, "dataplane_get", "lmcache_get", HEADLINE),
+        "dataplane_put_vs_lmcache_put": _ratio(rows, "dataplane_put", "lmcache_put", HEADLINE),
+        "dataplane_get_vs_mooncake_te": _ratio(rows, "dataplane_get", "mooncake_te_read", HEADLINE),
         "dataplane_get_vs_grpc_get": _ratio(rows, "dataplane_get", "grpc_get", HEADLINE),
         "dataplane_put_vs_redis_set": _ratio(rows, "dataplane_put", "redis_set", HEADLINE),
         "dataplane_get_verified_vs_unverified": _ratio(rows, "dataplane_get_verified", "dataplane_get", HEADLINE),
@@ -217,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
     parser.add_argument("--no-pooled", action="store_true", help="skip the pooled replay")
+    parser.add_argument("--no-lmcache", action="store_true", help="skip LMCache's rows")
+    parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's Transfer Engine rows")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the run's JSON goes")
     args = parser.parse_args(argv)
     run = Run(sorted(args.concurrency), args.seconds or (0.5 if args.quick else 2.0))
@@ -246,11 +257,25 @@ def main(argv: list[str] | None = None) -> None:
                         credentials=credentials, data_plane_tls=context,
                     ))  # fmt: skip
                     run.rows += [r | {"path": "dataplane_get_tls"} for r in tls_run.rows]
+            unavailable: dict[str, str] = {}
+            peers: dict[str, str] = {}
+            if not args.no_lmcache and (reason := lmcache_rows(
+                run.record, args.sizes, run.concurrencies, run.seconds, root
+            )):  # fmt: skip
+                unavailable["lmcache"] = reason
+            if not args.no_mooncake:
+                reason, peers["mooncake_transfer_engine"] = mooncake_rows(
+                    run.record, {size: SIZES[size] for size in args.sizes}, LAYOUT, run.concurrencies, run.seconds, root
+                )
+                if reason:
+                    unavailable["mooncake_transfer_engine"] = reason
+            for name, reason in unavailable.items():
+                print(f"{name}: UNAVAILABLE: {reason}", flush=True)
             pooled = {} if args.no_pooled else run_pooled(root)
         finally:
             limit.close()
             redis_server.stop()
-    summary = summarize(run.rows)
+    summary = summarize(run.rows) | {"unavailable": unavailable}
     if pooled:
         print(f"pooled replay hit rates: {pooled}")
         summary["pooled_hit_rate_vs_single_node"] = round(pooled["pooled"] / max(pooled["single_node"], 1e-9), 3)
@@ -261,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(
         {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_hit_rates": pooled,
-         "summary": summary}, indent=1) + "\n")  # fmt: skip
+         "peer_versions": peers, "summary": summary}, indent=1) + "\n")  # fmt: skip
     plot(run.rows, f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
          args.results.with_suffix(".png"))
     print_report(format_table(run.rows), verdicts(summary), summary)

@@ -85,6 +85,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             use_shm=settings.kvstore_use_shm,
             shm_dir=settings.kvstore_shm_dir,
             credentials=kvstore_credentials,
+            data_plane_tls=settings.kvstore_channel.ssl_context(),  # its own daemon's and pool peers'
             verify_checksums=False,  # the prefix loader verifies its own copies (kv_codec)
         )
     engine = TurnEngine(loaded, kvstore, settings)

@@ -97,6 +97,7 @@ class _Hit:
     chunks: list[int]  # original indices of the full chunks to load, in kept order
     keys: list[bytes]  # the full chunks' keys, then the partial chunk's
     tiers: list[Tier]
+    places: list[str]  # per chunk: the pool peer to read it from, "" for the own daemon
     tail_tokens: int = 0  # tokens of the partial chunk (0: none)
 
 
@@ -134,9 +135,12 @@ class Prefiller:
         layer_timeout_seconds: float,
         lookup_timeout_seconds: float,
         saver: ChunkSaver | None = None,
+        fetch_from_peers: bool = True,
     ) -> None:
         """`saver`: this worker's background saves, waited for (up to the layer timeout)
-        when they hold chunks a prompt wants."""
+        when they hold chunks a prompt wants. `fetch_from_peers`: read chunks on pool peers
+        from the peers (WorkerSettings.fetch_from_peers)."""
+        self.fetch_from_peers = fetch_from_peers
         self.engine = engine
         self.saver = saver
         self.kvstore = kvstore
@@ -190,6 +194,7 @@ class Prefiller:
                 chunk_tokens=chunk_tokens,
                 head_tokens=head_tokens,
                 tail_tokens=hit.tail_tokens,
+                places=hit.places if self.fetch_from_peers else (),
                 shift=self.shift,
                 device=self.engine.runner.device,
             )
@@ -280,7 +285,9 @@ class Prefiller:
         stored = min(found.prefix_length, len(keys))
         if not stored:
             return None
-        hit = _Hit(chunks=list(range(stored)), keys=keys[:stored], tiers=found.tiers[:stored])
+        hit = _Hit(
+            chunks=list(range(stored)), keys=keys[:stored], tiers=found.tiers[:stored], places=found.peers[:stored]
+        )
         seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
         self.resumed_from_store += 1
         return loader
@@ -315,9 +322,12 @@ class Prefiller:
             self.kvstore.lookup(source.namespace, wanted), self.lookup_timeout_seconds
         )
         if tail is not None and found.prefix_length >= len(wanted):
-            return _Hit(chunks=chunks, keys=wanted, tiers=found.tiers[: len(wanted)], tail_tokens=tail.tokens)
+            return _Hit(
+                chunks=chunks, keys=wanted, tiers=found.tiers[: len(wanted)], places=found.peers[: len(wanted)],
+                tail_tokens=tail.tokens,
+            )  # fmt: skip
         hit = min(found.prefix_length, len(chunks))
-        return _Hit(chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit])
+        return _Hit(chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit], places=found.peers[:hit])
 
 
 def _save_from_chunk(stored: _Hit | None, truncation: Truncation, source: KVSource | None) -> int:

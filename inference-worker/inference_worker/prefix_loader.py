@@ -40,16 +40,18 @@ async def load_prefix(
     shift: RotaryShift | None,
     device: torch.device,
     tail_tokens: int = 0,
+    places: Sequence[str] = (),
 ) -> None:
     """Fills `prefix` with the first `head_tokens` tokens of chunk `keys[0]` (all of them,
     or only the attention sinks after truncation), then the other chunks whole, at
     consecutive positions from 0; fails it (never raises) on any error. `tail_tokens`: the
     last chunk is a partial one of that many tokens (0: it is full). `shift` None: a chunk
-    stored at another position is an error (no re-positioning)."""
+    stored at another position is an error (no re-positioning). `places`: the pool peer
+    holding each key ("" = the own daemon; empty: all there), read from directly."""
     row: list[LayerPiece] = []  # the current layer's pieces, one per chunk in order
     layer = 0  # the layer being assembled
     try:
-        async with contextlib.aclosing(client.iter_layers(namespace, keys)) as pieces:
+        async with contextlib.aclosing(client.iter_layers(namespace, keys, places=places)) as pieces:
             async for piece in pieces:
                 if piece.chunk_index != len(row) or piece.layer != layer:
                     raise DaemonProtocolError(

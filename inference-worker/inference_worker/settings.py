@@ -100,6 +100,11 @@ class WorkerSettings(ServiceSettings):
     lookup_timeout_seconds: float = Field(
         0.5, gt=0, description="longest wait for the daemon's Lookup before recomputing"
     )
+    fetch_from_peers: bool = Field(
+        True,
+        description="read chunks the daemon placed on pool peers from those peers directly (their data "
+        "plane); off, the daemon fetches them and serves them itself",
+    )
 
     # The prompt is a session's whole conversation (truncated to the context window by the
     # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.

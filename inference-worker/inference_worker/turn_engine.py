@@ -92,6 +92,7 @@ class TurnEngine:
             layer_timeout_seconds=settings.layer_timeout_seconds,
             lookup_timeout_seconds=settings.lookup_timeout_seconds,
             saver=self._saver,
+            fetch_from_peers=settings.fetch_from_peers,
         )
 
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:

@@ -55,9 +55,9 @@ from kvstore_daemon.namespaces import (
     NamespaceTableFull,
     RegistrationRateLimited,
 )
+from kvstore_daemon.peer_tier import PeerTier
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.ssd_tier import SsdTier
-from kvstore_daemon.tier import Tier
 from kvstore_daemon.tier_mover import TierMover
 
 log = structlog.get_logger("kvstore_daemon.store")
@@ -71,7 +71,7 @@ class ChunkStore:
         ssd: SsdTier,
         namespaces: NamespaceRegistry,
         clock: Callable[[], float] = time.monotonic,
-        peer: Tier | None = None,
+        peer: PeerTier | None = None,
     ) -> None:
         self.settings = settings
         self.dram = dram
@@ -90,6 +90,7 @@ class ChunkStore:
         self._registrations = TokenBuckets(
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
+        self._peer = peer
         self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
@@ -106,10 +107,31 @@ class ChunkStore:
                 continue
             self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True))
             self._mover.ssd_policy.on_insert(stored.key)
-        log.info("recovered", chunks=len(self._chunks), dropped=self.ssd.recovery_dropped, unregistered=orphans)
+        on_peers = self._restore_placements()
+        log.info(
+            "recovered", chunks=len(self._chunks), on_peers=on_peers, dropped=self.ssd.recovery_dropped,
+            unregistered=orphans,
+        )  # fmt: skip
         metrics.CORRUPT.inc(self.ssd.recovery_dropped)  # bad files found at start count like bad reads
         metrics.NAMESPACES.set(len(self.namespaces))
         self._update_gauges()
+
+    def _restore_placements(self) -> int:
+        """Indexes again the chunks an earlier life placed on peers; how many."""
+        if self._peer is None:
+            return 0
+        restored = 0
+        for placement in self._peer.restore():
+            chunk = self._chunks.get(placement.key)
+            if chunk is None and placement.namespace in self.namespaces:
+                chunk = Chunk(placement.key, placement.namespace, placement.size_bytes)
+                self._chunks.add(chunk)
+            if chunk is None:  # its namespace was reclaimed: the peer's copy names nothing now
+                self._peer.discard(Chunk(placement.key, placement.namespace, placement.size_bytes))
+                continue
+            chunk.on_peer = True
+            restored += 1
+        return restored
 
     async def stop(self, grace_seconds: float) -> None:
         """Lets in-flight SSD writes finish (bounded by the grace period), then closes the tiers."""
@@ -160,6 +182,11 @@ class ChunkStore:
                 self._mover.spawn(self._mover.promote_quietly(chunk, None))
         self._count_hits(tiers, misses=len(keys) - len(tiers))
         return tiers
+
+    def placed_on(self, key: bytes) -> str:
+        """The gRPC address of the peer holding a TIER_PEER chunk (for Lookup: readers may
+        fetch it there themselves); empty when no peer does."""
+        return (self._peer.placed_on(key) if self._peer is not None else None) or ""
 
     # ---- two-phase writes ---------------------------------------------------------
 

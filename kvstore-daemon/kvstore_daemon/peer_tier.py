@@ -4,7 +4,9 @@ that have room, instead of deleting them, and reads back over the peers' byte pa
 
 It implements `Tier`: `store` asks `find_peers` (the ledger's candidates) for peers and
 the first that accepts takes the chunk (the debtor/creditor protocol); the tier
-remembers where each chunk went, so a chunk already placed is not shipped twice. A peer
+remembers where each chunk went (and journals it: placement_journal.py, so a restart
+finds its chunks on peers again), so a chunk already placed is not shipped twice. Puts
+to a peer are durable, so what a peer holds for others survives the peer's restart. A peer
 that died, restarted without the chunk or stopped answering makes `load` raise
 TierCopyCorrupt, which the mover treats as a miss: the chunk is recomputed, never served
 wrong, since the client verifies every layer's checksum and the header names the key.
@@ -27,6 +29,7 @@ from attnstore.errors import ServiceError
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, PutResult
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry
+from kvstore_daemon.placement_journal import Placement, PlacementJournal
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.tier import TierCopyCorrupt, TierFull
 
@@ -44,9 +47,12 @@ class PeerTier:
         find_peers: FindPeers,
         layout_of: Callable[[bytes], NamespaceLayout],
         connect: Callable[[str], AsyncKVStoreClient],
+        journal: PlacementJournal | None = None,
     ) -> None:
         """`capacity_bytes`: what this daemon may place on peers in all. `connect(address)`
-        makes the client of one peer (its timeout bounds every call to it)."""
+        makes the client of one peer (its timeout bounds every call to it). `journal`:
+        where placements are kept across restarts (None: in memory only)."""
+        self._journal = journal
         self._capacity_bytes = capacity_bytes
         self._find_peers = find_peers
         self._layout_of = layout_of
@@ -79,6 +85,15 @@ class PeerTier:
         placed = self._placed.get(key)
         return placed[0] if placed is not None else None
 
+    def restore(self) -> list[Placement]:
+        """Adopts the placements an earlier life journaled (before any store); the chunk
+        store indexes them again."""
+        placements = self._journal.open() if self._journal is not None else []
+        for placement in placements:
+            self._placed[placement.key] = (placement.peer, placement.size_bytes)
+            self._used_bytes += placement.size_bytes
+        return placements
+
     async def store(self, chunk: Chunk, data: Buffer) -> None:
         if chunk.key in self._placed:
             return  # already on a peer: never shipped twice
@@ -93,6 +108,8 @@ class PeerTier:
             if chunk.key in result.stored or chunk.key in result.already_stored:
                 self._placed[chunk.key] = (address, chunk.size_bytes)
                 self._used_bytes += chunk.size_bytes
+                if self._journal is not None:
+                    self._journal.placed(Placement(chunk.key, chunk.namespace, address, chunk.size_bytes))
                 return
         raise TierFull(f"no peer took chunk {chunk.key.hex()}")
 
@@ -119,11 +136,15 @@ class PeerTier:
     async def close(self) -> None:
         for client in self._clients.values():
             await client.close()
+        if self._journal is not None:
+            self._journal.close()
 
     def _forget(self, key: bytes) -> tuple[str, int] | None:
         placed = self._placed.pop(key, None)
         if placed is not None:
             self._used_bytes -= placed[1]
+            if self._journal is not None:
+                self._journal.forgotten(key)
         return placed
 
     async def _delete(self, address: str, chunk: Chunk) -> None:
@@ -141,7 +162,7 @@ class PeerTier:
                 chunk_tokens=layout.chunk_tokens, dtype=layout.dtype, model_label=layout.model_label,
             )  # fmt: skip
             self._registered.add((address, chunk.namespace))
-        return await client.put_chunks(chunk.namespace, [(chunk.key, data)])
+        return await client.put_chunks(chunk.namespace, [(chunk.key, data)], durable=True)
 
     def _client(self, address: str) -> AsyncKVStoreClient:
         if address not in self._clients:
@@ -157,8 +178,14 @@ def static_peers(addresses: Sequence[str]) -> FindPeers:
 
 
 def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry, find_peers: FindPeers) -> PeerTier:
-
+    """Peers are called as `pool_channel` says (credentials read now: a bad file stops the start)."""
+    credentials = settings.pool_channel.load("pool_channel")
+    data_plane_tls = settings.pool_channel.ssl_context()
     return PeerTier(
         settings.pool_capacity_bytes, find_peers, namespaces.get,
-        lambda address: AsyncKVStoreClient(address, timeout_seconds=settings.pool_peer_timeout_seconds),
+        lambda address: AsyncKVStoreClient(
+            address, timeout_seconds=settings.pool_peer_timeout_seconds, credentials=credentials,
+            data_plane_tls=data_plane_tls,
+        ),
+        PlacementJournal(settings.ssd_dirs[0] / "peer_placements.log"),
     )  # fmt: skip

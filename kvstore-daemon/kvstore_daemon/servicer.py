@@ -95,8 +95,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         )
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
-        tiers = self._store.lookup(check_namespace(request.namespace), self._keys(request.keys), request.promote)
-        return pb.LookupResponse(prefix_length=len(tiers), tiers=[_TIER[t] for t in tiers])
+        keys = self._keys(request.keys)
+        tiers = self._store.lookup(check_namespace(request.namespace), keys, request.promote)
+        peers = [self._store.placed_on(key) if tier is TierName.PEER else "" for key, tier in zip(keys, tiers)]
+        return pb.LookupResponse(prefix_length=len(tiers), tiers=[_TIER[t] for t in tiers], peer_addresses=peers)
 
     async def ReservePut(self, request: pb.ReservePutRequest, context: grpc.aio.ServicerContext) -> pb.ReservePutResponse:
         namespace = check_namespace(request.namespace)

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from attnstore.security import InternalAuth, check_server_security
+from attnstore.security import ChannelSecurity, InternalAuth, check_server_security
 from attnstore.server.service_settings import ServiceSettings
 
 MiB = 1024 * 1024
@@ -39,7 +39,12 @@ class DaemonSettings(ServiceSettings):
     pool_peers: list[str] = Field(
         default_factory=list,
         description="gRPC addresses of peer daemons that take chunks this one evicts from SSD, tried in order "
-        "(JSON list; plaintext only for now)",
+        "(JSON list)",
+    )
+    pool_channel: ChannelSecurity = Field(
+        default_factory=ChannelSecurity,
+        description="TLS (the peers' CA, this daemon's client certificate) and internal token of this daemon's "
+        "calls to its pool peers, gRPC and data plane; needed when the daemons run with tls or internal_auth",
     )
     pool_redis_url: str | None = Field(
         None,
@@ -122,8 +127,11 @@ class DaemonSettings(ServiceSettings):
             raise ValueError("max_chunk_bytes must fit in dram_capacity_bytes")
         check_server_security(self.tls, self.internal_auth)
         pooled = bool(self.pool_peers) or self.pool_redis_url is not None
-        if pooled and (self.tls.enabled or self.internal_auth.enabled):
-            raise ValueError("the pool's calls to peers are plaintext for now; not with tls or internal_auth")
+        if pooled and (self.tls.enabled or self.internal_auth.enabled) and not self.pool_channel.tls:
+            raise ValueError("the peers of a daemon with tls or internal_auth need pool_channel.tls to be called")
+        channel = self.pool_channel
+        if pooled and self.internal_auth.enabled and channel.token_file is None and channel.cert_file is None:
+            raise ValueError("the peers of a daemon with internal_auth need pool_channel.token_file or cert_file")
         if self.pool_peers and self.pool_redis_url is not None:
             raise ValueError("pool_peers and pool_redis_url exclude each other (a static pool, or the ledger's)")
         return self

@@ -16,10 +16,12 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
+import redis.asyncio as aioredis
 import structlog
 import uvloop
 
 from attnstore.api.v1 import api_pb2_grpc
+from attnstore.pool_ledger import PoolLedger
 from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
@@ -31,6 +33,7 @@ from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.kubernetes_discovery import PodWatcher
 from attnstore_scheduler.openai_api.app import HttpServer, create_app
 from attnstore_scheduler.openai_api.context import ApiContext
+from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.redis_session_store import RedisSessionStore
 from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
@@ -56,6 +59,14 @@ def open_store(settings: SchedulerSettings) -> SessionStore:
         max_connections=settings.redis_max_connections,
         pool_timeout_seconds=settings.redis_pool_timeout_seconds,
     )
+
+
+def open_pool_routing(settings: SchedulerSettings, registry: WorkerRegistry) -> PoolRouting | None:
+    """Pool-aware affinity reads the daemons' ledger in the scheduler's Redis."""
+    if settings.redis_url is None or settings.pool_routing_min_share is None:
+        return None
+    ledger = PoolLedger.reader(aioredis.Redis.from_url(settings.redis_url))
+    return PoolRouting(registry, ledger, settings.pool_routing_min_share)
 
 
 def topology_source(
@@ -124,7 +135,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         max_sessions_per_tenant=settings.max_sessions_per_tenant,
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
     )
-    turns = Turns(sessions, runner, registry, limits)
+    turns = Turns(sessions, runner, registry, limits, open_pool_routing(settings, registry))
     rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
     servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits)
     http = open_http_api(settings, ApiContext(turns, sessions, registry, api_keys, rate_limiter, limits))

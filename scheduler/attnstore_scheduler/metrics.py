@@ -31,6 +31,10 @@ ROUTES = Counter(
     "Worker choices: affinity (the session's node), load (least loaded), retry (after a failure)",
     ["decision"],
 )
+POOL_MOVES = Counter(
+    "attnstore_scheduler_pool_moves_total",
+    "Turns sent to a pool peer's node because it holds the session's KV (pool_routing.py)",
+)
 TURNS = Counter("attnstore_scheduler_turns_total", "Turns by kind and outcome", ["kind", "outcome"])
 WORKER_FAILURES = Counter(
     "attnstore_scheduler_worker_failures_total", "Worker attempts that failed mid-turn", ["code"]

@@ -122,6 +122,14 @@ class SchedulerSettings(ServiceSettings):
     requests_per_second: float = Field(50.0, gt=0, description="sustained calls per second per tenant")
     requests_burst: int = Field(100, ge=1, description="calls a tenant may make at once above the rate")
     max_queue_length: int = Field(1024, ge=1, description="turns waiting for a worker; more are refused")
+    pool_routing_min_share: float | None = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="send a session's turn to the node of a pool peer holding at least this share of its "
+        "stored prefix, as one leading run (pool_routing.py; needs redis_url, the pool's ledger); "
+        "null = route by the session's node only",
+    )
     hints: HintSettings = Field(
         default_factory=HintSettings, description="look-ahead hints to the daemons (prefetch, eviction order)"
     )

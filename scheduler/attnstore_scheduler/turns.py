@@ -22,6 +22,7 @@ from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError, 
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.chat_prompt import TOKENIZE_TIMEOUT_SECONDS, chat_prompt, closing_after, tokenize
+from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
@@ -55,9 +56,16 @@ TurnEvent = Token | TurnOutcome
 
 class Turns:
     def __init__(
-        self, sessions: Sessions, runner: TurnRunner, registry: WorkerRegistry, limits: ApiLimits
+        self,
+        sessions: Sessions,
+        runner: TurnRunner,
+        registry: WorkerRegistry,
+        limits: ApiLimits,
+        pool: PoolRouting | None = None,
     ) -> None:
+        """`pool`: pool-aware affinity (None: a session's turns go to its node)."""
         self._sessions = sessions
+        self._pool = pool
         self._runner = runner
         self._registry = registry
         self._limits = limits
@@ -93,11 +101,14 @@ class Turns:
                 )
 
             readable = record.readable_chunk_keys(model.chunk_tokens)
+            node = record.node or None
+            if self._pool is not None:
+                node = await self._pool.home(node, record.namespace, readable)
             spec = TurnSpec(
                 tenant=tenant,
                 session_id=session_id,
                 prepare=prepare,
-                node=record.node or None,
+                node=node,
                 namespace=record.namespace,
                 chunk_keys=readable,
                 kv_bytes=len(readable) * model.chunk_tokens * model.kv_bytes_per_token,

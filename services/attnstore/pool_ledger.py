@@ -56,6 +56,11 @@ class PoolLedger:
         self._ttl_ms = int(heartbeat_ttl_seconds * 1000)
         self._limits = limits
 
+    @classmethod
+    def reader(cls, client: aioredis.Redis) -> PoolLedger:
+        """A ledger that is only read (the scheduler's routing): it never heartbeats."""
+        return cls(client, heartbeat_ttl_seconds=0.0, limits=LendingLimits())
+
     async def heartbeat(self, entry: DaemonEntry) -> None:
         """Registers the daemon, or renews it with its current free space."""
         fields = {name: str(value) for name, value in asdict(entry).items()}
@@ -74,6 +79,15 @@ class PoolLedger:
 
     async def entry(self, daemon_id: str) -> DaemonEntry | None:
         return _decode(await self._redis.hgetall(_daemon_key(daemon_id)))
+
+    async def members(self) -> list[DaemonEntry]:
+        """Every live daemon (the scheduler's routing maps peer addresses to nodes with it)."""
+        ids = [_text(i) for i in await self._redis.zrange(_LENDABLE, 0, -1)]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for daemon_id in ids:
+                pipe.hgetall(_daemon_key(daemon_id))
+            found = await pipe.execute()
+        return [entry for fields in found if (entry := _decode(fields)) is not None]
 
     async def candidates(self, requester: DaemonEntry, size_bytes: int, count: int) -> list[DaemonEntry]:
         """Up to `count` live daemons other than `requester` that may lend `size_bytes`:

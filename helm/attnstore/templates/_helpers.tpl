@@ -93,15 +93,22 @@ whole numbers print without an exponent (values.yaml numbers reach templates as 
 
 {{/* The scheduler's Redis URL as an env entry (in-chart, external URL or Secret); none = in-memory sessions. */}}
 {{- define "attnstore.redisEnv" -}}
-{{- if .Values.redis.enabled }}
-- name: ATTNSTORE_SCHEDULER_REDIS_URL
-  value: {{ printf "redis://%s:%d/0" (include "attnstore.componentName" (dict "context" . "component" "redis")) (int .Values.redis.port) | quote }}
-{{- else if or .Values.externalRedis.url .Values.externalRedis.existingSecret }}
-- name: ATTNSTORE_SCHEDULER_REDIS_URL
+{{- include "attnstore.redisUrlEnv" (dict "context" . "name" "ATTNSTORE_SCHEDULER_REDIS_URL") }}
+{{- end }}
+
+{{/* The Redis URL as the env entry `name`: (dict "context" $ "name" "ATTNSTORE_DAEMON_POOL_REDIS_URL");
+the daemons' pool ledger lives in the scheduler's Redis. */}}
+{{- define "attnstore.redisUrlEnv" -}}
+{{- $values := .context.Values }}
+{{- if $values.redis.enabled }}
+- name: {{ .name }}
+  value: {{ printf "redis://%s:%d/0" (include "attnstore.componentName" (dict "context" .context "component" "redis")) (int $values.redis.port) | quote }}
+{{- else if or $values.externalRedis.url $values.externalRedis.existingSecret }}
+- name: {{ .name }}
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.externalRedis.existingSecret | default (include "attnstore.componentName" (dict "context" . "component" "redis-url")) }}
-      key: {{ .Values.externalRedis.existingSecretKey }}
+      name: {{ $values.externalRedis.existingSecret | default (include "attnstore.componentName" (dict "context" .context "component" "redis-url")) }}
+      key: {{ $values.externalRedis.existingSecretKey }}
 {{- end }}
 {{- end }}
 

@@ -33,6 +33,7 @@ from attnstore.kvstore_client.pieces import (
     join_parts,
     normalize_put_items,
 )
+from attnstore.kvstore_client.pooled_reads import LOCAL, PlaceReader, merged_layers
 from attnstore.kvstore_client.reads import (
     ChunkRead,
     open_checked_read,
@@ -98,6 +99,13 @@ class AsyncKVStoreClient:
         it has one (False: gRPC). `data_plane_tls`: the TLS context for it when the daemon's
         TLS is on (None: the system's trust roots); the token of `credentials` goes with it."""
         self.address = address
+        # A peer of the pool is reached as this daemon is (peer_client).
+        self._peer_options = {
+            "use_shm": use_shm, "timeout_seconds": timeout_seconds, "verify_checksums": verify_checksums,
+            "credentials": credentials, "location_cache_entries": location_cache_entries,
+            "use_data_plane": use_data_plane, "data_plane_tls": data_plane_tls,
+        }  # fmt: skip
+        self._peers: dict[str, AsyncKVStoreClient] = {}
         self._timeout_seconds = timeout_seconds
         self._verify = verify_checksums
         self._channel = aio_channel(
@@ -130,6 +138,8 @@ class AsyncKVStoreClient:
         await self.close()
 
     async def close(self) -> None:
+        for peer in self._peers.values():
+            await peer.close()
         await self._releaser.close()
         self._arena.close()
         if self._plane is not None:
@@ -154,10 +164,19 @@ class AsyncKVStoreClient:
         return self._transport
 
     def client_stats(self) -> ClientStats:
-        """The byte path in use (None before the first transfer) and transfers per path."""
+        """The byte path in use (None before the first transfer), transfers per path, and
+        the byte path to each pool peer read from."""
         return ClientStats(
-            transport=self._transport, reads=dict(self._transfers["reads"]), writes=dict(self._transfers["writes"])
-        )
+            transport=self._transport, reads=dict(self._transfers["reads"]), writes=dict(self._transfers["writes"]),
+            peers={address: peer.client_stats().transport for address, peer in self._peers.items()},
+        )  # fmt: skip
+
+    def peer_client(self, address: str) -> AsyncKVStoreClient:
+        """The client of pool peer `address` (a gRPC address from Lookup), made once with
+        this client's options: shared memory if the peer is on this node, else its data plane."""
+        if address not in self._peers:
+            self._peers[address] = AsyncKVStoreClient(address, **self._peer_options)  # type: ignore[arg-type]
+        return self._peers[address]
 
     # Control calls
 
@@ -189,7 +208,8 @@ class AsyncKVStoreClient:
         """The longest stored prefix of a key chain and the tier of each hit."""
         request = kvstore_pb2.LookupRequest(namespace=namespace, keys=keys, promote=promote)
         reply = await self._stub.Lookup(request, timeout=self._timeout_seconds)
-        return LookupResult(prefix_length=reply.prefix_length, tiers=[Tier(tier) for tier in reply.tiers])
+        peers = list(reply.peer_addresses) or [""] * reply.prefix_length  # a daemon from before the pool
+        return LookupResult(prefix_length=reply.prefix_length, tiers=[Tier(tier) for tier in reply.tiers], peers=peers)
 
     async def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
         request = kvstore_pb2.DeleteRequest(namespace=namespace, keys=keys)
@@ -372,7 +392,13 @@ class AsyncKVStoreClient:
                 verify_layer(layout, layer, out[start - base : end - base])
 
     async def iter_layers(
-        self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        *,
+        layer_start: int = 0,
+        layer_end: int = 0,
+        places: Sequence[str] = (),
     ) -> AsyncIterator[LayerPiece]:
         """Each requested layer of each chunk as it arrives, layer-major, for layer-wise
         loading. Over shared memory one lease covers the whole iteration: close the
@@ -381,7 +407,34 @@ class AsyncKVStoreClient:
         arena, valid until the iteration ends: a consumer that copies it anyway (into
         tensors) then makes the only copy, and can verify the bytes right after copying,
         while they are in cache (`verify_layer`), instead of having this client read them
-        from DRAM once more to verify them first."""
+        from DRAM once more to verify them first.
+        `places` (LookupResult.peers): where each key lies, "" for this daemon or a pool
+        peer's address; chunks on peers are then read from the peers themselves (their
+        data plane across nodes), merged into the same layer-major order (pooled_reads.py),
+        instead of through this daemon, which would copy them in first."""
+        if not any(places):
+            async with contextlib.aclosing(self._iter_here(namespace, keys, layer_start, layer_end)) as pieces:
+                async for piece in pieces:
+                    yield piece
+            return
+        if len(places) != len(keys):
+            raise InvalidArgument(f"{len(places)} places for {len(keys)} keys")
+
+        def reader_of(place: str) -> PlaceReader:
+            if place == LOCAL:
+                return lambda some, start, end: self._iter_here(namespace, some, start, end)
+            self._transfers["reads"]["peer"] += 1
+            peer = self.peer_client(place)
+            return lambda some, start, end: peer._iter_here(namespace, some, start, end)
+
+        async with contextlib.aclosing(merged_layers(keys, places, reader_of, layer_start, layer_end)) as pieces:
+            async for piece in pieces:
+                yield piece
+
+    async def _iter_here(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+    ) -> AsyncIterator[LayerPiece]:
+        """iter_layers of chunks this daemon holds."""
         if not keys:
             return
         async with (

@@ -29,6 +29,7 @@ class HintAction(enum.Enum):
 class LookupResult:
     prefix_length: int  # how many leading keys are stored
     tiers: list[Tier]  # the tier of each of the first `prefix_length` keys
+    peers: list[str]  # per hit: the gRPC address of the pool peer holding it (Tier.PEER), else ""
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,4 @@ class ClientStats:
     transport: str | None  # the byte path: "shm", "dataplane" or "grpc"; None before first use
     reads: dict[str, int]  # read calls per byte path
     writes: dict[str, int]  # put calls per byte path
+    peers: dict[str, str | None]  # pool peers read from directly -> their byte path

@@ -7,6 +7,7 @@ endpoint is plaintext, as in local development. Files are read by `load()` at st
 
 from __future__ import annotations
 
+import ssl
 from concurrent import futures
 from pathlib import Path
 
@@ -120,6 +121,19 @@ class ChannelSecurity(BaseModel):
         if given and not self.tls:
             raise ValueError(f"{', '.join(given)} need tls=true (a token is never sent in clear text)")
         return self
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The same trust and client certificate for a raw TLS socket (a daemon's data
+        plane), files read now; None: plaintext."""
+        if not self.tls:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file is not None else None)
+            if self.cert_file is not None and self.key_file is not None:
+                context.load_cert_chain(self.cert_file, self.key_file)
+        except OSError as exc:  # ssl.SSLError included: a file that is missing or no PEM
+            raise SecurityConfigError(f"cannot load the TLS files of {self.ca_file}, {self.cert_file}: {exc}") from exc
+        return context
 
     def load(self, setting: str) -> ClientCredentials | None:
         """The channel's credentials, files read now; None: plaintext. `setting` names this

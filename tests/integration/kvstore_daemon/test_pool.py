@@ -29,6 +29,18 @@ SMALL_TIERS = {
 }  # fmt: skip
 
 
+def fill_until_placed(client: KVStoreClient, chunks: ChunkSet, poll_until: PollUntil) -> list[Tier | None]:
+    """Stores the COUNT chunks in a borrower (two a put, durable) until at least 10 of them
+    were evicted onto its peer; where each chunk is then."""
+    chunks.register(client)
+    for index in range(0, COUNT, 2):
+        assert len(client.put_chunks(NAMESPACE, chunks.items(index, index + 2), durable=True).stored) == 2
+    return poll_until(
+        lambda: (found := chunks.tiers(client, range(COUNT))).count(Tier.PEER) >= 10 and found,
+        what="SSD evictions placed on the peer",
+    )
+
+
 def test_evicted_chunks_live_on_a_peer_and_die_with_it(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
@@ -36,13 +48,7 @@ def test_evicted_chunks_live_on_a_peer_and_die_with_it(
     borrower = daemon_factory(**SMALL_TIERS, POOL_PEERS=[lender.address], POOL_CAPACITY_BYTES=64 * 1024 * KiB)
     chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=21)
     with KVStoreClient(borrower.address) as client:
-        chunks.register(client)
-        for index in range(0, COUNT, 2):
-            assert len(client.put_chunks(NAMESPACE, chunks.items(index, index + 2), durable=True).stored) == 2
-        tiers = poll_until(
-            lambda: (found := chunks.tiers(client, range(COUNT))).count(Tier.PEER) >= 10 and found,
-            what="SSD evictions placed on the peer",
-        )
+        tiers = fill_until_placed(client, chunks, poll_until)
         assert None not in tiers  # nothing lost: what left A's tiers lives on B
         on_peer = [i for i, tier in enumerate(tiers) if tier is Tier.PEER]
         assert client.get_whole_chunks(NAMESPACE, chunks.keys(on_peer[0], on_peer[0] + 1)) == [
@@ -69,6 +75,27 @@ def test_evicted_chunks_live_on_a_peer_and_die_with_it(
                 assert got == [chunks.data(index)]
 
 
+def test_placements_survive_the_restart_of_the_lender_and_of_the_borrower(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """The lender keeps what it holds for others on its SSD (durable puts); the borrower
+    journals where its chunks went and, killed and restarted, indexes them again."""
+    lender = daemon_factory(DATA_PLANE_PORT=free_port())
+    borrower = daemon_factory(**SMALL_TIERS, POOL_PEERS=[lender.address], POOL_CAPACITY_BYTES=64 * 1024 * KiB)
+    chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=23)
+    with KVStoreClient(borrower.address) as client:
+        on_peer = [i for i, tier in enumerate(fill_until_placed(client, chunks, poll_until)) if tier is Tier.PEER]
+    lender.kill9()
+    lender.restart()
+    borrower.kill9()
+    borrower.restart()
+    with KVStoreClient(borrower.address) as client:
+        assert chunks.tiers(client, on_peer) == [Tier.PEER] * len(on_peer)  # indexed again, on the same peer
+        assert client.lookup(NAMESPACE, [chunks.key(on_peer[0])]).peers == [lender.address]
+        for index in on_peer:
+            assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]
+
+
 def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_after_its_restart(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil,
     tmp_path: Path, redis_installed: None,
@@ -81,14 +108,7 @@ def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_afte
         borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, **ledger)
         chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
         with KVStoreClient(borrower.address) as client:
-            chunks.register(client)
-            for index in range(0, COUNT, 2):
-                client.put_chunks(NAMESPACE, chunks.items(index, index + 2), durable=True)
-            tiers = poll_until(
-                lambda: (found := chunks.tiers(client, range(COUNT))).count(Tier.PEER) >= 10 and found,
-                what="SSD evictions placed on the peer the ledger named",
-            )
-            assert None not in tiers
+            assert None not in fill_until_placed(client, chunks, poll_until)  # on the peer the ledger named
             assert all(client.get_whole_chunks(NAMESPACE, [chunks.key(i)]) == [chunks.data(i)] for i in range(COUNT))
 
         async def members() -> set[str]:

@@ -47,4 +47,4 @@ def test_the_command_lines_run_from_the_repository_root() -> None:
     assert listed.returncode == 0 and listed.stdout.split()[0] == "daemon"
     peers = _module("bench.peers.install", "--help")  # the vLLM-connector test installs through it
     assert peers.returncode == 0 and "vllm" in peers.stdout
-    assert set(RECIPES) == {"lmcache", "vllm"} and callable(ensure_peer)
+    assert set(RECIPES) == {"lmcache", "mooncake", "vllm"} and callable(ensure_peer)

@@ -199,12 +199,12 @@ def only_env(prefix: str, env: Mapping[str, str]) -> Iterator[None]:
 
 
 def check_settings_env(settings_cls: type[FileBackedSettings], env: Mapping[str, str]) -> FileBackedSettings:
-    """Every `<prefix>*` variable in `env` names a setting, and together they validate as the
-    service would load them (raises SettingsError naming each bad variable)."""
+    """Every `<prefix>*` variable in `env` names a setting (or a field of a nested one:
+    `<prefix>TLS__CERT_FILE`), and together they validate as the service would load them (raises SettingsError naming each bad variable)."""
     prefix = settings_cls.model_config["env_prefix"]
     names = {key for key in env if key.startswith(prefix)} - {config_file_variable(settings_cls)}
     unknown = sorted(
-        key for key in names if key.removeprefix(prefix).lower() not in settings_cls.model_fields
+        key for key in names if key.removeprefix(prefix).lower().split("__")[0] not in settings_cls.model_fields
     )
     assert not unknown, f"{settings_cls.__name__} has no settings {unknown}"
     with only_env(prefix, env):

@@ -36,6 +36,7 @@ PREFIXES = {
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 SAMPLE_HOST_IP = "10.1.2.3"
+SAMPLE_POD_IP, SAMPLE_NODE = "10.244.1.7", "gpu-node-1"
 SAMPLE_SECRET_URL = "redis://:pw@redis.example:6379/0"
 
 
@@ -97,7 +98,10 @@ def settings_env(workload: dict, container_name: str) -> dict[str, str]:
             env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), entry["value"])
         elif "fieldRef" in entry["valueFrom"]:
             path = entry["valueFrom"]["fieldRef"]["fieldPath"]
-            env[entry["name"]] = {"status.hostIP": SAMPLE_HOST_IP, "metadata.namespace": NAMESPACE}[path]
+            env[entry["name"]] = {
+                "status.hostIP": SAMPLE_HOST_IP, "status.podIP": SAMPLE_POD_IP, "spec.nodeName": SAMPLE_NODE,
+                "metadata.namespace": NAMESPACE,
+            }[path]  # fmt: skip
         else:
             assert "secretKeyRef" in entry["valueFrom"], entry
             env[entry["name"]] = SAMPLE_SECRET_URL
@@ -441,11 +445,89 @@ AUTH_ON = {"enabled": True, "secretName": "attnstore-tokens", "adminTokenSha256"
         ({"redis": {"enabled": False}, "scheduler": {"replicas": 2}}, "needs shared session metadata"),
         ({"externalRedis": {"url": "redis://r:6379/0"}}, "exclusive"),
         ({"scheduler": {"kubernetesDiscovery": False}}, "static topology"),
+        ({"redis": {"enabled": False}, "daemon": {"pool": {"enabled": True}}}, "the pool's ledger"),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(chart: helm.Chart, values: dict, message: str) -> None:
     with pytest.raises(helm.HelmError, match=message):
         render(chart, values)
+
+
+# ---- the data plane and the pool ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_set", VALUE_SETS)
+def test_the_daemons_data_plane_port_is_open(
+    rendered: dict[str, list[dict]], settings_classes, values_set: str
+) -> None:
+    daemon = one(rendered[values_set], "DaemonSet", "kvstore-daemon")
+    settings = check_settings_env(settings_classes["kvstore-daemon"], settings_env(daemon, "kvstore-daemon"))
+    assert settings.data_plane_port == port_number(container(daemon, "kvstore-daemon"), "data-plane")
+    services = [
+        s
+        for s in objects(rendered[values_set], "Service")
+        if s["metadata"]["name"].endswith("kvstore-daemon")
+    ]
+    for service in services:  # the client dials the port number the daemon reports: the same here
+        [port] = [p for p in service["spec"]["ports"] if p["name"] == "data-plane"]
+        assert port["port"] == settings.data_plane_port and port["targetPort"] == "data-plane"
+
+
+def test_pooled_daemons_join_the_schedulers_ledger_by_pod_ip_under_tls(
+    rendered: dict[str, list[dict]], settings_classes
+) -> None:
+    values = VALUE_SETS["pool"]
+    daemon = one(rendered["pool"], "DaemonSet", "kvstore-daemon")
+    settings = check_settings_env(settings_classes["kvstore-daemon"], settings_env(daemon, "kvstore-daemon"))
+    _, scheduler = scheduler_settings(rendered, settings_classes, "pool")
+    assert settings.pool_redis_url == scheduler.redis_url  # the ledger is in the scheduler's Redis
+    assert settings.pool_node == SAMPLE_NODE
+    assert (
+        settings.pool_advertise_address
+        == f"{SAMPLE_POD_IP}:{port_number(container(daemon, 'kvstore-daemon'), 'grpc')}"
+    )
+    assert settings.pool_capacity_bytes == values["daemon"]["pool"]["capacityBytes"]
+    channel, files = settings.pool_channel, mounted_files(daemon, "kvstore-daemon")
+    assert channel.tls and channel.server_name == values["tls"]["serverName"]  # peers are dialed by IP
+    assert files[channel.ca_file] == (values["tls"]["secretName"], "ca.crt")
+    assert files[channel.cert_file] == (values["tls"]["secretName"], "tls.crt")  # mutual TLS between peers
+    off = one(rendered["defaults"], "DaemonSet", "kvstore-daemon")
+    assert (
+        check_settings_env(
+            settings_classes["kvstore-daemon"], settings_env(off, "kvstore-daemon")
+        ).pool_redis_url
+        is None
+    )
+
+
+@pytest.mark.parametrize("values_set", VALUE_SETS)
+def test_only_the_releases_pods_reach_the_daemons(rendered: dict[str, list[dict]], values_set: str) -> None:
+    docs = rendered[values_set]
+    policy = one(docs, "NetworkPolicy", "kvstore-daemon")
+    daemon = one(docs, "DaemonSet", "kvstore-daemon")
+    assert matches(
+        policy["spec"]["podSelector"]["matchLabels"], daemon["spec"]["template"]["metadata"]["labels"]
+    )
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    internal, scrapers = policy["spec"]["ingress"]
+    peers = internal["from"]
+    pods = {w["metadata"]["labels"]["app.kubernetes.io/component"]: w for w in workloads(docs)}
+    for component in ("kvstore-daemon", "inference-worker", "scheduler"):
+        if component in pods:
+            labels = pods[component]["spec"]["template"]["metadata"]["labels"]
+            assert any(matches(p.get("podSelector", {}).get("matchLabels", {}), labels) for p in peers), (
+                component
+            )
+    assert all("podSelector" in p for p in peers) and not any("ipBlock" in p for p in peers)
+    assert peers[3:] == VALUE_SETS[values_set].get("daemon", {}).get("networkPolicy", {}).get("extraFrom", [])
+    container_ports = {p["name"] for p in container(daemon, "kvstore-daemon")["ports"]}
+    assert {p["port"] for p in internal["ports"]} >= {"grpc", "data-plane"}
+    assert {p["port"] for p in internal["ports"]} <= container_ports
+    assert scrapers == {"ports": [{"port": "metrics", "protocol": "TCP"}]}  # no "from": Prometheus anywhere
+
+
+def test_the_network_policy_can_be_left_out(chart: helm.Chart) -> None:
+    assert not objects(render(chart, {"daemon": {"networkPolicy": {"enabled": False}}}), "NetworkPolicy")
 
 
 # ---- Prometheus -----------------------------------------------------------------------------

@@ -115,12 +115,14 @@ class LookupRequest(_message.Message):
     def __init__(self, namespace: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., promote: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("prefix_length", "tiers")
+    __slots__ = ("prefix_length", "tiers", "peer_addresses")
     PREFIX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     prefix_length: int
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
-    def __init__(self, prefix_length: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ...) -> None: ...
+    peer_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, prefix_length: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., peer_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Extent(_message.Message):
     __slots__ = ("offset_bytes", "length_bytes")
