@@ -26,7 +26,9 @@ from bench.peers.workload import Dialogue
 GRPC_TIMEOUT_SECONDS = 600.0
 
 
-async def attnstore_level(address: str, dialogues: list[Dialogue], turns: int, max_tokens: int) -> list[TurnRecord]:
+async def attnstore_level(
+    address: str, dialogues: list[Dialogue], turns: int, max_tokens: int
+) -> list[TurnRecord]:
     async with AsyncAttnStoreClient(address, timeout_seconds=GRPC_TIMEOUT_SECONDS) as client:
         sessions = [(await client.create_session()).session_id for _ in dialogues]
         per_session = await asyncio.gather(
@@ -46,7 +48,9 @@ async def _attnstore_session(
     records = []
     for turn in range(1, turns + 1):
         record = TurnRecord(index, turn, started=time.perf_counter(), ended=0.0)
-        stream = client.stream_chat(session_id, dialogue.messages[turn - 1], max_tokens=max_tokens, temperature=0.0)
+        stream = client.stream_chat(
+            session_id, dialogue.messages[turn - 1], max_tokens=max_tokens, temperature=0.0
+        )
         async for event in stream:
             if isinstance(event, api.TurnStats):
                 record.prompt_tokens, record.output_tokens = event.prompt_tokens, event.generated_tokens
@@ -57,7 +61,9 @@ async def _attnstore_session(
     return records
 
 
-def vllm_level(server: VllmServer, dialogues: list[Dialogue], turns: int, max_tokens: int) -> list[TurnRecord]:
+def vllm_level(
+    server: VllmServer, dialogues: list[Dialogue], turns: int, max_tokens: int
+) -> list[TurnRecord]:
     with ThreadPoolExecutor(len(dialogues)) as pool:
         futures = [
             pool.submit(_vllm_session, server.port, index, dialogue, turns, max_tokens)
@@ -80,10 +86,16 @@ def _vllm_session(port: int, index: int, dialogue: Dialogue, turns: int, max_tok
 def _vllm_turn(
     port: int, index: int, turn: int, messages: list[dict[str, str]], max_tokens: int
 ) -> tuple[TurnRecord, str]:
-    body = json.dumps({
-        "model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "stream_options": {"include_usage": True},
-    })
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_SECONDS)
     record, pieces = TurnRecord(index, turn, started=time.perf_counter(), ended=0.0), []
     try:
@@ -96,7 +108,10 @@ def _vllm_turn(
                 continue
             event = json.loads(line[6:])
             if usage := event.get("usage"):
-                record.prompt_tokens, record.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+                record.prompt_tokens, record.output_tokens = (
+                    usage["prompt_tokens"],
+                    usage["completion_tokens"],
+                )
             for choice in event.get("choices", []):
                 if content := choice.get("delta", {}).get("content"):  # not the role-only first event
                     record.token_times.append(time.perf_counter())

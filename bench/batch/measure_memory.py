@@ -35,26 +35,42 @@ class MemoryConfig:
 
 def measure_memory(tokenizer: PreTrainedTokenizerBase, config: MemoryConfig) -> dict[str, Any]:
     system = system_prompt_text(tokenizer, config.system_prompt_tokens, seed=config.seed)
-    limits = {"count": config.conversations, "seed": config.seed, "max_turns": config.max_turns,
-              "max_prompt_tokens": config.max_prompt_tokens, "max_answer_tokens": config.max_answer_tokens}
+    limits = {
+        "count": config.conversations,
+        "seed": config.seed,
+        "max_turns": config.max_turns,
+        "max_prompt_tokens": config.max_prompt_tokens,
+        "max_answer_tokens": config.max_answer_tokens,
+    }
     plain = token_conversations(tokenizer, system_prompt=None, **limits)
     with_system = token_conversations(tokenizer, system_prompt=system, **limits)
 
     requests = [turn for conversation in plain for turn in conversation.turns]
-    waste = replay_waste(requests, concurrency=config.waste_concurrency, block_tokens=config.block_tokens,
-                         num_blocks=config.pool_blocks, max_batch_tokens=config.max_batch_tokens)
+    waste = replay_waste(
+        requests,
+        concurrency=config.waste_concurrency,
+        block_tokens=config.block_tokens,
+        num_blocks=config.pool_blocks,
+        max_batch_tokens=config.max_batch_tokens,
+    )
 
     sessions = [conversation.tokens for conversation in with_system]
-    fit = {share: sessions_that_fit(sessions, config.capacity_pool_blocks, config.block_tokens, share=share)
-           for share in (True, False)}
+    fit = {
+        share: sessions_that_fit(sessions, config.capacity_pool_blocks, config.block_tokens, share=share)
+        for share in (True, False)
+    }
 
-    first_turns = {"sharegpt_first_turns": [c.turns[0] for c in plain],
-                   "with_shared_system_prompt": [c.turns[0] for c in with_system]}
+    first_turns = {
+        "sharegpt_first_turns": [c.turns[0] for c in plain],
+        "with_shared_system_prompt": [c.turns[0] for c in with_system],
+    }
     sampling = {
         name: {
             "prompt_tokens_median": statistics.median(len(r.prompt) for r in requests_),
             "answer_tokens_median": statistics.median(len(r.answer) for r in requests_),
-            "saved_fraction": {n: parallel_sampling_saving(requests_, n, config.block_tokens) for n in SAMPLES},
+            "saved_fraction": {
+                n: parallel_sampling_saving(requests_, n, config.block_tokens) for n in SAMPLES
+            },
         }
         for name, requests_ in first_turns.items()
     }

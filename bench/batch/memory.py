@@ -52,7 +52,12 @@ def _namespace(index: int) -> bytes:
 
 
 def replay_waste(
-    requests: Sequence[Request], *, concurrency: int, block_tokens: int, num_blocks: int, max_batch_tokens: int
+    requests: Sequence[Request],
+    *,
+    concurrency: int,
+    block_tokens: int,
+    num_blocks: int,
+    max_batch_tokens: int,
 ) -> list[float]:
     """The pool's waste after every step while `concurrency` requests run at once (a new one
     admitted as one ends), the engine's step without its forward pass: schedule, commit
@@ -92,11 +97,15 @@ def replay_waste(
                 pool.free(seq)
                 live.remove(seq)
                 admit()
-        samples.append(kv_waste_fraction(block_tokens, ((s.block_table, len(s)) for s in live if s.block_table)))
+        samples.append(
+            kv_waste_fraction(block_tokens, ((s.block_table, len(s)) for s in live if s.block_table))
+        )
     return samples
 
 
-def sessions_that_fit(sessions: Sequence[Sequence[int]], num_blocks: int, block_tokens: int, *, share: bool) -> int:
+def sessions_that_fit(
+    sessions: Sequence[Sequence[int]], num_blocks: int, block_tokens: int, *, share: bool
+) -> int:
     """How many of `sessions` (token ids, admitted in order) the pool holds at once.
     `share`: all in one namespace, so a session finds the full blocks of the prefix it has
     in common with those admitted before (a shared system prompt); otherwise each in its
@@ -109,10 +118,14 @@ def sessions_that_fit(sessions: Sequence[Sequence[int]], num_blocks: int, block_
             return count
         pool.allocate(seq)
         pool.commit(seq, len(seq))  # computed: its full blocks are keyed for the next ones
-    raise ValueError(f"all {len(sessions)} sessions fit {num_blocks} blocks: give more sessions or fewer blocks")
+    raise ValueError(
+        f"all {len(sessions)} sessions fit {num_blocks} blocks: give more sessions or fewer blocks"
+    )
 
 
-def parallel_sampling_blocks(prompt: Sequence[int], answer: Sequence[int], n: int, block_tokens: int) -> tuple[int, int]:
+def parallel_sampling_blocks(
+    prompt: Sequence[int], answer: Sequence[int], n: int, block_tokens: int
+) -> tuple[int, int]:
     """(blocks `n` forked samples of `prompt` hold once each has generated `answer`'s
     length, blocks `n` unshared copies would hold). Each sample appends its own tokens
     (the answer, offset per sample so that they differ) as the engine's step does."""
@@ -134,9 +147,7 @@ def parallel_sampling_blocks(prompt: Sequence[int], answer: Sequence[int], n: in
     return pool.usage().used, n * pool.blocks_for(len(prompt) + len(answer))
 
 
-def parallel_sampling_saving(
-    requests: Sequence[Request], n: int, block_tokens: int
-) -> float:
+def parallel_sampling_saving(requests: Sequence[Request], n: int, block_tokens: int) -> float:
     """The share of KV memory forking saves over separate copies, summed over the requests."""
     shared = unshared = 0
     for request in requests:

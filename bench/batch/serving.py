@@ -16,12 +16,15 @@ the next. A short untimed warm-up level runs on each system first.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnstore.server.ports import free_port
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 from bench.batch.clients import attnstore_level, vllm_level
@@ -35,6 +38,7 @@ from bench.peers.workload import Dialogue
 from bench.vllm.run import BenchServer
 
 WARMUP_SESSIONS = 4
+_BATCH = re.compile(r"^attnstore_worker_batch_sequences_(sum|count) ([0-9.e+]+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,12 @@ class ServingConfig:
     omp_threads_bind: str
 
 
-def batch_stack(work_dir: Path, config: ServingConfig, *, max_batch_sequences: int | None) -> LocalStack:
+def batch_stack(
+    work_dir: Path, config: ServingConfig, metrics_port: int, *, max_batch_sequences: int | None
+) -> LocalStack:
     """A stack whose worker runs at most `max_batch_sequences` a step (None: its default),
     and whose scheduler hands it every session of the largest level at once."""
-    worker = {**WORKER_SETTINGS, "kv_memory_bytes": config.kv_memory_bytes}
+    worker = {**WORKER_SETTINGS, "kv_memory_bytes": config.kv_memory_bytes, "metrics_port": metrics_port}
     if max_batch_sequences is not None:
         worker["max_batch_sequences"] = max_batch_sequences
     return LocalStack(
@@ -73,14 +79,28 @@ class Systems:
 
     def __init__(self, peer: PeerVenv, config: ServingConfig, work_dir: Path) -> None:
         self.config = config
+        self.metrics_ports = {ENGINE: free_port(), BATCH1: free_port()}
         self.stacks = {
-            ENGINE: batch_stack(work_dir / "engine", config, max_batch_sequences=None),
-            BATCH1: batch_stack(work_dir / "batch1", config, max_batch_sequences=1),
+            ENGINE: batch_stack(
+                work_dir / "engine", config, self.metrics_ports[ENGINE], max_batch_sequences=None
+            ),
+            BATCH1: batch_stack(
+                work_dir / "batch1", config, self.metrics_ports[BATCH1], max_batch_sequences=1
+            ),
         }
         self.vllm = (
-            BenchServer(peer, config.model_dir, config.kv_memory_bytes, work_dir / "vllm.log", config.max_model_len,
-                        config.omp_threads_bind, block_size=config.vllm_block_size, kv_transfer_config=None)
-            if peer.available else None
+            BenchServer(
+                peer,
+                config.model_dir,
+                config.kv_memory_bytes,
+                work_dir / "vllm.log",
+                config.max_model_len,
+                config.omp_threads_bind,
+                block_size=config.vllm_block_size,
+                kv_transfer_config=None,
+            )
+            if peer.available
+            else None
         )
         self.unavailable: str | None = None if peer.available else peer.reason
 
@@ -118,6 +138,16 @@ class Systems:
         address = self.stacks[system].address
         return asyncio.run(attnstore_level(address, dialogues, turns, self.config.max_tokens))
 
+    def batch_counters(self, system: str) -> tuple[float, float]:
+        """The worker's engine so far: (sequences over all forward passes, forward passes),
+        from its batch-size histogram (/metrics); (0, 0) for vLLM."""
+        if system not in self.metrics_ports:
+            return 0.0, 0.0
+        url = f"http://127.0.0.1:{self.metrics_ports[system]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            values = dict(_BATCH.findall(response.read().decode()))
+        return float(values.get("sum", 0.0)), float(values.get("count", 0.0))
+
 
 def run_serving(
     peer: PeerVenv, config: ServingConfig, dialogues: dict[int, list[Dialogue]], work_dir: Path
@@ -134,18 +164,41 @@ def run_serving(
         for index, level in enumerate(config.levels):
             names = systems.names
             for name in names[index % len(names) :] + names[: index % len(names)]:
+                before = systems.batch_counters(name)
                 turns = systems.level(name, dialogues[level], config.turns)
                 cells.setdefault(name, {})[level] = cell = summarize_level(turns)
+                cell["mean_batch_sequences"] = mean_batch(before, systems.batch_counters(name))
                 records += [_record(name, level, turn) for turn in turns]
-                print(f"{name} at {level} sessions: {cell['output_tokens_per_s']} output tokens/s, "
-                      f"TTFT p50 {cell['ttft_p50_ms']} ms", file=sys.stderr, flush=True)
+                print(
+                    f"{name} at {level} sessions: {cell['output_tokens_per_s']} output tokens/s, "
+                    f"TTFT p50 {cell['ttft_p50_ms']} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         exit_codes = systems.stop()
-    return {"cells": {name: cells.get(name, {}) for name in systems.names}, "records": records,
-            "vllm_unavailable": systems.unavailable, "exit_codes": exit_codes}
+    return {
+        "cells": {name: cells.get(name, {}) for name in systems.names},
+        "records": records,
+        "vllm_unavailable": systems.unavailable,
+        "exit_codes": exit_codes,
+    }
+
+
+def mean_batch(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Sequences per forward pass between two reads of the batch-size histogram."""
+    passes = after[1] - before[1]
+    return round((after[0] - before[0]) / passes, 2) if passes else None
 
 
 def _record(system: str, level: int, turn: TurnRecord) -> dict[str, Any]:
-    return {"system": system, "sessions": level, "session": turn.session, "turn": turn.turn,
-            "ttft_ms": round(turn.ttft_s * 1000, 2), "total_ms": round((turn.ended - turn.started) * 1000, 2),
-            "prompt_tokens": turn.prompt_tokens, "output_tokens": turn.output_tokens}
+    return {
+        "system": system,
+        "sessions": level,
+        "session": turn.session,
+        "turn": turn.turn,
+        "ttft_ms": round(turn.ttft_s * 1000, 2),
+        "total_ms": round((turn.ended - turn.started) * 1000, 2),
+        "prompt_tokens": turn.prompt_tokens,
+        "output_tokens": turn.output_tokens,
+    }

@@ -36,8 +36,13 @@ def level_dialogues(
 ) -> dict[int, list[Dialogue]]:
     """Concurrency level -> that many dialogues of `turns` user messages, none shared."""
     dialogues = select_dialogues(
-        tokenizer, count=sum(levels), turns=turns, seed=seed, min_tokens=turns,
-        max_tokens=turns * max_message_tokens, max_message_tokens=max_message_tokens,
+        tokenizer,
+        count=sum(levels),
+        turns=turns,
+        seed=seed,
+        min_tokens=turns,
+        max_tokens=turns * max_message_tokens,
+        max_message_tokens=max_message_tokens,
     )
     chosen, start = {}, 0
     for level in levels:
@@ -67,8 +72,14 @@ def _system_segment(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def token_conversations(
-    tokenizer: PreTrainedTokenizerBase, *, count: int, seed: int, system_prompt: str | None, max_turns: int,
-    max_prompt_tokens: int, max_answer_tokens: int,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    count: int,
+    seed: int,
+    system_prompt: str | None,
+    max_turns: int,
+    max_prompt_tokens: int,
+    max_answer_tokens: int,
 ) -> list[TokenConversation]:
     """`count` conversations (seeded order) of at least two turns as token ids, each turn's
     prompt at most `max_prompt_tokens` after the system segment, answers cut to
@@ -87,7 +98,9 @@ def token_conversations(
         if len(kept) < 2:
             continue
         chosen.append(
-            TokenConversation(system, [Request(system + t.prompt, t.answer[:max_answer_tokens]) for t in kept])
+            TokenConversation(
+                system, [Request(system + t.prompt, t.answer[:max_answer_tokens]) for t in kept]
+            )
         )
         if len(chosen) == count:
             return chosen

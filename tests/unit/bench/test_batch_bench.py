@@ -15,6 +15,7 @@ from bench.batch.memory import (
 )
 from bench.batch.report import verdicts
 from bench.batch.run import summarize
+from bench.batch.serving import mean_batch
 from bench.batch.stats import TurnRecord, percentile_ms, ratio, summarize_level
 
 
@@ -76,7 +77,9 @@ def test_forked_samples_share_the_prompt_and_copy_only_where_they_diverge() -> N
     # prompt: 2 full blocks shared + a partial block copied by each sample; 32 tokens = 4 blocks each
     assert copies == 12
     assert used == 2 + 3 * 2
-    assert parallel_sampling_saving([Request(list(range(20)), list(range(12)))], 3, 8) == pytest.approx(1 - 8 / 12, abs=1e-4)
+    assert parallel_sampling_saving([Request(list(range(20)), list(range(12)))], 3, 8) == pytest.approx(
+        1 - 8 / 12, abs=1e-4
+    )
 
 
 def test_the_summary_reads_the_targets_at_16_sessions() -> None:
@@ -84,11 +87,19 @@ def test_the_summary_reads_the_targets_at_16_sessions() -> None:
         "attnstore": {16: {"output_tokens_per_s": 400.0, "ttft_p50_ms": 100.0}},
         "attnstore batch-1": {16: {"output_tokens_per_s": 50.0, "ttft_p50_ms": 900.0}},
     }
-    memory = {"kv_waste_fraction": 0.01, "shared_prefix_capacity_gain": 2.5,
-              "parallel_sampling": {"x": {"saved_fraction": {2: 0.1}}}}
+    memory = {
+        "kv_waste_fraction": 0.01,
+        "shared_prefix_capacity_gain": 2.5,
+        "parallel_sampling": {"x": {"saved_fraction": {2: 0.1}}},
+    }
     summary = summarize(cells, memory)
     assert summary["throughput_vs_batch1_at_16"] == 8.0
     assert summary["throughput_vs_vllm_at_16"] is None
     lines = verdicts(summary)
     assert lines[0].startswith("PASS") and lines[1].startswith("UNAVAILABLE")
     assert all(line.startswith("PASS") for line in lines[2:])
+
+
+def test_the_mean_batch_is_sequences_over_forward_passes_between_two_reads() -> None:
+    assert mean_batch((10.0, 10.0), (74.0, 14.0)) == 16.0
+    assert mean_batch((10.0, 10.0), (10.0, 10.0)) is None  # no forward pass ran (vLLM's side)
