@@ -44,7 +44,7 @@ def _module(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_command_lines_run_from_the_repository_root() -> None:
     listed = _module("bench", "--list")
-    assert listed.returncode == 0 and listed.stdout.split()[0] == "daemon"
+    assert listed.returncode == 0 and listed.stdout.split()[0] == SUITES[0]
     peers = _module("bench.peers.install", "--help")  # the vLLM-connector test installs through it
     assert peers.returncode == 0 and "vllm" in peers.stdout
     assert set(RECIPES) == {"lmcache", "vllm"} and callable(ensure_peer)
