@@ -23,7 +23,7 @@ from bench.batch.stats import TurnRecord
 from bench.peers.vllm import MODEL_NAME, REQUEST_TIMEOUT_SECONDS, VllmServer
 from bench.peers.workload import Dialogue
 
-GRPC_TIMEOUT_SECONDS = 600.0
+GRPC_TIMEOUT_SECONDS = 1800.0  # a batch-1 turn at 32 sessions waits behind the other 31
 
 
 async def attnstore_level(

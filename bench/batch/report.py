@@ -86,6 +86,8 @@ def plot(cells: dict[str, dict[int, dict[str, Any]]], memory: dict[str, Any], ti
         axes[1].plot(xs, [levels[x]["ttft_p99_ms"] for x in xs], marker="x", ls="--", color=color)
     for axis, label in ((axes[0], "output tokens/s"), (axes[1], "TTFT ms (p50 solid, p99 dashed)")):
         axis.set_xscale("log", base=2)
+        levels = sorted({level for cells_ in cells.values() for level in cells_})
+        axis.set_xticks(levels, [str(level) for level in levels])
         axis.set_xlabel("concurrent sessions")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)

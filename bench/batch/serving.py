@@ -38,6 +38,8 @@ from bench.peers.workload import Dialogue
 from bench.vllm.run import BenchServer
 
 WARMUP_SESSIONS = 4
+# A turn's time includes its wait in the engine's queue: at batch 1 behind every other session.
+TURN_TIMEOUT_SECONDS = 1800.0
 _BATCH = re.compile(r"^attnstore_worker_batch_sequences_(sum|count) ([0-9.e+]+)$", re.MULTILINE)
 
 
@@ -57,7 +59,8 @@ def batch_stack(
     work_dir: Path, config: ServingConfig, metrics_port: int, *, max_batch_sequences: int | None
 ) -> LocalStack:
     """A stack whose worker runs at most `max_batch_sequences` a step (None: its default),
-    and whose scheduler hands it every session of the largest level at once."""
+    and whose scheduler hands it every session of the largest level at once (the engine,
+    not the scheduler, decides what runs together)."""
     worker = {**WORKER_SETTINGS, "kv_memory_bytes": config.kv_memory_bytes, "metrics_port": metrics_port}
     if max_batch_sequences is not None:
         worker["max_batch_sequences"] = max_batch_sequences
@@ -68,7 +71,11 @@ def batch_stack(
             workers=(WorkerSpec(NODE),),
             daemon_settings={**DAEMON_SETTINGS, "dram_capacity_bytes": config.kv_memory_bytes},
             worker_settings=worker,
-            scheduler_settings={**SCHEDULER_SETTINGS, "max_turns_per_worker": max(config.levels)},
+            scheduler_settings={
+                **SCHEDULER_SETTINGS,
+                "max_turns_per_worker": max(config.levels),
+                "turn_timeout_seconds": TURN_TIMEOUT_SECONDS,
+            },
             log_level="WARNING",
         )
     )
