@@ -63,12 +63,19 @@ def format_memory(memory: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def met(key: str, value: float | None) -> bool | None:
+    """Whether `value` meets the target of summary key `key`; None when it was not measured."""
+    if value is None:
+        return None
+    sense, target, _ = TARGETS[key]
+    return value >= target if sense == ">=" else value <= target
+
+
 def verdicts(summary: dict[str, Any]) -> list[str]:
     lines = []
     for key, (sense, target, what) in TARGETS.items():
         value = summary.get(key)
-        passed = value is not None and (value >= target if sense == ">=" else value <= target)
-        verdict = "PASS" if passed else ("UNAVAILABLE" if value is None else "FAIL")
+        verdict = {True: "PASS", False: "FAIL", None: "UNAVAILABLE"}[met(key, value)]
         lines.append(f"{verdict:<4}  {key} = {value} (target {sense} {target}): {what}")
     return lines
 

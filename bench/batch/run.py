@@ -25,7 +25,17 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer
 
 from bench.batch.measure_memory import MemoryConfig, measure_memory
-from bench.batch.report import BATCH1, ENGINE, TARGETS, VLLM, format_memory, format_serving, plot, verdicts
+from bench.batch.report import (
+    BATCH1,
+    ENGINE,
+    TARGETS,
+    VLLM,
+    format_memory,
+    format_serving,
+    met,
+    plot,
+    verdicts,
+)
 from bench.batch.serving import ServingConfig, run_serving
 from bench.batch.stats import ratio
 from bench.batch.workload import level_dialogues
@@ -84,11 +94,14 @@ def summarize(cells: dict[str, dict[int, dict[str, Any]]], memory: dict[str, Any
     def throughput(system: str) -> float | None:
         return cells.get(system, {}).get(AT, {}).get("output_tokens_per_s")
 
-    return {
+    measured = {
         "throughput_vs_batch1_at_16": ratio(throughput(ENGINE), throughput(BATCH1)),
         "throughput_vs_vllm_at_16": ratio(throughput(ENGINE), throughput(VLLM)),
         "kv_waste_fraction": memory["kv_waste_fraction"],
         "shared_prefix_capacity_gain": memory["shared_prefix_capacity_gain"],
+    }
+    return {
+        **measured,
         "output_tokens_per_s": {
             system: {level: c["output_tokens_per_s"] for level, c in levels.items()}
             for system, levels in cells.items()
@@ -101,6 +114,7 @@ def summarize(cells: dict[str, dict[int, dict[str, Any]]], memory: dict[str, Any
             name: sampling["saved_fraction"] for name, sampling in memory["parallel_sampling"].items()
         },
         "targets": {key: f"{sense} {target}" for key, (sense, target, _) in TARGETS.items()},
+        "targets_met": {key: met(key, measured[key]) for key in TARGETS},
     }
 
 

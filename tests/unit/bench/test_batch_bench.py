@@ -13,7 +13,7 @@ from bench.batch.memory import (
     replay_waste,
     sessions_that_fit,
 )
-from bench.batch.report import verdicts
+from bench.batch.report import met, verdicts
 from bench.batch.run import summarize
 from bench.batch.serving import mean_batch
 from bench.batch.stats import TurnRecord, percentile_ms, ratio, summarize_level
@@ -95,6 +95,12 @@ def test_the_summary_reads_the_targets_at_16_sessions() -> None:
     summary = summarize(cells, memory)
     assert summary["throughput_vs_batch1_at_16"] == 8.0
     assert summary["throughput_vs_vllm_at_16"] is None
+    assert summary["targets_met"] == {
+        "throughput_vs_batch1_at_16": True,
+        "throughput_vs_vllm_at_16": None,
+        "kv_waste_fraction": True,
+        "shared_prefix_capacity_gain": True,
+    }
     lines = verdicts(summary)
     assert lines[0].startswith("PASS") and lines[1].startswith("UNAVAILABLE")
     assert all(line.startswith("PASS") for line in lines[2:])
@@ -103,3 +109,10 @@ def test_the_summary_reads_the_targets_at_16_sessions() -> None:
 def test_the_mean_batch_is_sequences_over_forward_passes_between_two_reads() -> None:
     assert mean_batch((10.0, 10.0), (74.0, 14.0)) == 16.0
     assert mean_batch((10.0, 10.0), (10.0, 10.0)) is None  # no forward pass ran (vLLM's side)
+
+
+def test_a_target_is_missed_on_the_wrong_side_of_its_bound() -> None:
+    assert met("kv_waste_fraction", 0.05) is False
+    assert met("kv_waste_fraction", 0.04) is True
+    assert met("throughput_vs_batch1_at_16", 3.9) is False
+    assert met("throughput_vs_vllm_at_16", None) is None
