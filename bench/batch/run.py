@@ -50,7 +50,9 @@ from inference_worker.settings import WorkerSettings
 WORK_DIR = work_dir("batch")
 MiB = 1024 * 1024
 FP32_BYTES = 4
-AT = 16  # the level the targets are read at
+AT = 16  # the level the targets are read at, and the memory replay's concurrency
+# The memory part's conversations: up to 4 turns, prompts up to 1,024 tokens, answers cut to 256.
+MEMORY_TURNS, MEMORY_PROMPT_TOKENS, MEMORY_ANSWER_TOKENS = 4, 1024, 256
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -139,9 +141,9 @@ def main(argv: list[str]) -> dict[str, Any]:
             system_prompt_tokens=args.system_prompt_tokens,
             conversations=args.memory_conversations,
             waste_concurrency=AT,
-            max_turns=4,
-            max_prompt_tokens=1024,
-            max_answer_tokens=256,
+            max_turns=MEMORY_TURNS,
+            max_prompt_tokens=MEMORY_PROMPT_TOKENS,
+            max_answer_tokens=MEMORY_ANSWER_TOKENS,
             seed=args.seed,
         ),
     )

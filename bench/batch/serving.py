@@ -159,7 +159,7 @@ class Systems:
 def run_serving(
     peer: PeerVenv, config: ServingConfig, dialogues: dict[int, list[Dialogue]], work_dir: Path
 ) -> dict[str, Any]:
-    """{cells: system -> level -> summary, records, unavailable, exit_codes}."""
+    """{cells: system -> level -> summary, records, vllm_unavailable (why, or None), exit_codes}."""
     systems = Systems(peer, config, work_dir)
     cells: dict[str, dict[int, dict[str, Any]]] = {}
     records: list[dict[str, Any]] = []
