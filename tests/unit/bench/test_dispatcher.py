@@ -11,7 +11,7 @@ import pytest
 from bench.__main__ import BENCH_DIR, main, suites
 from bench.peers.install import RECIPES, ensure_peer
 
-SUITES = ["daemon", "hitrate", "load", "peers", "pool", "reuse", "vllm"]
+SUITES = ["batch", "daemon", "hitrate", "load", "peers", "pool", "reuse", "vllm"]
 
 
 def test_every_folder_with_a_run_py_is_a_suite_and_common_is_not() -> None:
@@ -44,7 +44,7 @@ def _module(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_command_lines_run_from_the_repository_root() -> None:
     listed = _module("bench", "--list")
-    assert listed.returncode == 0 and listed.stdout.split()[0] == "daemon"
+    assert listed.returncode == 0 and listed.stdout.split()[0] == SUITES[0]
     peers = _module("bench.peers.install", "--help")  # the vLLM-connector test installs through it
     assert peers.returncode == 0 and "vllm" in peers.stdout
     assert set(RECIPES) == {"lmcache", "mooncake", "vllm"} and callable(ensure_peer)
