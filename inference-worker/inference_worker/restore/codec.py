@@ -16,7 +16,15 @@ import torch
 
 from attnstore.chunks.format import RESTORE_FORMAT_VERSION, ChunkHeader, LayerForm, encode_layers, verify_layer
 from attnstore.kvstore_client.results import LayerPiece
-from inference_worker.kv_codec import DTYPE_NAMES, TORCH_DTYPES, KVShapeError, _frombuffer, _raw_bytes, chunk_spans
+from inference_worker.kv_codec import (
+    DTYPE_NAMES,
+    TORCH_DTYPES,
+    KVShapeError,
+    _frombuffer,
+    _raw_bytes,
+    chunk_spans,
+    encode_chunks,
+)
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.restore.storage_plan import StoragePlan
 
@@ -38,7 +46,10 @@ def encode_restore_chunks(
 ) -> list[bytes]:
     """One restore chunk per `chunk_tokens` tokens, keyed by `keys` in order: each layer's
     K and V (KV layers) or hidden states (HIDDEN layers) of the sequence whose token 0 sits
-    at `base_position`. `kv` and `hidden` need entries only for the layers in their form."""
+    at `base_position`. `kv` and `hidden` need entries only for the layers in their form.
+    An all-KV plan gives classic KV chunks (kv_codec)."""
+    if plan.is_kv:
+        return encode_chunks(namespace, keys, kv, chunk_tokens, base_position, include_partial=include_partial)
     forms = plan.forms
     if len(kv) != plan.num_layers or len(hidden) != plan.num_layers:
         raise KVShapeError(f"{len(kv)} KV and {len(hidden)} hidden layers for a {plan.num_layers}-layer plan")

@@ -135,7 +135,7 @@ class _Restore:
         async for piece in pieces:
             if piece.chunk_index != len(row) or piece.layer != layer:
                 raise DaemonProtocolError(f"got layer {piece.layer} of chunk {piece.chunk_index} out of order")
-            if piece.layout.header.layer_forms != self.storage.forms:
+            if (piece.layout.header.layer_forms or (LayerForm.KV,) * self.storage.num_layers) != self.storage.forms:
                 raise KVShapeError(f"chunk {piece.chunk_index} was not stored under plan {self.storage.name}")
             row.append(piece)
             self.stats.bytes_read += len(piece.data)

@@ -56,6 +56,16 @@ class RestorePlan:
     kv_layers: int
     estimated_seconds: float
 
+    @classmethod
+    def of(cls, storage: StoragePlan, recompute: int, estimated_seconds: float = 0.0) -> RestorePlan:
+        """Under `storage`, recompute layers [0, recompute) (at least its NONE layers); the
+        rest as stored."""
+        if not storage.recompute_layers <= recompute <= storage.num_layers:
+            raise ValueError(f"plan {storage.name} cannot recompute {recompute} layers")
+        stored_end = storage.recompute_layers + storage.hidden_layers  # where the KV layers begin
+        kv = storage.num_layers - max(recompute, stored_end)
+        return cls(recompute, max(stored_end - recompute, 0), kv, estimated_seconds)
+
     @property
     def name(self) -> str:
         """e.g. "r2h10k12"; what the turn's stats and the metrics report."""
@@ -84,16 +94,12 @@ def restore_seconds(costs: RestoreCosts, tier: str, tokens: int, recompute: int,
 def plan_restore(costs: RestoreCosts, storage: StoragePlan, tier: str, tokens: int) -> RestorePlan:
     """The fastest restore of `tokens` stored tokens under `storage`: recompute its NONE
     layers and possibly more (their stored forms are then not read), the rest as stored."""
-    stored_end = storage.recompute_layers + storage.hidden_layers  # where the KV layers begin
-    best: RestorePlan | None = None
-    for recompute in range(storage.recompute_layers, storage.num_layers + 1):
-        hidden = max(stored_end - recompute, 0)
-        kv = storage.num_layers - max(recompute, stored_end)
-        seconds = restore_seconds(costs, tier, tokens, recompute, hidden, kv)
-        if best is None or seconds < best.estimated_seconds:
-            best = RestorePlan(recompute, hidden, kv, seconds)
-    assert best is not None  # the loop runs at least once (recompute = num_layers)
-    return best
+    plans = [RestorePlan.of(storage, recompute) for recompute in range(storage.recompute_layers, storage.num_layers + 1)]
+    timed = [
+        RestorePlan.of(storage, plan.recompute_layers, restore_seconds(costs, tier, tokens, plan.recompute_layers, plan.hidden_layers, plan.kv_layers))
+        for plan in plans
+    ]
+    return min(timed, key=lambda plan: plan.estimated_seconds)  # the first (least recomputation) of equals
 
 
 def plan_storage(

@@ -66,6 +66,11 @@ class StoragePlan:
         """e.g. "r2h10k12": part of the namespace (chunks of two plans never mix)."""
         return f"r{self.recompute_layers}h{self.hidden_layers}k{self.kv_layers}"
 
+    @property
+    def namespace_tag(self) -> str:
+        """NamespaceSpec.storage_plan: "" for all-KV (the classic KV namespace and chunks)."""
+        return "" if self.is_kv else self.name
+
     def bytes_per_token(self, geometry: ModelGeometry, hidden_size: int, element_bytes: int) -> int:
         """Stored bytes of one token, every layer."""
         kv = 2 * geometry.kv_heads * geometry.head_dim
