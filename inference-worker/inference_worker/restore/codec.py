@@ -14,7 +14,13 @@ from collections.abc import Sequence
 
 import torch
 
-from attnstore.chunks.format import RESTORE_FORMAT_VERSION, ChunkHeader, LayerForm, encode_layers, verify_layer
+from attnstore.chunks.format import (
+    RESTORE_FORMAT_VERSION,
+    ChunkHeader,
+    LayerForm,
+    encode_layers,
+    verify_layer,
+)
 from attnstore.kvstore_client.results import LayerPiece
 from inference_worker.kv_codec import (
     DTYPE_NAMES,
@@ -46,25 +52,29 @@ def encode_restore_chunks(
 ) -> list[bytes]:
     """One restore chunk per `chunk_tokens` tokens, keyed by `keys` in order: each layer's
     K and V (KV layers) or hidden states (HIDDEN layers) of the sequence whose token 0 sits
-    at `base_position`. `kv` and `hidden` need entries only for the layers in their form.
+    at `base_position`. `kv` and `hidden` need entries only for the layers in their form
+    (and one of them at least, even for a plan that stores nothing: the header's shape).
     An all-KV plan gives classic KV chunks (kv_codec)."""
     if plan.is_kv:
-        return encode_chunks(namespace, keys, kv, chunk_tokens, base_position, include_partial=include_partial)
+        return encode_chunks(
+            namespace, keys, kv, chunk_tokens, base_position, include_partial=include_partial
+        )
     forms = plan.forms
     if len(kv) != plan.num_layers or len(hidden) != plan.num_layers:
         raise KVShapeError(f"{len(kv)} KV and {len(hidden)} hidden layers for a {plan.num_layers}-layer plan")
-    kv_layer = next((pair for pair, form in zip(kv, forms) if form is LayerForm.KV), None)
-    hidden_layer = next((h for h, form in zip(hidden, forms) if form is LayerForm.HIDDEN), None)
+    given_kv = next((pair for pair in kv if pair is not None), None)
+    given_hidden = next((states for states in hidden if states is not None), None)
     if any(form is LayerForm.KV and kv[i] is None for i, form in enumerate(forms)) or any(
         form is LayerForm.HIDDEN and hidden[i] is None for i, form in enumerate(forms)
     ):
         raise KVShapeError(f"plan {plan.name} names a layer whose tensors were not given")
-    if hidden_layer is not None:
-        (seq_tokens, hidden_size), dtype = hidden_layer.shape, hidden_layer.dtype
-    elif kv_layer is not None:
-        seq_tokens, dtype, hidden_size = kv_layer[0].shape[1], kv_layer[0].dtype, 1  # no hidden layer
+    if given_hidden is not None:
+        (seq_tokens, hidden_size), dtype = given_hidden.shape, given_hidden.dtype
+    elif given_kv is not None and LayerForm.HIDDEN not in forms:
+        # No layer's size depends on the hidden width then; version 2 headers carry one > 0.
+        seq_tokens, dtype, hidden_size = given_kv[0].shape[1], given_kv[0].dtype, 1
     else:
-        raise KVShapeError("a plan that stores nothing has no chunks")
+        raise KVShapeError("no tensors to take the chunks' tokens and widths from")
     spans = chunk_spans(seq_tokens, chunk_tokens, include_partial=include_partial)
     if len(keys) != len(spans):
         raise KVShapeError(f"{len(keys)} keys for {len(spans)} chunks of {seq_tokens} tokens")
@@ -98,7 +108,9 @@ def encode_restore_chunks(
     return chunks
 
 
-def hidden_from_pieces(pieces: Sequence[LayerPiece], device: torch.device | str | None = None) -> torch.Tensor:
+def hidden_from_pieces(
+    pieces: Sequence[LayerPiece], device: torch.device | str | None = None
+) -> torch.Tensor:
     """The hidden states [sum of the chunks' tokens, hidden_size] of one HIDDEN layer, from
     its pieces of consecutive chunks in order (checksums verified)."""
     if not pieces:
@@ -112,10 +124,16 @@ def hidden_from_pieces(pieces: Sequence[LayerPiece], device: torch.device | str 
         if header.is_kv or header.layer_forms[piece.layer] is not LayerForm.HIDDEN:
             raise KVShapeError(f"layer {piece.layer} of chunk {piece.chunk_index} holds no hidden states")
         if (header.dtype, header.hidden_size) != (first.dtype, first.hidden_size):
-            raise KVShapeError(f"chunk {piece.chunk_index}: dtype or hidden size differs from the first chunk")
+            raise KVShapeError(
+                f"chunk {piece.chunk_index}: dtype or hidden size differs from the first chunk"
+            )
         if len(piece.data) != header.layer_size(piece.layer):
             raise KVShapeError(f"chunk {piece.chunk_index}: {len(piece.data)} bytes for layer {piece.layer}")
-        src = _frombuffer(piece.data, 0, len(piece.data)).view(out.dtype).view(header.tokens, header.hidden_size)
+        src = (
+            _frombuffer(piece.data, 0, len(piece.data))
+            .view(out.dtype)
+            .view(header.tokens, header.hidden_size)
+        )
         out[start : start + header.tokens].copy_(src)
         verify_layer(piece.layout, piece.layer, piece.data)
         start += header.tokens

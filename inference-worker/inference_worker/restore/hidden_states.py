@@ -29,7 +29,9 @@ from inference_worker.rotary_shift import rotate_half
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer K, V [kv_heads, tokens, head_dim]
 
 
-def rotary(model: PreTrainedModel, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(
+    model: PreTrainedModel, like: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [tokens, 1, head_dim] of `positions` [tokens] (the model's rotary module)."""
     cos, sin = model.model.rotary_emb(like, positions.unsqueeze(0))  # each [1, tokens, D]
     return cos[0].unsqueeze(1), sin[0].unsqueeze(1)

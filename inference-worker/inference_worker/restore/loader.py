@@ -112,7 +112,9 @@ class _Restore:
 
     def submit(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
         """Queues `work` on the compute thread; its layers go to the prefix when done."""
-        self.computing.append(asyncio.get_running_loop().run_in_executor(self.compute, self._run, method, work))
+        self.computing.append(
+            asyncio.get_running_loop().run_in_executor(self.compute, self._run, method, work)
+        )
 
     def _run(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
         started = time.perf_counter()
@@ -134,8 +136,12 @@ class _Restore:
         started = time.perf_counter()
         async for piece in pieces:
             if piece.chunk_index != len(row) or piece.layer != layer:
-                raise DaemonProtocolError(f"got layer {piece.layer} of chunk {piece.chunk_index} out of order")
-            if (piece.layout.header.layer_forms or (LayerForm.KV,) * self.storage.num_layers) != self.storage.forms:
+                raise DaemonProtocolError(
+                    f"got layer {piece.layer} of chunk {piece.chunk_index} out of order"
+                )
+            if (
+                piece.layout.header.layer_forms or (LayerForm.KV,) * self.storage.num_layers
+            ) != self.storage.forms:
                 raise KVShapeError(f"chunk {piece.chunk_index} was not stored under plan {self.storage.name}")
             row.append(piece)
             self.stats.bytes_read += len(piece.data)

@@ -20,7 +20,9 @@ RESTORE_SECONDS = Histogram(
     ["method"],
     buckets=_SECONDS_BUCKETS,
 )
-RESTORE_READ_BYTES = Counter("attnstore_worker_restore_read_bytes_total", "Bytes restores read from the store")
+RESTORE_READ_BYTES = Counter(
+    "attnstore_worker_restore_read_bytes_total", "Bytes restores read from the store"
+)
 STORED_BYTES_SAVED = Counter(
     "attnstore_worker_restore_stored_bytes_saved_total",
     "Bytes the storage plan saved on the chunks it stored, against storing their KV",

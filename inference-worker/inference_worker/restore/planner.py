@@ -74,11 +74,21 @@ class RestorePlan:
     @property
     def method(self) -> str:
         """recompute, kv, hidden, or mix."""
-        used = [m for m, n in (("recompute", self.recompute_layers), ("hidden", self.hidden_layers), ("kv", self.kv_layers)) if n]
+        used = [
+            m
+            for m, n in (
+                ("recompute", self.recompute_layers),
+                ("hidden", self.hidden_layers),
+                ("kv", self.kv_layers),
+            )
+            if n
+        ]
         return used[0] if len(used) == 1 else "mix"
 
 
-def restore_seconds(costs: RestoreCosts, tier: str, tokens: int, recompute: int, hidden: int, kv: int) -> float:
+def restore_seconds(
+    costs: RestoreCosts, tier: str, tokens: int, recompute: int, hidden: int, kv: int
+) -> float:
     """The modelled time to restore `tokens` tokens: layers [0, recompute) recomputed, the
     next `hidden` projected from hidden states, the last `kv` loaded (module docstring)."""
     io = costs.tiers[tier]
@@ -94,9 +104,16 @@ def restore_seconds(costs: RestoreCosts, tier: str, tokens: int, recompute: int,
 def plan_restore(costs: RestoreCosts, storage: StoragePlan, tier: str, tokens: int) -> RestorePlan:
     """The fastest restore of `tokens` stored tokens under `storage`: recompute its NONE
     layers and possibly more (their stored forms are then not read), the rest as stored."""
-    plans = [RestorePlan.of(storage, recompute) for recompute in range(storage.recompute_layers, storage.num_layers + 1)]
+    plans = [
+        RestorePlan.of(storage, recompute)
+        for recompute in range(storage.recompute_layers, storage.num_layers + 1)
+    ]
     timed = [
-        RestorePlan.of(storage, plan.recompute_layers, restore_seconds(costs, tier, tokens, plan.recompute_layers, plan.hidden_layers, plan.kv_layers))
+        RestorePlan.of(
+            storage,
+            plan.recompute_layers,
+            restore_seconds(costs, tier, tokens, plan.recompute_layers, plan.hidden_layers, plan.kv_layers),
+        )
         for plan in plans
     ]
     return min(timed, key=lambda plan: plan.estimated_seconds)  # the first (least recomputation) of equals

@@ -40,7 +40,9 @@ class RestorePolicy:
         )
         if settings.hidden_states == "off" or not smaller:  # grouped-query models keep KV
             return cls(costs, StoragePlan.all_kv(geometry.num_layers))
-        storage = plan_storage(costs, geometry.num_layers, settings.plan_tier, settings.plan_tokens, hidden_allowed=True)
+        storage = plan_storage(
+            costs, geometry.num_layers, settings.plan_tier, settings.plan_tokens, hidden_allowed=True
+        )
         return cls(costs, storage)
 
     def plan(self, tier: str, tokens: int) -> RestorePlan:

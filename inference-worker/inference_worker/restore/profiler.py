@@ -79,6 +79,7 @@ def restore_costs(
     hidden_bytes = int(model.config.hidden_size) * element_bytes
     project, linear, pair = profile_compute(model, **compute)
     tiers = {
-        name: TierCosts.from_bandwidth(rate, kv_bytes, hidden_bytes) for name, rate in tier_bytes_per_second.items()
+        name: TierCosts.from_bandwidth(rate, kv_bytes, hidden_bytes)
+        for name, rate in tier_bytes_per_second.items()
     }
     return RestoreCosts(project, linear, pair, tiers)

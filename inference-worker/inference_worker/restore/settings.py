@@ -21,8 +21,12 @@ class RestoreSettings(BaseModel):
         "dram", description="the tier the storage plan is chosen for (where restores are expected to read)"
     )
     plan_tokens: int = Field(2048, ge=1, description="history length the storage plan is chosen for")
-    dram_read_bytes_per_second: float = Field(8 * GB, gt=0, description="read bandwidth of the daemon's DRAM tier")
-    ssd_read_bytes_per_second: float = Field(2 * GB, gt=0, description="read bandwidth of the daemon's SSD tier")
+    dram_read_bytes_per_second: float = Field(
+        8 * GB, gt=0, description="read bandwidth of the daemon's DRAM tier"
+    )
+    ssd_read_bytes_per_second: float = Field(
+        2 * GB, gt=0, description="read bandwidth of the daemon's SSD tier"
+    )
     profile_tokens: tuple[int, int] = Field(
         (256, 1024), description="the two history lengths a layer's recomputation is timed at, at start"
     )

@@ -37,7 +37,10 @@ class StoragePlan:
     hidden_layers: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.recompute_layers, self.hidden_layers) < 0 or self.recompute_layers + self.hidden_layers > self.num_layers:
+        if (
+            min(self.recompute_layers, self.hidden_layers) < 0
+            or self.recompute_layers + self.hidden_layers > self.num_layers
+        ):
             raise ValueError(f"storage plan {self.name} does not fit {self.num_layers} layers")
 
     @classmethod

@@ -186,7 +186,9 @@ def encode_layers(header: ChunkHeader, layers: Sequence[Sequence[Buffer]]) -> by
     for index, parts in enumerate(layers):
         part_sizes = [memoryview(part).nbytes for part in parts]
         if len(set(part_sizes)) > 1 or sum(part_sizes) != sizes[index]:
-            raise ChunkFormatError(f"layer {index}: parts of {part_sizes} bytes for a {sizes[index]}-byte layer")
+            raise ChunkFormatError(
+                f"layer {index}: parts of {part_sizes} bytes for a {sizes[index]}-byte layer"
+            )
     ends = list(itertools.accumulate(sizes))
     body = bytearray(ends[-1] if ends else 0)
     position = 0

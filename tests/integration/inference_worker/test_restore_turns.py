@@ -40,8 +40,14 @@ LAYERS = 3
 def mha_model() -> PreTrainedModel:
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=4, vocab_size=256, max_position_embeddings=512, initializer_range=0.2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+        max_position_embeddings=512,
+        initializer_range=0.2,
     )
     return LlamaForCausalLM(config).to(torch.float32).eval()
 
@@ -103,19 +109,31 @@ async def test_any_mix_gives_the_greedy_tokens_of_recomputation(
 
     namespace = NamespaceSpec("mha", "float32", CHUNK, storage_plan=storage.namespace_tag).namespace_id()
     keys = chunk_key_chain(namespace, tokens[:HISTORY], CHUNK)
-    chunks = encode_restore_chunks(namespace, keys, storage, ModelGeometry.of(mha_model.config), kv, hidden, CHUNK, 0)
+    chunks = encode_restore_chunks(
+        namespace, keys, storage, ModelGeometry.of(mha_model.config), kv, hidden, CHUNK, 0
+    )
     plan = RestorePlan.of(storage, recompute)
     engine = make_engine(mha_model)
     with ThreadPoolExecutor(1) as compute:
         async with AsyncKVStoreClient(daemon.address) as client:
-            await client.register_namespace(namespace, num_layers=LAYERS, kv_heads=4, head_dim=16, chunk_tokens=CHUNK,
-                                            dtype="float32")
+            await client.register_namespace(
+                namespace, num_layers=LAYERS, kv_heads=4, head_dim=16, chunk_tokens=CHUNK, dtype="float32"
+            )
             await client.put_chunks(namespace, list(zip(keys, chunks, strict=True)))
             prefix = PrefixKV(LAYERS, HISTORY)
-            restoring = asyncio.create_task(restore_prefix(
-                client, namespace, keys, prefix, model=mha_model, storage=storage, plan=plan, token_ids=tokens,
-                compute=compute,
-            ))
+            restoring = asyncio.create_task(
+                restore_prefix(
+                    client,
+                    namespace,
+                    keys,
+                    prefix,
+                    model=mha_model,
+                    storage=storage,
+                    plan=plan,
+                    token_ids=tokens,
+                    compute=compute,
+                )
+            )
             seq = Sequence.of(tokens, max_new_tokens=STEPS, prefix=prefix)
             try:
                 got = await greedy(engine, seq)

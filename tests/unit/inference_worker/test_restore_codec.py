@@ -53,7 +53,12 @@ def test_each_layer_round_trips_in_its_form(layer_major_pieces) -> None:
     header = decode_layout(chunks[0]).header
     assert header.layer_forms == (LayerForm.NONE, LayerForm.HIDDEN, LayerForm.HIDDEN, LayerForm.KV)
     assert not header.is_kv and header.format_version == 2 and header.hidden_size == HIDDEN
-    assert [header.layer_size(layer) for layer in range(4)] == [0, CHUNK * HIDDEN * 4, CHUNK * HIDDEN * 4, 2 * 4 * CHUNK * 8 * 4]
+    assert [header.layer_size(layer) for layer in range(4)] == [
+        0,
+        CHUNK * HIDDEN * 4,
+        CHUNK * HIDDEN * 4,
+        2 * 4 * CHUNK * 8 * 4,
+    ]
     rows = layer_major_pieces(chunks)
     assert rows[0][0].data == b""
     for layer in (1, 2):
@@ -71,7 +76,9 @@ def test_a_restore_chunk_stores_less_than_kv_and_fits_the_namespace_limit() -> N
     full = restore_chunks(kv, hidden)[0]
     limit = max_chunk_bytes(num_layers=4, kv_heads=4, head_dim=8, chunk_tokens=CHUNK, dtype="float32")
     assert len(full) <= limit
-    assert PLAN.bytes_per_token(GEOMETRY, HIDDEN, 4) == (2 * HIDDEN + 1 * 2 * 32) * 4  # vs 4 * 2 * 32 * 4 for KV
+    assert (
+        PLAN.bytes_per_token(GEOMETRY, HIDDEN, 4) == (2 * HIDDEN + 1 * 2 * 32) * 4
+    )  # vs 4 * 2 * 32 * 4 for KV
 
 
 async def test_a_kv_reader_rejects_a_restore_chunk(layer_major_pieces) -> None:
@@ -88,8 +95,17 @@ async def test_a_kv_reader_rejects_a_restore_chunk(layer_major_pieces) -> None:
                     yield piece
 
     prefix = PrefixKV(4, TOKENS)
-    await load_prefix(Reads(), NAMESPACE, [bytes(32)] * 3, prefix, chunk_tokens=CHUNK, head_tokens=CHUNK,  # type: ignore[arg-type]
-                      shift=None, device=torch.device("cpu"), tail_tokens=3)
+    await load_prefix(
+        Reads(),
+        NAMESPACE,
+        [bytes(32)] * 3,
+        prefix,
+        chunk_tokens=CHUNK,
+        head_tokens=CHUNK,  # type: ignore[arg-type]
+        shift=None,
+        device=torch.device("cpu"),
+        tail_tokens=3,
+    )
     with pytest.raises(PrefixLoadFailed) as failure:
         prefix.wait_layer(0, 1.0)
     assert classify_failure(failure.value) is Fallback.CHUNK_INVALID
@@ -103,9 +119,16 @@ def test_kv_chunks_and_their_namespaces_are_unchanged() -> None:
     (chunk, _) = encode_chunks(plain.namespace_id(), keys, kv, CHUNK, 0)
     header = decode_layout(chunk).header
     assert header.is_kv and header.format_version == 1
-    direct = encode_chunk(namespace=plain.namespace_id(), key=keys[0], dtype="float32", kv_heads=4, tokens=CHUNK,
-                          head_dim=8, base_position=0,
-                          layers=[(k[:, :CHUNK].contiguous().numpy(), v[:, :CHUNK].contiguous().numpy()) for k, v in kv])
+    direct = encode_chunk(
+        namespace=plain.namespace_id(),
+        key=keys[0],
+        dtype="float32",
+        kv_heads=4,
+        tokens=CHUNK,
+        head_dim=8,
+        base_position=0,
+        layers=[(k[:, :CHUNK].contiguous().numpy(), v[:, :CHUNK].contiguous().numpy()) for k, v in kv],
+    )
     assert direct == chunk
     assert plain.namespace_id() != NAMESPACE
 
@@ -114,16 +137,39 @@ def test_kv_chunks_and_their_namespaces_are_unchanged() -> None:
 def test_forms_go_with_version_2_only(version: int) -> None:
     """A version 1 header with forms, or a version 2 one without: not a chunk."""
     forms = (LayerForm.HIDDEN,) if version == 1 else ()
-    header = ChunkHeader(namespace=NAMESPACE, key=bytes(32), dtype="float32", num_layers=1, kv_heads=4, tokens=CHUNK,
-                         head_dim=8, base_position=0, layer_checksums=(), format_version=version,
-                         layer_forms=forms, hidden_size=HIDDEN if forms else 0)
+    header = ChunkHeader(
+        namespace=NAMESPACE,
+        key=bytes(32),
+        dtype="float32",
+        num_layers=1,
+        kv_heads=4,
+        tokens=CHUNK,
+        head_dim=8,
+        base_position=0,
+        layer_checksums=(),
+        format_version=version,
+        layer_forms=forms,
+        hidden_size=HIDDEN if forms else 0,
+    )
     layer = (bytes(header.layer_size(0)),) if forms else (bytes(header.layer_bytes // 2),) * 2
     with pytest.raises(ChunkFormatError, match="version 2 only"):
         decode_layout(encode_layers(header, [layer]))
 
 
 def test_a_gqa_model_keeps_kv() -> None:
-    smol = ModelGeometry(num_layers=30, heads=9, kv_heads=3, head_dim=64, max_positions=8192, vocab_size=49152)
+    smol = ModelGeometry(
+        num_layers=30, heads=9, kv_heads=3, head_dim=64, max_positions=8192, vocab_size=49152
+    )
     StoragePlan(30, recompute_layers=3).check(smol, 576)  # recomputation alone is fine
     with pytest.raises(HiddenStatesNotSmaller):
         StoragePlan(30, hidden_layers=1).check(smol, 576)
+
+
+def test_a_plan_that_stores_nothing_gives_header_only_chunks(layer_major_pieces) -> None:
+    kv, hidden = tensors()
+    keys = chunk_key_chain(NAMESPACE, list(range(TOKENS)), CHUNK)
+    nothing = StoragePlan(4, recompute_layers=4)
+    chunks = encode_restore_chunks(NAMESPACE, keys, nothing, GEOMETRY, kv, [None] * 4, CHUNK, 0)
+    layout = decode_layout(chunks[0])
+    assert layout.header.layer_forms == (LayerForm.NONE,) * 4
+    assert len(chunks[0]) == layout.total_bytes == layout.data_offset

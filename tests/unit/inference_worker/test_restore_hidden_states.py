@@ -22,8 +22,9 @@ def reference(model: PreTrainedModel, ids: torch.Tensor, first_position: int):
     of `ids` [tokens] at positions first_position, first_position + 1, ..."""
     cache = DynamicCache()
     positions = torch.arange(first_position, first_position + ids.shape[0]).unsqueeze(0)  # [1, tokens]
-    out = model(input_ids=ids[None], position_ids=positions, cache=cache, use_cache=True,
-                output_hidden_states=True)
+    out = model(
+        input_ids=ids[None], position_ids=positions, cache=cache, use_cache=True, output_hidden_states=True
+    )
     kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
     inputs = [h[0] for h in out.hidden_states[: model.config.num_hidden_layers]]  # input of layer l
     return kv, inputs

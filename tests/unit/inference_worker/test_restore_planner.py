@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from inference_worker.restore.planner import RestoreCosts, TierCosts, plan_restore, plan_storage, restore_seconds
+from inference_worker.restore.planner import (
+    RestoreCosts,
+    TierCosts,
+    plan_restore,
+    plan_storage,
+    restore_seconds,
+)
 from inference_worker.restore.storage_plan import StoragePlan
 
 LAYERS = 24
