@@ -148,6 +148,8 @@ class Bench:
             token_ids=ids,
             compute=self.compute,
         )
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()  # the last projections' kernels
         seconds = time.perf_counter() - started
         for layer in range(self.layers):
             prefix.wait_layer(layer, 0.0)  # raises if the restore failed
@@ -170,7 +172,7 @@ class Bench:
     async def history(self, tokens: int) -> list[Row]:
         generator = torch.Generator().manual_seed(tokens)
         ids = torch.randint(0, int(self.model.config.vocab_size), (tokens,), generator=generator)
-        kv, hidden = history_state(self.model, ids)
+        kv, hidden = history_state(self.model, ids.to(self.model.device))
         token_ids = ids.tolist()
         all_kv, all_hidden = StoragePlan.all_kv(self.layers), StoragePlan(self.layers, 0, self.layers)
         for plan in (all_kv, all_hidden):
@@ -266,11 +268,12 @@ def main(argv: list[str] | None = None) -> None:
         "--throttled-gbps", type=float, default=1.0, help="the throttled tier's bandwidth (GB/s)"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.quick:
         args.layers, args.hidden, args.histories, args.repeats = 12, 768, [1024], 3
     started, load_before = time.monotonic(), os.getloadavg()
-    model = build_model(args.layers, args.hidden)
+    model = build_model(args.layers, args.hidden).to(args.device)
     compute = profile_compute(model)
     geometry = ModelGeometry.of(model.config)
     largest = (
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
     config: dict[str, Any] = {
         **vars(args),
-        "device": "cpu",
+        "device": args.device,
         "dtype": "float32",
         "startup_profile": dict(
             zip(
