@@ -165,8 +165,8 @@ def test_a_gqa_model_keeps_kv() -> None:
         StoragePlan(30, hidden_layers=1).check(smol, 576)
 
 
-def test_a_plan_that_stores_nothing_gives_header_only_chunks(layer_major_pieces) -> None:
-    kv, hidden = tensors()
+def test_a_plan_that_stores_nothing_gives_header_only_chunks() -> None:
+    kv, _ = tensors()
     keys = chunk_key_chain(NAMESPACE, list(range(TOKENS)), CHUNK)
     nothing = StoragePlan(4, recompute_layers=4)
     chunks = encode_restore_chunks(NAMESPACE, keys, nothing, GEOMETRY, kv, [None] * 4, CHUNK, 0)
