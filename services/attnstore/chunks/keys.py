@@ -33,11 +33,12 @@ class NamespaceSpec:
     chunk_tokens: int
     tenant_salt: bytes = b""  # per-tenant isolation: KV is never shared across tenants
     layout_version: int = LAYOUT_VERSION
+    storage_plan: str = ""  # restore chunks' per-layer forms (HCache); "" = KV chunks
 
     def namespace_id(self) -> bytes:
-        payload = msgpack.packb(
-            [self.model_digest, self.dtype, self.chunk_tokens, self.tenant_salt, self.layout_version]
-        )
+        fields = [self.model_digest, self.dtype, self.chunk_tokens, self.tenant_salt, self.layout_version]
+        # Appended only when set, so the namespaces of KV chunks keep their ids.
+        payload = msgpack.packb(fields + [self.storage_plan] if self.storage_plan else fields)
         return blake3.blake3(_NAMESPACE_DOMAIN + payload).digest(NAMESPACE_BYTES)
 
 

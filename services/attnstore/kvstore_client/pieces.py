@@ -97,7 +97,7 @@ class LayerAssembler:
             raise DaemonProtocolError(f"unexpected slice: chunk {chunk_index}, layer {layer}")
         if (chunk_index, layer) in self._seen:
             raise DaemonProtocolError(f"layer {layer} of chunk {chunk_index} was sent twice")
-        size = self._layouts[chunk_index].header.layer_bytes
+        size = self._layouts[chunk_index].header.layer_size(layer)
         self._pending = (chunk_index, layer)
         self._parts.append(data)
         self._pending_bytes += len(data)

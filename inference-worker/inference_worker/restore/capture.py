@@ -1,0 +1,45 @@
+"""Capturing each layer's input hidden states in the paged forward, for the sequences whose
+chunks a storage plan keeps as hidden states (PagedModelRunner.layer_input_hook).
+
+Only watched sequences pay: the hook copies their rows of each layer's input, step by
+step (prefill chunks, then one row per decode), and `take` joins them per layer.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from inference_worker.engine.model_runner import Batch, PagedModelRunner
+from inference_worker.engine.sequence import Sequence
+
+
+class HiddenCapture:
+    """Installs itself as `runner.layer_input_hook`; watch a sequence before it runs."""
+
+    def __init__(self, runner: PagedModelRunner) -> None:
+        self.num_layers = runner.geometry.num_layers
+        self._rows: dict[int, list[list[tuple[int, torch.Tensor]]]] = {}  # seq id -> layer -> (start, rows)
+        self._lock = threading.Lock()  # the hook runs in the engine thread
+        runner.layer_input_hook = self
+
+    def watch(self, seq: Sequence) -> None:
+        with self._lock:
+            self._rows[seq.seq_id] = [[] for _ in range(self.num_layers)]
+
+    def take(self, seq: Sequence) -> list[torch.Tensor]:
+        """Per layer the input hidden states [tokens, hidden] of the tokens `seq` computed
+        while watched, in order (from its first computed token); stops watching it."""
+        with self._lock:
+            layers = self._rows.pop(seq.seq_id)
+        return [torch.cat([rows for _, rows in sorted(pieces, key=lambda p: p[0])]) for pieces in layers]
+
+    def __call__(self, layer: int, hidden: torch.Tensor, batch: Batch) -> None:
+        with self._lock:
+            if not self._rows:
+                return
+            for seq, part in zip(batch.seqs, batch.slices, strict=True):
+                watched = self._rows.get(seq.seq_id)
+                if watched is not None:
+                    watched[layer].append((part.start, hidden[part.rows].clone()))  # [new, hidden]

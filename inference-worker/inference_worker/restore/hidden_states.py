@@ -1,0 +1,105 @@
+"""K and V rebuilt from a layer's input hidden states, and the first layers recomputed.
+
+HCache stores a layer's input H (the residual stream before the layer's input norm)
+instead of its K and V; both come back with two projections:
+
+    K = RoPE(W_k · norm(H)) at the tokens' positions      V = W_v · norm(H)
+
+For a multi-head model H has as many values per token as K alone: half the bytes of KV,
+and two [hidden x hidden] matmuls instead of a whole layer (attention, output projection,
+MLP), over 6x less compute. The positions are where the tokens sit now, so hidden states
+need no re-positioning after a truncation: they carry no rotation.
+
+The math is the paged forward's (engine/model_runner.py), op for op, so rebuilt K and V
+equal the forward's bit for bit in fp32 on the same device.
+
+Shapes: H [tokens, hidden]; positions [tokens]; K, V [kv_heads, tokens, head_dim].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from inference_worker.engine.model_runner import layer_window
+from inference_worker.model_geometry import ModelGeometry
+from inference_worker.rotary_shift import rotate_half
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer K, V [kv_heads, tokens, head_dim]
+
+
+def rotary(
+    model: PreTrainedModel, like: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [tokens, 1, head_dim] of `positions` [tokens] (the model's rotary module)."""
+    cos, sin = model.model.rotary_emb(like, positions.unsqueeze(0))  # each [1, tokens, D]
+    return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+
+
+@torch.no_grad()
+def project_kv(
+    model: PreTrainedModel,
+    layer: int,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [kv_heads, tokens, head_dim] of `layer` from its input hidden states H
+    [tokens, hidden] at `positions` [tokens]; `cos_sin` (from `rotary`) saves recomputing
+    the rotation per layer."""
+    geometry = ModelGeometry.of(model.config)
+    decoder_layer = model.model.layers[layer]
+    attn = decoder_layer.self_attn
+    tokens = hidden.shape[0]
+    x = decoder_layer.input_layernorm(hidden)
+    k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)  # [tokens, kv_heads, D]
+    v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+    cos, sin = cos_sin if cos_sin is not None else rotary(model, x, positions)
+    k = k * cos + rotate_half(k) * sin
+    return k.transpose(0, 1), v.transpose(0, 1)
+
+
+@torch.no_grad()
+def recompute_layers(
+    model: PreTrainedModel, token_ids: torch.Tensor, positions: torch.Tensor, count: int
+) -> tuple[KV, torch.Tensor]:
+    """Runs the first `count` layers over `token_ids` [tokens] (a prefix starting at the
+    sequence's first token, causal) at `positions` [tokens]: their K and V, and the input
+    hidden states [tokens, hidden] of layer `count` (what a HIDDEN layer after them would
+    have stored)."""
+    decoder = model.model
+    geometry = ModelGeometry.of(model.config)
+    hidden = decoder.embed_tokens(token_ids)  # [tokens, hidden]
+    tokens = hidden.shape[0]
+    cos, sin = rotary(model, hidden, positions)
+    kv: KV = []
+    for index in range(count):
+        layer = decoder.layers[index]
+        attn = layer.self_attn
+        k, v = project_kv(model, index, hidden, positions, (cos, sin))  # [kv_heads, tokens, D]
+        q = attn.q_proj(layer.input_layernorm(hidden)).view(tokens, geometry.heads, geometry.head_dim)
+        q = (q * cos + rotate_half(q) * sin).transpose(0, 1)  # [heads, tokens, D]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
+            attn_mask=_window_mask(model.config, attn, tokens, hidden.device),
+            is_causal=layer_window(model.config, attn) is None,
+            scale=attn.scaling,
+            enable_gqa=True,
+        )  # [1, heads, tokens, D]
+        hidden = hidden + attn.o_proj(out[0].transpose(0, 1).reshape(tokens, -1))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        kv.append((k, v))
+    return kv, hidden
+
+
+def _window_mask(config: object, attn: object, tokens: int, device: torch.device) -> torch.Tensor | None:
+    """[tokens, tokens] True where a query may attend, for a sliding-window layer; else None."""
+    window = layer_window(config, attn)
+    if window is None:
+        return None
+    position = torch.arange(tokens, device=device)
+    query, key = position[:, None], position[None, :]
+    return (key <= query) & (key > query - window)

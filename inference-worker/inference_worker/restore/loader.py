@@ -1,0 +1,175 @@
+"""Restoring a stored prefix under a restore plan: the producer side of `PrefixKV`, like
+prefix_loader.load_prefix for KV chunks, so the paged forward takes each layer when it
+reaches it and writes it into the sequence's pool blocks.
+
+    compute thread   recompute layers [0, r) ──put──>  | project HIDDEN layer l ──put──> ...
+    event loop       read layers [r, L) layer-major: HIDDEN row ──> compute queue
+                                                     KV row ──> re-position ──put──>
+
+One compute thread (a one-worker executor) runs the recomputation first, then each
+projection in layer order as its hidden states arrive, while the loop keeps reading the
+next layers: IO and compute overlap as the planner modelled. Layers below the plan's
+recompute count are not read at all. Any failure fails the prefix (never raises), so the
+forward pass recomputes, as for KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from attnstore.chunks.format import LayerForm
+from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
+from inference_worker.kv_codec import KVShapeError, layer_from_pieces
+from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
+from inference_worker.restore.codec import hidden_from_pieces
+from inference_worker.restore.hidden_states import project_kv, recompute_layers, rotary
+from inference_worker.restore.planner import RestorePlan
+from inference_worker.restore.storage_plan import StoragePlan
+from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
+
+
+@dataclass
+class RestoreStats:
+    """What one restore did and cost (seconds by method: compute time for recompute and
+    hidden, read time of the KV layers' rows for kv)."""
+
+    plan: RestorePlan
+    bytes_read: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"recompute": 0.0, "hidden": 0.0, "kv": 0.0})
+
+
+async def restore_prefix(
+    client: AsyncKVStoreClient,
+    namespace: bytes,
+    keys: Sequence[bytes],
+    prefix: PrefixKV,
+    *,
+    model: PreTrainedModel,
+    storage: StoragePlan,
+    plan: RestorePlan,
+    token_ids: Sequence[int],
+    compute: Executor,
+    shift: RotaryShift | None = None,
+) -> RestoreStats:
+    """Fills `prefix` (its tokens: `token_ids[:prefix.prefix_tokens]`, at positions 0..)
+    from the restore chunks `keys` stored under `storage`, as `plan` says; fails it on any
+    error. `compute`: a one-worker executor. `shift`: re-positions KV layers of chunks
+    stored at other positions (None: an error); hidden states are projected where the
+    tokens sit, so they never need it."""
+    restore = _Restore(model, prefix, storage, plan, token_ids, compute, shift)
+    try:
+        if plan.recompute_layers:
+            restore.submit("recompute", restore.recompute)
+        if plan.recompute_layers < storage.num_layers:
+            async with contextlib.aclosing(
+                client.iter_layers(namespace, keys, layer_start=plan.recompute_layers)
+            ) as pieces:
+                await restore.read(pieces, len(keys))
+        await asyncio.gather(*restore.computing)
+    except asyncio.CancelledError:
+        prefix.fail(PrefixLoadFailed("restore cancelled"))
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any cache failure means recompute, never a failed turn
+        prefix.fail(exc)
+    return restore.stats
+
+
+LayerKV = tuple[int, tuple[torch.Tensor, torch.Tensor]]  # layer, (K, V [kv_heads, tokens, head_dim])
+
+
+class _Restore:
+    """One restore's state: what it reads, what its compute thread has queued."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        prefix: PrefixKV,
+        storage: StoragePlan,
+        plan: RestorePlan,
+        token_ids: Sequence[int],
+        compute: Executor,
+        shift: RotaryShift | None,
+    ) -> None:
+        self.model, self.prefix, self.storage, self.plan = model, prefix, storage, plan
+        self.compute, self.shift = compute, shift
+        self.stats = RestoreStats(plan)
+        self.computing: list[asyncio.Future[None]] = []
+        self.device = next(model.parameters()).device
+        tokens = prefix.prefix_tokens
+        self.ids = torch.tensor(list(token_ids[:tokens]), dtype=torch.long, device=self.device)
+        self.positions = torch.arange(tokens, device=self.device)
+        probe = torch.empty(0, device=self.device, dtype=next(model.parameters()).dtype)
+        self.cos_sin = rotary(model, probe, self.positions)  # one rotation for every projected layer
+
+    def submit(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
+        """Queues `work` on the compute thread; its layers go to the prefix when done."""
+        self.computing.append(
+            asyncio.get_running_loop().run_in_executor(self.compute, self._run, method, work)
+        )
+
+    def _run(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
+        started = time.perf_counter()
+        for layer, (k, v) in work():
+            self.prefix.put_layer(layer, k.contiguous(), v.contiguous())
+        self.stats.seconds[method] += time.perf_counter() - started
+
+    def recompute(self) -> list[LayerKV]:
+        kv, _ = recompute_layers(self.model, self.ids, self.positions, self.plan.recompute_layers)
+        return list(enumerate(kv))
+
+    def project(self, layer: int, states: torch.Tensor) -> list[LayerKV]:
+        return [(layer, project_kv(self.model, layer, states, self.positions, self.cos_sin))]
+
+    async def read(self, pieces: AsyncIterator[LayerPiece], chunks: int) -> None:
+        """Takes layers [recompute_layers, L) of `chunks` chunks, layer-major."""
+        row: list[LayerPiece] = []
+        layer = self.plan.recompute_layers
+        started = time.perf_counter()
+        async for piece in pieces:
+            if piece.chunk_index != len(row) or piece.layer != layer:
+                raise DaemonProtocolError(
+                    f"got layer {piece.layer} of chunk {piece.chunk_index} out of order"
+                )
+            if (
+                piece.layout.header.layer_forms or (LayerForm.KV,) * self.storage.num_layers
+            ) != self.storage.forms:
+                raise KVShapeError(f"chunk {piece.chunk_index} was not stored under plan {self.storage.name}")
+            row.append(piece)
+            self.stats.bytes_read += len(piece.data)
+            if len(row) < chunks:
+                continue
+            if self.storage.forms[layer] is LayerForm.HIDDEN:
+                states = hidden_from_pieces(row, self.device)  # [tokens, hidden]
+                self.submit("hidden", functools.partial(self.project, layer, states))
+            else:
+                k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
+                self.prefix.put_layer(layer, _reposition(k, row, self.shift), v)
+                self.stats.seconds["kv"] += time.perf_counter() - started
+            started = time.perf_counter()
+            row, layer = [], layer + 1
+        if layer != self.storage.num_layers:
+            raise DaemonProtocolError(f"the read ended after layer {layer} of {self.storage.num_layers}")
+
+
+def _reposition(k: torch.Tensor, row: Sequence[LayerPiece], shift: RotaryShift | None) -> torch.Tensor:
+    """Keys [kv_heads, tokens, head_dim] of chunks stored at other positions, rotated to where
+    they sit now (chunk i at the sum of the earlier chunks' tokens)."""
+    start = 0
+    for piece in row:
+        header = piece.layout.header
+        delta = start - header.base_position
+        if delta:
+            if shift is None:
+                raise PositionShiftUnsupported(f"chunk {piece.chunk_index} must move by {delta} positions")
+            k[:, start : start + header.tokens] = shift.shift_keys(k[:, start : start + header.tokens], delta)
+        start += header.tokens
+    return k

@@ -1,0 +1,136 @@
+"""The restore planner: which layers of a prefix come back by recomputation, by projecting
+stored hidden states, or by loading stored KV, so that reading and computing finish
+together (HCache's bubble-free schedule).
+
+The model of a restore over `n` tokens and L layers, one IO channel and one compute stream:
+
+    compute  recompute layers 0..r-1 (no reads needed) | project HIDDEN layer r, r+1, ...
+    IO                 read HIDDEN layer r | r+1 | ... | read KV layers ... L-1
+
+A projection starts once its layer is read and the previous computation is done; the
+restore ends when both channels are idle. `restore_seconds` plays that out layer by layer
+(exact for this model, O(L)); the planners search the layer counts (O(L) per request,
+O(L^2) for a storage plan), so "never slower than KV loading or full recomputation" holds
+by construction: both are candidates whenever they are possible.
+
+Costs come from the profiler (profiler.py), per token per layer, IO per tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from inference_worker.restore.storage_plan import StoragePlan
+
+
+@dataclass(frozen=True)
+class TierCosts:
+    """Reading one token's share of one layer from a tier."""
+
+    kv_seconds: float  # its K and V
+    hidden_seconds: float  # its input hidden states
+
+    @classmethod
+    def from_bandwidth(cls, bytes_per_second: float, kv_bytes: int, hidden_bytes: int) -> TierCosts:
+        """`kv_bytes`, `hidden_bytes`: one token's K+V and hidden states of one layer."""
+        return cls(kv_bytes / bytes_per_second, hidden_bytes / bytes_per_second)
+
+
+@dataclass(frozen=True)
+class RestoreCosts:
+    project_seconds: float  # K and V of one token of one layer from its hidden states
+    recompute_seconds: float  # one layer over one more token: the linear part
+    recompute_pair_seconds: float  # ... the attention part, per (query, key) pair
+    tiers: Mapping[str, TierCosts]
+
+    def recompute_layer_seconds(self, tokens: int) -> float:
+        """One layer over a causal prefix of `tokens` tokens."""
+        return self.recompute_seconds * tokens + self.recompute_pair_seconds * tokens * (tokens + 1) / 2
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    recompute_layers: int
+    hidden_layers: int
+    kv_layers: int
+    estimated_seconds: float
+
+    @classmethod
+    def of(cls, storage: StoragePlan, recompute: int, estimated_seconds: float = 0.0) -> RestorePlan:
+        """Under `storage`, recompute layers [0, recompute) (at least its NONE layers); the
+        rest as stored."""
+        if not storage.recompute_layers <= recompute <= storage.num_layers:
+            raise ValueError(f"plan {storage.name} cannot recompute {recompute} layers")
+        stored_end = storage.recompute_layers + storage.hidden_layers  # where the KV layers begin
+        kv = storage.num_layers - max(recompute, stored_end)
+        return cls(recompute, max(stored_end - recompute, 0), kv, estimated_seconds)
+
+    @property
+    def name(self) -> str:
+        """e.g. "r2h10k12"; what the turn's stats and the metrics report."""
+        return f"r{self.recompute_layers}h{self.hidden_layers}k{self.kv_layers}"
+
+    @property
+    def method(self) -> str:
+        """recompute, kv, hidden, or mix."""
+        used = [
+            m
+            for m, n in (
+                ("recompute", self.recompute_layers),
+                ("hidden", self.hidden_layers),
+                ("kv", self.kv_layers),
+            )
+            if n
+        ]
+        return used[0] if len(used) == 1 else "mix"
+
+
+def restore_seconds(
+    costs: RestoreCosts, tier: str, tokens: int, recompute: int, hidden: int, kv: int
+) -> float:
+    """The modelled time to restore `tokens` tokens: layers [0, recompute) recomputed, the
+    next `hidden` projected from hidden states, the last `kv` loaded (module docstring)."""
+    io = costs.tiers[tier]
+    compute_done = recompute * costs.recompute_layer_seconds(tokens)
+    read_done = 0.0
+    for _ in range(hidden):
+        read_done += io.hidden_seconds * tokens
+        compute_done = max(compute_done, read_done) + costs.project_seconds * tokens
+    read_done += kv * io.kv_seconds * tokens
+    return max(read_done, compute_done)
+
+
+def plan_restore(costs: RestoreCosts, storage: StoragePlan, tier: str, tokens: int) -> RestorePlan:
+    """The fastest restore of `tokens` stored tokens under `storage`: recompute its NONE
+    layers and possibly more (their stored forms are then not read), the rest as stored."""
+    plans = [
+        RestorePlan.of(storage, recompute)
+        for recompute in range(storage.recompute_layers, storage.num_layers + 1)
+    ]
+    timed = [
+        RestorePlan.of(
+            storage,
+            plan.recompute_layers,
+            restore_seconds(costs, tier, tokens, plan.recompute_layers, plan.hidden_layers, plan.kv_layers),
+        )
+        for plan in plans
+    ]
+    return min(timed, key=lambda plan: plan.estimated_seconds)  # the first (least recomputation) of equals
+
+
+def plan_storage(
+    costs: RestoreCosts, num_layers: int, tier: str, tokens: int, *, hidden_allowed: bool
+) -> StoragePlan:
+    """The storage plan whose restore from `tier` of a `tokens`-token history is fastest;
+    of plans within 1% of it, the one that stores the fewest bytes (hidden states and
+    nothing before KV). `hidden_allowed` False (hidden states not smaller than KV): no
+    HIDDEN layers."""
+    timed: list[tuple[float, StoragePlan]] = []
+    for recompute in range(num_layers + 1):
+        for hidden in range(num_layers - recompute + 1 if hidden_allowed else 1):
+            plan = StoragePlan(num_layers, recompute, hidden)
+            timed.append((plan_restore(costs, plan, tier, tokens).estimated_seconds, plan))
+    fastest = min(seconds for seconds, _ in timed)
+    near = [plan for seconds, plan in timed if seconds <= fastest * 1.01]
+    return min(near, key=lambda plan: (plan.kv_layers, plan.hidden_layers))

@@ -1,0 +1,50 @@
+"""A worker's restore policy, built once at start: the costs profiled on its model, the
+storage plan its namespaces save under, and the plan of each restore.
+
+    RestorePolicy.create(model, settings) ──> storage  (the plan chunks are saved under)
+                                          ──> plan(tier, tokens)  (per request)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from inference_worker.model_geometry import ModelGeometry
+from inference_worker.restore.planner import RestoreCosts, RestorePlan, plan_restore, plan_storage
+from inference_worker.restore.profiler import restore_costs
+from inference_worker.restore.settings import RestoreSettings
+from inference_worker.restore.storage_plan import HiddenStatesNotSmaller, StoragePlan, hidden_pays_off
+
+
+@dataclass(frozen=True)
+class RestorePolicy:
+    costs: RestoreCosts
+    storage: StoragePlan
+
+    @classmethod
+    def create(cls, model: PreTrainedModel, settings: RestoreSettings, element_bytes: int) -> RestorePolicy:
+        """Profiles the model (a second or so on a CPU) and chooses the storage plan."""
+        geometry = ModelGeometry.of(model.config)
+        hidden_size = int(model.config.hidden_size)
+        smaller = hidden_pays_off(geometry, hidden_size)
+        if settings.hidden_states == "on" and not smaller:
+            raise HiddenStatesNotSmaller(
+                f"hidden states ({hidden_size} per token per layer) are not smaller than K and V here: "
+                "set hidden_states to auto or off"
+            )
+        short, long = settings.profile_tokens
+        costs = restore_costs(
+            model, settings.tier_bytes_per_second(), element_bytes, short_tokens=short, long_tokens=long
+        )
+        if settings.hidden_states == "off" or not smaller:  # grouped-query models keep KV
+            return cls(costs, StoragePlan.all_kv(geometry.num_layers))
+        storage = plan_storage(
+            costs, geometry.num_layers, settings.plan_tier, settings.plan_tokens, hidden_allowed=True
+        )
+        return cls(costs, storage)
+
+    def plan(self, tier: str, tokens: int) -> RestorePlan:
+        """The fastest restore of a `tokens`-token prefix read from `tier`."""
+        return plan_restore(self.costs, self.storage, tier, tokens)

@@ -1,0 +1,59 @@
+"""bench-restore's pieces: the file tier reads layer-major what was put, from a given layer
+on; the summary takes the worst ratio over histories and judges the issue's targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnstore.chunks.format import decode_layout
+from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
+from bench.restore.report import summarize
+from bench.restore.tiers import FileTier
+from inference_worker.kv_codec import encode_chunks
+
+
+async def test_the_file_tier_reads_layer_major_from_a_layer_on(tmp_path: Path) -> None:
+    namespace = NamespaceSpec("tiny", "float32", 4).namespace_id()
+    keys = chunk_key_chain(namespace, list(range(8)), 4)
+    kv = [(torch.randn(2, 8, 4), torch.randn(2, 8, 4)) for _ in range(3)]
+    chunks = encode_chunks(namespace, keys, kv, 4, 0)
+    tier = FileTier(tmp_path)
+    for key, chunk in zip(keys, chunks, strict=True):
+        tier.put(namespace, key, chunk)
+    tier.drop_cache(namespace, keys)
+    pieces = [piece async for piece in tier.iter_layers(namespace, keys, layer_start=1)]
+    assert [(p.layer, p.chunk_index) for p in pieces] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    for piece in pieces:
+        start, end = decode_layout(chunks[piece.chunk_index]).layer_span(piece.layer, piece.layer + 1)
+        assert piece.data == chunks[piece.chunk_index][start:end]
+
+
+def rows(tier: str, tokens: int, seconds: dict[str, float]) -> list[dict]:
+    per_token = {"kv": 100, "hidden": 50, "recompute": 0, "planner": 50}
+    return [
+        {
+            "tier": tier,
+            "history_tokens": tokens,
+            "method": m,
+            "seconds": s,
+            "plan": m,
+            "bytes_per_token": per_token[m],
+        }
+        for m, s in seconds.items()
+    ]
+
+
+def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
+    table = (
+        rows("dram", 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.0})
+        + rows("dram", 2, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.2})
+        + rows("throttled", 1, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.0})
+        + rows("throttled", 2, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.5})
+    )
+    summary, verdicts = summarize(table, ["dram", "throttled"], [1, 2])
+    assert summary["planner_vs_best_single_method"] == {"dram": 1.2, "throttled": 0.833}
+    assert summary["planner_vs_kv_load_throttled"] == 1.6
+    assert summary["hidden_vs_kv_bytes"] == 0.5
+    assert [line.split()[0] for line in verdicts] == ["FAIL", "PASS", "PASS", "PASS"]

@@ -1,0 +1,87 @@
+"""The restore planner with injected costs (24 layers, 2048 tokens): all KV when IO is
+free, recomputation-heavy when IO is slow and compute fast, hidden states in between;
+never slower (modelled) than KV loading or full recomputation."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_worker.restore.planner import (
+    RestoreCosts,
+    TierCosts,
+    plan_restore,
+    plan_storage,
+    restore_seconds,
+)
+from inference_worker.restore.storage_plan import StoragePlan
+
+LAYERS = 24
+TOKENS = 2048
+US = 1e-6
+
+
+def costs(kv_us: float, *, project_us: float, recompute_us: float) -> RestoreCosts:
+    """IO of a token's KV of one layer `kv_us` (hidden states: half, multi-head)."""
+    return RestoreCosts(
+        project_seconds=project_us * US,
+        recompute_seconds=recompute_us * US,
+        recompute_pair_seconds=0.0,
+        tiers={"tier": TierCosts(kv_us * US, kv_us * US / 2)},
+    )
+
+
+def baselines(c: RestoreCosts) -> tuple[float, float]:
+    """(all KV loaded, all recomputed)."""
+    return (
+        restore_seconds(c, "tier", TOKENS, 0, 0, LAYERS),
+        restore_seconds(c, "tier", TOKENS, LAYERS, 0, 0),
+    )
+
+
+def test_free_io_loads_all_kv() -> None:
+    c = costs(0.0, project_us=1.0, recompute_us=12.0)
+    plan = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True)
+    assert plan == StoragePlan.all_kv(LAYERS)
+    assert plan_restore(c, plan, "tier", TOKENS).method == "kv"
+
+
+def test_slow_io_and_fast_compute_recompute_most_layers() -> None:
+    c = costs(100.0, project_us=0.5, recompute_us=6.0)
+    restore = plan_restore(c, StoragePlan(LAYERS, hidden_layers=LAYERS), "tier", TOKENS)
+    assert restore.recompute_layers > LAYERS // 2
+    assert restore.estimated_seconds < min(baselines(c))
+
+
+def test_io_and_projection_of_the_same_order_store_hidden_states() -> None:
+    c = costs(10.0, project_us=4.0, recompute_us=50.0)
+    plan = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True)
+    assert plan.hidden_layers > LAYERS // 2
+    restore = plan_restore(c, plan, "tier", TOKENS)
+    assert restore.hidden_layers == plan.hidden_layers
+    assert restore.estimated_seconds < 0.8 * min(baselines(c))  # IO and compute overlap
+
+
+def test_without_hidden_states_a_gqa_model_keeps_kv_or_recomputes() -> None:
+    c = costs(10.0, project_us=4.0, recompute_us=50.0)
+    plan = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=False)
+    assert plan.hidden_layers == 0
+
+
+@pytest.mark.parametrize("kv_us", [0.0, 0.3, 3.0, 30.0, 300.0])
+@pytest.mark.parametrize("project_us", [0.1, 2.0, 20.0])
+def test_never_slower_than_kv_loading_or_recomputation(kv_us: float, project_us: float) -> None:
+    c = costs(kv_us, project_us=project_us, recompute_us=10 * project_us)
+    plan = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True)
+    chosen = plan_restore(c, plan, "tier", TOKENS).estimated_seconds
+    assert chosen <= min(baselines(c)) + 1e-12
+    # Restoring all-KV storage never picks something slower than loading it.
+    assert plan_restore(c, StoragePlan.all_kv(LAYERS), "tier", TOKENS).estimated_seconds <= baselines(c)[0]
+
+
+def test_the_pipeline_overlaps_reads_and_projections() -> None:
+    """One hidden layer: its read, then its projection; two: the second read overlaps the
+    first projection."""
+    c = costs(2.0, project_us=3.0, recompute_us=0.0)  # hidden read 1 us, projection 3 us per token
+    assert restore_seconds(c, "tier", 1, 0, 1, 0) == pytest.approx(4 * US)
+    assert restore_seconds(c, "tier", 1, 0, 2, 0) == pytest.approx(7 * US)
+    assert restore_seconds(c, "tier", 1, 0, 1, 1) == pytest.approx(4 * US)  # the KV read hides under it

@@ -1,0 +1,39 @@
+"""The restore policy built at start: profiled costs are positive, grouped-query models keep
+KV (and "on" refuses them), "off" keeps KV, and each request's plan is never slower
+(modelled) than recomputing everything."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_worker.restore.planner import restore_seconds
+from inference_worker.restore.policy import RestorePolicy
+from inference_worker.restore.settings import RestoreSettings
+from inference_worker.restore.storage_plan import HiddenStatesNotSmaller, StoragePlan
+
+PROFILE = {"profile_tokens": (16, 64)}
+
+
+def test_a_gqa_model_keeps_kv(tiny_llama) -> None:
+    policy = RestorePolicy.create(tiny_llama, RestoreSettings(**PROFILE), element_bytes=4)
+    assert policy.storage == StoragePlan.all_kv(3)
+    assert policy.costs.project_seconds > 0 and policy.costs.recompute_seconds > 0
+    with pytest.raises(HiddenStatesNotSmaller):
+        RestorePolicy.create(tiny_llama, RestoreSettings(hidden_states="on", **PROFILE), element_bytes=4)
+
+
+def test_off_keeps_kv_for_an_mha_model(tiny_llama_factory) -> None:
+    mha = tiny_llama_factory(num_key_value_heads=4)
+    policy = RestorePolicy.create(mha, RestoreSettings(hidden_states="off", **PROFILE), element_bytes=4)
+    assert policy.storage.is_kv
+
+
+@pytest.mark.parametrize("tier", ["dram", "ssd"])
+def test_an_mha_models_plan_beats_recomputation(tiny_llama_factory, tier: str) -> None:
+    mha = tiny_llama_factory(num_key_value_heads=4)
+    settings = RestoreSettings(ssd_read_bytes_per_second=1e6, **PROFILE)  # a very slow disk
+    policy = RestorePolicy.create(mha, settings, element_bytes=4)
+    plan = policy.plan(tier, 512)
+    assert plan.estimated_seconds <= restore_seconds(policy.costs, tier, 512, 3, 0, 0)
+    if tier == "ssd":  # reading 1 MB/s is slower than recomputing a tiny model's layers
+        assert plan.recompute_layers > 0
