@@ -33,7 +33,9 @@ class LayerMajorReads:
     def __init__(self, rows: Sequence[Sequence[LayerPiece]]) -> None:
         self.rows = rows
 
-    async def iter_layers(self, namespace: bytes, keys: Sequence[bytes]) -> AsyncIterator[LayerPiece]:
+    async def iter_layers(
+        self, namespace: bytes, keys: Sequence[bytes], places: Sequence[str] = ()
+    ) -> AsyncIterator[LayerPiece]:
         for row in self.rows:
             for piece in row:
                 yield piece
