@@ -228,9 +228,8 @@ class Engine:
         beside it whole: its blocks after the prompt's full ones (which it shares)."""
         if not seq.forks:
             return self.pool.blocks_for(len(seq) + 1)
-        whole = self.pool.blocks_for(
-            len(seq) + seq.max_new_tokens - 1
-        )  # the last token's KV is never computed
+        # A whole sample's blocks: the last sampled token's KV is never computed.
+        whole = self.pool.blocks_for(len(seq) + seq.max_new_tokens - 1)
         return 2 * whole - len(seq) // self.pool.block_tokens
 
     def submit(self, seq: Sequence) -> None:
