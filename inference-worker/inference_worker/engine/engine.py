@@ -105,8 +105,10 @@ class Engine:
         outputs = handed_back
         for row, item in enumerate(plan.work):
             seq = item.seq
-            seq.prefix = None
-            self.pool.commit(seq, seq.computed_tokens + item.tokens)
+            computed = seq.computed_tokens + item.tokens
+            if seq.prefix is not None:  # its stored KV is in its blocks now: they get keys too
+                seq.computed_tokens, seq.prefix = seq.prefix_skip, None
+            self.pool.commit(seq, computed)
             if seq.pending_tokens:
                 continue  # a prefill chunk: the rest follows in later steps
             for sample in (seq, *self.scheduler.fork_samples(seq)):  # each samples the prompt's logits

@@ -118,6 +118,9 @@ class Scheduler:
         if seq.computed_tokens >= seq.prefix.prefix_tokens:
             seq.prefix = None  # the pool already held all of it
             return
+        if seq.computed_tokens < seq.prefix.start_tokens:
+            seq.prefix = None  # the pool let go of blocks the load counted on: recompute them
+            return
         seq.prefix_skip = seq.computed_tokens
         seq.computed_tokens = seq.prefix.prefix_tokens
 
