@@ -347,9 +347,10 @@ def test_parallel_samples_stream_tagged_tokens_and_per_sample_stats(stack: Stack
         ]
 
 
-def test_a_cancelled_turn_frees_its_blocks(stack: Stack) -> None:
+@pytest.mark.parametrize("samples", [1, 3])
+def test_a_cancelled_turn_frees_its_blocks(stack: Stack, samples: int) -> None:
     request = pb.ExecuteTurnRequest(
-        tenant="cancel", prompt_token_ids=pb.TokenIds(token_ids=[7] * 40), sampling=sampling(32)
+        tenant="cancel", prompt_token_ids=pb.TokenIds(token_ids=[7] * 40), sampling=sampling(32, n=samples)
     )
     replies = stack.stub.ExecuteTurn(request, timeout=60)
     assert next(replies).WhichOneof("event") == "token"
