@@ -9,6 +9,8 @@ the text each token adds, holding back bytes of a character that is not complete
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -31,6 +33,16 @@ def check_sampling(params: SamplingParams) -> None:
         raise InvalidArgument(f"temperature must not be negative, got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise InvalidArgument(f"top_p must lie in (0, 1], got {params.top_p}")
+    if params.n < 1:
+        raise InvalidArgument(f"n must be at least 1, got {params.n}")
+
+
+def sample_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Sample `index`'s parameters of a turn with `params.n` samples: seed + index (so a
+    seeded turn is reproducible sample by sample), unseeded ones each a fresh seed."""
+    if params.seed is None:
+        return params
+    return replace(params, seed=(params.seed + index) % 2**64)
 
 
 def stop_token_ids(

@@ -5,7 +5,8 @@ A loader (any thread) fills a `PrefixKV` layer by layer; the engine's paged forw
 (engine/model_runner.py) takes layer l from it when it reaches layer l and writes it into
 the sequence's pool blocks before that layer's attention.
 
-Shapes: prefix K, V per layer [kv_heads, prefix_tokens, head_dim].
+Shapes: prefix K, V per layer [kv_heads, prefix_tokens - start_tokens, head_dim]: tokens
+[start_tokens, prefix_tokens) of the sequence (the ones before are in the worker's pool).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ class PrefixKV:
     waits on it, so the forward never reads a half-copied layer.
     """
 
-    def __init__(self, num_layers: int, prefix_tokens: int) -> None:
+    def __init__(self, num_layers: int, prefix_tokens: int, start_tokens: int = 0) -> None:
         self.num_layers = num_layers
-        self.prefix_tokens = prefix_tokens
+        self.prefix_tokens = prefix_tokens  # where the prefix ends in the sequence
+        self.start_tokens = start_tokens  # where it starts: the pool holds the tokens before
         self.created_at = time.monotonic()
         self.ready_at: list[float | None] = [None] * num_layers  # monotonic time each layer arrived
         self._layers: list[_Layer | None] = [None] * num_layers
@@ -46,11 +48,11 @@ class PrefixKV:
     def put_layer(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, ready: torch.cuda.Event | None = None
     ) -> None:
-        """Producer side: layer `layer`'s K and V, each [kv_heads, prefix_tokens, head_dim]."""
-        if k.dim() != 3 or k.shape[1] != self.prefix_tokens or v.shape != k.shape:
+        """Producer side: layer `layer`'s K and V, each [kv_heads, prefix - start tokens, head_dim]."""
+        tokens = self.prefix_tokens - self.start_tokens
+        if k.dim() != 3 or k.shape[1] != tokens or v.shape != k.shape:
             raise ValueError(
-                f"layer {layer}: K {tuple(k.shape)} / V {tuple(v.shape)} are not "
-                f"[kv_heads, {self.prefix_tokens}, head_dim]"
+                f"layer {layer}: K {tuple(k.shape)} / V {tuple(v.shape)} are not [kv_heads, {tokens}, head_dim]"
             )
         with self._cond:
             if self._error is not None:

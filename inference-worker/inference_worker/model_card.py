@@ -20,6 +20,7 @@ def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: Contex
         vocab_size=ModelGeometry.of(loaded.config).vocab_size,
         max_prompt_tokens=settings.max_prompt_tokens,
         max_new_tokens=min(settings.max_new_tokens, window.max_new_tokens),
+        max_samples=settings.max_samples,
         max_message_chars=settings.max_message_chars,
         max_messages=settings.max_messages,
     )
@@ -44,6 +45,7 @@ def describe_model(
         max_prompt_tokens=limits.max_prompt_tokens,
         max_new_tokens=limits.max_new_tokens,
         attention_sink_tokens=window.sink_tokens,
+        max_samples=limits.max_samples,
         kernels=kernels_message(loaded.kernels),
     )
 

@@ -22,10 +22,17 @@ Decisions:
   would keep a corrupt chunk as "already stored"). The engine drops the failed prefix and
   recomputes those tokens in a later step; the other sequences of the batch only lose
   that step.
-- The pool's own blocks come first: blocks another live sequence already computed for the
-  same tokens are shared, and the loaded KV is written only after them. The daemon read
-  still covers the whole hit (it is hidden behind compute); reading only the rest is an
-  optimization left for later.
+- With `pool_keeps_freed_prefixes` the pool is the first cache level: before the lookup,
+  the prompt's leading whole chunks whose blocks the pool holds (computed by a live
+  sequence or kept after a finished one) are counted, and the daemon is asked only for
+  the chunks after them (lookup and read). The pool is read from the event loop while
+  the engine's thread may change it; a block it lets go of before the sequence is
+  admitted is recomputed (with the loaded KV after it), never read stale. Without the
+  setting the pool forgets a block as soon as its last sequence is released, which
+  happens between a turn and the next one of its session all the time, so the daemon
+  is then asked for the whole prefix (the pool's blocks still come first when they are
+  there at admission). Only untruncated turns skip chunks: after a truncation the
+  pool's keys (over the kept tokens) and the daemon's (over the original ones) differ.
 """
 
 from __future__ import annotations
@@ -99,6 +106,7 @@ class _Hit:
     tiers: list[Tier]
     places: list[str]  # per chunk: the pool peer to read it from, "" for the own daemon
     tail_tokens: int = 0  # tokens of the partial chunk (0: none)
+    start_tokens: int = 0  # prompt tokens before the hit: the pool holds them
 
 
 @dataclass(frozen=True)
@@ -163,19 +171,22 @@ class Prefiller:
         started = time.perf_counter()
         prompt = list(prompt_token_ids)
         keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens) if source is not None else []
+        seq = EngineSequence.of(truncation.kept(prompt))
+        pooled = 0
+        if source is not None:
+            seq.namespace = source.namespace  # tenants never share blocks
+            if truncation == NO_TRUNCATION and self.engine.pool.keep_freed_prefixes:
+                pooled = self.engine.pool.cached_tokens(seq) // source.chunk_tokens
         fallback: Fallback | None = None
         try:
-            hit = await self._find_prefix(prompt, keys, source, truncation, history_tokens)
+            hit = await self._find_prefix(prompt, keys, source, truncation, history_tokens, pooled)
         except Exception as exc:  # noqa: BLE001 -- any lookup failure means recompute
             log.warning("lookup failed; recomputing", error=repr(exc))
             hit, fallback = None, Fallback.DAEMON_UNAVAILABLE
-        seq = EngineSequence.of(truncation.kept(prompt))
         prefix = loader = None
-        if source is not None:
-            seq.namespace = source.namespace  # tenants never share blocks
-            if hit is not None and hit.keys and self.kvstore is not None:
-                prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
-                seq.prefix = prefix
+        if source is not None and hit is not None and hit.keys and self.kvstore is not None:
+            prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
+            seq.prefix = prefix
         return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, started)
 
     def _start_load(
@@ -184,7 +195,11 @@ class Prefiller:
         chunk_tokens = source.chunk_tokens
         head_tokens = truncation.sink_tokens or chunk_tokens  # what the first hit chunk gives
         full_tokens = head_tokens + (len(hit.chunks) - 1) * chunk_tokens if hit.chunks else 0
-        prefix = PrefixKV(self.engine.runner.geometry.num_layers, full_tokens + hit.tail_tokens)
+        prefix = PrefixKV(
+            self.engine.runner.geometry.num_layers,
+            hit.start_tokens + full_tokens + hit.tail_tokens,
+            start_tokens=hit.start_tokens,
+        )
         loader = asyncio.create_task(
             load_prefix(
                 client,
@@ -195,6 +210,7 @@ class Prefiller:
                 head_tokens=head_tokens,
                 tail_tokens=hit.tail_tokens,
                 places=hit.places if self.fetch_from_peers else (),
+                start_position=hit.start_tokens,
                 shift=self.shift,
                 device=self.engine.runner.device,
             )
@@ -218,7 +234,7 @@ class Prefiller:
             log.warning(
                 "loading the stored prefix failed; recomputed", fallback=fallback.value, error=str(failure)
             )
-        elif hit is not None and pending.prefix is not None:
+        elif hit is not None and pending.prefix is not None and _written(pending.prefix, seq):
             prefix_tokens = pending.prefix.prefix_tokens
             load_seconds = pending.prefix.load_seconds or 0.0
         invalid = hit is not None and fallback is Fallback.CHUNK_INVALID
@@ -299,10 +315,12 @@ class Prefiller:
         source: KVSource | None,
         truncation: Truncation,
         history_tokens: int,
+        pooled: int = 0,
     ) -> _Hit | None:
-        """The stored run of the prompt's reusable chunks, ending with the history's partial
-        chunk when the history ends inside a chunk and nothing is truncated; None when there
-        is nothing to look up. Raises when the daemon cannot answer in time."""
+        """The stored run of the prompt's reusable chunks after the first `pooled` ones (the
+        pool holds those), ending with the history's partial chunk when the history ends
+        inside a chunk and nothing is truncated; None when there is nothing to look up.
+        Raises when the daemon cannot answer in time."""
         if source is None or self.kvstore is None:
             return None
         chunks = truncation.reusable_chunks(len(prompt), source.chunk_tokens)
@@ -311,6 +329,8 @@ class Prefiller:
             tail = history_tail(prompt, keys, history_tokens, source.namespace, source.chunk_tokens)
         if tail is not None:
             chunks = chunks[: tail.full_chunks]  # the chunk holding the tail was never computed whole
+        pooled = min(pooled, len(chunks))
+        chunks, start_tokens = chunks[pooled:], pooled * source.chunk_tokens
         if not chunks and tail is None:
             return None
         if not await self.namespaces.ensure_registered(source):
@@ -324,10 +344,19 @@ class Prefiller:
         if tail is not None and found.prefix_length >= len(wanted):
             return _Hit(
                 chunks=chunks, keys=wanted, tiers=found.tiers[: len(wanted)], places=found.peers[: len(wanted)],
-                tail_tokens=tail.tokens,
+                tail_tokens=tail.tokens, start_tokens=start_tokens,
             )  # fmt: skip
         hit = min(found.prefix_length, len(chunks))
-        return _Hit(chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit], places=found.peers[:hit])
+        return _Hit(
+            chunks=chunks[:hit], keys=wanted[:hit], tiers=found.tiers[:hit], places=found.peers[:hit],
+            start_tokens=start_tokens,
+        )  # fmt: skip
+
+
+def _written(prefix: PrefixKV, seq: EngineSequence) -> bool:
+    """Whether the loaded prefix went into `seq`'s blocks: not when the pool let go of the
+    blocks before it (then they and it were recomputed)."""
+    return seq.cached_tokens >= prefix.start_tokens
 
 
 def _save_from_chunk(stored: _Hit | None, truncation: Truncation, source: KVSource | None) -> int:

@@ -41,10 +41,12 @@ async def load_prefix(
     device: torch.device,
     tail_tokens: int = 0,
     places: Sequence[str] = (),
+    start_position: int = 0,
 ) -> None:
     """Fills `prefix` with the first `head_tokens` tokens of chunk `keys[0]` (all of them,
     or only the attention sinks after truncation), then the other chunks whole, at
-    consecutive positions from 0; fails it (never raises) on any error. `tail_tokens`: the
+    consecutive positions from `start_position` (the tokens before are in the pool, never
+    with truncation); fails it (never raises) on any error. `tail_tokens`: the
     last chunk is a partial one of that many tokens (0: it is full). `shift` None: a chunk
     stored at another position is an error (no re-positioning). `places`: the pool peer
     holding each key ("" = the own daemon; empty: all there), read from directly."""
@@ -66,7 +68,8 @@ async def load_prefix(
                     if head_tokens < chunk_tokens:  # chunk 0 gives only its sinks: drop the rest of it
                         k = torch.cat((k[:, :head_tokens], k[:, chunk_tokens:]), dim=1)
                         v = torch.cat((v[:, :head_tokens], v[:, chunk_tokens:]), dim=1)
-                    k = _reposition(k, row, chunk_tokens, head_tokens, shift)  # [kv_heads, prefix, head_dim]
+                    # [kv_heads, prefix tokens, head_dim]
+                    k = _reposition(k, row, chunk_tokens, head_tokens, shift, start_position)
                     prefix.put_layer(layer, k, v)
                     row, layer = [], layer + 1
         if layer != prefix.num_layers:
@@ -94,13 +97,15 @@ def _reposition(
     chunk_tokens: int,
     head_tokens: int,
     shift: RotaryShift | None,
+    start_position: int,
 ) -> torch.Tensor:
     """Rotates, in place, the keys [kv_heads, prefix_tokens, head_dim] of each chunk stored
     at a base position other than where its tokens sit now (a no-op without truncation).
-    Chunk 0 sits at 0 (its first `head_tokens` tokens), chunk i >= 1 at head + (i - 1) * C."""
+    Chunk 0 sits at 0 (its first `head_tokens` tokens), chunk i >= 1 at head + (i - 1) * C,
+    all `start_position` further."""
     for index, piece in enumerate(pieces):
         start = 0 if index == 0 else head_tokens + (index - 1) * chunk_tokens
-        delta = start - piece.layout.header.base_position
+        delta = start_position + start - piece.layout.header.base_position
         if delta == 0:
             continue
         if shift is None:

@@ -65,7 +65,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     metrics.observe_turn(event)
                     yield pb.ExecuteTurnResponse(stats=stats_message(event))
                     return
-                yield pb.ExecuteTurnResponse(token=pb.TokenChunk(token_id=event.token_id, text=event.text))
+                token = pb.TokenChunk(token_id=event.token_id, text=event.text, sample_index=event.sample)
+                yield pb.ExecuteTurnResponse(token=token)
 
     def _turn_input(self, request: pb.ExecuteTurnRequest) -> tuple[TurnInput, bytes]:
         salt = check_tenant(request.tenant)
@@ -128,4 +129,12 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         namespace=stats.namespace,
         chunk_keys=stats.chunk_keys,
         namespace_refused=stats.namespace_refused,
+        samples=[
+            pb.SampleStats(
+                sample_index=index,
+                generated_tokens=sample.generated_tokens,
+                finish_reason=_FINISH_REASON.get(sample.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+            )
+            for index, sample in enumerate(stats.samples)
+        ],
     )

@@ -117,6 +117,9 @@ class WorkerSettings(ServiceSettings):
         description="largest max_tokens a turn may ask for (also capped so that every prompt fits "
         "once truncated: context - attention_sink_tokens - chunk_tokens)",
     )
+    max_samples: int = Field(
+        16, ge=1, description="largest n (parallel samples of one prompt) a turn may ask for"
+    )
     max_message_chars: int = Field(200_000, ge=1, description="longest chat message accepted, in characters")
     max_messages: int = Field(1024, ge=1, description="most chat messages in one request")
     special_tokens_in_messages: SpecialTokensInMessages = Field(

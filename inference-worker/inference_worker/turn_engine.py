@@ -37,7 +37,13 @@ import structlog
 from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
-from inference_worker.decoding import IncrementalDetokenizer, StopStrings, check_sampling, stop_token_ids
+from inference_worker.decoding import (
+    IncrementalDetokenizer,
+    StopStrings,
+    check_sampling,
+    sample_params,
+    stop_token_ids,
+)
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
 from inference_worker.engine.engine import Engine
@@ -54,7 +60,14 @@ from inference_worker.prefill import Prefill, Prefiller
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import NO_TRUNCATION, ContextWindow
-from inference_worker.turn_types import KVSource, TokenEvent, TurnInput, TurnStats
+from inference_worker.turn_types import (
+    KVSource,
+    SampleStats,
+    SamplingParams,
+    TokenEvent,
+    TurnInput,
+    TurnStats,
+)
 
 log = structlog.get_logger("inference_worker.turn_engine")
 
@@ -121,15 +134,16 @@ class TurnEngine:
         self.runner.check_prompt(prompt)
         truncation = self.window.plan(len(prompt), turn.sampling.max_tokens, turn.truncated_tokens)
         pending = await self.prefiller.start(prompt, source, truncation, turn.history_tokens)
-        seq = pending.seq
-        seq.sampling = turn.sampling
-        seq.stops = self.stop_ids | frozenset(turn.sampling.stop_token_ids)
-        if turn.sampling.stop_strings:
-            seq.stop_text = StopStrings(self.loaded.tokenizer, seq.token_ids, turn.sampling.stop_strings)
-        seq.max_new_tokens = turn.sampling.max_tokens  # the truncation plan made them fit the window
+        seq = self._decoding(pending.seq, turn.sampling)
+        # Parallel sampling: the other samples fork from seq once its prompt is computed.
+        seq.forks = [
+            self._decoding(EngineSequence.of(seq.token_ids, seq.namespace, sample_index=index), turn.sampling)
+            for index in range(1, turn.sampling.n)
+        ]
+        samples = [seq, *seq.forks]
         if source is not None and truncation == NO_TRUNCATION:  # kept = original tokens: keys line up
             seq.store_chunk_tokens = source.chunk_tokens  # preempted, it resumes from the store
-        detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, seq.token_ids)
+        detokenizers = [IncrementalDetokenizer(self.loaded.tokenizer, seq.token_ids) for _ in samples]
         prefill: Prefill | None = None
         first_token_at = started
         resumes: list[asyncio.Task[None]] = []
@@ -137,16 +151,20 @@ class TurnEngine:
             async with contextlib.aclosing(self.engine.generate(seq)) as outputs:
                 async for output in outputs:
                     if output.preempted and source is not None:
-                        if (loader := await self.prefiller.resume(seq, source)) is not None:
+                        if (loader := await self.prefiller.resume(output.seq, source)) is not None:
                             resumes.append(loader)
-                        self.engine.submit(seq)
+                        self.engine.submit(output.seq)
                         continue
                     if output.token is None:  # max_new_tokens >= 1: every other output carries one
                         continue
                     if prefill is None:
                         first_token_at = time.perf_counter()
                         prefill = await self.prefiller.finish(pending, first_token_at)
-                    yield TokenEvent(output.token, detokenizer.add(output.token, final=output.finished))
+                    index = output.seq.sample_index
+                    text = detokenizers[index].add(output.token, final=output.finished)
+                    if output.finished and index:
+                        self.engine.release(output.seq)  # only sample 0's KV is saved
+                    yield TokenEvent(output.token, text, index)
             if prefill is None:
                 raise RuntimeError(f"the engine ended sequence {seq.seq_id} without a token")
             generated = seq.generated
@@ -170,7 +188,7 @@ class TurnEngine:
             reused_tokens=prefill.reused_tokens,
             reused_dram_chunks=prefill.reused_dram_chunks,
             reused_ssd_chunks=prefill.reused_ssd_chunks,
-            generated_tokens=len(generated),
+            generated_tokens=sum(len(sample.generated) for sample in samples),
             ttft_seconds=first_token_at - started,
             kv_load_seconds=prefill.kv_load_seconds,
             kv_load_exposed_seconds=prefill.kv_load_exposed_seconds,
@@ -183,7 +201,19 @@ class TurnEngine:
             namespace=source.namespace if source is not None else b"",
             chunk_keys=tuple(keys),
             namespace_refused=self.namespaces.refusal(source.namespace) if source is not None else "",
+            samples=tuple(
+                SampleStats(len(sample.generated), sample.finish_reason or "length") for sample in samples
+            ),
         )
+
+    def _decoding(self, seq: EngineSequence, sampling: SamplingParams) -> EngineSequence:
+        """`seq` set up to decode as sample `seq.sample_index` of a turn with `sampling`."""
+        seq.sampling = sample_params(sampling, seq.sample_index)
+        seq.stops = self.stop_ids | frozenset(sampling.stop_token_ids)
+        if sampling.stop_strings:
+            seq.stop_text = StopStrings(self.loaded.tokenizer, seq.token_ids, sampling.stop_strings)
+        seq.max_new_tokens = sampling.max_tokens  # the truncation plan made them fit the window
+        return seq
 
     async def _save(
         self,

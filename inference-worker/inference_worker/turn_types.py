@@ -15,6 +15,7 @@ class SamplingParams:
     seed: int | None = None  # sampled decoding is reproducible with a seed
     stop_token_ids: tuple[int, ...] = ()  # on top of the model's own end-of-turn tokens
     stop_strings: tuple[str, ...] = ()  # the turn ends once the answer's text contains one
+    n: int = 1  # parallel samples of the prompt (sample i seeded with seed + i)
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,27 @@ class Fallback(Enum):
 
 
 @dataclass(frozen=True)
+class SampleStats:
+    """How one of a turn's `n` samples ended."""
+
+    generated_tokens: int
+    finish_reason: str  # as TurnStats.finish_reason
+
+
+@dataclass(frozen=True)
 class TurnStats:
     prompt_tokens: int  # the untruncated prompt
     reused_tokens: int  # kept prompt tokens whose KV came from the store
     reused_dram_chunks: int
     reused_ssd_chunks: int
-    generated_tokens: int
+    generated_tokens: int  # over all samples
     ttft_seconds: float  # request start to first token
     kv_load_seconds: float  # loading the reused KV (mostly hidden behind compute)
     kv_load_exposed_seconds: float  # the part the forward pass actually waited for
     compute_seconds: float  # prefill of the new tokens
     saved_chunks: int  # new full chunks handed to the daemon (asynchronously)
     fallback: Fallback | None = None
-    finish_reason: str = "stop"  # "stop" (end-of-turn or stop token), "stop_string" or "length"
+    finish_reason: str = "stop"  # of sample 0: "stop" (end-of-turn or stop token), "stop_string" or "length"
     truncated_tokens: int = 0  # tokens dropped after the sinks (the next turn's request)
     sink_tokens: int = 0  # first tokens kept as attention sinks (0 when nothing was dropped)
     namespace: bytes = b""  # the KV namespace the turn used (b"" without a source)
@@ -69,9 +78,11 @@ class TurnStats:
     # saved generated tokens, in order; dropped chunks included.
     chunk_keys: tuple[bytes, ...] = ()
     namespace_refused: str = ""  # the daemon's reason for refusing the namespace ("" if registered)
+    samples: tuple[SampleStats, ...] = ()  # each sample's, in sample order
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     token_id: int
     text: str  # the text this token adds (incremental detokenization)
+    sample: int = 0  # which of the turn's samples (SamplingParams.n) it belongs to

@@ -26,6 +26,7 @@ class RequestLimits:
     vocab_size: int  # token ids are below this
     max_prompt_tokens: int  # the untruncated conversation
     max_new_tokens: int
+    max_samples: int  # parallel samples of one prompt (SamplingParams.n)
     max_message_chars: int
     max_messages: int
 
@@ -117,6 +118,8 @@ def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> Sampli
         raise InvalidArgument(
             f"sampling.stop_strings: at most {MAX_STOP_STRINGS} texts of 1 to {MAX_STOP_STRING_CHARS} characters"
         )
+    if sampling.n > limits.max_samples:
+        raise InvalidArgument(f"sampling.n is {sampling.n}; at most {limits.max_samples} samples are allowed")
     if not math.isfinite(sampling.temperature):
         raise InvalidArgument(f"sampling.temperature must be a finite number, got {sampling.temperature}")
     params = SamplingParams(
@@ -126,6 +129,7 @@ def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> Sampli
         seed=sampling.seed if sampling.HasField("seed") else None,
         stop_token_ids=tuple(check_token_ids(sampling.stop_token_ids, limits, "sampling.stop_token_ids")),
         stop_strings=tuple(sampling.stop_strings),
+        n=sampling.n or 1,
     )
     try:
         check_decodable(params)

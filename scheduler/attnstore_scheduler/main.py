@@ -124,6 +124,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         max_message_chars=settings.max_message_chars,
         max_session_tokens=settings.max_session_tokens,
         default_max_tokens=settings.default_max_tokens,
+        max_samples=settings.max_samples,
         session_ttl_seconds=settings.session_ttl_seconds,
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )

@@ -140,7 +140,7 @@ async def _stream(
                 yield None, turn_stats(event, ttft)
                 return
             first_token_at = first_token_at or time.monotonic()
-            yield api.TokenText(text=event.text, token_id=event.token_id), None
+            yield api.TokenText(text=event.text, token_id=event.token_id, sample_index=event.sample), None
     finally:
         if outcome != "ok":
             metrics.TURNS.labels(kind, outcome).inc()
@@ -159,9 +159,19 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         finish_reason=_FINISH[stats.finish_reason],
         attempts=outcome.attempts,
         node=outcome.node,
-        history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens if prompt is not None else 0,
+        history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens
+        if prompt is not None
+        else 0,
         session_saved=outcome.session_saved,
         kv_unavailable_reason=stats.namespace_refused,
+        samples=[
+            api.SampleStats(
+                sample_index=index,
+                generated_tokens=sample.generated_tokens,
+                finish_reason=_FINISH[sample.finish_reason],
+            )
+            for index, sample in enumerate(stats.samples)
+        ],
     )
 
 

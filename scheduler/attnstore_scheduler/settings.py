@@ -134,6 +134,11 @@ class SchedulerSettings(ServiceSettings):
         default_factory=HintSettings, description="look-ahead hints to the daemons (prefetch, eviction order)"
     )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens of a turn that names none")
+    max_samples: int = Field(
+        8,
+        ge=1,
+        description="largest n (answers drawn from one prompt) a Generate or OpenAI request may ask for",
+    )
 
     turn_retry_attempts: int = Field(
         2, ge=0, description="workers tried again after one fails mid-turn (replayed on another worker)"

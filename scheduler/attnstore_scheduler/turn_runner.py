@@ -3,7 +3,8 @@
 Tokens are forwarded live. When the worker fails (UNAVAILABLE, a crash, a timeout...),
 the turn is queued again ahead of new work and replayed from scratch on another worker;
 the tokens the client already has are checked against the replay and skipped, so the
-client receives one answer: exactly the replay's. Replays are deterministic because
+client receives one answer: exactly the replay's (with n answers, each answer's tokens are
+checked against that answer's replay: their interleaving may differ). Replays are deterministic because
 decoding is greedy or seeded (the scheduler picks a seed when the client gives none) and
 every worker runs the same model. If a replay still differs from what was sent (another
 device's floating point), the call fails with UNAVAILABLE rather than splice two answers.
@@ -73,7 +74,7 @@ class TurnSpec:
 class _Finished(NamedTuple):
     request: worker_pb2.ExecuteTurnRequest
     stats: worker_pb2.TurnStats
-    produced: list[Token]
+    produced: dict[int, list[Token]]  # per answer
 
 
 class _AttemptFailed(Exception):
@@ -101,7 +102,7 @@ class TurnRunner:
 
     async def run(self, spec: TurnSpec) -> AsyncIterator[Token | TurnOutcome]:
         """Streams the answer's tokens, then one TurnOutcome."""
-        sent: list[Token] = []  # tokens the caller already has
+        sent: dict[int, list[Token]] = {}  # tokens the caller already has, per answer
         failed: list[WorkerHandle] = []
         waited, last_error = 0.0, "no attempt ran"
         for attempt in range(1, self._retry_attempts + 2):
@@ -116,11 +117,12 @@ class TurnRunner:
                             yield event
                             continue
                         request, stats, produced = event
+                        first = produced.get(0, [])
                         yield TurnOutcome(
                             stats=stats_from_worker(stats),
                             prompt_token_ids=prompt_from_request(request),
-                            token_ids=tuple(token.token_id for token in produced),
-                            text="".join(token.text for token in produced),
+                            token_ids=tuple(token.token_id for token in first),
+                            text="".join(token.text for token in first),
                             node=slot.worker.node,
                             attempts=attempt,
                             queue_wait_seconds=waited,
@@ -134,7 +136,7 @@ class TurnRunner:
                     session_id=spec.session_id,
                     worker=slot.worker.address,
                     attempt=attempt,
-                    tokens_sent=len(sent),
+                    tokens_sent=sum(map(len, sent.values())),
                     error=last_error,
                 )
                 self._registry.mark_failed(slot.worker)
@@ -144,26 +146,29 @@ class TurnRunner:
         raise errors.Unavailable(f"the turn failed on {len(failed)} worker(s); last error: {last_error}")
 
     async def _attempt(
-        self, worker: WorkerHandle, spec: TurnSpec, sent: list[Token]
+        self, worker: WorkerHandle, spec: TurnSpec, sent: dict[int, list[Token]]
     ) -> AsyncIterator[Token | _Finished]:
         """One worker's run of the turn: the tokens the caller does not have yet (appended
         to `sent`), then what the worker ran and reported; _AttemptFailed to try another."""
         call: grpc.aio.UnaryStreamCall | None = None
         try:
             request = await spec.prepare(worker)
-            produced: list[Token] = []
+            produced: dict[int, list[Token]] = {}
             call = worker.stub.ExecuteTurn(request, timeout=self._timeout_seconds)
             async for reply in call:
                 if reply.HasField("stats"):
-                    _check_replay_covers(sent, produced)
+                    for sample, tokens in sent.items():
+                        _check_replay_covers(tokens, produced.get(sample, []))
                     yield _Finished(request, reply.stats, produced)
                     return
-                produced.append(token_from_worker(reply.token))
-                if len(produced) <= len(sent):  # a replay: the caller has this one
-                    _check_replayed(sent, produced)
+                token = token_from_worker(reply.token)
+                answer, had = produced.setdefault(token.sample, []), sent.setdefault(token.sample, [])
+                answer.append(token)
+                if len(answer) <= len(had):  # a replay: the caller has this one
+                    _check_replayed(had, answer)
                 else:
-                    sent.append(produced[-1])
-                    yield produced[-1]
+                    had.append(token)
+                    yield token
         except grpc.aio.AioRpcError as exc:
             passed_on = _PASSED_ON.get(exc.code())
             if passed_on is not None:

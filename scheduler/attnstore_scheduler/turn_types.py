@@ -14,6 +14,7 @@ from attnstore.worker.v1 import worker_pb2
 class Token:
     token_id: int
     text: str  # what the token adds to the answer (may be "" mid-character)
+    sample: int = 0  # which of the request's answers (GenerationOptions.n) it belongs to
 
 
 class FinishReason(enum.Enum):
@@ -24,19 +25,28 @@ class FinishReason(enum.Enum):
 
 
 @dataclass(frozen=True)
+class SampleStats:
+    """How one of a request's `n` answers ended."""
+
+    generated_tokens: int
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
 class WorkerStats:
     """What the worker that answered reported about the turn."""
 
     prompt_tokens: int  # after truncation
     reused_tokens: int  # loaded from the store instead of computed
-    generated_tokens: int
+    generated_tokens: int  # over all answers
     ttft_ms: float  # the worker's own time to first token
     truncated_tokens: int
     sink_tokens: int
-    finish_reason: FinishReason
+    finish_reason: FinishReason  # of answer 0
     namespace: bytes  # of chunk_keys
     chunk_keys: tuple[bytes, ...]  # the conversation's saved full chunks, oldest first
     namespace_refused: str = ""  # why the KV store refused the tenant's namespace ("" if it did not)
+    samples: tuple[SampleStats, ...] = ()  # each answer's, in order (one per answer)
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,8 @@ class TurnOutcome:
 
     stats: WorkerStats
     prompt_token_ids: tuple[int, ...] | None  # the prompt the worker ran; None: it got messages (Generate)
-    token_ids: tuple[int, ...]
-    text: str
+    token_ids: tuple[int, ...]  # of answer 0 (the only one of a session's turn)
+    text: str  # of answer 0
     node: str
     attempts: int
     queue_wait_seconds: float
@@ -62,7 +72,7 @@ _FINISH = {
 
 
 def token_from_worker(token: worker_pb2.TokenChunk) -> Token:
-    return Token(token.token_id, token.text)
+    return Token(token.token_id, token.text, token.sample_index)
 
 
 def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
@@ -77,6 +87,11 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         namespace=stats.namespace,
         chunk_keys=tuple(stats.chunk_keys),
         namespace_refused=stats.namespace_refused,
+        samples=tuple(
+            SampleStats(sample.generated_tokens, _FINISH.get(sample.finish_reason, FinishReason.UNSPECIFIED))
+            for sample in stats.samples
+        )
+        or (SampleStats(stats.generated_tokens, _FINISH.get(stats.finish_reason, FinishReason.UNSPECIFIED)),),
     )
 
 

@@ -78,7 +78,7 @@ class Turns:
     ) -> AsyncIterator[TurnEvent]:
         """The answer's tokens, then the TurnOutcome (the session is stored by then)."""
         model = require_model(self._registry.model())
-        params = sampling(options, self._limits, model)
+        params = sampling(options, self._limits, model, session=True)
         async with self._sessions.store.turn_lock(tenant, session_id):
             record = await self._sessions.get(tenant, session_id)
 

@@ -24,6 +24,7 @@ class ApiLimits:
     max_message_chars: int
     max_session_tokens: int
     default_max_tokens: int
+    max_samples: int  # answers one request may draw (GenerationOptions.n)
     session_ttl_seconds: int
     max_session_ttl_seconds: int
 
@@ -55,10 +56,15 @@ def check_page(request: api.ListSessionsRequest) -> tuple[int, str]:
 
 
 def sampling(
-    options: api.GenerationOptions, limits: ApiLimits, model: worker_pb2.DescribeModelResponse
+    options: api.GenerationOptions,
+    limits: ApiLimits,
+    model: worker_pb2.DescribeModelResponse,
+    *,
+    session: bool = False,
 ) -> worker_pb2.SamplingParams:
     """The worker's sampling parameters. Sampled decoding always gets a seed, so a turn
-    replayed on another worker after a failure produces the same tokens."""
+    replayed on another worker after a failure produces the same tokens. A `session`
+    turn keeps one answer, so it draws one."""
     max_tokens = options.max_tokens or min(limits.default_max_tokens, model.max_new_tokens)
     if max_tokens > model.max_new_tokens:
         raise InvalidArgument(
@@ -79,9 +85,26 @@ def sampling(
             f"options.stop: at most {MAX_STOP_STRINGS} texts of 1 to {MAX_STOP_CHARS} characters each"
         )
     params.stop_strings.extend(options.stop)
+    params.n = check_samples(options.n or 1, limits, model, session=session)
     if temperature > 0:
         params.seed = options.seed if options.HasField("seed") else secrets.randbits(63)
     return params
+
+
+def check_samples(
+    n: int, limits: ApiLimits, model: worker_pb2.DescribeModelResponse, *, session: bool
+) -> int:
+    if session and n > 1:
+        raise InvalidArgument(
+            f"options.n is {n}: a session's turn keeps one answer, so it draws one (ask Generate for n answers)"
+        )
+    most = min(limits.max_samples, model.max_samples or 1)  # a worker that names none draws one
+    if n > most:
+        raise InvalidArgument(
+            f"options.n is {n}; at most {most} answers are allowed (the scheduler's max_samples "
+            f"{limits.max_samples}, the worker's {model.max_samples or 1})"
+        )
+    return n
 
 
 def check_session_tokens(prompt_tokens: int, max_tokens: int, limits: ApiLimits) -> None:

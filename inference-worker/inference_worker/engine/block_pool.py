@@ -87,6 +87,11 @@ class BlockPool:
     def usage(self) -> PoolUsage:
         return PoolUsage(self.num_blocks, self._used, self._shared, self._cached)
 
+    def cached_tokens(self, seq: Sequence) -> int:
+        """How many of `seq`'s leading tokens a prefix hit would find in the pool now (safe
+        to ask from another thread: a plain read, stale by the time `seq` is admitted)."""
+        return len(self._hits(seq)) * self.block_tokens
+
     def _hits(self, seq: Sequence) -> list[int]:
         """The pool blocks holding the longest computed prefix of `seq`'s full blocks (the
         block of its last token excluded)."""

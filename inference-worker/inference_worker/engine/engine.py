@@ -105,15 +105,18 @@ class Engine:
         outputs = handed_back
         for row, item in enumerate(plan.work):
             seq = item.seq
-            seq.prefix = None
-            self.pool.commit(seq, seq.computed_tokens + item.tokens)
+            computed = seq.computed_tokens + item.tokens
+            if seq.prefix is not None:  # its stored KV is in its blocks now: they get keys too
+                seq.computed_tokens, seq.prefix = seq.prefix_skip, None
+            self.pool.commit(seq, computed)
             if seq.pending_tokens:
                 continue  # a prefill chunk: the rest follows in later steps
-            output = self._sample(seq, logits[row])
-            if output.finished:
-                self.scheduler.remove(seq)
-                seq.status = Status.FINISHED
-            outputs.append(output)
+            for sample in (seq, *self.scheduler.fork_samples(seq)):  # each samples the prompt's logits
+                output = self._sample(sample, logits[row])
+                if output.finished:
+                    self.scheduler.remove(sample)
+                    sample.status = Status.FINISHED
+                outputs.append(output)
         return outputs
 
     def _snapshot(self, seq: Sequence) -> None:
@@ -193,27 +196,43 @@ class Engine:
                 return
 
     async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
-        """Submits `seq` and streams its outputs until it finishes. Its blocks stay allocated
-        until `release(seq)`; closing the stream early aborts it (and frees them)."""
-        if self.pool.blocks_for(len(seq) + 1) > self.pool.num_blocks:
+        """Submits `seq` (with its parallel samples, `seq.forks`) and streams their outputs
+        until all finished. Their blocks stay allocated until `release`; closing the stream
+        early aborts the unfinished ones (and frees their blocks)."""
+        if self._blocks_needed(seq) > self.pool.num_blocks:
             raise SequenceTooLong(
-                f"{len(seq)} tokens need more than the worker's KV pool of {self.pool.num_blocks} blocks of "
-                f"{self.pool.block_tokens} tokens (kv_memory_bytes, kv_memory_fraction)"
+                f"{len(seq)} tokens ({len(seq.forks) + 1} samples) need more than the worker's KV pool of "
+                f"{self.pool.num_blocks} blocks of {self.pool.block_tokens} tokens (kv_memory_bytes, "
+                "kv_memory_fraction)"
             )
-        self._samplers[seq.seq_id] = Sampler(seq.sampling)
+        unfinished = {member.seq_id: member for member in (seq, *seq.forks)}
         queue: asyncio.Queue[StepOutput] = asyncio.Queue()
-        self._queues[seq.seq_id] = queue
+        for member in unfinished.values():
+            self._samplers[member.seq_id] = Sampler(member.sampling)
+            self._queues[member.seq_id] = queue
+        group = list(unfinished)
         self._post("add", seq)
-        finished = False
         try:
-            while not finished:
+            while unfinished:
                 output = await queue.get()
-                finished = output.finished
+                if output.finished:
+                    del unfinished[output.seq.seq_id]
                 yield output
         finally:
-            del self._queues[seq.seq_id]
-            if not finished:
-                self.release(seq)
+            for seq_id in group:
+                del self._queues[seq_id]
+            for member in unfinished.values():
+                self.release(member)
+
+    def _blocks_needed(self, seq: Sequence) -> int:
+        """The fewest blocks `seq` ever runs in. With samples, sample 0 keeps its blocks
+        until all finished (its owner saves its KV), so another must be able to progress
+        beside it whole: its blocks after the prompt's full ones (which it shares)."""
+        if not seq.forks:
+            return self.pool.blocks_for(len(seq) + 1)
+        # A whole sample's blocks: the last sampled token's KV is never computed.
+        whole = self.pool.blocks_for(len(seq) + seq.max_new_tokens - 1)
+        return 2 * whole - len(seq) // self.pool.block_tokens
 
     def submit(self, seq: Sequence) -> None:
         """Queues a sequence handed back by preemption again (its stream goes on)."""

@@ -155,7 +155,7 @@ class PagedModelRunner:
             raise SequencePrefixFailed(seq) from exc
         finally:
             seq.load_wait_seconds += time.perf_counter() - started
-        skip = seq.prefix_skip
+        skip = seq.prefix_skip - prefix.start_tokens  # the prefix's first tokens the pool already had
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
 
 

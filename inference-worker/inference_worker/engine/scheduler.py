@@ -97,6 +97,17 @@ class Scheduler:
             budget -= tokens
         return plan
 
+    def fork_samples(self, seq: Sequence) -> list[Sequence]:
+        """Parallel sampling: `seq`'s prompt is computed, so the samples waiting on it
+        (`seq.forks`) share all its blocks and run from now on; a block is copied only
+        when one of them writes into it (`append_slot`)."""
+        forks, seq.forks = seq.forks, []
+        for sample in forks:
+            self.pool.fork(seq, sample)
+            sample.status = Status.RUNNING
+            self.running.append(sample)
+        return forks
+
     def _admit(self, seq: Sequence) -> None:
         """Allocates `seq`'s blocks; stored KV it brings (`prefix`) covers what the pool's
         own prefix hit does not, and is written into its blocks during its first forward."""
@@ -106,6 +117,9 @@ class Scheduler:
             return
         if seq.computed_tokens >= seq.prefix.prefix_tokens:
             seq.prefix = None  # the pool already held all of it
+            return
+        if seq.computed_tokens < seq.prefix.start_tokens:
+            seq.prefix = None  # the pool let go of blocks the load counted on: recompute them
             return
         seq.prefix_skip = seq.computed_tokens
         seq.computed_tokens = seq.prefix.prefix_tokens

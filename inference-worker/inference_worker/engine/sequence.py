@@ -7,6 +7,8 @@ many of those tokens' KV is already computed (or loaded), and how it is sampled.
     WAITING --admitted (blocks allocated)--> RUNNING --stop token / max_tokens--> FINISHED
        ^                                        |
        +------- preempted (blocks freed) -------+
+    (a sample in `forks` skips WAITING: once its parent's prompt is computed it is forked,
+    RUNNING with the parent's blocks shared)
     (with `store_chunk_tokens`, preempted goes to its owner instead, which saves the
     snapshot, loads it back as the prefix, and submits the sequence again)
 """
@@ -52,6 +54,10 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop", "stop_string" or "length" once FINISHED
     preemptions: int = 0
+    # -- parallel sampling: the other samples of its prompt, forked from it (sharing its
+    # blocks) once its prompt is computed, then sequences of their own (engine.py) --
+    forks: list[Sequence] = field(default_factory=list)
+    sample_index: int = 0
     # -- stored KV loaded into its first blocks during its first forward (layer by layer) --
     prefix: PrefixKV | None = None
     prefix_skip: int = 0  # leading prefix tokens already in the pool (shared blocks: not written)

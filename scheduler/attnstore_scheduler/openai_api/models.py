@@ -1,6 +1,7 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic). Fields of OpenAI's
 API that attnstore does not implement are ignored, except those whose silent omission
-would change the answer (n > 1, logprobs, tools, echo, suffix): those are refused."""
+would change the answer (logprobs, tools, echo, suffix): those are refused. `n` answers
+are drawn from one prefill (parallel sampling), up to the scheduler's max_samples."""
 
 from __future__ import annotations
 
@@ -28,17 +29,10 @@ class GenerationRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=_UINT64_MAX)
     stop: StopText | list[StopText] | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, description="choices; the bound is the scheduler's max_samples (validation.py)")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)  # accepted, unused
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("n must be 1: attnstore returns one choice per request (send n requests)")
-        return n
 
     @field_validator("stop")
     @classmethod

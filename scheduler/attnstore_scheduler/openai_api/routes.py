@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from attnstore import errors
 from attnstore.api.v1 import api_pb2 as api
-from attnstore_scheduler.openai_api.answers import Ending, answer_events
+from attnstore_scheduler.openai_api.answers import Ending, Text, answer_events
 from attnstore_scheduler.openai_api.context import ApiContext
 from attnstore_scheduler.openai_api.errors import ApiError, from_service_error
 from attnstore_scheduler.openai_api.models import (
@@ -83,7 +83,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
             events = ctx.turns.chat(tenant, session_id, message, options)
             headers = {SESSION_HEADER: session_id}
         answer = answer_events(events, body.stop_texts())
-        return await _respond(request, answer, ChatShape(model), body, headers)
+        return await _respond(request, answer, ChatShape(model, body.n), body, headers)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request, tenant: str = caller) -> Response:
@@ -115,7 +115,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
 def options_of(body: GenerationRequest) -> api.GenerationOptions:
     """The request's sampling as the scheduler's options (checked by validation.sampling)."""
-    options = api.GenerationOptions(max_tokens=body.token_limit or 0, stop=body.stop_texts())
+    options = api.GenerationOptions(max_tokens=body.token_limit or 0, stop=body.stop_texts(), n=body.n)
     if body.temperature is not None:
         options.temperature = body.temperature
     if body.top_p is not None:
@@ -160,14 +160,15 @@ async def _session_turn(
             param="messages",
         )
     system_prompt = check_text(earlier[0][1] if earlier else "", "system message", ctx.limits, required=False)
-    sampling(options, ctx.limits, require_model(ctx.registry.model()))  # refused before a session exists
+    # Refused before a session exists.
+    sampling(options, ctx.limits, require_model(ctx.registry.model()), session=True)
     record = await ctx.sessions.create(tenant, system_prompt, ctx.limits.session_ttl_seconds)
     return record.session_id, message
 
 
 async def _respond(
     request: Request,
-    answer: AsyncIterator[str | Ending],
+    answer: AsyncIterator[Text | Ending],
     shape: Shape,
     body: GenerationRequest,
     headers: dict[str, str],
@@ -176,8 +177,8 @@ async def _respond(
     token are HTTP errors; a stream that fails later ends with an `error` event."""
     try:
         if not body.stream:
-            text, ending = await until_disconnected(request, _collect(answer))
-            return JSONResponse(shape.whole(text, ending).model_dump(mode="json"), headers=headers)
+            texts, ending = await until_disconnected(request, _collect(answer))
+            return JSONResponse(shape.whole(texts, ending).model_dump(mode="json"), headers=headers)
         first = await until_disconnected(request, anext(answer))
     except ClientGone:
         await answer.aclose()
@@ -186,17 +187,18 @@ async def _respond(
     return StreamingResponse(counting_disconnects(frames), media_type="text/event-stream", headers=headers)
 
 
-async def _collect(answer: AsyncIterator[str | Ending]) -> tuple[str, Ending]:
-    parts: list[str] = []
+async def _collect(answer: AsyncIterator[Text | Ending]) -> tuple[list[str], Ending]:
+    """Each choice's whole text, and the ending."""
+    parts: dict[int, list[str]] = {}
     async for item in answer:
         if isinstance(item, Ending):
-            return "".join(parts), item
-        parts.append(item)
+            return ["".join(parts.get(index, ())) for index in range(len(item.finish_reasons))], item
+        parts.setdefault(item.index, []).append(item.text)
     raise errors.Unavailable("the turn ended without its outcome")
 
 
 async def _frames(
-    first: str | Ending, answer: AsyncIterator[str | Ending], shape: Shape, include_usage: bool
+    first: Text | Ending, answer: AsyncIterator[Text | Ending], shape: Shape, include_usage: bool
 ) -> AsyncIterator[str]:
     async with contextlib.aclosing(answer):
         for chunk in shape.opening():

@@ -25,10 +25,12 @@ def options(
     top_p: float | None = None,
     seed: int | None = None,
     stop: Sequence[str] = (),
+    n: int = 0,
 ) -> api.GenerationOptions:
     """Generation options; None leaves a field to the server's default. `stop`: texts that
-    end the answer (the streamed tokens include the one that matched)."""
-    message = api.GenerationOptions(max_tokens=max_tokens, stop=stop)
+    end the answer (the streamed tokens include the one that matched). `n`: answers drawn
+    from the prompt (Generate only; 0 = 1)."""
+    message = api.GenerationOptions(max_tokens=max_tokens, stop=stop, n=n)
     if temperature is not None:
         message.temperature = temperature
     if top_p is not None:
@@ -44,16 +46,21 @@ def event_of(reply: api.ChatResponse | api.GenerateResponse) -> StreamEvent:
 
 @dataclass
 class Answer:
-    """A whole streamed answer."""
+    """A whole streamed answer (with GenerationOptions.n, answer 0; `samples` has each)."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     stats: api.TurnStats | None = None  # set once the stream ended normally
+    samples: dict[int, Answer] = field(default_factory=dict)  # by sample_index; answer 0 included
 
     def add(self, event: StreamEvent) -> None:
         if isinstance(event, api.TurnStats):
             self.stats = event
-        else:
+            return
+        sample = self.samples.setdefault(event.sample_index, Answer())
+        sample.text += event.text
+        sample.token_ids.append(event.token_id)
+        if event.sample_index == 0:
             self.text += event.text
             self.token_ids.append(event.token_id)
 

@@ -62,7 +62,6 @@ class Stack:
     channel: grpc.Channel
 
 
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("stack")
@@ -168,7 +167,7 @@ def test_describe_model_matches_the_model(stack: Stack) -> None:
     assert model.attention_sink_tokens == 4
     assert model.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, layers, kv heads, head dim, fp32
     assert model.vocab_size == VOCAB
-    assert (model.max_prompt_tokens, model.max_new_tokens) == (256, 32)
+    assert (model.max_prompt_tokens, model.max_new_tokens, model.max_samples) == (256, 32, 16)
     assert model.kernels.device == "cpu" and model.kernels.cpu_capability
     assert model.kernels.linear.kernel in ("onednn", "torch") and model.kernels.linear.reason
 
@@ -322,9 +321,36 @@ def test_concurrent_turns_share_forward_passes(stack: Stack) -> None:
     assert shared >= 1, "no forward pass ran both turns"
 
 
-def test_a_cancelled_turn_frees_its_blocks(stack: Stack) -> None:
+def test_parallel_samples_stream_tagged_tokens_and_per_sample_stats(stack: Stack) -> None:
+    prompt = pb.TokenIds(token_ids=[11, 12, 13] * 9)
+    greedy, _ = run_turn(stack.stub, tenant="samples", prompt_token_ids=prompt, sampling=sampling(12))
+    tokens, stats = run_turn(
+        stack.stub, tenant="samples", prompt_token_ids=prompt, sampling=sampling(12, n=3)
+    )
+    by_sample = [[t.token_id for t in tokens if t.sample_index == i] for i in range(3)]
+    assert by_sample == [[t.token_id for t in greedy]] * 3  # greedy samples agree with n = 1
+    assert [s.sample_index for s in stats.samples] == [0, 1, 2]
+    assert [s.generated_tokens for s in stats.samples] == [len(greedy)] * 3
+    assert stats.generated_tokens == 3 * len(greedy) == len(tokens)
+    assert {s.finish_reason for s in stats.samples} == {stats.finish_reason}
+    seeded = sampling(12, n=3, temperature=1.5, seed=4)
+    first, _ = run_turn(stack.stub, tenant="samples", prompt_token_ids=prompt, sampling=seeded)
+    again, _ = run_turn(stack.stub, tenant="samples", prompt_token_ids=prompt, sampling=seeded)
+    sample_2 = [t.token_id for t in first if t.sample_index == 2]
+    alone, _ = run_turn(
+        stack.stub, tenant="samples", prompt_token_ids=prompt, sampling=sampling(12, temperature=1.5, seed=6)
+    )
+    assert sample_2 == [t.token_id for t in alone]  # sample i is seeded seed + i
+    for i in range(3):
+        assert [t.token_id for t in first if t.sample_index == i] == [
+            t.token_id for t in again if t.sample_index == i
+        ]
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_a_cancelled_turn_frees_its_blocks(stack: Stack, samples: int) -> None:
     request = pb.ExecuteTurnRequest(
-        tenant="cancel", prompt_token_ids=pb.TokenIds(token_ids=[7] * 40), sampling=sampling(32)
+        tenant="cancel", prompt_token_ids=pb.TokenIds(token_ids=[7] * 40), sampling=sampling(32, n=samples)
     )
     replies = stack.stub.ExecuteTurn(request, timeout=60)
     assert next(replies).WhichOneof("event") == "token"
@@ -374,6 +400,10 @@ BAD_REQUESTS = {
     "truncated_tokens beyond the prompt": (
         execute(prompt_token_ids=pb.TokenIds(token_ids=[5] * 40), truncated_tokens=100),
         "truncated_tokens is 100, but a prompt of 40 tokens can drop at most 28",
+    ),
+    "n over the limit": (
+        execute(sampling=sampling(n=17)),
+        "sampling.n is 17; at most 16 samples are allowed",
     ),
     "stop token out of vocab": (execute(sampling=sampling(stop_token_ids=[VOCAB + 1])), "stop_token_ids[0]"),
     "tokenize no messages": (tokenize(), "messages must not be empty"),

@@ -106,6 +106,12 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
         INVALID,
         "in [0, 2.0]",
     ),
+    "generate: n over the scheduler's max_samples": (
+        lambda c, _: c.generate("hi", n=9),
+        INVALID,
+        "options.n is 9; at most 8 answers are allowed",
+    ),
+    "chat: n above one": (chat(n=2), INVALID, "a session's turn keeps one answer"),
     "get: malformed id": (lambda c, _: c.get_session("ABC"), INVALID, "not a session id"),
     "get: unknown id": (lambda c, _: c.get_session(UNKNOWN_ID), NOT_FOUND, "not found"),
     "get: id with a trailing newline": (lambda c, s: c.get_session(s + "\n"), INVALID, "not a session id"),
@@ -116,7 +122,11 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     ),
     "delete: malformed id": (lambda c, _: c.delete_session("x" * 33), INVALID, "not a session id"),
     "delete: unknown id": (lambda c, _: c.delete_session(UNKNOWN_ID), NOT_FOUND, "not found"),
-    "delete: id with a trailing newline": (lambda c, s: c.delete_session(s + "\n"), INVALID, "not a session id"),
+    "delete: id with a trailing newline": (
+        lambda c, s: c.delete_session(s + "\n"),
+        INVALID,
+        "not a session id",
+    ),
     "list: page too large": (lambda c, _: c.list_sessions(page_size=1001), INVALID, "at most 1000"),
     "list: malformed page token": (lambda c, _: c.list_sessions(page_token="zz"), INVALID, "page_token"),
 }

@@ -78,6 +78,30 @@ def test_a_worker_killed_mid_answer_still_gives_one_whole_answer(stack: Stack) -
     wait_for(lambda: client.generate("hello", max_tokens=2).stats.generated_tokens, what="service")
 
 
+def test_a_worker_killed_mid_answer_of_n_samples_still_gives_each_answer_whole(stack: Stack) -> None:
+    client = stack.client()
+    system, options = "answer in many words", {"max_tokens": 120, "n": 3, "temperature": 1.0, "seed": 21}
+    reference = client.generate("how are you", system_prompt=system, **options)
+    answers = {i: reference.samples[i].token_ids for i in range(3)}
+    assert all(len(tokens) > TOKENS_BEFORE_KILL for tokens in answers.values())
+
+    victim = stack.workers[reference.stats.node]  # affinity sends the same system prompt there
+    received: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    stats: api.TurnStats | None = None
+    for event in client.stream_generate("how are you", system_prompt=system, **options):
+        if isinstance(event, api.TurnStats):
+            stats = event
+            break
+        received[event.sample_index].append(event.token_id)
+        if sum(map(len, received.values())) == TOKENS_BEFORE_KILL:
+            victim.kill9()
+
+    assert stats is not None and stats.attempts == 2 and stats.node != reference.stats.node
+    assert received == answers  # each answer whole: none of its tokens lost or repeated
+    victim.start()
+    wait_for(lambda: client.generate("hello", max_tokens=2).stats.generated_tokens, what="service")
+
+
 def test_redis_restarted_under_the_service_keeps_every_session(stack: Stack) -> None:
     assert stack.redis is not None
     client = stack.client()

@@ -139,6 +139,35 @@ def test_streamed_chunks_concatenate_to_the_whole_greedy_answer(client: openai.O
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_n_choices_come_from_one_prompt_whole_and_streamed(client: openai.OpenAI, model: str) -> None:
+    messages = chat("be brief", QUESTIONS[1])
+    one = client.chat.completions.create(model=model, messages=messages, max_tokens=12)
+    greedy = client.chat.completions.create(model=model, messages=messages, max_tokens=12, n=3)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert [c.message.content for c in greedy.choices] == [one.choices[0].message.content] * 3
+    assert greedy.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+
+    sampled = {
+        "model": model,
+        "prompt": QUESTIONS[2],
+        "max_tokens": 12,
+        "n": 2,
+        "temperature": 1.5,
+        "seed": 3,
+    }
+    whole = client.completions.create(**sampled)
+    chunks = list(client.completions.create(**sampled, stream=True))
+    streamed = [
+        "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)
+    ]
+    assert streamed == [choice.text for choice in whole.choices]  # seeded: the same answers
+    finishes = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(c.index for c in finishes) == [0, 1]
+    alone = client.completions.create(**{**sampled, "n": 1, "seed": 4})
+    assert whole.choices[1].text == alone.choices[0].text  # answer i is seeded seed + i
+
+
 def test_async_client_chat_and_completions_stream_as_they_answer(port: int, model: str) -> None:
     async def run() -> None:
         client = openai.AsyncOpenAI(
@@ -272,9 +301,12 @@ def test_errors_are_openai_shaped_with_the_right_status(
         client.chat.completions.create(model="gpt-4o", messages=user)
     assert unknown_model.value.code == "model_not_found" and model in unknown_model.value.message
 
-    with pytest.raises(openai.BadRequestError) as two_choices:
-        client.chat.completions.create(model=model, messages=user, n=2)
-    assert "n must be 1" in two_choices.value.message
+    with pytest.raises(openai.BadRequestError) as many_choices:
+        client.chat.completions.create(model=model, messages=user, n=9)
+    assert "options.n is 9; at most 8 answers" in many_choices.value.message
+    with pytest.raises(openai.BadRequestError) as session_choices:
+        client.chat.completions.create(model=model, messages=user, n=2, extra_headers={SESSION_HEADER: "new"})
+    assert "keeps one answer" in session_choices.value.message
 
     for bad, field in (
         ({"model": model}, "messages"),

@@ -112,6 +112,20 @@ def test_generate_reuses_a_shared_system_prompt_within_a_tenant_only(stack: Stac
     assert other_tenant.stats.reused_tokens == 0
 
 
+def test_generate_draws_n_answers_from_one_prompt(stack: Stack) -> None:
+    client = stack.client("acme")
+    one = client.generate("the capital of france", max_tokens=10)
+    greedy = client.generate("the capital of france", max_tokens=10, n=3)
+    assert [greedy.samples[i].token_ids for i in range(3)] == [one.token_ids] * 3
+    assert greedy.text == one.text and greedy.stats is not None and one.stats is not None
+    assert [s.sample_index for s in greedy.stats.samples] == [0, 1, 2]
+    assert [s.generated_tokens for s in greedy.stats.samples] == [one.stats.generated_tokens] * 3
+    assert greedy.stats.generated_tokens == 3 * one.stats.generated_tokens
+    seeded = client.generate("the capital of france", max_tokens=10, n=2, temperature=1.5, seed=8)
+    alone = client.generate("the capital of france", max_tokens=10, temperature=1.5, seed=9)
+    assert seeded.samples[1].token_ids == alone.token_ids  # answer i is seeded seed + i
+
+
 def test_a_session_expires_after_its_ttl_and_its_kv_is_released(
     stack: Stack, tiny_tokenizer: PreTrainedTokenizerFast
 ) -> None:

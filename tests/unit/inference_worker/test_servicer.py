@@ -25,6 +25,7 @@ LIMITS = RequestLimits(
     vocab_size=300,
     max_prompt_tokens=100,
     max_new_tokens=20,
+    max_samples=4,
     max_message_chars=50,
     max_messages=3,
 )

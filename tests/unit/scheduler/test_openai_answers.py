@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from attnstore.worker.v1 import worker_pb2
-from attnstore_scheduler.openai_api.answers import Ending, answer_events
+from attnstore_scheduler.openai_api.answers import Ending, Text, answer_events
 from attnstore_scheduler.turn_types import Token, TurnOutcome, stats_from_worker
 from attnstore_scheduler.turns import TurnEvent
 
@@ -28,7 +28,10 @@ async def turn(texts: Sequence[str], finish: int) -> AsyncIterator[TurnEvent]:
 
 def answer(texts: Sequence[str], stop: Sequence[str], finish: int = LENGTH) -> list[str | Ending]:
     async def collect() -> list[str | Ending]:
-        return [item async for item in answer_events(turn(texts, finish), stop)]
+        return [
+            item.text if isinstance(item, Text) else item
+            async for item in answer_events(turn(texts, finish), stop)
+        ]
 
     return asyncio.run(collect())
 
@@ -63,3 +66,24 @@ def test_text_is_held_back_only_as_long_as_it_may_start_a_stop_text() -> None:
     # Two characters wait each time (a 3-character stop text could start there).
     assert deltas == ["abcd", "ef", "gh", "ij"]
     assert isinstance(ending, Ending) and ending.finish_reason == "length"
+
+
+def test_each_of_n_answers_is_held_and_cut_on_its_own() -> None:
+    async def two_answers() -> AsyncIterator[TurnEvent]:
+        for sample, text in [(0, "ab"), (1, "xy"), (0, "c#"), (1, "zw"), (1, "v")]:
+            yield Token(0, text, sample)
+        samples = [
+            worker_pb2.SampleStats(sample_index=0, generated_tokens=2, finish_reason=STOP),
+            worker_pb2.SampleStats(sample_index=1, generated_tokens=3, finish_reason=LENGTH),
+        ]
+        stats = worker_pb2.TurnStats(prompt_tokens=4, generated_tokens=5, finish_reason=STOP, samples=samples)
+        yield TurnOutcome(stats_from_worker(stats), None, (0, 0), "abc#", "n", 1, 0.0)
+
+    async def collect() -> list[Text | Ending]:
+        return [item async for item in answer_events(two_answers(), ["#"])]
+
+    *deltas, ending = asyncio.run(collect())
+    texts = ["".join(d.text for d in deltas if isinstance(d, Text) and d.index == i) for i in (0, 1)]
+    assert texts == ["abc", "xyzwv"]  # answer 0 cut at its stop text, answer 1 whole
+    assert isinstance(ending, Ending) and ending.finish_reasons == ("stop", "length")
+    assert ending.usage.completion_tokens == 5  # over both answers

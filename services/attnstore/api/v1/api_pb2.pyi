@@ -40,18 +40,20 @@ class Message(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class GenerationOptions(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop")
+    __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop", "n")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
     seed: int
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    n: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Session(_message.Message):
     __slots__ = ("session_id", "tenant", "messages", "turns", "history_tokens", "truncated_tokens", "cached_chunks", "node", "created_at_unix_ms", "updated_at_unix_ms", "expires_at_unix_ms", "ttl_seconds")
@@ -106,15 +108,27 @@ class ChatRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ...) -> None: ...
 
 class TokenText(_message.Message):
-    __slots__ = ("text", "token_id")
+    __slots__ = ("text", "token_id", "sample_index")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_id: int
-    def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ...) -> None: ...
+    sample_index: int
+    def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ..., sample_index: _Optional[int] = ...) -> None: ...
+
+class SampleStats(_message.Message):
+    __slots__ = ("sample_index", "generated_tokens", "finish_reason")
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    sample_index: int
+    generated_tokens: int
+    finish_reason: FinishReason
+    def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason")
+    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason", "samples")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +142,7 @@ class TurnStats(_message.Message):
     HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SESSION_SAVED_FIELD_NUMBER: _ClassVar[int]
     KV_UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     generated_tokens: int
@@ -141,7 +156,8 @@ class TurnStats(_message.Message):
     history_tokens: int
     session_saved: bool
     kv_unavailable_reason: str
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ...) -> None: ...
+    samples: _containers.RepeatedCompositeFieldContainer[SampleStats]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("token", "stats")

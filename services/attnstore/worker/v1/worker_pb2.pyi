@@ -52,20 +52,22 @@ class TokenIds(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "stop_strings")
+    __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "stop_strings", "n")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
     seed: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     stop_strings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop_strings: _Optional[_Iterable[str]] = ...) -> None: ...
+    n: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop_strings: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class ExecuteTurnRequest(_message.Message):
     __slots__ = ("tenant", "messages", "prompt_token_ids", "sampling", "truncated_tokens", "save_generated", "history_tokens")
@@ -86,15 +88,27 @@ class ExecuteTurnRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("token_id", "text")
+    __slots__ = ("token_id", "text", "sample_index")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     text: str
-    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+    sample_index: int
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
+
+class SampleStats(_message.Message):
+    __slots__ = ("sample_index", "generated_tokens", "finish_reason")
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    sample_index: int
+    generated_tokens: int
+    finish_reason: FinishReason
+    def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused")
+    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_DRAM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +126,7 @@ class TurnStats(_message.Message):
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     reused_dram_chunks: int
@@ -129,7 +144,8 @@ class TurnStats(_message.Message):
     namespace: bytes
     chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_refused: str
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ...) -> None: ...
+    samples: _containers.RepeatedCompositeFieldContainer[SampleStats]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ...) -> None: ...
 
 class ExecuteTurnResponse(_message.Message):
     __slots__ = ("token", "stats")
@@ -162,7 +178,7 @@ class DescribeModelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens", "kernels")
+    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens", "max_samples", "kernels")
     MODEL_LABEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +192,7 @@ class DescribeModelResponse(_message.Message):
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     model_label: str
     model_digest: str
@@ -190,8 +207,9 @@ class DescribeModelResponse(_message.Message):
     max_prompt_tokens: int
     max_new_tokens: int
     attention_sink_tokens: int
+    max_samples: int
     kernels: KernelReport
-    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ..., kernels: _Optional[_Union[KernelReport, _Mapping]] = ...) -> None: ...
+    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ..., max_samples: _Optional[int] = ..., kernels: _Optional[_Union[KernelReport, _Mapping]] = ...) -> None: ...
 
 class KernelChoice(_message.Message):
     __slots__ = ("kernel", "reason")
