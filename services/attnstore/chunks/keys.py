@@ -57,14 +57,19 @@ def chunk_key(namespace: bytes, parent: bytes | None, tokens: Sequence[int]) -> 
 
 
 def chunk_key_chain(
-    namespace: bytes, tokens: Sequence[int], chunk_tokens: int, *, include_partial: bool = False
+    namespace: bytes,
+    tokens: Sequence[int],
+    chunk_tokens: int,
+    *,
+    include_partial: bool = False,
+    parent: bytes | None = None,
 ) -> list[bytes]:
-    """Keys of the consecutive chunks of `tokens`; the partial tail is keyed only on request."""
+    """Keys of the consecutive chunks of `tokens`; the partial tail is keyed only on request.
+    `parent` chains the first chunk to another key (a prompt module's) instead of the root."""
     if chunk_tokens <= 0:
         raise ValueError("chunk_tokens must be positive")
     end = len(tokens) if include_partial else len(tokens) - len(tokens) % chunk_tokens
     keys: list[bytes] = []
-    parent: bytes | None = None
     for start in range(0, end, chunk_tokens):
         parent = chunk_key(namespace, parent, tokens[start : min(start + chunk_tokens, end)])
         keys.append(parent)

@@ -1,0 +1,46 @@
+"""Role tags compiled through the model's chat template, which the caller supplies as a
+callable: the package itself stays free of any model or tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from attnstore.prompt_modules.names import ROLES
+from attnstore.prompt_modules.nodes import Role
+
+# (role, content) -> that one message as the chat template renders it, e.g.
+# lambda role, content: tokenizer.apply_chat_template([{"role": role, "content": content}], tokenize=False)
+RenderRole = Callable[[str, str], str]
+
+# Survives templates that trim or capitalize nothing, and occurs in no real prompt.
+_CONTENT_MARK = "\u27e6pml-content\u27e7"
+
+
+@dataclass(frozen=True)
+class RoleFrame:
+    """The template's text before and after a message's content."""
+
+    prefix: str
+    suffix: str
+
+
+RoleFrames = Mapping[Role, RoleFrame]
+NO_ROLE_FRAMES: RoleFrames = {role: RoleFrame("", "") for role in ROLES}
+
+
+def role_frames(render_role: RenderRole) -> RoleFrames:
+    """Each role's frame, found by rendering a marker as the content and splitting around it."""
+    frames: dict[Role, RoleFrame] = {}
+    for role in ROLES:
+        rendered = render_role(role, _CONTENT_MARK)
+        if rendered.count(_CONTENT_MARK) != 1:
+            raise ValueError(f"the role renderer must put the content exactly once in a {role} message")
+        prefix, suffix = rendered.split(_CONTENT_MARK)
+        frames[role] = RoleFrame(prefix, suffix)
+    return frames
+
+
+def plain_roles(role: str, content: str) -> str:
+    """A renderer without framing, for models without a chat template and for tests."""
+    return content
