@@ -120,7 +120,11 @@ class SequenceSlice:
 
     def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
         """[new, context] True where a query may attend; None where no key needs masking."""
-        if self.new_tokens == 1 and self.positions is None and (window is None or self.context_tokens <= window):
+        if (
+            self.new_tokens == 1
+            and self.positions is None
+            and (window is None or self.context_tokens <= window)
+        ):
             return None  # a decode token sees everything before it
         if window not in self._masks:
             if self.positions is None:

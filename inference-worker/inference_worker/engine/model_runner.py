@@ -93,9 +93,13 @@ class PagedModelRunner:
             slots.extend(slots_of(table, size, start, stop))
             context_positions = None
             if seq.positions is not None:
-                context_positions = torch.tensor(seq.positions_of(0, stop), dtype=torch.long, device=self.device)
+                context_positions = torch.tensor(
+                    seq.positions_of(0, stop), dtype=torch.long, device=self.device
+                )
             slices.append(
-                SequenceSlice(rows, start, _block_run(table[: -(-stop // size)], self.device), context_positions)
+                SequenceSlice(
+                    rows, start, _block_run(table[: -(-stop // size)], self.device), context_positions
+                )
             )
             if seq.prefix is not None:
                 prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)

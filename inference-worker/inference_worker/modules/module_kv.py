@@ -33,7 +33,9 @@ class ModuleKV:
 
     def __post_init__(self) -> None:
         if not self.token_ids or len(self.token_ids) != len(self.positions):
-            raise ValueError(f"a module needs tokens, one position each ({len(self.token_ids)}, {len(self.positions)})")
+            raise ValueError(
+                f"a module needs tokens, one position each ({len(self.token_ids)}, {len(self.positions)})"
+            )
         if any(b <= a for a, b in zip(self.positions, self.positions[1:], strict=False)):
             raise ValueError("a module's positions must increase")
         if any(k.shape[1] != len(self.token_ids) for k, _ in self.kv):

@@ -14,7 +14,8 @@ Decisions:
   every module before it, as it would in a full prefill (CacheBlend's partial recompute).
 - The token at the highest position is always computed: its logits start the decoding.
 - Repair recomputes the first `repair_tokens` tokens of every module but the first one
-  (nothing precedes it, so its KV is already what a full prefill computes).
+  (nothing precedes it, so its KV is already what a full prefill computes): those of each
+  piece that starts a module (offset 0).
 """
 
 from __future__ import annotations
@@ -35,19 +36,30 @@ class ModuleLayoutError(ValueError):
 
 
 @dataclass(frozen=True)
-class ServedModule:
-    """A module imported by a prompt, its first token served at `position`."""
+class CachedPiece:
+    """Tokens [offset, offset + tokens) of a module's KV, served with the first at `position`
+    (the rest keep their distances: a module's own gaps move with it)."""
 
     module: ModuleKV
+    offset: int
+    tokens: int
     position: int
+
+    @classmethod
+    def whole(cls, module: ModuleKV, position: int) -> CachedPiece:
+        return cls(module, 0, len(module), position)
 
     @property
     def delta(self) -> int:
-        return self.position - self.module.base_position
+        return self.position - self.module.positions[self.offset]
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.module.token_ids[self.offset : self.offset + self.tokens]
 
     @property
     def positions(self) -> list[int]:
-        return [p + self.delta for p in self.module.positions]
+        return [p + self.delta for p in self.module.positions[self.offset : self.offset + self.tokens]]
 
 
 @dataclass(frozen=True)
@@ -60,13 +72,15 @@ class TextPart:
 
 @dataclass(frozen=True)
 class ModulePrompt:
-    modules: tuple[ServedModule, ...]
+    pieces: tuple[CachedPiece, ...]
     text: tuple[TextPart, ...]
-    repair_tokens: int = 0  # per module (the first one excepted), recomputed
+    # Recomputed tokens at the start of each piece that starts a module (the first piece
+    # of the prompt excepted).
+    repair_tokens: int = 0
 
     @property
     def module_tokens(self) -> int:
-        return sum(len(part.module) for part in self.modules)
+        return sum(piece.tokens for piece in self.pieces)
 
     @property
     def text_tokens(self) -> int:
@@ -75,9 +89,9 @@ class ModulePrompt:
 
 @dataclass(frozen=True)
 class CachedSpan:
-    """Tokens [start, stop) of a served module whose KV is loaded."""
+    """Tokens [start, stop) of a served piece whose KV is loaded."""
 
-    part: ServedModule
+    part: CachedPiece
     start: int
     stop: int
 
@@ -101,12 +115,12 @@ def lay_out(prompt: ModulePrompt) -> ServedLayout:
     """Which tokens are loaded and which computed, in slot order. Raises ModuleLayoutError."""
     spans: list[CachedSpan] = []
     computed: list[tuple[int, int]] = []  # (token, position)
-    first = min((part.position for part in prompt.modules), default=None)
+    first = min((part.position for part in prompt.pieces), default=None)
     repaired = 0
-    for part in prompt.modules:
-        repair = 0 if part.position == first else min(prompt.repair_tokens, len(part.module))
-        computed += zip(part.module.token_ids[:repair], part.positions[:repair], strict=True)
-        spans.append(CachedSpan(part, repair, len(part.module)))
+    for part in prompt.pieces:
+        repair = 0 if part.position == first or part.offset else min(prompt.repair_tokens, part.tokens)
+        computed += zip(part.token_ids[:repair], part.positions[:repair], strict=True)
+        spans.append(CachedSpan(part, repair, part.tokens))
         repaired += repair
     for text in prompt.text:
         if len(text.token_ids) != len(text.positions):
@@ -122,11 +136,11 @@ def lay_out(prompt: ModulePrompt) -> ServedLayout:
     last = max(range(len(spans)), key=lambda i: spans[i].part.positions[-1], default=None)
     if last is not None and (not computed or spans[last].part.positions[-1] > max(p for _, p in computed)):
         span = spans[last]  # the prompt ends inside a module: its last token is computed
-        computed.append((span.part.module.token_ids[-1], span.part.positions[-1]))
+        computed.append((span.part.token_ids[-1], span.part.positions[-1]))
         spans[last] = CachedSpan(span.part, span.start, span.stop - 1)
     spans = [span for span in spans if span.stop > span.start]
     computed.sort(key=lambda pair: pair[1])
-    tokens = [t for span in spans for t in span.part.module.token_ids[span.start : span.stop]]
+    tokens = [t for span in spans for t in span.part.token_ids[span.start : span.stop]]
     places = [p for span in spans for p in span.part.positions[span.start : span.stop]]
     return ServedLayout(
         token_ids=tokens + [token for token, _ in computed],
@@ -156,13 +170,16 @@ def _prefix(
     spans: Sequence[CachedSpan], tokens: int, num_layers: int, shift: RotaryShift | None, device: torch.device
 ) -> PrefixKV:
     if shift is None and any(span.part.delta for span in spans):
-        raise PositionShiftUnsupported("a module is served at another position and keys cannot be re-positioned")
+        raise PositionShiftUnsupported(
+            "a module is served at another position and keys cannot be re-positioned"
+        )
     prefix = PrefixKV(num_layers, tokens)
     for layer in range(num_layers):
         keys, values = [], []
         for span in spans:
             k, v = span.part.module.kv[layer]  # [kv_heads, module tokens, D]
-            k, v = k[:, span.start : span.stop].to(device), v[:, span.start : span.stop].to(device)
+            first, last = span.part.offset + span.start, span.part.offset + span.stop
+            k, v = k[:, first:last].to(device), v[:, first:last].to(device)
             keys.append(shift.shift_keys(k, span.part.delta) if shift is not None else k)
             values.append(v)
         prefix.put_layer(layer, torch.cat(keys, dim=1), torch.cat(values, dim=1))  # [kv_heads, tokens, D]

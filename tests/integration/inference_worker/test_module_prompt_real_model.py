@@ -17,7 +17,7 @@ from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.modules.module_kv import ModuleKV, encode_module
-from inference_worker.modules.module_prompt import ModulePrompt, ServedModule, TextPart, module_sequence
+from inference_worker.modules.module_prompt import CachedPiece, ModulePrompt, TextPart, module_sequence
 from inference_worker.rotary_shift import RotaryShift
 
 pytestmark = pytest.mark.timeout(600)
@@ -42,7 +42,9 @@ def model() -> LoadedModel:
 @pytest.fixture
 def engine(model: LoadedModel) -> Engine:
     kv = PagedKV(ModelGeometry.of(model.model.config), 96, 16, torch.float32, torch.device("cpu"))
-    return Engine(PagedModelRunner(model.model, kv), BlockPool(96, 16), max_batch_tokens=512, max_batch_sequences=8)
+    return Engine(
+        PagedModelRunner(model.model, kv), BlockPool(96, 16), max_batch_tokens=512, max_batch_sequences=8
+    )
 
 
 def ids(model: LoadedModel, text: str) -> list[int]:
@@ -72,7 +74,7 @@ async def test_module_at_zero_then_text_is_a_full_prefill(model: LoadedModel, en
     module, question = ids(model, MODULE), ids(model, QUESTION)
     encoded = await encode_module(engine, module, range(len(module)), NAMESPACE)
     text = TextPart(tuple(question), tuple(range(len(module), len(module) + len(question))))
-    served = await run(engine, serve(engine, ModulePrompt((ServedModule(encoded, 0),), (text,))))
+    served = await run(engine, serve(engine, ModulePrompt((CachedPiece.whole(encoded, 0),), (text,))))
     full = await run(engine, Sequence.of(module + question))
     assert_same(served, full)
 
@@ -85,7 +87,10 @@ async def test_text_after_a_gap_matches_a_full_prefill_with_the_same_positions(
     positions = tuple(range(gap_start, gap_start + len(question)))
     encoded = await encode_module(engine, module, range(len(module)), NAMESPACE)
     served = await run(
-        engine, serve(engine, ModulePrompt((ServedModule(encoded, 0),), (TextPart(tuple(question), positions),)))
+        engine,
+        serve(
+            engine, ModulePrompt((CachedPiece.whole(encoded, 0),), (TextPart(tuple(question), positions),))
+        ),
     )
     full = Sequence.of(module + question, positions=[*range(len(module)), *positions])
     assert_same(served, await run(engine, full))
@@ -102,9 +107,12 @@ async def test_repositioned_module_keys_equal_keys_encoded_there(model: LoadedMo
     # and served from position 0 moved to `offset`, it answers as if encoded there
     question = ids(model, QUESTION)
     after = tuple(range(offset + len(module), offset + len(module) + len(question)))
-    moved = ModulePrompt((ServedModule(at_zero, offset),), (TextPart(tuple(question), after),))
-    native = ModulePrompt((ServedModule(there, offset),), (TextPart(tuple(question), after),))
-    mine, theirs = await run(engine, serve(engine, moved, shift)), await run(engine, serve(engine, native, shift))
+    moved = ModulePrompt((CachedPiece.whole(at_zero, offset),), (TextPart(tuple(question), after),))
+    native = ModulePrompt((CachedPiece.whole(there, offset),), (TextPart(tuple(question), after),))
+    mine, theirs = (
+        await run(engine, serve(engine, moved, shift)),
+        await run(engine, serve(engine, native, shift)),
+    )
     assert [int(x.argmax()) for x in mine] == [int(x.argmax()) for x in theirs]
 
 
@@ -114,7 +122,7 @@ async def test_repairing_a_whole_module_recovers_the_full_prefill(model: LoadedM
     b = await encode_module(engine, second, range(len(first), len(first) + len(second)), NAMESPACE)
     start = len(first) + len(second)
     text = (TextPart(tuple(question), tuple(range(start, start + len(question)))),)
-    modules = (ServedModule(a, 0), ServedModule(b, len(first)))
+    modules = (CachedPiece.whole(a, 0), CachedPiece.whole(b, len(first)))
     full = await run(engine, Sequence.of(first + second + question))
     plain = await run(engine, serve(engine, ModulePrompt(modules, text)))
     assert (plain[0] - full[0]).abs().max().item() > 1e-2  # encoded apart, B never saw A
