@@ -109,6 +109,12 @@ class WorkerSettings(FileBackedSettings):
     lookup_timeout_seconds: float = Field(
         0.5, gt=0, description="longest wait for the daemon's Lookup before recomputing"
     )
+    module_read_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="longest wait for the daemon's lookup and read of one prompt module's KV before "
+        "encoding it again",
+    )
 
     # The prompt is a session's whole conversation (truncated to the context window by the
     # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.

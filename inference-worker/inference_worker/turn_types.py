@@ -69,9 +69,23 @@ class TurnStats:
     # saved generated tokens, in order; dropped chunks included.
     chunk_keys: tuple[bytes, ...] = ()
     namespace_refused: str = ""  # the daemon's reason for refusing the namespace ("" if registered)
+    # -- prompt modules (ModuleTurnInput) --
+    module_tokens: int = 0  # prompt tokens whose KV came from module KV (stored or encoded apart)
+    repaired_tokens: int = 0  # module tokens recomputed by boundary repair
+    encoded_modules: int = 0  # modules (or scaffolds) encoded for this turn: first use, or evicted
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     token_id: int
     text: str  # the text this token adds (incremental detokenization)
+
+
+@dataclass(frozen=True)
+class ModuleTurnInput:
+    """A one-off prompt written in PML against a schema (Prompt Cache)."""
+
+    schema: str  # the schema document the prompt imports from
+    prompt: str  # the <prompt> document
+    sampling: SamplingParams = SamplingParams()
+    repair_tokens: int = 0  # per imported module, its first tokens recomputed (boundary repair)

@@ -62,7 +62,6 @@ class Stack:
     channel: grpc.Channel
 
 
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("stack")

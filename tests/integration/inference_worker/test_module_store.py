@@ -1,0 +1,89 @@
+"""Prompt modules through a real daemon on the tiny model: a module is encoded on first use
+and saved like any chunk, read back by the next prompt (same tokens as the first), re-encoded
+transparently when its chunks were evicted, still stored after a daemon restart (SSD tier),
+encoded eagerly with progress, and never read by another tenant."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnstore.errors import InvalidArgument
+from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.model_store import LoadedModel
+from inference_worker.modules.module_store import Origin
+from inference_worker.settings import WorkerSettings
+from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import KVSource, ModuleTurnInput, SamplingParams, TokenEvent, TurnStats
+from kvstore_daemon.launcher import DaemonProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+CHUNK_TOKENS = 16
+SCHEMA = """<schema name="library">
+Reference desk notes.
+<module name="doc">The lighthouse on the northern headland was built in 1871 after three ships
+were lost on the reef. Its first keeper kept a log of every vessel that passed.</module>
+<module name="style">Answer briefly and cite the year.</module>
+</schema>"""
+PROMPT = '<prompt schema="library"><doc/><style/> Who kept the log?</prompt>'
+
+
+async def run(engine: TurnEngine, source: KVSource, prompt: str = PROMPT) -> tuple[list[int], TurnStats]:
+    turn = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=12))
+    events = [event async for event in engine.modules.run(turn, source)]
+    stats = events.pop()
+    assert isinstance(stats, TurnStats) and all(isinstance(e, TokenEvent) for e in events)
+    return [e.token_id for e in events], stats  # type: ignore[union-attr]
+
+
+async def test_modules_are_encoded_once_then_read_and_re_encoded_when_evicted(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        first, stats = await run(engine, source)
+        assert stats.encoded_modules == 3  # the root's text, doc, style
+        assert stats.module_tokens > 0 and stats.reused_tokens == stats.module_tokens  # text ends the prompt
+        await engine.modules.server.store.drain()
+        keys = engine.modules.server.chunk_keys(source, SCHEMA)
+        assert (await client.lookup(source.namespace, keys)).prefix_length == len(keys)
+
+        again, stats = await run(engine, source)
+        assert again == first and stats.encoded_modules == 0
+
+        await client.delete(source.namespace, keys[-1:])  # evicted: one chunk of one module
+        evicted, stats = await run(engine, source)
+        assert evicted == first and stats.encoded_modules == 1
+        await engine.modules.server.store.drain()
+        assert (await client.lookup(source.namespace, keys)).prefix_length == len(keys)
+
+        # Another tenant finds none of them: its namespace, its keys.
+        other = await engine.namespace_for(b"tenant-b")
+        theirs, stats = await run(engine, other)
+        assert stats.encoded_modules == 3 and theirs == first
+        await engine.modules.server.store.drain()
+
+
+async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        progress = [step async for step in engine.modules.server.encode(source, SCHEMA)]
+        assert [(p.done, p.total, p.origin) for p in progress] == [(i, 3, Origin.ENCODED) for i in (1, 2, 3)]
+        await engine.modules.server.store.drain()
+        first, _ = await run(engine, source)
+    daemon.stop()
+    daemon.start()
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        tokens, stats = await run(engine, source)
+        assert stats.encoded_modules == 0 and tokens == first
+
+
+async def test_pml_errors_are_invalid_arguments(tiny_model: LoadedModel) -> None:
+    engine = TurnEngine(tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+    source = await engine.namespace_for(b"tenant-a")
+    with pytest.raises(InvalidArgument, match="line 1"):
+        await run(engine, source, '<prompt schema="library"><nope/></prompt>')
