@@ -104,7 +104,9 @@ class TurnEngine:
             timeout_seconds=settings.module_read_timeout_seconds,
         )
         pml = PmlServer(module_store, model_tokenize(model.tokenizer), chat_role_renderer(model.tokenizer))
-        self.modules = ModuleTurns(self.engine, pml, model.tokenizer, shift, self.stop_ids)
+        self.modules = ModuleTurns(
+            self.engine, pml, model.tokenizer, shift, self.stop_ids, self.window.max_context_tokens
+        )
 
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:
         """This model's namespace for a tenant, registered with the daemon on first use. A

@@ -28,7 +28,11 @@ class ModuleTurns:
         tokenizer: PreTrainedTokenizerBase,
         shift: RotaryShift | None,
         stop_ids: frozenset[int],
+        max_context_tokens: int,
     ) -> None:
+        """`max_context_tokens`: the worker's context window; a module prompt's positions
+        (gaps included) and its answer must fit in it (module prompts are never truncated)."""
+        self.max_context_tokens = max_context_tokens
         self.engine = engine
         self.server = server
         self.tokenizer = tokenizer
@@ -48,11 +52,10 @@ class ModuleTurns:
             )
         except (ModuleLayoutError, PositionShiftUnsupported) as exc:
             raise InvalidArgument(f"the prompt cannot be served from its modules: {exc}") from exc
-        max_positions = paged.geometry.max_positions
-        if max(layout.positions) + turn.sampling.max_tokens >= max_positions:
+        if max(layout.positions) + turn.sampling.max_tokens >= self.max_context_tokens:
             raise InvalidArgument(
                 f"the prompt reaches position {max(layout.positions)}; with max_tokens "
-                f"{turn.sampling.max_tokens} it passes the model's {max_positions} positions"
+                f"{turn.sampling.max_tokens} it passes the context window of {self.max_context_tokens} tokens"
             )
         seq.sampling, seq.max_new_tokens = turn.sampling, turn.sampling.max_tokens
         seq.stops = self.stop_ids | frozenset(turn.sampling.stop_token_ids)
