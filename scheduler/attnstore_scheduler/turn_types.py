@@ -37,6 +37,9 @@ class WorkerStats:
     namespace: bytes  # of chunk_keys
     chunk_keys: tuple[bytes, ...]  # the conversation's saved full chunks, oldest first
     namespace_refused: str = ""  # why the KV store refused the tenant's namespace ("" if it did not)
+    module_tokens: int = 0  # PML prompts: reused tokens that came from prompt modules
+    repaired_tokens: int = 0  # PML prompts: module tokens recomputed by boundary repair
+    encoded_modules: int = 0  # PML prompts: modules the worker encoded for this turn
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         namespace=stats.namespace,
         chunk_keys=tuple(stats.chunk_keys),
         namespace_refused=stats.namespace_refused,
+        module_tokens=stats.module_tokens,
+        repaired_tokens=stats.repaired_tokens,
+        encoded_modules=stats.encoded_modules,
     )
 
 
