@@ -60,9 +60,10 @@ from attnstore.prompt_modules.prompt_layout import (
     layout_prompt,
 )
 from attnstore.prompt_modules.prompt_parser import parse_prompt
-from attnstore.prompt_modules.roles import RenderRole, RoleFrame, plain_roles, role_frames
+from attnstore.prompt_modules.roles import RenderRole, RoleFrame, messages_renderer, plain_roles, role_frames
 from attnstore.prompt_modules.scaffolds import choose_scaffold
 from attnstore.prompt_modules.schema_parser import parse_schema
+from attnstore.prompt_modules.structure import module_paths
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -113,8 +114,10 @@ __all__ = [
     "format_path",
     "layout_prompt",
     "layout_schema",
+    "messages_renderer",
     "module_chunk_keys",
     "module_key",
+    "module_paths",
     "parse_path",
     "parse_prompt",
     "parse_schema",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from attnstore.prompt_modules.errors import UnknownModule
 from attnstore.prompt_modules.identity import schema_digest
@@ -84,14 +85,6 @@ class ModuleLayout:
         """The schema position of each of `token_ids`: where the module's KV is encoded."""
         return tuple(p for piece in self.pieces for p in range(piece.start, piece.end))
 
-    @property
-    def closing_index(self) -> int:
-        """Index of the closing piece (text after the last param or child), else len(items)."""
-        last = len(self.items) - 1
-        if last > 0 and isinstance(self.items[last], PieceLayout):
-            return last
-        return len(self.items)
-
 
 @dataclass(frozen=True)
 class SchemaLayout:
@@ -144,4 +137,4 @@ def layout_schema(schema: Schema, tokenize: Tokenize, render_role: RenderRole = 
         return position - start
 
     lay(ROOT, schema.children, 0)
-    return SchemaLayout(schema, schema_digest(schema), modules)
+    return SchemaLayout(schema, schema_digest(schema), MappingProxyType(modules))

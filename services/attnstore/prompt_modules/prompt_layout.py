@@ -20,8 +20,19 @@ from attnstore.prompt_modules.roles import RenderRole, RoleFrames, plain_roles, 
 from attnstore.prompt_modules.scaffolds import choose_scaffold
 
 
+class _Placed:
+    """Tokens served at consecutive positions from `start`."""
+
+    start: int
+    token_ids: tuple[int, ...]
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.start + len(self.token_ids))
+
+
 @dataclass(frozen=True)
-class ModuleSegment:
+class ModuleSegment(_Placed):
     """A piece of an imported module, served from cached KV."""
 
     cached: ClassVar[bool] = True
@@ -38,13 +49,9 @@ class ModuleSegment:
         """Positions to rotate the cached keys by (0 when served where encoded)."""
         return self.start - self.schema_start
 
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + len(self.token_ids))
-
 
 @dataclass(frozen=True)
-class ArgumentSegment:
+class ArgumentSegment(_Placed):
     """An argument, computed at serve time on its param's reserved positions."""
 
     cached: ClassVar[bool] = False
@@ -55,23 +62,15 @@ class ArgumentSegment:
     start: int
     reserved: int  # the param's len; token_ids never exceed it
 
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + len(self.token_ids))
-
 
 @dataclass(frozen=True)
-class TextSegment:
+class TextSegment(_Placed):
     """Uncached text (role frames of the prompt's own role tags included), computed."""
 
     cached: ClassVar[bool] = False
     text: str
     token_ids: tuple[int, ...]
     start: int
-
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + len(self.token_ids))
 
 
 Segment = ModuleSegment | ArgumentSegment | TextSegment
@@ -83,6 +82,7 @@ class PromptLayout:
     segments: tuple[Segment, ...]  # in serving order
     modules: tuple[ModulePath, ...]  # imported modules in serving order, the root () first
     scaffold: str | None  # the scaffold whose KV serves its modules (and the root)
+    next_position: int  # the first position after everything served: where generation continues
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -110,7 +110,9 @@ def layout_prompt(
     server = _Server(schema_layout, tokenize, role_frames(render_role), scaffold.modules if scaffold else ())
     scaffold_name = scaffold.name if scaffold else None
     server.serve(ROOT, prompt.children, {}, prompt.line, scaffold_name)
-    return PromptLayout(schema_layout.digest, tuple(server.segments), tuple(server.modules), scaffold_name)
+    return PromptLayout(
+        schema_layout.digest, tuple(server.segments), tuple(server.modules), scaffold_name, server.cursor
+    )
 
 
 def _imported_paths(nodes: tuple[PromptNode, ...], path: ModulePath) -> Iterator[ModulePath]:
@@ -142,7 +144,7 @@ class _Server:
         scaffold: str | None,
     ) -> None:
         """One import: the module's items in schema order, its child imports at their slots,
-        the prompt's text after the items before the next import (or before the closing piece)."""
+        the prompt's text after the items before the next import (after all, if none follows)."""
         module = self._layout.module(path)
         self.modules.append(path)
         scaffold_here = scaffold if path in self._scaffolded else None
@@ -168,7 +170,7 @@ class _Server:
                 self.serve((*path, event.name), event.children, event.argument_map(), event.line, scaffold)
                 continue
             following = next((e for e in events[i + 1 :] if isinstance(e, Import)), None)
-            serve_items_until(slot_of[following.name] if following else module.closing_index)
+            serve_items_until(slot_of[following.name] if following else len(module.items))
             self._text(event)
         serve_items_until(len(module.items))
 

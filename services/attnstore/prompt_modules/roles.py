@@ -44,3 +44,22 @@ def role_frames(render_role: RenderRole) -> RoleFrames:
 def plain_roles(role: str, content: str) -> str:
     """A renderer without framing, for models without a chat template and for tests."""
     return content
+
+
+def messages_renderer(apply_template: Callable[[list[dict[str, str]]], str]) -> RenderRole:
+    """A `RenderRole` from a whole-conversation renderer (`tokenizer.apply_chat_template` with
+    `tokenize=False`). A message is rendered after an empty system message and that prefix cut
+    off, so templates that open with BOS or inject a default system prompt when none is given
+    (SmolLM2's does) frame every role with its own text only."""
+    anchor = [{"role": "system", "content": ""}]
+    opening = apply_template(anchor)
+
+    def render(role: str, content: str) -> str:
+        rendered = apply_template([*anchor, {"role": role, "content": content}])
+        if not rendered.startswith(opening):
+            raise ValueError(
+                "the chat template renders a conversation's start differently with more messages"
+            )
+        return rendered[len(opening) :]
+
+    return render

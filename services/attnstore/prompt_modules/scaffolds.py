@@ -54,15 +54,9 @@ def check_scaffolds(schema: Schema, elements: list[XmlElement]) -> None:
                     f"{format_path(path)!r} is listed without its parent {format_path(path[:-1])!r}",
                 )
         for path in scaffold.modules:
-            rival = next(
-                (
-                    p
-                    for p in scaffold.modules
-                    if p != path and p[:-1] == path[:-1] and slots[p] is slots[path]
-                ),
-                None,
-            )
-            if rival is not None and slots[path].union:
+            # Two paths share a slot only as members of one union.
+            rival = next((p for p in scaffold.modules if p != path and slots[p] is slots[path]), None)
+            if rival is not None:
                 raise UnionConflict(
                     element.line,
                     where,

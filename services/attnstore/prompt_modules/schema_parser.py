@@ -119,21 +119,11 @@ class _SchemaParser:
 
 def _check_scope(children: tuple[SchemaNode, ...], owner: XmlElement) -> None:
     """Child modules (through role tags and unions) and params of one module have distinct names."""
-    seen: set[str] = set()
-    for module in (m for slot in child_slots(children) for m in slot.members):
-        if module.name in seen:
-            raise DuplicateName(
-                module.line,
-                f'<module name="{module.name}">',
-                f"a second module {module.name!r} in {owner.describe()}",
-            )
-        seen.add(module.name)
-    seen.clear()
-    for param in params_of(children):
-        if param.name in seen:
-            raise DuplicateName(
-                param.line,
-                f'<param name="{param.name}">',
-                f"a second parameter {param.name!r} in {owner.describe()}",
-            )
-        seen.add(param.name)
+    modules = [m for slot in child_slots(children) for m in slot.members]
+    for tag, kind, nodes in (("module", "module", modules), ("param", "parameter", params_of(children))):
+        seen: set[str] = set()
+        for node in nodes:
+            if node.name in seen:
+                where = f'<{tag} name="{node.name}">'
+                raise DuplicateName(node.line, where, f"a second {kind} {node.name!r} in {owner.describe()}")
+            seen.add(node.name)

@@ -85,12 +85,6 @@ def walk_modules(schema: Schema) -> Iterator[tuple[ModulePath, Module, Slot]]:
     return walk(schema.children, ())
 
 
-def children_at(schema: Schema, path: ModulePath) -> tuple[SchemaNode, ...] | None:
-    """The content of the module at `path` (the schema's own at ()), None if there is none."""
-    children = schema.children
-    for name in path:
-        found = next((m for s in child_slots(children) for m in s.members if m.name == name), None)
-        if found is None:
-            return None
-        children = found.children
-    return children
+def module_paths(schema: Schema) -> tuple[ModulePath, ...]:
+    """Every module's path at every depth, in document order (the root () not included)."""
+    return tuple(path for path, _, _ in walk_modules(schema))

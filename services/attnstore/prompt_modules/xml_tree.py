@@ -69,6 +69,12 @@ class _TreeBuilder:
             line = self._text_line + text[: len(text) - len(text.lstrip())].count("\n")
             self._stack[-1].children.append(XmlText(text, line))
 
+    def declaration(self, version: str, encoding: str | None, standalone: int) -> None:
+        # The document arrives as text and is parsed as UTF-8; another declared encoding would
+        # make expat decode it a second time, differently.
+        if encoding is not None and encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            self.refuse(f"encoding {encoding!r} (documents are UTF-8)")
+
     def refuse(self, what: str) -> None:
         raise MalformedPml(self._parser.CurrentLineNumber, "document", f"{what} is not allowed in PML")
 
@@ -84,6 +90,7 @@ def parse_xml(document: str, *, bytes_max: int, depth_max: int, kind: str) -> Xm
     parser.StartElementHandler = builder.start
     parser.EndElementHandler = builder.end
     parser.CharacterDataHandler = builder.characters
+    parser.XmlDeclHandler = builder.declaration
     parser.StartDoctypeDeclHandler = lambda *_: builder.refuse("a DOCTYPE")
     parser.EntityDeclHandler = lambda *_: builder.refuse("an entity declaration")
     parser.ProcessingInstructionHandler = lambda *_: builder.refuse("a processing instruction")

@@ -69,6 +69,7 @@ def assert_names(error: PmlError, line: int, element: str, *words: str) -> None:
         ('<schema name="s"><module name="a" name="b"/></schema>', 1, "document", ("duplicate attribute",)),
         ('<!DOCTYPE x><schema name="s"/>', 1, "document", ("DOCTYPE",)),
         ('<?php x?><schema name="s"/>', 1, "document", ("processing instruction",)),
+        ('<?xml version="1.0" encoding="latin-1"?><schema name="s"/>', 1, "document", ("'latin-1'",)),
         ('<prompt schema="s"/>', 1, "<prompt>", ("root must be <schema>",)),
         (
             '<schema name="s">\n<modul name="a"/></schema>',

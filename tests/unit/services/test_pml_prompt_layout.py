@@ -53,8 +53,7 @@ def test_omitted_modules_leave_gaps_and_the_root_text_is_always_served() -> None
 
 def test_uncached_text_takes_the_positions_after_what_precedes_it() -> None:
     served = serve('<prompt schema="docs"><doc1/>why is that</prompt>')
-    # No import follows and the root has no closing text (trip's slot comes last): the text
-    # follows all the root's pieces, r1 included.
+    # No import follows: the text follows all the root's pieces, r1 included.
     assert spans(served) == [("root", 0, 1), ("doc1", 1, 3), ("root", 6, 1), ("text 'why is that'", 7, 3)]
     assert served.cached_tokens == 5 and served.computed_tokens == 3
 
@@ -100,9 +99,9 @@ def test_union_members_are_served_at_the_union_start_and_nested_modules_inside()
     assert spans(served)[-1] == ("trip", 18, 1)
 
 
-def test_text_inside_an_import_goes_before_the_module_closing_text() -> None:
+def test_text_after_the_last_import_follows_all_the_module_text() -> None:
     served = serve('<prompt schema="docs"><trip city="Rome">x</trip></prompt>')
-    assert spans(served)[-3:] == [("trip", 12, 1), ("text 'x'", 13, 1), ("trip", 18, 1)]
+    assert spans(served)[-3:] == [("trip", 12, 1), ("trip", 18, 1), ("text 'x'", 19, 1)]
 
 
 def test_prompt_role_tags_are_framed_and_computed() -> None:
@@ -162,3 +161,56 @@ def test_scaffold_pieces_are_what_it_encodes_in_position_order() -> None:
         (("doc2",), 4),
         ((), 6),
     ]
+
+
+TRAVEL = """<schema name="travel">
+  <system>You plan trips. </system>
+  <module name="city-guide">Guide: museums, food and parks. </module>
+  <module name="trip">Plan a trip to <param name="destination" len="3"/> for
+    <union>
+      <module name="solo">one person. </module>
+      <module name="family">a family with two kids. </module>
+    </union>
+  </module>
+  <scaffold name="guided-trip" modules="city-guide trip"/>
+</schema>"""
+
+
+def test_the_worked_example_of_the_docs() -> None:
+    def template(role: str, content: str) -> str:
+        return f"<{role}> {content} </{role}> "
+
+    layout = layout_schema(parse_schema(TRAVEL), word_tokens, template)
+    assert [(p, m.start, m.length) for p, m in layout.modules.items()] == [
+        ((), 0, 23),
+        (("city-guide",), 5, 5),
+        (("trip",), 10, 13),
+        (("trip", "solo"), 18, 2),
+        (("trip", "family"), 18, 5),
+    ]
+    family = serve(
+        '<prompt schema="travel"><trip destination="New York"><family/></trip><user>Any tips?</user></prompt>',
+        TRAVEL,
+        template,
+    )
+    assert spans(family) == [
+        ("root", 0, 5),
+        ("trip", 10, 4),
+        ("trip:destination", 14, 2),
+        ("trip", 17, 1),
+        ("trip.family", 18, 5),
+        ("text '<user> Any tips? </user>'", 23, 4),
+    ]
+    assert (family.cached_tokens, family.computed_tokens, family.next_position) == (15, 6, 27)
+    long_turn = serve(
+        '<prompt schema="travel"><user>Hello there, I need help with a long question first</user>'
+        "<city-guide/></prompt>",
+        TRAVEL,
+        template,
+    )
+    guide = long_turn.segments[-1]
+    assert isinstance(guide, ModuleSegment) and (guide.start, guide.shift) == (17, 12)
+    both = serve(
+        '<prompt schema="travel"><city-guide/><trip destination="Oslo"><solo/></trip></prompt>', TRAVEL
+    )
+    assert both.scaffold == "guided-trip"

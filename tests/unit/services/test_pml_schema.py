@@ -1,5 +1,8 @@
 """PML schemas and prompts parse into the typed tree, every element included."""
 
+import subprocess
+import sys
+
 from attnstore.prompt_modules import (
     Import,
     Module,
@@ -11,6 +14,7 @@ from attnstore.prompt_modules import (
     Scaffold,
     Schema,
     Text,
+    module_paths,
     parse_prompt,
     parse_schema,
 )
@@ -93,3 +97,24 @@ def test_a_prompt_imports_nests_passes_arguments_and_adds_text() -> None:
     )
     first = prompt.children[0]
     assert isinstance(first, Import) and first.argument_map() == {"destination": "Paris"}
+
+
+def test_module_paths_lists_every_module_in_document_order() -> None:
+    assert module_paths(parse_schema(TRAVEL)) == (
+        ("trip",),
+        ("trip", "cheap"),
+        ("trip", "luxury"),
+        ("trip", "luxury", "spa"),
+        ("doc",),
+    )
+
+
+def test_arguments_keep_escaped_line_ends() -> None:
+    prompt = parse_prompt('<prompt schema="s"><doc note="a&#10;b &quot;c&quot;"/></prompt>')
+    assert prompt.children == (Import("doc", (("note", 'a\nb "c"'),), ()),)
+
+
+def test_the_package_imports_no_model_library() -> None:
+    code = "import sys, attnstore.prompt_modules; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
