@@ -51,7 +51,12 @@ from inference_worker.model_runner import ModelRunner
 from inference_worker.model_store import LoadedModel
 from inference_worker.modules.module_store import ModuleStore
 from inference_worker.modules.module_turn import ModuleTurns
-from inference_worker.modules.pml_server import PmlServer, chat_role_renderer, model_tokenize
+from inference_worker.modules.pml_server import (
+    PmlServer,
+    chat_role_renderer,
+    generation_prompt,
+    model_tokenize,
+)
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefill import Prefill, Prefiller
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
@@ -103,7 +108,12 @@ class TurnEngine:
             self.namespaces,
             timeout_seconds=settings.module_read_timeout_seconds,
         )
-        pml = PmlServer(module_store, model_tokenize(model.tokenizer), chat_role_renderer(model.tokenizer))
+        pml = PmlServer(
+            module_store,
+            model_tokenize(model.tokenizer),
+            chat_role_renderer(model.tokenizer),
+            generation_prompt(model.tokenizer),
+        )
         self.modules = ModuleTurns(
             self.engine, pml, model.tokenizer, shift, self.stop_ids, self.window.max_context_tokens
         )

@@ -89,3 +89,4 @@ class ModuleTurnInput:
     prompt: str  # the <prompt> document
     sampling: SamplingParams = SamplingParams()
     repair_tokens: int = 0  # per imported module, its first tokens recomputed (boundary repair)
+    add_generation_prompt: bool = False  # end with the chat template's opening of the answer

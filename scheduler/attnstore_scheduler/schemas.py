@@ -14,8 +14,7 @@ import grpc
 import structlog
 
 from attnstore.errors import InvalidArgument, NotFound
-from attnstore.prompt_modules import PmlLimits, parse_prompt, parse_schema, schema_digest
-from attnstore.prompt_modules.structure import walk_modules
+from attnstore.prompt_modules import PmlLimits, module_paths, parse_prompt, parse_schema, schema_digest
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.schema_store import SchemaRecord, SchemaStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
@@ -61,7 +60,7 @@ class Schemas:
             name=schema.name,
             document=document,
             digest=schema_digest(schema).hex(),
-            modules=sum(1 for _ in walk_modules(schema)),
+            modules=len(module_paths(schema)),
             registered_at=time.time(),
         )
         await self.store.put(record, self._max_schemas)

@@ -97,9 +97,7 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
             if request.prompt or request.system_prompt:
                 raise InvalidArgument("give pml, or prompt (and system_prompt), not both")
             schema = await self._schemas.for_prompt(tenant, request.pml)
-            events = self._turns.generate_pml(
-                tenant, schema, request.pml, request.repair_tokens, request.options
-            )
+            events = self._turns.generate_pml(tenant, schema, request)
         else:
             system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
             prompt = check_text(request.prompt, "prompt", self._limits, required=True)

@@ -199,12 +199,17 @@ class Turns:
             yield event
 
     async def generate_pml(
-        self, tenant: str, schema: SchemaRecord, pml: str, repair_tokens: int, options: api.GenerationOptions
+        self, tenant: str, schema: SchemaRecord, request: api.GenerateRequest
     ) -> AsyncIterator[TurnEvent]:
         """A one-off PML prompt against `schema`, sent where its modules were last encoded or
         served (the worker checks the prompt and encodes what its node's store lacks)."""
-        params = sampling(options, self._limits, require_model(self._registry.model()))
-        prompt = worker_pb2.PmlPrompt(schema=schema.document, prompt=pml, repair_tokens=repair_tokens)
+        params = sampling(request.options, self._limits, require_model(self._registry.model()))
+        prompt = worker_pb2.PmlPrompt(
+            schema=schema.document,
+            prompt=request.pml,
+            repair_tokens=request.repair_tokens,
+            add_generation_prompt=request.add_generation_prompt,
+        )
 
         async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
             return worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params, pml=prompt)

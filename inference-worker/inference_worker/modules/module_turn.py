@@ -44,7 +44,9 @@ class ModuleTurns:
         error names line and element) before any event."""
         started = time.perf_counter()
         check_sampling(turn.sampling)
-        served = await self.server.serve(source, turn.schema, turn.prompt, turn.repair_tokens)
+        served = await self.server.serve(
+            source, turn.schema, turn.prompt, turn.repair_tokens, turn.add_generation_prompt
+        )
         paged = self.engine.runner
         try:
             seq, layout = module_sequence(

@@ -27,6 +27,7 @@ from attnstore.prompt_modules import (
     Tokenize,
     layout_prompt,
     layout_schema,
+    messages_renderer,
     module_chunk_keys,
     module_key,
     parse_prompt,
@@ -65,8 +66,12 @@ class PmlServer:
         store: ModuleStore,
         tokenize: Tokenize,
         render_role: RenderRole,
+        generation_prompt: str,
         limits: PmlLimits = DEFAULT_LIMITS,
     ) -> None:
+        """`generation_prompt`: the chat template's opening of an answer, appended to prompts
+        that ask for it."""
+        self.generation_prompt = tuple(tokenize(generation_prompt)) if generation_prompt else ()
         self.store = store
         self.tokenize = tokenize
         self.render_role = render_role
@@ -86,7 +91,12 @@ class PmlServer:
         return layout
 
     async def serve(
-        self, source: KVSource, schema_document: str, prompt_document: str, repair_tokens: int
+        self,
+        source: KVSource,
+        schema_document: str,
+        prompt_document: str,
+        repair_tokens: int,
+        add_generation_prompt: bool = False,
     ) -> ServedPrompt:
         """The prompt's module KV pieces (read or encoded) and computed text. Raises PmlError."""
         layout = self.schema(schema_document)
@@ -105,6 +115,11 @@ class PmlServer:
                 kvs[kv_id] = await self.store.get(source, self._spec(source, layout, *kv_id))
             offset = self._offset(layout, segment)
             pieces.append(CachedPiece(kvs[kv_id][0], offset, len(segment.token_ids), segment.start))
+        if add_generation_prompt and self.generation_prompt:
+            after = served.next_position
+            text.append(
+                TextPart(self.generation_prompt, tuple(range(after, after + len(self.generation_prompt))))
+            )
         origins = [origin for _, origin in kvs.values()]
         return ServedPrompt(
             ModulePrompt(tuple(pieces), tuple(text), repair_tokens),
@@ -169,20 +184,17 @@ def model_tokenize(tokenizer: PreTrainedTokenizerBase) -> Tokenize:
 
 
 def chat_role_renderer(tokenizer: PreTrainedTokenizerBase) -> RenderRole:
-    """Role tags through the model's chat template: a message's frame is what the template
-    adds for it after a system message (templates that insert a default system prompt
-    before a first user message would otherwise frame every user tag with it). Without a
-    chat template, role tags add nothing."""
+    """Role tags through the model's chat template (none: role tags add nothing)."""
     if not getattr(tokenizer, "chat_template", None):
         return plain_roles
+    return messages_renderer(lambda messages: str(tokenizer.apply_chat_template(messages, tokenize=False)))
 
-    def apply(messages: list[dict[str, str]]) -> str:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False))
 
-    def render(role: str, content: str) -> str:
-        if role == "system":
-            return apply([{"role": "system", "content": content}])
-        head = [{"role": "system", "content": "-"}]
-        return apply([*head, {"role": role, "content": content}]).removeprefix(apply(head))
-
-    return render
+def generation_prompt(tokenizer: PreTrainedTokenizerBase) -> str:
+    """What the chat template writes to open the assistant's answer ("" without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return ""
+    anchor = [{"role": "system", "content": ""}]
+    before = str(tokenizer.apply_chat_template(anchor, tokenize=False))
+    after = str(tokenizer.apply_chat_template(anchor, tokenize=False, add_generation_prompt=True))
+    return after.removeprefix(before)

@@ -138,16 +138,19 @@ class AsyncAttnStoreClient:
         return (await self._stub.DeleteSchema(request, **self._kwargs())).deleted
 
     async def stream_generate_pml(
-        self, pml: str, repair_tokens: int = 0, **generation: Any
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
     ) -> AsyncIterator[StreamEvent]:
-        """A one-off prompt in PML against a registered schema, streamed like generate."""
+        """A one-off prompt in PML against a registered schema, streamed like generate;
+        `add_generation_prompt` ends it with the chat template's opening of the answer."""
         async for reply in self._stub.Generate(
-            pml_request(pml, repair_tokens, **generation), **self._kwargs()
+            pml_request(pml, repair_tokens, add_generation_prompt, **generation), **self._kwargs()
         ):
             yield event_of(reply)
 
-    async def generate_pml(self, pml: str, repair_tokens: int = 0, **generation: Any) -> Answer:
+    async def generate_pml(
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
+    ) -> Answer:
         answer = Answer()
-        async for event in self.stream_generate_pml(pml, repair_tokens, **generation):
+        async for event in self.stream_generate_pml(pml, repair_tokens, add_generation_prompt, **generation):
             answer.add(event)
         return answer

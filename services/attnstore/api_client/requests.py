@@ -75,5 +75,12 @@ def schema_event_of(reply: api.RegisterSchemaResponse) -> SchemaEvent:
     return reply.schema if reply.HasField("schema") else reply.progress
 
 
-def pml_request(pml: str, repair_tokens: int, **generation: Any) -> api.GenerateRequest:
-    return api.GenerateRequest(pml=pml, repair_tokens=repair_tokens, options=options(**generation))
+def pml_request(
+    pml: str, repair_tokens: int, add_generation_prompt: bool, **generation: Any
+) -> api.GenerateRequest:
+    return api.GenerateRequest(
+        pml=pml,
+        repair_tokens=repair_tokens,
+        add_generation_prompt=add_generation_prompt,
+        options=options(**generation),
+    )

@@ -141,14 +141,19 @@ class AttnStoreClient:
         return (self._stub.DeleteSchema(request, **self._kwargs())).deleted
 
     def stream_generate_pml(
-        self, pml: str, repair_tokens: int = 0, **generation: Any
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
     ) -> Iterator[StreamEvent]:
-        """A one-off prompt in PML against a registered schema, streamed like generate."""
-        for reply in self._stub.Generate(pml_request(pml, repair_tokens, **generation), **self._kwargs()):
+        """A one-off prompt in PML against a registered schema, streamed like generate;
+        `add_generation_prompt` ends it with the chat template's opening of the answer."""
+        for reply in self._stub.Generate(
+            pml_request(pml, repair_tokens, add_generation_prompt, **generation), **self._kwargs()
+        ):
             yield event_of(reply)
 
-    def generate_pml(self, pml: str, repair_tokens: int = 0, **generation: Any) -> Answer:
+    def generate_pml(
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
+    ) -> Answer:
         answer = Answer()
-        for event in self.stream_generate_pml(pml, repair_tokens, **generation):
+        for event in self.stream_generate_pml(pml, repair_tokens, add_generation_prompt, **generation):
             answer.add(event)
         return answer

@@ -11,6 +11,7 @@ from attnstore.errors import InvalidArgument
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
 from inference_worker.modules.module_store import Origin
+from inference_worker.modules.pml_server import generation_prompt
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource, ModuleTurnInput, SamplingParams, TokenEvent, TurnStats
@@ -87,3 +88,18 @@ async def test_pml_errors_are_invalid_arguments(tiny_model: LoadedModel) -> None
     source = await engine.namespace_for(b"tenant-a")
     with pytest.raises(InvalidArgument, match="line 1"):
         await run(engine, source, '<prompt schema="library"><nope/></prompt>')
+
+
+async def test_role_tags_use_the_chat_template_and_the_generation_prompt_ends_the_prompt(
+    tiny_model: LoadedModel,
+) -> None:
+    engine = TurnEngine(tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+    source = await engine.namespace_for(b"tenant-a")
+    prompt = '<prompt schema="library"><doc/><user>Who kept the log?</user></prompt>'
+    opening = generation_prompt(tiny_model.tokenizer)
+    assert opening  # the tiny tokenizer has a chat template
+    plain = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=4))
+    answered = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=4), add_generation_prompt=True)
+    stats = [[e async for e in engine.modules.run(turn, source)][-1] for turn in (plain, answered)]
+    added = len(tiny_model.tokenizer.encode(opening, add_special_tokens=False))
+    assert stats[1].prompt_tokens == stats[0].prompt_tokens + added

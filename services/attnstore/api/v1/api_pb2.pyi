@@ -160,18 +160,20 @@ class ChatResponse(_message.Message):
     def __init__(self, token: _Optional[_Union[TokenText, _Mapping]] = ..., stats: _Optional[_Union[TurnStats, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("system_prompt", "prompt", "options", "pml", "repair_tokens")
+    __slots__ = ("system_prompt", "prompt", "options", "pml", "repair_tokens", "add_generation_prompt")
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PML_FIELD_NUMBER: _ClassVar[int]
     REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     system_prompt: str
     prompt: str
     options: GenerationOptions
     pml: str
     repair_tokens: int
-    def __init__(self, system_prompt: _Optional[str] = ..., prompt: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., pml: _Optional[str] = ..., repair_tokens: _Optional[int] = ...) -> None: ...
+    add_generation_prompt: bool
+    def __init__(self, system_prompt: _Optional[str] = ..., prompt: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., pml: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token", "stats")

@@ -88,14 +88,16 @@ class ExecuteTurnRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., pml: _Optional[_Union[PmlPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
 
 class PmlPrompt(_message.Message):
-    __slots__ = ("schema", "prompt", "repair_tokens")
+    __slots__ = ("schema", "prompt", "repair_tokens", "add_generation_prompt")
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     schema: str
     prompt: str
     repair_tokens: int
-    def __init__(self, schema: _Optional[str] = ..., prompt: _Optional[str] = ..., repair_tokens: _Optional[int] = ...) -> None: ...
+    add_generation_prompt: bool
+    def __init__(self, schema: _Optional[str] = ..., prompt: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
 
 class EncodeSchemaRequest(_message.Message):
     __slots__ = ("tenant", "schema")
