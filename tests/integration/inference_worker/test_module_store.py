@@ -1,7 +1,8 @@
 """Prompt modules through a real daemon on the tiny model: a module is encoded on first use
 and saved like any chunk, read back by the next prompt (same tokens as the first), re-encoded
 transparently when its chunks were evicted, still stored after a daemon restart (SSD tier),
-encoded eagerly with progress, and never read by another tenant."""
+encoded eagerly with progress, never read by another tenant; a scaffold answers as a full
+prefill of its tokens; role tags and the generation prompt go through the chat template."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import pytest
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
+from inference_worker.modules.module_prompt import lay_out
 from inference_worker.modules.module_store import Origin
 from inference_worker.modules.pml_server import generation_prompt
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import KVSource, ModuleTurnInput, SamplingParams, TokenEvent, TurnStats
+from inference_worker.turn_types import (
+    KVSource,
+    ModuleTurnInput,
+    SamplingParams,
+    TokenEvent,
+    TurnInput,
+    TurnStats,
+)
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -103,3 +112,36 @@ async def test_role_tags_use_the_chat_template_and_the_generation_prompt_ends_th
     stats = [[e async for e in engine.modules.run(turn, source)][-1] for turn in (plain, answered)]
     added = len(tiny_model.tokenizer.encode(opening, add_special_tokens=False))
     assert stats[1].prompt_tokens == stats[0].prompt_tokens + added
+
+
+SCAFFOLDED = SCHEMA.replace("</schema>", '<scaffold name="both" modules="doc style"/></schema>')
+
+
+async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """A prompt importing every module of a scaffold, in schema order, is served the
+    scaffold's KV: one attention span, so the same answer as prefilling its tokens whole."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        progress = [p async for p in engine.modules.server.encode(source, SCAFFOLDED)]
+        assert [p.path for p in progress] == ["(root)", "doc", "style", "scaffold:both"]
+        turn = ModuleTurnInput(SCAFFOLDED, PROMPT, SamplingParams(max_tokens=12))
+        events = [event async for event in engine.modules.run(turn, source)]
+        stats = events.pop()
+        assert isinstance(stats, TurnStats) and stats.encoded_modules == 0
+        served = await engine.modules.server.serve(source, SCAFFOLDED, PROMPT, 0)
+        pairs = sorted(
+            zip(lay_out(served.prompt).token_ids, lay_out(served.prompt).positions, strict=True),
+            key=lambda p: p[1],
+        )
+        assert [p for _, p in pairs] == list(range(len(pairs)))  # no gap, nothing re-positioned
+        full = [
+            e
+            async for e in engine.run_turn(
+                TurnInput([t for t, _ in pairs], SamplingParams(max_tokens=12)), None
+            )
+        ]
+        assert [e.token_id for e in events] == [e.token_id for e in full if isinstance(e, TokenEvent)]
+        await engine.modules.server.store.drain()
