@@ -121,9 +121,7 @@ async def run_worker(settings: WorkerSettings) -> None:
             if kvstore is not None:
                 await kvstore.close()
 
-    server = create_server(
-        settings.serving, interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls)
-    )
+    server = create_server(settings.serving, interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls))
     template = ChatTemplate(loaded.tokenizer, settings.special_tokens_in_messages)
     servicer = WorkerServicer(engine, template, limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)

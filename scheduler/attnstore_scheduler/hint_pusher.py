@@ -139,9 +139,7 @@ class HintPusher:
         plans = plan_hints(self._queue.snapshot(), capacities)
         self._add_released(plans)
         report = PushReport()
-        outcomes = await asyncio.gather(
-            *(self._push_node(targets[node], plan) for node, plan in plans.items())
-        )
+        outcomes = await asyncio.gather(*(self._push_node(targets[node], plan) for node, plan in plans.items()))
         for node, (ok, started) in zip(plans, outcomes, strict=True):
             (report.nodes_pushed if ok else report.nodes_failed).append(node)
             report.hinted_keys += plans[node].hinted_keys if ok else 0
@@ -172,21 +170,15 @@ class HintPusher:
         for index, namespace in enumerate(namespaces):
             try:
                 for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
-                    result = await target.client.hint(
-                        namespace, entries, replace=call == 0, ttl_seconds=self._ttl
-                    )
+                    result = await target.client.hint(namespace, entries, replace=call == 0, ttl_seconds=self._ttl)
                     started += result.prefetches_started
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 ok = False
                 failed.add(namespace)
                 self.failures[target.node] += 1
                 code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                log.warning(
-                    "hint_push_failed",
-                    node=target.node,
-                    namespace=namespace.hex(),
-                    error=code.name if code else type(exc).__name__,
-                )
+                log.warning("hint_push_failed", node=target.node, namespace=namespace.hex(),
+                            error=code.name if code else type(exc).__name__)
                 if code is None or code in _UNREACHABLE:  # the daemon is down: skip its other namespaces
                     failed.update(namespaces[index + 1 :])
                     break

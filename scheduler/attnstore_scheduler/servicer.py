@@ -205,9 +205,7 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         finish_reason=_FINISH[stats.finish_reason],
         attempts=outcome.attempts,
         node=outcome.node,
-        history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens
-        if prompt is not None
-        else 0,
+        history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens if prompt is not None else 0,
         session_saved=outcome.session_saved,
         kv_unavailable_reason=stats.namespace_refused,
         module_tokens=stats.module_tokens,

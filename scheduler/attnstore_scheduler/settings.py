@@ -34,9 +34,7 @@ class HintSettings(BaseModel, frozen=True):
     refresh_seconds: float = Field(
         15.0, gt=0, description="pushed again this often without changes; keep it under the daemons' hint TTL"
     )
-    ttl_seconds: int = Field(
-        0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default"
-    )
+    ttl_seconds: int = Field(0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default")
     release_seconds: float = Field(
         60.0, gt=0, description="chunks of an ended or moved session are hinted EVICT_FIRST this long"
     )
