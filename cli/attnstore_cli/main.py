@@ -9,7 +9,14 @@ from rich.console import Console
 
 from attnstore.security import SecurityConfigError
 from attnstore.settings import SettingsError
-from attnstore_cli import bench_command, chat_command, demo_command, status_command, up_command
+from attnstore_cli import (
+    bench_command,
+    chat_command,
+    demo_command,
+    schema_command,
+    status_command,
+    up_command,
+)
 from attnstore_cli.local_stack import StackError
 
 COMMANDS = {
@@ -19,6 +26,7 @@ COMMANDS = {
     ),
     "demo": (demo_command, "start the stack, run a multi-turn conversation, compare TTFT with recomputation"),
     "chat": (chat_command, "chat in the terminal with a running stack, showing TTFT and KV reuse per turn"),
+    "schema": (schema_command, "PML schemas of prompt modules: add FILE, list, delete NAME"),
     "status": (status_command, "health of every service, the KV store's tiers, capacity and hit rate"),
     "bench": (bench_command, "run the benchmarks (make bench-<name>)"),
 }

@@ -13,13 +13,15 @@ from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker import metrics
 from inference_worker.chat_template import ChatTemplate
+from inference_worker.modules.module_store import Origin
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import Fallback, TurnInput, TurnStats
+from inference_worker.turn_types import Fallback, ModuleTurnInput, TurnInput, TurnStats
 from inference_worker.validation import (
     RequestLimits,
     check_history_tokens,
     check_messages,
     check_prompt,
+    check_repair_tokens,
     check_sampling,
     check_tenant,
     check_text,
@@ -56,10 +58,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def ExecuteTurn(
         self, request: pb.ExecuteTurnRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExecuteTurnResponse]:
-        turn, salt = self._turn_input(request)
-        source = await self._engine.namespace_for(salt)
+        salt = check_tenant(request.tenant)
+        if request.WhichOneof("prompt") == "pml":
+            module_turn = ModuleTurnInput(
+                request.pml.schema,
+                request.pml.prompt,
+                check_sampling(request.sampling, self._limits),
+                check_repair_tokens(request.pml.repair_tokens),
+                request.pml.add_generation_prompt,
+            )
+            turn_events = self._engine.modules.run(module_turn, await self._engine.namespace_for(salt))
+        else:
+            turn = self._turn_input(request)
+            turn_events = self._engine.run_turn(turn, await self._engine.namespace_for(salt))
         # aclosing: a cancelled call (client gone) stops decoding at once.
-        async with contextlib.aclosing(self._engine.run_turn(turn, source)) as events:
+        async with contextlib.aclosing(turn_events) as events:
             async for event in events:
                 if isinstance(event, TurnStats):
                     metrics.observe_turn(event)
@@ -68,8 +81,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 token = pb.TokenChunk(token_id=event.token_id, text=event.text, sample_index=event.sample)
                 yield pb.ExecuteTurnResponse(token=token)
 
-    def _turn_input(self, request: pb.ExecuteTurnRequest) -> tuple[TurnInput, bytes]:
-        salt = check_tenant(request.tenant)
+    async def EncodeSchema(
+        self, request: pb.EncodeSchemaRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.EncodeSchemaResponse]:
+        source = await self._engine.namespace_for(check_tenant(request.tenant))
+        async with contextlib.aclosing(self._engine.modules.server.encode(source, request.schema)) as steps:
+            async for step in steps:
+                yield pb.EncodeSchemaResponse(
+                    done=step.done, total=step.total, module=step.path, encoded=step.origin is Origin.ENCODED
+                )
+
+    def _turn_input(self, request: pb.ExecuteTurnRequest) -> TurnInput:
         sampling = check_sampling(request.sampling, self._limits)
         if request.WhichOneof("prompt") == "messages":
             messages = check_messages(request.messages.messages, self._limits)
@@ -84,7 +106,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             save_generated=request.save_generated,
             history_tokens=check_history_tokens(request.history_tokens, len(ids)),
         )
-        return turn, salt
+        return turn
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -137,4 +159,7 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
             )
             for index, sample in enumerate(stats.samples)
         ],
+        module_tokens=stats.module_tokens,
+        repaired_tokens=stats.repaired_tokens,
+        encoded_modules=stats.encoded_modules,
     )

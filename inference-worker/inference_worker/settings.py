@@ -105,6 +105,12 @@ class WorkerSettings(ServiceSettings):
         description="read chunks the daemon placed on pool peers from those peers directly (their data "
         "plane); off, the daemon fetches them and serves them itself",
     )
+    module_read_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="longest wait for the daemon's lookup and read of one prompt module's KV before "
+        "encoding it again",
+    )
 
     # The prompt is a session's whole conversation (truncated to the context window by the
     # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.

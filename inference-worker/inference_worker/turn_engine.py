@@ -55,6 +55,14 @@ from inference_worker.kv_saver import ChunkRun, ChunkSaver
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_runner import ModelRunner
 from inference_worker.model_store import LoadedModel
+from inference_worker.modules.module_store import ModuleStore
+from inference_worker.modules.module_turn import ModuleTurns
+from inference_worker.modules.pml_server import (
+    PmlServer,
+    chat_role_renderer,
+    generation_prompt,
+    model_tokenize,
+)
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefill import Prefill, Prefiller
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
@@ -106,6 +114,22 @@ class TurnEngine:
             lookup_timeout_seconds=settings.lookup_timeout_seconds,
             saver=self._saver,
             fetch_from_peers=settings.fetch_from_peers,
+        )
+        module_store = ModuleStore(
+            self.engine,
+            kvstore,
+            self._saver,
+            self.namespaces,
+            timeout_seconds=settings.module_read_timeout_seconds,
+        )
+        pml = PmlServer(
+            module_store,
+            model_tokenize(model.tokenizer),
+            chat_role_renderer(model.tokenizer),
+            generation_prompt(model.tokenizer),
+        )
+        self.modules = ModuleTurns(
+            self.engine, pml, model.tokenizer, shift, self.stop_ids, self.window.max_context_tokens
         )
 
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:

@@ -79,6 +79,10 @@ class TurnStats:
     chunk_keys: tuple[bytes, ...] = ()
     namespace_refused: str = ""  # the daemon's reason for refusing the namespace ("" if registered)
     samples: tuple[SampleStats, ...] = ()  # each sample's, in sample order
+    # -- prompt modules (ModuleTurnInput) --
+    module_tokens: int = 0  # prompt tokens whose KV came from module KV (stored or encoded apart)
+    repaired_tokens: int = 0  # module tokens recomputed by boundary repair
+    encoded_modules: int = 0  # modules (or scaffolds) encoded for this turn: first use, or evicted
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,14 @@ class TokenEvent:
     token_id: int
     text: str  # the text this token adds (incremental detokenization)
     sample: int = 0  # which of the turn's samples (SamplingParams.n) it belongs to
+
+
+@dataclass(frozen=True)
+class ModuleTurnInput:
+    """A one-off prompt written in PML against a schema (Prompt Cache)."""
+
+    schema: str  # the schema document the prompt imports from
+    prompt: str  # the <prompt> document
+    sampling: SamplingParams = SamplingParams()
+    repair_tokens: int = 0  # per imported module, its first tokens recomputed (boundary repair)
+    add_generation_prompt: bool = False  # end with the chat template's opening of the answer

@@ -17,6 +17,7 @@ MAX_TENANT_BYTES = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_REPAIR_TOKENS = 4096  # per module; a module's own length bounds it anyway
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,14 @@ def check_history_tokens(history_tokens: int, prompt_tokens: int) -> int:
             f"history_tokens is {history_tokens}, more than the prompt's {prompt_tokens} tokens"
         )
     return history_tokens
+
+
+def check_repair_tokens(repair_tokens: int) -> int:
+    if repair_tokens > MAX_REPAIR_TOKENS:
+        raise InvalidArgument(
+            f"pml.repair_tokens is {repair_tokens}; at most {MAX_REPAIR_TOKENS} are allowed"
+        )
+    return repair_tokens
 
 
 def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> SamplingParams:

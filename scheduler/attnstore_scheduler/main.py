@@ -35,7 +35,10 @@ from attnstore_scheduler.openai_api.app import HttpServer, create_app
 from attnstore_scheduler.openai_api.context import ApiContext
 from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.rate_limit import RateLimiter
+from attnstore_scheduler.redis_schema_store import RedisSchemaStore
 from attnstore_scheduler.redis_session_store import RedisSessionStore
+from attnstore_scheduler.schema_store import EmbeddedSchemaStore
+from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 from attnstore_scheduler.sessions import Sessions
@@ -137,8 +140,17 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
     )
     turns = Turns(sessions, runner, registry, limits, open_pool_routing(settings, registry))
+    schemas = Schemas(
+        RedisSchemaStore(store.redis) if isinstance(store, RedisSessionStore) else EmbeddedSchemaStore(),
+        registry,
+        settings.pml_limits,
+        max_schemas_per_tenant=settings.max_schemas_per_tenant,
+        eager_encoding=settings.schema_encoding == "eager",
+        encode_timeout_seconds=settings.schema_encode_timeout_seconds,
+        remember_node=turns.remember_schema_node,
+    )
     rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
-    servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits)
+    servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits, schemas)
     http = open_http_api(settings, ApiContext(turns, sessions, registry, api_keys, rate_limiter, limits))
     discovery = topology_source(settings, registry)
     await registry.check_all()  # route from the first call on when workers are already up

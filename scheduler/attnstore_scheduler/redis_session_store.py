@@ -149,6 +149,11 @@ class RedisSessionStore:
         self._delete = self._redis.register_script(_DELETE)
         self._claim = self._redis.register_script(_CLAIM)
 
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The client, shared with the schema store (redis_schema_store.py)."""
+        return self._redis
+
     async def _call(self, operation: Awaitable[T]) -> T:
         try:
             return await operation

@@ -11,9 +11,12 @@ import grpc
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
+from attnstore.errors import InvalidArgument
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
 from attnstore_scheduler.rate_limit import RateLimiter
+from attnstore_scheduler.schema_store import SchemaRecord
+from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turn_types import FinishReason, TurnOutcome
@@ -44,8 +47,10 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         api_keys: ApiKeys | None,
         rate_limiter: RateLimiter,
         limits: ApiLimits,
+        schemas: Schemas,
     ) -> None:
         """`api_keys` None: authentication is off and every caller is tenant 'default'."""
+        self._schemas = schemas
         self._sessions = sessions
         self._turns = turns
         self._api_keys = api_keys
@@ -88,9 +93,15 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
     ) -> AsyncIterator[api.GenerateResponse]:
         started = time.monotonic()
         tenant = self._caller(context).tenant
-        system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
-        prompt = check_text(request.prompt, "prompt", self._limits, required=True)
-        events = self._turns.generate(tenant, system_prompt, prompt, request.options)
+        if request.pml:
+            if request.prompt or request.system_prompt:
+                raise InvalidArgument("give pml, or prompt (and system_prompt), not both")
+            schema = await self._schemas.for_prompt(tenant, request.pml)
+            events = self._turns.generate_pml(tenant, schema, request)
+        else:
+            system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
+            prompt = check_text(request.prompt, "prompt", self._limits, required=True)
+            events = self._turns.generate(tenant, system_prompt, prompt, request.options)
         async for token, stats in _stream(events, started, "generate"):
             yield (
                 api.GenerateResponse(token=token) if token is not None else api.GenerateResponse(stats=stats)
@@ -123,6 +134,41 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
             sessions=[session_message(record, with_messages=False) for record in page],
             next_page_token=next_token,
         )
+
+    async def RegisterSchema(
+        self, request: api.RegisterSchemaRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api.RegisterSchemaResponse]:
+        tenant = self._caller(context).tenant
+        async for event in self._schemas.register(tenant, request.schema):
+            if isinstance(event, SchemaRecord):
+                yield api.RegisterSchemaResponse(schema=schema_message(event))
+            else:
+                progress = api.SchemaEncodeProgress(
+                    done=event.done, total=event.total, module=event.module, encoded=event.encoded
+                )
+                yield api.RegisterSchemaResponse(progress=progress)
+
+    async def ListSchemas(
+        self, request: api.ListSchemasRequest, context: grpc.aio.ServicerContext
+    ) -> api.ListSchemasResponse:
+        tenant = self._caller(context).tenant
+        return api.ListSchemasResponse(schemas=[schema_message(r) for r in await self._schemas.list(tenant)])
+
+    async def DeleteSchema(
+        self, request: api.DeleteSchemaRequest, context: grpc.aio.ServicerContext
+    ) -> api.DeleteSchemaResponse:
+        tenant = self._caller(context).tenant
+        return api.DeleteSchemaResponse(deleted=await self._schemas.delete(tenant, request.name))
+
+
+def schema_message(record: SchemaRecord) -> api.SchemaInfo:
+    return api.SchemaInfo(
+        name=record.name,
+        digest=record.digest,
+        modules=record.modules,
+        document_bytes=len(record.document.encode()),
+        registered_at_unix_ms=int(record.registered_at * 1000),
+    )
 
 
 async def _stream(
@@ -172,6 +218,10 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
             )
             for index, sample in enumerate(stats.samples)
         ],
+        module_tokens=stats.module_tokens,
+        computed_tokens=stats.prompt_tokens - stats.reused_tokens,
+        repaired_tokens=stats.repaired_tokens,
+        encoded_modules=stats.encoded_modules,
     )
 
 

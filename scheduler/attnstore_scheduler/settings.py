@@ -4,10 +4,12 @@ by `ATTNSTORE_SCHEDULER_CONFIG_FILE`). Each default is written here once."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.prompt_modules import DEFAULT_LIMITS, PmlLimits
 from attnstore.security import ChannelSecurity
 from attnstore.server.service_settings import ServiceSettings
 
@@ -119,6 +121,26 @@ class SchedulerSettings(ServiceSettings):
         description="KV one tenant's sessions may hold: their history tokens x the model's KV bytes per "
         "token; unset = bounded only by max_sessions_per_tenant x max_session_tokens",
     )
+    max_schemas_per_tenant: int = Field(64, ge=1, description="PML schemas one tenant may register")
+    schema_encoding: Literal["eager", "lazy"] = Field(
+        "eager",
+        description="eager: a worker encodes every module of a schema at RegisterSchema (progress streamed); "
+        "lazy: each module is encoded by the first prompt that imports it",
+    )
+    schema_encode_timeout_seconds: float = Field(
+        600.0, gt=0, description="longest eager encoding of one schema on a worker"
+    )
+    pml_schema_bytes_max: int = Field(
+        DEFAULT_LIMITS.schema_bytes_max,
+        ge=1,
+        description="largest PML schema or prompt document, in UTF-8 bytes",
+    )
+    pml_modules_per_schema_max: int = Field(
+        DEFAULT_LIMITS.modules_per_schema_max, ge=1, description="most modules in one schema, at every depth"
+    )
+    pml_param_len_max: int = Field(
+        DEFAULT_LIMITS.param_len_max, ge=1, description="most positions one <param len> may reserve"
+    )
     requests_per_second: float = Field(50.0, gt=0, description="sustained calls per second per tenant")
     requests_burst: int = Field(100, ge=1, description="calls a tenant may make at once above the rate")
     max_queue_length: int = Field(1024, ge=1, description="turns waiting for a worker; more are refused")
@@ -168,6 +190,15 @@ class SchedulerSettings(ServiceSettings):
         5.0, gt=0, description="period of the scheduler's own health probe (its session store answers)"
     )
     shutdown_grace_seconds: float = Field(30.0, ge=0, description="on SIGTERM, in-flight turns get this long")
+
+    @property
+    def pml_limits(self) -> PmlLimits:
+        return PmlLimits(
+            schema_bytes_max=self.pml_schema_bytes_max,
+            prompt_bytes_max=self.pml_schema_bytes_max,
+            modules_per_schema_max=self.pml_modules_per_schema_max,
+            param_len_max=self.pml_param_len_max,
+        )
 
     @model_validator(mode="after")
     def _check_consistency(self) -> SchedulerSettings:

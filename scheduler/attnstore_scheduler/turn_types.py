@@ -47,6 +47,9 @@ class WorkerStats:
     chunk_keys: tuple[bytes, ...]  # the conversation's saved full chunks, oldest first
     namespace_refused: str = ""  # why the KV store refused the tenant's namespace ("" if it did not)
     samples: tuple[SampleStats, ...] = ()  # each answer's, in order (one per answer)
+    module_tokens: int = 0  # PML prompts: reused tokens that came from prompt modules
+    repaired_tokens: int = 0  # PML prompts: module tokens recomputed by boundary repair
+    encoded_modules: int = 0  # PML prompts: modules the worker encoded for this turn
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
             for sample in stats.samples
         )
         or (SampleStats(stats.generated_tokens, _FINISH.get(stats.finish_reason, FinishReason.UNSPECIFIED)),),
+        module_tokens=stats.module_tokens,
+        repaired_tokens=stats.repaired_tokens,
+        encoded_modules=stats.encoded_modules,
     )
 
 

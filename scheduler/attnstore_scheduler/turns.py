@@ -23,9 +23,10 @@ from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.chat_prompt import TOKENIZE_TIMEOUT_SECONDS, chat_prompt, closing_after, tokenize
 from attnstore_scheduler.pool_routing import PoolRouting
+from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
 from attnstore_scheduler.sessions import Sessions
-from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
+from attnstore_scheduler.turn_runner import PrepareTurn, TurnRunner, TurnSpec
 from attnstore_scheduler.turn_types import FinishReason as TurnFinish
 from attnstore_scheduler.turn_types import Token, TurnOutcome
 from attnstore_scheduler.validation import (
@@ -205,6 +206,35 @@ class Turns:
                 )
             return request
 
+        async for event in self._one_off(tenant, prepare, affinity, kind):
+            yield event
+
+    async def generate_pml(
+        self, tenant: str, schema: SchemaRecord, request: api.GenerateRequest
+    ) -> AsyncIterator[TurnEvent]:
+        """A one-off PML prompt against `schema`, sent where its modules were last encoded or
+        served (the worker checks the prompt and encodes what its node's store lacks)."""
+        params = sampling(request.options, self._limits, require_model(self._registry.model()))
+        prompt = worker_pb2.PmlPrompt(
+            schema=schema.document,
+            prompt=request.pml,
+            repair_tokens=request.repair_tokens,
+            add_generation_prompt=request.add_generation_prompt,
+        )
+
+        async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
+            return worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params, pml=prompt)
+
+        async for event in self._one_off(tenant, prepare, _schema_affinity(schema.name), "generate_pml"):
+            yield event
+
+    def remember_schema_node(self, tenant: str, schema_name: str, node: str) -> None:
+        """Where a schema's module KV was encoded: its prompts go there."""
+        self._remember_prefix_node((tenant, _schema_affinity(schema_name)), node)
+
+    async def _one_off(
+        self, tenant: str, prepare: PrepareTurn, affinity: str, kind: str
+    ) -> AsyncIterator[TurnEvent]:
         prefix = (tenant, affinity)
         spec = TurnSpec(tenant=tenant, session_id="", prepare=prepare, node=self._prefix_nodes.get(prefix))
         async for event in self._runner.run(spec):
@@ -218,6 +248,10 @@ class Turns:
         self._prefix_nodes.move_to_end(prefix)
         while len(self._prefix_nodes) > _PREFIX_AFFINITY_ENTRIES:
             self._prefix_nodes.popitem(last=False)
+
+
+def _schema_affinity(name: str) -> str:
+    return f"\0schema:{name}"  # no system prompt starts with NUL: never a Generate's affinity
 
 
 def _observe(kind: str, outcome: TurnOutcome) -> None:

@@ -123,6 +123,9 @@ class FuzzStack:
         )
 
 
+FUZZ_SCHEMA = '<schema name="fuzz">hello<module name="m">world <param name="p" len="4"/></module></schema>'
+
+
 def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dict[str, Message]:
     """A request each RPC accepts, on the fuzzer's own state."""
     ns = FUZZ_NAMESPACE
@@ -164,6 +167,7 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
         ),
         "Worker.Tokenize": worker_pb.TokenizeRequest(messages=[hello], add_generation_prompt=True),
         "Worker.DescribeModel": worker_pb.DescribeModelRequest(),
+        "Worker.EncodeSchema": worker_pb.EncodeSchemaRequest(tenant="fuzz", schema=FUZZ_SCHEMA),
         "AttnStore.CreateSession": api.CreateSessionRequest(system_prompt="be brief", ttl_seconds=60),
         "AttnStore.Chat": api.ChatRequest(session_id=session_id, message="hello world", options=options),
         "AttnStore.Generate": api.GenerateRequest(
@@ -172,6 +176,9 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
         "AttnStore.GetSession": api.GetSessionRequest(session_id=session_id),
         "AttnStore.DeleteSession": api.DeleteSessionRequest(session_id=session_id),
         "AttnStore.ListSessions": api.ListSessionsRequest(page_size=2, page_token=session_id),
+        "AttnStore.RegisterSchema": api.RegisterSchemaRequest(schema=FUZZ_SCHEMA),
+        "AttnStore.ListSchemas": api.ListSchemasRequest(),
+        "AttnStore.DeleteSchema": api.DeleteSchemaRequest(name="fuzz"),
     }
     packages = {
         "KVStore": "attnstore.kvstore.v1",

@@ -99,6 +99,10 @@ class SequenceSlice:
     rows: slice  # its new tokens' rows in the flattened batch
     start: int  # position of its first new token = tokens whose KV is already in the pool
     blocks: BlockRun
+    # Positions of its context slots [0, context_tokens) when the sequence has explicit ones
+    # (prompt modules): a query then sees the keys at positions up to its own, not the slots
+    # before it. None: slot i sits at position i.
+    positions: torch.Tensor | None = None
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -109,13 +113,26 @@ class SequenceSlice:
     def context_tokens(self) -> int:
         return self.start + self.new_tokens
 
+    @property
+    def self_contained(self) -> bool:
+        """No earlier KV and slot order is position order: causal attention over its own K, V."""
+        return self.start == 0 and self.positions is None
+
     def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
         """[new, context] True where a query may attend; None where no key needs masking."""
-        if self.new_tokens == 1 and (window is None or self.context_tokens <= window):
+        if (
+            self.new_tokens == 1
+            and self.positions is None
+            and (window is None or self.context_tokens <= window)
+        ):
             return None  # a decode token sees everything before it
         if window not in self._masks:
-            query = torch.arange(self.start, self.context_tokens, device=device)[:, None]  # [new, 1]
-            key = torch.arange(self.context_tokens, device=device)[None, :]  # [1, context]
+            if self.positions is None:
+                query = torch.arange(self.start, self.context_tokens, device=device)[:, None]  # [new, 1]
+                key = torch.arange(self.context_tokens, device=device)[None, :]  # [1, context]
+            else:
+                query = self.positions[self.start :, None]  # [new, 1]
+                key = self.positions[None, :]  # [1, context]
             allowed = key <= query
             if window is not None:
                 allowed &= key > query - window
@@ -139,7 +156,7 @@ def paged_attention(
     out = torch.empty_like(q)
     for part in slices:
         query = q[part.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, new, D]
-        if part.start == 0 and (window is None or part.new_tokens <= window):
+        if part.self_contained and (window is None or part.new_tokens <= window):
             keys, values = k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1)  # [kv_heads, new, D]
             mask, causal = None, part.new_tokens > 1
         else:

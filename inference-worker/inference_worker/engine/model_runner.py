@@ -95,10 +95,19 @@ class PagedModelRunner:
                 raise ValueError(f"sequence {seq.seq_id}: tokens [{start}, {stop}) have no blocks or ids")
             rows = slice(len(ids), len(ids) + item.tokens)
             ids.extend(seq.token_ids[start:stop])
-            positions.extend(range(start, stop))
+            positions.extend(seq.positions_of(start, stop))  # explicit ones: prompt modules
             table = seq.block_table
             slots.extend(slots_of(table, size, start, stop))
-            slices.append(SequenceSlice(rows, start, _block_run(table[: -(-stop // size)], self.device)))
+            context_positions = None
+            if seq.positions is not None:
+                context_positions = torch.tensor(
+                    seq.positions_of(0, stop), dtype=torch.long, device=self.device
+                )
+            slices.append(
+                SequenceSlice(
+                    rows, start, _block_run(table[: -(-stop // size)], self.device), context_positions
+                )
+            )
             if seq.prefix is not None:
                 prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)
                 prefixes.append(

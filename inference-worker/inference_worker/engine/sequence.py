@@ -44,6 +44,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # pool block of tokens [iB, (i+1)B)
     computed_tokens: int = 0  # tokens [0, computed_tokens) have their KV in the blocks
     cached_tokens: int = 0  # of them, found in the pool's blocks when it was admitted
+    # Explicit positions of the prompt's tokens (prompt modules: gaps, KV in another order);
+    # None: token i sits at position i. Generated tokens follow the last prompt position.
+    positions: list[int] | None = None
     block_keys: list[bytes] = field(default_factory=list)  # chain keys of its first full blocks
     # -- decoding (engine.py) --
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -79,6 +82,14 @@ class Sequence:
     def pending_tokens(self) -> int:
         """Tokens whose KV the next forward passes must compute."""
         return len(self.token_ids) - self.computed_tokens
+
+    def positions_of(self, start: int, stop: int) -> list[int] | range:
+        """The positions of tokens [start, stop)."""
+        given = self.positions
+        if given is None:
+            return range(start, stop)
+        after = given[-1] + 1 - len(given) if given else 0  # generated token i sits at i + after
+        return [given[i] if i < len(given) else i + after for i in range(start, stop)]
 
     @property
     def generated(self) -> list[int]:

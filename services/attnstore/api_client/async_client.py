@@ -17,11 +17,14 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore.api_client.requests import (
     CHANNEL_OPTIONS,
     Answer,
+    SchemaEvent,
     StreamEvent,
     call_metadata,
     event_of,
     options,
     page_request,
+    pml_request,
+    schema_event_of,
     sessions_of,
 )
 from attnstore.security.credentials import ClientCredentials, aio_channel
@@ -111,3 +114,43 @@ class AsyncAttnStoreClient:
                 yield session
             if not token:
                 return
+
+    async def stream_register_schema(self, schema: str) -> AsyncIterator[SchemaEvent]:
+        """Registers (or replaces) a PML schema: each module's encoding progress (eager
+        encoding), then the SchemaInfo."""
+        request = api.RegisterSchemaRequest(schema=schema)
+        async for reply in self._stub.RegisterSchema(request, **self._kwargs()):
+            yield schema_event_of(reply)
+
+    async def register_schema(self, schema: str) -> api.SchemaInfo:
+        events = [event async for event in self.stream_register_schema(schema)]
+        last = events[-1] if events else None
+        if not isinstance(last, api.SchemaInfo):
+            raise TypeError("RegisterSchema's stream did not end with the schema")
+        return last
+
+    async def list_schemas(self) -> list[api.SchemaInfo]:
+        return list((await self._stub.ListSchemas(api.ListSchemasRequest(), **self._kwargs())).schemas)
+
+    async def delete_schema(self, name: str) -> bool:
+        """False when no schema of that name was registered."""
+        request = api.DeleteSchemaRequest(name=name)
+        return (await self._stub.DeleteSchema(request, **self._kwargs())).deleted
+
+    async def stream_generate_pml(
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
+    ) -> AsyncIterator[StreamEvent]:
+        """A one-off prompt in PML against a registered schema, streamed like generate;
+        `add_generation_prompt` ends it with the chat template's opening of the answer."""
+        async for reply in self._stub.Generate(
+            pml_request(pml, repair_tokens, add_generation_prompt, **generation), **self._kwargs()
+        ):
+            yield event_of(reply)
+
+    async def generate_pml(
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
+    ) -> Answer:
+        answer = Answer()
+        async for event in self.stream_generate_pml(pml, repair_tokens, add_generation_prompt, **generation):
+            answer.add(event)
+        return answer

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnstore.api.v1 import api_pb2 as api
 
@@ -71,3 +72,22 @@ def page_request(page_size: int, page_token: str, tenant: str) -> api.ListSessio
 
 def sessions_of(reply: api.ListSessionsResponse) -> tuple[list[api.Session], str]:
     return list(reply.sessions), reply.next_page_token
+
+
+SchemaEvent = api.SchemaEncodeProgress | api.SchemaInfo
+
+
+def schema_event_of(reply: api.RegisterSchemaResponse) -> SchemaEvent:
+    """A module's encoding progress, or (last) the registered schema."""
+    return reply.schema if reply.HasField("schema") else reply.progress
+
+
+def pml_request(
+    pml: str, repair_tokens: int, add_generation_prompt: bool, **generation: Any
+) -> api.GenerateRequest:
+    return api.GenerateRequest(
+        pml=pml,
+        repair_tokens=repair_tokens,
+        add_generation_prompt=add_generation_prompt,
+        options=options(**generation),
+    )

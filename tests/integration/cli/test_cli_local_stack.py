@@ -120,6 +120,16 @@ def test_up_status_chat_and_ctrl_c(
         assert len(reused) == 2, chat.stdout
         assert reused[0][0] == 0 and reused[1][0] >= 512, reused  # the second turn reuses the first's chunks
 
+        schema = tmp_path / "desk.pml"
+        schema.write_text('<schema name="desk">Notes.<module name="doc">paris is in france</module></schema>')
+        added = _attnstore(["schema", "add", str(schema)], home)
+        assert added.returncode == 0, added.stdout + added.stderr
+        assert "1/2 (root): encoded" in added.stdout and "registered schema desk (1 modules" in added.stdout
+        listed = _attnstore(["schema", "list"], home)
+        assert listed.returncode == 0 and "desk" in listed.stdout, listed.stdout + listed.stderr
+        assert _attnstore(["schema", "delete", "desk"], home).returncode == 0
+        assert _attnstore(["schema", "delete", "desk"], home).returncode == 1  # gone
+
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
         assert up.wait(60) == 0, log.read_text()
     finally:

@@ -467,3 +467,47 @@ def test_bad_context_settings_stop_the_worker_at_start(
     with pytest.raises(RuntimeError, match="exited with 2") as error:
         worker.start()
     assert "attention_sink_tokens is 17; it must lie in [0, chunk_tokens = 16]" in str(error.value)
+
+
+# ---- prompt modules ----------------------------------------------------------------------------
+
+SCHEMA = """<schema name="desk">Notes.<module name="doc">the capital of france is paris and the
+capital of italy is rome</module><module name="tone">answer in one word</module></schema>"""
+PML = '<prompt schema="desk"><doc/><tone/> what is the capital of france?</prompt>'
+
+
+def test_a_pml_schema_is_encoded_with_progress_then_serves_prompts(stack: Stack) -> None:
+    tenant = "modules"
+    request = pb.EncodeSchemaRequest(tenant=tenant, schema=SCHEMA)
+    progress = list(stack.stub.EncodeSchema(request, timeout=60))
+    assert [(p.done, p.total) for p in progress] == [(1, 3), (2, 3), (3, 3)]
+    assert [p.module for p in progress] == ["(root)", "doc", "tone"]
+    pml = pb.PmlPrompt(schema=SCHEMA, prompt=PML)
+    tokens, stats = run_turn(stack.stub, tenant=tenant, pml=pml, sampling=sampling(8))
+    assert len(tokens) == stats.generated_tokens > 0
+    assert stats.module_tokens == stats.reused_tokens > 0 and stats.encoded_modules == 0
+    again = list(stack.stub.EncodeSchema(request, timeout=60))
+    assert not any(p.encoded for p in again)  # all stored: encoding again only re-protects
+    repaired_tokens, repaired = run_turn(
+        stack.stub,
+        tenant=tenant,
+        pml=pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_tokens=2),
+        sampling=sampling(8),
+    )
+    assert repaired.repaired_tokens == 4 and repaired.reused_tokens == stats.reused_tokens - 4  # doc, tone
+
+
+@pytest.mark.parametrize(
+    ("pml", "message"),
+    [
+        (pb.PmlPrompt(schema=SCHEMA, prompt='<prompt schema="desk"><nope/></prompt>'), "line 1"),
+        (pb.PmlPrompt(schema="<schema", prompt=PML), "line 1"),
+        (pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_tokens=5000), "repair_tokens"),
+    ],
+    ids=["unknown module", "malformed schema", "repair budget"],
+)
+def test_bad_pml_is_refused_with_invalid_argument(stack: Stack, pml: pb.PmlPrompt, message: str) -> None:
+    with pytest.raises(grpc.RpcError) as error:
+        run_turn(stack.stub, tenant="modules", pml=pml, sampling=sampling(4))
+    assert error.value.code() == INVALID, error.value.details()
+    assert message in error.value.details()

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61ttnstore/api/v1/api.proto\x12\x10\x61ttnstore.api.v1\"w\n\x07Message\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.attnstore.api.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\"\xa4\x01\n\x11GenerationOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\t\n\x01n\x18\x06 \x01(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xa9\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12+\n\x08messages\x18\x03 \x03(\x0b\x32\x19.attnstore.api.v1.Message\x12\r\n\x05turns\x18\x04 \x01(\r\x12\x16\n\x0ehistory_tokens\x18\x05 \x01(\r\x12\x18\n\x10truncated_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_chunks\x18\x07 \x01(\r\x12\x0c\n\x04node\x18\x08 \x01(\t\x12\x1a\n\x12\x63reated_at_unix_ms\x18\t \x01(\x03\x12\x1a\n\x12updated_at_unix_ms\x18\n \x01(\x03\x12\x1a\n\x12\x65xpires_at_unix_ms\x18\x0b \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x0c \x01(\r\"B\n\x14\x43reateSessionRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\"C\n\x15\x43reateSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\"h\n\x0b\x43hatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\"A\n\tTokenText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x14\n\x0csample_index\x18\x03 \x01(\r\"t\n\x0bSampleStats\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\"\x82\x03\n\tTurnStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x16\n\x0eworker_ttft_ms\x18\x05 \x01(\x01\x12\x15\n\rqueue_wait_ms\x18\x06 \x01(\x01\x12\x18\n\x10truncated_tokens\x18\x07 \x01(\r\x12\x35\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x0c\n\x04node\x18\n \x01(\t\x12\x16\n\x0ehistory_tokens\x18\x0b \x01(\r\x12\x15\n\rsession_saved\x18\x0c \x01(\x08\x12\x1d\n\x15kv_unavailable_reason\x18\r \x01(\t\x12.\n\x07samples\x18\x0e \x03(\x0b\x32\x1d.attnstore.api.v1.SampleStats\"s\n\x0c\x43hatResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"n\n\x0fGenerateRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\"w\n\x10GenerateResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"7\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"@\n\x12GetSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\":\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"0\n\x15\x44\x65leteSessionResponse\x12\x17\n\x0freleased_chunks\x18\x01 \x01(\r\"L\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\\\n\x14ListSessionsResponse\x12+\n\x08sessions\x18\x01 \x03(\x0b\x32\x19.attnstore.api.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\xa5\x04\n\tAttnStore\x12`\n\rCreateSession\x12&.attnstore.api.v1.CreateSessionRequest\x1a\'.attnstore.api.v1.CreateSessionResponse\x12G\n\x04\x43hat\x12\x1d.attnstore.api.v1.ChatRequest\x1a\x1e.attnstore.api.v1.ChatResponse0\x01\x12S\n\x08Generate\x12!.attnstore.api.v1.GenerateRequest\x1a\".attnstore.api.v1.GenerateResponse0\x01\x12W\n\nGetSession\x12#.attnstore.api.v1.GetSessionRequest\x1a$.attnstore.api.v1.GetSessionResponse\x12`\n\rDeleteSession\x12&.attnstore.api.v1.DeleteSessionRequest\x1a\'.attnstore.api.v1.DeleteSessionResponse\x12]\n\x0cListSessions\x12%.attnstore.api.v1.ListSessionsRequest\x1a&.attnstore.api.v1.ListSessionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61ttnstore/api/v1/api.proto\x12\x10\x61ttnstore.api.v1\"w\n\x07Message\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.attnstore.api.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\"\xa4\x01\n\x11GenerationOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\t\n\x01n\x18\x06 \x01(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xa9\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12+\n\x08messages\x18\x03 \x03(\x0b\x32\x19.attnstore.api.v1.Message\x12\r\n\x05turns\x18\x04 \x01(\r\x12\x16\n\x0ehistory_tokens\x18\x05 \x01(\r\x12\x18\n\x10truncated_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_chunks\x18\x07 \x01(\r\x12\x0c\n\x04node\x18\x08 \x01(\t\x12\x1a\n\x12\x63reated_at_unix_ms\x18\t \x01(\x03\x12\x1a\n\x12updated_at_unix_ms\x18\n \x01(\x03\x12\x1a\n\x12\x65xpires_at_unix_ms\x18\x0b \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x0c \x01(\r\"B\n\x14\x43reateSessionRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\"C\n\x15\x43reateSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\"h\n\x0b\x43hatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\"A\n\tTokenText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x14\n\x0csample_index\x18\x03 \x01(\r\"t\n\x0bSampleStats\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\"\xe4\x03\n\tTurnStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x16\n\x0eworker_ttft_ms\x18\x05 \x01(\x01\x12\x15\n\rqueue_wait_ms\x18\x06 \x01(\x01\x12\x18\n\x10truncated_tokens\x18\x07 \x01(\r\x12\x35\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x0c\n\x04node\x18\n \x01(\t\x12\x16\n\x0ehistory_tokens\x18\x0b \x01(\r\x12\x15\n\rsession_saved\x18\x0c \x01(\x08\x12\x1d\n\x15kv_unavailable_reason\x18\r \x01(\t\x12.\n\x07samples\x18\x0e \x03(\x0b\x32\x1d.attnstore.api.v1.SampleStats\x12\x15\n\rmodule_tokens\x18\x0f \x01(\r\x12\x17\n\x0f\x63omputed_tokens\x18\x10 \x01(\r\x12\x17\n\x0frepaired_tokens\x18\x11 \x01(\r\x12\x17\n\x0f\x65ncoded_modules\x18\x12 \x01(\r\"s\n\x0c\x43hatResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"\xb1\x01\n\x0fGenerateRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\x12\x0b\n\x03pml\x18\x04 \x01(\t\x12\x15\n\rrepair_tokens\x18\x05 \x01(\r\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x06 \x01(\x08\"w\n\x10GenerateResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"7\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"@\n\x12GetSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\":\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"0\n\x15\x44\x65leteSessionResponse\x12\x17\n\x0freleased_chunks\x18\x01 \x01(\r\"L\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\\\n\x14ListSessionsResponse\x12+\n\x08sessions\x18\x01 \x03(\x0b\x32\x19.attnstore.api.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"r\n\nSchemaInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0f\n\x07modules\x18\x03 \x01(\r\x12\x16\n\x0e\x64ocument_bytes\x18\x04 \x01(\r\x12\x1d\n\x15registered_at_unix_ms\x18\x05 \x01(\x03\"\'\n\x15RegisterSchemaRequest\x12\x0e\n\x06schema\x18\x01 \x01(\t\"T\n\x14SchemaEncodeProgress\x12\x0c\n\x04\x64one\x18\x01 \x01(\r\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0e\n\x06module\x18\x03 \x01(\t\x12\x0f\n\x07\x65ncoded\x18\x04 \x01(\x08\"\x8d\x01\n\x16RegisterSchemaResponse\x12:\n\x08progress\x18\x01 \x01(\x0b\x32&.attnstore.api.v1.SchemaEncodeProgressH\x00\x12.\n\x06schema\x18\x02 \x01(\x0b\x32\x1c.attnstore.api.v1.SchemaInfoH\x00\x42\x07\n\x05\x65vent\"\x14\n\x12ListSchemasRequest\"D\n\x13ListSchemasResponse\x12-\n\x07schemas\x18\x01 \x03(\x0b\x32\x1c.attnstore.api.v1.SchemaInfo\"#\n\x13\x44\x65leteSchemaRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\'\n\x14\x44\x65leteSchemaResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\xc7\x06\n\tAttnStore\x12`\n\rCreateSession\x12&.attnstore.api.v1.CreateSessionRequest\x1a\'.attnstore.api.v1.CreateSessionResponse\x12G\n\x04\x43hat\x12\x1d.attnstore.api.v1.ChatRequest\x1a\x1e.attnstore.api.v1.ChatResponse0\x01\x12S\n\x08Generate\x12!.attnstore.api.v1.GenerateRequest\x1a\".attnstore.api.v1.GenerateResponse0\x01\x12W\n\nGetSession\x12#.attnstore.api.v1.GetSessionRequest\x1a$.attnstore.api.v1.GetSessionResponse\x12`\n\rDeleteSession\x12&.attnstore.api.v1.DeleteSessionRequest\x1a\'.attnstore.api.v1.DeleteSessionResponse\x12]\n\x0cListSessions\x12%.attnstore.api.v1.ListSessionsRequest\x1a&.attnstore.api.v1.ListSessionsResponse\x12\x65\n\x0eRegisterSchema\x12\'.attnstore.api.v1.RegisterSchemaRequest\x1a(.attnstore.api.v1.RegisterSchemaResponse0\x01\x12Z\n\x0bListSchemas\x12$.attnstore.api.v1.ListSchemasRequest\x1a%.attnstore.api.v1.ListSchemasResponse\x12]\n\x0c\x44\x65leteSchema\x12%.attnstore.api.v1.DeleteSchemaRequest\x1a&.attnstore.api.v1.DeleteSchemaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnstore.api.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=2208
-  _globals['_ROLE']._serialized_end=2288
-  _globals['_FINISHREASON']._serialized_start=2290
-  _globals['_FINISHREASON']._serialized_end=2416
+  _globals['_ROLE']._serialized_start=2931
+  _globals['_ROLE']._serialized_end=3011
+  _globals['_FINISHREASON']._serialized_start=3013
+  _globals['_FINISHREASON']._serialized_end=3139
   _globals['_MESSAGE']._serialized_start=48
   _globals['_MESSAGE']._serialized_end=167
   _globals['_GENERATIONOPTIONS']._serialized_start=170
@@ -52,25 +52,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLESTATS']._serialized_start=946
   _globals['_SAMPLESTATS']._serialized_end=1062
   _globals['_TURNSTATS']._serialized_start=1065
-  _globals['_TURNSTATS']._serialized_end=1451
-  _globals['_CHATRESPONSE']._serialized_start=1453
-  _globals['_CHATRESPONSE']._serialized_end=1568
-  _globals['_GENERATEREQUEST']._serialized_start=1570
-  _globals['_GENERATEREQUEST']._serialized_end=1680
-  _globals['_GENERATERESPONSE']._serialized_start=1682
-  _globals['_GENERATERESPONSE']._serialized_end=1801
-  _globals['_GETSESSIONREQUEST']._serialized_start=1803
-  _globals['_GETSESSIONREQUEST']._serialized_end=1858
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1860
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1924
-  _globals['_DELETESESSIONREQUEST']._serialized_start=1926
-  _globals['_DELETESESSIONREQUEST']._serialized_end=1984
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=1986
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=2034
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=2036
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=2112
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2114
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2206
-  _globals['_ATTNSTORE']._serialized_start=2419
-  _globals['_ATTNSTORE']._serialized_end=2968
+  _globals['_TURNSTATS']._serialized_end=1549
+  _globals['_CHATRESPONSE']._serialized_start=1551
+  _globals['_CHATRESPONSE']._serialized_end=1666
+  _globals['_GENERATEREQUEST']._serialized_start=1669
+  _globals['_GENERATEREQUEST']._serialized_end=1846
+  _globals['_GENERATERESPONSE']._serialized_start=1848
+  _globals['_GENERATERESPONSE']._serialized_end=1967
+  _globals['_GETSESSIONREQUEST']._serialized_start=1969
+  _globals['_GETSESSIONREQUEST']._serialized_end=2024
+  _globals['_GETSESSIONRESPONSE']._serialized_start=2026
+  _globals['_GETSESSIONRESPONSE']._serialized_end=2090
+  _globals['_DELETESESSIONREQUEST']._serialized_start=2092
+  _globals['_DELETESESSIONREQUEST']._serialized_end=2150
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=2152
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=2200
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=2202
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=2278
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2280
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2372
+  _globals['_SCHEMAINFO']._serialized_start=2374
+  _globals['_SCHEMAINFO']._serialized_end=2488
+  _globals['_REGISTERSCHEMAREQUEST']._serialized_start=2490
+  _globals['_REGISTERSCHEMAREQUEST']._serialized_end=2529
+  _globals['_SCHEMAENCODEPROGRESS']._serialized_start=2531
+  _globals['_SCHEMAENCODEPROGRESS']._serialized_end=2615
+  _globals['_REGISTERSCHEMARESPONSE']._serialized_start=2618
+  _globals['_REGISTERSCHEMARESPONSE']._serialized_end=2759
+  _globals['_LISTSCHEMASREQUEST']._serialized_start=2761
+  _globals['_LISTSCHEMASREQUEST']._serialized_end=2781
+  _globals['_LISTSCHEMASRESPONSE']._serialized_start=2783
+  _globals['_LISTSCHEMASRESPONSE']._serialized_end=2851
+  _globals['_DELETESCHEMAREQUEST']._serialized_start=2853
+  _globals['_DELETESCHEMAREQUEST']._serialized_end=2888
+  _globals['_DELETESCHEMARESPONSE']._serialized_start=2890
+  _globals['_DELETESCHEMARESPONSE']._serialized_end=2929
+  _globals['_ATTNSTORE']._serialized_start=3142
+  _globals['_ATTNSTORE']._serialized_end=3981
 # @@protoc_insertion_point(module_scope)

@@ -128,7 +128,7 @@ class SampleStats(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason", "samples")
+    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason", "samples", "module_tokens", "computed_tokens", "repaired_tokens", "encoded_modules")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,10 @@ class TurnStats(_message.Message):
     SESSION_SAVED_FIELD_NUMBER: _ClassVar[int]
     KV_UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MODULE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_MODULES_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     generated_tokens: int
@@ -157,7 +161,11 @@ class TurnStats(_message.Message):
     session_saved: bool
     kv_unavailable_reason: str
     samples: _containers.RepeatedCompositeFieldContainer[SampleStats]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ...) -> None: ...
+    module_tokens: int
+    computed_tokens: int
+    repaired_tokens: int
+    encoded_modules: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("token", "stats")
@@ -168,14 +176,20 @@ class ChatResponse(_message.Message):
     def __init__(self, token: _Optional[_Union[TokenText, _Mapping]] = ..., stats: _Optional[_Union[TurnStats, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("system_prompt", "prompt", "options")
+    __slots__ = ("system_prompt", "prompt", "options", "pml", "repair_tokens", "add_generation_prompt")
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PML_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     system_prompt: str
     prompt: str
     options: GenerationOptions
-    def __init__(self, system_prompt: _Optional[str] = ..., prompt: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ...) -> None: ...
+    pml: str
+    repair_tokens: int
+    add_generation_prompt: bool
+    def __init__(self, system_prompt: _Optional[str] = ..., prompt: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., pml: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token", "stats")
@@ -230,3 +244,65 @@ class ListSessionsResponse(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
     next_page_token: str
     def __init__(self, sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SchemaInfo(_message.Message):
+    __slots__ = ("name", "digest", "modules", "document_bytes", "registered_at_unix_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    digest: str
+    modules: int
+    document_bytes: int
+    registered_at_unix_ms: int
+    def __init__(self, name: _Optional[str] = ..., digest: _Optional[str] = ..., modules: _Optional[int] = ..., document_bytes: _Optional[int] = ..., registered_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class RegisterSchemaRequest(_message.Message):
+    __slots__ = ("schema",)
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    schema: str
+    def __init__(self, schema: _Optional[str] = ...) -> None: ...
+
+class SchemaEncodeProgress(_message.Message):
+    __slots__ = ("done", "total", "module", "encoded")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_FIELD_NUMBER: _ClassVar[int]
+    done: int
+    total: int
+    module: str
+    encoded: bool
+    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ..., module: _Optional[str] = ..., encoded: _Optional[bool] = ...) -> None: ...
+
+class RegisterSchemaResponse(_message.Message):
+    __slots__ = ("progress", "schema")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    progress: SchemaEncodeProgress
+    schema: SchemaInfo
+    def __init__(self, progress: _Optional[_Union[SchemaEncodeProgress, _Mapping]] = ..., schema: _Optional[_Union[SchemaInfo, _Mapping]] = ...) -> None: ...
+
+class ListSchemasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSchemasResponse(_message.Message):
+    __slots__ = ("schemas",)
+    SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    schemas: _containers.RepeatedCompositeFieldContainer[SchemaInfo]
+    def __init__(self, schemas: _Optional[_Iterable[_Union[SchemaInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteSchemaRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteSchemaResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...

@@ -64,6 +64,21 @@ class AttnStoreStub:
                 request_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.RegisterSchema = channel.unary_stream(
+                '/attnstore.api.v1.AttnStore/RegisterSchema',
+                request_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.RegisterSchemaRequest.SerializeToString,
+                response_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.RegisterSchemaResponse.FromString,
+                _registered_method=True)
+        self.ListSchemas = channel.unary_unary(
+                '/attnstore.api.v1.AttnStore/ListSchemas',
+                request_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSchemasRequest.SerializeToString,
+                response_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSchemasResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchema = channel.unary_unary(
+                '/attnstore.api.v1.AttnStore/DeleteSchema',
+                request_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.DeleteSchemaRequest.SerializeToString,
+                response_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.DeleteSchemaResponse.FromString,
+                _registered_method=True)
 
 
 class AttnStoreServicer:
@@ -114,6 +129,29 @@ class AttnStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterSchema(self, request, context):
+        """Registers (or replaces) a PML schema of prompt modules for the caller's tenant
+        (docs/prompt-modules.md). With eager encoding (the scheduler's setting) a worker
+        encodes every module now and the stream reports each; the schema is the last message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchemas(self, request, context):
+        """The caller's schemas, by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchema(self, request, context):
+        """Removes a schema; its modules' KV stops being protected and is evicted in time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttnStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +184,21 @@ def add_AttnStoreServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSessionsRequest.FromString,
                     response_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'RegisterSchema': grpc.unary_stream_rpc_method_handler(
+                    servicer.RegisterSchema,
+                    request_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.RegisterSchemaRequest.FromString,
+                    response_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.RegisterSchemaResponse.SerializeToString,
+            ),
+            'ListSchemas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchemas,
+                    request_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSchemasRequest.FromString,
+                    response_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.ListSchemasResponse.SerializeToString,
+            ),
+            'DeleteSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchema,
+                    request_deserializer=attnstore_dot_api_dot_v1_dot_api__pb2.DeleteSchemaRequest.FromString,
+                    response_serializer=attnstore_dot_api_dot_v1_dot_api__pb2.DeleteSchemaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +363,87 @@ class AttnStore:
             '/attnstore.api.v1.AttnStore/ListSessions',
             attnstore_dot_api_dot_v1_dot_api__pb2.ListSessionsRequest.SerializeToString,
             attnstore_dot_api_dot_v1_dot_api__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.api.v1.AttnStore/RegisterSchema',
+            attnstore_dot_api_dot_v1_dot_api__pb2.RegisterSchemaRequest.SerializeToString,
+            attnstore_dot_api_dot_v1_dot_api__pb2.RegisterSchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchemas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.api.v1.AttnStore/ListSchemas',
+            attnstore_dot_api_dot_v1_dot_api__pb2.ListSchemasRequest.SerializeToString,
+            attnstore_dot_api_dot_v1_dot_api__pb2.ListSchemasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.api.v1.AttnStore/DeleteSchema',
+            attnstore_dot_api_dot_v1_dot_api__pb2.DeleteSchemaRequest.SerializeToString,
+            attnstore_dot_api_dot_v1_dot_api__pb2.DeleteSchemaResponse.FromString,
             options,
             channel_credentials,
             insecure,

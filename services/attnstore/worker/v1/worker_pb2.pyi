@@ -70,10 +70,11 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop_strings: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class ExecuteTurnRequest(_message.Message):
-    __slots__ = ("tenant", "messages", "prompt_token_ids", "sampling", "truncated_tokens", "save_generated", "history_tokens")
+    __slots__ = ("tenant", "messages", "prompt_token_ids", "pml", "sampling", "truncated_tokens", "save_generated", "history_tokens")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PML_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAVE_GENERATED_FIELD_NUMBER: _ClassVar[int]
@@ -81,11 +82,44 @@ class ExecuteTurnRequest(_message.Message):
     tenant: str
     messages: ChatMessages
     prompt_token_ids: TokenIds
+    pml: PmlPrompt
     sampling: SamplingParams
     truncated_tokens: int
     save_generated: bool
     history_tokens: int
-    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., pml: _Optional[_Union[PmlPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
+
+class PmlPrompt(_message.Message):
+    __slots__ = ("schema", "prompt", "repair_tokens", "add_generation_prompt")
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    schema: str
+    prompt: str
+    repair_tokens: int
+    add_generation_prompt: bool
+    def __init__(self, schema: _Optional[str] = ..., prompt: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+
+class EncodeSchemaRequest(_message.Message):
+    __slots__ = ("tenant", "schema")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    schema: str
+    def __init__(self, tenant: _Optional[str] = ..., schema: _Optional[str] = ...) -> None: ...
+
+class EncodeSchemaResponse(_message.Message):
+    __slots__ = ("done", "total", "module", "encoded")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_FIELD_NUMBER: _ClassVar[int]
+    done: int
+    total: int
+    module: str
+    encoded: bool
+    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ..., module: _Optional[str] = ..., encoded: _Optional[bool] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_id", "text", "sample_index")
@@ -108,7 +142,7 @@ class SampleStats(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples")
+    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples", "module_tokens", "repaired_tokens", "encoded_modules")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_DRAM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +161,9 @@ class TurnStats(_message.Message):
     CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_REFUSED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MODULE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_MODULES_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     reused_dram_chunks: int
@@ -145,7 +182,10 @@ class TurnStats(_message.Message):
     chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_refused: str
     samples: _containers.RepeatedCompositeFieldContainer[SampleStats]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ...) -> None: ...
+    module_tokens: int
+    repaired_tokens: int
+    encoded_modules: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ...) -> None: ...
 
 class ExecuteTurnResponse(_message.Message):
     __slots__ = ("token", "stats")

@@ -49,6 +49,11 @@ class WorkerStub:
                 request_serializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.DescribeModelRequest.SerializeToString,
                 response_deserializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.DescribeModelResponse.FromString,
                 _registered_method=True)
+        self.EncodeSchema = channel.unary_stream(
+                '/attnstore.worker.v1.Worker/EncodeSchema',
+                request_serializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.EncodeSchemaRequest.SerializeToString,
+                response_deserializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.EncodeSchemaResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -80,6 +85,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EncodeSchema(self, request, context):
+        """Makes every module (and scaffold) of a PML schema stored in the node's daemon:
+        read if it is, else encoded and saved. One progress message per module. Also
+        re-hints a registered schema's modules PROTECT (they are store hits then).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +111,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.DescribeModel,
                     request_deserializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.DescribeModelRequest.FromString,
                     response_serializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.DescribeModelResponse.SerializeToString,
+            ),
+            'EncodeSchema': grpc.unary_stream_rpc_method_handler(
+                    servicer.EncodeSchema,
+                    request_deserializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.EncodeSchemaRequest.FromString,
+                    response_serializer=attnstore_dot_worker_dot_v1_dot_worker__pb2.EncodeSchemaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +199,33 @@ class Worker:
             '/attnstore.worker.v1.Worker/DescribeModel',
             attnstore_dot_worker_dot_v1_dot_worker__pb2.DescribeModelRequest.SerializeToString,
             attnstore_dot_worker_dot_v1_dot_worker__pb2.DescribeModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EncodeSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/attnstore.worker.v1.Worker/EncodeSchema',
+            attnstore_dot_worker_dot_v1_dot_worker__pb2.EncodeSchemaRequest.SerializeToString,
+            attnstore_dot_worker_dot_v1_dot_worker__pb2.EncodeSchemaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,121 @@
+"""TTFT and quality of prompt modules (Prompt Cache) on the real default model
+(SmolLM2-135M-Instruct, fp32, CPU), served from module KV in a real daemon vs the same tokens
+prefilled whole, side by side in one run.
+
+Workloads (workload.py): a length sweep (one module of 256 to 4,096 tokens plus a short
+question) and document QA (long ShareGPT answers as modules, several per prompt in varying
+subsets and orders, the question that followed as uncached text). For each prompt: TTFT
+(median of a few runs after a warm-up; module KV read from the daemon's DRAM), the
+perplexity of a reference continuation and the greedy agreement of a short answer with
+the full prefill's, without and with boundary repair (the first tokens of each module
+recomputed: --repair-fraction of the longest module, at most). Results: a table,
+bench/results/modules.json and modules.png, and the JSON summary as the last line;
+--quick runs a small version (smaller modules, fewer prompts) in a few minutes. The
+paper's code-generation, personalization and travel schemas are not rebuilt yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+from dataclasses import asdict
+
+import structlog
+import torch
+
+from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.server.logging import configure_logging
+from attnstore.shm_arena import arena_root
+from bench.common.machine import machine_info
+from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
+from bench.modules.measure import CaseRunner
+from bench.modules.report import format_table, plot, summarize, verdicts
+from bench.modules.workload import doc_qa, length_sweep
+from inference_worker.model_store import default_model_dir, load_model
+from inference_worker.settings import WorkerSettings
+from inference_worker.turn_engine import TurnEngine
+from kvstore_daemon.launcher import DaemonProcess
+
+WORK_DIR = work_dir("modules")
+MiB = 1024 * 1024
+SEED = 0
+log = structlog.get_logger("bench.modules")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a small run: modules up to 1,024 tokens, 2 QA prompts"
+    )
+    parser.add_argument("--repair-fraction", type=float, default=0.15, help="repair budget per module")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    return parser.parse_args(argv)
+
+
+async def bench(args: argparse.Namespace) -> None:
+    loaded = load_model(default_model_dir(), torch.float32, "cpu")
+    tokenizer = loaded.tokenizer
+    lengths = [256, 1024] if args.quick else [256, 512, 1024, 2048, 4096]
+    cases = length_sweep(tokenizer, lengths, SEED)
+    cases += doc_qa(
+        tokenizer, docs=4 if args.quick else 8, prompts=2 if args.quick else 8, per_prompt=3, seed=SEED
+    )
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+    WORK_DIR.mkdir(parents=True)
+    dram = 1024 * MiB
+    shm_dir = tempfile.mkdtemp(prefix="attnstore-bench-", dir=arena_root(WORK_DIR, dram))
+    daemon = DaemonProcess(
+        WORK_DIR / "ssd",
+        shm_dir,
+        WORK_DIR / "daemon.log",
+        {"dram_capacity_bytes": dram, "ssd_capacity_bytes": 4096 * MiB, "max_chunk_bytes": 64 * MiB},
+    )
+    daemon.start()
+    try:
+        async with AsyncKVStoreClient(daemon.address) as client:
+            settings = WorkerSettings(
+                chunk_tokens=256, kv_memory_bytes=2048 * MiB, module_read_timeout_seconds=30
+            )
+            engine = TurnEngine(loaded, client, settings)
+            source = await engine.namespace_for(b"bench-modules")
+            runner = CaseRunner(
+                engine,
+                source,
+                repeats=2 if args.quick else 5,
+                continuation_tokens=16 if args.quick else 32,
+                answer_tokens=16 if args.quick else 32,
+                repair_fraction=args.repair_fraction,
+            )
+            rows = []
+            for case in cases:
+                rows.append(await runner.run(case))
+                log.info("case", workload=case.workload, label=case.label, speedup=round(rows[-1].speedup, 1))
+            await engine.close()
+    finally:
+        daemon.stop()
+        shutil.rmtree(shm_dir, ignore_errors=True)
+    summary = summarize(rows)
+    title = f"prompt modules, SmolLM2-135M fp32 CPU{' (quick)' if args.quick else ''}"
+    plot(rows, title, RESULTS_DIR / "modules.png")
+    save_results(
+        "modules",
+        {
+            "quick": args.quick,
+            "machine": machine_info(WORK_DIR),
+            "repair_fraction": args.repair_fraction,
+            "rows": [asdict(row) | {"speedup": row.speedup} for row in rows],
+            "summary": summary,
+        },
+    )
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+    print_report(format_table(rows), verdicts(summary), summary)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    configure_logging("INFO", json=False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    asyncio.run(bench(args))

@@ -1,0 +1,75 @@
+"""A prompt module's KV, and encoding it: one forward pass over the module's tokens alone,
+at the positions its schema gives them (its own attention span), copied out of the pool.
+
+Positions may have gaps inside a module (a parameter reserves positions whose tokens are
+the arguments, computed when a prompt is served).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import blake3
+
+from attnstore.chunks.keys import NAMESPACE_BYTES
+from inference_worker.engine.engine import Engine
+from inference_worker.engine.sequence import Sequence as EngineSequence
+from inference_worker.kv_saver import KV
+
+_LAYOUT_DOMAIN = b"attnstore/module-layout/v1\0"
+
+
+@dataclass(frozen=True)
+class ModuleKV:
+    """The KV of one module: per layer K, V [kv_heads, tokens, head_dim], keys rotated for
+    `positions` (increasing; the first is the module's base position)."""
+
+    token_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    kv: KV
+
+    def __post_init__(self) -> None:
+        if not self.token_ids or len(self.token_ids) != len(self.positions):
+            raise ValueError(
+                f"a module needs tokens, one position each ({len(self.token_ids)}, {len(self.positions)})"
+            )
+        if any(b <= a for a, b in zip(self.positions, self.positions[1:], strict=False)):
+            raise ValueError("a module's positions must increase")
+        if any(k.shape[1] != len(self.token_ids) for k, _ in self.kv):
+            raise ValueError(f"the module's KV does not hold its {len(self.token_ids)} tokens")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def base_position(self) -> int:
+        return self.positions[0]
+
+
+def layout_namespace(namespace: bytes, positions: Sequence[int], cached_tokens: int) -> bytes:
+    """The pool namespace of a sequence laid out with explicit `positions` whose first
+    `cached_tokens` come from module KV: its blocks are shared only with sequences of the
+    same layout (the same tokens at other positions, or computed with another context,
+    have other KV)."""
+    hasher = blake3.blake3(_LAYOUT_DOMAIN)
+    hasher.update(namespace)
+    hasher.update(struct.pack(f"<I{len(positions)}I", cached_tokens, *positions))
+    return hasher.digest(NAMESPACE_BYTES)
+
+
+async def encode_module(
+    engine: Engine, token_ids: Sequence[int], positions: Sequence[int], namespace: bytes
+) -> ModuleKV:
+    """The module's KV computed alone at `positions` (batched with the engine's other work)."""
+    tokens, places = list(token_ids), list(positions)
+    seq = EngineSequence.of(tokens, layout_namespace(namespace, places, 0), positions=places)
+    try:
+        async for _ in engine.generate(seq):  # max_new_tokens 0: prefill only
+            pass
+        kv = await asyncio.to_thread(engine.kv.span, seq.block_table, 0, len(seq))
+    finally:
+        engine.release(seq)
+    return ModuleKV(tuple(tokens), tuple(places), kv)

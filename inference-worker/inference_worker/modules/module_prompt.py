@@ -1,0 +1,186 @@
+"""A prompt served from module KV: the modules' stored KV goes into the sequence's first
+blocks (re-positioned where a module is served at another offset than it was encoded at),
+and only the rest is computed: the uncached text (and arguments), plus, with boundary
+repair, the first tokens of each module.
+
+    slots:      | module A KV | module B KV | ... | repaired + uncached tokens by position |
+                 prefix (loaded, PrefixKV)          computed by the engine
+    positions:  explicit per token (Sequence.positions): gaps where modules are omitted
+
+Decisions:
+- Attention follows positions, not slots (engine/attention.py): a computed token sees the
+  keys at positions up to its own, whichever module holds them. A module encoded alone at
+  position 0 followed by text is then exactly a full prefill, and a repaired token sees
+  every module before it, as it would in a full prefill (CacheBlend's partial recompute).
+- The token at the highest position is always computed: its logits start the decoding.
+- Repair recomputes the first `repair_tokens` tokens of every module but the first one
+  (nothing precedes it, so its KV is already what a full prefill computes): those of each
+  piece that starts a module (offset 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from inference_worker.engine.sequence import Sequence as EngineSequence
+from inference_worker.layerwise_cache import PrefixKV
+from inference_worker.modules.module_kv import ModuleKV, layout_namespace
+from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
+
+
+class ModuleLayoutError(ValueError):
+    """A module prompt whose parts overlap or that has no token (INVALID_ARGUMENT)."""
+
+
+@dataclass(frozen=True)
+class CachedPiece:
+    """Tokens [offset, offset + tokens) of a module's KV, served with the first at `position`
+    (the rest keep their distances: a module's own gaps move with it)."""
+
+    module: ModuleKV
+    offset: int
+    tokens: int
+    position: int
+
+    @classmethod
+    def whole(cls, module: ModuleKV, position: int) -> CachedPiece:
+        return cls(module, 0, len(module), position)
+
+    @property
+    def delta(self) -> int:
+        return self.position - self.module.positions[self.offset]
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.module.token_ids[self.offset : self.offset + self.tokens]
+
+    @property
+    def positions(self) -> list[int]:
+        return [p + self.delta for p in self.module.positions[self.offset : self.offset + self.tokens]]
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """Uncached tokens (text, an argument) at their positions."""
+
+    token_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModulePrompt:
+    pieces: tuple[CachedPiece, ...]
+    text: tuple[TextPart, ...]
+    # Recomputed tokens at the start of each piece that starts a module (the first piece
+    # of the prompt excepted).
+    repair_tokens: int = 0
+
+    @property
+    def module_tokens(self) -> int:
+        return sum(piece.tokens for piece in self.pieces)
+
+    @property
+    def text_tokens(self) -> int:
+        return sum(len(part.token_ids) for part in self.text)
+
+
+@dataclass(frozen=True)
+class CachedSpan:
+    """Tokens [start, stop) of a served piece whose KV is loaded."""
+
+    part: CachedPiece
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class ServedLayout:
+    """A module prompt laid out for the engine: the cached spans' tokens, then the
+    computed ones by position."""
+
+    token_ids: list[int]
+    positions: list[int]
+    spans: list[CachedSpan]
+    repaired_tokens: int  # module tokens computed instead of loaded (the last one excepted)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(span.stop - span.start for span in self.spans)
+
+
+def lay_out(prompt: ModulePrompt) -> ServedLayout:
+    """Which tokens are loaded and which computed, in slot order. Raises ModuleLayoutError."""
+    spans: list[CachedSpan] = []
+    computed: list[tuple[int, int]] = []  # (token, position)
+    first = min((part.position for part in prompt.pieces), default=None)
+    repaired = 0
+    for part in prompt.pieces:
+        repair = 0 if part.position == first or part.offset else min(prompt.repair_tokens, part.tokens)
+        computed += zip(part.token_ids[:repair], part.positions[:repair], strict=True)
+        spans.append(CachedSpan(part, repair, part.tokens))
+        repaired += repair
+    for text in prompt.text:
+        if len(text.token_ids) != len(text.positions):
+            raise ModuleLayoutError("a text part needs one position per token")
+        computed += zip(text.token_ids, text.positions, strict=True)
+    positions = [p for span in spans for p in span.part.positions[span.start :]] + [p for _, p in computed]
+    if not positions:
+        raise ModuleLayoutError("the prompt has no token")
+    if len(set(positions)) != len(positions):
+        raise ModuleLayoutError("two tokens of the prompt share a position (overlapping modules or text)")
+    if min(positions) < 0:
+        raise ModuleLayoutError("a module is served at a negative position")
+    last = max(range(len(spans)), key=lambda i: spans[i].part.positions[-1], default=None)
+    if last is not None and (not computed or spans[last].part.positions[-1] > max(p for _, p in computed)):
+        span = spans[last]  # the prompt ends inside a module: its last token is computed
+        computed.append((span.part.token_ids[-1], span.part.positions[-1]))
+        spans[last] = CachedSpan(span.part, span.start, span.stop - 1)
+    spans = [span for span in spans if span.stop > span.start]
+    computed.sort(key=lambda pair: pair[1])
+    tokens = [t for span in spans for t in span.part.token_ids[span.start : span.stop]]
+    places = [p for span in spans for p in span.part.positions[span.start : span.stop]]
+    return ServedLayout(
+        token_ids=tokens + [token for token, _ in computed],
+        positions=places + [position for _, position in computed],
+        spans=spans,
+        repaired_tokens=repaired,
+    )
+
+
+def module_sequence(
+    prompt: ModulePrompt, namespace: bytes, num_layers: int, shift: RotaryShift | None, device: torch.device
+) -> tuple[EngineSequence, ServedLayout]:
+    """The engine sequence of a module prompt, its cached spans' KV ready in `seq.prefix`
+    (keys re-positioned). Raises ModuleLayoutError, PositionShiftUnsupported."""
+    layout = lay_out(prompt)
+    seq = EngineSequence.of(
+        layout.token_ids,
+        layout_namespace(namespace, layout.positions, layout.cached_tokens),
+        positions=layout.positions,
+    )
+    if layout.cached_tokens:
+        seq.prefix = _prefix(layout.spans, layout.cached_tokens, num_layers, shift, device)
+    return seq, layout
+
+
+def _prefix(
+    spans: Sequence[CachedSpan], tokens: int, num_layers: int, shift: RotaryShift | None, device: torch.device
+) -> PrefixKV:
+    if shift is None and any(span.part.delta for span in spans):
+        raise PositionShiftUnsupported(
+            "a module is served at another position and keys cannot be re-positioned"
+        )
+    prefix = PrefixKV(num_layers, tokens)
+    for layer in range(num_layers):
+        keys, values = [], []
+        for span in spans:
+            k, v = span.part.module.kv[layer]  # [kv_heads, module tokens, D]
+            first, last = span.part.offset + span.start, span.part.offset + span.stop
+            k, v = k[:, first:last].to(device), v[:, first:last].to(device)
+            keys.append(shift.shift_keys(k, span.part.delta) if shift is not None else k)
+            values.append(v)
+        prefix.put_layer(layer, torch.cat(keys, dim=1), torch.cat(values, dim=1))  # [kv_heads, tokens, D]
+    return prefix

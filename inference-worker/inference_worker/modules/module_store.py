@@ -1,0 +1,133 @@
+"""Module KV in the daemon: each module's KV is chunks like any prompt's, in the tenant's
+namespace, keyed from the module's key (tenant namespace, schema digest, module path; see
+attnstore.prompt_modules.identity), so it lives in the same DRAM and SSD tiers and is
+evicted by the same policies. A module whose chunks are not all stored is encoded (a
+forward pass over its tokens alone) and saved again: eviction costs a recompute, never a
+failed request.
+
+Protection: every module served or encoded is hinted PROTECT (replace=false) for the
+daemon's hint TTL, so under the `lookahead` policy a schema in use outlives unhinted
+chunks. The scheduler re-protects a registered schema's modules by encoding it again
+(cheap: every module is then a store hit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import structlog
+import torch
+
+from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, LayerPiece
+from attnstore.prompt_modules import module_chunk_keys
+from inference_worker.engine.engine import Engine
+from inference_worker.kv_codec import KVShapeError, layer_from_pieces
+from inference_worker.kv_saver import ChunkRun, ChunkSaver
+from inference_worker.modules.module_kv import ModuleKV, encode_module
+from inference_worker.namespaces import Namespaces
+from inference_worker.turn_types import KVSource
+
+log = structlog.get_logger("inference_worker.modules.module_store")
+
+
+class Origin(Enum):
+    STORED = "stored"  # read from the daemon
+    ENCODED = "encoded"  # computed now (first use, or evicted), and saved
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """What a module's KV is: its key and the tokens and positions it is encoded at."""
+
+    key: bytes
+    token_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+class ModuleStore:
+    def __init__(
+        self,
+        engine: Engine,
+        kvstore: AsyncKVStoreClient | None,
+        saver: ChunkSaver | None,
+        namespaces: Namespaces,
+        *,
+        timeout_seconds: float,
+    ) -> None:
+        """`timeout_seconds`: the longest wait for the daemon's lookup or read of one module."""
+        self.engine = engine
+        self.kvstore = kvstore
+        self.saver = saver
+        self.namespaces = namespaces
+        self.timeout_seconds = timeout_seconds
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def get(self, source: KVSource, spec: ModuleSpec) -> tuple[ModuleKV, Origin]:
+        """The module's KV: stored, else encoded and saved (in the background)."""
+        keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
+        if self.kvstore is not None:
+            try:
+                stored = await asyncio.wait_for(self._read(self.kvstore, source, keys), self.timeout_seconds)
+            except Exception as exc:  # noqa: BLE001 -- a store failure means encode, never a failed turn
+                log.warning("reading a module failed; encoding it", error=repr(exc))
+                stored = None
+            if stored is not None:
+                await self._protect(source, keys)
+                return ModuleKV(spec.token_ids, spec.positions, stored), Origin.STORED
+        module = await encode_module(self.engine, spec.token_ids, spec.positions, source.namespace)
+        if self.saver is not None:
+            self.saver.save(
+                source,
+                [ChunkRun(keys, module.kv, spec.positions[0])],
+                before_put=lambda: self.namespaces.ensure_registered(source),
+            )
+            task = asyncio.get_running_loop().create_task(self._protect(source, keys))
+            self._tasks.add(task)  # the loop holds tasks weakly
+            task.add_done_callback(self._tasks.discard)
+        return module, Origin.ENCODED
+
+    async def drain(self) -> None:
+        """Waits for the saves (and their protection hints) started so far."""
+        if self.saver is not None:
+            await self.saver.drain()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _read(
+        self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Every layer's K, V of the module's chunks; None when one is not stored."""
+        if not await self.namespaces.ensure_registered(source):
+            return None
+        if self.saver is not None:
+            await self.saver.settle(source.namespace, keys, self.timeout_seconds)
+        found = await client.lookup(source.namespace, keys)
+        if found.prefix_length < len(keys):
+            return None
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        row: list[LayerPiece] = []
+        device = self.engine.runner.device
+        async with contextlib.aclosing(client.iter_layers(source.namespace, keys)) as pieces:
+            async for piece in pieces:
+                row.append(piece)
+                if len(row) == len(keys):
+                    layers.append(layer_from_pieces(row, device=device, verify=True))  # [kv_heads, tokens, D]
+                    row = []
+        if len(layers) != self.engine.runner.geometry.num_layers:
+            raise KVShapeError(f"a module's chunks hold {len(layers)} layers")
+        return layers
+
+    async def _protect(self, source: KVSource, keys: Sequence[bytes]) -> None:
+        """Hints the module's chunks PROTECT (once a save of them lands); a failure only
+        costs a re-encode later."""
+        if self.kvstore is None:
+            return
+        try:
+            if self.saver is not None:
+                await self.saver.settle(source.namespace, keys, self.timeout_seconds)
+            await self.kvstore.hint(source.namespace, [(list(keys), HintAction.PROTECT, 0)])
+        except Exception as exc:  # noqa: BLE001
+            log.debug("protecting module chunks failed", error=repr(exc))

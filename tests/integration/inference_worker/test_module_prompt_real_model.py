@@ -1,0 +1,135 @@
+"""Prompt modules on the real model (SmolLM2-135M-Instruct, fp32, CPU), in the paged engine:
+a module encoded alone at position 0 and followed by contiguous text serves the same logits
+(1e-4) and greedy tokens as a full prefill; text after a gap in positions too; a module's
+keys re-positioned by the rotary shift equal the keys encoded at the new positions; and
+boundary repair of a whole second module recovers the full prefill exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference_worker.engine.attention import PagedKV
+from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.engine import Engine
+from inference_worker.engine.model_runner import PagedModelRunner
+from inference_worker.engine.sequence import Sequence
+from inference_worker.model_geometry import ModelGeometry
+from inference_worker.model_store import LoadedModel, default_model_dir, load_model
+from inference_worker.modules.module_kv import ModuleKV, encode_module
+from inference_worker.modules.module_prompt import CachedPiece, ModulePrompt, TextPart, module_sequence
+from inference_worker.rotary_shift import RotaryShift
+
+pytestmark = pytest.mark.timeout(600)
+
+STEPS = 16
+TOLERANCE = 1e-4
+NAMESPACE = bytes(16)
+MODULE = (
+    "The lighthouse on the northern headland was built in 1871, after three ships were lost on the "
+    "reef in a single winter. Its first keeper, a former ship's carpenter named Elias Brandt, kept a "
+    "log of every vessel that passed, the weather at each watch, and the oil burned each night."
+)
+SECOND = "The tower is thirty-two metres tall and made of local granite, hauled up the cliff on sledges."
+QUESTION = " Question: who was the first keeper of the lighthouse, and what did he record? Answer:"
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model(default_model_dir(), torch.float32, "cpu")
+
+
+@pytest.fixture
+def engine(model: LoadedModel) -> Engine:
+    kv = PagedKV(ModelGeometry.of(model.model.config), 96, 16, torch.float32, torch.device("cpu"))
+    return Engine(
+        PagedModelRunner(model.model, kv), BlockPool(96, 16), max_batch_tokens=512, max_batch_sequences=8
+    )
+
+
+def ids(model: LoadedModel, text: str) -> list[int]:
+    return model.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+async def run(engine: Engine, seq: Sequence) -> list[torch.Tensor]:
+    """The logits after the prompt and after each greedy token."""
+    seq.max_new_tokens = STEPS
+    logits = [output.logits async for output in engine.generate(seq) if output.logits is not None]
+    engine.release(seq)
+    return logits
+
+
+def assert_same(mine: list[torch.Tensor], theirs: list[torch.Tensor]) -> None:
+    assert [int(x.argmax()) for x in mine] == [int(x.argmax()) for x in theirs]
+    assert max((a - b).abs().max().item() for a, b in zip(mine, theirs, strict=True)) <= TOLERANCE
+
+
+def serve(engine: Engine, prompt: ModulePrompt, shift: RotaryShift | None = None) -> Sequence:
+    runner = engine.runner
+    seq, _ = module_sequence(prompt, NAMESPACE, runner.geometry.num_layers, shift, runner.device)
+    return seq
+
+
+async def test_module_at_zero_then_text_is_a_full_prefill(model: LoadedModel, engine: Engine) -> None:
+    module, question = ids(model, MODULE), ids(model, QUESTION)
+    encoded = await encode_module(engine, module, range(len(module)), NAMESPACE)
+    text = TextPart(tuple(question), tuple(range(len(module), len(module) + len(question))))
+    served = await run(engine, serve(engine, ModulePrompt((CachedPiece.whole(encoded, 0),), (text,))))
+    full = await run(engine, Sequence.of(module + question))
+    assert_same(served, full)
+
+
+async def test_text_after_a_gap_matches_a_full_prefill_with_the_same_positions(
+    model: LoadedModel, engine: Engine
+) -> None:
+    module, question = ids(model, MODULE), ids(model, QUESTION)
+    gap_start = len(module) + 100  # an omitted module of 100 tokens
+    positions = tuple(range(gap_start, gap_start + len(question)))
+    encoded = await encode_module(engine, module, range(len(module)), NAMESPACE)
+    served = await run(
+        engine,
+        serve(
+            engine, ModulePrompt((CachedPiece.whole(encoded, 0),), (TextPart(tuple(question), positions),))
+        ),
+    )
+    full = Sequence.of(module + question, positions=[*range(len(module)), *positions])
+    assert_same(served, await run(engine, full))
+
+
+async def test_repositioned_module_keys_equal_keys_encoded_there(model: LoadedModel, engine: Engine) -> None:
+    module, offset = ids(model, MODULE), 337
+    at_zero = await encode_module(engine, module, range(len(module)), NAMESPACE)
+    there = await encode_module(engine, module, range(offset, offset + len(module)), NAMESPACE)
+    shift = RotaryShift(model.model)
+    for (k0, v0), (k1, v1) in zip(at_zero.kv, there.kv, strict=True):
+        assert (shift.shift_keys(k0, offset) - k1).abs().max().item() <= 1e-3
+        assert (v0 - v1).abs().max().item() <= 1e-3
+    # and served from position 0 moved to `offset`, it answers as if encoded there
+    question = ids(model, QUESTION)
+    after = tuple(range(offset + len(module), offset + len(module) + len(question)))
+    moved = ModulePrompt((CachedPiece.whole(at_zero, offset),), (TextPart(tuple(question), after),))
+    native = ModulePrompt((CachedPiece.whole(there, offset),), (TextPart(tuple(question), after),))
+    mine, theirs = (
+        await run(engine, serve(engine, moved, shift)),
+        await run(engine, serve(engine, native, shift)),
+    )
+    assert [int(x.argmax()) for x in mine] == [int(x.argmax()) for x in theirs]
+
+
+async def test_repairing_a_whole_module_recovers_the_full_prefill(model: LoadedModel, engine: Engine) -> None:
+    first, second, question = ids(model, MODULE), ids(model, SECOND), ids(model, QUESTION)
+    a = await encode_module(engine, first, range(len(first)), NAMESPACE)
+    b = await encode_module(engine, second, range(len(first), len(first) + len(second)), NAMESPACE)
+    start = len(first) + len(second)
+    text = (TextPart(tuple(question), tuple(range(start, start + len(question)))),)
+    modules = (CachedPiece.whole(a, 0), CachedPiece.whole(b, len(first)))
+    full = await run(engine, Sequence.of(first + second + question))
+    plain = await run(engine, serve(engine, ModulePrompt(modules, text)))
+    assert (plain[0] - full[0]).abs().max().item() > 1e-2  # encoded apart, B never saw A
+    repaired = await run(engine, serve(engine, ModulePrompt(modules, text, repair_tokens=len(second))))
+    assert_same(repaired, full)
+
+
+def test_module_kv_checks_its_shape() -> None:
+    with pytest.raises(ValueError, match="positions must increase"):
+        ModuleKV((1, 2), (3, 3), [(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))])

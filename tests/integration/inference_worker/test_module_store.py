@@ -1,0 +1,147 @@
+"""Prompt modules through a real daemon on the tiny model: a module is encoded on first use
+and saved like any chunk, read back by the next prompt (same tokens as the first), re-encoded
+transparently when its chunks were evicted, still stored after a daemon restart (SSD tier),
+encoded eagerly with progress, never read by another tenant; a scaffold answers as a full
+prefill of its tokens; role tags and the generation prompt go through the chat template."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnstore.errors import InvalidArgument
+from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.model_store import LoadedModel
+from inference_worker.modules.module_prompt import lay_out
+from inference_worker.modules.module_store import Origin
+from inference_worker.modules.pml_server import generation_prompt
+from inference_worker.settings import WorkerSettings
+from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import (
+    KVSource,
+    ModuleTurnInput,
+    SamplingParams,
+    TokenEvent,
+    TurnInput,
+    TurnStats,
+)
+from kvstore_daemon.launcher import DaemonProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+CHUNK_TOKENS = 16
+SCHEMA = """<schema name="library">
+Reference desk notes.
+<module name="doc">The lighthouse on the northern headland was built in 1871 after three ships
+were lost on the reef. Its first keeper kept a log of every vessel that passed.</module>
+<module name="style">Answer briefly and cite the year.</module>
+</schema>"""
+PROMPT = '<prompt schema="library"><doc/><style/> Who kept the log?</prompt>'
+
+
+async def run(engine: TurnEngine, source: KVSource, prompt: str = PROMPT) -> tuple[list[int], TurnStats]:
+    turn = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=12))
+    events = [event async for event in engine.modules.run(turn, source)]
+    stats = events.pop()
+    assert isinstance(stats, TurnStats) and all(isinstance(e, TokenEvent) for e in events)
+    return [e.token_id for e in events], stats  # type: ignore[union-attr]
+
+
+async def test_modules_are_encoded_once_then_read_and_re_encoded_when_evicted(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        first, stats = await run(engine, source)
+        assert stats.encoded_modules == 3  # the root's text, doc, style
+        assert stats.module_tokens > 0 and stats.reused_tokens == stats.module_tokens  # text ends the prompt
+        await engine.modules.server.store.drain()
+        keys = engine.modules.server.chunk_keys(source, SCHEMA)
+        assert (await client.lookup(source.namespace, keys)).prefix_length == len(keys)
+
+        again, stats = await run(engine, source)
+        assert again == first and stats.encoded_modules == 0
+
+        await client.delete(source.namespace, keys[-1:])  # evicted: one chunk of one module
+        evicted, stats = await run(engine, source)
+        assert evicted == first and stats.encoded_modules == 1
+        await engine.modules.server.store.drain()
+        assert (await client.lookup(source.namespace, keys)).prefix_length == len(keys)
+
+        # Another tenant finds none of them: its namespace, its keys.
+        other = await engine.namespace_for(b"tenant-b")
+        theirs, stats = await run(engine, other)
+        assert stats.encoded_modules == 3 and theirs == first
+        await engine.modules.server.store.drain()
+
+
+async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        progress = [step async for step in engine.modules.server.encode(source, SCHEMA)]
+        assert [(p.done, p.total, p.origin) for p in progress] == [(i, 3, Origin.ENCODED) for i in (1, 2, 3)]
+        await engine.modules.server.store.drain()
+        first, _ = await run(engine, source)
+    daemon.stop()
+    daemon.start()
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        tokens, stats = await run(engine, source)
+        assert stats.encoded_modules == 0 and tokens == first
+
+
+async def test_pml_errors_are_invalid_arguments(tiny_model: LoadedModel) -> None:
+    engine = TurnEngine(tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+    source = await engine.namespace_for(b"tenant-a")
+    with pytest.raises(InvalidArgument, match="line 1"):
+        await run(engine, source, '<prompt schema="library"><nope/></prompt>')
+
+
+async def test_role_tags_use_the_chat_template_and_the_generation_prompt_ends_the_prompt(
+    tiny_model: LoadedModel,
+) -> None:
+    engine = TurnEngine(tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+    source = await engine.namespace_for(b"tenant-a")
+    prompt = '<prompt schema="library"><doc/><user>Who kept the log?</user></prompt>'
+    opening = generation_prompt(tiny_model.tokenizer)
+    assert opening  # the tiny tokenizer has a chat template
+    plain = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=4))
+    answered = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=4), add_generation_prompt=True)
+    stats = [[e async for e in engine.modules.run(turn, source)][-1] for turn in (plain, answered)]
+    added = len(tiny_model.tokenizer.encode(opening, add_special_tokens=False))
+    assert stats[1].prompt_tokens == stats[0].prompt_tokens + added
+
+
+SCAFFOLDED = SCHEMA.replace("</schema>", '<scaffold name="both" modules="doc style"/></schema>')
+
+
+async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """A prompt importing every module of a scaffold, in schema order, is served the
+    scaffold's KV: one attention span, so the same answer as prefilling its tokens whole."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        source = await engine.namespace_for(b"tenant-a")
+        progress = [p async for p in engine.modules.server.encode(source, SCAFFOLDED)]
+        assert [p.path for p in progress] == ["(root)", "doc", "style", "scaffold:both"]
+        turn = ModuleTurnInput(SCAFFOLDED, PROMPT, SamplingParams(max_tokens=12))
+        events = [event async for event in engine.modules.run(turn, source)]
+        stats = events.pop()
+        assert isinstance(stats, TurnStats) and stats.encoded_modules == 0
+        served = await engine.modules.server.serve(source, SCAFFOLDED, PROMPT, 0)
+        pairs = sorted(
+            zip(lay_out(served.prompt).token_ids, lay_out(served.prompt).positions, strict=True),
+            key=lambda p: p[1],
+        )
+        assert [p for _, p in pairs] == list(range(len(pairs)))  # no gap, nothing re-positioned
+        full = [
+            e
+            async for e in engine.run_turn(
+                TurnInput([t for t, _ in pairs], SamplingParams(max_tokens=12)), None
+            )
+        ]
+        assert [e.token_id for e in events] == [e.token_id for e in full if isinstance(e, TokenEvent)]
+        await engine.modules.server.store.drain()
