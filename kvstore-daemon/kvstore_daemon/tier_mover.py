@@ -52,8 +52,8 @@ class TierMover:
         self.ssd = ssd
         self.peer = peer
         self.hints = hints
-        self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
-        self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
+        self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
+        self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
@@ -69,6 +69,9 @@ class TierMover:
             task.cancel()
 
     def touch(self, chunk: Chunk) -> None:
+        hint = self.hints.get(chunk.key, now := self._clock())
+        if hint is not None and hint.action is HintAction.PREDICT:
+            metrics.NEXT_USE_ERROR.observe(now - hint.next_use_at)
         if chunk.blocks is not None:
             self.dram_policy.on_access(chunk.key)
         if chunk.on_ssd:
@@ -137,6 +140,7 @@ class TierMover:
             return
         self.drop_dram_copy(chunk)
         metrics.EVICTIONS.labels(TierName.DRAM.value).inc()
+        self._count_reason(chunk, TierName.DRAM)
         if not chunk.on_ssd and not chunk.on_peer:  # SSD refused it: the chunk is gone
             self._chunks.remove(chunk)
 
@@ -209,6 +213,7 @@ class TierMover:
         if chunk.blocks is None and not chunk.on_peer:  # no other copy: the chunk leaves the store
             self._chunks.remove(chunk)
         metrics.EVICTIONS.labels(TierName.SSD.value).inc()
+        self._count_reason(chunk, TierName.SSD)
         unlinking = self.ssd.discard(chunk)
         if unlinking is not None:  # the space is back only once the file is gone
             await asyncio.shield(unlinking)
@@ -293,16 +298,21 @@ class TierMover:
         except (DataLoss, ResourceExhausted) as exc:
             log.info("promotion_skipped", key=chunk.key.hex(), reason=str(exc))
 
+    def _count_reason(self, chunk: Chunk, tier: TierName) -> None:
+        """Evictions by the victim's hint: unhinted, evict_first, decline, predict..."""
+        hint = self.hints.get(chunk.key, self._clock())
+        metrics.EVICTION_REASONS.labels(tier.value, "unhinted" if hint is None else hint.action.value).inc()
+
     def start_prefetches(self) -> int:
-        """Lookahead only: promote SSD chunks the queue needs soon, evicting only chunks no
-        hint protects (so a prefetch never pushes out something needed sooner)."""
-        if self.settings.eviction_policy != "lookahead":
+        """Lookahead and predictive only: promote SSD chunks the queue needs soon, evicting
+        only chunks no hint protects (so a prefetch never pushes out something needed sooner)."""
+        if self.settings.eviction_policy not in ("lookahead", "predictive"):
             return 0
         now = self._clock()
 
         def unprotected(victim: Chunk) -> bool:
             hint = self.hints.get(victim.key, now)
-            return hint is None or hint.action is HintAction.EVICT_FIRST
+            return hint is None or hint.action.gives_up
 
         started = 0
         for key in self.hints.prefetch_keys(now):

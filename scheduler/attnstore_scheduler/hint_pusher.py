@@ -10,6 +10,11 @@ hints expire (its hint TTL) so that a silent scheduler stops steering eviction. 
 the scheduler releases (`release`: the one KV releaser, which Sessions is given) are
 hinted EVICT_FIRST within the same pushes for `release_seconds`.
 
+With a `SessionActivity` (the predictive policy) each push also carries its predictions:
+PREDICT for the chains of every live session no queued job covers, DECLINE for ended
+ones. Every call names this replica as its `source`, so a replace forgets only this
+replica's hints and several scheduler replicas can steer one daemon.
+
 A daemon that cannot be reached is logged and counted, never raised: its hints are
 retried by the next push, and every other node is still served.
 """
@@ -29,6 +34,7 @@ import structlog
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity, NodePlan, plan_hints
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 
 log = structlog.get_logger("attnstore_scheduler.hints")
@@ -42,10 +48,11 @@ class HintClient(Protocol):
     async def hint(
         self,
         namespace: bytes,
-        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int, float]],
         *,
         replace: bool = False,
         ttl_seconds: int = 0,
+        source: str = "",
     ) -> HintResult: ...
 
 
@@ -86,8 +93,13 @@ class HintPusher:
         settings: HintSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        activity: SessionActivity | None = None,
+        source: str = "",
     ) -> None:
-        """`targets()` is read at every push (the registry's live nodes)."""
+        """`targets()` is read at every push (the registry's live nodes); `activity`, when
+        given, adds the predictions of every live session; `source` names this replica."""
+        self._activity = activity
+        self._source = source
         self._queue = queue
         self._targets = targets
         self._min_interval = settings.min_interval_seconds
@@ -137,6 +149,8 @@ class HintPusher:
         targets = {t.node: t for t in self._targets() if t.capacity is not None}
         capacities = {node: t.capacity for node, t in targets.items() if t.capacity is not None}
         plans = plan_hints(self._queue.snapshot(), capacities)
+        if self._activity is not None:
+            self._add_predictions(plans, self._activity.predictions(self._clock()))
         self._add_released(plans)
         report = PushReport()
         outcomes = await asyncio.gather(*(self._push_node(targets[node], plan) for node, plan in plans.items()))
@@ -145,6 +159,16 @@ class HintPusher:
             report.hinted_keys += plans[node].hinted_keys if ok else 0
             report.prefetches_started += started
         return report
+
+    @staticmethod
+    def _add_predictions(plans: dict[str, NodePlan], predicted: dict[str, dict[bytes, list[HintEntry]]]) -> None:
+        """Predictions ride after the queue's entries; the daemon keeps each key's most
+        urgent hint, so a queued job's hint wins over a prediction of the same key."""
+        for node, namespaces in predicted.items():
+            if node not in plans:
+                continue
+            for namespace, entries in namespaces.items():
+                plans[node].hints.setdefault(namespace, []).extend(entries)
 
     def _add_released(self, plans: dict[str, NodePlan]) -> None:
         now = self._clock()
@@ -170,7 +194,9 @@ class HintPusher:
         for index, namespace in enumerate(namespaces):
             try:
                 for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
-                    result = await target.client.hint(namespace, entries, replace=call == 0, ttl_seconds=self._ttl)
+                    result = await target.client.hint(
+                        namespace, entries, replace=call == 0, ttl_seconds=self._ttl, source=self._source
+                    )
                     started += result.prefetches_started
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 ok = False

@@ -24,51 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61ttnstore/api/v1/api.proto\x12\x10\x61ttnstore.api.v1\"w\n\x07Message\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.attnstore.api.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\"\x99\x01\n\x11GenerationOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xa9\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12+\n\x08messages\x18\x03 \x03(\x0b\x32\x19.attnstore.api.v1.Message\x12\r\n\x05turns\x18\x04 \x01(\r\x12\x16\n\x0ehistory_tokens\x18\x05 \x01(\r\x12\x18\n\x10truncated_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_chunks\x18\x07 \x01(\r\x12\x0c\n\x04node\x18\x08 \x01(\t\x12\x1a\n\x12\x63reated_at_unix_ms\x18\t \x01(\x03\x12\x1a\n\x12updated_at_unix_ms\x18\n \x01(\x03\x12\x1a\n\x12\x65xpires_at_unix_ms\x18\x0b \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x0c \x01(\r\"B\n\x14\x43reateSessionRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\"C\n\x15\x43reateSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\"h\n\x0b\x43hatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\"+\n\tTokenText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\"\xd2\x02\n\tTurnStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x16\n\x0eworker_ttft_ms\x18\x05 \x01(\x01\x12\x15\n\rqueue_wait_ms\x18\x06 \x01(\x01\x12\x18\n\x10truncated_tokens\x18\x07 \x01(\r\x12\x35\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x0c\n\x04node\x18\n \x01(\t\x12\x16\n\x0ehistory_tokens\x18\x0b \x01(\r\x12\x15\n\rsession_saved\x18\x0c \x01(\x08\x12\x1d\n\x15kv_unavailable_reason\x18\r \x01(\t\"s\n\x0c\x43hatResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"n\n\x0fGenerateRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\"w\n\x10GenerateResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"7\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"@\n\x12GetSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\":\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"0\n\x15\x44\x65leteSessionResponse\x12\x17\n\x0freleased_chunks\x18\x01 \x01(\r\"L\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\\\n\x14ListSessionsResponse\x12+\n\x08sessions\x18\x01 \x03(\x0b\x32\x19.attnstore.api.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\xa5\x04\n\tAttnStore\x12`\n\rCreateSession\x12&.attnstore.api.v1.CreateSessionRequest\x1a\'.attnstore.api.v1.CreateSessionResponse\x12G\n\x04\x43hat\x12\x1d.attnstore.api.v1.ChatRequest\x1a\x1e.attnstore.api.v1.ChatResponse0\x01\x12S\n\x08Generate\x12!.attnstore.api.v1.GenerateRequest\x1a\".attnstore.api.v1.GenerateResponse0\x01\x12W\n\nGetSession\x12#.attnstore.api.v1.GetSessionRequest\x1a$.attnstore.api.v1.GetSessionResponse\x12`\n\rDeleteSession\x12&.attnstore.api.v1.DeleteSessionRequest\x1a\'.attnstore.api.v1.DeleteSessionResponse\x12]\n\x0cListSessions\x12%.attnstore.api.v1.ListSessionsRequest\x1a&.attnstore.api.v1.ListSessionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61ttnstore/api/v1/api.proto\x12\x10\x61ttnstore.api.v1\"w\n\x07Message\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.attnstore.api.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\"\x99\x01\n\x11GenerationOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xa9\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12+\n\x08messages\x18\x03 \x03(\x0b\x32\x19.attnstore.api.v1.Message\x12\r\n\x05turns\x18\x04 \x01(\r\x12\x16\n\x0ehistory_tokens\x18\x05 \x01(\r\x12\x18\n\x10truncated_tokens\x18\x06 \x01(\r\x12\x15\n\rcached_chunks\x18\x07 \x01(\r\x12\x0c\n\x04node\x18\x08 \x01(\t\x12\x1a\n\x12\x63reated_at_unix_ms\x18\t \x01(\x03\x12\x1a\n\x12updated_at_unix_ms\x18\n \x01(\x03\x12\x1a\n\x12\x65xpires_at_unix_ms\x18\x0b \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x0c \x01(\r\"\x81\x01\n\x14\x43reateSessionRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\r\x12\"\n\x1a\x65xpected_next_turn_seconds\x18\x03 \x01(\x01\x12\x19\n\x11\x63onversation_over\x18\x04 \x01(\x08\"C\n\x15\x43reateSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\"\xa7\x01\n\x0b\x43hatRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\x12\"\n\x1a\x65xpected_next_turn_seconds\x18\x04 \x01(\x01\x12\x19\n\x11\x63onversation_over\x18\x05 \x01(\x08\"+\n\tTokenText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\"\xd2\x02\n\tTurnStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x16\n\x0eworker_ttft_ms\x18\x05 \x01(\x01\x12\x15\n\rqueue_wait_ms\x18\x06 \x01(\x01\x12\x18\n\x10truncated_tokens\x18\x07 \x01(\r\x12\x35\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x1e.attnstore.api.v1.FinishReason\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x0c\n\x04node\x18\n \x01(\t\x12\x16\n\x0ehistory_tokens\x18\x0b \x01(\r\x12\x15\n\rsession_saved\x18\x0c \x01(\x08\x12\x1d\n\x15kv_unavailable_reason\x18\r \x01(\t\"s\n\x0c\x43hatResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"n\n\x0fGenerateRequest\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x01(\x0b\x32#.attnstore.api.v1.GenerationOptions\"w\n\x10GenerateResponse\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x1b.attnstore.api.v1.TokenTextH\x00\x12,\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.attnstore.api.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"7\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"@\n\x12GetSessionResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.attnstore.api.v1.Session\":\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"0\n\x15\x44\x65leteSessionResponse\x12\x17\n\x0freleased_chunks\x18\x01 \x01(\r\"L\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"\\\n\x14ListSessionsResponse\x12+\n\x08sessions\x18\x01 \x03(\x0b\x32\x19.attnstore.api.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\xa5\x04\n\tAttnStore\x12`\n\rCreateSession\x12&.attnstore.api.v1.CreateSessionRequest\x1a\'.attnstore.api.v1.CreateSessionResponse\x12G\n\x04\x43hat\x12\x1d.attnstore.api.v1.ChatRequest\x1a\x1e.attnstore.api.v1.ChatResponse0\x01\x12S\n\x08Generate\x12!.attnstore.api.v1.GenerateRequest\x1a\".attnstore.api.v1.GenerateResponse0\x01\x12W\n\nGetSession\x12#.attnstore.api.v1.GetSessionRequest\x1a$.attnstore.api.v1.GetSessionResponse\x12`\n\rDeleteSession\x12&.attnstore.api.v1.DeleteSessionRequest\x1a\'.attnstore.api.v1.DeleteSessionResponse\x12]\n\x0cListSessions\x12%.attnstore.api.v1.ListSessionsRequest\x1a&.attnstore.api.v1.ListSessionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnstore.api.v1.api_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=2009
-  _globals['_ROLE']._serialized_end=2089
-  _globals['_FINISHREASON']._serialized_start=2091
-  _globals['_FINISHREASON']._serialized_end=2217
+  _globals['_ROLE']._serialized_start=2137
+  _globals['_ROLE']._serialized_end=2217
+  _globals['_FINISHREASON']._serialized_start=2219
+  _globals['_FINISHREASON']._serialized_end=2345
   _globals['_MESSAGE']._serialized_start=48
   _globals['_MESSAGE']._serialized_end=167
   _globals['_GENERATIONOPTIONS']._serialized_start=170
   _globals['_GENERATIONOPTIONS']._serialized_end=323
   _globals['_SESSION']._serialized_start=326
   _globals['_SESSION']._serialized_end=623
-  _globals['_CREATESESSIONREQUEST']._serialized_start=625
-  _globals['_CREATESESSIONREQUEST']._serialized_end=691
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=693
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=760
-  _globals['_CHATREQUEST']._serialized_start=762
-  _globals['_CHATREQUEST']._serialized_end=866
-  _globals['_TOKENTEXT']._serialized_start=868
-  _globals['_TOKENTEXT']._serialized_end=911
-  _globals['_TURNSTATS']._serialized_start=914
-  _globals['_TURNSTATS']._serialized_end=1252
-  _globals['_CHATRESPONSE']._serialized_start=1254
-  _globals['_CHATRESPONSE']._serialized_end=1369
-  _globals['_GENERATEREQUEST']._serialized_start=1371
-  _globals['_GENERATEREQUEST']._serialized_end=1481
-  _globals['_GENERATERESPONSE']._serialized_start=1483
-  _globals['_GENERATERESPONSE']._serialized_end=1602
-  _globals['_GETSESSIONREQUEST']._serialized_start=1604
-  _globals['_GETSESSIONREQUEST']._serialized_end=1659
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1661
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1725
-  _globals['_DELETESESSIONREQUEST']._serialized_start=1727
-  _globals['_DELETESESSIONREQUEST']._serialized_end=1785
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=1787
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=1835
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1837
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1913
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1915
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2007
-  _globals['_ATTNSTORE']._serialized_start=2220
-  _globals['_ATTNSTORE']._serialized_end=2769
+  _globals['_CREATESESSIONREQUEST']._serialized_start=626
+  _globals['_CREATESESSIONREQUEST']._serialized_end=755
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=757
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=824
+  _globals['_CHATREQUEST']._serialized_start=827
+  _globals['_CHATREQUEST']._serialized_end=994
+  _globals['_TOKENTEXT']._serialized_start=996
+  _globals['_TOKENTEXT']._serialized_end=1039
+  _globals['_TURNSTATS']._serialized_start=1042
+  _globals['_TURNSTATS']._serialized_end=1380
+  _globals['_CHATRESPONSE']._serialized_start=1382
+  _globals['_CHATRESPONSE']._serialized_end=1497
+  _globals['_GENERATEREQUEST']._serialized_start=1499
+  _globals['_GENERATEREQUEST']._serialized_end=1609
+  _globals['_GENERATERESPONSE']._serialized_start=1611
+  _globals['_GENERATERESPONSE']._serialized_end=1730
+  _globals['_GETSESSIONREQUEST']._serialized_start=1732
+  _globals['_GETSESSIONREQUEST']._serialized_end=1787
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1789
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1853
+  _globals['_DELETESESSIONREQUEST']._serialized_start=1855
+  _globals['_DELETESESSIONREQUEST']._serialized_end=1913
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=1915
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=1963
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1965
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=2041
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2043
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2135
+  _globals['_ATTNSTORE']._serialized_start=2348
+  _globals['_ATTNSTORE']._serialized_end=2897
 # @@protoc_insertion_point(module_scope)

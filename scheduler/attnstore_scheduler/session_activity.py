@@ -1,0 +1,124 @@
+"""What one scheduler replica has seen of its sessions, and the predictions it pushes.
+
+The turn path reports each turn's start and end, deletions and the application's
+expectations; `predictions(now)` turns that into hint entries per node and namespace:
+PREDICT (seconds to the predicted next use, next_use.py) for the chain of every live
+session, DECLINE for the chains of sessions that are over (deleted, past their TTL, or
+said over by the application) for `decline_seconds` after, so their KV is dropped first
+and not stored again. A chunk shared by several sessions (a system prompt) gets the
+soonest of their predictions: the daemon keeps each key's most urgent hint, and a DECLINE
+never beats another session's PREDICT. Entries are whole chains, root first, so the
+daemon knows each key's depth. No I/O here; nothing but observed events goes in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from attnstore.kvstore_client import HintAction
+from attnstore_scheduler.lookahead import HintEntry
+from attnstore_scheduler.next_use import NEVER, Population, SessionView, is_gone, next_use_seconds
+
+RECENT_GAPS = 8  # a session's gaps kept for its own mean
+
+
+@dataclass
+class _Session:
+    node: str
+    namespace: bytes
+    chain: tuple[bytes, ...] = ()
+    turns: int = 0
+    last_used_at: float = 0.0
+    started_at: float | None = None  # a turn is running (or queued) since
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_GAPS))
+    expires_at: float = NEVER
+    expected_next_at: float | None = None
+    over_at: float | None = None
+    counted_gone: bool = False  # counted as stopped in the population while idle
+
+    def view(self) -> SessionView:
+        return SessionView(self.turns, self.last_used_at, tuple(self.gaps), self.expires_at,
+                           self.expected_next_at, self.over_at is not None)
+
+
+@dataclass(frozen=True)
+class ActivitySettings:
+    decline_seconds: float = 600.0  # an ended session's chunks are declined this long
+    gone_after_gaps: float = 8.0  # idle this many expected gaps: counted as stopped (learning only)
+
+
+class SessionActivity:
+    def __init__(self, settings: ActivitySettings = ActivitySettings(), population: Population | None = None) -> None:
+        self._settings = settings
+        self.population = population or Population()
+        self._sessions: dict[str, _Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def turn_started(self, session_id: str, node: str, namespace: bytes, now: float) -> None:
+        s = self._sessions.get(session_id)
+        if s is None or s.over_at is not None:
+            self._sessions[session_id] = _Session(node, namespace, started_at=now)
+            return
+        s.node, s.namespace, s.started_at, s.expected_next_at = node, namespace, now, None
+        if s.turns:
+            s.gaps.append(max(0.0, now - s.last_used_at))
+            self.population.observe_gap(s.gaps[-1])
+            if s.counted_gone:
+                self.population.observe_stopped(s.turns, undo=True)
+                s.counted_gone = False
+            self.population.observe_continued(s.turns)
+
+    def turn_ended(self, session_id: str, chain: Sequence[bytes], now: float, expires_at: float = NEVER) -> None:
+        """The turn's KV is stored as `chain` (root first); the TTL now ends at `expires_at`."""
+        s = self._sessions.get(session_id)
+        if s is None:
+            return
+        s.chain, s.turns, s.last_used_at, s.started_at, s.expires_at = tuple(chain), s.turns + 1, now, None, expires_at
+
+    def expect(self, session_id: str, *, next_turn_in_seconds: float | None, over: bool, now: float) -> None:
+        """The application's expectation (Chat/CreateSession); weighed above the estimate."""
+        s = self._sessions.get(session_id)
+        if s is None:
+            return
+        s.expected_next_at = None if next_turn_in_seconds is None else now + next_turn_in_seconds
+        if over:
+            self.ended(session_id, now)
+
+    def ended(self, session_id: str, now: float) -> None:
+        """Deleted, expired, or said over: its chunks are declined from now on."""
+        s = self._sessions.get(session_id)
+        if s is None or s.over_at is not None:
+            return
+        s.over_at = now
+        if not s.counted_gone:
+            self.population.observe_stopped(s.turns)
+
+    def predictions(self, now: float) -> dict[str, dict[bytes, list[HintEntry]]]:
+        """Hint entries per node and namespace. Sessions with a turn under way are the
+        queue's business (left out); ended ones are forgotten `decline_seconds` later."""
+        plans: dict[str, dict[bytes, list[HintEntry]]] = {}
+        for session_id, s in list(self._sessions.items()):
+            if s.over_at is not None and now - s.over_at > self._settings.decline_seconds:
+                del self._sessions[session_id]
+                continue
+            if s.started_at is not None or not s.chain:
+                continue
+            view = s.view()
+            self._note_gone(s, view, now)
+            seconds = next_use_seconds(view, now, self.population)
+            if seconds == NEVER and s.over_at is None and now >= s.expires_at:
+                self.ended(session_id, now)
+            entry = (HintEntry(s.chain, HintAction.DECLINE, 0) if seconds == NEVER
+                     else HintEntry(s.chain, HintAction.PREDICT, 0, seconds))
+            plans.setdefault(s.node, {}).setdefault(s.namespace, []).append(entry)
+        return plans
+
+    def _note_gone(self, s: _Session, view: SessionView, now: float) -> None:
+        if not s.counted_gone and s.over_at is None and is_gone(view, now, self.population,
+                                                                self._settings.gone_after_gaps):
+            s.counted_gone = True
+            self.population.observe_stopped(s.turns)
