@@ -10,10 +10,14 @@ hints expire (its hint TTL) so that a silent scheduler stops steering eviction. 
 the scheduler releases (`release`: the one KV releaser, which Sessions is given) are
 hinted EVICT_FIRST within the same pushes for `release_seconds`.
 
-With a `SessionActivity` (the predictive policy) each push also carries its predictions:
-PREDICT for the chains of every live session no queued job covers, DECLINE for ended
-ones. Every call names this replica as its `source`, so a replace forgets only this
-replica's hints and several scheduler replicas can steer one daemon.
+Every call names this replica as its `source`, so a replace forgets only this replica's
+hints and several scheduler replicas can steer one daemon. With a `SessionActivity` (the
+predictive policy) a push also sends, at most every `predict_interval_seconds`, the
+predictions for every live session (PREDICT with seconds to its next use; DECLINE for
+ended ones) under the source `<source>/predict`: a window of the whole population is
+large (every live chain), so it is sent less often than the queue's, and as another
+source the queue's replaces leave it alone. A queued job's hint beats a prediction of the
+same key in the daemon (the most urgent hint wins).
 
 A daemon that cannot be reached is logged and counted, never raised: its hints are
 retried by the next push, and every other node is still served.
@@ -38,6 +42,8 @@ from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 
 log = structlog.get_logger("attnstore_scheduler.hints")
+
+PREDICTION_SOURCE_SUFFIX = "/predict"
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -100,6 +106,8 @@ class HintPusher:
         given, adds the predictions of every live session; `source` names this replica."""
         self._activity = activity
         self._source = source
+        self._predict_interval = settings.predict_interval_seconds
+        self._next_prediction = float("-inf")
         self._queue = queue
         self._targets = targets
         self._min_interval = settings.min_interval_seconds
@@ -110,7 +118,7 @@ class HintPusher:
         self._clock = clock
         self._changed = asyncio.Event()
         self._last_push = float("-inf")
-        self._namespaces: dict[str, set[bytes]] = {}  # per node: namespaces it may hold hints of
+        self._namespaces: dict[tuple[str, str], set[bytes]] = {}  # per (node, source): namespaces it may hold hints of
         self._released: dict[tuple[str, bytes], dict[bytes, float]] = {}  # (node, namespace) -> key -> until
         self.pushes = 0
         self.failures: Counter[str] = Counter()  # failed Hint calls per node
@@ -149,26 +157,28 @@ class HintPusher:
         targets = {t.node: t for t in self._targets() if t.capacity is not None}
         capacities = {node: t.capacity for node, t in targets.items() if t.capacity is not None}
         plans = plan_hints(self._queue.snapshot(), capacities)
-        if self._activity is not None:
-            self._add_predictions(plans, self._activity.predictions(self._clock()))
         self._add_released(plans)
+        batches = [(self._source, plans)]
+        now = self._clock()
+        if self._activity is not None and now >= self._next_prediction:
+            self._next_prediction = now + self._predict_interval
+            predicted = self._activity.predictions(now)
+            batches.append((self._source + PREDICTION_SOURCE_SUFFIX, {
+                node: NodePlan(hints=predicted.get(node, {})) for node in capacities
+            }))
         report = PushReport()
-        outcomes = await asyncio.gather(*(self._push_node(targets[node], plan) for node, plan in plans.items()))
-        for node, (ok, started) in zip(plans, outcomes, strict=True):
-            (report.nodes_pushed if ok else report.nodes_failed).append(node)
-            report.hinted_keys += plans[node].hinted_keys if ok else 0
-            report.prefetches_started += started
+        for source, batch in batches:
+            outcomes = await asyncio.gather(*(
+                self._push_node(targets[node], plan, source) for node, plan in batch.items()
+            ))
+            for node, (ok, started) in zip(batch, outcomes, strict=True):
+                if source == self._source:
+                    (report.nodes_pushed if ok else report.nodes_failed).append(node)
+                elif not ok and node not in report.nodes_failed:
+                    report.nodes_failed.append(node)
+                report.hinted_keys += batch[node].hinted_keys if ok else 0
+                report.prefetches_started += started
         return report
-
-    @staticmethod
-    def _add_predictions(plans: dict[str, NodePlan], predicted: dict[str, dict[bytes, list[HintEntry]]]) -> None:
-        """Predictions ride after the queue's entries; the daemon keeps each key's most
-        urgent hint, so a queued job's hint wins over a prediction of the same key."""
-        for node, namespaces in predicted.items():
-            if node not in plans:
-                continue
-            for namespace, entries in namespaces.items():
-                plans[node].hints.setdefault(namespace, []).extend(entries)
 
     def _add_released(self, plans: dict[str, NodePlan]) -> None:
         now = self._clock()
@@ -185,17 +195,18 @@ class HintPusher:
             if spare := tuple(key for key in live if key not in needed):
                 entries.append(HintEntry(spare, HintAction.EVICT_FIRST, 0))
 
-    async def _push_node(self, target: HintTarget, plan: NodePlan) -> tuple[bool, int]:
-        """Replaces the node's hints namespace by namespace; (all calls succeeded, prefetches started)."""
+    async def _push_node(self, target: HintTarget, plan: NodePlan, source: str) -> tuple[bool, int]:
+        """Replaces `source`'s hints on the node namespace by namespace; (all calls
+        succeeded, prefetches started)."""
         ok, started = True, 0
-        stale = self._namespaces.get(target.node, set()) - plan.hints.keys()
+        stale = self._namespaces.get((target.node, source), set()) - plan.hints.keys()
         namespaces = [*plan.hints, *sorted(stale)]
         failed: set[bytes] = set()
         for index, namespace in enumerate(namespaces):
             try:
                 for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
                     result = await target.client.hint(
-                        namespace, entries, replace=call == 0, ttl_seconds=self._ttl, source=self._source
+                        namespace, entries, replace=call == 0, ttl_seconds=self._ttl, source=source
                     )
                     started += result.prefetches_started
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
@@ -208,7 +219,7 @@ class HintPusher:
                 if code is None or code in _UNREACHABLE:  # the daemon is down: skip its other namespaces
                     failed.update(namespaces[index + 1 :])
                     break
-        self._namespaces[target.node] = set(plan.hints) | failed  # failed ones are cleared next time
+        self._namespaces[target.node, source] = set(plan.hints) | failed  # failed ones are cleared next time
         return ok, started
 
 
