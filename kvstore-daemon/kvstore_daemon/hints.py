@@ -89,7 +89,8 @@ class HintBook:
         self._evict_first: set[bytes] = set()  # keys whose effective hint gives up
         self._next_expiry = math.inf  # no stored hint expires earlier (a lower bound)
         self.generation = 0  # changes whenever stored hints change, so readers can cache
-        self.last_apply_at = -math.inf  # when hints last arrived: keys touched since are news to them
+        # When predictions (PREDICT/DECLINE) last arrived: keys touched since are news to them.
+        self.last_prediction_at = -math.inf
 
     def __len__(self) -> int:
         """Hinted keys, including expired ones that `expire` has not dropped yet."""
@@ -120,7 +121,6 @@ class HintBook:
         expires_at = now + ttl_seconds
         self._next_expiry = min(self._next_expiry, expires_at)
         self.generation += 1
-        self.last_apply_at = now
         mine = self._groups.setdefault(group, {})
         for entry in entries:
             spec = HintSpec(*entry)
@@ -128,6 +128,8 @@ class HintBook:
                 raise ValueError(f"queue_position must not be negative, got {spec.queue_position}")
             if not 0 <= spec.next_use_seconds < math.inf:
                 raise ValueError(f"next_use_seconds must be finite and not negative, got {spec.next_use_seconds}")
+            if spec.action in (HintAction.PREDICT, HintAction.DECLINE):
+                self.last_prediction_at = now
             for depth, key in enumerate(spec.keys):
                 next_use_at = now + spec.next_use_seconds if spec.action is HintAction.PREDICT else 0.0
                 candidate = Hint(spec.action, spec.queue_position, expires_at, next_use_at, depth)

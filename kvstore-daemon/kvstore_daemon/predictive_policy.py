@@ -7,12 +7,12 @@ now; PREFETCH/PROTECT for queued jobs, which come first), so the order, from the
 hints at call time, is:
 
 1. keys hinted EVICT_FIRST or DECLINE (least recently used first);
-2. stale unhinted keys: no hint names them though hints arrived since they were last
-   touched, so no live session the scheduler knows of needs them (LRU among them);
+2. stale unhinted keys: no hint names them though predictions arrived since they were
+   last touched, so no live session the scheduler knows of needs them (LRU among them);
 3. predicted keys by next use, furthest first, the deepest among equals; then queued
    jobs' keys by queue position, furthest first (`Hint.rank`);
-4. fresh unhinted keys (written or read since the last hints arrived: the scheduler has
-   not had a chance to predict them), LRU among them.
+4. fresh unhinted keys (written or read since the last predictions arrived: the
+   scheduler has not had a chance to predict them), LRU among them.
 
 The hinted order is sorted once per change of the hints (its generation), not per victim.
 """
@@ -34,9 +34,10 @@ class PredictivePolicy:
         # Kept per generation of the hints, so finding a victim does not walk every key:
         self._generation = -1
         self._unhinted: OrderedDict[bytes, float] = OrderedDict()  # resident, no live hint; LRU first
-        self._ranked: list[bytes] = []  # resident hinted keys at the last rebuild, furthest use first
+        self._given_up: list[bytes] = []  # resident EVICT_FIRST/DECLINE keys at the last rebuild, LRU first
+        self._ranked: list[bytes] = []  # resident kept keys at the last rebuild, furthest use first
         self._ranked_set: set[bytes] = set()
-        self._start = 0  # _ranked[:_start] are no longer resident
+        self._starts = [0, 0]  # _given_up[:_starts[0]] and _ranked[:_starts[1]] are no longer resident
         self._late: OrderedDict[bytes, None] = OrderedDict()  # hinted keys that arrived since the rebuild
 
     def on_insert(self, key: bytes) -> None:
@@ -75,30 +76,36 @@ class PredictivePolicy:
         self._generation = self._hints.generation
         ranked: list[tuple[tuple[bool, float, int, bool], bytes]] = []
         self._unhinted.clear()
+        self._given_up = []
         for key, touched in self._order.items():
             hint = self._hints.get(key, now)
             if hint is None:
                 self._unhinted[key] = touched
-            elif not hint.action.gives_up:
+            elif hint.action.gives_up:
+                self._given_up.append(key)
+            else:
                 ranked.append((hint.rank(), key))
         ranked.sort(key=lambda item: item[0], reverse=True)  # stable: equal ranks stay in LRU order
         self._ranked = [key for _, key in ranked]
         self._ranked_set = set(self._ranked)
-        self._start = 0
+        self._starts = [0, 0]
         self._late.clear()
 
     def _walk(self, now: float) -> Iterator[bytes]:
-        first = [key for key in self._hints.evict_first_keys(now) if key in self._order]
-        yield from sorted(first, key=self._order.__getitem__)
-        fresh_since = self._hints.last_apply_at
+        yield from self._resident(0, self._given_up)
+        fresh_since = self._hints.last_prediction_at
         for key, touched in self._unhinted.items():  # stale first: ordered by touch
             if touched >= fresh_since:
                 break
             yield key
-        while self._start < len(self._ranked) and self._ranked[self._start] not in self._order:
-            self._start += 1  # evicted from the front since the rebuild
-        for index in range(self._start, len(self._ranked)):
-            if self._ranked[index] in self._order:
-                yield self._ranked[index]
+        yield from self._resident(1, self._ranked)
         yield from list(self._late)
         yield from (key for key, touched in list(self._unhinted.items()) if touched >= fresh_since)
+
+    def _resident(self, which: int, keys: list[bytes]) -> Iterator[bytes]:
+        """The still-resident `keys`, in order; the gone ones at the front are skipped for good."""
+        start = self._starts[which]
+        while start < len(keys) and keys[start] not in self._order:
+            start += 1  # evicted from the front since the rebuild
+        self._starts[which] = start
+        return (key for key in keys[start:] if key in self._order)

@@ -22,6 +22,7 @@ from attnstore_scheduler.lookahead import HintEntry
 from attnstore_scheduler.next_use import NEVER, Population, SessionView, is_gone, next_use_seconds
 
 RECENT_GAPS = 8  # a session's gaps kept for its own mean
+FAR_SECONDS = 1e7  # what a live session estimated never to return is predicted at
 
 
 @dataclass
@@ -98,22 +99,29 @@ class SessionActivity:
             self.population.observe_stopped(s.turns)
 
     def predictions(self, now: float) -> dict[str, dict[bytes, list[HintEntry]]]:
-        """Hint entries per node and namespace. Sessions with a turn under way are the
-        queue's business (left out); ended ones are forgotten `decline_seconds` later."""
+        """Hint entries per node and namespace. A session with a turn under way (queued or
+        running) is in use now (0 s; the queue's own hints order the queued ones); ended
+        ones are forgotten `decline_seconds` later."""
         plans: dict[str, dict[bytes, list[HintEntry]]] = {}
         for session_id, s in list(self._sessions.items()):
             if s.over_at is not None and now - s.over_at > self._settings.decline_seconds:
                 del self._sessions[session_id]
                 continue
-            if s.started_at is not None or not s.chain:
+            if not s.chain:
+                continue
+            if s.started_at is not None:
+                plans.setdefault(s.node, {}).setdefault(s.namespace, []).append(
+                    HintEntry(s.chain, HintAction.PREDICT, 0, 0.0))
                 continue
             view = s.view()
             self._note_gone(s, view, now)
-            seconds = next_use_seconds(view, now, self.population)
-            if seconds == NEVER and s.over_at is None and now >= s.expires_at:
+            if s.over_at is None and now >= s.expires_at:
                 self.ended(session_id, now)
-            entry = (HintEntry(s.chain, HintAction.DECLINE, 0) if seconds == NEVER
-                     else HintEntry(s.chain, HintAction.PREDICT, 0, seconds))
+            seconds = next_use_seconds(view, now, self.population)
+            if s.over_at is not None:
+                entry = HintEntry(s.chain, HintAction.DECLINE, 0)
+            else:  # only an ended session is declined: one estimated gone may still come back
+                entry = HintEntry(s.chain, HintAction.PREDICT, 0, min(seconds, FAR_SECONDS))
             plans.setdefault(s.node, {}).setdefault(s.namespace, []).append(entry)
         return plans
 
