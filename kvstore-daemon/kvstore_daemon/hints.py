@@ -91,6 +91,7 @@ class HintBook:
         self.generation = 0  # changes whenever stored hints change, so readers can cache
         # When predictions (PREDICT/DECLINE) last arrived: keys touched since are news to them.
         self.last_prediction_at = -math.inf
+        self.prediction_generation = 0  # changes whenever predictions arrive
 
     def __len__(self) -> int:
         """Hinted keys, including expired ones that `expire` has not dropped yet."""
@@ -128,8 +129,9 @@ class HintBook:
                 raise ValueError(f"queue_position must not be negative, got {spec.queue_position}")
             if not 0 <= spec.next_use_seconds < math.inf:
                 raise ValueError(f"next_use_seconds must be finite and not negative, got {spec.next_use_seconds}")
-            if spec.action in (HintAction.PREDICT, HintAction.DECLINE):
+            if spec.action in (HintAction.PREDICT, HintAction.DECLINE) and self.last_prediction_at != now:
                 self.last_prediction_at = now
+                self.prediction_generation += 1
             for depth, key in enumerate(spec.keys):
                 next_use_at = now + spec.next_use_seconds if spec.action is HintAction.PREDICT else 0.0
                 candidate = Hint(spec.action, spec.queue_position, expires_at, next_use_at, depth)

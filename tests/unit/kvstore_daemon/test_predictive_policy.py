@@ -89,10 +89,16 @@ def test_victims_agree_with_a_full_sort(resident: list[bytes], entries: list, re
     for key in removed:
         policy.on_remove(key)
     live = [key for key in resident if key not in removed]
-    give_up = [k for k in live if (h := hints.get(k, 1.0)) is not None and h.action.gives_up]
-    unhinted = [k for k in live if hints.get(k, 1.0) is None]
-    kept = sorted((k for k in live if k not in give_up and k not in unhinted),
-                  key=lambda k: hints.get(k, 1.0).rank(), reverse=True)  # type: ignore[union-attr]
-    # Touched before the predictions: stale, evicted before kept keys; without predictions, fresh ones go last.
+    hint = {k: hints.get(k, 1.0) for k in live}
+    give_up = [k for k in live if (h := hint[k]) is not None and h.action.gives_up]
+    unhinted = [k for k in live if hint[k] is None]
+
+    def ranked(action: HintAction) -> list[bytes]:
+        chosen = [k for k in live if (h := hint[k]) is not None and not h.action.gives_up and (h.action is PREDICT)
+                  == (action is PREDICT)]
+        return sorted(chosen, key=lambda k: hint[k].rank(), reverse=True)  # type: ignore[union-attr]
+
+    # Touched before the predictions: stale, evicted before predicted keys; else after them.
     stale = hints.last_prediction_at > 0.5
-    assert list(policy.victims()) == give_up + (unhinted + kept if stale else kept + unhinted)
+    expected = give_up + (unhinted + ranked(PREDICT) if stale else ranked(PREDICT) + unhinted) + ranked(PROTECT)
+    assert list(policy.victims()) == expected
