@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Coroutine
 from typing import Any
 
@@ -28,6 +29,7 @@ from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.kubernetes_discovery import PodWatcher
 from attnstore_scheduler.openai_api.app import HttpServer, create_app
@@ -117,13 +119,16 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         session_ttl_seconds=settings.session_ttl_seconds,
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )
-    hints = HintPusher(queue, registry.hint_targets, settings.hints)
+    activity = SessionActivity() if settings.hints.policy == "predictive" else None
+    hints = HintPusher(queue, registry.hint_targets, settings.hints, activity=activity,
+                       source=settings.hints.source or socket.gethostname())
     sessions = Sessions(
         store,
         registry,
         hints,
         max_sessions_per_tenant=settings.max_sessions_per_tenant,
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
+        activity=activity,
     )
     turns = Turns(sessions, runner, registry, limits)
     rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)

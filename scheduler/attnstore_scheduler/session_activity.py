@@ -45,6 +45,14 @@ class _Session:
 
 
 @dataclass(frozen=True)
+class Expectation:
+    """What an application said of a session's next turn (validation.check_expectation)."""
+
+    next_turn_in_seconds: float | None  # a follow-up expected within this long
+    over: bool  # no further turn expected
+
+
+@dataclass(frozen=True)
 class ActivitySettings:
     decline_seconds: float = 600.0  # an ended session's chunks are declined this long
     gone_after_gaps: float = 8.0  # idle this many expected gaps: counted as stopped (learning only)
@@ -73,20 +81,29 @@ class SessionActivity:
                 s.counted_gone = False
             self.population.observe_continued(s.turns)
 
-    def turn_ended(self, session_id: str, chain: Sequence[bytes], now: float, expires_at: float = NEVER) -> None:
-        """The turn's KV is stored as `chain` (root first); the TTL now ends at `expires_at`."""
+    def turn_ended(self, session_id: str, chain: Sequence[bytes], now: float, expires_at: float = NEVER,
+                   node: str | None = None) -> None:
+        """The turn's KV is stored as `chain` (root first) on `node` (default: where it
+        started); the TTL now ends at `expires_at`."""
         s = self._sessions.get(session_id)
         if s is None:
             return
+        s.node = node or s.node
         s.chain, s.turns, s.last_used_at, s.started_at, s.expires_at = tuple(chain), s.turns + 1, now, None, expires_at
 
-    def expect(self, session_id: str, *, next_turn_in_seconds: float | None, over: bool, now: float) -> None:
-        """The application's expectation (Chat/CreateSession); weighed above the estimate."""
+    def turn_abandoned(self, session_id: str) -> None:
+        """The turn failed or was cancelled: the session is idle again, as before it."""
         s = self._sessions.get(session_id)
-        if s is None:
-            return
-        s.expected_next_at = None if next_turn_in_seconds is None else now + next_turn_in_seconds
-        if over:
+        if s is not None:
+            s.started_at = None
+
+    def expect(self, session_id: str, expectation: Expectation, now: float) -> None:
+        """The application's expectation (Chat/CreateSession); weighed above the estimate
+        until the session's next turn starts."""
+        s = self._sessions.setdefault(session_id, _Session(node="", namespace=b""))
+        seconds = expectation.next_turn_in_seconds
+        s.expected_next_at = None if seconds is None else now + seconds
+        if expectation.over:
             self.ended(session_id, now)
 
     def ended(self, session_id: str, now: float) -> None:
@@ -107,7 +124,7 @@ class SessionActivity:
             if s.over_at is not None and now - s.over_at > self._settings.decline_seconds:
                 del self._sessions[session_id]
                 continue
-            if not s.chain:
+            if not s.chain or not s.node:
                 continue
             if s.started_at is not None:
                 plans.setdefault(s.node, {}).setdefault(s.namespace, []).append(
