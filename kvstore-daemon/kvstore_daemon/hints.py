@@ -21,7 +21,6 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -47,13 +46,12 @@ class HintSpec(NamedTuple):
     next_use_seconds: float = 0.0  # from now; 0 for queued jobs (their position orders them)
 
 
-@dataclass(frozen=True)
-class Hint:
+class Hint(NamedTuple):  # a tuple: a push builds one per key, tens of thousands at a time
     action: HintAction
     queue_position: int  # 0 = the next job the scheduler will run
     expires_at: float  # seconds on the caller's clock; absent from this moment on
     next_use_at: float = 0.0  # PREDICT: when the key is expected to be read (same clock)
-    depth: int = field(default=0, compare=False)  # the key's place in its hinted chain (0 = root)
+    depth: int = 0  # the key's place in its hinted chain (0 = root)
 
     def urgency(self) -> tuple[bool, bool, float, int, bool]:
         """Lower is more urgent: any keeping hint beats EVICT_FIRST/DECLINE, a queued job's
@@ -116,13 +114,15 @@ class HintBook:
         if ttl_seconds <= 0:
             raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
         group = (namespace, source)
-        if replace:
-            for key in list(self._groups.get(group, ())):
-                self._drop(group, key)
+        # A replace builds the source's new set beside the old one and settles only what
+        # changed: a predictive scheduler sends every live chain (tens of thousands of keys).
+        earlier = self._groups.pop(group, {}) if replace else {}
+        mine = {} if replace else self._groups.setdefault(group, {})
+        self._groups[group] = mine
+        changed: list[bytes] = []
         expires_at = now + ttl_seconds
         self._next_expiry = min(self._next_expiry, expires_at)
         self.generation += 1
-        mine = self._groups.setdefault(group, {})
         for entry in entries:
             spec = HintSpec(*entry)
             if spec.queue_position < 0:
@@ -132,14 +132,18 @@ class HintBook:
             if spec.action in (HintAction.PREDICT, HintAction.DECLINE) and self.last_prediction_at != now:
                 self.last_prediction_at = now
                 self.prediction_generation += 1
+            next_use_at = now + spec.next_use_seconds if spec.action is HintAction.PREDICT else 0.0
             for depth, key in enumerate(spec.keys):
-                next_use_at = now + spec.next_use_seconds if spec.action is HintAction.PREDICT else 0.0
                 candidate = Hint(spec.action, spec.queue_position, expires_at, next_use_at, depth)
                 current = mine.get(key)
                 if current is None or current.expires_at <= now or candidate.urgency() <= current.urgency():
                     mine[key] = candidate
-                    self._holders.setdefault(key, set()).add(group)
-                    self._settle(key, now)
+                    changed.append(key)
+        for key in changed:
+            self._holders.setdefault(key, set()).add(group)
+            self._settle(key, now)
+        for key in earlier.keys() - mine.keys():
+            self._unhold(group, key)
         if not mine:
             del self._groups[group]
         return sum(1 for hint in mine.values() if hint.expires_at > now)
@@ -199,6 +203,10 @@ class HintBook:
         del hints[key]
         if not hints:
             del self._groups[group]  # the group count stays bounded by live ones
+        self._unhold(group, key)
+
+    def _unhold(self, group: Group, key: bytes) -> None:
+        """The group no longer hints the key (its own dict is already updated)."""
         holders = self._holders[key]
         holders.discard(group)
         if not holders:
@@ -207,10 +215,15 @@ class HintBook:
 
     def _settle(self, key: bytes, now: float) -> None:
         """Recomputes the key's effective hint from its sources' live ones."""
-        candidates = [self._groups[group][key] for group in self._holders.get(key, ())]
-        live = [hint for hint in candidates if hint.expires_at > now]
-        best = min(live or candidates, key=Hint.urgency, default=None)
-        if best == self._hints.get(key):
+        holders = self._holders.get(key, ())
+        if len(holders) == 1:  # the common case: one source hints it
+            (group,) = holders
+            best: Hint | None = self._groups[group][key]
+        else:
+            candidates = [self._groups[group][key] for group in holders]
+            live = [hint for hint in candidates if hint.expires_at > now]
+            best = min(live or candidates, key=Hint.urgency, default=None)
+        if best is self._hints.get(key):
             return
         self.generation += 1
         if best is None:
