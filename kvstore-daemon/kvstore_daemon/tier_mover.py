@@ -311,8 +311,10 @@ class TierMover:
         now = self._clock()
 
         def unprotected(victim: Chunk) -> bool:
+            """Not needed by a queued job: a prediction (minutes away, as a rule) may make
+            way for a chunk the queue needs now; the policy offers the furthest first."""
             hint = self.hints.get(victim.key, now)
-            return hint is None or hint.action.gives_up
+            return hint is None or hint.action.gives_up or hint.action is HintAction.PREDICT
 
         started = 0
         for key in self.hints.prefetch_keys(now):

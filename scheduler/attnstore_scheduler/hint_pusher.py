@@ -16,7 +16,9 @@ predictive policy) a push also sends, at most every `predict_interval_seconds`, 
 predictions for every live session (PREDICT with seconds to its next use; DECLINE for
 ended ones) under the source `<source>/predict`: a window of the whole population is
 large (every live chain), so it is sent less often than the queue's, and as another
-source the queue's replaces leave it alone. A queued job's hint beats a prediction of the
+source the queue's replaces leave it alone. Between two, each push adds (no replace)
+the predictions of the sessions that changed (a turn started or ended, an expectation, an
+end), so a turn's fresh chunks are predicted at once. A queued job's hint beats a prediction of the
 same key in the daemon (the most urgent hint wins).
 
 A daemon that cannot be reached is logged and counted, never raised: its hints are
@@ -158,18 +160,20 @@ class HintPusher:
         capacities = {node: t.capacity for node, t in targets.items() if t.capacity is not None}
         plans = plan_hints(self._queue.snapshot(), capacities)
         self._add_released(plans)
-        batches = [(self._source, plans)]
+        batches = [(self._source, plans, True)]
         now = self._clock()
-        if self._activity is not None and now >= self._next_prediction:
-            self._next_prediction = now + self._predict_interval
-            predicted = self._activity.predictions(now)
+        if self._activity is not None and (now >= self._next_prediction or self._activity.changed):
+            whole = now >= self._next_prediction
+            if whole:
+                self._next_prediction = now + self._predict_interval
+            predicted = self._activity.predictions(now, changed_only=not whole)
             batches.append((self._source + PREDICTION_SOURCE_SUFFIX, {
-                node: NodePlan(hints=predicted.get(node, {})) for node in capacities
-            }))
+                node: NodePlan(hints=predicted.get(node, {})) for node in capacities if whole or node in predicted
+            }, whole))
         report = PushReport()
-        for source, batch in batches:
+        for source, batch, replace in batches:
             outcomes = await asyncio.gather(*(
-                self._push_node(targets[node], plan, source) for node, plan in batch.items()
+                self._push_node(targets[node], plan, source, replace) for node, plan in batch.items()
             ))
             for node, (ok, started) in zip(batch, outcomes, strict=True):
                 if source == self._source:
@@ -195,18 +199,19 @@ class HintPusher:
             if spare := tuple(key for key in live if key not in needed):
                 entries.append(HintEntry(spare, HintAction.EVICT_FIRST, 0))
 
-    async def _push_node(self, target: HintTarget, plan: NodePlan, source: str) -> tuple[bool, int]:
-        """Replaces `source`'s hints on the node namespace by namespace; (all calls
-        succeeded, prefetches started)."""
+    async def _push_node(self, target: HintTarget, plan: NodePlan, source: str, replace: bool) -> tuple[bool, int]:
+        """Replaces `source`'s hints on the node namespace by namespace (or, not `replace`,
+        adds to them); (all calls succeeded, prefetches started)."""
         ok, started = True, 0
-        stale = self._namespaces.get((target.node, source), set()) - plan.hints.keys()
+        known = self._namespaces.get((target.node, source), set())
+        stale = known - plan.hints.keys() if replace else set()
         namespaces = [*plan.hints, *sorted(stale)]
         failed: set[bytes] = set()
         for index, namespace in enumerate(namespaces):
             try:
                 for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
                     result = await target.client.hint(
-                        namespace, entries, replace=call == 0, ttl_seconds=self._ttl, source=source
+                        namespace, entries, replace=replace and call == 0, ttl_seconds=self._ttl, source=source
                     )
                     started += result.prefetches_started
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
@@ -219,7 +224,8 @@ class HintPusher:
                 if code is None or code in _UNREACHABLE:  # the daemon is down: skip its other namespaces
                     failed.update(namespaces[index + 1 :])
                     break
-        self._namespaces[target.node, source] = set(plan.hints) | failed  # failed ones are cleared next time
+        # Failed ones are cleared next time; an addition only adds namespaces.
+        self._namespaces[target.node, source] = set(plan.hints) | failed | (set() if replace else known)
         return ok, started
 
 

@@ -63,11 +63,18 @@ class SessionActivity:
         self._settings = settings
         self.population = population or Population()
         self._sessions: dict[str, _Session] = {}
+        self._changed: set[str] = set()  # sessions whose prediction changed since the last predictions()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
+    @property
+    def changed(self) -> bool:
+        """Whether a session's turn, expectation or end came since the last predictions()."""
+        return bool(self._changed)
+
     def turn_started(self, session_id: str, node: str, namespace: bytes, now: float) -> None:
+        self._changed.add(session_id)
         s = self._sessions.get(session_id)
         if s is None or s.over_at is not None:
             self._sessions[session_id] = _Session(node, namespace, started_at=now)
@@ -88,6 +95,7 @@ class SessionActivity:
         s = self._sessions.get(session_id)
         if s is None:
             return
+        self._changed.add(session_id)
         s.node = node or s.node
         s.chain, s.turns, s.last_used_at, s.started_at, s.expires_at = tuple(chain), s.turns + 1, now, None, expires_at
 
@@ -101,6 +109,7 @@ class SessionActivity:
         """The application's expectation (Chat/CreateSession); weighed above the estimate
         until the session's next turn starts."""
         s = self._sessions.setdefault(session_id, _Session(node="", namespace=b""))
+        self._changed.add(session_id)
         seconds = expectation.next_turn_in_seconds
         s.expected_next_at = None if seconds is None else now + seconds
         if expectation.over:
@@ -111,16 +120,22 @@ class SessionActivity:
         s = self._sessions.get(session_id)
         if s is None or s.over_at is not None:
             return
+        self._changed.add(session_id)
         s.over_at = now
         if not s.counted_gone:
             self.population.observe_stopped(s.turns)
 
-    def predictions(self, now: float) -> dict[str, dict[bytes, list[HintEntry]]]:
-        """Hint entries per node and namespace. A session with a turn under way (queued or
+    def predictions(self, now: float, changed_only: bool = False) -> dict[str, dict[bytes, list[HintEntry]]]:
+        """Hint entries per node and namespace: of every session, or with `changed_only` of
+        those changed since the last call (sent between full pushes, so a turn's fresh
+        chunks get their prediction at once). A session with a turn under way (queued or
         running) is in use now (0 s; the queue's own hints order the queued ones); ended
         ones are forgotten `decline_seconds` later."""
         plans: dict[str, dict[bytes, list[HintEntry]]] = {}
-        for session_id, s in list(self._sessions.items()):
+        names = self._changed if changed_only else self._sessions.keys()
+        chosen = [(name, self._sessions[name]) for name in names if name in self._sessions]
+        self._changed = set()
+        for session_id, s in chosen:
             if s.over_at is not None and now - s.over_at > self._settings.decline_seconds:
                 del self._sessions[session_id]
                 continue
