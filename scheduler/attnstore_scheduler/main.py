@@ -29,7 +29,6 @@ from attnstore.settings import exit_on_startup_error, load_settings_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
-from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.kubernetes_discovery import PodWatcher
 from attnstore_scheduler.openai_api.app import HttpServer, create_app
@@ -37,6 +36,7 @@ from attnstore_scheduler.openai_api.context import ApiContext
 from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.redis_session_store import RedisSessionStore
 from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.settings import SchedulerSettings

@@ -22,8 +22,8 @@ from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError, 
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.chat_prompt import TOKENIZE_TIMEOUT_SECONDS, chat_prompt, closing_after, tokenize
-from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
 from attnstore_scheduler.session_activity import Expectation
+from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
 from attnstore_scheduler.sessions import Sessions, activity_id
 from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
 from attnstore_scheduler.turn_types import FinishReason as TurnFinish

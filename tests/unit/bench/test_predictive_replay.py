@@ -4,18 +4,16 @@ the scheduler push exactly the same hints up to that moment, against a real daem
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
+from running_daemon import running_daemon
 
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient
-from attnstore.shm_arena import arena_root
 from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.session_activity import SessionActivity
 from bench.hitrate.run import DAEMON_SETTINGS
@@ -66,15 +64,9 @@ class RecordingKV:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    process = DaemonProcess(tmp_path / "ssd", Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=arena_root(tmp_path))),
-                            tmp_path / "daemon.log", {**DAEMON_SETTINGS, "dram_capacity_bytes": 1024 * 1024,
-                                                      "ssd_capacity_bytes": 1024 * 1024, "eviction_policy": "predictive"})
-    process.start()
-    try:
+    settings = {**DAEMON_SETTINGS, "eviction_policy": "predictive"}
+    with running_daemon(tmp_path, dram_bytes=1024 * 1024, ssd_bytes=1024 * 1024, settings=settings) as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 async def pushes_before_the_moment(address: str, future: int) -> list[tuple[float, Any]]:

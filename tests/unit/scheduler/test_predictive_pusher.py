@@ -4,18 +4,16 @@ protected, and what neither predicts is evicted first."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from running_daemon import running_daemon
 
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
-from attnstore.shm_arena import arena_root
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.lookahead import NodeCapacity
@@ -29,22 +27,15 @@ LAYOUT = {"num_layers": 1, "kv_heads": 1, "head_dim": 256, "chunk_tokens": 32, "
 BLOCK_BYTES = 64 * KiB  # one chunk per block: DRAM holds 16 chunks
 CHUNKS = 4  # per session
 DAEMON_SETTINGS = {
-    "dram_capacity_bytes": MiB, "dram_block_bytes": BLOCK_BYTES, "ssd_capacity_bytes": 16 * MiB,
-    "max_chunk_bytes": BLOCK_BYTES, "eviction_policy": "predictive", "persist_on_commit": "false",
-    "dram_high_watermark": 1.0, "dram_low_watermark": 1.0, "log_level": "WARNING",
+    "dram_block_bytes": BLOCK_BYTES, "max_chunk_bytes": BLOCK_BYTES, "eviction_policy": "predictive",
+    "persist_on_commit": "false", "dram_high_watermark": 1.0, "dram_low_watermark": 1.0, "log_level": "WARNING",
 }
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    process = DaemonProcess(tmp_path / "ssd", Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=arena_root(tmp_path))),
-                            tmp_path / "daemon.log", DAEMON_SETTINGS)
-    process.start()
-    try:
+    with running_daemon(tmp_path, dram_bytes=MiB, ssd_bytes=16 * MiB, settings=DAEMON_SETTINGS) as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture
