@@ -37,7 +37,7 @@ bench-daemon: venv redis  ## daemon vs memcpy, Redis and raw disk reads
 bench-reuse: venv  ## TTFT of ShareGPT turns: KV reused through the daemon vs recomputed vs in memory
 	$(PY) -m bench reuse
 
-bench-hitrate: venv  ## hit rate of lookahead vs lru vs fifo on the Mooncake trace and ShareGPT (real daemon)
+bench-hitrate: venv  ## hit rate of predictive vs lookahead vs lru vs fifo vs the optimum, Mooncake trace and ShareGPT (real daemon)
 	$(PY) -m bench hitrate
 
 bench-load: venv redis  ## 64 and 256 concurrent multi-turn chat sessions through the public API: throughput, TTFT, memory
