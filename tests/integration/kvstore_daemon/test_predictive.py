@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from attnstore.kvstore_client import HintAction, KVStoreClient, Tier
 
 if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
-    from conftest import ChunkSet, DaemonFactory
+    from conftest import ChunkSet, DaemonFactory, PollUntil
 
 KiB = 1024
 BLOCK_BYTES = 256 * KiB
@@ -66,3 +66,22 @@ def test_admission_declines_a_deleted_sessions_chunks_and_evicts_them_first(
         client.put_chunks(ns, chunks.items(3, 5))  # the fourth chunk fits; the fifth evicts the declined one
         assert chunks.tiers(client, range(5)) == [DRAM, SSD, DRAM, DRAM, DRAM]
         assert client.lookup(ns, chunks.keys(5, 7)).prefix_length == 0
+
+
+def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS)
+    chunks = chunk_set(**SHAPE)
+    ns = chunks.namespace
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        client.put_chunks(ns, chunks.items(0, 4))
+        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
+        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+        assert chunks.tiers(client, [3]) == [SSD]
+        # Now chunk 3 is expected in a second: it comes back to DRAM, in place of chunk 2 (300 s).
+        client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
+                    + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
+        poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
+        assert chunks.tiers(client, range(5)) == [DRAM, DRAM, SSD, DRAM, DRAM]
