@@ -83,6 +83,7 @@ class ChunkStore:
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
         self.hints = HintBook()
+        self._admission = settings.eviction_policy == "predictive"  # DECLINE hints refuse writes
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
         # New namespaces per caller: a worker's burst at start passes, a loop registering
@@ -177,7 +178,7 @@ class ChunkStore:
             if key in self._reserved_keys or key in self._chunks:
                 results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
                 continue
-            if self.hints.declines(key, self._clock()):  # admission: the scheduler expects no reader
+            if self._admission and self.hints.declines(key, self._clock()):  # the scheduler expects no reader
                 metrics.ADMISSIONS_DECLINED.inc()
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue

@@ -125,6 +125,8 @@ class HintPusher:
         self.pushes = 0
         self.failures: Counter[str] = Counter()  # failed Hint calls per node
         queue.add_listener(self.notify)
+        if activity is not None:
+            activity.add_listener(self.notify)
 
     def notify(self) -> None:
         """Something the plan depends on changed (the queue calls this itself)."""

@@ -14,7 +14,7 @@ daemon knows each key's depth. No I/O here; nothing but observed events goes in.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from attnstore.kvstore_client import HintAction
@@ -64,6 +64,16 @@ class SessionActivity:
         self.population = population or Population()
         self._sessions: dict[str, _Session] = {}
         self._changed: set[str] = set()  # sessions whose prediction changed since the last predictions()
+        self._listeners: list[Callable[[], object]] = []
+
+    def add_listener(self, listener: Callable[[], object]) -> None:
+        """Called after every change (the hint pusher's notify)."""
+        self._listeners.append(listener)
+
+    def _change(self, session_id: str) -> None:
+        self._changed.add(session_id)
+        for listener in self._listeners:
+            listener()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -74,7 +84,7 @@ class SessionActivity:
         return bool(self._changed)
 
     def turn_started(self, session_id: str, node: str, namespace: bytes, now: float) -> None:
-        self._changed.add(session_id)
+        self._change(session_id)
         s = self._sessions.get(session_id)
         if s is None or s.over_at is not None:
             self._sessions[session_id] = _Session(node, namespace, started_at=now)
@@ -89,14 +99,15 @@ class SessionActivity:
             self.population.observe_continued(s.turns)
 
     def turn_ended(self, session_id: str, chain: Sequence[bytes], now: float, expires_at: float = NEVER,
-                   node: str | None = None) -> None:
-        """The turn's KV is stored as `chain` (root first) on `node` (default: where it
-        started); the TTL now ends at `expires_at`."""
+                   node: str | None = None, namespace: bytes | None = None) -> None:
+        """The turn's KV is stored as `chain` (root first) on `node` in `namespace` (default:
+        where the turn started: a session's first turn learns them only at its end); the TTL
+        now ends at `expires_at`."""
         s = self._sessions.get(session_id)
         if s is None:
             return
-        self._changed.add(session_id)
-        s.node = node or s.node
+        self._change(session_id)
+        s.node, s.namespace = node or s.node, namespace or s.namespace
         s.chain, s.turns, s.last_used_at, s.started_at, s.expires_at = tuple(chain), s.turns + 1, now, None, expires_at
 
     def turn_abandoned(self, session_id: str) -> None:
@@ -109,7 +120,7 @@ class SessionActivity:
         """The application's expectation (Chat/CreateSession); weighed above the estimate
         until the session's next turn starts."""
         s = self._sessions.setdefault(session_id, _Session(node="", namespace=b""))
-        self._changed.add(session_id)
+        self._change(session_id)
         seconds = expectation.next_turn_in_seconds
         s.expected_next_at = None if seconds is None else now + seconds
         if expectation.over:
@@ -120,7 +131,7 @@ class SessionActivity:
         s = self._sessions.get(session_id)
         if s is None or s.over_at is not None:
             return
-        self._changed.add(session_id)
+        self._change(session_id)
         s.over_at = now
         if not s.counted_gone:
             self.population.observe_stopped(s.turns)
@@ -139,7 +150,7 @@ class SessionActivity:
             if s.over_at is not None and now - s.over_at > self._settings.decline_seconds:
                 del self._sessions[session_id]
                 continue
-            if not s.chain or not s.node:
+            if not s.chain or not s.node or not s.namespace:
                 continue
             if s.started_at is not None:
                 plans.setdefault(s.node, {}).setdefault(s.namespace, []).append(

@@ -115,7 +115,7 @@ class Turns:
                         if activity is not None and event.session_saved:
                             now = time.monotonic()
                             activity.turn_ended(name, event.stats.chunk_keys, now, now + record.ttl_seconds,
-                                                event.node)
+                                                event.node, event.stats.namespace)
                             self._sessions.expect(tenant, session_id, expectation)
                         _observe("chat", event)
                     yield event
