@@ -10,7 +10,6 @@ from scheduler_stack import start_stack, wait_for
 from service_probes import free_port, scrape_metrics
 
 
-
 def predicted_within(metrics_port: int, seconds: float) -> float:
     """PREDICT hints the daemon received for a next use within `seconds` (a histogram bucket)."""
     return scrape_metrics(metrics_port).get(f'attnstore_kvstore_predicted_next_use_seconds_bucket{{le="{seconds}"}}', 0)
