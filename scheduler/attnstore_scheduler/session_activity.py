@@ -55,7 +55,7 @@ class Expectation:
 @dataclass(frozen=True)
 class ActivitySettings:
     decline_seconds: float = 600.0  # an ended session's chunks are declined this long
-    gone_after_gaps: float = 8.0  # idle this many expected gaps: counted as stopped (learning only)
+    gone_after_gaps: float = 4.0  # idle this many expected gaps: counted as stopped (learning only)
 
 
 class SessionActivity:
