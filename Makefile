@@ -40,7 +40,7 @@ bench-reuse: venv  ## TTFT of ShareGPT turns: KV reused through the daemon vs re
 bench-modules: venv  ## prompt modules: TTFT from module KV vs full prefill, perplexity without/with repair (QUICK=1: small)
 	$(PY) -m bench modules $(if $(QUICK),--quick)
 
-bench-hitrate: venv  ## hit rate of lookahead vs lru vs fifo on the Mooncake trace and ShareGPT (real daemon)
+bench-hitrate: venv  ## hit rate of predictive vs lookahead vs lru vs fifo vs the optimum, Mooncake trace and ShareGPT (real daemon)
 	$(PY) -m bench hitrate
 
 bench-load: venv redis  ## 64 and 256 concurrent multi-turn chat sessions through the public API: throughput, TTFT, memory

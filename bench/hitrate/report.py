@@ -12,10 +12,13 @@ from bench.common.plot_style import plt, save_figure
 
 Row = dict[str, Any]  # workload, policy, dram_fraction, ssd_fraction, hit_rate, dram_share_of_hits...
 
-POLICIES = ("lookahead", "lru", "fifo")
+POLICIES = ("predictive", "lookahead", "lru", "fifo")
 TARGET_GAIN_OVER_LRU = 0.15  # lookahead hit rate >= LRU's + 15 points
-TARGET_DRAM_SHARE = 0.95  # >= 95% of lookahead's hits served from DRAM
-_COLORS = {"lookahead": "tab:green", "lru": "tab:blue", "fifo": "tab:orange"}
+TARGET_DRAM_SHARE = 0.95  # >= 95% of lookahead's (and predictive's) hits served from DRAM
+PREDICTIVE_POINT = (0.01, 0.10)  # DRAM, SSD: where issue 20's targets are set
+TARGET_GAP_CLOSED = {"mooncake": 0.20, "sharegpt-end": 0.40}  # predictive's share of the LRU-to-optimum gap
+STRETCH_GAP_CLOSED = {"mooncake": 0.30}
+_COLORS = {"predictive": "tab:red", "lookahead": "tab:green", "lru": "tab:blue", "fifo": "tab:orange"}
 
 
 def _percent(fraction: float) -> str:
@@ -53,12 +56,12 @@ def summarize(rows: list[Row], headline: tuple[float, float]) -> tuple[dict[str,
     for workload in dict.fromkeys(r["workload"] for r in rows):
         by = {r["policy"]: r for r in rows
               if r["workload"] == workload and (r["dram_fraction"], r["ssd_fraction"]) == headline}
-        if set(POLICIES) - by.keys():
+        if {"lookahead", "lru", "fifo"} - by.keys():
             continue
-        entry = {f"{policy}_hit": by[policy]["hit_rate"] for policy in POLICIES}
+        entry = {f"{policy}_hit": by[policy]["hit_rate"] for policy in POLICIES if policy in by}
         entry["lookahead_dram_share"] = by["lookahead"]["dram_share_of_hits"]
         entry["optimal_hit"] = by["lru"]["optimal_hit_rate"]
-        for policy in POLICIES:
+        for policy in (p for p in POLICIES if p in by):
             entry[f"{policy}_gap_closed"] = gap_closed(by[policy]["hit_rate"], by["lru"]["hit_rate"],
                                                        entry["optimal_hit"])
         summary[workload] = entry
@@ -69,6 +72,49 @@ def summarize(rows: list[Row], headline: tuple[float, float]) -> tuple[dict[str,
         share = entry["lookahead_dram_share"]
         lines.append(f"{'PASS' if share >= TARGET_DRAM_SHARE else 'FAIL'}  {workload}: {share:.1%} of lookahead's "
                      f"hits from DRAM (target >= {TARGET_DRAM_SHARE:.0%}; LRU {by['lru']['dram_share_of_hits']:.1%})")
+    return summary, lines
+
+
+def summarize_predictive(rows: list[Row]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Issue 20's summary: per workload at 1%/10%, the optimum, predictive's hit rate and
+    its share of the LRU-to-optimum gap (ShareGPT's run with end signals reported beside
+    ShareGPT's); its gap closed at every capacity; and a PASS/FAIL line per target."""
+    summary: dict[str, dict[str, Any]] = {}
+    lines = []
+    at: dict[tuple[str, tuple[float, float]], dict[str, Row]] = {}
+    for r in rows:
+        at.setdefault((r["workload"], (r["dram_fraction"], r["ssd_fraction"])), {})[r["policy"]] = r
+    for (workload, point), by in at.items():
+        if "predictive" not in by or "lru" not in by:
+            continue
+        lru, predictive = by["lru"], by["predictive"]
+        closed = gap_closed(predictive["hit_rate"], lru["hit_rate"], lru["optimal_hit_rate"])
+        name = "sharegpt" if workload == "sharegpt-end" else workload
+        entry = summary.setdefault(name, {})
+        label = f"{point[0] * 100:g}%/{point[1] * 100:g}%"
+        suffix = "_with_end_signals" if workload == "sharegpt-end" else ""
+        entry.setdefault(f"predictive_gap_closed_by_capacity{suffix}", {})[label] = closed
+        below_lru = predictive["hit_rate"] < lru["hit_rate"]
+        lines.append(f"{'FAIL' if below_lru else 'PASS'}  {workload} {label}: predictive {predictive['hit_rate']:.1%} "
+                     f"vs LRU {lru['hit_rate']:.1%} (never below LRU), optimum {lru['optimal_hit_rate']:.1%}, "
+                     f"gap closed {closed if closed is not None else 'n/a'}")
+        if point != PREDICTIVE_POINT:
+            continue
+        if suffix:
+            entry["predictive_gap_closed_with_end_signals"] = closed
+        else:
+            entry.update(optimal_hit=lru["optimal_hit_rate"], predictive_hit=predictive["hit_rate"],
+                         lru_hit=lru["hit_rate"], predictive_gap_closed=closed,
+                         predictive_dram_share=predictive["dram_share_of_hits"])
+        if workload in TARGET_GAP_CLOSED:
+            target = TARGET_GAP_CLOSED[workload]
+            stretch = STRETCH_GAP_CLOSED.get(workload)
+            lines.append(f"{'PASS' if closed is not None and closed >= target else 'FAIL'}  {workload} {label}: "
+                         f"predictive closes {closed} of the LRU-to-optimum gap (target >= {target:.0%}"
+                         + (f", stretch {stretch:.0%})" if stretch else ")"))
+        share = predictive["dram_share_of_hits"]
+        lines.append(f"{'PASS' if share >= TARGET_DRAM_SHARE else 'FAIL'}  {workload} {label}: {share:.1%} of "
+                     f"predictive's hits from DRAM (target >= {TARGET_DRAM_SHARE:.0%})")
     return summary, lines
 
 

@@ -34,10 +34,11 @@ from tqdm import tqdm
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.shm_arena import arena_root
 from attnstore_scheduler.lookahead import NodeCapacity
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results
-from bench.hitrate.report import POLICIES, Row, format_table, plot, summarize
+from bench.hitrate.report import POLICIES, Row, format_table, plot, summarize, summarize_predictive
 from bench.hitrate.sim import Replay
 from bench.hitrate.workloads import (
     CHUNK_BYTES,
@@ -61,8 +62,10 @@ async def replay(workload: Workload, address: str, capacity: NodeCapacity, polic
                  args: argparse.Namespace, progress: tqdm) -> dict[str, Any]:
     async with AsyncKVStoreClient(address) as kv:
         await kv.register_namespace(workload.namespace, **chunk_layout(workload.chunk_tokens))
-        run = Replay(workload, kv, capacity, slots=slots, push_hints=policy == "lookahead",
-                     hint_interval_s=args.hint_interval, on_turn_done=progress.update)
+        run = Replay(workload, kv, capacity, slots=slots, push_hints=policy in ("lookahead", "predictive"),
+                     hint_interval_s=args.hint_interval, on_turn_done=progress.update,
+                     activity=SessionActivity() if policy == "predictive" else None,
+                     predict_interval_s=args.predict_interval)
         return (await run.run()).summary()
 
 
@@ -100,18 +103,30 @@ def main(argv: list[str] | None = None) -> None:
                         help="offered load: worker slots = mean service demand / load")
     parser.add_argument("--hint-interval", type=float, default=HintSettings().min_interval_seconds,
                         help="simulated seconds between hint pushes at most (the pusher's default)")
+    parser.add_argument("--predict-interval", type=float, default=HintSettings().predict_interval_seconds,
+                        help="predictive: simulated seconds between pushes of every live session's prediction")
     parser.add_argument("--no-sweep", action="store_true", help="only the headline capacity")
+    parser.add_argument("--results-name", default="hitrate",
+                        help="bench/results/<name>.json and .png (a reduced run should not overwrite the full one)")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--capacities", nargs="+", type=_capacity_point, default=None,
+                        help="DRAM/SSD fractions of the working set, e.g. 0.01/0.1 (default: headline + sweep)")
+    parser.add_argument("--workloads", nargs="+", choices=("mooncake", "sharegpt", "sharegpt-end"),
+                        default=["mooncake", "sharegpt", "sharegpt-end"])
     args = parser.parse_args(argv)
     started, load_before = time.monotonic(), os.getloadavg()
-    workloads = [
-        load_mooncake(args.mooncake_minutes, args.mooncake_trace),
-        load_sharegpt(args.sharegpt_conversations, SHAREGPT["sessions_per_s"], SHAREGPT["think_s"],
-                      SHAREGPT["seed"]),
-    ]
-    points = [HEADLINE] + ([] if args.no_sweep else [(d, 10 * d) for d in SWEEP_DRAM])
+    sharegpt = (args.sharegpt_conversations, SHAREGPT["sessions_per_s"], SHAREGPT["think_s"], SHAREGPT["seed"])
+    loaders = {"mooncake": lambda: load_mooncake(args.mooncake_minutes, args.mooncake_trace),
+               "sharegpt": lambda: load_sharegpt(*sharegpt),
+               "sharegpt-end": lambda: load_sharegpt(*sharegpt, end_signals=True)}
+    workloads = [loaders[name]() for name in args.workloads]
+    points = args.capacities or [HEADLINE] + ([] if args.no_sweep else [(d, 10 * d) for d in SWEEP_DRAM])
     work_dir = arena_root(Path(tempfile.gettempdir()))
     rows: list[Row] = []
-    runs = [(w, p, f) for w in workloads for f in points for p in POLICIES]
+    # With end signals only the predictive policy differs (the others ignore them); LRU and
+    # the optimum are run for its gap.
+    runs = [(w, p, f) for w in workloads for f in points for p in args.policies
+            if w.name != "sharegpt-end" or p in ("predictive", "lru")]
     for workload, policy, fractions in tqdm(runs, desc="bench-hitrate", unit="run", file=sys.stderr):
         slots = math.ceil(workload.mean_service_demand() / args.load)
         rows.append(run_one(workload, policy, fractions, slots, args, work_dir))
@@ -120,9 +135,21 @@ def main(argv: list[str] | None = None) -> None:
     write_results(rows, workloads, machine, args, time.monotonic() - started)
 
 
+def _capacity_point(text: str) -> tuple[float, float]:
+    dram, _, ssd = text.partition("/")
+    try:
+        return float(dram), float(ssd)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DRAM/SSD fractions such as 0.01/0.1, got {text!r}") from None
+
+
 def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str, Any],
                   args: argparse.Namespace, seconds: float) -> None:
     summary, verdicts = summarize(rows, HEADLINE)
+    predictive, predictive_verdicts = summarize_predictive(rows)
+    for workload, entry in predictive.items():
+        summary.setdefault(workload, {}).update(entry)
+    verdicts += predictive_verdicts
     config = {
         "workloads": {w.name: {**w.notes, "turns": w.turns, "working_set_chunks": w.working_set_bytes // CHUNK_BYTES,
                                "mean_service_demand_slots": round(w.mean_service_demand(), 1)} for w in workloads},
@@ -136,11 +163,13 @@ def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str,
     }
     document = {"summary": summary, "machine": machine, "config": config, "results": rows,
                 "run_seconds": round(seconds, 1)}
-    save_results("hitrate", document)
-    title = (f"attnstore hit rate: lookahead vs LRU vs FIFO on a real daemon ({machine['cpu_model']}, "
-             f"{machine['cpu_cores_usable']} cores); Mooncake {workloads[0].notes['minutes']:g} min, "
-             f"ShareGPT {workloads[1].notes['conversations']} conversations")
-    plot(rows, HEADLINE, title, RESULTS_DIR / "hitrate.png")
+    save_results(args.results_name, document)
+    described = {"mooncake": lambda w: f"Mooncake {w.notes['minutes']:g} min",
+                 "sharegpt": lambda w: f"ShareGPT {w.notes['conversations']} conversations",
+                 "sharegpt-end": lambda w: "with end signals"}
+    title = (f"attnstore hit rate: {', '.join(args.policies)} on a real daemon ({machine['cpu_model']}, "
+             f"{machine['cpu_cores_usable']} cores); " + ", ".join(described[w.name](w) for w in workloads))
+    plot(rows, HEADLINE, title, RESULTS_DIR / f"{args.results_name}.png")
     print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores; run took {seconds:.0f} s")
     for w in workloads:
         print(f"{w.name}: {w.turns} turns, working set {w.working_set_bytes // CHUNK_BYTES} chunks, "

@@ -9,6 +9,14 @@ it changes, at most once per `hint_interval_s` of simulated time. The daemon nev
 the simulated clock: only the order of calls matters to its policies, and its prefetches
 run beside the replay in real time (they finish within a few calls; holding the replay
 until they had finished changed the DRAM share of hits by 0.1 point in a trial).
+
+With an `activity` (the predictive policy) the pusher also predicts every live session's
+next use. The replay tells it only what a scheduler would know at that simulated moment:
+a turn arriving (its session: the workload's id, or for the Mooncake trace one inferred
+from the keys seen so far, online_sessions.py), a turn ending with the chain it stored,
+and an application's DeleteSession (ShareGPT with end signals). Nothing else of the
+workload reaches it (tests/unit/bench/test_predictive_replay.py checks that its pushes up
+to a moment do not depend on what comes after).
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from attnstore.kvstore_client import AsyncKVStoreClient, Tier
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import NodeCapacity
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
+from bench.hitrate.online_sessions import ChainSessions
 from bench.hitrate.optimal import Event, Lookup, Offer, optimal_hits
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, encode
 
@@ -92,6 +102,7 @@ class Replay:
     def __init__(
         self, workload: Workload, kv: AsyncKVStoreClient, capacity: NodeCapacity, *,
         slots: int, push_hints: bool, hint_interval_s: float, on_turn_done: Callable[[], object],
+        activity: SessionActivity | None = None, predict_interval_s: float = HintSettings().predict_interval_seconds,
     ) -> None:
         self.workload = workload
         self.kv = kv
@@ -99,13 +110,17 @@ class Replay:
         self.hint_interval_s = hint_interval_s
         self.queue = JobQueue(max_length=workload.turns + 1)
         target = _Target(NODE, kv, capacity)
-        self.pusher = HintPusher(self.queue, lambda: [target], HintSettings()) if push_hints else None
+        self.activity = activity
+        settings = HintSettings(predict_interval_seconds=predict_interval_s)
+        self.pusher = HintPusher(self.queue, lambda: [target], settings, clock=lambda: self.now, activity=activity,
+                                 source="bench") if push_hints or activity else None
+        self._chains = ChainSessions()
         self.result = ReplayResult(capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES)
         self.now = 0.0  # simulated seconds
         self._on_turn_done = on_turn_done
         self._events: list[tuple[float, int, Callable[[], Awaitable[None]]]] = []
         self._order = itertools.count()
-        self._turn_of: dict[str, tuple[int, int]] = {}  # job id -> (session, turn)
+        self._turn_of: dict[str, tuple[int, int, str]] = {}  # job id -> (session, turn, the scheduler's session id)
         self._running: dict[str, int] = {}  # job id -> its hit prefix
         self._stored: set[bytes] = set()  # every key ever stored: the never-evicting store
         self._schedule: list[Event] = []  # what the store saw, in order, for the offline optimum
@@ -144,7 +159,10 @@ class Replay:
         spec = self.workload.sessions[session].turns[turn]
         keys = spec.keys[: spec.prompt_blocks]
         job_id = f"{session}/{turn}"
-        self._turn_of[job_id] = (session, turn)
+        session_id = str(session) if self.workload.session_ids else self._chains.session_for(keys)
+        self._turn_of[job_id] = (session, turn, session_id)
+        if self.activity is not None:
+            self.activity.turn_started(session_id, NODE, self.workload.namespace, self.now)
         self.queue.push(QueuedJob(
             job_id=job_id, tenant="bench", session_id=str(session), priority=0, chunk_keys=keys,
             namespace=self.workload.namespace, kv_bytes=len(keys) * CHUNK_BYTES, node=NODE, enqueued_at=self.now,
@@ -158,7 +176,7 @@ class Replay:
             waited = self.now - job.enqueued_at
             self.result.wait_s_sum += waited
             self._running[job.job_id] = await self._lookup(job.chunk_keys, waited >= self.hint_interval_s)
-            session, turn = self._turn_of[job.job_id]
+            session, turn, _ = self._turn_of[job.job_id]
             self._at(self.now + self.workload.sessions[session].turns[turn].service_s,
                      lambda j=job.job_id: self._complete(j))
 
@@ -180,7 +198,7 @@ class Replay:
         return found.prefix_length
 
     async def _complete(self, job_id: str) -> None:
-        session, turn = self._turn_of.pop(job_id)
+        session, turn, session_id = self._turn_of.pop(job_id)
         turns = self.workload.sessions[session].turns
         computed = turns[turn].keys[self._running.pop(job_id):]
         # The optimum may keep any chunk of the turn, whatever this policy hit: one schedule for all.
@@ -192,8 +210,19 @@ class Replay:
             self.result.stored_chunks += len(computed)
             self._stored.update(computed)
         self._on_turn_done()
+        if self.activity is not None:
+            self.activity.turn_ended(session_id, turns[turn].keys, self.now)
+            self._dirty = True
         if turn + 1 < len(turns):
             self._at(self.now + turns[turn + 1].think_s, lambda: self._arrive(session, turn + 1))
+        elif (end_s := self.workload.sessions[session].end_s) is not None and self.activity is not None:
+            self._at(self.now + end_s, lambda: self._end(session_id))
+
+    async def _end(self, session_id: str) -> None:
+        """The application's DeleteSession."""
+        assert self.activity is not None
+        self.activity.ended(session_id, self.now)
+        self._dirty = True
 
     async def _maybe_push(self) -> None:
         if self.pusher is None or not self._dirty or self.now < self._last_push + self.hint_interval_s:

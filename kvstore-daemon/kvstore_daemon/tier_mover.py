@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import heapq
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -29,6 +30,10 @@ from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.namespaces import NamespaceRegistry
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.tier import Tier, TierCopyCorrupt, TierFull, TierWriteError
+
+# Of DRAM, what the soonest-predicted chunks may take when predictions arrive: the rest
+# stays for the queue's prefetches and the chunks turns write.
+PREDICTED_PREFETCH_SHARE = 0.5
 
 log = structlog.get_logger("kvstore_daemon.tiers")
 
@@ -52,13 +57,14 @@ class TierMover:
         self.ssd = ssd
         self.peer = peer
         self.hints = hints
-        self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
-        self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints)
+        self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
+        self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
         self._persisting: set[asyncio.Task[bool]] = set()
+        self._prefetched_for = -1  # the prediction generation whose soonest chunks were last promoted
 
     async def finish_persists(self, timeout_seconds: float) -> None:
         if self._persisting:
@@ -69,6 +75,9 @@ class TierMover:
             task.cancel()
 
     def touch(self, chunk: Chunk) -> None:
+        hint = self.hints.get(chunk.key, now := self._clock())
+        if hint is not None and hint.action is HintAction.PREDICT:
+            metrics.NEXT_USE_ERROR.observe(now - hint.next_use_at)
         if chunk.blocks is not None:
             self.dram_policy.on_access(chunk.key)
         if chunk.on_ssd:
@@ -137,6 +146,7 @@ class TierMover:
             return
         self.drop_dram_copy(chunk)
         metrics.EVICTIONS.labels(TierName.DRAM.value).inc()
+        self._count_reason(chunk, TierName.DRAM)
         if not chunk.on_ssd and not chunk.on_peer:  # SSD refused it: the chunk is gone
             self._chunks.remove(chunk)
 
@@ -209,6 +219,7 @@ class TierMover:
         if chunk.blocks is None and not chunk.on_peer:  # no other copy: the chunk leaves the store
             self._chunks.remove(chunk)
         metrics.EVICTIONS.labels(TierName.SSD.value).inc()
+        self._count_reason(chunk, TierName.SSD)
         unlinking = self.ssd.discard(chunk)
         if unlinking is not None:  # the space is back only once the file is gone
             await asyncio.shield(unlinking)
@@ -293,16 +304,23 @@ class TierMover:
         except (DataLoss, ResourceExhausted) as exc:
             log.info("promotion_skipped", key=chunk.key.hex(), reason=str(exc))
 
+    def _count_reason(self, chunk: Chunk, tier: TierName) -> None:
+        """Evictions by the victim's hint: unhinted, evict_first, decline, predict..."""
+        hint = self.hints.get(chunk.key, self._clock())
+        metrics.EVICTION_REASONS.labels(tier.value, "unhinted" if hint is None else hint.action.value).inc()
+
     def start_prefetches(self) -> int:
-        """Lookahead only: promote SSD chunks the queue needs soon, evicting only chunks no
-        hint protects (so a prefetch never pushes out something needed sooner)."""
-        if self.settings.eviction_policy != "lookahead":
+        """Lookahead and predictive only: promote SSD chunks the queue needs soon, evicting
+        only chunks no hint protects (so a prefetch never pushes out something needed sooner)."""
+        if self.settings.eviction_policy not in ("lookahead", "predictive"):
             return 0
         now = self._clock()
 
         def unprotected(victim: Chunk) -> bool:
+            """Not needed by a queued job: a prediction (minutes away, as a rule) may make
+            way for a chunk the queue needs now; the policy offers the furthest first."""
             hint = self.hints.get(victim.key, now)
-            return hint is None or hint.action is HintAction.EVICT_FIRST
+            return hint is None or hint.action.gives_up or hint.action is HintAction.PREDICT
 
         started = 0
         for key in self.hints.prefetch_keys(now):
@@ -310,7 +328,43 @@ class TierMover:
             if chunk is not None and not chunk.deleted and chunk.tier is TierName.SSD and chunk.promote_task is None:
                 self.spawn(self.promote_quietly(chunk, unprotected))
                 started += 1
+        if self.settings.eviction_policy == "predictive":
+            started += self._prefetch_predicted(now)
         return started
+
+    def _prefetch_predicted(self, now: float) -> int:
+        """Predictive: when predictions arrive, the soonest-predicted chunks that live only
+        on SSD move to DRAM ahead of their turn (up to `PREDICTED_PREFETCH_SHARE` of DRAM),
+        each evicting only chunks predicted later, so DRAM converges on what comes next."""
+        if self.hints.prediction_generation == self._prefetched_for:
+            return 0
+        self._prefetched_for = self.hints.prediction_generation
+        soonest = heapq.nsmallest(
+            self.dram.capacity_bytes // max(self.settings.dram_block_bytes, 1),
+            ((hint.next_use_at, hint.depth, key) for key, hint in self.hints.items()
+             if hint.action is HintAction.PREDICT and hint.expires_at > now),
+        )
+        budget, started = self.dram.capacity_bytes * PREDICTED_PREFETCH_SHARE, 0
+        for next_use_at, _, key in soonest:
+            chunk = self._chunks.get(key)
+            if chunk is None or chunk.deleted:
+                continue
+            budget -= chunk.size_bytes
+            if budget < 0:
+                break
+            if chunk.tier is TierName.SSD and chunk.promote_task is None:
+                self.spawn(self.promote_quietly(chunk, self._needed_after(next_use_at, now)))
+                started += 1
+        return started
+
+    def _needed_after(self, next_use_at: float, now: float) -> VictimFilter:
+        def later(victim: Chunk) -> bool:
+            hint = self.hints.get(victim.key, now)
+            return hint is None or hint.action.gives_up or (
+                hint.action is HintAction.PREDICT and hint.next_use_at > next_use_at
+            )
+
+        return later
 
     async def enforce_watermarks(self) -> None:
         """Above a tier's high watermark, evicts down to its low watermark (headroom, so

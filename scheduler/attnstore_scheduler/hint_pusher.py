@@ -10,6 +10,17 @@ hints expire (its hint TTL) so that a silent scheduler stops steering eviction. 
 the scheduler releases (`release`: the one KV releaser, which Sessions is given) are
 hinted EVICT_FIRST within the same pushes for `release_seconds`.
 
+Every call names this replica as its `source`, so a replace forgets only this replica's
+hints and several scheduler replicas can steer one daemon. With a `SessionActivity` (the
+predictive policy) a push also sends, at most every `predict_interval_seconds`, the
+predictions for every live session (PREDICT with seconds to its next use; DECLINE for
+ended ones) under the source `<source>/predict`: a window of the whole population is
+large (every live chain), so it is sent less often than the queue's, and as another
+source the queue's replaces leave it alone. Between two, each push adds (no replace)
+the predictions of the sessions that changed (a turn started or ended, an expectation, an
+end), so a turn's fresh chunks are predicted at once. A queued job's hint beats a prediction of the
+same key in the daemon (the most urgent hint wins).
+
 A daemon that cannot be reached is logged and counted, never raised: its hints are
 retried by the next push, and every other node is still served.
 """
@@ -29,9 +40,12 @@ import structlog
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity, NodePlan, plan_hints
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 
 log = structlog.get_logger("attnstore_scheduler.hints")
+
+PREDICTION_SOURCE_SUFFIX = "/predict"
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -42,10 +56,11 @@ class HintClient(Protocol):
     async def hint(
         self,
         namespace: bytes,
-        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int, float]],
         *,
         replace: bool = False,
         ttl_seconds: int = 0,
+        source: str = "",
     ) -> HintResult: ...
 
 
@@ -86,8 +101,15 @@ class HintPusher:
         settings: HintSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        activity: SessionActivity | None = None,
+        source: str = "",
     ) -> None:
-        """`targets()` is read at every push (the registry's live nodes)."""
+        """`targets()` is read at every push (the registry's live nodes); `activity`, when
+        given, adds the predictions of every live session; `source` names this replica."""
+        self._activity = activity
+        self._source = source
+        self._predict_interval = settings.predict_interval_seconds
+        self._next_prediction = float("-inf")
         self._queue = queue
         self._targets = targets
         self._min_interval = settings.min_interval_seconds
@@ -98,11 +120,13 @@ class HintPusher:
         self._clock = clock
         self._changed = asyncio.Event()
         self._last_push = float("-inf")
-        self._namespaces: dict[str, set[bytes]] = {}  # per node: namespaces it may hold hints of
+        self._namespaces: dict[tuple[str, str], set[bytes]] = {}  # per (node, source): namespaces it may hold hints of
         self._released: dict[tuple[str, bytes], dict[bytes, float]] = {}  # (node, namespace) -> key -> until
         self.pushes = 0
         self.failures: Counter[str] = Counter()  # failed Hint calls per node
         queue.add_listener(self.notify)
+        if activity is not None:
+            activity.add_listener(self.notify)
 
     def notify(self) -> None:
         """Something the plan depends on changed (the queue calls this itself)."""
@@ -138,12 +162,28 @@ class HintPusher:
         capacities = {node: t.capacity for node, t in targets.items() if t.capacity is not None}
         plans = plan_hints(self._queue.snapshot(), capacities)
         self._add_released(plans)
+        batches = [(self._source, plans, True)]
+        now = self._clock()
+        if self._activity is not None and (now >= self._next_prediction or self._activity.changed):
+            whole = now >= self._next_prediction
+            if whole:
+                self._next_prediction = now + self._predict_interval
+            predicted = self._activity.predictions(now, changed_only=not whole)
+            batches.append((self._source + PREDICTION_SOURCE_SUFFIX, {
+                node: NodePlan(hints=predicted.get(node, {})) for node in capacities if whole or node in predicted
+            }, whole))
         report = PushReport()
-        outcomes = await asyncio.gather(*(self._push_node(targets[node], plan) for node, plan in plans.items()))
-        for node, (ok, started) in zip(plans, outcomes, strict=True):
-            (report.nodes_pushed if ok else report.nodes_failed).append(node)
-            report.hinted_keys += plans[node].hinted_keys if ok else 0
-            report.prefetches_started += started
+        for source, batch, replace in batches:
+            outcomes = await asyncio.gather(*(
+                self._push_node(targets[node], plan, source, replace) for node, plan in batch.items()
+            ))
+            for node, (ok, started) in zip(batch, outcomes, strict=True):
+                if source == self._source:
+                    (report.nodes_pushed if ok else report.nodes_failed).append(node)
+                elif not ok and node not in report.nodes_failed:
+                    report.nodes_failed.append(node)
+                report.hinted_keys += batch[node].hinted_keys if ok else 0
+                report.prefetches_started += started
         return report
 
     def _add_released(self, plans: dict[str, NodePlan]) -> None:
@@ -161,16 +201,20 @@ class HintPusher:
             if spare := tuple(key for key in live if key not in needed):
                 entries.append(HintEntry(spare, HintAction.EVICT_FIRST, 0))
 
-    async def _push_node(self, target: HintTarget, plan: NodePlan) -> tuple[bool, int]:
-        """Replaces the node's hints namespace by namespace; (all calls succeeded, prefetches started)."""
+    async def _push_node(self, target: HintTarget, plan: NodePlan, source: str, replace: bool) -> tuple[bool, int]:
+        """Replaces `source`'s hints on the node namespace by namespace (or, not `replace`,
+        adds to them); (all calls succeeded, prefetches started)."""
         ok, started = True, 0
-        stale = self._namespaces.get(target.node, set()) - plan.hints.keys()
+        known = self._namespaces.get((target.node, source), set())
+        stale = known - plan.hints.keys() if replace else set()
         namespaces = [*plan.hints, *sorted(stale)]
         failed: set[bytes] = set()
         for index, namespace in enumerate(namespaces):
             try:
                 for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
-                    result = await target.client.hint(namespace, entries, replace=call == 0, ttl_seconds=self._ttl)
+                    result = await target.client.hint(
+                        namespace, entries, replace=replace and call == 0, ttl_seconds=self._ttl, source=source
+                    )
                     started += result.prefetches_started
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 ok = False
@@ -182,7 +226,8 @@ class HintPusher:
                 if code is None or code in _UNREACHABLE:  # the daemon is down: skip its other namespaces
                     failed.update(namespaces[index + 1 :])
                     break
-        self._namespaces[target.node] = set(plan.hints) | failed  # failed ones are cleared next time
+        # Failed ones are cleared next time; an addition only adds namespaces.
+        self._namespaces[target.node, source] = set(plan.hints) | failed | (set() if replace else known)
         return ok, started
 
 

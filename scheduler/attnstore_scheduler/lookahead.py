@@ -49,6 +49,7 @@ class HintEntry(NamedTuple):
     keys: tuple[bytes, ...]
     action: HintAction
     queue_position: int
+    next_use_seconds: float = 0.0  # PREDICT only: seconds to the predicted use (session_activity.py)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Coroutine
 from typing import Any
 
@@ -40,6 +41,7 @@ from attnstore_scheduler.redis_session_store import RedisSessionStore
 from attnstore_scheduler.schema_store import EmbeddedSchemaStore
 from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
+from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.settings import SchedulerSettings
@@ -131,13 +133,16 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         session_ttl_seconds=settings.session_ttl_seconds,
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )
-    hints = HintPusher(queue, registry.hint_targets, settings.hints)
+    activity = SessionActivity() if settings.hints.policy == "predictive" else None
+    hints = HintPusher(queue, registry.hint_targets, settings.hints, activity=activity,
+                       source=settings.hints.source or socket.gethostname())
     sessions = Sessions(
         store,
         registry,
         hints,
         max_sessions_per_tenant=settings.max_sessions_per_tenant,
         max_kv_bytes_per_tenant=settings.max_kv_bytes_per_tenant,
+        activity=activity,
     )
     turns = Turns(sessions, runner, registry, limits, open_pool_routing(settings, registry))
     schemas = Schemas(

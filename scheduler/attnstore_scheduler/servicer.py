@@ -21,7 +21,7 @@ from attnstore_scheduler.session_record import Message, SessionRecord, check_ses
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turn_types import FinishReason, TurnOutcome
 from attnstore_scheduler.turns import TurnEvent, Turns
-from attnstore_scheduler.validation import ApiLimits, check_page, check_text, check_ttl
+from attnstore_scheduler.validation import ApiLimits, check_expectation, check_page, check_text, check_ttl
 
 SERVICE_NAME = api.DESCRIPTOR.services_by_name["AttnStore"].full_name
 
@@ -74,7 +74,9 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         ttl_seconds = check_ttl(request.ttl_seconds, self._limits)
         if system_prompt:
             await self._turns.check_system_prompt(system_prompt)
+        expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
         record = await self._sessions.create(tenant, system_prompt, ttl_seconds)
+        self._sessions.expect(tenant, record.session_id, expectation)
         return api.CreateSessionResponse(session=session_message(record, with_messages=True))
 
     async def Chat(
@@ -84,7 +86,8 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         tenant = self._caller(context).tenant
         session_id = check_session_id(request.session_id)
         message = check_text(request.message, "message", self._limits, required=True)
-        events = self._turns.chat(tenant, session_id, message, request.options)
+        expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
+        events = self._turns.chat(tenant, session_id, message, request.options, expectation)
         async for token, stats in _stream(events, started, "chat"):
             yield api.ChatResponse(token=token) if token is not None else api.ChatResponse(stats=stats)
 

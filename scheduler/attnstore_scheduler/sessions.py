@@ -28,6 +28,7 @@ import structlog
 
 from attnstore.errors import NotFound, ResourceExhausted
 from attnstore_scheduler import metrics
+from attnstore_scheduler.session_activity import Expectation, SessionActivity
 from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
 from attnstore_scheduler.session_store import SessionStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
@@ -52,8 +53,11 @@ class Sessions:
         *,
         max_sessions_per_tenant: int,
         max_kv_bytes_per_tenant: int | None = None,
+        activity: SessionActivity | None = None,
     ) -> None:
-        """`max_kv_bytes_per_tenant` None: no limit beyond the session count."""
+        """`max_kv_bytes_per_tenant` None: no limit beyond the session count. `activity`
+        (the predictive policy) hears of every turn, expectation and end."""
+        self.activity = activity
         self.store = store
         self._registry = registry
         self._releaser = releaser
@@ -107,6 +111,7 @@ class Sessions:
         if record is None:
             raise not_found(session_id)
         released = await self.release(record)
+        self.note_ended(tenant, session_id)
         metrics.SESSIONS_ENDED.labels("deleted").inc()
         if record.expires_at <= time.time():
             raise not_found(session_id)  # it had expired: gone for the caller too
@@ -129,12 +134,22 @@ class Sessions:
         metrics.RELEASED_CHUNKS.inc(len(keys))
         return len(keys)
 
+    def expect(self, tenant: str, session_id: str, expectation: Expectation | None) -> None:
+        """The application's word on the session's next turn (validation.check_expectation)."""
+        if self.activity is not None and expectation is not None:
+            self.activity.expect(activity_id(tenant, session_id), expectation, time.monotonic())
+
+    def note_ended(self, tenant: str, session_id: str) -> None:
+        if self.activity is not None:
+            self.activity.ended(activity_id(tenant, session_id), time.monotonic())
+
     async def sweep_expired(self) -> int:
         """Ends every session expired by now; how many."""
         ended = 0
         while batch := await self.store.claim_expired(time.time(), _SWEEP_BATCH):
             await asyncio.gather(*(self.release(record) for record in batch))
             for record in batch:
+                self.note_ended(record.tenant, record.session_id)
                 log.info("session_expired", tenant=record.tenant, session_id=record.session_id)
             metrics.SESSIONS_ENDED.labels("expired").inc(len(batch))
             ended += len(batch)
@@ -147,6 +162,11 @@ class Sessions:
             except Exception:  # Redis may be down: the next sweep retries
                 log.exception("expiry_sweep_failed")
             await asyncio.sleep(interval_seconds)
+
+
+def activity_id(tenant: str, session_id: str) -> str:
+    """A session's name in SessionActivity (ids are unique per tenant only)."""
+    return f"{tenant}/{session_id}"
 
 
 def not_found(session_id: str) -> NotFound:

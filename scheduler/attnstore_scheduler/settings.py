@@ -40,6 +40,17 @@ class HintSettings(BaseModel, frozen=True):
     max_keys_per_call: int = Field(
         4096, ge=1, description="keys per Hint call; at most the daemons' max_keys_per_request"
     )
+    policy: Literal["lookahead", "predictive"] = Field(
+        "lookahead",
+        description="lookahead hints the queue only; predictive also predicts every live session's next use "
+        "(pair it with the daemons' eviction_policy=predictive)",
+    )
+    predict_interval_seconds: float = Field(
+        5.0, gt=0, description="predictive: the predictions of every live session are pushed at most this often"
+    )
+    source: str = Field(
+        "", max_length=128, description="this replica's name in its hints; empty = the host name (unique per pod)"
+    )
 
 
 class SchedulerSettings(ServiceSettings):

@@ -24,8 +24,9 @@ from attnstore_scheduler import metrics
 from attnstore_scheduler.chat_prompt import TOKENIZE_TIMEOUT_SECONDS, chat_prompt, closing_after, tokenize
 from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.schema_store import SchemaRecord
+from attnstore_scheduler.session_activity import Expectation
 from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
-from attnstore_scheduler.sessions import Sessions
+from attnstore_scheduler.sessions import Sessions, activity_id
 from attnstore_scheduler.turn_runner import PrepareTurn, TurnRunner, TurnSpec
 from attnstore_scheduler.turn_types import FinishReason as TurnFinish
 from attnstore_scheduler.turn_types import Token, TurnOutcome
@@ -75,9 +76,11 @@ class Turns:
         self._prefix_nodes: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     async def chat(
-        self, tenant: str, session_id: str, message: str, options: api.GenerationOptions
+        self, tenant: str, session_id: str, message: str, options: api.GenerationOptions,
+        expectation: Expectation | None = None,
     ) -> AsyncIterator[TurnEvent]:
-        """The answer's tokens, then the TurnOutcome (the session is stored by then)."""
+        """The answer's tokens, then the TurnOutcome (the session is stored by then).
+        `expectation`: the application's word on the turn after this one."""
         model = require_model(self._registry.model())
         params = sampling(options, self._limits, model, session=True)
         async with self._sessions.store.turn_lock(tenant, session_id):
@@ -114,11 +117,23 @@ class Turns:
                 chunk_keys=readable,
                 kv_bytes=len(readable) * model.chunk_tokens * model.kv_bytes_per_token,
             )
-            async for event in self._runner.run(spec):
-                if isinstance(event, TurnOutcome):
-                    event = await self._store_turn(record, message, event, closings[-1])
-                    _observe("chat", event)
-                yield event
+            activity, name = self._sessions.activity, activity_id(tenant, session_id)
+            if activity is not None:
+                activity.turn_started(name, record.node, record.namespace, time.monotonic())
+            try:
+                async for event in self._runner.run(spec):
+                    if isinstance(event, TurnOutcome):
+                        event = await self._store_turn(record, message, event, closings[-1])
+                        if activity is not None and event.session_saved:
+                            now = time.monotonic()
+                            activity.turn_ended(name, event.stats.chunk_keys, now, now + record.ttl_seconds,
+                                                event.node, event.stats.namespace)
+                            self._sessions.expect(tenant, session_id, expectation)
+                        _observe("chat", event)
+                    yield event
+            finally:
+                if activity is not None:
+                    activity.turn_abandoned(name)  # no-op after turn_ended
 
     async def _store_turn(
         self, record: SessionRecord, message: str, outcome: TurnOutcome, answer_closing: list[int]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.errors import InvalidArgument, ResourceExhausted, Unavailable
 from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler.session_activity import Expectation
 from attnstore_scheduler.session_record import check_session_id
 
 MAX_TEMPERATURE = 2.0
@@ -45,6 +46,23 @@ def check_ttl(ttl_seconds: int, limits: ApiLimits) -> int:
             f"ttl_seconds is {ttl_seconds}; at most {limits.max_session_ttl_seconds} are allowed"
         )
     return ttl_seconds or limits.session_ttl_seconds
+
+
+def check_expectation(next_turn_seconds: float, over: bool, limits: ApiLimits) -> Expectation | None:
+    """The application's expectation of the next turn (Chat, CreateSession); None when it
+    gave none. A follow-up further away than the longest TTL is no expectation a session can keep."""
+    if over and next_turn_seconds:
+        raise InvalidArgument("conversation_over and expected_next_turn_seconds exclude each other")
+    if not math.isfinite(next_turn_seconds) or next_turn_seconds < 0:
+        raise InvalidArgument(f"expected_next_turn_seconds must be finite and not negative, got {next_turn_seconds}")
+    if next_turn_seconds > limits.max_session_ttl_seconds:
+        raise InvalidArgument(
+            f"expected_next_turn_seconds is {next_turn_seconds:g}; at most {limits.max_session_ttl_seconds} "
+            "(the longest session TTL) are allowed"
+        )
+    if not over and not next_turn_seconds:
+        return None
+    return Expectation(next_turn_seconds or None, over)
 
 
 def check_page(request: api.ListSessionsRequest) -> tuple[int, str]:

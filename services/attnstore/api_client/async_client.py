@@ -60,20 +60,30 @@ class AsyncAttnStoreClient:
     def _kwargs(self) -> dict[str, Any]:
         return {"metadata": self._metadata, "timeout": self._timeout_seconds}
 
-    async def create_session(self, system_prompt: str = "", ttl_seconds: int = 0) -> api.Session:
-        request = api.CreateSessionRequest(system_prompt=system_prompt, ttl_seconds=ttl_seconds)
+    async def create_session(
+        self, system_prompt: str = "", ttl_seconds: int = 0, *, expected_next_turn_seconds: float = 0.0
+    ) -> api.Session:
+        """`expected_next_turn_seconds`: the first turn is expected within this long (0: no expectation)."""
+        request = api.CreateSessionRequest(
+            system_prompt=system_prompt, ttl_seconds=ttl_seconds, expected_next_turn_seconds=expected_next_turn_seconds
+        )
         return (await self._stub.CreateSession(request, **self._kwargs())).session
 
     async def stream_chat(
-        self, session_id: str, message: str, **generation: Any
+        self, session_id: str, message: str, *, expected_next_turn_seconds: float = 0.0,
+        conversation_over: bool = False, **generation: Any,
     ) -> AsyncIterator[StreamEvent]:
-        request = api.ChatRequest(session_id=session_id, message=message, options=options(**generation))
+        """As the sync client's stream_chat."""
+        request = api.ChatRequest(
+            session_id=session_id, message=message, options=options(**generation),
+            expected_next_turn_seconds=expected_next_turn_seconds, conversation_over=conversation_over,
+        )
         async for reply in self._stub.Chat(request, **self._kwargs()):
             yield event_of(reply)
 
-    async def chat(self, session_id: str, message: str, **generation: Any) -> Answer:
+    async def chat(self, session_id: str, message: str, **options_and_expectation: Any) -> Answer:
         answer = Answer()
-        async for event in self.stream_chat(session_id, message, **generation):
+        async for event in self.stream_chat(session_id, message, **options_and_expectation):
             answer.add(event)
         return answer
 

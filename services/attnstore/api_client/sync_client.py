@@ -62,20 +62,32 @@ class AttnStoreClient:
     def _kwargs(self) -> dict[str, Any]:
         return {"metadata": self._metadata, "timeout": self._timeout_seconds}
 
-    def create_session(self, system_prompt: str = "", ttl_seconds: int = 0) -> api.Session:
-        request = api.CreateSessionRequest(system_prompt=system_prompt, ttl_seconds=ttl_seconds)
+    def create_session(
+        self, system_prompt: str = "", ttl_seconds: int = 0, *, expected_next_turn_seconds: float = 0.0
+    ) -> api.Session:
+        """`expected_next_turn_seconds`: the first turn is expected within this long (0: no expectation)."""
+        request = api.CreateSessionRequest(
+            system_prompt=system_prompt, ttl_seconds=ttl_seconds, expected_next_turn_seconds=expected_next_turn_seconds
+        )
         return self._stub.CreateSession(request, **self._kwargs()).session
 
-    def stream_chat(self, session_id: str, message: str, **generation: Any) -> Iterator[StreamEvent]:
+    def stream_chat(
+        self, session_id: str, message: str, *, expected_next_turn_seconds: float = 0.0,
+        conversation_over: bool = False, **generation: Any,
+    ) -> Iterator[StreamEvent]:
         """The answer's TokenText messages as they come, then its TurnStats. `generation`:
-        max_tokens, temperature, top_p, seed, stop."""
-        request = api.ChatRequest(session_id=session_id, message=message, options=options(**generation))
+        max_tokens, temperature, top_p, seed, stop. `expected_next_turn_seconds` (a follow-up
+        expected within this long) or `conversation_over` tell the scheduler what comes next."""
+        request = api.ChatRequest(
+            session_id=session_id, message=message, options=options(**generation),
+            expected_next_turn_seconds=expected_next_turn_seconds, conversation_over=conversation_over,
+        )
         for reply in self._stub.Chat(request, **self._kwargs()):
             yield event_of(reply)
 
-    def chat(self, session_id: str, message: str, **generation: Any) -> Answer:
+    def chat(self, session_id: str, message: str, **options_and_expectation: Any) -> Answer:
         answer = Answer()
-        for event in self.stream_chat(session_id, message, **generation):
+        for event in self.stream_chat(session_id, message, **options_and_expectation):
             answer.add(event)
         return answer
 

@@ -226,20 +226,26 @@ class AsyncKVStoreClient:
     async def hint(
         self,
         namespace: bytes,
-        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int] | tuple[Sequence[bytes], HintAction, int, float]],
         *,
         replace: bool = False,
         ttl_seconds: int = 0,
+        source: str = "",
     ) -> HintResult:
-        """Look-ahead hints: (keys, action, queue position; 0 runs next) per entry."""
+        """Hints: (keys, action, queue position; 0 runs next[, seconds to the predicted
+        use]) per entry. `replace` forgets only `source`'s earlier hints of the namespace."""
         request = kvstore_pb2.HintRequest(
             namespace=namespace,
             entries=[
-                kvstore_pb2.HintEntry(keys=keys, action=action.value, queue_position=position)
-                for keys, action, position in entries
+                kvstore_pb2.HintEntry(
+                    keys=entry[0], action=entry[1].value, queue_position=entry[2],
+                    next_use_seconds=entry[3] if len(entry) > 3 else 0.0,
+                )
+                for entry in entries
             ],
             replace=replace,
             ttl_seconds=ttl_seconds,
+            source=source,
         )
         reply = await self._stub.Hint(request, timeout=self._timeout_seconds)
         return HintResult(hinted_keys=reply.hinted_keys, prefetches_started=reply.prefetches_started)

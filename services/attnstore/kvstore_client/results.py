@@ -23,6 +23,8 @@ class HintAction(enum.Enum):
     PREFETCH = kvstore_pb2.HINT_ACTION_PREFETCH  # needed soon: load into DRAM and keep it there
     PROTECT = kvstore_pb2.HINT_ACTION_PROTECT  # needed later: evict after unhinted chunks
     EVICT_FIRST = kvstore_pb2.HINT_ACTION_EVICT_FIRST  # not needed: evict before anything else
+    PREDICT = kvstore_pb2.HINT_ACTION_PREDICT  # not queued: expected to be read in next_use_seconds
+    DECLINE = kvstore_pb2.HINT_ACTION_DECLINE  # never read again: do not store, evict first
 
 
 @dataclass(frozen=True)

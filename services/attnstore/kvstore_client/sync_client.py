@@ -162,12 +162,13 @@ class KVStoreClient:
     def hint(
         self,
         namespace: bytes,
-        entries: Sequence[tuple[Sequence[bytes], HintAction, int]],
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int] | tuple[Sequence[bytes], HintAction, int, float]],
         *,
         replace: bool = False,
         ttl_seconds: int = 0,
+        source: str = "",
     ) -> HintResult:
-        return self.call(self._client.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds))
+        return self.call(self._client.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds, source=source))
 
     def stats(self) -> kvstore_pb2.StatsResponse:
         return self.call(self._client.stats())

@@ -390,7 +390,7 @@ CASES: dict[str, Case] = {
     ),
     "Hint-unspecified-action": Case(hint(pb.HINT_ACTION_UNSPECIFIED), INVALID, "entries[1].action must be"),
     "Hint-unknown-action": Case(
-        hint(99), INVALID, "entries[1].action must be PREFETCH, PROTECT or EVICT_FIRST"
+        hint(99), INVALID, "entries[1].action must be PREFETCH, PROTECT, PREDICT, EVICT_FIRST or DECLINE"
     ),
     "Hint-ttl-above-maximum": Case(
         hint(pb.HINT_ACTION_PREFETCH, ttl_seconds=601),

@@ -120,6 +120,7 @@ def start_stack(
     worker_nodes: tuple[str, ...] = ("node-a", "node-b"),
     scheduler_settings: dict[str, object] | None = None,
     worker_metrics: bool = False,
+    daemon_settings: dict[str, object] | None = None,
 ) -> Stack:
     """`redis` None: the embedded session store. `worker_metrics`: each worker serves
     /metrics on a free port (Stack.worker_metrics_ports)."""
@@ -135,7 +136,7 @@ def start_stack(
         workers=workers,
         redis_url=redis.url if redis is not None else None,
         api_keys=API_KEYS,
-        daemon_settings=DAEMON_SETTINGS,
+        daemon_settings={**DAEMON_SETTINGS, **(daemon_settings or {})},
         worker_settings=WORKER_SETTINGS,
         scheduler_settings=settings,
     )

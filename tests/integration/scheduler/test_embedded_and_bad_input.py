@@ -93,6 +93,19 @@ BAD_REQUESTS: dict[str, tuple[Callable[[AttnStoreClient, str], object], grpc.Sta
     "chat: max_tokens the largest uint32": (chat(max_tokens=2**32 - 1), INVALID, "the model allows at most 2048"),
     "chat: top_p above one": (chat(top_p=1.5), INVALID, "options.top_p"),
     "chat: session tokens": (chat(max_tokens=290), EXHAUSTED, "limit of 300: start a new session"),
+    "chat: expected next turn negative": (chat(expected_next_turn_seconds=-1.0), INVALID, "expected_next_turn_seconds"),
+    "chat: expected next turn infinite": (
+        chat(expected_next_turn_seconds=float("inf")), INVALID, "expected_next_turn_seconds must be finite",
+    ),
+    "chat: expected next turn beyond the longest ttl": (
+        chat(expected_next_turn_seconds=601.0), INVALID, "at most 600 (the longest session TTL)",
+    ),
+    "chat: over and expected back": (
+        chat(expected_next_turn_seconds=5.0, conversation_over=True), INVALID, "exclude each other",
+    ),
+    "create: expected first turn not a number": (
+        lambda c, _: c.create_session(expected_next_turn_seconds=float("nan")), INVALID, "expected_next_turn_seconds",
+    ),
     "generate: empty prompt": (lambda c, _: c.generate(""), INVALID, "prompt must not be empty"),
     "generate: blank prompt": (lambda c, _: c.generate("\n\t \u3000"), INVALID, "prompt must not be empty"),
     "generate: long prompt": (lambda c, _: c.generate("x" * 201), INVALID, "prompt is 201 characters"),

@@ -142,7 +142,7 @@ class ReferenceLookahead:
             hint = self.hints.get(key, now)
             if hint is None:
                 unhinted.append(key)
-            elif hint.action is HintAction.EVICT_FIRST:
+            elif hint.action.gives_up:
                 evict_first.append(key)
             else:
                 needed.append((-hint.queue_position, hint.action is HintAction.PREFETCH, key))

@@ -116,14 +116,14 @@ class RecordingClient:
     actions: list[dict[bytes, HintAction]] = field(default_factory=list)  # per call: key -> action
 
     async def hint(
-        self, namespace: bytes, entries: Sequence[tuple[Sequence[bytes], HintAction, int]], *,
-        replace: bool = False, ttl_seconds: int = 0,
+        self, namespace: bytes, entries: Sequence[tuple[Sequence[bytes], HintAction, int, float]], *,
+        replace: bool = False, ttl_seconds: int = 0, source: str = "",
     ) -> HintResult:
-        self.calls.append((namespace, sum(len(keys) for keys, _, _ in entries), replace))
-        self.actions.append({key: action for keys, action, _ in entries for key in keys})
+        self.calls.append((namespace, sum(len(entry[0]) for entry in entries), replace))
+        self.actions.append({key: entry[1] for entry in entries for key in entry[0]})
         if self.inner is None:
             return HintResult(hinted_keys=0, prefetches_started=0)
-        return await self.inner.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds)
+        return await self.inner.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds, source=source)
 
 
 async def tiers(kv: AsyncKVStoreClient, session: int) -> list[Tier]:

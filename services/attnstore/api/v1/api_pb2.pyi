@@ -84,12 +84,16 @@ class Session(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., turns: _Optional[int] = ..., history_tokens: _Optional[int] = ..., truncated_tokens: _Optional[int] = ..., cached_chunks: _Optional[int] = ..., node: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., expires_at_unix_ms: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("system_prompt", "ttl_seconds")
+    __slots__ = ("system_prompt", "ttl_seconds", "expected_next_turn_seconds", "conversation_over")
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_NEXT_TURN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_OVER_FIELD_NUMBER: _ClassVar[int]
     system_prompt: str
     ttl_seconds: int
-    def __init__(self, system_prompt: _Optional[str] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    expected_next_turn_seconds: float
+    conversation_over: bool
+    def __init__(self, system_prompt: _Optional[str] = ..., ttl_seconds: _Optional[int] = ..., expected_next_turn_seconds: _Optional[float] = ..., conversation_over: _Optional[bool] = ...) -> None: ...
 
 class CreateSessionResponse(_message.Message):
     __slots__ = ("session",)
@@ -98,14 +102,18 @@ class CreateSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("session_id", "message", "options")
+    __slots__ = ("session_id", "message", "options", "expected_next_turn_seconds", "conversation_over")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_NEXT_TURN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_OVER_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     message: str
     options: GenerationOptions
-    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ...) -> None: ...
+    expected_next_turn_seconds: float
+    conversation_over: bool
+    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., expected_next_turn_seconds: _Optional[float] = ..., conversation_over: _Optional[bool] = ...) -> None: ...
 
 class TokenText(_message.Message):
     __slots__ = ("text", "token_id", "sample_index")

@@ -28,6 +28,8 @@ class HintAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HINT_ACTION_PREFETCH: _ClassVar[HintAction]
     HINT_ACTION_PROTECT: _ClassVar[HintAction]
     HINT_ACTION_EVICT_FIRST: _ClassVar[HintAction]
+    HINT_ACTION_PREDICT: _ClassVar[HintAction]
+    HINT_ACTION_DECLINE: _ClassVar[HintAction]
 TIER_UNSPECIFIED: Tier
 TIER_DRAM: Tier
 TIER_SSD: Tier
@@ -41,6 +43,8 @@ HINT_ACTION_UNSPECIFIED: HintAction
 HINT_ACTION_PREFETCH: HintAction
 HINT_ACTION_PROTECT: HintAction
 HINT_ACTION_EVICT_FIRST: HintAction
+HINT_ACTION_PREDICT: HintAction
+HINT_ACTION_DECLINE: HintAction
 
 class NamespaceLayout(_message.Message):
     __slots__ = ("num_layers", "kv_heads", "head_dim", "chunk_tokens", "dtype", "model_label")
@@ -341,26 +345,30 @@ class UnpinResponse(_message.Message):
     def __init__(self, unpinned_count: _Optional[int] = ...) -> None: ...
 
 class HintEntry(_message.Message):
-    __slots__ = ("keys", "action", "queue_position")
+    __slots__ = ("keys", "action", "queue_position", "next_use_seconds")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_USE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     action: HintAction
     queue_position: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., action: _Optional[_Union[HintAction, str]] = ..., queue_position: _Optional[int] = ...) -> None: ...
+    next_use_seconds: float
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., action: _Optional[_Union[HintAction, str]] = ..., queue_position: _Optional[int] = ..., next_use_seconds: _Optional[float] = ...) -> None: ...
 
 class HintRequest(_message.Message):
-    __slots__ = ("namespace", "entries", "replace", "ttl_seconds")
+    __slots__ = ("namespace", "entries", "replace", "ttl_seconds", "source")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     entries: _containers.RepeatedCompositeFieldContainer[HintEntry]
     replace: bool
     ttl_seconds: int
-    def __init__(self, namespace: _Optional[bytes] = ..., entries: _Optional[_Iterable[_Union[HintEntry, _Mapping]]] = ..., replace: _Optional[bool] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, namespace: _Optional[bytes] = ..., entries: _Optional[_Iterable[_Union[HintEntry, _Mapping]]] = ..., replace: _Optional[bool] = ..., ttl_seconds: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class HintResponse(_message.Message):
     __slots__ = ("hinted_keys", "prefetches_started")
@@ -389,7 +397,7 @@ class TierStats(_message.Message):
     def __init__(self, capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("dram", "ssd", "misses", "eviction_policy", "namespaces", "reservations", "leases", "pinned_chunks", "promotions", "demotions", "max_namespaces", "namespaces_refused_table_full", "namespaces_refused_rate_limited", "namespaces_reclaimed")
+    __slots__ = ("dram", "ssd", "misses", "eviction_policy", "namespaces", "reservations", "leases", "pinned_chunks", "promotions", "demotions", "max_namespaces", "namespaces_refused_table_full", "namespaces_refused_rate_limited", "namespaces_reclaimed", "admissions_declined")
     DRAM_FIELD_NUMBER: _ClassVar[int]
     SSD_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +412,7 @@ class StatsResponse(_message.Message):
     NAMESPACES_REFUSED_TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_REFUSED_RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
     dram: TierStats
     ssd: TierStats
     misses: int
@@ -418,4 +427,5 @@ class StatsResponse(_message.Message):
     namespaces_refused_table_full: int
     namespaces_refused_rate_limited: int
     namespaces_reclaimed: int
-    def __init__(self, dram: _Optional[_Union[TierStats, _Mapping]] = ..., ssd: _Optional[_Union[TierStats, _Mapping]] = ..., misses: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., namespaces: _Optional[int] = ..., reservations: _Optional[int] = ..., leases: _Optional[int] = ..., pinned_chunks: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., max_namespaces: _Optional[int] = ..., namespaces_refused_table_full: _Optional[int] = ..., namespaces_refused_rate_limited: _Optional[int] = ..., namespaces_reclaimed: _Optional[int] = ...) -> None: ...
+    admissions_declined: int
+    def __init__(self, dram: _Optional[_Union[TierStats, _Mapping]] = ..., ssd: _Optional[_Union[TierStats, _Mapping]] = ..., misses: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., namespaces: _Optional[int] = ..., reservations: _Optional[int] = ..., leases: _Optional[int] = ..., pinned_chunks: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., max_namespaces: _Optional[int] = ..., namespaces_refused_table_full: _Optional[int] = ..., namespaces_refused_rate_limited: _Optional[int] = ..., namespaces_reclaimed: _Optional[int] = ..., admissions_declined: _Optional[int] = ...) -> None: ...
