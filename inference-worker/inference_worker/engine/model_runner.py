@@ -71,7 +71,7 @@ class PagedModelRunner:
         self.device = next(model.parameters()).device
         decoder = model.model
         self.layer_timeout_seconds = layer_timeout_seconds
-        self.windows = [_window(config, layer.self_attn) for layer in decoder.layers]
+        self.windows = [sliding_window(config, layer.self_attn) for layer in decoder.layers]
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
@@ -149,7 +149,7 @@ class PagedModelRunner:
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
 
 
-def _window(config: object, attn: object) -> int | None:
+def sliding_window(config: object, attn: object) -> int | None:
     """The layer's sliding window: Qwen2 names it per layer, Mistral in its config."""
     if getattr(config, "model_type", None) == "mistral":
         return getattr(config, "sliding_window", None)
