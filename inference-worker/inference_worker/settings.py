@@ -15,6 +15,7 @@ from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
+from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
@@ -32,6 +33,10 @@ class WorkerSettings(FileBackedSettings):
     tls: ServerTLS = Field(default_factory=ServerTLS, description="TLS of the gRPC server; unset = plaintext")
     serving: ServingLimits = Field(
         default_factory=ServingLimits, description="load limits of the gRPC server (calls at once)"
+    )
+    micro_attention: MicroAttentionLimits = Field(
+        default_factory=MicroAttentionLimits,
+        description="KV held and attention computed for other workers' long contexts (DistAttention)",
     )
     internal_auth: InternalAuth = Field(
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
