@@ -1,0 +1,173 @@
+"""DistAttention across real worker processes on loopback ports standing for nodes: a
+context that does not fit one worker's share keeps its oldest KV on two peer workers
+(MicroAttention), and every logit matches the single-node forward (1e-4, fp32), with the
+partials computed remotely and with the KV pulled; a peer killed mid-sequence makes the
+sequence recompute its KV on the peer left (same logits), and when nothing is left the
+turn fails UNAVAILABLE-kind (ContextUnavailable), never with a wrong answer. The service's
+edge: malformed tensors are INVALID_ARGUMENT, unknown segments NOT_FOUND, the lending caps
+RESOURCE_EXHAUSTED."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from attnstore.worker.v1 import micro_attention_pb2 as pb
+from attnstore.worker.v1 import micro_attention_pb2_grpc
+from inference_worker.dist_attention.context import ContextUnavailable, LongContext
+from inference_worker.dist_attention.cost_model import Mode
+from inference_worker.dist_attention.placement import ContextTooLong
+from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.dist_attention.wire import to_wire
+from inference_worker.launcher import WorkerProcess
+from inference_worker.model_store import LoadedModel
+
+TOLERANCE = 1e-4
+LIMITS = {"max_held_bytes": 4 << 20, "max_query_tokens": 64, "max_inflight_key_tokens": 4096}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model: LoadedModel) -> Path:
+    return tiny_model.model_dir
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[list[WorkerProcess]]:
+    with two_workers(tmp_path_factory.mktemp("peers"), model_dir) as started:
+        yield started
+
+
+@pytest.fixture
+def doomed_peers(tmp_path: Path, model_dir: Path) -> Iterator[list[WorkerProcess]]:
+    """Peers of one test, which kills them."""
+    with two_workers(tmp_path, model_dir) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def two_workers(tmp_path: Path, model_dir: Path) -> Iterator[list[WorkerProcess]]:
+    started = []
+    try:
+        for name in ("peer-a", "peer-b"):
+            worker = WorkerProcess(tmp_path / f"{name}.log", model_dir=model_dir,
+                                   settings={"micro_attention": LIMITS, "listen_address": "127.0.0.1:0"})  # fmt: skip
+            worker.start()
+            started.append(worker)
+        yield started
+    finally:
+        for worker in started:
+            if worker.running:
+                worker.stop()
+
+
+def reference(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0].float()
+
+
+def long_context(model: PreTrainedModel, peers: list[WorkerProcess], room: int = 200) -> LongContext:
+    channels = {p.address: peer_channel(p.address) for p in peers}
+    return LongContext(
+        DistributedRunner(model), channels, lambda: {a: room for a in channels},
+        local_tokens=48, segment_tokens=40, chunk_tokens=16, timeout_seconds=5.0,
+    )  # fmt: skip
+
+
+def decode_and_compare(model: PreTrainedModel, context: LongContext, prompt: list[int], steps: int, on_step=None) -> None:  # noqa: ANN001
+    logits = [context.prefill(prompt, max_new_tokens=steps + 1)]
+    for step in range(steps):
+        if on_step is not None:
+            on_step(step)
+        logits.append(context.decode(int(torch.argmax(logits[-1]))))
+    expected = reference(model, context.token_ids)
+    for index, got in enumerate(logits):
+        assert (got - expected[len(prompt) - 1 + index]).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("mode", [None, Mode.PULL])
+def test_context_across_three_workers_gives_single_node_logits(model_dir: Path, peers: list[WorkerProcess], mode: Mode | None) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    context = long_context(model, peers)
+    prompt = torch.randint(0, 300, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def force(step: int) -> None:
+        for place in context.places:
+            if isinstance(place, RemoteSegment):
+                place.force = mode
+
+    decode_and_compare(model, context, prompt, steps=4, on_step=force)
+    remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+    assert {p.address for p in remote} == {w.address for w in peers}  # both peers hold KV
+    assert sum(p.tokens for p in remote) == 150 + 5 - 48
+    if mode is Mode.PULL:
+        assert all(p.traffic.pulls > 0 for p in remote)
+    else:
+        assert all(p.traffic.remote_calls > 0 for p in remote)
+    context.close()
+
+
+def test_killed_peer_is_recomputed_elsewhere_or_fails_unavailable(model_dir: Path, doomed_peers: list[WorkerProcess]) -> None:
+    peers = doomed_peers
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    context = long_context(model, peers)
+    prompt = torch.randint(0, 300, (120,), generator=torch.Generator().manual_seed(2)).tolist()
+    decode_and_compare(model, context, prompt, steps=3, on_step=lambda step: step == 1 and peers[0].kill9())
+    assert context.recomputations == 1 and context.lost == {peers[0].address}
+    assert all(p.address == peers[1].address for p in context.places if isinstance(p, RemoteSegment))
+
+    peers[1].kill9()
+    with pytest.raises(ContextUnavailable, match="were lost"):
+        context.decode(1)
+
+
+def test_context_beyond_every_peer_is_refused(model_dir: Path, peers: list[WorkerProcess]) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with pytest.raises(ContextTooLong, match="peers have room for 20"):
+        long_context(model, peers, room=10).prefill(list(range(100)), max_new_tokens=2)
+
+
+def test_service_statuses(peers: list[WorkerProcess]) -> None:
+    stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(peers[0].address))
+    kv = to_wire(torch.zeros(3, 8, 2, 16))
+    stub.AppendKV(pb.AppendKVRequest(segment_id="s", start_position=0, keys=kv, values=kv))
+    query = pb.PartialAttentionRequest(segment_id="s", layer=0, queries=to_wire(torch.zeros(1, 4, 16)),
+                                       query_positions=[8], scale=0.25)  # fmt: skip
+    assert list(stub.PartialAttention(query).lse.shape) == [1, 4]
+    cases = {
+        grpc.StatusCode.INVALID_ARGUMENT: [
+            pb.PartialAttentionRequest(segment_id="s", queries=pb.Tensor(shape=[1, 4, 16], dtype="float32", data=b"x"),
+                                       query_positions=[8], scale=0.25),
+            pb.PartialAttentionRequest(segment_id="s", queries=to_wire(torch.zeros(65, 4, 16)),
+                                       query_positions=list(range(65)), scale=0.25),
+            pb.PartialAttentionRequest(segment_id="s", queries=to_wire(torch.zeros(1, 3, 16)), query_positions=[8], scale=0.25),
+            pb.PartialAttentionRequest(segment_id="s", queries=to_wire(torch.zeros(1, 4, 16)), query_positions=[8], scale=0),
+        ],
+        grpc.StatusCode.NOT_FOUND: [pb.PartialAttentionRequest(segment_id="nope", queries=to_wire(torch.zeros(1, 4, 16)),
+                                                               query_positions=[8], scale=0.25)],
+        grpc.StatusCode.OUT_OF_RANGE: [pb.PartialAttentionRequest(segment_id="s", layer=3, queries=to_wire(torch.zeros(1, 4, 16)),
+                                                                  query_positions=[8], scale=0.25)],
+    }  # fmt: skip
+    for code, requests in cases.items():
+        for request in requests:
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.PartialAttention(request)
+            assert caught.value.code() is code, caught.value.details()
+    big = to_wire(torch.zeros(3, 6000, 2, 16))  # K and V 4.6 MB: past the 4 MiB lent
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.AppendKV(pb.AppendKVRequest(segment_id="s2", keys=big, values=big))
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    wide = to_wire(torch.zeros(1, 4100, 2, 16))  # more key tokens than the 4096 lent at once
+    stub.AppendKV(pb.AppendKVRequest(segment_id="s3", keys=wide, values=wide))
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.PartialAttention(pb.PartialAttentionRequest(segment_id="s3", queries=to_wire(torch.zeros(1, 4, 16)),
+                                                         query_positions=[5000], scale=0.25))  # fmt: skip
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "lent at once" in caught.value.details()
+    assert stub.ReleaseKV(pb.ReleaseKVRequest(segment_id="s")).released
+    assert not stub.ReleaseKV(pb.ReleaseKVRequest(segment_id="s")).released
