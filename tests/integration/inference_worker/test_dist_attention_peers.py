@@ -27,7 +27,7 @@ from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.wire import to_wire
 from inference_worker.launcher import WorkerProcess
-from inference_worker.model_store import LoadedModel
+from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 
 TOLERANCE = 1e-4
 LIMITS = {"max_held_bytes": 4 << 20, "max_query_tokens": 64, "max_inflight_key_tokens": 4096}
@@ -171,3 +171,15 @@ def test_service_statuses(peers: list[WorkerProcess]) -> None:
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "lent at once" in caught.value.details()
     assert stub.ReleaseKV(pb.ReleaseKVRequest(segment_id="s")).released
     assert not stub.ReleaseKV(pb.ReleaseKVRequest(segment_id="s")).released
+
+
+@pytest.mark.timeout(600)
+def test_real_model_context_across_workers(peers: list[WorkerProcess]) -> None:
+    """SmolLM2-135M (fp32, 30 layers, 3 KV heads) at home, its oldest 85 tokens' KV on the
+    two peers: the same logits as transformers' forward over the whole sequence."""
+    model = load_model(default_model_dir(), torch.float32, "cpu").model
+    context = long_context(model, peers)
+    prompt = torch.randint(0, 49000, (130,), generator=torch.Generator().manual_seed(3)).tolist()
+    decode_and_compare(model, context, prompt, steps=2)
+    assert sum(p.tokens for p in context.places if isinstance(p, RemoteSegment)) == 130 + 3 - 48
+    context.close()
