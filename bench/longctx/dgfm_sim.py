@@ -64,7 +64,11 @@ class Cluster:
                 debts[edge] = debts.get(edge, 0) + 1
         for swap in plan_swaps(debts, min_swap_blocks):
             for owner, holder, count in swap.moves():
-                away = [b for b in self.blocks if b.owner == int(owner) and b.place == int(holder) and b.frozen_until < step]
+                away = [
+                    b
+                    for b in self.blocks
+                    if b.owner == int(owner) and b.place == int(holder) and b.frozen_until < step
+                ]
                 for b in away[:count]:  # the oldest first: they would stay out longest
                     b.place, b.frozen_until = b.owner, step
                     self.moved += 1

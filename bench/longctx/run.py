@@ -47,7 +47,12 @@ LONG_LLAMA = {
     "initializer_range": 0.2, "tie_word_embeddings": True,
 }  # fmt: skip
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4
-TARGETS = {"max_context_gain_3_nodes": 2.5, "decode_bytes_ratio_pull_vs_remote_16k": 100.0, "split_overhead": 0.10}
+SPLIT_BLOCKS = (1024, 4096)
+TARGETS = {
+    "max_context_gain_3_nodes": 2.5,
+    "decode_bytes_ratio_pull_vs_remote_16k": 100.0,
+    "split_overhead": 0.10,
+}
 
 
 def fastest_seconds(ops: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -67,33 +72,38 @@ def fastest_seconds(ops: dict[str, Callable[[], object]], repeats: int) -> dict[
 def bench_split(keys: int, repeats: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     k, v = torch.randn(keys, 2, 64, generator=gen), torch.randn(keys, 2, 64, generator=gen)
-    k_pos = torch.arange(keys)
     rows = {}
     for queries in (1, 256):
         q = torch.randn(queries, 8, 64, generator=gen)
-        q_pos = torch.arange(keys - queries, keys)
-        mask = None if queries == 1 else k_pos[None, :] <= q_pos[:, None]
-        ops: dict[str, Callable[[], object]] = {
-            "sdpa": lambda: F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                attn_mask=mask, scale=0.125, enable_gqa=True,
-            ),
-            "one_part": lambda: partial_attention(q, k, v, q_pos, k_pos, scale=0.125),
-        }  # fmt: skip
-        for block in (1024, 4096):
-            ops[f"block{block}"] = lambda block=block: merge(
-                [partial_attention(q, k[s : s + block], v[s : s + block], q_pos, k_pos[s : s + block], scale=0.125)
-                 for s in range(0, keys, block)]
-            )  # fmt: skip
-        best = fastest_seconds(ops, repeats * (20 if queries == 1 else 1))  # a decode op takes ms
+        best = _split_timings(q, k, v, repeats * (20 if queries == 1 else 1))  # a decode op takes ms
         monolithic = min(best["sdpa"], best["one_part"])  # the faster of SDPA and the same kernel unsplit
-        for block in (1024, 4096):
+        for block in SPLIT_BLOCKS:
             split = best[f"block{block}"]
             rows[f"q{queries}_block{block}"] = {
                 "sdpa_ms": best["sdpa"] * 1e3, "one_part_ms": best["one_part"] * 1e3, "monolithic_ms": monolithic * 1e3,
                 "split_ms": split * 1e3, "overhead": split / monolithic - 1,
             }  # fmt: skip
     return rows
+
+
+def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: int) -> dict[str, float]:
+    """q [Q, H, D] at the last Q positions of k, v [T, KVH, D]."""
+    keys, queries = k.shape[0], q.shape[0]
+    k_pos, q_pos = torch.arange(keys), torch.arange(keys - queries, keys)
+    mask = None if queries == 1 else k_pos[None, :] <= q_pos[:, None]
+    ops: dict[str, Callable[[], object]] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask, scale=0.125, enable_gqa=True,
+        ),
+        "one_part": lambda: partial_attention(q, k, v, q_pos, k_pos, scale=0.125),
+    }  # fmt: skip
+    for block in SPLIT_BLOCKS:
+        ops[f"block{block}"] = lambda block=block: merge(
+            [partial_attention(q, k[s : s + block], v[s : s + block], q_pos, k_pos[s : s + block], scale=0.125)
+             for s in range(0, keys, block)]
+        )  # fmt: skip
+    return fastest_seconds(ops, repeats)
 
 
 def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> list[WorkerProcess]:
@@ -107,7 +117,9 @@ def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> li
     return peers
 
 
-def bench_decode(model: PreTrainedModel, peer: WorkerProcess, remote_tokens: list[int], steps: int) -> dict[str, Any]:
+def bench_decode(
+    model: PreTrainedModel, peer: WorkerProcess, remote_tokens: list[int], steps: int
+) -> dict[str, Any]:
     runner = DistributedRunner(model)
     channel = peer_channel(peer.address)
     rows = {}
@@ -195,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
                 peer.stop()
     capacity = document["capacity"]
     summary = {
-        "max_context_gain_3_nodes": capacity["3_nodes"]["context_tokens"] / capacity["1_node"]["context_tokens"],
+        "max_context_gain_3_nodes": capacity["3_nodes"]["context_tokens"]
+        / capacity["1_node"]["context_tokens"],
         "decode_bytes_ratio_pull_vs_remote_16k": document["decode"]["16k"]["bytes_ratio_pull_vs_remote"],
         "decode_time_ratio_pull_vs_remote_16k": document["decode"]["16k"]["time_ratio_pull_vs_remote"],
         "split_overhead": max(row["overhead"] for row in document["split"].values()),
@@ -232,4 +245,7 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         ("split_overhead", summary["split_overhead"] <= TARGETS["split_overhead"], "<= 0.10"),
         ("max_abs_logit_error_3_nodes", summary["max_abs_logit_error_3_nodes"] <= 1e-4, "<= 1e-4"),
     ]  # fmt: skip
-    return [f"{'PASS' if ok else 'FAIL'} {name} {summary[name]:.4g} (target {target})" for name, ok, target in checks]
+    return [
+        f"{'PASS' if ok else 'FAIL'} {name} {summary[name]:.4g} (target {target})"
+        for name, ok, target in checks
+    ]

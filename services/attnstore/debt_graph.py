@@ -44,10 +44,10 @@ def find_cycle(debts: Mapping[Edge, int]) -> list[str] | None:
             graph.setdefault(debtor, []).append(creditor)
             graph.setdefault(creditor, [])
     colour = dict.fromkeys(graph, _WHITE)
-    for root in graph:
+    for root, creditors in graph.items():
         if colour[root] != _WHITE:
             continue
-        path, iterators = [root], [iter(graph[root])]
+        path, iterators = [root], [iter(creditors)]
         colour[root] = _GREY
         while path:  # iterative: a long chain of debts cannot overflow the stack
             following = next(iterators[-1], None)

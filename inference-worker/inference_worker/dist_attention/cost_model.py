@@ -49,7 +49,11 @@ class CostModel:
     def pull_seconds(self, kv_bytes: int) -> float | None:
         if self.bandwidth_bytes_per_second is None:
             return None
-        return (self.round_trip_seconds or 0.0) + kv_bytes / self.bandwidth_bytes_per_second + (self.compute_seconds or 0.0)
+        return (
+            (self.round_trip_seconds or 0.0)
+            + kv_bytes / self.bandwidth_bytes_per_second
+            + (self.compute_seconds or 0.0)
+        )
 
     def choose(self, kv_bytes: int) -> Mode:
         """`kv_bytes`: what pulling this layer of the segment would move."""

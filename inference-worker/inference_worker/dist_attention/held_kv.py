@@ -55,11 +55,16 @@ class HeldKV:
         with self._lock:
             segment = self._segments.get(segment_id)
             if segment is not None:
-                if (segment.k.shape[0], *segment.k.shape[2:]) != (k.shape[0], *k.shape[2:]) or segment.k.dtype != k.dtype:
+                if (segment.k.shape[0], *segment.k.shape[2:]) != (
+                    k.shape[0],
+                    *k.shape[2:],
+                ) or segment.k.dtype != k.dtype:
                     raise InvalidArgument(f"segment {segment_id}: appended KV {list(k.shape)} {k.dtype} does not fit its "
                                           f"[{segment.k.shape[0]}, n, {segment.k.shape[2]}, {segment.k.shape[3]}] {segment.k.dtype}")  # fmt: skip
                 if start_position != segment.stop:
-                    raise InvalidArgument(f"segment {segment_id} ends at position {segment.stop}, not {start_position}")
+                    raise InvalidArgument(
+                        f"segment {segment_id} ends at position {segment.stop}, not {start_position}"
+                    )
             if self._held_bytes + size > self.limits.max_held_bytes:
                 raise ResourceExhausted(
                     f"holding {size} more bytes would pass the {self.limits.max_held_bytes} bytes lent "
@@ -75,18 +80,29 @@ class HeldKV:
             return segment
 
     def partial(
-        self, segment_id: str, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None
+        self,
+        segment_id: str,
+        layer: int,
+        q: torch.Tensor,
+        q_positions: torch.Tensor,
+        *,
+        scale: float,
+        window: int | None,
     ) -> LentPartial:
         """q [Q, H, D] over `layer` of the segment."""
         segment = self._segment(segment_id)
         if not 0 <= layer < segment.k.shape[0]:
             raise OutOfRange(f"layer {layer} of a segment with {segment.k.shape[0]} layers")
         if q.shape[0] > self.limits.max_query_tokens:
-            raise InvalidArgument(f"{q.shape[0]} query tokens, more than the {self.limits.max_query_tokens} allowed")
+            raise InvalidArgument(
+                f"{q.shape[0]} query tokens, more than the {self.limits.max_query_tokens} allowed"
+            )
         if q.shape[0] != q_positions.shape[0]:
             raise InvalidArgument(f"{q.shape[0]} queries but {q_positions.shape[0]} positions")
         if q.shape[2] != segment.k.shape[3] or q.shape[1] % segment.k.shape[2]:
-            raise InvalidArgument(f"queries {list(q.shape)} do not fit KV heads {segment.k.shape[2]} of dim {segment.k.shape[3]}")
+            raise InvalidArgument(
+                f"queries {list(q.shape)} do not fit KV heads {segment.k.shape[2]} of dim {segment.k.shape[3]}"
+            )
         if not scale > 0:
             raise InvalidArgument(f"scale {scale} is not positive")
         with self._lent(segment.tokens) as load:
@@ -94,7 +110,9 @@ class HeldKV:
             part = segment.partial(layer, q.to(segment.k.dtype), q_positions, scale=scale, window=window)
             return LentPartial(part, time.perf_counter() - started, load)
 
-    def read(self, segment_id: str, layer: int, piece_tokens: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    def read(
+        self, segment_id: str, layer: int, piece_tokens: int
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """(start position, K, V [n, KVH, D]) pieces of `layer`."""
         segment = self._segment(segment_id)
         if not 0 <= layer < segment.k.shape[0]:
@@ -115,7 +133,9 @@ class HeldKV:
         with self._lock:
             segment = self._segments.get(segment_id)
         if segment is None:
-            raise NotFound(f"no segment {segment_id!r} here (never appended, released, or this worker restarted)")
+            raise NotFound(
+                f"no segment {segment_id!r} here (never appended, released, or this worker restarted)"
+            )
         return segment
 
     @contextmanager

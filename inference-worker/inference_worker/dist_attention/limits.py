@@ -18,4 +18,6 @@ class MicroAttentionLimits(BaseModel):
         description="key tokens attended at once for others (the compute lent, Infinite-LLM's SLA "
         "threshold): a call beyond it gets RESOURCE_EXHAUSTED and its caller pulls the KV instead",
     )
-    read_piece_tokens: int = Field(1024, ge=1, description="tokens per ReadKV piece when the caller leaves it to us")
+    read_piece_tokens: int = Field(
+        1024, ge=1, description="tokens per ReadKV piece when the caller leaves it to us"
+    )

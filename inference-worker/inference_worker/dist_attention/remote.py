@@ -33,7 +33,10 @@ class PlaceLost(Exception):
 
 
 def peer_channel(address: str) -> grpc.Channel:
-    options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+    options = [
+        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ]
     return grpc.insecure_channel(address, options=options)
 
 
@@ -74,7 +77,9 @@ class RemoteSegment:
         for offset in range(0, local.tokens, piece):
             k = local.k[:, offset : min(offset + piece, local.tokens)]
             v = local.v[:, offset : min(offset + piece, local.tokens)]
-            request = pb.AppendKVRequest(segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v))
+            request = pb.AppendKVRequest(
+                segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v)
+            )
             started = time.perf_counter()
             _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
             costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)
@@ -103,13 +108,17 @@ class RemoteSegment:
         except grpc.RpcError:
             pass
 
-    def _remote(self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None) -> Partial:
+    def _remote(
+        self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
+    ) -> Partial:
         request = pb.PartialAttentionRequest(
             segment_id=self.segment_id, layer=layer, queries=to_wire(q.float()),
             query_positions=positions.tolist(), scale=scale, window=window or 0,
         )  # fmt: skip
         started = time.perf_counter()
-        reply = _call(self.stub.PartialAttention, request, self.timeout_seconds, self.address, self.start, self.stop)
+        reply = _call(
+            self.stub.PartialAttention, request, self.timeout_seconds, self.address, self.start, self.stop
+        )
         self.costs.observe_remote(time.perf_counter() - started, reply.compute_ms / 1000)
         self.traffic.sent_bytes += request.ByteSize()
         self.traffic.received_bytes += reply.ByteSize()
@@ -117,7 +126,9 @@ class RemoteSegment:
         out = from_wire(reply.output, "output", 3).to(q.device)
         return Partial(out, from_wire(reply.lse, "lse", 2).to(q.device))
 
-    def _pull(self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None) -> Partial:
+    def _pull(
+        self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
+    ) -> Partial:
         request = pb.ReadKVRequest(segment_id=self.segment_id, layer=layer)
         started = time.perf_counter()
         keys, values, received = [], [], 0
@@ -127,26 +138,34 @@ class RemoteSegment:
                 values.append(from_wire(piece.values, "values", 3))
                 received += piece.ByteSize()
         except grpc.RpcError as exc:
-            raise PlaceLost(self.address, self.start, self.stop, f"{exc.code().name}: {exc.details()}") from exc
+            raise PlaceLost(
+                self.address, self.start, self.stop, f"{exc.code().name}: {exc.details()}"
+            ) from exc
         self.costs.observe_transfer(received, time.perf_counter() - started)
         self.traffic.sent_bytes += request.ByteSize()
         self.traffic.received_bytes += received
         self.traffic.pulls += 1
         k, v = torch.cat(keys).to(q.device), torch.cat(values).to(q.device)
         if k.shape[0] != self.tokens:
-            raise PlaceLost(self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens")
+            raise PlaceLost(
+                self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
+            )
         k_positions = torch.arange(self.start, self.stop, device=q.device)
-        return partial_attention(q, k.to(q.dtype), v.to(q.dtype), positions, k_positions, scale=scale, window=window)
+        return partial_attention(
+            q, k.to(q.dtype), v.to(q.dtype), positions, k_positions, scale=scale, window=window
+        )
 
 
 class _Refused(Exception):
     """The peer is over its lending threshold (RESOURCE_EXHAUSTED)."""
 
 
-def _call(method, request, timeout: float, address: str, start: int, stop: int):  # noqa: ANN001, ANN202
+def _call(method, request, timeout: float, address: str, start: int, stop: int):
     try:
         return method(request, timeout=timeout)
     except grpc.RpcError as exc:
-        if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(request, pb.PartialAttentionRequest):
+        if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(
+            request, pb.PartialAttentionRequest
+        ):
             raise _Refused(exc.details()) from exc
         raise PlaceLost(address, start, stop, f"{exc.code().name}: {exc.details()}") from exc

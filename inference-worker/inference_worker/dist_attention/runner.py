@@ -17,9 +17,14 @@ from transformers import PreTrainedModel
 
 from inference_worker.dist_attention.partial import Partial, merge
 from inference_worker.dist_attention.segment import KVPlace, LocalSegment
-from inference_worker.engine.model_runner import SUPPORTED_MODEL_TYPES, UnsupportedModel, sliding_window
+from inference_worker.engine.model_runner import (
+    SUPPORTED_MODEL_TYPES,
+    UnsupportedModel,
+    project_qkv,
+    rotary_of,
+    sliding_window,
+)
 from inference_worker.model_geometry import ModelGeometry
-from inference_worker.rotary_shift import rotate_half
 
 
 class DistributedRunner:
@@ -56,18 +61,12 @@ class DistributedRunner:
         n = len(token_ids)
         positions = torch.arange(start, start + n, device=self.device)
         hidden = decoder.embed_tokens(torch.tensor(token_ids, device=self.device))  # [n, hidden]
-        cos, sin = decoder.rotary_emb(hidden, positions.unsqueeze(0))  # each [1, n, D]
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [n, 1, D]
+        rotary = rotary_of(decoder, hidden, positions)
         everywhere = list(places) if any(p is tail for p in places) else [*places, tail]
         tail.reserve(n)
         for index, layer in enumerate(decoder.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(n, g.heads, g.head_dim)
-            k = attn.k_proj(x).view(n, g.kv_heads, g.head_dim)
-            v = attn.v_proj(x).view(n, g.kv_heads, g.head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, g)
             tail.write(index, k, v)
             out = self.attend(everywhere, index, q, positions, scale=attn.scaling, window=self.windows[index])
             hidden = hidden + attn.o_proj(out.out.to(hidden.dtype).reshape(n, -1))

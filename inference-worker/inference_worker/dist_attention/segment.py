@@ -92,6 +92,8 @@ class LocalSegment:
 
 
 def _grown(buffer: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
-    grown = torch.empty((buffer.shape[0], capacity, *buffer.shape[2:]), dtype=buffer.dtype, device=buffer.device)
+    grown = torch.empty(
+        (buffer.shape[0], capacity, *buffer.shape[2:]), dtype=buffer.dtype, device=buffer.device
+    )
     grown[:, :used] = buffer[:, :used]
     return grown

@@ -24,7 +24,9 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     def __init__(self, held: HeldKV) -> None:
         self._held = held
 
-    async def AppendKV(self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext) -> pb.AppendKVResponse:
+    async def AppendKV(
+        self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendKVResponse:
         k = from_wire(request.keys, "keys", 4)
         v = from_wire(request.values, "values", 4)
         segment = await asyncio.to_thread(self._held.append, request.segment_id, request.start_position, k, v)
@@ -48,11 +50,15 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
             inflight_key_tokens=lent.inflight_key_tokens,
         )
 
-    async def ReadKV(self, request: pb.ReadKVRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ReadKVResponse]:
+    async def ReadKV(
+        self, request: pb.ReadKVRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReadKVResponse]:
         for start, k, v in self._held.read(request.segment_id, request.layer, request.piece_tokens):
             yield pb.ReadKVResponse(start_position=start, keys=to_wire(k), values=to_wire(v))
 
-    async def ReleaseKV(self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseKVResponse:
+    async def ReleaseKV(
+        self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseKVResponse:
         return pb.ReleaseKVResponse(released=self._held.release(request.segment_id))
 
 

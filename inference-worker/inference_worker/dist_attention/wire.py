@@ -18,7 +18,9 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 def to_wire(tensor: torch.Tensor) -> pb.Tensor:
     flat = tensor.detach().contiguous().cpu()
     return pb.Tensor(
-        shape=list(flat.shape), dtype=_NAMES[flat.dtype], data=flat.view(-1).view(torch.uint8).numpy().tobytes()
+        shape=list(flat.shape),
+        dtype=_NAMES[flat.dtype],
+        data=flat.view(-1).view(torch.uint8).numpy().tobytes(),
     )
 
 
@@ -32,5 +34,7 @@ def from_wire(message: pb.Tensor, name: str, dims: int) -> torch.Tensor:
     dtype = DTYPES[message.dtype]
     expected = math.prod(message.shape) * dtype.itemsize
     if len(message.data) != expected:
-        raise InvalidArgument(f"{name}: {len(message.data)} bytes for shape {list(message.shape)} of {message.dtype} ({expected})")
+        raise InvalidArgument(
+            f"{name}: {len(message.data)} bytes for shape {list(message.shape)} of {message.dtype} ({expected})"
+        )
     return torch.frombuffer(bytearray(message.data), dtype=dtype).view(*message.shape)

@@ -116,16 +116,10 @@ class PagedModelRunner:
         decoder, geometry = self.model.model, self.geometry
         tokens = batch.input_ids.shape[0]
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
-        cos, sin = decoder.rotary_emb(hidden, batch.positions.unsqueeze(0))  # each [1, tokens, D]
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [tokens, 1, D]
+        rotary = rotary_of(decoder, hidden, batch.positions)
         for index, layer in enumerate(decoder.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
-            k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
-            v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, geometry)
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             self.kv.write(index, batch.slots, k, v)
@@ -147,6 +141,26 @@ class PagedModelRunner:
             seq.load_wait_seconds += time.perf_counter() - started
         skip = seq.prefix_skip
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
+
+
+def rotary_of(
+    decoder: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [tokens, 1, D] of the rows' positions [tokens]."""
+    cos, sin = decoder.rotary_emb(hidden, positions.unsqueeze(0))  # each [1, tokens, D]
+    return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+
+
+def project_qkv(
+    attn: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], geometry: ModelGeometry
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's q [tokens, heads, D], k, v [tokens, kv_heads, D] of the normed rows x,
+    rotary embedding applied to q and k."""
+    tokens, (cos, sin) = x.shape[0], rotary
+    q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
+    k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+    v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
 
 def sliding_window(config: object, attn: object) -> int | None:

@@ -80,7 +80,9 @@ def long_context(model: PreTrainedModel, peers: list[WorkerProcess], room: int =
     )  # fmt: skip
 
 
-def decode_and_compare(model: PreTrainedModel, context: LongContext, prompt: list[int], steps: int, on_step=None) -> None:  # noqa: ANN001
+def decode_and_compare(
+    model: PreTrainedModel, context: LongContext, prompt: list[int], steps: int, on_step=None
+) -> None:
     logits = [context.prefill(prompt, max_new_tokens=steps + 1)]
     for step in range(steps):
         if on_step is not None:
@@ -92,7 +94,9 @@ def decode_and_compare(model: PreTrainedModel, context: LongContext, prompt: lis
 
 
 @pytest.mark.parametrize("mode", [None, Mode.PULL])
-def test_context_across_three_workers_gives_single_node_logits(model_dir: Path, peers: list[WorkerProcess], mode: Mode | None) -> None:
+def test_context_across_three_workers_gives_single_node_logits(
+    model_dir: Path, peers: list[WorkerProcess], mode: Mode | None
+) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     context = long_context(model, peers)
     prompt = torch.randint(0, 300, (150,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -113,7 +117,9 @@ def test_context_across_three_workers_gives_single_node_logits(model_dir: Path, 
     context.close()
 
 
-def test_killed_peer_is_recomputed_elsewhere_or_fails_unavailable(model_dir: Path, doomed_peers: list[WorkerProcess]) -> None:
+def test_killed_peer_is_recomputed_elsewhere_or_fails_unavailable(
+    model_dir: Path, doomed_peers: list[WorkerProcess]
+) -> None:
     peers = doomed_peers
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     context = long_context(model, peers)
@@ -168,7 +174,9 @@ def test_service_statuses(peers: list[WorkerProcess]) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         stub.PartialAttention(pb.PartialAttentionRequest(segment_id="s3", queries=to_wire(torch.zeros(1, 4, 16)),
                                                          query_positions=[5000], scale=0.25))  # fmt: skip
-    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "lent at once" in caught.value.details()
+    assert (
+        caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "lent at once" in caught.value.details()
+    )
     assert stub.ReleaseKV(pb.ReleaseKVRequest(segment_id="s")).released
     assert not stub.ReleaseKV(pb.ReleaseKVRequest(segment_id="s")).released
 

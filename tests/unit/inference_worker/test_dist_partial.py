@@ -18,7 +18,7 @@ from inference_worker.dist_attention.partial import Partial, merge, partial_atte
 TOLERANCE = 1e-4
 
 
-def monolithic(q, k, v, q_pos, k_pos, scale, window):  # noqa: ANN001, ANN201 (test helper)
+def monolithic(q, k, v, q_pos, k_pos, scale, window):
     allowed = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
         allowed &= k_pos[None, :] > q_pos[:, None] - window
@@ -43,8 +43,8 @@ def split_case(draw: st.DrawFn) -> dict:
     cuts = sorted(draw(st.lists(st.integers(1, max(1, context - 1)), max_size=6, unique=True)))
     shuffle = draw(st.booleans())  # parts as non-contiguous position sets
     seed = draw(st.integers(0, 2**16))
-    return dict(kv_heads=kv_heads, group=group, context=context, queries=queries, window=window,
-                cuts=[c for c in cuts if c < context], shuffle=shuffle, seed=seed)  # fmt: skip
+    return {"kv_heads": kv_heads, "group": group, "context": context, "queries": queries, "window": window,
+                "cuts": [c for c in cuts if c < context], "shuffle": shuffle, "seed": seed}  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None)
@@ -70,12 +70,18 @@ def test_any_split_merges_to_monolithic_attention(case: dict) -> None:
 
 def test_lse_is_the_log_sum_exp_of_scaled_scores_and_minus_inf_where_nothing_is_visible() -> None:
     gen = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(3, 4, 8, generator=gen), torch.randn(5, 2, 8, generator=gen), torch.randn(5, 2, 8, generator=gen)
+    q, k, v = (
+        torch.randn(3, 4, 8, generator=gen),
+        torch.randn(5, 2, 8, generator=gen),
+        torch.randn(5, 2, 8, generator=gen),
+    )
     part = partial_attention(q, k, v, torch.tensor([1, 10, 11]), torch.arange(5, 10), scale=0.5)
     scores = torch.einsum("qhd,thd->qht", q, k.repeat_interleave(2, dim=1)) * 0.5
     assert torch.isneginf(part.lse[0]).all()  # position 1 sees none of positions 5..9
     assert (part.lse[1:] - torch.logsumexp(scores[1:], dim=-1)).abs().max() <= TOLERANCE
-    merged = merge([part, partial_attention(q, k[:0], v[:0], torch.tensor([1, 10, 11]), torch.arange(0), scale=0.5)])
+    merged = merge(
+        [part, partial_attention(q, k[:0], v[:0], torch.tensor([1, 10, 11]), torch.arange(0), scale=0.5)]
+    )
     assert torch.equal(merged.out[1:], part.out[1:]) and torch.isneginf(merged.lse[0]).all()
 
 
@@ -95,7 +101,11 @@ def test_merge_is_stable_with_huge_scores() -> None:
 @pytest.mark.gpu
 def test_cuda_partials_match_cpu() -> None:
     gen = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(4, 6, 32, generator=gen), torch.randn(300, 2, 32, generator=gen), torch.randn(300, 2, 32, generator=gen)
+    q, k, v = (
+        torch.randn(4, 6, 32, generator=gen),
+        torch.randn(300, 2, 32, generator=gen),
+        torch.randn(300, 2, 32, generator=gen),
+    )
     q_pos, k_pos = torch.arange(296, 300), torch.arange(300)
     parts = [partial_attention(q.cuda(), k[s].cuda(), v[s].cuda(), q_pos.cuda(), k_pos[s].cuda(), scale=0.2, window=100)
              for s in (slice(0, 150), slice(150, 300))]  # fmt: skip

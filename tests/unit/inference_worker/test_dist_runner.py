@@ -24,13 +24,17 @@ SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]) -> dict[str, PreTrainedModel]:
+def models(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]
+) -> dict[str, PreTrainedModel]:
     loaded = {}
     for family in ("llama", "qwen2"):
         path = tiny_model_saver(tmp_path_factory.mktemp(family), family, **SHAPE)
         loaded[family] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     torch.manual_seed(0)
-    loaded["mistral"] = AutoModelForCausalLM.from_config(MistralConfig(**SHAPE, sliding_window=24), dtype=torch.float32).eval()
+    loaded["mistral"] = AutoModelForCausalLM.from_config(
+        MistralConfig(**SHAPE, sliding_window=24), dtype=torch.float32
+    ).eval()
     return loaded
 
 
@@ -39,7 +43,9 @@ def reference(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([tokens])).logits[0].float()  # [n, vocab]
 
 
-def run_split(runner: DistributedRunner, tokens: list[int], cuts: list[int], chunk: int, steps: int) -> list[tuple[int, torch.Tensor]]:
+def run_split(
+    runner: DistributedRunner, tokens: list[int], cuts: list[int], chunk: int, steps: int
+) -> list[tuple[int, torch.Tensor]]:
     """Prefills `tokens` into segments split at `cuts`, then decodes `steps` greedy tokens
     into a tail segment; (position, logits) of each segment's end and each decoded token."""
     places: list[LocalSegment] = []
@@ -67,7 +73,12 @@ def run_split(runner: DistributedRunner, tokens: list[int], cuts: list[int], chu
     seed=st.integers(0, 1000),
 )
 def test_any_split_gives_the_single_node_logits(
-    models: dict[str, PreTrainedModel], family: str, length: int, cut_fractions: list[float], chunk: int, seed: int
+    models: dict[str, PreTrainedModel],
+    family: str,
+    length: int,
+    cut_fractions: list[float],
+    chunk: int,
+    seed: int,
 ) -> None:
     model = models[family]
     tokens = torch.randint(0, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()

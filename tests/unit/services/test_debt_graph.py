@@ -5,6 +5,7 @@ was and cancel every debt cycle above the minimum swap size."""
 from __future__ import annotations
 
 import collections
+import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,7 +65,7 @@ def test_swaps_keep_usage_and_leave_no_cycle_above_the_minimum(debts: dict, min_
 
 def test_a_long_chain_does_not_recurse() -> None:
     nodes = [f"n{i}" for i in range(5000)]
-    debts = {(a, b): 1 for a, b in zip(nodes, nodes[1:], strict=False)}
+    debts = {(a, b): 1 for a, b in itertools.pairwise(nodes)}
     assert find_cycle(debts) is None
     debts[(nodes[-1], nodes[0])] = 1
     assert len(find_cycle(debts)) == 5000
