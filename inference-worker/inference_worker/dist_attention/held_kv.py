@@ -7,14 +7,16 @@ Limits: the bytes held (an append past `max_held_bytes` is refused whole), the q
 tokens of one call, and the key tokens attended at once (`max_inflight_key_tokens`, the
 compute lent: a call that would pass it is refused at once rather than queued, so a
 borrower's decode step never waits behind another's; the caller pulls the KV instead).
-Methods run on worker threads (torch releases the GIL); one lock guards the tables.
+A segment no call touched for `segment_idle_ttl_seconds` is dropped at the next append
+(a dead borrower cannot pin lent memory). Methods run on worker threads (torch releases
+the GIL); one lock guards the tables.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -34,9 +36,11 @@ class LentPartial:
 
 
 class HeldKV:
-    def __init__(self, limits: MicroAttentionLimits) -> None:
+    def __init__(self, limits: MicroAttentionLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
+        self._clock = clock
         self._segments: dict[str, LocalSegment] = {}
+        self._touched: dict[str, float] = {}
         self._held_bytes = 0
         self._inflight_key_tokens = 0
         self._lock = threading.Lock()
@@ -53,6 +57,7 @@ class HeldKV:
             raise InvalidArgument(f"keys {list(k.shape)} and values {list(v.shape)} differ")
         size = 2 * k.numel() * k.element_size()
         with self._lock:
+            self._drop_idle()
             segment = self._segments.get(segment_id)
             if segment is not None:
                 if (segment.k.shape[0], *segment.k.shape[2:]) != (
@@ -77,6 +82,7 @@ class HeldKV:
                 self._segments[segment_id] = segment
             segment.append(k, v)
             self._held_bytes += size
+            self._touched[segment_id] = self._clock()
             return segment
 
     def partial(
@@ -124,14 +130,25 @@ class HeldKV:
 
     def release(self, segment_id: str) -> bool:
         with self._lock:
-            segment = self._segments.pop(segment_id, None)
-            if segment is not None:
-                self._held_bytes -= segment.nbytes
-            return segment is not None
+            return self._drop(segment_id)
+
+    def _drop(self, segment_id: str) -> bool:
+        segment = self._segments.pop(segment_id, None)
+        self._touched.pop(segment_id, None)
+        if segment is not None:
+            self._held_bytes -= segment.nbytes
+        return segment is not None
+
+    def _drop_idle(self) -> None:
+        oldest = self._clock() - self.limits.segment_idle_ttl_seconds
+        for segment_id in [s for s, touched in self._touched.items() if touched < oldest]:
+            self._drop(segment_id)
 
     def _segment(self, segment_id: str) -> LocalSegment:
         with self._lock:
             segment = self._segments.get(segment_id)
+            if segment is not None:
+                self._touched[segment_id] = self._clock()
         if segment is None:
             raise NotFound(
                 f"no segment {segment_id!r} here (never appended, released, or this worker restarted)"

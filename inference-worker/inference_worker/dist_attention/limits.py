@@ -18,6 +18,12 @@ class MicroAttentionLimits(BaseModel):
         description="key tokens attended at once for others (the compute lent, Infinite-LLM's SLA "
         "threshold): a call beyond it gets RESOURCE_EXHAUSTED and its caller pulls the KV instead",
     )
+    segment_idle_ttl_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="a segment no call touched for this long is dropped (its home worker died or forgot "
+        "to release it): lent memory never stays pinned by a dead borrower",
+    )
     read_piece_tokens: int = Field(
         1024, ge=1, description="tokens per ReadKV piece when the caller leaves it to us"
     )

@@ -141,7 +141,7 @@ class RemoteSegment:
             raise PlaceLost(
                 self.address, self.start, self.stop, f"{exc.code().name}: {exc.details()}"
             ) from exc
-        self.costs.observe_transfer(received, time.perf_counter() - started)
+        transfer_seconds = time.perf_counter() - started
         self.traffic.sent_bytes += request.ByteSize()
         self.traffic.received_bytes += received
         self.traffic.pulls += 1
@@ -151,9 +151,12 @@ class RemoteSegment:
                 self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
             )
         k_positions = torch.arange(self.start, self.stop, device=q.device)
-        return partial_attention(
+        started = time.perf_counter()
+        part = partial_attention(
             q, k.to(q.dtype), v.to(q.dtype), positions, k_positions, scale=scale, window=window
         )
+        self.costs.observe_pull(received, transfer_seconds, time.perf_counter() - started)
+        return part
 
 
 class _Refused(Exception):
