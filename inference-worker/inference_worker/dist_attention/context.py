@@ -14,7 +14,7 @@ answer computed without part of the context.
 
 from __future__ import annotations
 
-import itertools
+import uuid
 from collections.abc import Callable, Mapping
 
 import grpc
@@ -27,7 +27,6 @@ from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.segment import KVPlace, LocalSegment
 
-_SEQUENCE_IDS = itertools.count()
 log = structlog.get_logger("dist_attention")
 
 
@@ -46,7 +45,6 @@ class LongContext:
         segment_tokens: int,
         chunk_tokens: int,
         timeout_seconds: float = 5.0,
-        owner: str = "worker",
     ) -> None:
         """`peer_room_tokens`: tokens each live peer may hold now (the pool's ledger).
         `local_tokens`: the most tokens of this sequence kept here, decoded ones included."""
@@ -57,7 +55,7 @@ class LongContext:
         self.segment_tokens = segment_tokens
         self.chunk_tokens = chunk_tokens
         self.timeout_seconds = timeout_seconds
-        self.name = f"{owner}-{next(_SEQUENCE_IDS)}"
+        self.name = uuid.uuid4().hex  # its segments' ids on peers that many workers borrow from
         self.token_ids: list[int] = []
         self.places: list[KVPlace] = []
         self.lost: set[str] = set()
