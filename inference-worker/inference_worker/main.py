@@ -127,7 +127,7 @@ async def run_worker(settings: WorkerSettings) -> None:
     template = ChatTemplate(loaded.tokenizer, settings.special_tokens_in_messages)
     servicer = WorkerServicer(engine, template, limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    micro_attention_service = micro_attention.add_to_server(HeldKV(settings.micro_attention), server)
+    micro_attention_service = micro_attention.add_to_server(HeldKV(settings.micro_attention), kvstore, server)
     await serve(
         server,
         address=settings.listen_address,

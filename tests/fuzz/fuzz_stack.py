@@ -175,6 +175,9 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
             segment_id="fuzz", layer=1, queries=query, query_positions=[3, 4], scale=0.25, window=2
         ),
         "MicroAttention.ReadKV": micro_pb.ReadKVRequest(segment_id="fuzz", layer=0, piece_tokens=2),
+        "MicroAttention.AttachChunks": micro_pb.AttachChunksRequest(
+            segment_id="fuzz-d", namespace=ns, chunk_keys=keys
+        ),
         "MicroAttention.ReleaseKV": micro_pb.ReleaseKVRequest(segment_id="fuzz"),
         "AttnStore.CreateSession": api.CreateSessionRequest(system_prompt="be brief", ttl_seconds=60),
         "AttnStore.Chat": api.ChatRequest(session_id=session_id, message="hello world", options=options),

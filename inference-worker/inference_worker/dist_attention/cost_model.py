@@ -56,7 +56,9 @@ class CostModel:
             return None
         here = self.local_compute_seconds
         compute = here if here is not None else self.remote_compute_seconds
-        return (self.round_trip_seconds or 0.0) + kv_bytes / self.bandwidth_bytes_per_second + (compute or 0.0)
+        return (
+            (self.round_trip_seconds or 0.0) + kv_bytes / self.bandwidth_bytes_per_second + (compute or 0.0)
+        )
 
     def choose(self, kv_bytes: int) -> Mode:
         """`kv_bytes`: what pulling this layer of the segment would move."""

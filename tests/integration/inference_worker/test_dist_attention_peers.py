@@ -5,7 +5,7 @@ partials computed remotely and with the KV pulled; a peer killed mid-sequence ma
 sequence recompute its KV on the peer left (same logits), and when nothing is left the
 turn fails UNAVAILABLE-kind (ContextUnavailable), never with a wrong answer. The service's
 edge: malformed tensors are INVALID_ARGUMENT, unknown segments NOT_FOUND, the lending caps
-RESOURCE_EXHAUSTED."""
+RESOURCE_EXHAUSTED; a segment can also come from chunks in the peer's own daemon."""
 
 from __future__ import annotations
 
@@ -18,16 +18,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from attnstore.kvstore_client import KVStoreClient
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.cost_model import Mode
+from inference_worker.dist_attention.partial import partial_attention
 from inference_worker.dist_attention.placement import ContextTooLong
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
-from inference_worker.dist_attention.wire import to_wire
+from inference_worker.dist_attention.wire import from_wire, to_wire
+from inference_worker.kv_codec import encode_chunks
 from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
+from kvstore_daemon.launcher import DaemonProcess
 
 TOLERANCE = 1e-4
 LIMITS = {"max_held_bytes": 4 << 20, "max_query_tokens": 64, "max_inflight_key_tokens": 4096}
@@ -191,3 +195,53 @@ def test_real_model_context_across_workers(peers: list[WorkerProcess]) -> None:
     decode_and_compare(model, context, prompt, steps=2)
     assert sum(p.tokens for p in context.places if isinstance(p, RemoteSegment)) == 130 + 3 - 48
     context.close()
+
+
+def test_segment_from_the_peers_daemon(tmp_path: Path, model_dir: Path, daemon: DaemonProcess) -> None:
+    """Chunks the pool placed in a peer's daemon become a segment there (AttachChunks): its
+    partials equal the ones computed here over the same KV; a missing chunk is NOT_FOUND, a
+    worker without a daemon answers FAILED_PRECONDITION."""
+    namespace, chunk_tokens = bytes(range(16)), 8
+    gen = torch.Generator().manual_seed(4)
+    kv = [(torch.randn(2, 24, 16, generator=gen), torch.randn(2, 24, 16, generator=gen)) for _ in range(3)]
+    keys = [bytes([i]) * 32 for i in range(3)]
+    with KVStoreClient(daemon.address) as client:
+        client.register_namespace(
+            namespace, num_layers=3, kv_heads=2, head_dim=16, chunk_tokens=chunk_tokens, dtype="float32"
+        )
+        client.put_chunks(
+            namespace, list(zip(keys, encode_chunks(namespace, keys, kv, chunk_tokens, 40), strict=True))
+        )
+    worker = WorkerProcess(tmp_path / "peer.log", model_dir=model_dir, kvstore_address=daemon.address,
+                           settings={"listen_address": "127.0.0.1:0"})  # fmt: skip
+    worker.start()
+    try:
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(worker.address))
+        attached = stub.AttachChunks(
+            pb.AttachChunksRequest(segment_id="d", namespace=namespace, chunk_keys=keys)
+        )
+        assert (attached.segment_tokens, attached.start_position) == (24, 40)
+        q, positions = torch.randn(2, 4, 16, generator=gen), torch.tensor([50, 70])
+        reply = stub.PartialAttention(pb.PartialAttentionRequest(
+            segment_id="d", layer=2, queries=to_wire(q), query_positions=positions.tolist(), scale=0.25
+        ))  # fmt: skip
+        k, v = kv[2]
+        expected = partial_attention(
+            q, k.transpose(0, 1), v.transpose(0, 1), positions, torch.arange(40, 64), scale=0.25
+        )
+        assert (from_wire(reply.output, "output", 3) - expected.out).abs().max() <= 1e-6
+        assert (from_wire(reply.lse, "lse", 2) - expected.lse).abs().max() <= 1e-6
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.AttachChunks(
+                pb.AttachChunksRequest(segment_id="e", namespace=namespace, chunk_keys=[b"\xff" * 32])
+            )
+        assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()
+    finally:
+        worker.stop()
+
+
+def test_attach_without_a_daemon_is_a_failed_precondition(peers: list[WorkerProcess]) -> None:
+    stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(peers[0].address))
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.AttachChunks(pb.AttachChunksRequest(segment_id="x", namespace=bytes(16), chunk_keys=[b"k" * 32]))
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION

@@ -84,6 +84,26 @@ class ReadKVResponse(_message.Message):
     values: Tensor
     def __init__(self, start_position: _Optional[int] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
+class AttachChunksRequest(_message.Message):
+    __slots__ = ("segment_id", "namespace", "chunk_keys")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    namespace: bytes
+    chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, segment_id: _Optional[str] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class AttachChunksResponse(_message.Message):
+    __slots__ = ("segment_tokens", "start_position", "held_bytes")
+    SEGMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    START_POSITION_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    segment_tokens: int
+    start_position: int
+    held_bytes: int
+    def __init__(self, segment_tokens: _Optional[int] = ..., start_position: _Optional[int] = ..., held_bytes: _Optional[int] = ...) -> None: ...
+
 class ReleaseKVRequest(_message.Message):
     __slots__ = ("segment_id",)
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]

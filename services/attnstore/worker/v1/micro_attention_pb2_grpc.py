@@ -49,6 +49,11 @@ class MicroAttentionStub:
                 request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReadKVRequest.SerializeToString,
                 response_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReadKVResponse.FromString,
                 _registered_method=True)
+        self.AttachChunks = channel.unary_unary(
+                '/attnstore.worker.v1.MicroAttention/AttachChunks',
+                request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.AttachChunksRequest.SerializeToString,
+                response_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.AttachChunksResponse.FromString,
+                _registered_method=True)
         self.ReleaseKV = channel.unary_unary(
                 '/attnstore.worker.v1.MicroAttention/ReleaseKV',
                 request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVRequest.SerializeToString,
@@ -80,6 +85,14 @@ class MicroAttentionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachChunks(self, request, context):
+        """Makes a segment of consecutive chunks this worker's KV-store daemon holds (placed
+        on this node by the pool): read once, checked, then held like appended KV.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseKV(self, request, context):
         """Forgets a segment and frees its memory.
         """
@@ -104,6 +117,11 @@ def add_MicroAttentionServicer_to_server(servicer, server):
                     servicer.ReadKV,
                     request_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReadKVRequest.FromString,
                     response_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReadKVResponse.SerializeToString,
+            ),
+            'AttachChunks': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachChunks,
+                    request_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.AttachChunksRequest.FromString,
+                    response_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.AttachChunksResponse.SerializeToString,
             ),
             'ReleaseKV': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseKV,
@@ -192,6 +210,33 @@ class MicroAttention:
             '/attnstore.worker.v1.MicroAttention/ReadKV',
             attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReadKVRequest.SerializeToString,
             attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReadKVResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.worker.v1.MicroAttention/AttachChunks',
+            attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.AttachChunksRequest.SerializeToString,
+            attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.AttachChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,
