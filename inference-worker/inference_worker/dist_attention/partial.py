@@ -11,7 +11,7 @@ Decisions:
 - Masks come from absolute positions (query positions vs key positions), so a part needs
   no knowledge of where it sits in the sequence, and parts may even interleave.
 - Grouped-query attention without repeating KV heads: the G query heads of one KV head
-  become G*Q rows of that head (SDPA's batch of heads = KV heads), the mask repeated per
+  become Q*G rows of that head (SDPA's batch of heads = KV heads), the mask repeated per
   row block. Exact, and K/V are read once.
 - On a CPU, torch's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`) returns the
   log-sum-exp with the output: the same kernel as monolithic SDPA, so a split costs only
@@ -67,15 +67,16 @@ def partial_attention(
     if k.shape[0] == 0 or tokens == 0:
         return empty_partial(tokens, heads, dim, q.device)
     allowed = visibility(q_positions, k_positions, window)
-    rows = q.view(tokens, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, group * tokens, dim)
+    # Rows ordered (query, group member): for one decode query every reshape is a view.
+    rows = q.view(tokens, kv_heads, group, dim).transpose(0, 1).reshape(1, kv_heads, tokens * group, dim)
     keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)  # [1, KVH, T, D]
-    row_mask = None if allowed is None else allowed.repeat(group, 1)  # [G*Q, T]
+    row_mask = None if allowed is None else allowed.repeat_interleave(group, dim=0)  # [Q*G, T]
     if q.device.type == "cpu":
         out, lse = _flash_cpu(rows, keys, values, row_mask, scale)
     else:
         out, lse = _math(rows, keys, values, row_mask, scale)
-    out = out[0].view(kv_heads, group, tokens, dim).permute(2, 0, 1, 3).reshape(tokens, heads, dim)
-    lse = lse[0].view(kv_heads, group, tokens).permute(2, 0, 1).reshape(tokens, heads)
+    out = out[0].view(kv_heads, tokens, group, dim).transpose(0, 1).reshape(tokens, heads, dim)
+    lse = lse[0].view(kv_heads, tokens, group).transpose(0, 1).reshape(tokens, heads)
     return Partial(out.float(), lse.float())
 
 
