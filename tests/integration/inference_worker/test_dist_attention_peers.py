@@ -245,3 +245,22 @@ def test_attach_without_a_daemon_is_a_failed_precondition(peers: list[WorkerProc
     with pytest.raises(grpc.RpcError) as caught:
         stub.AttachChunks(pb.AttachChunksRequest(segment_id="x", namespace=bytes(16), chunk_keys=[b"k" * 32]))
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_peer_that_lost_its_segments_is_recomputed(model_dir: Path, peers: list[WorkerProcess]) -> None:
+    """A peer that restarted (here: its segments released behind the sequence's back)
+    answers NOT_FOUND: the sequence recomputes rather than attend without that KV."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    context = long_context(model, peers)
+    prompt = torch.randint(0, 300, (110,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def forget(step: int) -> None:
+        if step == 0:
+            stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(peers[1].address))
+            for place in context.places:
+                if isinstance(place, RemoteSegment) and place.address == peers[1].address:
+                    assert stub.ReleaseKV(pb.ReleaseKVRequest(segment_id=place.segment_id)).released
+
+    decode_and_compare(model, context, prompt, steps=2, on_step=forget)
+    assert context.recomputations == 1 and context.lost == {peers[1].address}
+    context.close()
