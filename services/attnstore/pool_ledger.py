@@ -6,6 +6,8 @@ and the scheduler install.
 
     attnstore:pool:daemon:<id>   hash of a DaemonEntry; PEXPIRE = heartbeat_ttl_seconds
     attnstore:pool:lendable      sorted set <id> scored by the bytes it may lend now
+    attnstore:pool:debts         hash "<debtor> <creditor>" -> bytes of the debtor's KV the
+                                 creditor holds (the debt graph of DGFM, debt_graph.py)
 
 A daemon's heartbeat rewrites both (one MULTI); a daemon that misses heartbeats for the
 TTL loses its hash, and the next `candidates` call drops its stale score, so the ledger
@@ -21,6 +23,7 @@ import redis.asyncio as aioredis
 
 _PREFIX = "attnstore:pool"
 _LENDABLE = f"{_PREFIX}:lendable"
+_DEBTS = f"{_PREFIX}:debts"
 _CANDIDATE_SCAN = 4  # scores read per candidate wanted: room for stale and own entries
 
 
@@ -76,6 +79,20 @@ class PoolLedger:
             pipe.delete(_daemon_key(daemon_id))
             pipe.zrem(_LENDABLE, daemon_id)
             await pipe.execute()
+
+    async def record_debt(self, debtor: str, creditor: str, delta_bytes: int) -> None:
+        """`creditor` took (delta > 0) or gave back (delta < 0) bytes of `debtor`'s KV."""
+        await self._redis.hincrby(_DEBTS, f"{debtor} {creditor}", delta_bytes)
+
+    async def debts(self) -> dict[tuple[str, str], int]:
+        """(debtor, creditor) -> bytes, every debt outstanding (a paid-back edge, at 0, is
+        left in the hash rather than deleted, so a racing increment is never lost)."""
+        edges = {}
+        for field, size in (await self._redis.hgetall(_DEBTS)).items():
+            debtor, creditor = _text(field).split(" ")
+            if int(size) > 0:
+                edges[(debtor, creditor)] = int(size)
+        return edges
 
     async def entry(self, daemon_id: str) -> DaemonEntry | None:
         return _decode(await self._redis.hgetall(_daemon_key(daemon_id)))

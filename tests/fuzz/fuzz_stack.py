@@ -29,6 +29,7 @@ from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore.v1 import kvstore_pb2 as kv_pb
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.server.process import ServiceProcess
+from attnstore.worker.v1 import micro_attention_pb2 as micro_pb
 from attnstore.worker.v1 import worker_pb2 as worker_pb
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
@@ -62,6 +63,7 @@ WORKER_SETTINGS = {
     "max_messages": 8,
     "max_message_chars": 2000,
     "health_check_interval_seconds": 1.0,
+    "micro_attention": {"max_held_bytes": 64 * 1024 * 1024},  # fuzzed appends cannot fill the machine
 }
 SCHEDULER_SETTINGS = {
     "max_message_chars": 2000,
@@ -131,6 +133,8 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
     ns = FUZZ_NAMESPACE
     options = api.GenerationOptions(max_tokens=4, temperature=0.5, top_p=0.9, seed=7)
     hello = worker_pb.ChatMessage(role="user", content="hello world")
+    kv_tensor = micro_pb.Tensor(shape=[2, 4, 2, 8], dtype="float32", data=bytes(2 * 4 * 2 * 8 * 4))
+    query = micro_pb.Tensor(shape=[2, 4, 8], dtype="float32", data=bytes(2 * 4 * 8 * 4))
     requests: dict[str, Message] = {
         "KVStore.RegisterNamespace": kv_pb.RegisterNamespaceRequest(
             namespace=ns, layout=kv_pb.NamespaceLayout(**LAYOUT)
@@ -168,6 +172,17 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
         "Worker.Tokenize": worker_pb.TokenizeRequest(messages=[hello], add_generation_prompt=True),
         "Worker.DescribeModel": worker_pb.DescribeModelRequest(),
         "Worker.EncodeSchema": worker_pb.EncodeSchemaRequest(tenant="fuzz", schema=FUZZ_SCHEMA),
+        "MicroAttention.AppendKV": micro_pb.AppendKVRequest(
+            segment_id="fuzz", start_position=0, keys=kv_tensor, values=kv_tensor
+        ),
+        "MicroAttention.PartialAttention": micro_pb.PartialAttentionRequest(
+            segment_id="fuzz", layer=1, queries=query, query_positions=[3, 4], scale=0.25, window=2
+        ),
+        "MicroAttention.ReadKV": micro_pb.ReadKVRequest(segment_id="fuzz", layer=0, piece_tokens=2),
+        "MicroAttention.AttachChunks": micro_pb.AttachChunksRequest(
+            segment_id="fuzz-d", namespace=ns, chunk_keys=keys
+        ),
+        "MicroAttention.ReleaseKV": micro_pb.ReleaseKVRequest(segment_id="fuzz"),
         "AttnStore.CreateSession": api.CreateSessionRequest(system_prompt="be brief", ttl_seconds=60),
         "AttnStore.Chat": api.ChatRequest(session_id=session_id, message="hello world", options=options),
         "AttnStore.Generate": api.GenerateRequest(
@@ -183,6 +198,7 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
     packages = {
         "KVStore": "attnstore.kvstore.v1",
         "Worker": "attnstore.worker.v1",
+        "MicroAttention": "attnstore.worker.v1",
         "AttnStore": "attnstore.api.v1",
     }
     return {f"{packages[name.split('.')[0]]}.{name}": request for name, request in requests.items()}

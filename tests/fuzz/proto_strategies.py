@@ -124,7 +124,9 @@ class ProtoStrategies:
 
     def _field(self, field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
         single = self._single(field, depth)
-        pool = self._pools.get(field.name)
+        # Pools hold scalar values (chunk keys, ids): a message field of the same name
+        # (MicroAttention's `keys` tensor) takes none of them.
+        pool = self._pools.get(field.name) if field.type != FieldDescriptor.TYPE_MESSAGE else None
         if pool:
             single = st.one_of(st.sampled_from(pool), single)
         if not field.is_repeated:

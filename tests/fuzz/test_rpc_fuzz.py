@@ -1,5 +1,5 @@
-"""Every RPC of the three services (attnstore.kvstore.v1.KVStore, attnstore.worker.v1.Worker,
-attnstore.api.v1.AttnStore) fuzzed against real processes: random and malformed fields
+"""Every RPC of the services (attnstore.kvstore.v1.KVStore, attnstore.worker.v1.Worker and
+MicroAttention, attnstore.api.v1.AttnStore) fuzzed against real processes: random and malformed fields
 (proto_strategies.py), and bytes that are no message at all. Every call must end with a
 status the service means (never UNKNOWN or INTERNAL, never a hang), every server must still
 serve afterwards, and the canary data must read back unchanged (fuzz_stack.py).
@@ -22,14 +22,16 @@ from proto_strategies import ProtoStrategies, request_class, response_class, wir
 
 from attnstore.api.v1 import api_pb2
 from attnstore.kvstore.v1 import kvstore_pb2
-from attnstore.worker.v1 import worker_pb2
+from attnstore.worker.v1 import micro_attention_pb2, worker_pb2
 
 SERVICES = {
     "daemon": kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"],
     "worker": worker_pb2.DESCRIPTOR.services_by_name["Worker"],
     "scheduler": api_pb2.DESCRIPTOR.services_by_name["AttnStore"],
 }
-METHODS = [(server, method) for server, service in SERVICES.items() for method in service.methods]
+METHODS = [(server, method) for server, service in SERVICES.items() for method in service.methods] + [
+    ("worker", method) for method in micro_attention_pb2.DESCRIPTOR.services_by_name["MicroAttention"].methods
+]
 CODE = grpc.StatusCode
 # What a service may answer a request it did not ask for: an answer, or a refusal it means.
 ALLOWED = {

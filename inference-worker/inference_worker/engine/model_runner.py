@@ -77,7 +77,7 @@ class PagedModelRunner:
         self.device = next(model.parameters()).device
         decoder = model.model
         self.layer_timeout_seconds = layer_timeout_seconds
-        self.windows = [layer_window(config, layer.self_attn) for layer in decoder.layers]
+        self.windows = [sliding_window(config, layer.self_attn) for layer in decoder.layers]
         self.layer_input_hook: LayerInputHook | None = None  # set while hidden states are captured
 
     def prepare(self, work: Seq[Work]) -> Batch:
@@ -133,18 +133,12 @@ class PagedModelRunner:
         decoder, geometry = self.model.model, self.geometry
         tokens = batch.input_ids.shape[0]
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
-        cos, sin = decoder.rotary_emb(hidden, batch.positions.unsqueeze(0))  # each [1, tokens, D]
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [tokens, 1, D]
+        rotary = rotary_of(decoder, hidden, batch.positions)
         for index, layer in enumerate(decoder.layers):
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
-            k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
-            v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, geometry)
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             self.kv.write(index, batch.slots, k, v)
@@ -168,7 +162,27 @@ class PagedModelRunner:
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
 
 
-def layer_window(config: object, attn: object) -> int | None:
+def rotary_of(
+    decoder: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [tokens, 1, D] of the rows' positions [tokens]."""
+    cos, sin = decoder.rotary_emb(hidden, positions.unsqueeze(0))  # each [1, tokens, D]
+    return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+
+
+def project_qkv(
+    attn: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], geometry: ModelGeometry
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's q [tokens, heads, D], k, v [tokens, kv_heads, D] of the normed rows x,
+    rotary embedding applied to q and k."""
+    tokens, (cos, sin) = x.shape[0], rotary
+    q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
+    k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+    v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+
+def sliding_window(config: object, attn: object) -> int | None:
     """The layer's sliding window: Qwen2 names it per layer, Mistral in its config."""
     if getattr(config, "model_type", None) == "mistral":
         return getattr(config, "sliding_window", None)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from inference_worker.engine.model_runner import layer_window
+from inference_worker.engine.model_runner import sliding_window
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.rotary_shift import rotate_half
 
@@ -85,7 +85,7 @@ def recompute_layers(
             k.unsqueeze(0),
             v.unsqueeze(0),
             attn_mask=_window_mask(model.config, attn, tokens, hidden.device),
-            is_causal=layer_window(model.config, attn) is None,
+            is_causal=sliding_window(model.config, attn) is None,
             scale=attn.scaling,
             enable_gqa=True,
         )  # [1, heads, tokens, D]
@@ -97,7 +97,7 @@ def recompute_layers(
 
 def _window_mask(config: object, attn: object, tokens: int, device: torch.device) -> torch.Tensor | None:
     """[tokens, tokens] True where a query may attend, for a sliding-window layer; else None."""
-    window = layer_window(config, attn)
+    window = sliding_window(config, attn)
     if window is None:
         return None
     position = torch.arange(tokens, device=device)

@@ -69,3 +69,20 @@ def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_s
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_debts_add_up_per_edge_and_feed_the_debt_graph(redis_server: RedisProcess) -> None:
+    from attnstore.debt_graph import plan_swaps
+
+    async def scenario() -> None:
+        ledger = PoolLedger(aioredis.Redis.from_url(redis_server.url), heartbeat_ttl_seconds=2.0, limits=LendingLimits())
+        await ledger.record_debt("a", "b", 300)
+        await ledger.record_debt("a", "b", 200)
+        await ledger.record_debt("b", "a", 400)
+        await ledger.record_debt("c", "a", 100)
+        await ledger.record_debt("c", "a", -100)  # paid back: the edge is gone
+        assert await ledger.debts() == {("a", "b"): 500, ("b", "a"): 400}
+        [swap] = plan_swaps(await ledger.debts(), min_swap_bytes=100)
+        assert swap.size_bytes == 400
+
+    asyncio.run(scenario())

@@ -11,7 +11,7 @@ import pytest
 from bench.__main__ import BENCH_DIR, main, suites
 from bench.peers.install import RECIPES, ensure_peer
 
-SUITES = ["batch", "daemon", "hitrate", "load", "modules", "peers", "pool", "restore", "reuse", "vllm"]
+SUITES = ["batch", "daemon", "hitrate", "load", "longctx", "modules", "peers", "pool", "restore", "reuse", "vllm"]
 
 
 def test_every_folder_with_a_run_py_is_a_suite_and_common_is_not() -> None:

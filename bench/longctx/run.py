@@ -1,0 +1,251 @@
+"""DistAttention on long contexts: split-and-merge overhead, remote micro-attention vs pulling the KV, and the longest context one node vs three.
+
+A random-weight Llama with a long position range (2 layers, hidden 256, 4 heads of 64, 2
+KV heads: 2 KiB of fp32 KV per token; 128k positions) and worker processes on loopback
+ports standing for nodes, each lending a capped KV memory (MicroAttention):
+
+  split       attention of 1 decode query and of a 256-token prefill chunk over 16k keys
+              (8 heads, 2 KV heads, head_dim 64), monolithic (the faster of torch SDPA, the
+              engine's path, and the partial kernel over all keys at once) vs partials over
+              blocks of 1k and 4k tokens merged (partial.py); one thread, fastest of N
+  decode      one decode step of the model with R remote tokens on a peer (4k, 16k, 64k;
+              --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
+              partials computed on the peer vs its KV pulled each step
+  capacity    the longest context served when each node keeps `--node-tokens` tokens of
+              KV: one worker alone vs the same worker with two peers (placement.py), each
+              checked against the plain forward's logits and one token beyond refused
+
+One summary JSON line comes last; `--results` writes the whole run as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from bench.common.results import print_report, save_results
+from bench.load.model import save_load_model
+from inference_worker.dist_attention.context import LongContext
+from inference_worker.dist_attention.cost_model import Mode
+from inference_worker.dist_attention.partial import merge, partial_attention
+from inference_worker.dist_attention.placement import ContextTooLong
+from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.launcher import WorkerProcess
+
+LONG_LLAMA = {
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "initializer_range": 0.2, "tie_word_embeddings": True,
+}  # fmt: skip
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4
+SPLIT_BLOCKS = (1024, 4096)
+TARGETS = {
+    "max_context_gain_3_nodes": 2.5,
+    "decode_bytes_ratio_pull_vs_remote_16k": 100.0,
+    "split_overhead": 0.10,
+}
+
+
+def fastest_seconds(ops: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """The fastest of `repeats` runs of each op, the ops interleaved: on a shared machine
+    the minimum is the run least disturbed, and interleaving gives each op the same luck."""
+    best = dict.fromkeys(ops, float("inf"))
+    for op in ops.values():
+        op()  # warm-up
+    for _ in range(repeats):
+        for name, op in ops.items():
+            started = time.perf_counter()
+            op()
+            best[name] = min(best[name], time.perf_counter() - started)
+    return best
+
+
+def bench_split(keys: int, repeats: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(keys, 2, 64, generator=gen), torch.randn(keys, 2, 64, generator=gen)
+    rows = {}
+    for queries in (1, 256):
+        q = torch.randn(queries, 8, 64, generator=gen)
+        best = _split_timings(q, k, v, repeats * (20 if queries == 1 else 1))  # a decode op takes ms
+        monolithic = min(best["sdpa"], best["one_part"])  # the faster of SDPA and the same kernel unsplit
+        for block in SPLIT_BLOCKS:
+            split = best[f"block{block}"]
+            rows[f"q{queries}_block{block}"] = {
+                "sdpa_ms": best["sdpa"] * 1e3, "one_part_ms": best["one_part"] * 1e3, "monolithic_ms": monolithic * 1e3,
+                "split_ms": split * 1e3, "overhead": split / monolithic - 1,
+            }  # fmt: skip
+    return rows
+
+
+def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: int) -> dict[str, float]:
+    """q [Q, H, D] at the last Q positions of k, v [T, KVH, D]."""
+    keys, queries = k.shape[0], q.shape[0]
+    k_pos, q_pos = torch.arange(keys), torch.arange(keys - queries, keys)
+    mask = None if queries == 1 else k_pos[None, :] <= q_pos[:, None]
+    ops: dict[str, Callable[[], object]] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask, scale=0.125, enable_gqa=True,
+        ),
+        "one_part": lambda: partial_attention(q, k, v, q_pos, k_pos, scale=0.125),
+    }  # fmt: skip
+    for block in SPLIT_BLOCKS:
+        ops[f"block{block}"] = lambda block=block: merge(
+            [partial_attention(q, k[s : s + block], v[s : s + block], q_pos, k_pos[s : s + block], scale=0.125)
+             for s in range(0, keys, block)]
+        )  # fmt: skip
+    return fastest_seconds(ops, repeats)
+
+
+def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> list[WorkerProcess]:
+    limits = {"max_held_bytes": held_tokens * KV_BYTES_PER_TOKEN, "max_inflight_key_tokens": 1 << 24}
+    peers = []
+    for index in range(count):
+        peer = WorkerProcess(root / f"peer-{index}.log", model_dir=model_dir,
+                             settings={"micro_attention": limits, "listen_address": "127.0.0.1:0"})  # fmt: skip
+        peer.start()
+        peers.append(peer)
+    return peers
+
+
+def bench_decode(
+    model: PreTrainedModel, peer: WorkerProcess, remote_tokens: list[int], steps: int
+) -> dict[str, Any]:
+    runner = DistributedRunner(model)
+    channel = peer_channel(peer.address)
+    rows = {}
+    for remote in remote_tokens:
+        staged = runner.new_segment(0, remote)  # random KV: decode cost does not depend on values
+        staged.reserve(remote)
+        staged.k.normal_(), staged.v.normal_()
+        place = RemoteSegment.upload(peer.address, channel, f"decode-{remote}", staged, timeout_seconds=60.0)
+        del staged
+        tail = runner.new_segment(remote, 256 + 2 * steps + 2)
+        tokens = torch.randint(0, 1000, (256,)).tolist()
+        runner.forward(tokens, remote, [place, tail], tail)
+        row = {}
+        for mode in (Mode.REMOTE, Mode.PULL):
+            place.force, place.traffic = mode, type(place.traffic)()
+            started = time.perf_counter()
+            for step in range(steps):
+                runner.forward([7], tail.stop, [place, tail], tail)
+            seconds = (time.perf_counter() - started) / steps
+            moved = (place.traffic.sent_bytes + place.traffic.received_bytes) / steps
+            row[mode.value] = {"step_ms": seconds * 1e3, "bytes_per_step": moved}
+        row["bytes_ratio_pull_vs_remote"] = row["pull"]["bytes_per_step"] / row["remote"]["bytes_per_step"]
+        row["time_ratio_pull_vs_remote"] = row["pull"]["step_ms"] / row["remote"]["step_ms"]
+        rows[f"{remote // 1024}k"] = row
+        place.release()
+    runner.close()
+    return rows
+
+
+def longest_context(model: PreTrainedModel, peers: list[WorkerProcess], node_tokens: int) -> dict[str, Any]:
+    """The longest prompt served (4 new tokens) and checked against the plain forward, and
+    the next length refused."""
+    channels = {p.address: peer_channel(p.address) for p in peers}
+    new_tokens = 4
+    room = {a: node_tokens for a in channels}
+
+    def context() -> LongContext:
+        return LongContext(DistributedRunner(model), channels, lambda: room, local_tokens=node_tokens,
+                           segment_tokens=1024, chunk_tokens=512, timeout_seconds=60.0)  # fmt: skip
+
+    longest = node_tokens * (1 + len(peers)) - new_tokens
+    prompt = torch.randint(0, 1000, (longest,), generator=torch.Generator().manual_seed(1)).tolist()
+    sequence = context()
+    logits = [sequence.prefill(prompt, new_tokens)]
+    for _ in range(new_tokens):
+        logits.append(sequence.decode(int(torch.argmax(logits[-1]))))
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([sequence.token_ids])).logits[0, longest - 1 :].float()
+    error = max((got - want).abs().max().item() for got, want in zip(logits, expected, strict=True))
+    sequence.close()
+    try:
+        context().prefill(prompt + [1], new_tokens)
+        refused = False
+    except ContextTooLong:
+        refused = True
+    return {"context_tokens": longest + new_tokens, "max_abs_logit_error": error, "one_more_refused": refused}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench longctx", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a few minutes)")
+    parser.add_argument("--node-tokens", type=int, default=None, help="KV tokens each node keeps")
+    parser.add_argument("--results", type=str, default=None, help="name under bench/results/ for the JSON")
+    args = parser.parse_args(argv)
+    # One thread: on a shared 2-core machine a 2-thread kernel waits on whichever core
+    # another tenant holds (measured: the same op 3.5 to 48 ms from run to run).
+    torch.set_num_threads(1)
+    repeats = 5 if args.quick else 20
+    remote = [4096, 16384] if args.quick else [4096, 16384, 65536]
+    node_tokens = args.node_tokens or (1024 if args.quick else 4096)
+    document: dict[str, Any] = {"split": bench_split(16384, repeats), "model": LONG_LLAMA}
+    with tempfile.TemporaryDirectory(prefix="bench-longctx-") as scratch:
+        root = Path(scratch)
+        model_dir = save_load_model(root / "model", shape=LONG_LLAMA)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        peers = start_peers(root, model_dir, 2, held_tokens=max(max(remote), node_tokens) + 1024)
+        try:
+            document["decode"] = bench_decode(model, peers[0], remote, steps=3 if args.quick else 8)
+            document["capacity"] = {
+                "1_node": longest_context(model, [], node_tokens),
+                "3_nodes": longest_context(model, peers, node_tokens),
+            }
+        finally:
+            for peer in peers:
+                peer.stop()
+    capacity = document["capacity"]
+    summary = {
+        "max_context_gain_3_nodes": capacity["3_nodes"]["context_tokens"]
+        / capacity["1_node"]["context_tokens"],
+        "decode_bytes_ratio_pull_vs_remote_16k": document["decode"]["16k"]["bytes_ratio_pull_vs_remote"],
+        "decode_time_ratio_pull_vs_remote_16k": document["decode"]["16k"]["time_ratio_pull_vs_remote"],
+        "split_overhead": max(row["overhead"] for row in document["split"].values()),
+        "max_abs_logit_error_3_nodes": capacity["3_nodes"]["max_abs_logit_error"],
+    }
+    document["summary"] = summary
+    if args.results:
+        save_results(args.results, document)
+    print_report(format_table(document), verdicts(summary), summary)
+
+
+def format_table(document: dict[str, Any]) -> str:
+    lines = ["split/merge vs monolithic SDPA, 16k keys"]
+    for name, row in document["split"].items():
+        lines.append(f"  {name:<16} sdpa {row['sdpa_ms']:8.2f} ms   one part {row['one_part_ms']:8.2f} ms   "
+                     f"split {row['split_ms']:8.2f} ms   overhead {row['overhead']:+.1%}")  # fmt: skip
+    lines.append("decode step with remote KV: remote micro-attention vs pulling the KV")
+    for name, row in document["decode"].items():
+        lines.append(f"  {name:>4} remote  {row['remote']['bytes_per_step'] / 1e3:10.1f} kB {row['remote']['step_ms']:8.1f} ms   "
+                     f"pull {row['pull']['bytes_per_step'] / 1e6:9.1f} MB {row['pull']['step_ms']:8.1f} ms   "
+                     f"bytes x{row['bytes_ratio_pull_vs_remote']:.0f}")  # fmt: skip
+    for name, row in document["capacity"].items():
+        lines.append(f"longest context, {name}: {row['context_tokens']} tokens (logit error {row['max_abs_logit_error']:.1e}, "
+                     f"one more refused: {row['one_more_refused']})")  # fmt: skip
+    return "\n".join(lines)
+
+
+def verdicts(summary: dict[str, Any]) -> list[str]:
+    checks = [
+        ("max_context_gain_3_nodes", summary["max_context_gain_3_nodes"] >= TARGETS["max_context_gain_3_nodes"], ">= 2.5"),
+        ("decode_bytes_ratio_pull_vs_remote_16k",
+         summary["decode_bytes_ratio_pull_vs_remote_16k"] >= TARGETS["decode_bytes_ratio_pull_vs_remote_16k"], ">= 100"),
+        ("decode_time_ratio_pull_vs_remote_16k", summary["decode_time_ratio_pull_vs_remote_16k"] > 1.0, "> 1 (remote faster)"),
+        ("split_overhead", summary["split_overhead"] <= TARGETS["split_overhead"], "<= 0.10"),
+        ("max_abs_logit_error_3_nodes", summary["max_abs_logit_error_3_nodes"] <= 1e-4, "<= 1e-4"),
+    ]  # fmt: skip
+    return [
+        f"{'PASS' if ok else 'FAIL'} {name} {summary[name]:.4g} (target {target})"
+        for name, ok, target in checks
+    ]

@@ -1,0 +1,138 @@
+"""One long sequence whose KV spans this worker and its peers.
+
+    plan (placement.py) -> prefill segment by segment -> decode steps (tail here)
+                     ^                                      |
+                     +---- a peer lost (PlaceLost) ---------+
+
+Prefill runs here, chunk by chunk; a segment planned for a peer is computed into a local
+staging segment, then appended to the peer and dropped here. Decode appends to the local
+tail. When a peer is lost, the sequence forgets it, re-plans over the peers left and
+recomputes every segment from its tokens (the KV of position p depends on all tokens
+before it), or raises ContextUnavailable when the context no longer fits: never an
+answer computed without part of the context.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+
+import grpc
+import structlog
+import torch
+
+from attnstore.errors import InvalidArgument, Unavailable
+from inference_worker.dist_attention.placement import ContextTooLong, SegmentPlan, plan_segments
+from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
+from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.dist_attention.segment import KVPlace, LocalSegment
+
+log = structlog.get_logger("dist_attention")
+
+
+class ContextUnavailable(Unavailable):
+    """A peer holding part of the context is lost and the context does not fit without it."""
+
+
+class LongContext:
+    def __init__(
+        self,
+        runner: DistributedRunner,
+        channels: Mapping[str, grpc.Channel],
+        peer_room_tokens: Callable[[], Mapping[str, int]],
+        *,
+        local_tokens: int,
+        segment_tokens: int,
+        chunk_tokens: int,
+        timeout_seconds: float = 5.0,
+    ) -> None:
+        """`peer_room_tokens`: tokens each live peer may hold now (the pool's ledger).
+        `local_tokens`: the most tokens of this sequence kept here, decoded ones included."""
+        self.runner = runner
+        self.channels = channels
+        self.peer_room_tokens = peer_room_tokens
+        self.local_tokens = local_tokens
+        self.segment_tokens = segment_tokens
+        self.chunk_tokens = chunk_tokens
+        self.timeout_seconds = timeout_seconds
+        self.name = uuid.uuid4().hex  # its segments' ids on peers that many workers borrow from
+        self.token_ids: list[int] = []
+        self.places: list[KVPlace] = []
+        self.lost: set[str] = set()
+        self.recomputations = 0
+        self.new_tokens_left = 0
+
+    @property
+    def tail(self) -> LocalSegment:
+        return self.places[-1]  # type: ignore[return-value]
+
+    def prefill(self, token_ids: list[int], max_new_tokens: int) -> torch.Tensor:
+        """The logits [vocab] after the prompt; room is planned for `max_new_tokens` more
+        (fewer than `local_tokens`: decoded tokens stay here)."""
+        if not token_ids or max_new_tokens >= self.local_tokens:
+            raise InvalidArgument(f"{len(token_ids)} prompt tokens and {max_new_tokens} new ones with "
+                                  f"{self.local_tokens} held here: need a prompt and fewer new tokens")  # fmt: skip
+        self.token_ids, self.new_tokens_left = list(token_ids), max_new_tokens
+        return self._with_recovery(lambda: self._prefill(len(self.token_ids)))
+
+    def decode(self, token_id: int) -> torch.Tensor:
+        """Appends a token; the logits [vocab] after it."""
+        if self.new_tokens_left <= 0:
+            raise ContextTooLong(f"the {self.local_tokens} tokens planned here are used up")
+        self.token_ids.append(token_id)
+        self.new_tokens_left -= 1
+        position = len(self.token_ids) - 1
+
+        def step() -> torch.Tensor:
+            if not self.places:  # a peer was lost: recompute the context before the token
+                self._prefill(position)
+            return self.runner.forward([token_id], position, self.places, self.tail)
+
+        return self._with_recovery(step)
+
+    def close(self) -> None:
+        for place in self.places:
+            if isinstance(place, RemoteSegment):
+                place.release()
+        self.places = []
+
+    def _with_recovery(self, step: Callable[[], torch.Tensor]) -> torch.Tensor:
+        while True:
+            try:
+                return step()
+            except PlaceLost as lost:
+                log.warning("dist_attention_peer_lost", sequence=self.name, error=str(lost))
+                self.lost.add(lost.address)
+                self.recomputations += 1
+                self.close()
+
+    def _prefill(self, upto: int) -> torch.Tensor:
+        """Plans and computes positions [0, upto); the logits after the last one."""
+        self.close()
+        room = {a: n for a, n in self.peer_room_tokens().items() if a not in self.lost}
+        context = len(self.token_ids) + self.new_tokens_left
+        try:
+            plans = plan_segments(context, self.local_tokens, room, self.segment_tokens)
+        except ContextTooLong as exc:
+            if self.lost:
+                raise ContextUnavailable(f"peers {sorted(self.lost)} were lost and {exc}") from exc
+            raise
+        logits = torch.empty(0)
+        for index, plan in enumerate(plans):
+            logits = self._fill(index, plan, min(plan.start + plan.tokens, upto))
+        return logits
+
+    def _fill(self, index: int, plan: SegmentPlan, stop: int) -> torch.Tensor:
+        capacity = plan.tokens if plan.peer is not None else self.local_tokens
+        segment = self.runner.new_segment(plan.start, capacity)
+        logits = torch.empty(0)
+        for begin in range(plan.start, stop, self.chunk_tokens):
+            end = min(begin + self.chunk_tokens, stop)
+            logits = self.runner.forward(self.token_ids[begin:end], begin, [*self.places, segment], segment)
+        if plan.peer is None:
+            self.places.append(segment)
+        else:
+            self.places.append(RemoteSegment.upload(
+                plan.peer, self.channels[plan.peer], f"{self.name}-{index}", segment, self.timeout_seconds
+            ))  # fmt: skip
+        return logits

@@ -1,0 +1,172 @@
+"""The KV segments a worker holds for other workers' sequences, and the compute it lends
+over them (the remote side of micro-attention).
+
+    AppendKV (created, then grown) -> PartialAttention / ReadKV ... -> ReleaseKV
+
+Limits: the bytes held (an append past `max_held_bytes` is refused whole), the query
+tokens of one call, and the key tokens attended at once (`max_inflight_key_tokens`, the
+compute lent: a call that would pass it is refused at once rather than queued, so a
+borrower's decode step never waits behind another's; the caller pulls the KV instead).
+A segment no call touched for `segment_idle_ttl_seconds` is dropped at the next append
+(a dead borrower cannot pin lent memory). Methods run on worker threads (torch releases
+the GIL); one lock guards the tables.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from attnstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
+from inference_worker.dist_attention.limits import MicroAttentionLimits
+from inference_worker.dist_attention.partial import Partial
+from inference_worker.dist_attention.segment import LocalSegment
+
+
+@dataclass(frozen=True)
+class LentPartial:
+    partial: Partial
+    compute_seconds: float
+    inflight_key_tokens: int  # the load when the call started
+
+
+class HeldKV:
+    def __init__(self, limits: MicroAttentionLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._segments: dict[str, LocalSegment] = {}
+        self._touched: dict[str, float] = {}
+        self._held_bytes = 0
+        self._inflight_key_tokens = 0
+        self._lock = threading.Lock()
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+    def append(self, segment_id: str, start_position: int, k: torch.Tensor, v: torch.Tensor) -> LocalSegment:
+        """k, v [L, n, KVH, D] at positions [start_position, +n) of `segment_id`."""
+        if not segment_id:
+            raise InvalidArgument("segment_id is empty")
+        if k.shape != v.shape or k.dtype != v.dtype:
+            raise InvalidArgument(f"keys {list(k.shape)} and values {list(v.shape)} differ")
+        size = 2 * k.numel() * k.element_size()
+        with self._lock:
+            self._drop_idle()
+            segment = self._segments.get(segment_id)
+            if segment is not None:
+                if (segment.k.shape[0], *segment.k.shape[2:]) != (
+                    k.shape[0],
+                    *k.shape[2:],
+                ) or segment.k.dtype != k.dtype:
+                    raise InvalidArgument(f"segment {segment_id}: appended KV {list(k.shape)} {k.dtype} does not fit its "
+                                          f"[{segment.k.shape[0]}, n, {segment.k.shape[2]}, {segment.k.shape[3]}] {segment.k.dtype}")  # fmt: skip
+                if start_position != segment.stop:
+                    raise InvalidArgument(
+                        f"segment {segment_id} ends at position {segment.stop}, not {start_position}"
+                    )
+            if self._held_bytes + size > self.limits.max_held_bytes:
+                raise ResourceExhausted(
+                    f"holding {size} more bytes would pass the {self.limits.max_held_bytes} bytes lent "
+                    f"({self._held_bytes} held)"
+                )
+            if segment is None:
+                layers, tokens, kv_heads, dim = k.shape
+                segment = LocalSegment(layers, kv_heads, dim, start=start_position, capacity_tokens=tokens,
+                                       dtype=k.dtype, device=torch.device("cpu"))  # fmt: skip
+                self._segments[segment_id] = segment
+            segment.append(k, v)
+            self._held_bytes += size
+            self._touched[segment_id] = self._clock()
+            return segment
+
+    def partial(
+        self,
+        segment_id: str,
+        layer: int,
+        q: torch.Tensor,
+        q_positions: torch.Tensor,
+        *,
+        scale: float,
+        window: int | None,
+    ) -> LentPartial:
+        """q [Q, H, D] over `layer` of the segment."""
+        segment = self._segment(segment_id)
+        if not 0 <= layer < segment.k.shape[0]:
+            raise OutOfRange(f"layer {layer} of a segment with {segment.k.shape[0]} layers")
+        if q.shape[0] > self.limits.max_query_tokens:
+            raise InvalidArgument(
+                f"{q.shape[0]} query tokens, more than the {self.limits.max_query_tokens} allowed"
+            )
+        if q.shape[0] != q_positions.shape[0]:
+            raise InvalidArgument(f"{q.shape[0]} queries but {q_positions.shape[0]} positions")
+        if q.shape[2] != segment.k.shape[3] or q.shape[1] % segment.k.shape[2]:
+            raise InvalidArgument(
+                f"queries {list(q.shape)} do not fit KV heads {segment.k.shape[2]} of dim {segment.k.shape[3]}"
+            )
+        if not scale > 0:
+            raise InvalidArgument(f"scale {scale} is not positive")
+        with self._lent(segment.tokens) as load:
+            started = time.perf_counter()
+            part = segment.partial(layer, q.to(segment.k.dtype), q_positions, scale=scale, window=window)
+            return LentPartial(part, time.perf_counter() - started, load)
+
+    def read(
+        self, segment_id: str, layer: int, piece_tokens: int
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(start position, K, V [n, KVH, D]) pieces of `layer`."""
+        segment = self._segment(segment_id)
+        if not 0 <= layer < segment.k.shape[0]:
+            raise OutOfRange(f"layer {layer} of a segment with {segment.k.shape[0]} layers")
+        k, v = segment.layer_kv(layer)
+        piece = piece_tokens or self.limits.read_piece_tokens
+        for offset in range(0, segment.tokens, piece):
+            yield segment.start + offset, k[offset : offset + piece], v[offset : offset + piece]
+
+    def release(self, segment_id: str) -> bool:
+        with self._lock:
+            return self._drop(segment_id)
+
+    def _drop(self, segment_id: str) -> bool:
+        segment = self._segments.pop(segment_id, None)
+        self._touched.pop(segment_id, None)
+        if segment is not None:
+            self._held_bytes -= segment.nbytes
+        return segment is not None
+
+    def _drop_idle(self) -> None:
+        oldest = self._clock() - self.limits.segment_idle_ttl_seconds
+        for segment_id in [s for s, touched in self._touched.items() if touched < oldest]:
+            self._drop(segment_id)
+
+    def _segment(self, segment_id: str) -> LocalSegment:
+        with self._lock:
+            segment = self._segments.get(segment_id)
+            if segment is not None:
+                self._touched[segment_id] = self._clock()
+        if segment is None:
+            raise NotFound(
+                f"no segment {segment_id!r} here (never appended, released, or this worker restarted)"
+            )
+        return segment
+
+    @contextmanager
+    def _lent(self, key_tokens: int) -> Iterator[int]:
+        with self._lock:
+            load = self._inflight_key_tokens
+            if load + key_tokens > self.limits.max_inflight_key_tokens:
+                raise ResourceExhausted(
+                    f"attending {key_tokens} more key tokens would pass the {self.limits.max_inflight_key_tokens} "
+                    f"lent at once ({load} in flight)"
+                )
+            self._inflight_key_tokens += key_tokens
+        try:
+            yield load
+        finally:
+            with self._lock:
+                self._inflight_key_tokens -= key_tokens

@@ -1,0 +1,174 @@
+"""A segment of a sequence's KV held by a peer worker (MicroAttention service): appended
+once by prefill, then attended each layer of each step, remotely or by pulling its KV
+(cost_model.py). A peer that cannot be reached, or no longer holds the segment, raises
+PlaceLost: the sequence then recomputes that KV from its tokens (context.py), never
+attends without it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import torch
+
+from attnstore.worker.v1 import micro_attention_pb2 as pb
+from attnstore.worker.v1 import micro_attention_pb2_grpc
+from inference_worker.dist_attention.cost_model import CostModel, Mode
+from inference_worker.dist_attention.partial import Partial, partial_attention
+from inference_worker.dist_attention.segment import LocalSegment
+from inference_worker.dist_attention.wire import from_wire, to_wire
+
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the servers' limit (attnstore.server.lifecycle)
+_APPEND_PIECE_BYTES = 8 * 1024 * 1024
+
+
+class PlaceLost(Exception):
+    """A peer holding positions [start, stop) of the sequence is gone or lost them."""
+
+    def __init__(self, address: str, start: int, stop: int, detail: str) -> None:
+        super().__init__(f"peer {address} holding positions [{start}, {stop}) is lost: {detail}")
+        self.address, self.start, self.stop = address, start, stop
+
+
+def peer_channel(address: str) -> grpc.Channel:
+    options = [
+        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ]
+    return grpc.insecure_channel(address, options=options)
+
+
+@dataclass
+class Traffic:
+    """Bytes on the wire for this segment's attention (not its upload)."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    remote_calls: int = 0
+    pulls: int = 0
+
+
+@dataclass
+class RemoteSegment:
+    address: str
+    stub: micro_attention_pb2_grpc.MicroAttentionStub
+    segment_id: str
+    start: int
+    tokens: int
+    layer_kv_bytes: int  # one layer's K and V, for the cost model
+    timeout_seconds: float
+    force: Mode | None = None  # a fixed mode (benchmarks); None = the cost model decides
+    costs: CostModel = field(default_factory=CostModel)
+    traffic: Traffic = field(default_factory=Traffic)
+
+    @classmethod
+    def upload(
+        cls, address: str, channel: grpc.Channel, segment_id: str, local: LocalSegment, timeout_seconds: float
+    ) -> RemoteSegment:
+        """Appends `local`'s KV to the peer in pieces; the peer's segment. The upload's
+        throughput is the link bandwidth the cost model starts from."""
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+        layers, _, kv_heads, dim = local.k.shape
+        per_token = 2 * layers * kv_heads * dim * local.k.element_size()
+        piece = max(1, _APPEND_PIECE_BYTES // per_token)
+        costs = CostModel()
+        for offset in range(0, local.tokens, piece):
+            k = local.k[:, offset : min(offset + piece, local.tokens)]
+            v = local.v[:, offset : min(offset + piece, local.tokens)]
+            request = pb.AppendKVRequest(
+                segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v)
+            )
+            started = time.perf_counter()
+            _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
+            costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)
+        return cls(address, stub, segment_id, local.start, local.tokens, per_token * local.tokens // layers,
+                   timeout_seconds, costs=costs)  # fmt: skip
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.tokens
+
+    def partial(
+        self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None
+    ) -> Partial:
+        mode = self.force or self.costs.choose(self.layer_kv_bytes)
+        if mode is Mode.REMOTE:
+            try:
+                return self._remote(layer, q, q_positions, scale, window)
+            except _Refused:
+                self.costs.observe_refusal()
+        return self._pull(layer, q, q_positions, scale, window)
+
+    def release(self) -> None:
+        """Best effort: a peer that is gone has nothing to free."""
+        try:
+            self.stub.ReleaseKV(pb.ReleaseKVRequest(segment_id=self.segment_id), timeout=self.timeout_seconds)
+        except grpc.RpcError:
+            pass
+
+    def _remote(
+        self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
+    ) -> Partial:
+        request = pb.PartialAttentionRequest(
+            segment_id=self.segment_id, layer=layer, queries=to_wire(q.float()),
+            query_positions=positions.tolist(), scale=scale, window=window or 0,
+        )  # fmt: skip
+        started = time.perf_counter()
+        reply = _call(
+            self.stub.PartialAttention, request, self.timeout_seconds, self.address, self.start, self.stop
+        )
+        self.costs.observe_remote(time.perf_counter() - started, reply.compute_ms / 1000)
+        self.traffic.sent_bytes += request.ByteSize()
+        self.traffic.received_bytes += reply.ByteSize()
+        self.traffic.remote_calls += 1
+        out = from_wire(reply.output, "output", 3).to(q.device)
+        return Partial(out, from_wire(reply.lse, "lse", 2).to(q.device))
+
+    def _pull(
+        self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
+    ) -> Partial:
+        request = pb.ReadKVRequest(segment_id=self.segment_id, layer=layer)
+        started = time.perf_counter()
+        keys, values, received = [], [], 0
+        try:
+            for piece in self.stub.ReadKV(request, timeout=self.timeout_seconds):
+                keys.append(from_wire(piece.keys, "keys", 3))
+                values.append(from_wire(piece.values, "values", 3))
+                received += piece.ByteSize()
+        except grpc.RpcError as exc:
+            raise PlaceLost(
+                self.address, self.start, self.stop, f"{exc.code().name}: {exc.details()}"
+            ) from exc
+        transfer_seconds = time.perf_counter() - started
+        self.traffic.sent_bytes += request.ByteSize()
+        self.traffic.received_bytes += received
+        self.traffic.pulls += 1
+        k, v = torch.cat(keys).to(q.device), torch.cat(values).to(q.device)
+        if k.shape[0] != self.tokens:
+            raise PlaceLost(
+                self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
+            )
+        k_positions = torch.arange(self.start, self.stop, device=q.device)
+        started = time.perf_counter()
+        part = partial_attention(
+            q, k.to(q.dtype), v.to(q.dtype), positions, k_positions, scale=scale, window=window
+        )
+        self.costs.observe_pull(received, transfer_seconds, time.perf_counter() - started)
+        return part
+
+
+class _Refused(Exception):
+    """The peer is over its lending threshold (RESOURCE_EXHAUSTED)."""
+
+
+def _call(method, request, timeout: float, address: str, start: int, stop: int):
+    try:
+        return method(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(
+            request, pb.PartialAttentionRequest
+        ):
+            raise _Refused(exc.details()) from exc
+        raise PlaceLost(address, start, stop, f"{exc.code().name}: {exc.details()}") from exc

@@ -1,0 +1,84 @@
+"""The gRPC edge of micro-attention (attnstore.worker.v1.MicroAttention): decodes and
+checks tensors, runs HeldKV's work on a thread (torch releases the GIL, so the worker's
+event loop keeps serving turns), encodes the partials. Domain errors become statuses at
+the shared interceptor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import torch
+
+from attnstore.errors import FailedPrecondition, InvalidArgument
+from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.worker.v1 import micro_attention_pb2 as pb
+from attnstore.worker.v1 import micro_attention_pb2_grpc
+from inference_worker.dist_attention.daemon_source import read_chunks
+from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.wire import from_wire, to_wire
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
+
+
+class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
+    def __init__(self, held: HeldKV, kvstore: AsyncKVStoreClient | None) -> None:
+        self._held = held
+        self._kvstore = kvstore
+
+    async def AppendKV(
+        self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendKVResponse:
+        k = from_wire(request.keys, "keys", 4)
+        v = from_wire(request.values, "values", 4)
+        segment = await asyncio.to_thread(self._held.append, request.segment_id, request.start_position, k, v)
+        return pb.AppendKVResponse(segment_tokens=segment.tokens, held_bytes=self._held.held_bytes)
+
+    async def PartialAttention(
+        self, request: pb.PartialAttentionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PartialAttentionResponse:
+        q = from_wire(request.queries, "queries", 3)
+        positions = torch.tensor(list(request.query_positions), dtype=torch.long)
+        if positions.numel() != q.shape[0]:
+            raise InvalidArgument(f"{q.shape[0]} queries but {positions.numel()} query_positions")
+        lent = await asyncio.to_thread(
+            self._held.partial, request.segment_id, request.layer, q, positions,
+            scale=request.scale, window=request.window or None,
+        )  # fmt: skip
+        return pb.PartialAttentionResponse(
+            output=to_wire(lent.partial.out),
+            lse=to_wire(lent.partial.lse),
+            compute_ms=lent.compute_seconds * 1000,
+            inflight_key_tokens=lent.inflight_key_tokens,
+        )
+
+    async def ReadKV(
+        self, request: pb.ReadKVRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReadKVResponse]:
+        for start, k, v in self._held.read(request.segment_id, request.layer, request.piece_tokens):
+            yield pb.ReadKVResponse(start_position=start, keys=to_wire(k), values=to_wire(v))
+
+    async def AttachChunks(
+        self, request: pb.AttachChunksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AttachChunksResponse:
+        if self._kvstore is None:
+            raise FailedPrecondition("this worker has no KV-store daemon (kvstore_address is unset)")
+        start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
+        segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v)
+        return pb.AttachChunksResponse(
+            segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes
+        )
+
+    async def ReleaseKV(
+        self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseKVResponse:
+        return pb.ReleaseKVResponse(released=self._held.release(request.segment_id))
+
+
+def add_to_server(held: HeldKV, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server) -> str:
+    """Registers the service; its name, for the health service."""
+    micro_attention_pb2_grpc.add_MicroAttentionServicer_to_server(
+        MicroAttentionServicer(held, kvstore), server
+    )
+    return SERVICE_NAME

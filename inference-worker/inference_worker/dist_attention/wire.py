@@ -1,0 +1,40 @@
+"""Tensors on the micro-attention wire (attnstore.worker.v1.Tensor): row-major bytes with
+their shape and element type, checked on arrival (a short or long buffer, an unknown type
+or a shape that is not the one expected is the caller's mistake, not ours)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnstore.errors import InvalidArgument
+from attnstore.worker.v1 import micro_attention_pb2 as pb
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def to_wire(tensor: torch.Tensor) -> pb.Tensor:
+    flat = tensor.detach().contiguous().cpu()
+    return pb.Tensor(
+        shape=list(flat.shape),
+        dtype=_NAMES[flat.dtype],
+        data=flat.view(-1).view(torch.uint8).numpy().tobytes(),
+    )
+
+
+def from_wire(message: pb.Tensor, name: str, dims: int) -> torch.Tensor:
+    """The tensor `message` carries (a CPU tensor over a copy of its bytes); InvalidArgument
+    unless it has `dims` dimensions, a known type and exactly its bytes."""
+    if message.dtype not in DTYPES:
+        raise InvalidArgument(f"{name}: dtype {message.dtype!r} is not one of {sorted(DTYPES)}")
+    if len(message.shape) != dims or 0 in message.shape:
+        raise InvalidArgument(f"{name}: shape {list(message.shape)} is not {dims} non-zero sizes")
+    dtype = DTYPES[message.dtype]
+    expected = math.prod(message.shape) * dtype.itemsize
+    if len(message.data) != expected:
+        raise InvalidArgument(
+            f"{name}: {len(message.data)} bytes for shape {list(message.shape)} of {message.dtype} ({expected})"
+        )
+    return torch.frombuffer(bytearray(message.data), dtype=dtype).view(*message.shape)

@@ -1,0 +1,92 @@
+"""What a worker lends (held_kv.py) and how a borrower chooses remote or pull
+(cost_model.py): appends must continue their segment, the bytes held are capped and
+counted back on release, an idle segment is dropped (a dead borrower pins nothing), the
+partial a peer computes equals the one computed here; the cost model starts remote, pulls
+when pulling measured cheaper, and after a refusal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
+from inference_worker.dist_attention.cost_model import CostModel, Mode
+from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.limits import MicroAttentionLimits
+from inference_worker.dist_attention.partial import partial_attention
+
+KV_BYTES = 2 * 2 * 4 * 2 * 8 * 4  # K and V of 4 tokens, 2 layers, 2 heads of 8, fp32
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def kv(tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, tokens, 2, 8, generator=gen), torch.randn(2, tokens, 2, 8, generator=gen)
+
+
+def test_appends_continue_the_segment_and_partials_match_local_ones() -> None:
+    held = HeldKV(MicroAttentionLimits())
+    k, v = kv(8)
+    held.append("s", 100, k[:, :4], v[:, :4])
+    with pytest.raises(InvalidArgument, match="ends at position 104, not 105"):
+        held.append("s", 105, k[:, 4:], v[:, 4:])
+    one_head = torch.zeros(2, 4, 1, 8)
+    with pytest.raises(InvalidArgument, match="does not fit"):
+        held.append("s", 104, one_head, one_head)
+    held.append("s", 104, k[:, 4:], v[:, 4:])
+    q = torch.randn(3, 4, 8)
+    positions = torch.tensor([103, 110, 111])
+    lent = held.partial("s", 1, q, positions, scale=0.3, window=None)
+    expected = partial_attention(q, k[1], v[1], positions, torch.arange(100, 108), scale=0.3)
+    assert torch.equal(lent.partial.out, expected.out) and torch.equal(lent.partial.lse, expected.lse)
+    with pytest.raises(OutOfRange):
+        held.partial("s", 2, q, positions, scale=0.3, window=None)
+    with pytest.raises(NotFound):
+        held.partial("t", 0, q, positions, scale=0.3, window=None)
+    assert [start for start, _, _ in held.read("s", 0, 3)] == [100, 103, 106]
+
+
+def test_held_bytes_are_capped_and_given_back() -> None:
+    held = HeldKV(MicroAttentionLimits(max_held_bytes=2 * KV_BYTES))
+    held.append("a", 0, *kv(4))
+    held.append("b", 0, *kv(4))
+    with pytest.raises(ResourceExhausted, match="bytes lent"):
+        held.append("c", 0, *kv(4))
+    assert held.release("a") and not held.release("a")
+    held.append("c", 0, *kv(4))
+    assert held.held_bytes == 2 * KV_BYTES
+
+
+def test_idle_segments_are_dropped() -> None:
+    clock = Clock()
+    held = HeldKV(MicroAttentionLimits(segment_idle_ttl_seconds=10), clock=clock)
+    held.append("old", 0, *kv(4))
+    held.append("used", 0, *kv(4))
+    clock.now = 8
+    held.partial("used", 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
+    clock.now = 15
+    held.append("new", 0, *kv(4))
+    with pytest.raises(NotFound):
+        held.partial("old", 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
+    assert held.held_bytes == 2 * KV_BYTES
+
+
+def test_cost_model_starts_remote_pulls_when_cheaper_and_after_a_refusal() -> None:
+    costs = CostModel(refusal_backoff_calls=2)
+    assert costs.choose(kv_bytes=10**6) is Mode.REMOTE  # nothing measured
+    costs.observe_transfer(10**9, 1.0)  # 1 GB/s (the upload)
+    costs.observe_remote(call_seconds=0.010, compute_seconds=0.001)
+    assert costs.choose(kv_bytes=100 * 10**6) is Mode.REMOTE  # pulling 100 MB: 0.1 s
+    assert costs.choose(kv_bytes=1000) is Mode.REMOTE  # the same compute either way: remote
+    costs.observe_remote(call_seconds=0.100, compute_seconds=0.091)  # the peer is loaded
+    costs.observe_pull(10**6, 0.001, compute_seconds=0.001)
+    assert costs.choose(kv_bytes=10**6) is Mode.PULL  # 1 MB, 1 ms to compute here
+    assert costs.choose(kv_bytes=100 * 10**6) is Mode.REMOTE
+    costs.observe_refusal()
+    assert [costs.choose(10**9) for _ in range(3)] == [Mode.PULL, Mode.PULL, Mode.REMOTE]

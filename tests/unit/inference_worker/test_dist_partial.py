@@ -1,0 +1,113 @@
+"""The DistAttention operators: any split of a sequence's KV into parts (contiguous or
+not, in any order) gives, after the merge, monolithic attention's output within 1e-4
+(fp32), in prefill (causal by absolute positions, sliding window) and decode, with grouped
+query heads; a part a query cannot see weighs nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inference_worker.dist_attention.partial import Partial, merge, partial_attention
+
+TOLERANCE = 1e-4
+
+
+def monolithic(q, k, v, q_pos, k_pos, scale, window):
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - window
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        attn_mask=allowed,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)  # [Q, H, D]
+
+
+@st.composite
+def split_case(draw: st.DrawFn) -> dict:
+    kv_heads = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2, 3]))
+    context = draw(st.integers(1, 96))
+    queries = draw(st.integers(1, min(context, 12)))  # the last `queries` positions
+    window = draw(st.one_of(st.none(), st.integers(1, 64)))
+    cuts = sorted(draw(st.lists(st.integers(1, max(1, context - 1)), max_size=6, unique=True)))
+    shuffle = draw(st.booleans())  # parts as non-contiguous position sets
+    seed = draw(st.integers(0, 2**16))
+    return {"kv_heads": kv_heads, "group": group, "context": context, "queries": queries, "window": window,
+                "cuts": [c for c in cuts if c < context], "shuffle": shuffle, "seed": seed}  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(split_case())
+def test_any_split_merges_to_monolithic_attention(case: dict) -> None:
+    gen = torch.Generator().manual_seed(case["seed"])
+    heads, dim, n = case["kv_heads"] * case["group"], 16, case["context"]
+    q = torch.randn(case["queries"], heads, dim, generator=gen)
+    k = torch.randn(n, case["kv_heads"], dim, generator=gen) * 3  # peaked scores: stability matters
+    v = torch.randn(n, case["kv_heads"], dim, generator=gen)
+    k_pos = torch.arange(n)
+    q_pos = torch.arange(n - case["queries"], n)
+    order = torch.randperm(n, generator=gen) if case["shuffle"] else torch.arange(n)
+    scale = 1 / math.sqrt(dim)
+    parts = [
+        partial_attention(q, k[idx], v[idx], q_pos, k_pos[idx], scale=scale, window=case["window"])
+        for idx in torch.tensor_split(order, case["cuts"])
+    ]
+    expected = monolithic(q, k, v, q_pos, k_pos, scale, case["window"])
+    assert (merge(parts).out - expected).abs().max() <= TOLERANCE
+    assert (merge(parts[::-1]).out - expected).abs().max() <= TOLERANCE
+
+
+def test_lse_is_the_log_sum_exp_of_scaled_scores_and_minus_inf_where_nothing_is_visible() -> None:
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (
+        torch.randn(3, 4, 8, generator=gen),
+        torch.randn(5, 2, 8, generator=gen),
+        torch.randn(5, 2, 8, generator=gen),
+    )
+    part = partial_attention(q, k, v, torch.tensor([1, 10, 11]), torch.arange(5, 10), scale=0.5)
+    scores = torch.einsum("qhd,thd->qht", q, k.repeat_interleave(2, dim=1)) * 0.5
+    assert torch.isneginf(part.lse[0]).all()  # position 1 sees none of positions 5..9
+    assert (part.lse[1:] - torch.logsumexp(scores[1:], dim=-1)).abs().max() <= TOLERANCE
+    merged = merge(
+        [part, partial_attention(q, k[:0], v[:0], torch.tensor([1, 10, 11]), torch.arange(0), scale=0.5)]
+    )
+    assert torch.equal(merged.out[1:], part.out[1:]) and torch.isneginf(merged.lse[0]).all()
+
+
+def test_shapes_that_do_not_fit_are_refused() -> None:
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        partial_attention(torch.zeros(1, 3, 8), torch.zeros(2, 2, 8), torch.zeros(2, 2, 8),
+                          torch.tensor([2]), torch.arange(2), scale=1.0)  # fmt: skip
+
+
+def test_merge_is_stable_with_huge_scores() -> None:
+    """lse of 1e4 in one part and -1e4 in another: no overflow, the big part wins."""
+    out_a, out_b = torch.ones(1, 1, 2), torch.zeros(1, 1, 2)
+    merged = merge([Partial(out_a, torch.tensor([[1e4]])), Partial(out_b, torch.tensor([[-1e4]]))])
+    assert torch.equal(merged.out, out_a) and merged.lse.item() == pytest.approx(1e4)
+
+
+@pytest.mark.gpu
+def test_cuda_partials_match_cpu() -> None:
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (
+        torch.randn(4, 6, 32, generator=gen),
+        torch.randn(300, 2, 32, generator=gen),
+        torch.randn(300, 2, 32, generator=gen),
+    )
+    q_pos, k_pos = torch.arange(296, 300), torch.arange(300)
+    parts = [partial_attention(q.cuda(), k[s].cuda(), v[s].cuda(), q_pos.cuda(), k_pos[s].cuda(), scale=0.2, window=100)
+             for s in (slice(0, 150), slice(150, 300))]  # fmt: skip
+    expected = monolithic(q, k, v, q_pos, k_pos, 0.2, 100)
+    assert (merge(parts).out.cpu() - expected).abs().max() <= TOLERANCE
