@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import blake3
+import jinja2
 from transformers import PreTrainedTokenizerBase
 
+from attnstore.errors import FailedPrecondition
 from attnstore.prompt_modules import (
     DEFAULT_LIMITS,
     ModulePath,
@@ -66,12 +68,15 @@ class PmlServer:
         store: ModuleStore,
         tokenize: Tokenize,
         render_role: RenderRole,
-        generation_prompt: str,
+        generation_prompt: str | Exception,
         limits: PmlLimits = DEFAULT_LIMITS,
     ) -> None:
         """`generation_prompt`: the chat template's opening of an answer, appended to prompts
-        that ask for it."""
-        self.generation_prompt = tuple(tokenize(generation_prompt)) if generation_prompt else ()
+        that ask for it; the template's error when it cannot render one."""
+        self._generation_prompt = generation_prompt
+        self.generation_prompt = (
+            tuple(tokenize(generation_prompt)) if isinstance(generation_prompt, str) and generation_prompt else ()
+        )
         self.store = store
         self.tokenize = tokenize
         self.render_role = render_role
@@ -115,6 +120,10 @@ class PmlServer:
                 kvs[kv_id] = await self.store.get(source, self._spec(source, layout, *kv_id))
             offset = self._offset(layout, segment)
             pieces.append(CachedPiece(kvs[kv_id][0], offset, len(segment.token_ids), segment.start))
+        if add_generation_prompt and isinstance(self._generation_prompt, Exception):
+            raise FailedPrecondition(
+                f"the model's chat template cannot open an answer: {self._generation_prompt}"
+            ) from self._generation_prompt
         if add_generation_prompt and self.generation_prompt:
             after = served.next_position
             text.append(
@@ -190,11 +199,15 @@ def chat_role_renderer(tokenizer: PreTrainedTokenizerBase) -> RenderRole:
     return messages_renderer(lambda messages: str(tokenizer.apply_chat_template(messages, tokenize=False)))
 
 
-def generation_prompt(tokenizer: PreTrainedTokenizerBase) -> str:
-    """What the chat template writes to open the assistant's answer ("" without a template)."""
+def generation_prompt(tokenizer: PreTrainedTokenizerBase) -> str | Exception:
+    """What the chat template writes to open the assistant's answer ("" without a template);
+    the template's error when it fails, so such a model still starts and serves the rest."""
     if not getattr(tokenizer, "chat_template", None):
         return ""
     anchor = [{"role": "system", "content": ""}]
-    before = str(tokenizer.apply_chat_template(anchor, tokenize=False))
-    after = str(tokenizer.apply_chat_template(anchor, tokenize=False, add_generation_prompt=True))
+    try:
+        before = str(tokenizer.apply_chat_template(anchor, tokenize=False))
+        after = str(tokenizer.apply_chat_template(anchor, tokenize=False, add_generation_prompt=True))
+    except jinja2.TemplateError as exc:  # a broken template, or one that raises on these messages
+        return exc
     return after.removeprefix(before)

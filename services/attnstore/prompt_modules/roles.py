@@ -3,9 +3,11 @@ callable: the package itself stays free of any model or tokenizer."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from attnstore.errors import FailedPrecondition
 from attnstore.prompt_modules.names import ROLES
 from attnstore.prompt_modules.nodes import Role
 
@@ -50,16 +52,27 @@ def messages_renderer(apply_template: Callable[[list[dict[str, str]]], str]) -> 
     """A `RenderRole` from a whole-conversation renderer (`tokenizer.apply_chat_template` with
     `tokenize=False`). A message is rendered after an empty system message and that prefix cut
     off, so templates that open with BOS or inject a default system prompt when none is given
-    (SmolLM2's does) frame every role with its own text only."""
+    (SmolLM2's does) frame every role with its own text only. The template first runs when a
+    role tag needs it: a model whose template fails still serves everything else, and a
+    prompt with role tags gets FailedPrecondition naming the template's error."""
     anchor = [{"role": "system", "content": ""}]
-    opening = apply_template(anchor)
+
+    def apply(messages: list[dict[str, str]]) -> str:
+        try:
+            return apply_template(messages)
+        except Exception as exc:  # jinja2 errors, and whatever a template raises
+            raise FailedPrecondition(f"the model's chat template cannot render role tags: {exc}") from exc
+
+    @functools.cache
+    def opening() -> str:
+        return apply(anchor)
 
     def render(role: str, content: str) -> str:
-        rendered = apply_template([*anchor, {"role": role, "content": content}])
-        if not rendered.startswith(opening):
-            raise ValueError(
+        rendered = apply([*anchor, {"role": role, "content": content}])
+        if not rendered.startswith(opening()):
+            raise FailedPrecondition(
                 "the chat template renders a conversation's start differently with more messages"
             )
-        return rendered[len(opening) :]
+        return rendered[len(opening()) :]
 
     return render

@@ -31,9 +31,11 @@ def test_off_keeps_kv_for_an_mha_model(tiny_llama_factory) -> None:
 @pytest.mark.parametrize("tier", ["dram", "ssd"])
 def test_an_mha_models_plan_beats_recomputation(tiny_llama_factory, tier: str) -> None:
     mha = tiny_llama_factory(num_key_value_heads=4)
-    settings = RestoreSettings(ssd_read_bytes_per_second=1e6, **PROFILE)  # a very slow disk
+    # 1 kB/s: far slower than recomputing a tiny model however loaded the machine (at 1 MB/s a
+    # profile on a busy 2-core CI machine once made loading the cheaper plan)
+    settings = RestoreSettings(ssd_read_bytes_per_second=1e3, **PROFILE)
     policy = RestorePolicy.create(mha, settings, element_bytes=4)
     plan = policy.plan(tier, 512)
     assert plan.estimated_seconds <= restore_seconds(policy.costs, tier, 512, 3, 0, 0)
-    if tier == "ssd":  # reading 1 MB/s is slower than recomputing a tiny model's layers
+    if tier == "ssd":
         assert plan.recompute_layers > 0
