@@ -17,8 +17,7 @@ Decisions (what such a worker refuses rather than does half right):
 - A turn saves only the chunks whose every token it computed (and so captured): chunks
   whose KV came from the pool or the store are not saved again.
 - The pool's cached chunks are not skipped in the lookup (restore starts at position 0),
-  and chunks held by pool peers are read from the own daemon only (a miss there fails the
-  restore: the turn recomputes).
+  and every chunk is read through the own daemon (which fetches those placed on pool peers).
 """
 
 from __future__ import annotations
