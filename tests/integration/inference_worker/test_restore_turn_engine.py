@@ -126,3 +126,26 @@ def test_the_default_policy_keeps_kv(tiny_model: LoadedModel, mha_model: LoadedM
     """Grouped-query models (auto) and `off` build no policy, so turns store KV as before."""
     assert worker_policy(tiny_model.model, RestoreSettings(), 4) is None
     assert worker_policy(mha_model.model, RestoreSettings(hidden_states="off"), 4) is None
+
+
+async def test_a_truncated_turn_neither_reads_nor_saves_restore_chunks(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """Restore works from position 0: a truncated turn of a hidden-state worker runs without
+    the store (no sinks chunk stored as KV in the namespace, no chunks at shifted positions)."""
+    settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, max_context_tokens=128, attention_sink_tokens=4)
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(mha_model, client, settings, RestorePolicy(COSTS, STORAGE))
+        try:
+            source = await engine.namespace_for(b"tenant-a")
+            prompt = random_tokens(120, seed=4)
+            turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), truncated_tokens=28)
+            events = [event async for event in engine.run_turn(turn, source)]
+            stats = events.pop()
+            assert isinstance(stats, TurnStats) and stats.truncated_tokens >= 28
+            assert stats.saved_chunks == stats.reused_tokens == 0 and stats.namespace == b""
+            await engine.drain_saves()
+            keys = chunk_key_chain(source.namespace, prompt, CHUNK_TOKENS)
+            assert (await client.lookup(source.namespace, keys)).prefix_length == 0
+        finally:
+            await engine.close()
