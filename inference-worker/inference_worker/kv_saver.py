@@ -23,6 +23,8 @@ import torch
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.kv_codec import encode_chunks
+from inference_worker.restore.codec import encode_restore_chunks
+from inference_worker.restore.turns import RestoreForm
 from inference_worker.turn_types import KVSource
 
 log = structlog.get_logger("inference_worker.kv_saver")
@@ -37,6 +39,7 @@ class ChunkRun:
     keys: Sequence[bytes]  # their chain keys, in order
     kv: KV  # per layer K, V [kv_heads, tokens, head_dim]; tokens > (len(keys) - 1) * chunk_tokens
     base_position: int  # the position the first token's key was rotated for
+    restore: RestoreForm | None = None  # a namespace of restore chunks: its plan and hidden states
 
 
 class ChunkSaver:
@@ -121,10 +124,16 @@ class ChunkSaver:
 
 
 def _encode(namespace: bytes, runs: Sequence[ChunkRun], chunk_tokens: int) -> list[bytes]:
-    return [
-        chunk
-        for run in runs
-        for chunk in encode_chunks(
+    return [chunk for run in runs for chunk in _encode_run(namespace, run, chunk_tokens)]
+
+
+def _encode_run(namespace: bytes, run: ChunkRun, chunk_tokens: int) -> list[bytes]:
+    if run.restore is None:
+        return encode_chunks(
             namespace, run.keys, run.kv, chunk_tokens, run.base_position, include_partial=True
         )
-    ]
+    form = run.restore
+    return encode_restore_chunks(
+        namespace, run.keys, form.storage, form.geometry, run.kv, form.hidden, chunk_tokens,
+        run.base_position, include_partial=True,
+    )  # fmt: skip

@@ -17,6 +17,7 @@ import structlog
 import torch
 import transformers
 
+from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import SecurityConfigError
 from attnstore.server.allocator import keep_large_buffers
@@ -30,7 +31,7 @@ from inference_worker.device_check import DeviceCheckFailed, check_device
 from inference_worker.dist_attention import servicer as micro_attention
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.engine.memory import PoolTooSmall
-from inference_worker.kv_codec import TORCH_DTYPES
+from inference_worker.kv_codec import DTYPE_NAMES, TORCH_DTYPES
 from inference_worker.model_card import describe_model, request_limits
 from inference_worker.model_store import (
     LoadedModel,
@@ -39,6 +40,7 @@ from inference_worker.model_store import (
     load_model,
     model_digest,
 )
+from inference_worker.restore.policy import worker_policy
 from inference_worker.servicer import SERVICE_NAME, WorkerServicer
 from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import ContextWindowError
@@ -90,7 +92,10 @@ async def run_worker(settings: WorkerSettings) -> None:
             data_plane_tls=settings.kvstore_channel.ssl_context(),  # its own daemon's and pool peers'
             verify_checksums=False,  # the prefix loader verifies its own copies (kv_codec)
         )
-    engine = TurnEngine(loaded, kvstore, settings)
+    restore = await asyncio.to_thread(
+        worker_policy, loaded.model, settings.restore, DTYPE_BYTES[DTYPE_NAMES[loaded.dtype]]
+    )  # None (KV, nothing profiled) unless hidden states pay off for this model
+    engine = TurnEngine(loaded, kvstore, settings, restore)
     await warm_up(engine)
     limits = request_limits(loaded, settings, engine.window)
     model_card = describe_model(loaded, digest, engine.window, limits)
@@ -123,7 +128,9 @@ async def run_worker(settings: WorkerSettings) -> None:
             if kvstore is not None:
                 await kvstore.close()
 
-    server = create_server(settings.serving, interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls))
+    server = create_server(
+        settings.serving, interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls)
+    )
     template = ChatTemplate(loaded.tokenizer, settings.special_tokens_in_messages)
     servicer = WorkerServicer(engine, template, limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)

@@ -35,8 +35,11 @@ class Namespaces:
         *,
         chunk_tokens: int,
         timeout_seconds: float,
+        storage_plan: str = "",
     ) -> None:
+        """`storage_plan`: StoragePlan.namespace_tag of the chunks saved ("" = KV chunks)."""
         self.runner = runner
+        self.storage_plan = storage_plan
         self.client = client
         self.chunk_tokens = chunk_tokens
         self.timeout_seconds = timeout_seconds
@@ -52,7 +55,13 @@ class Namespaces:
         the daemon answers, else later."""
         if self._digest is None:  # hashes the weights once (then cached beside them)
             self._digest = await asyncio.to_thread(model_digest, self.runner.loaded.model_dir)
-        spec = NamespaceSpec(self._digest, self.runner.dtype_name, self.chunk_tokens, tenant_salt)
+        spec = NamespaceSpec(
+            self._digest,
+            self.runner.dtype_name,
+            self.chunk_tokens,
+            tenant_salt,
+            storage_plan=self.storage_plan,
+        )
         source = KVSource(namespace=spec.namespace_id(), chunk_tokens=self.chunk_tokens)
         await self.ensure_registered(source)
         return source

@@ -53,6 +53,10 @@ from inference_worker.kv_saver import KV, ChunkRun, ChunkSaver
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefix_loader import classify_failure, load_prefix
+from inference_worker.restore.loader import RestoreStats
+from inference_worker.restore.metrics import observe_restore
+from inference_worker.restore.planner import RestorePlan
+from inference_worker.restore.turns import TurnRestore
 from inference_worker.rotary_shift import RotaryShift
 from inference_worker.truncation import NO_TRUNCATION, Truncation
 from inference_worker.turn_types import Fallback, KVSource
@@ -77,6 +81,7 @@ class Prefill:
     evict_keys: tuple[bytes, ...] = ()  # stored chunks that failed to load: replaced when saving
     stale_keys: tuple[bytes, ...] = ()  # the history's partial chunk it loaded: deleted when saving
     sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
+    restore_plan: str = ""  # RestorePlan.name of a prefix restored from restore chunks
     logits: torch.Tensor | None = None  # [vocab] fp32 of the last prompt token (Prefiller.prefill)
     kv: KV | None = None  # per layer K, V of every kept prompt token (Prefiller.prefill)
 
@@ -92,8 +97,9 @@ class PendingPrefill:
     hit: _Hit | None
     fallback: Fallback | None  # of the lookup
     prefix: PrefixKV | None  # the hit's KV, loading
-    loader: asyncio.Task[None] | None
+    loader: asyncio.Task[object] | None
     started: float  # perf_counter() when the prefill began
+    restore_plan: RestorePlan | None = None  # the hit is restored from restore chunks so
 
 
 @dataclass(frozen=True)
@@ -144,11 +150,14 @@ class Prefiller:
         lookup_timeout_seconds: float,
         saver: ChunkSaver | None = None,
         fetch_from_peers: bool = True,
+        restore: TurnRestore | None = None,
     ) -> None:
         """`saver`: this worker's background saves, waited for (up to the layer timeout)
         when they hold chunks a prompt wants. `fetch_from_peers`: read chunks on pool peers
-        from the peers (WorkerSettings.fetch_from_peers)."""
+        from the peers (WorkerSettings.fetch_from_peers). `restore`: the namespaces hold
+        restore chunks, read with the planner's plan (restore/turns.py)."""
         self.fetch_from_peers = fetch_from_peers
+        self.restore = restore
         self.engine = engine
         self.saver = saver
         self.kvstore = kvstore
@@ -175,7 +184,7 @@ class Prefiller:
         pooled = 0
         if source is not None:
             seq.namespace = source.namespace  # tenants never share blocks
-            if truncation == NO_TRUNCATION and self.engine.pool.keep_freed_prefixes:
+            if truncation == NO_TRUNCATION and self.engine.pool.keep_freed_prefixes and self.restore is None:
                 pooled = self.engine.pool.cached_tokens(seq) // source.chunk_tokens
         fallback: Fallback | None = None
         try:
@@ -183,11 +192,25 @@ class Prefiller:
         except Exception as exc:  # noqa: BLE001 -- any lookup failure means recompute
             log.warning("lookup failed; recomputing", error=repr(exc))
             hit, fallback = None, Fallback.DAEMON_UNAVAILABLE
-        prefix = loader = None
+        prefix = loader = plan = None
         if source is not None and hit is not None and hit.keys and self.kvstore is not None:
-            prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
+            if self.restore is not None:
+                prefix, loader, plan = self._start_restore(self.restore, self.kvstore, source, hit, prompt)
+            else:
+                prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
             seq.prefix = prefix
-        return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, started)
+        return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, started, plan)
+
+    def _start_restore(
+        self, restore: TurnRestore, client: AsyncKVStoreClient, source: KVSource, hit: _Hit, prompt: list[int]
+    ) -> tuple[PrefixKV, asyncio.Task[RestoreStats], RestorePlan]:
+        """Restores the hit's full chunks (untruncated, no tail, from position 0) as planned."""
+        prefix = PrefixKV(self.engine.runner.geometry.num_layers, len(hit.chunks) * source.chunk_tokens)
+        plan = restore.plan(hit.tiers, prefix.prefix_tokens)
+        loader = asyncio.create_task(
+            restore.restore(client, source.namespace, hit.keys, prefix, plan, prompt)
+        )
+        return prefix, loader, plan
 
     def _start_load(
         self, client: AsyncKVStoreClient, source: KVSource, hit: _Hit, truncation: Truncation
@@ -225,6 +248,8 @@ class Prefiller:
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
+            if not pending.loader.cancelled() and isinstance(stats := pending.loader.result(), RestoreStats):
+                observe_restore(stats)
         prefix_tokens = 0
         fallback = pending.fallback
         failure = seq.load_failure
@@ -254,6 +279,7 @@ class Prefiller:
             evict_keys=tuple(hit.keys) if hit is not None and invalid else (),
             stale_keys=(hit.keys[-1],) if loaded and hit is not None and hit.tail_tokens else (),
             sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
+            restore_plan=pending.restore_plan.name if pending.restore_plan is not None else "",
         )
 
     async def prefill(
@@ -283,7 +309,7 @@ class Prefiller:
         chunks, then loads them back as the prefix its next admission writes; None (the
         engine recomputes) when the store cannot take or give them."""
         kv, seq.snapshot = seq.snapshot, None
-        if kv is None or self.saver is None or self.kvstore is None:
+        if kv is None or self.saver is None or self.kvstore is None or self.restore is not None:
             return None
         chunk_tokens = source.chunk_tokens
         keys = chunk_key_chain(source.namespace, seq.token_ids[: kv[0][0].shape[1]], chunk_tokens)
@@ -302,7 +328,10 @@ class Prefiller:
         if not stored:
             return None
         hit = _Hit(
-            chunks=list(range(stored)), keys=keys[:stored], tiers=found.tiers[:stored], places=found.peers[:stored]
+            chunks=list(range(stored)),
+            keys=keys[:stored],
+            tiers=found.tiers[:stored],
+            places=found.peers[:stored],
         )
         seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
         self.resumed_from_store += 1

@@ -162,4 +162,5 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         module_tokens=stats.module_tokens,
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,
+        restore_plan=stats.restore_plan,
     )

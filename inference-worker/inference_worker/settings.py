@@ -16,6 +16,7 @@ from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.model_store import DEFAULT_CACHE_DIR
+from inference_worker.restore.settings import RestoreSettings
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
 
@@ -149,6 +150,11 @@ class WorkerSettings(ServiceSettings):
         30.0, ge=0, description="on SIGTERM, in-flight turns get this long, then pending KV saves as long"
     )
 
+    restore: RestoreSettings = Field(
+        default_factory=RestoreSettings,
+        description="storing hidden states instead of KV (HCache, docs/hidden-states.md); by default only for "
+        "multi-head-attention models (e.g. ATTNSTORE_WORKER_RESTORE__HIDDEN_STATES=off)",
+    )
 
     @model_validator(mode="after")
     def _check_consistency(self) -> WorkerSettings:

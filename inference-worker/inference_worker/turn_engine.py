@@ -65,6 +65,8 @@ from inference_worker.modules.pml_server import (
 )
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefill import Prefill, Prefiller
+from inference_worker.restore.policy import RestorePolicy
+from inference_worker.restore.turns import TurnRestore
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import NO_TRUNCATION, ContextWindow
@@ -82,11 +84,17 @@ log = structlog.get_logger("inference_worker.turn_engine")
 
 class TurnEngine:
     def __init__(
-        self, model: LoadedModel, kvstore: AsyncKVStoreClient | None, settings: WorkerSettings
+        self,
+        model: LoadedModel,
+        kvstore: AsyncKVStoreClient | None,
+        settings: WorkerSettings,
+        restore: RestorePolicy | None = None,
     ) -> None:
         """Takes its chunk size, context window, pool and timeouts from `settings` (their one
-        source). Raises ContextWindowError when the context settings do not suit the model,
-        PoolTooSmall when the KV budget holds no block."""
+        source). `restore`: a storage plan that is not all KV (restore.policy.worker_policy):
+        turns save and restore hidden states (restore/turns.py); None: KV. Raises
+        ContextWindowError when the context settings do not suit the model, PoolTooSmall when
+        the KV budget holds no block."""
         self.loaded = model
         self.runner = ModelRunner(model)
         geometry = self.runner.geometry
@@ -95,7 +103,11 @@ class TurnEngine:
             geometry.max_positions, settings.max_context_tokens, settings.attention_sink_tokens, chunk_tokens
         )
         self.namespaces = Namespaces(
-            self.runner, kvstore, chunk_tokens=chunk_tokens, timeout_seconds=settings.lookup_timeout_seconds
+            self.runner,
+            kvstore,
+            chunk_tokens=chunk_tokens,
+            timeout_seconds=settings.lookup_timeout_seconds,
+            storage_plan=restore.storage.namespace_tag if restore is not None else "",
         )
         self.stop_ids = stop_token_ids(model.model, model.tokenizer)
         try:
@@ -104,6 +116,7 @@ class TurnEngine:
             log.info("keys cannot be re-positioned", reason=str(exc))
             shift = None
         self.engine = _build_engine(model, geometry, settings)
+        self.restore = TurnRestore(restore, self.engine.runner, shift) if restore is not None else None
         self._saver = ChunkSaver(kvstore) if kvstore is not None else None
         self.prefiller = Prefiller(
             self.engine,
@@ -114,6 +127,7 @@ class TurnEngine:
             lookup_timeout_seconds=settings.lookup_timeout_seconds,
             saver=self._saver,
             fetch_from_peers=settings.fetch_from_peers,
+            restore=self.restore,
         )
         module_store = ModuleStore(
             self.engine,
@@ -145,6 +159,8 @@ class TurnEngine:
     async def close(self) -> None:
         """Stops the engine's step loop (after the turns ended)."""
         await self.engine.close()
+        if self.restore is not None:
+            self.restore.close()
 
     async def run_turn(
         self, turn: TurnInput, source: KVSource | None
@@ -157,7 +173,11 @@ class TurnEngine:
         check_sampling(turn.sampling)
         self.runner.check_prompt(prompt)
         truncation = self.window.plan(len(prompt), turn.sampling.max_tokens, turn.truncated_tokens)
-        pending = await self.prefiller.start(prompt, source, truncation, turn.history_tokens)
+        history_tokens = turn.history_tokens
+        if self.restore is not None:  # restore chunks: untruncated turns, no tails (restore/turns.py)
+            source = source if truncation == NO_TRUNCATION else None
+            history_tokens = 0
+        pending = await self.prefiller.start(prompt, source, truncation, history_tokens)
         seq = self._decoding(pending.seq, turn.sampling)
         # Parallel sampling: the other samples fork from seq once its prompt is computed.
         seq.forks = [
@@ -165,8 +185,10 @@ class TurnEngine:
             for index in range(1, turn.sampling.n)
         ]
         samples = [seq, *seq.forks]
-        if source is not None and truncation == NO_TRUNCATION:  # kept = original tokens: keys line up
+        if source is not None and truncation == NO_TRUNCATION and self.restore is None:  # keys line up
             seq.store_chunk_tokens = source.chunk_tokens  # preempted, it resumes from the store
+        if self.restore is not None and source is not None:
+            self.restore.watch(seq)
         detokenizers = [IncrementalDetokenizer(self.loaded.tokenizer, seq.token_ids) for _ in samples]
         prefill: Prefill | None = None
         first_token_at = started
@@ -198,7 +220,8 @@ class TurnEngine:
             saved = 0
             if source is not None:
                 keys = extend_key_chain(source.namespace, prefill.prompt_keys, sequence, source.chunk_tokens)
-                tail = sequence[len(keys) * source.chunk_tokens :] if turn.save_generated else []
+                with_tail = turn.save_generated and self.restore is None
+                tail = sequence[len(keys) * source.chunk_tokens :] if with_tail else []
                 saved = await self._save(source, prompt, keys, tail, prefill, seq)
         finally:
             if prefill is None and pending.loader is not None:
@@ -206,6 +229,8 @@ class TurnEngine:
             for loader in resumes:
                 loader.cancel()  # ends a read still running (and its lease) at once
             await asyncio.gather(*resumes, return_exceptions=True)
+            if self.restore is not None:
+                self.restore.forget(seq)  # a turn that ended before saving
             self.engine.release(seq)
         yield TurnStats(
             prompt_tokens=len(prompt),
@@ -225,6 +250,7 @@ class TurnEngine:
             namespace=source.namespace if source is not None else b"",
             chunk_keys=tuple(keys),
             namespace_refused=self.namespaces.refusal(source.namespace) if source is not None else "",
+            restore_plan=prefill.restore_plan,
             samples=tuple(
                 SampleStats(len(sample.generated), sample.finish_reason or "length") for sample in samples
             ),
@@ -260,15 +286,20 @@ class TurnEngine:
             if sinks.kv is not None:
                 runs.append(ChunkRun(keys[:1], sinks.kv, 0))
         first = prefill.save_from_chunk
+        captured = self.restore.take(seq) if self.restore is not None else None
+        if captured is not None:  # only chunks whose every token this turn computed
+            first = min(max(first, -(-captured.first // chunk_tokens)), len(keys))
         start = first * chunk_tokens - dropped  # where chunk `first` sits in the kept sequence
         stop = len(keys) * chunk_tokens - dropped
         with_tail = bool(tail) and prefill.truncation == NO_TRUNCATION
         span_stop = stop + len(tail) if with_tail else stop
         kv = await asyncio.to_thread(self.engine.kv.span, seq.block_table, start, span_stop)
         if keys[first:]:
-            runs.append(
-                ChunkRun(keys[first:], [(k[:, : stop - start], v[:, : stop - start]) for k, v in kv], start)
+            form = (
+                None if captured is None or self.restore is None else self.restore.form(captured, start, stop)
             )
+            kept_kv = [(k[:, : stop - start], v[:, : stop - start]) for k, v in kv]
+            runs.append(ChunkRun(keys[first:], kept_kv, start, form))
         if with_tail:
             tail_kv = [(k[:, stop - start :], v[:, stop - start :]) for k, v in kv]
             runs.append(

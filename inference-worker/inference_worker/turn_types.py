@@ -79,6 +79,9 @@ class TurnStats:
     chunk_keys: tuple[bytes, ...] = ()
     namespace_refused: str = ""  # the daemon's reason for refusing the namespace ("" if registered)
     samples: tuple[SampleStats, ...] = ()  # each sample's, in sample order
+    # The restore plan of a prefix stored as hidden states (RestorePlan.name, e.g. "r1h1k1":
+    # layers recomputed, projected from hidden states, loaded as KV); "" for a KV load or none.
+    restore_plan: str = ""
     # -- prompt modules (ModuleTurnInput) --
     module_tokens: int = 0  # prompt tokens whose KV came from module KV (stored or encoded apart)
     repaired_tokens: int = 0  # module tokens recomputed by boundary repair

@@ -28,12 +28,18 @@ class HiddenCapture:
         with self._lock:
             self._rows[seq.seq_id] = [[] for _ in range(self.num_layers)]
 
-    def take(self, seq: Sequence) -> list[torch.Tensor]:
-        """Per layer the input hidden states [tokens, hidden] of the tokens `seq` computed
-        while watched, in order (from its first computed token); stops watching it."""
+    def take(self, seq: Sequence) -> tuple[int, list[torch.Tensor]]:
+        """The first position `seq` computed while watched and, per layer, the input hidden
+        states [tokens, hidden] of the tokens from there; stops watching it. A token computed
+        twice (recomputed after a failed load or a preemption) keeps its last rows."""
         with self._lock:
             layers = self._rows.pop(seq.seq_id)
-        return [torch.cat([rows for _, rows in sorted(pieces, key=lambda p: p[0])]) for pieces in layers]
+        return _first(layers), [_placed(pieces, _first(layers)) for pieces in layers]
+
+    def forget(self, seq: Sequence) -> None:
+        """Stops watching `seq` if it still is, dropping what it captured."""
+        with self._lock:
+            self._rows.pop(seq.seq_id, None)
 
     def __call__(self, layer: int, hidden: torch.Tensor, batch: Batch) -> None:
         with self._lock:
@@ -43,3 +49,18 @@ class HiddenCapture:
                 watched = self._rows.get(seq.seq_id)
                 if watched is not None:
                     watched[layer].append((part.start, hidden[part.rows].clone()))  # [new, hidden]
+
+
+def _first(layers: list[list[tuple[int, torch.Tensor]]]) -> int:
+    return min((start for start, _ in layers[0]), default=0)
+
+
+def _placed(pieces: list[tuple[int, torch.Tensor]], first: int) -> torch.Tensor:
+    """The pieces' rows at their positions from `first` (later pieces overwrite earlier ones)."""
+    if not pieces:
+        return torch.empty(0)
+    stop = max(start + len(rows) for start, rows in pieces)
+    out = pieces[0][1].new_empty((stop - first, pieces[0][1].shape[1]))
+    for start, rows in pieces:
+        out[start - first : start - first + len(rows)] = rows
+    return out

@@ -48,3 +48,17 @@ class RestorePolicy:
     def plan(self, tier: str, tokens: int) -> RestorePlan:
         """The fastest restore of a `tokens`-token prefix read from `tier`."""
         return plan_restore(self.costs, self.storage, tier, tokens)
+
+
+def worker_policy(
+    model: PreTrainedModel, settings: RestoreSettings, element_bytes: int
+) -> RestorePolicy | None:
+    """The worker's policy where its storage plan is not all KV; None otherwise (the classic
+    KV path, decided without profiling when hidden states are off or do not pay)."""
+    geometry = ModelGeometry.of(model.config)
+    if settings.hidden_states == "off" or (
+        settings.hidden_states == "auto" and not hidden_pays_off(geometry, int(model.config.hidden_size))
+    ):
+        return None
+    policy = RestorePolicy.create(model, settings, element_bytes)
+    return None if policy.storage.is_kv else policy

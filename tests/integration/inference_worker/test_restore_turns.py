@@ -80,7 +80,7 @@ async def history_state(model: PreTrainedModel, tokens: list[int]):
         engine.release(seq)
     finally:
         await engine.close()
-    return kv, capture.take(seq)
+    return kv, capture.take(seq)[1]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,121 @@
+"""Hidden states in turns: what a worker whose storage plan is not all KV adds to its
+turns (turn_engine.py, prefill.py, kv_saver.py). Built only then (`for_worker`): on the
+default path (grouped-query models, or `hidden_states = off`) there is none and turns store
+and load KV exactly as before.
+
+    turn 1   watch(seq) ──forward──> HiddenCapture ──take──> CapturedHidden
+             ──ChunkRun(restore=RestoreForm)──> ChunkSaver ──encode_restore_chunks──> daemon
+    turn 2   lookup hit ──start(plan = policy.plan(tier, tokens))──> restore_prefix ──> PrefixKV
+
+Decisions (what such a worker refuses rather than does half right):
+- Truncated turns neither read nor save chunks: restore projects and recomputes at the
+  tokens' positions from 0, and a truncated turn's chunk 0 (attention sinks) and kept chunks
+  sit elsewhere.
+- No preemption snapshots (they are KV): a preempted sequence is recomputed.
+- No partial last chunk (tail) is saved or read: the turn that reads a tail would save the
+  full chunk over it, whose first tokens' hidden states it never computed.
+- A turn saves only the chunks whose every token it computed (and so captured): chunks
+  whose KV came from the pool or the store are not saved again.
+- The pool's cached chunks are not skipped in the lookup (restore starts at position 0),
+  and every chunk is read through the own daemon (which fetches those placed on pool peers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from attnstore.kvstore_client import AsyncKVStoreClient, Tier
+from inference_worker.engine.model_runner import PagedModelRunner
+from inference_worker.engine.sequence import Sequence as EngineSequence
+from inference_worker.layerwise_cache import PrefixKV
+from inference_worker.model_geometry import ModelGeometry
+from inference_worker.restore.capture import HiddenCapture
+from inference_worker.restore.codec import HiddenLayers
+from inference_worker.restore.loader import RestoreStats, restore_prefix
+from inference_worker.restore.planner import RestorePlan
+from inference_worker.restore.policy import RestorePolicy
+from inference_worker.restore.storage_plan import StoragePlan
+from inference_worker.rotary_shift import RotaryShift
+
+
+@dataclass(frozen=True)
+class RestoreForm:
+    """How a ChunkRun is encoded when its namespace stores restore chunks."""
+
+    storage: StoragePlan
+    geometry: ModelGeometry
+    hidden: HiddenLayers  # per layer [tokens, hidden] of the run's tokens; None where not HIDDEN
+
+
+@dataclass(frozen=True)
+class CapturedHidden:
+    """A sequence's captured layer inputs: per layer [tokens, hidden] from position `first`."""
+
+    first: int
+    layers: list[torch.Tensor]
+
+    def span(self, start: int, stop: int) -> list[torch.Tensor]:
+        return [layer[start - self.first : stop - self.first] for layer in self.layers]
+
+
+class TurnRestore:
+    def __init__(self, policy: RestorePolicy, runner: PagedModelRunner, shift: RotaryShift | None) -> None:
+        self.policy, self.storage, self.shift = policy, policy.storage, shift
+        self.model, self.geometry = runner.model, runner.geometry
+        self._capture = HiddenCapture(runner) if policy.storage.hidden_layers else None
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="restore")  # recomputation, projections
+
+    def watch(self, seq: EngineSequence) -> None:
+        if self._capture is not None:
+            self._capture.watch(seq)
+
+    def take(self, seq: EngineSequence) -> CapturedHidden:
+        """What `seq` computed while watched (a plan without HIDDEN layers needs nothing: every
+        chunk can be saved)."""
+        if self._capture is None:
+            return CapturedHidden(0, [])
+        first, layers = self._capture.take(seq)
+        return CapturedHidden(first, layers)
+
+    def forget(self, seq: EngineSequence) -> None:
+        if self._capture is not None:
+            self._capture.forget(seq)
+
+    def form(self, captured: CapturedHidden, start: int, stop: int) -> RestoreForm:
+        hidden: HiddenLayers = (
+            captured.span(start, stop) if captured.layers else [None] * self.storage.num_layers
+        )
+        return RestoreForm(self.storage, self.geometry, hidden)
+
+    def plan(self, tiers: Sequence[Tier], tokens: int) -> RestorePlan:
+        """The planner's plan for a prefix read from `tiers` (SSD if any chunk is there)."""
+        return self.policy.plan("ssd" if Tier.SSD in tiers else "dram", tokens)
+
+    async def restore(
+        self,
+        client: AsyncKVStoreClient,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        prefix: PrefixKV,
+        plan: RestorePlan,
+        token_ids: Sequence[int],
+    ) -> RestoreStats:
+        return await restore_prefix(
+            client,
+            namespace,
+            keys,
+            prefix,
+            model=self.model,
+            storage=self.storage,
+            plan=plan,
+            token_ids=token_ids,
+            compute=self._compute,
+            shift=self.shift,
+        )
+
+    def close(self) -> None:
+        self._compute.shutdown(wait=False, cancel_futures=True)

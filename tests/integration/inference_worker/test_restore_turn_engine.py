@@ -1,0 +1,151 @@
+"""Turns that save and restore hidden states (HCache) through a real daemon: a random-weight
+multi-head Llama (its hidden states are half the bytes of its KV) whose worker stores layer 0
+as nothing, layer 1 as hidden states and layer 2 as KV. Turn 1 saves restore chunks; turn 2
+restores them with the planner's mixed plan (recompute 1, project 1, load 1) and gives what
+full recomputation gives. The default path (a grouped-query model) builds no policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnstore.chunks.format import LayerForm
+from attnstore.chunks.keys import chunk_key_chain
+from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.model_store import LoadedModel, load_model
+from inference_worker.restore.planner import RestoreCosts, TierCosts
+from inference_worker.restore.policy import RestorePolicy, worker_policy
+from inference_worker.restore.settings import RestoreSettings
+from inference_worker.restore.storage_plan import StoragePlan
+from inference_worker.settings import WorkerSettings
+from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from kvstore_daemon.launcher import DaemonProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+CHUNK_TOKENS = 16
+FIRST_PROMPT_TOKENS = 40
+ANSWER_TOKENS = 32
+NEW_TOKENS = 20
+SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS  # no partial chunk here
+LAYERS = 3
+STORAGE = StoragePlan(LAYERS, recompute_layers=1, hidden_layers=1)  # NONE, HIDDEN, KV
+# Reading and projecting are nearly free, recomputing is dear: the planner recomputes only
+# the layer that is not stored, projects the hidden one and loads the KV one.
+COSTS = RestoreCosts(
+    project_seconds=1e-9,
+    recompute_seconds=1.0,
+    recompute_pair_seconds=0.0,
+    tiers={"dram": TierCosts(1e-9, 1e-9), "ssd": TierCosts(1e-9, 1e-9)},
+)
+MHA_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,  # multi-head attention: hidden states are half of K and V
+    "max_position_embeddings": 1024,
+    "initializer_range": 0.2,
+}
+
+
+@pytest.fixture(scope="module")
+def mha_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]) -> LoadedModel:
+    directory = tiny_model_saver(tmp_path_factory.mktemp("mha-llama"), **MHA_LLAMA)
+    return load_model(directory, torch.float32, "cpu")
+
+
+def random_tokens(count: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+async def run_turn(
+    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+) -> tuple[list[int], TurnStats]:
+    turn = TurnInput(list(prompt), SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=len(prompt))
+    events = [event async for event in engine.run_turn(turn, source)]
+    stats = events.pop()
+    assert isinstance(stats, TurnStats)
+    return [event.token_id for event in events if isinstance(event, TokenEvent)], stats
+
+
+async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(
+            mha_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS), RestorePolicy(COSTS, STORAGE)
+        )
+        try:
+            source = await engine.namespace_for(b"tenant-a")
+            kv_engine = TurnEngine(mha_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+            assert source != await kv_engine.namespace_for(b"tenant-a")  # the plan is in the namespace
+            await kv_engine.close()
+
+            first = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
+            answer, stats = await run_turn(engine, first, source)
+            assert stats.saved_chunks == SAVED_CHUNKS and stats.reused_tokens == 0 and not stats.restore_plan
+            await engine.drain_saves()
+            keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)[:SAVED_CHUNKS]
+            async for piece in client.iter_layers(source.namespace, keys[:1]):
+                header = piece.layout.header  # restore chunks: one form per layer
+                assert header.layer_forms == (LayerForm.NONE, LayerForm.HIDDEN, LayerForm.KV)
+                assert header.hidden_size == MHA_LLAMA["hidden_size"]
+
+            prompt = first + answer + random_tokens(NEW_TOKENS, seed=2)
+            cached = await engine.prefiller.prefill(prompt, source)
+            recomputed = await engine.prefiller.prefill(prompt, None)
+            assert cached.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and cached.fallback is None
+            assert cached.restore_plan == "r1h1k1"
+            assert (cached.logits - recomputed.logits).abs().max().item() <= 1e-4
+
+            tokens, stats = await run_turn(engine, prompt, source)
+            reference, reference_stats = await run_turn(engine, prompt, None)
+            assert tokens == reference and len(tokens) == ANSWER_TOKENS
+            assert stats.restore_plan == "r1h1k1" and stats.fallback is None
+            assert stats.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS
+            # It saves the chunks it computed (not the restored ones), as restore chunks again.
+            assert stats.saved_chunks == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS - SAVED_CHUNKS
+            assert reference_stats.restore_plan == "" and reference_stats.reused_tokens == 0
+            await engine.drain_saves()
+            third, third_stats = await run_turn(engine, prompt + tokens, source)
+            assert (
+                third_stats.reused_tokens == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS * CHUNK_TOKENS
+            )
+            assert third_stats.restore_plan == "r1h1k1" and third_stats.fallback is None
+            assert third == (await run_turn(engine, prompt + tokens, None))[0]
+        finally:
+            await engine.close()
+
+
+def test_the_default_policy_keeps_kv(tiny_model: LoadedModel, mha_model: LoadedModel) -> None:
+    """Grouped-query models (auto) and `off` build no policy, so turns store KV as before."""
+    assert worker_policy(tiny_model.model, RestoreSettings(), 4) is None
+    assert worker_policy(mha_model.model, RestoreSettings(hidden_states="off"), 4) is None
+
+
+async def test_a_truncated_turn_neither_reads_nor_saves_restore_chunks(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """Restore works from position 0: a truncated turn of a hidden-state worker runs without
+    the store (no sinks chunk stored as KV in the namespace, no chunks at shifted positions)."""
+    settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, max_context_tokens=128, attention_sink_tokens=4)
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(mha_model, client, settings, RestorePolicy(COSTS, STORAGE))
+        try:
+            source = await engine.namespace_for(b"tenant-a")
+            prompt = random_tokens(120, seed=4)
+            turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), truncated_tokens=28)
+            events = [event async for event in engine.run_turn(turn, source)]
+            stats = events.pop()
+            assert isinstance(stats, TurnStats) and stats.truncated_tokens >= 28
+            assert stats.saved_chunks == stats.reused_tokens == 0 and stats.namespace == b""
+            await engine.drain_saves()
+            keys = chunk_key_chain(source.namespace, prompt, CHUNK_TOKENS)
+            assert (await client.lookup(source.namespace, keys)).prefix_length == 0
+        finally:
+            await engine.close()
