@@ -10,6 +10,8 @@ KV saves are drained (bounded by the same grace) and the daemon client closes.
 
 from __future__ import annotations
 
+# First: sets OMP_WAIT_POLICY, which libgomp reads only when torch loads it.
+import inference_worker.openmp_waiting  # noqa: F401  # isort: skip
 import asyncio
 import functools
 

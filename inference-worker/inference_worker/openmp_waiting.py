@@ -1,0 +1,28 @@
+"""OpenMP threads that sleep between parallel regions instead of spinning.
+
+Why: torch's CPU kernels run on libgomp, whose idle threads spin (up to 300,000 polls)
+after every parallel region before they sleep. A forward pass runs hundreds of short
+regions, so on cores shared with anything else (the daemon and scheduler beside the
+worker, the worker's own KV-loading and saving threads, other jobs) a spinning thread
+holds a core its partner thread or a neighbour needs. Measured on the 2-core development
+machine under other engineers' load (load average 7-13), SmolLM2-135M fp32, 2 threads,
+one process per setting taking turns, medians: a decode step of 12 sequences on 600 cached
+tokens took 6.1 s wall and 2.2 s CPU by default, 0.41 s and 0.21 s with PASSIVE; a
+400-token chunk on 1,000 cached tokens 12.3 s and 5.9 s, against 3.7 s and 1.7 s
+(docs/inference-worker.md, "Speed").
+
+libgomp reads the variable once, when torch loads it, so it is set when this module is
+imported, and the worker's entry point (main.py) imports it before anything imports torch.
+Only the worker's process (and what it starts) is changed, not every process that imports
+the package (tests, the benchmark harness and the peers it starts). An explicit setting
+wins (`OMP_WAIT_POLICY=ACTIVE` on a node whose cores the worker owns alone).
+"""
+
+from __future__ import annotations
+
+import os
+
+WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
+DEFAULT_WAIT_POLICY = "PASSIVE"
+
+os.environ.setdefault(WAIT_POLICY_VARIABLE, DEFAULT_WAIT_POLICY)
