@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +15,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from running_daemon import running_daemon
 
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult, Tier
-from attnstore.shm_arena import arena_root
 from attnstore_scheduler.hint_pusher import HintClient, HintPusher, capacity_from_stats, split_entries
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity
@@ -39,9 +37,7 @@ LAYOUT = {"num_layers": 1, "kv_heads": 1, "head_dim": 256, "chunk_tokens": 32, "
 BLOCK_BYTES = 64 * KiB
 CHUNKS_PER_SESSION = 4
 DAEMON_SETTINGS = {
-    "dram_capacity_bytes": MiB,  # 16 chunks
     "dram_block_bytes": BLOCK_BYTES,
-    "ssd_capacity_bytes": 16 * MiB,
     "max_chunk_bytes": BLOCK_BYTES,
     "eviction_policy": "lookahead",
     "persist_on_commit": "false",  # chunks reach SSD only when DRAM evicts them
@@ -55,17 +51,9 @@ _ids = itertools.count()
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    shm_root = arena_root(tmp_path)
-    process = DaemonProcess(
-        tmp_path / "ssd", Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root)),
-        tmp_path / "daemon.log", DAEMON_SETTINGS,
-    )
-    process.start()
-    try:
+    # DRAM holds 16 chunks of one block each
+    with running_daemon(tmp_path, dram_bytes=MiB, ssd_bytes=16 * MiB, settings=DAEMON_SETTINGS) as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture
