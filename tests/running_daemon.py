@@ -1,6 +1,6 @@
 """One real daemon process for a test module or test, its arena in a private folder of
-/dev/shm where that has room (else under `root`): shared by the worker's and the vLLM
-connector's integration tests (tests/ is on sys.path through the root conftest)."""
+/dev/shm where that has room (else under `root`): shared by the worker's, the vLLM
+connector's and the hint pushers' tests (tests/ is on sys.path through the root conftest)."""
 
 from __future__ import annotations
 

@@ -12,15 +12,13 @@ messages this client sends back), greedy, the same max_tokens.
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api_client import AsyncAttnStoreClient
 from bench.batch.stats import TurnRecord
-from bench.peers.vllm import MODEL_NAME, REQUEST_TIMEOUT_SECONDS, VllmServer
+from bench.peers.vllm import Usage, VllmServer
 from bench.peers.workload import Dialogue
 
 GRPC_TIMEOUT_SECONDS = 1800.0  # a batch-1 turn at 32 sessions waits behind the other 31
@@ -66,57 +64,34 @@ def vllm_level(
 ) -> list[TurnRecord]:
     with ThreadPoolExecutor(len(dialogues)) as pool:
         futures = [
-            pool.submit(_vllm_session, server.port, index, dialogue, turns, max_tokens)
+            pool.submit(_vllm_session, server, index, dialogue, turns, max_tokens)
             for index, dialogue in enumerate(dialogues)
         ]
         return [record for future in futures for record in future.result()]
 
 
-def _vllm_session(port: int, index: int, dialogue: Dialogue, turns: int, max_tokens: int) -> list[TurnRecord]:
+def _vllm_session(
+    server: VllmServer, index: int, dialogue: Dialogue, turns: int, max_tokens: int
+) -> list[TurnRecord]:
     messages: list[dict[str, str]] = []
     records = []
     for turn in range(1, turns + 1):
         messages.append({"role": "user", "content": dialogue.messages[turn - 1]})
-        record, text = _vllm_turn(port, index, turn, messages, max_tokens)
+        record, text = _vllm_turn(server, index, turn, messages, max_tokens)
         messages.append({"role": "assistant", "content": text})
         records.append(record)
     return records
 
 
 def _vllm_turn(
-    port: int, index: int, turn: int, messages: list[dict[str, str]], max_tokens: int
+    server: VllmServer, index: int, turn: int, messages: list[dict[str, str]], max_tokens: int
 ) -> tuple[TurnRecord, str]:
-    body = json.dumps(
-        {
-            "model": MODEL_NAME,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_SECONDS)
     record, pieces = TurnRecord(index, turn, started=time.perf_counter(), ended=0.0), []
-    try:
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            raise RuntimeError(f"vLLM answered {response.status}: {response.read()[:500]!r}")
-        for line in response:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if usage := event.get("usage"):
-                record.prompt_tokens, record.output_tokens = (
-                    usage["prompt_tokens"],
-                    usage["completion_tokens"],
-                )
-            for choice in event.get("choices", []):
-                if content := choice.get("delta", {}).get("content"):  # not the role-only first event
-                    record.token_times.append(time.perf_counter())
-                    pieces.append(content)
-    finally:
-        conn.close()
+    for event in server.stream_chat(messages, max_tokens):
+        if isinstance(event, Usage):
+            record.prompt_tokens, record.output_tokens = event.prompt_tokens, event.completion_tokens
+        else:
+            record.token_times.append(time.perf_counter())
+            pieces.append(event)
     record.ended = time.perf_counter()
     return record, "".join(pieces)

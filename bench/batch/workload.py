@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from bench.batch.memory import Request
-from bench.common.sharegpt import chat_messages, read_sharegpt, to_turns, token_segments
+from bench.common.sharegpt import read_sharegpt, seeded_chats, to_turns, token_segments
 from bench.peers.workload import Dialogue, select_dialogues
 
 
@@ -84,13 +84,8 @@ def token_conversations(
     """`count` conversations (seeded order) of at least two turns as token ids, each turn's
     prompt at most `max_prompt_tokens` after the system segment, answers cut to
     `max_answer_tokens`."""
-    items = list(read_sharegpt())
-    random.Random(seed).shuffle(items)
     chosen: list[TokenConversation] = []
-    for item in items:
-        messages = chat_messages(item)
-        if messages is None or len(messages) < 4:
-            continue
+    for _, messages in seeded_chats(seed, min_messages=4):
         head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
         segments = token_segments(tokenizer, head + messages)
         system = segments[0] if head else []

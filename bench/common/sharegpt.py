@@ -63,6 +63,17 @@ def read_sharegpt() -> Iterator[dict]:
         yield item
 
 
+def seeded_chats(seed: int, *, min_messages: int) -> Iterator[tuple[dict, list[dict[str, str]]]]:
+    """The dataset's conversations in a seeded random order as (item, chat messages), those
+    of at least `min_messages` messages."""
+    items = list(read_sharegpt())
+    random.Random(seed).shuffle(items)
+    for item in items:
+        messages = chat_messages(item)
+        if messages is not None and len(messages) >= min_messages:
+            yield item, messages
+
+
 def chat_messages(item: dict) -> list[dict[str, str]] | None:
     """user/assistant pairs (a trailing unanswered user message dropped); None unless the
     conversation alternates human, gpt from its first message."""
@@ -118,13 +129,8 @@ def select_conversations(
 ) -> list[Conversation]:
     """`count` conversations in a seeded random order whose kept turns reach a history of
     at least `min_history_tokens` (so each has short- and long-history turns)."""
-    items = list(read_sharegpt())
-    random.Random(seed).shuffle(items)
     chosen: list[Conversation] = []
-    for item in items:
-        messages = chat_messages(item)
-        if messages is None or len(messages) < 4:
-            continue
+    for item, messages in seeded_chats(seed, min_messages=4):
         segments = token_segments(tokenizer, messages)
         turns = to_turns(segments, max_turns=max_turns, max_prompt_tokens=max_prompt_tokens)
         if turns and len(turns[-1].history) >= min_history_tokens:

@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape
 
 from transformers import PreTrainedTokenizerBase
 
-from bench.common.sharegpt import chat_messages, read_sharegpt
+from bench.common.sharegpt import seeded_chats
 
 QUESTION = " Question: what is the main point of the text above? Answer:"
 
@@ -42,11 +42,8 @@ def documents(
     tokenizer: PreTrainedTokenizerBase, *, count: int, min_tokens: int, max_tokens: int, seed: int
 ) -> list[Document]:
     """Long assistant messages followed by a user question and its answer."""
-    items = list(read_sharegpt())
-    random.Random(seed).shuffle(items)
     found: list[Document] = []
-    for item in items:
-        messages = chat_messages(item) or []
+    for _, messages in seeded_chats(seed, min_messages=4):
         for index in range(1, len(messages) - 2, 2):  # an answer, then a question and its answer
             text = messages[index]["content"]
             tokens = len(tokenizer.encode(text, add_special_tokens=False))

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,14 @@ READY_TIMEOUT_SECONDS = 900.0  # the engine takes about two minutes to start on 
 REQUEST_TIMEOUT_SECONDS = 600.0
 MODEL_NAME = "smollm2"
 _COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits)_total)\{[^}]*\}\s+([0-9.e+]+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A completion's token counts, as vLLM's last streamed event reports them."""
+
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -102,12 +111,25 @@ class VllmServer:
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> ChatTiming:
         """One streamed, greedy chat completion."""
+        sent, first, pieces, usage = time.perf_counter(), None, [], Usage(0, 0)
+        for event in self.stream_chat(messages, max_tokens):
+            if isinstance(event, Usage):
+                usage = event
+            else:
+                first = first or time.perf_counter()
+                pieces.append(event)
+        done = time.perf_counter()
+        return ChatTiming(((first or done) - sent) * 1000, (done - sent) * 1000, usage.prompt_tokens,
+                          usage.completion_tokens, "".join(pieces))
+
+    def stream_chat(self, messages: list[dict[str, str]], max_tokens: int) -> Iterator[str | Usage]:
+        """One streamed, greedy chat completion: each content piece as it arrives (not the
+        role-only first event), and the token usage (the last event carries it)."""
         body = json.dumps({
             "model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},
         })
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_SECONDS)
-        sent, first, pieces, usage = time.perf_counter(), None, [], {}
         try:
             conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
             response = conn.getresponse()
@@ -117,16 +139,13 @@ class VllmServer:
                 if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                     continue
                 event = json.loads(line[6:])
-                usage = event.get("usage") or usage
+                if usage := event.get("usage"):
+                    yield Usage(usage["prompt_tokens"], usage["completion_tokens"])
                 for choice in event.get("choices", []):
                     if content := choice.get("delta", {}).get("content"):
-                        first = first or time.perf_counter()
-                        pieces.append(content)
+                        yield content
         finally:
             conn.close()
-        done = time.perf_counter()
-        return ChatTiming(((first or done) - sent) * 1000, (done - sent) * 1000, usage.get("prompt_tokens", 0),
-                          usage.get("completion_tokens", 0), "".join(pieces))
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log_path.exists():

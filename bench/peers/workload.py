@@ -11,12 +11,11 @@ of them are live at once and each turn's history has waited behind everyone else
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from bench.common.sharegpt import chat_messages, read_sharegpt
+from bench.common.sharegpt import seeded_chats
 
 
 @dataclass(frozen=True)
@@ -39,13 +38,8 @@ def select_dialogues(
     first `turns` user messages are each at most `max_message_tokens` and together
     `min_tokens`..`max_tokens` tokens (every one ends with a long history, none with a
     prompt past the model's context)."""
-    items = list(read_sharegpt())
-    random.Random(seed).shuffle(items)
     chosen: list[Dialogue] = []
-    for item in items:
-        messages = chat_messages(item)
-        if messages is None or len(messages) < 2 * turns:
-            continue
+    for item, messages in seeded_chats(seed, min_messages=2 * turns):
         users = [m["content"] for m in messages[0 : 2 * turns : 2]]
         lengths = [len(tokenizer.encode(text, add_special_tokens=False)) for text in users]
         if max(lengths) > max_message_tokens or not min_tokens <= sum(lengths) <= max_tokens:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
+from turn_events import collect_turn, random_tokens
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from inference_worker.turn_types import KVSource, SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,18 +30,11 @@ SETTINGS = WorkerSettings(
 )
 
 
-def random_tokens(count: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 async def run_turn(
     engine: TurnEngine, prompt: list[int], source: KVSource | None, history_tokens: int = 0
 ) -> tuple[list[int], TurnStats]:
     turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=history_tokens)
-    events = [event async for event in engine.run_turn(turn, source)]
-    stats = events[-1]
-    assert isinstance(stats, TurnStats)
-    return [event.token_id for event in events if isinstance(event, TokenEvent)], stats
+    return await collect_turn(engine.run_turn(turn, source))
 
 
 async def test_eight_concurrent_turns_decode_what_each_decodes_alone(

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_batch import run_batch
 from transformers import DynamicCache
 
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
-from inference_worker.engine.model_runner import PagedModelRunner, Work
+from inference_worker.engine.model_runner import PagedModelRunner
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import default_model_dir, load_model
@@ -41,24 +42,7 @@ def test_batched_paged_decoding_matches_each_prompt_alone() -> None:
     generator = torch.Generator().manual_seed(0)
     seqs = [Sequence.of(torch.randint(0, 49000, (n,), generator=generator).tolist()) for n in (5, 40, 120)]
     expected = [reference(model, seq.token_ids) for seq in seqs]
-    for seq in seqs:
-        pool.allocate(seq)
-    got: list[list[torch.Tensor]] = [[] for _ in seqs]
-    while any(seq.pending_tokens for seq in seqs):
-        work = [Work(seq, min(seq.pending_tokens, 48)) for seq in seqs if seq.pending_tokens]
-        out = runner.forward(runner.prepare(work))
-        for row, item in enumerate(work):
-            pool.commit(item.seq, item.seq.computed_tokens + item.tokens)
-            if not item.seq.pending_tokens:
-                got[seqs.index(item.seq)].append(out[row])
-    for _ in range(STEPS):
-        for index, seq in enumerate(seqs):
-            seq.token_ids.append(int(got[index][-1].argmax()))
-            pool.append_slot(seq)
-        out = runner.forward(runner.prepare([Work(seq, 1) for seq in seqs]))
-        for index, seq in enumerate(seqs):
-            pool.commit(seq, len(seq))
-            got[index].append(out[index])
+    got = run_batch(runner, pool, seqs, chunk_tokens=48, decode_steps=STEPS)
     for mine, theirs in zip(got, expected, strict=True):
         assert [int(x.argmax()) for x in mine] == [int(x.argmax()) for x in theirs]
         assert max((a - b).abs().max().item() for a, b in zip(mine, theirs, strict=True)) <= TOLERANCE

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-import torch
+from turn_events import collect_turn, random_tokens
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from inference_worker.turn_types import KVSource, SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,23 +35,13 @@ def settings(pool_keeps_freed_prefixes: bool) -> WorkerSettings:
     )
 
 
-def random_tokens(count: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 async def run_turn(
     engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
 ) -> tuple[list[int], TurnStats]:
     turn = TurnInput(list(prompt), SamplingParams(max_tokens=ANSWER_TOKENS), save_generated=False)
-    tokens: list[int] = []
-    stats: list[TurnStats] = []
-    async for event in engine.run_turn(turn, source):
-        if isinstance(event, TokenEvent):
-            tokens.append(event.token_id)
-        else:
-            stats.append(event)
+    answer = await collect_turn(engine.run_turn(turn, source))
     await engine.drain_saves()
-    return tokens, stats[0]
+    return answer
 
 
 async def counters(client: AsyncKVStoreClient) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from transformers import DynamicCache
+from turn_events import collect_turn, random_tokens
 
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
@@ -25,7 +26,7 @@ from inference_worker.rotary_shift import RotaryShift
 from inference_worker.settings import WorkerSettings
 from inference_worker.truncation import Truncation
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from inference_worker.turn_types import KVSource, SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,10 +44,6 @@ NEW_TOKENS = 40
 DROPPED = 2 * CHUNK_TOKENS - SINK_TOKENS
 
 
-def random_tokens(count: int, seed: int) -> list[int]:
-    return torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def make_engine(model: LoadedModel, client: AsyncKVStoreClient | None) -> TurnEngine:
     settings = WorkerSettings(
         chunk_tokens=CHUNK_TOKENS, max_context_tokens=CONTEXT_TOKENS, attention_sink_tokens=SINK_TOKENS
@@ -62,10 +59,7 @@ async def run_turn(
     max_tokens: int = ANSWER_TOKENS,
 ) -> tuple[list[int], TurnStats]:
     turn = TurnInput(list(prompt), SamplingParams(max_tokens=max_tokens), truncated_tokens=truncated_tokens)
-    events = [event async for event in engine.run_turn(turn, source)]
-    stats = events.pop()
-    assert isinstance(stats, TurnStats) and all(isinstance(e, TokenEvent) for e in events)
-    return [e.token_id for e in events], stats  # type: ignore[union-attr]
+    return await collect_turn(engine.run_turn(turn, source))
 
 
 async def overflowing_prompt(engine: TurnEngine, source: KVSource) -> list[int]:

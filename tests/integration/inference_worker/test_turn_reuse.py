@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import grpc
 import pytest
-import torch
+from turn_events import collect_turn, random_tokens
 
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -23,7 +23,7 @@ from attnstore.shm_arena import SharedArena
 from inference_worker.model_store import LoadedModel
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import Fallback, KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from inference_worker.turn_types import Fallback, KVSource, SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,11 +39,6 @@ HISTORY_TOKENS = FIRST_PROMPT_TOKENS + ANSWER_TOKENS
 LOGITS_TOLERANCE = 1e-4
 
 
-def random_tokens(count: int, seed: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (count,), generator=generator).tolist()
-
-
 async def run_turn(
     engine: TurnEngine, prompt: Sequence[int], source: KVSource | None, history_tokens: int = 0
 ) -> tuple[list[int], TurnStats]:
@@ -52,16 +47,7 @@ async def run_turn(
         sampling=SamplingParams(max_tokens=ANSWER_TOKENS),
         history_tokens=history_tokens,
     )
-    tokens: list[int] = []
-    stats: list[TurnStats] = []
-    async for event in engine.run_turn(turn, source):
-        if isinstance(event, TokenEvent):
-            assert not stats, "a token after the stats"
-            tokens.append(event.token_id)
-        else:
-            stats.append(event)
-    assert len(stats) == 1
-    return tokens, stats[0]
+    return await collect_turn(engine.run_turn(turn, source))
 
 
 async def first_turn(engine: TurnEngine, source: KVSource) -> list[int]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from turn_events import collect_turn
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.decoding import IncrementalDetokenizer
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
+from inference_worker.turn_types import KVSource, SamplingParams, TurnInput, TurnStats
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,15 +62,7 @@ async def run_turn(
     engine: TurnEngine, prompt: list[int], source: KVSource | None
 ) -> tuple[list[int], TurnStats]:
     turn = TurnInput(prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=ANSWER_TOKENS))
-    tokens: list[int] = []
-    stats: list[TurnStats] = []
-    async for event in engine.run_turn(turn, source):
-        if isinstance(event, TokenEvent):
-            tokens.append(event.token_id)
-        else:
-            stats.append(event)
-    assert len(stats) == 1
-    return tokens, stats[0]
+    return await collect_turn(engine.run_turn(turn, source))
 
 
 def second_prompt(model: LoadedModel, first_prompt: list[int], answer: list[int]) -> list[int]:

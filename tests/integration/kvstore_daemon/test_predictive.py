@@ -4,7 +4,10 @@ declines the chunks of a session the scheduler says nobody will read again."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+import pytest
 
 from attnstore.kvstore_client import HintAction, KVStoreClient, Tier
 
@@ -23,65 +26,65 @@ PREDICT, DECLINE = HintAction.PREDICT, HintAction.DECLINE
 DRAM, SSD = Tier.DRAM, Tier.SSD
 
 
-def test_evicts_the_furthest_predicted_chunk_and_keeps_both_replicas_hints(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
-) -> None:
+Store = tuple[KVStoreClient, "ChunkSet"]
+
+
+@pytest.fixture
+def store(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> Iterator[Store]:
+    """A client of a predictive daemon whose DRAM holds four chunks, and a registered chunk set."""
     daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS)
     chunks = chunk_set(**SHAPE)
-    ns = chunks.namespace
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)
-        client.put_chunks(ns, chunks.items(0, 4))
-        client.hint(ns, [([chunks.key(0)], PREDICT, 0, 300.0), ([chunks.key(1)], PREDICT, 0, 10.0)],
-                    replace=True, source="replica-a")
-        client.hint(ns, [([chunks.key(2)], PREDICT, 0, 20.0), ([chunks.key(3)], PREDICT, 0, 30.0)],
-                    replace=True, source="replica-b")
-        client.put_chunks(ns, chunks.items(4, 5))  # LRU would evict chunk 0 too: check it is the prediction
-        assert chunks.tiers(client, range(5)) == [SSD, DRAM, DRAM, DRAM, DRAM]
-
-        # Replica a pushes its window again; replica b's predictions must survive it.
-        client.hint(ns, [([chunks.key(1)], PREDICT, 0, 10.0), ([chunks.key(4)], PREDICT, 0, 5.0)],
-                    replace=True, source="replica-a")
-        client.put_chunks(ns, chunks.items(5, 6))
-        # Had a's replace wiped b's hints, chunk 2 (unhinted, least recently used) would go.
-        assert chunks.tiers(client, range(1, 6)) == [DRAM, DRAM, SSD, DRAM, DRAM]
-        assert client.stats().eviction_policy == "predictive"
+        yield client, chunks
 
 
-def test_admission_declines_a_deleted_sessions_chunks_and_evicts_them_first(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
-) -> None:
-    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS)
-    chunks = chunk_set(**SHAPE)
+def test_evicts_the_furthest_predicted_chunk_and_keeps_both_replicas_hints(store: Store) -> None:
+    client, chunks = store
     ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        client.put_chunks(ns, chunks.items(0, 3))
-        # The session owning chunks 1, 5 and 6 was deleted; the live one (0, 2) comes back soon.
-        client.hint(ns, [(chunks.keys(0, 1) + chunks.keys(2, 3), PREDICT, 0, 5.0),
-                         ([chunks.key(1), chunks.key(5), chunks.key(6)], DECLINE, 0)], replace=True)
-        put = client.put_chunks(ns, chunks.items(5, 7))
-        assert sorted(put.no_space) == sorted(chunks.keys(5, 7)) and not put.stored
-        assert client.stats().admissions_declined == 2
-        client.put_chunks(ns, chunks.items(3, 5))  # the fourth chunk fits; the fifth evicts the declined one
-        assert chunks.tiers(client, range(5)) == [DRAM, SSD, DRAM, DRAM, DRAM]
-        assert client.lookup(ns, chunks.keys(5, 7)).prefix_length == 0
+    client.put_chunks(ns, chunks.items(0, 4))
+    client.hint(ns, [([chunks.key(0)], PREDICT, 0, 300.0), ([chunks.key(1)], PREDICT, 0, 10.0)],
+                replace=True, source="replica-a")
+    client.hint(ns, [([chunks.key(2)], PREDICT, 0, 20.0), ([chunks.key(3)], PREDICT, 0, 30.0)],
+                replace=True, source="replica-b")
+    client.put_chunks(ns, chunks.items(4, 5))  # LRU would evict chunk 0 too: check it is the prediction
+    assert chunks.tiers(client, range(5)) == [SSD, DRAM, DRAM, DRAM, DRAM]
+
+    # Replica a pushes its window again; replica b's predictions must survive it.
+    client.hint(ns, [([chunks.key(1)], PREDICT, 0, 10.0), ([chunks.key(4)], PREDICT, 0, 5.0)],
+                replace=True, source="replica-a")
+    client.put_chunks(ns, chunks.items(5, 6))
+    # Had a's replace wiped b's hints, chunk 2 (unhinted, least recently used) would go.
+    assert chunks.tiers(client, range(1, 6)) == [DRAM, DRAM, SSD, DRAM, DRAM]
+    assert client.stats().eviction_policy == "predictive"
+
+
+def test_admission_declines_a_deleted_sessions_chunks_and_evicts_them_first(store: Store) -> None:
+    client, chunks = store
+    ns = chunks.namespace
+    client.put_chunks(ns, chunks.items(0, 3))
+    # The session owning chunks 1, 5 and 6 was deleted; the live one (0, 2) comes back soon.
+    client.hint(ns, [(chunks.keys(0, 1) + chunks.keys(2, 3), PREDICT, 0, 5.0),
+                     ([chunks.key(1), chunks.key(5), chunks.key(6)], DECLINE, 0)], replace=True)
+    put = client.put_chunks(ns, chunks.items(5, 7))
+    assert sorted(put.no_space) == sorted(chunks.keys(5, 7)) and not put.stored
+    assert client.stats().admissions_declined == 2
+    client.put_chunks(ns, chunks.items(3, 5))  # the fourth chunk fits; the fifth evicts the declined one
+    assert chunks.tiers(client, range(5)) == [DRAM, SSD, DRAM, DRAM, DRAM]
+    assert client.lookup(ns, chunks.keys(5, 7)).prefix_length == 0
 
 
 def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+    store: Store, poll_until: PollUntil
 ) -> None:
-    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS)
-    chunks = chunk_set(**SHAPE)
+    client, chunks = store
     ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        client.put_chunks(ns, chunks.items(0, 4))
-        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
-        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
-        assert chunks.tiers(client, [3]) == [SSD]
-        # Now chunk 3 is expected in a second: it comes back to DRAM, in place of chunk 2 (300 s).
-        client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
-                    + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
-        poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
-        assert chunks.tiers(client, range(5)) == [DRAM, DRAM, SSD, DRAM, DRAM]
+    client.put_chunks(ns, chunks.items(0, 4))
+    client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
+    client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+    assert chunks.tiers(client, [3]) == [SSD]
+    # Now chunk 3 is expected in a second: it comes back to DRAM, in place of chunk 2 (300 s).
+    client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
+                + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
+    poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
+    assert chunks.tiers(client, range(5)) == [DRAM, DRAM, SSD, DRAM, DRAM]

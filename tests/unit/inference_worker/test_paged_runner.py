@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from paged_batch import run_batch
 from transformers import PreTrainedModel
 
 from inference_worker.engine.attention import PagedKV
@@ -35,34 +36,6 @@ def runner_for(model: PreTrainedModel, blocks: int = 64) -> tuple[PagedModelRunn
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 256, (n,), generator=generator).tolist() for n in lengths]
-
-
-def run_batch(
-    runner: PagedModelRunner, pool: BlockPool, seqs: list[Sequence], chunk_tokens: int, decode_steps: int
-) -> list[list[torch.Tensor]]:
-    """Prefills `seqs` together in chunks of at most `chunk_tokens`, then decodes them greedily
-    together; each sequence's logits after its prompt and after each decode step."""
-    for seq in seqs:
-        pool.allocate(seq)
-    logits: list[list[torch.Tensor]] = [[] for _ in seqs]
-    while any(seq.pending_tokens for seq in seqs):
-        work = [Work(seq, min(seq.pending_tokens, chunk_tokens)) for seq in seqs if seq.pending_tokens]
-        out = runner.forward(runner.prepare(work))
-        for row, item in enumerate(work):
-            pool.commit(item.seq, item.seq.computed_tokens + item.tokens)
-            if not item.seq.pending_tokens:
-                logits[seqs.index(item.seq)].append(out[row])
-    for _ in range(decode_steps):
-        for index, seq in enumerate(seqs):
-            seq.token_ids.append(int(torch.argmax(logits[index][-1])))
-            copy = pool.append_slot(seq)
-            if copy is not None:
-                runner.kv.copy_block(copy.src, copy.dst)
-        out = runner.forward(runner.prepare([Work(seq, 1) for seq in seqs]))
-        for index, seq in enumerate(seqs):
-            pool.commit(seq, len(seq))
-            logits[index].append(out[index])
-    return logits
 
 
 def assert_matches_reference(

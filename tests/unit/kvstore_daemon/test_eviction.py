@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,14 +18,6 @@ from kvstore_daemon.eviction import (
 from kvstore_daemon.hints import HintAction, HintBook
 
 NS = b"n" * 16
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _insert(policy: EvictionPolicy, keys: list[bytes]) -> None:

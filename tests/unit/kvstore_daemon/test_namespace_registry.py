@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fake_clock import FakeClock
 
 from kvstore_daemon.namespaces import NamespaceLayout, NamespaceRegistry, NamespaceTableFull
 
@@ -13,24 +14,16 @@ LAYOUT = NamespaceLayout(num_layers=2, kv_heads=2, head_dim=8, chunk_tokens=16, 
 IDLE = 10.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def ns(index: int) -> bytes:
     return bytes([index]) * 16
 
 
-def registry(path: Path, clock: Clock, max_namespaces: int = 3) -> NamespaceRegistry:
+def registry(path: Path, clock: FakeClock, max_namespaces: int = 3) -> NamespaceRegistry:
     return NamespaceRegistry(path, max_namespaces, 1 << 20, IDLE, clock)
 
 
 def test_the_least_recently_used_idle_empty_namespace_goes_first(tmp_path: Path) -> None:
-    clock, holding = Clock(), {ns(1)}
+    clock, holding = FakeClock(), {ns(1)}
     table = registry(tmp_path / "ns.msgpack", clock)
     for index in (1, 2, 3):
         table.register(ns(index), LAYOUT, holding.__contains__)
@@ -54,7 +47,7 @@ def test_the_least_recently_used_idle_empty_namespace_goes_first(tmp_path: Path)
 def test_a_change_the_disk_refused_is_saved_by_the_next_upkeep(tmp_path: Path) -> None:
     blocker = tmp_path / "ssd"
     blocker.write_text("a file where the directory should be")  # every save fails
-    clock = Clock()
+    clock = FakeClock()
     table = registry(blocker / "ns.msgpack", clock)
     table.register(ns(1), LAYOUT, lambda _: False)  # kept in memory
     table.save_if_changed()

@@ -3,6 +3,7 @@ sources and DECLINE hints it relies on."""
 
 from __future__ import annotations
 
+from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,14 +13,6 @@ from kvstore_daemon.predictive_policy import PredictivePolicy
 
 NS = b"n" * 16
 PREDICT, PROTECT, DECLINE = HintAction.PREDICT, HintAction.PROTECT, HintAction.DECLINE
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _policy(keys: list[bytes]) -> tuple[PredictivePolicy, HintBook, FakeClock]:

@@ -6,22 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hint_daemon import (
+    BLOCK_BYTES,
+    CHUNKS_PER_SESSION,
+    LAYOUT,
+    NS,
+    MiB,
+    Target,
+    hint_daemon,
+    registered_client,
+    session_keys,
+    tiers,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from attnstore.chunks.format import encode_chunk
-from attnstore.chunks.keys import chunk_key
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult, Tier
-from attnstore.shm_arena import arena_root
 from attnstore_scheduler.hint_pusher import HintClient, HintPusher, capacity_from_stats, split_entries
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity
@@ -32,55 +40,21 @@ from attnstore_scheduler.settings import HintSettings, NodeSpec
 from attnstore_scheduler.worker_registry import WorkerRegistry
 from kvstore_daemon.launcher import DaemonProcess
 
-KiB, MiB = 1024, 1024 * 1024
-NS, NS2 = bytes(range(16)), bytes(range(1, 17))
-# One 32-token chunk of one layer: a 4 KiB header and 32 KiB of K and V, in one 64 KiB block.
-LAYOUT = {"num_layers": 1, "kv_heads": 1, "head_dim": 256, "chunk_tokens": 32, "dtype": "float16"}
-BLOCK_BYTES = 64 * KiB
-CHUNKS_PER_SESSION = 4
-DAEMON_SETTINGS = {
-    "dram_capacity_bytes": MiB,  # 16 chunks
-    "dram_block_bytes": BLOCK_BYTES,
-    "ssd_capacity_bytes": 16 * MiB,
-    "max_chunk_bytes": BLOCK_BYTES,
-    "eviction_policy": "lookahead",
-    "persist_on_commit": "false",  # chunks reach SSD only when DRAM evicts them
-    "dram_high_watermark": 1.0,  # and only on allocation, so DRAM contents are deterministic
-    "dram_low_watermark": 1.0,
-    "log_level": "WARNING",
-}
+NS2 = bytes(range(1, 17))
 QUEUE_LENGTH = 64
 _ids = itertools.count()
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    shm_root = arena_root(tmp_path)
-    process = DaemonProcess(
-        tmp_path / "ssd", Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root)),
-        tmp_path / "daemon.log", DAEMON_SETTINGS,
-    )
-    process.start()
-    try:
+    with hint_daemon(tmp_path, "lookahead") as process:
         yield process
-    finally:
-        process.stop()
-        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture
 async def client(daemon: DaemonProcess) -> AsyncIterator[AsyncKVStoreClient]:
-    async with AsyncKVStoreClient(daemon.address) as kv:
-        await kv.register_namespace(NS, **LAYOUT)
+    async with registered_client(daemon) as kv:
         yield kv
-
-
-def session_keys(session: int) -> list[bytes]:
-    keys: list[bytes] = []
-    for index in range(CHUNKS_PER_SESSION):
-        tokens = range(1000 * session + 32 * index, 1000 * session + 32 * (index + 1))
-        keys.append(chunk_key(NS, keys[-1] if keys else None, tokens))
-    return keys
 
 
 def chunk(key: bytes) -> bytes:
@@ -97,13 +71,6 @@ def job(session: int, node: str = "up", namespace: bytes = NS) -> QueuedJob:
         chunk_keys=tuple(session_keys(session)), namespace=namespace,
         kv_bytes=CHUNKS_PER_SESSION * BLOCK_BYTES, node=node, enqueued_at=0.0,
     )
-
-
-@dataclass
-class Target:
-    node: str
-    client: HintClient
-    capacity: NodeCapacity | None
 
 
 @dataclass
@@ -124,10 +91,6 @@ class RecordingClient:
         if self.inner is None:
             return HintResult(hinted_keys=0, prefetches_started=0)
         return await self.inner.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds, source=source)
-
-
-async def tiers(kv: AsyncKVStoreClient, session: int) -> list[Tier]:
-    return [(await kv.lookup(NS, [key])).tiers[0] for key in session_keys(session)]
 
 
 async def wait_until(condition: Callable[[], Awaitable[bool]], what: str, timeout_seconds: float = 10.0) -> None:

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from attnstore.errors import Overloaded, ResourceExhausted
 from attnstore_scheduler.rate_limit import RateLimiter
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_burst_then_the_rate_per_tenant() -> None:
-    clock = Clock()
+    clock = FakeClock()
     limiter = RateLimiter(rate_per_second=2.0, burst=3, clock=clock)
     for _ in range(3):
         limiter.check("acme")
