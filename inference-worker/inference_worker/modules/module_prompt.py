@@ -148,7 +148,9 @@ def lay_out(prompt: ModulePrompt) -> ServedLayout:
         if len(text.token_ids) != len(text.positions):
             raise ModuleLayoutError("a text part needs one position per token")
         computed += zip(text.token_ids, text.positions, strict=True)
-    positions = [p for span in spans for p in span.part.positions[span.start : span.stop]] + [p for _, p in computed]
+    positions = [p for span in spans for p in span.part.positions[span.start : span.stop]] + [
+        p for _, p in computed
+    ]
     if not positions:
         raise ModuleLayoutError("the prompt has no token")
     if len(set(positions)) != len(positions):

@@ -31,7 +31,6 @@ from inference_worker.model_geometry import ModelGeometry
 from inference_worker.modules.module_prompt import ModulePrompt
 from inference_worker.rotary_shift import rotate_half
 
-
 # Measured on SmolLM2-135M (two modules encoded apart, 10% and 20% budgets): layer 2's
 # deviation picks better tokens than layer 1's; deeper layers better still, at more cost.
 DEVIATION_LAYER = 2
@@ -55,12 +54,14 @@ def select_by_deviation(
     first = min((part.position for part in prompt.pieces), default=None)
     eligible = [i for i, part in enumerate(prompt.pieces) if part.position != first]
     if budget <= 0 or not eligible:
-        return ModulePrompt(prompt.pieces, prompt.text, prompt.repair_tokens, tuple(() for _ in prompt.pieces))
+        return ModulePrompt(
+            prompt.pieces, prompt.text, prompt.repair_tokens, tuple(() for _ in prompt.pieces)
+        )
     tokens = [(t, p) for part in prompt.pieces for t, p in zip(part.token_ids, part.positions, strict=True)]
     tokens += [pair for text in prompt.text for pair in zip(text.token_ids, text.positions, strict=True)]
-    order = sorted(set(p for _, p in tokens))
+    order = sorted({p for _, p in tokens})
     row = {position: index for index, position in enumerate(order)}
-    by_position = dict((p, t) for t, p in tokens)
+    by_position = {p: t for t, p in tokens}
     values = _layer_values(model, [by_position[p] for p in order], order, layer)  # [tokens, kv_heads * D]
     deviations = []
     for index in eligible:
