@@ -43,12 +43,16 @@ class RepairMethod(StrEnum):
 
 @torch.no_grad()
 def select_by_deviation(
-    prompt: ModulePrompt, model: PreTrainedModel, budget: int | None = None, layer: int = DEVIATION_LAYER
+    prompt: ModulePrompt, model: PreTrainedModel, budget: int | None = None, layer: int | None = None
 ) -> ModulePrompt:
     """The prompt with `repaired` set: the `budget` module tokens (default: as many as the
-    first-token method repairs) whose values at `layer` deviate most."""
-    if not 1 <= layer < model.config.num_hidden_layers:
-        raise ValueError(f"the deviation layer is {layer}; the model has {model.config.num_hidden_layers}")
+    first-token method repairs) whose values at `layer` (default: DEVIATION_LAYER, or the
+    last layer of a shallower model) deviate most. Raises ValueError for a layer outside
+    [1, layers)."""
+    layers = model.config.num_hidden_layers
+    layer = min(DEVIATION_LAYER, layers - 1) if layer is None else layer
+    if not 1 <= layer < layers:
+        raise ValueError(f"the deviation layer is {layer}; it must lie in [1, {layers}) for this model")
     if budget is None:
         budget = sum(len(chosen) for chosen in prompt.repair_indices())
     first = min((part.position for part in prompt.pieces), default=None)
