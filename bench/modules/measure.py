@@ -16,6 +16,7 @@ from bench.modules.workload import Case
 from inference_worker.engine.engine import Engine
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.modules.module_prompt import ModulePrompt, TextPart, lay_out, module_sequence
+from inference_worker.modules.repair_selection import RepairMethod, select_by_deviation
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import (
     KVSource,
@@ -38,9 +39,12 @@ class CaseResult:
     ttft_modules_ms: float
     ppl_full: float
     ppl_modules: float
-    ppl_repair: float
+    ppl_repair: float  # the first tokens of each module repaired
+    ppl_repair_deviation: float  # as many tokens repaired, chosen by KV deviation
     agree_no_repair: float  # share of greedy tokens equal to the full prefill's, position by position
     agree_repair: float
+    agree_repair_deviation: float
+    ttft_repair_deviation_ms: float  # deviation's selection included
 
     @property
     def speedup(self) -> float:
@@ -79,6 +83,7 @@ class CaseRunner:
         ]
         repair = max(1, math.ceil(self.repair_fraction * max(p.tokens for p in served.prompt.pieces)))
         repaired = ModulePrompt(served.prompt.pieces, served.prompt.text, repair)
+        deviated = select_by_deviation(repaired, self.engine.loaded.model)
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
             : self.continuation_tokens
         ]
@@ -88,6 +93,14 @@ class CaseRunner:
         )
         module_turn = ModuleTurnInput(case.schema, case.prompt, SamplingParams(max_tokens=1))
         ttft_modules = await self._ttft(lambda: self.engine.modules.run(module_turn, self.source))
+        deviation_turn = ModuleTurnInput(
+            case.schema,
+            case.prompt,
+            SamplingParams(max_tokens=1),
+            repair,
+            repair_method=RepairMethod.DEVIATION,
+        )
+        ttft_deviation = await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source))
 
         full_answer = await self._tokens(
             self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=self.answer_tokens)), None)
@@ -96,12 +109,16 @@ class CaseRunner:
             await self._tokens(
                 self.engine.modules.run(
                     ModuleTurnInput(
-                        case.schema, case.prompt, SamplingParams(max_tokens=self.answer_tokens), r
+                        case.schema,
+                        case.prompt,
+                        SamplingParams(max_tokens=self.answer_tokens),
+                        r,
+                        repair_method=method,
                     ),
                     self.source,
                 )
             )
-            for r in (0, repair)
+            for r, method in ((0, None), (repair, RepairMethod.FIRST), (repair, RepairMethod.DEVIATION))
         ]
         return CaseResult(
             workload=case.workload,
@@ -114,8 +131,11 @@ class CaseRunner:
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
             ppl_repair=await self._module_perplexity(repaired, reference),
+            ppl_repair_deviation=await self._module_perplexity(deviated, reference),
             agree_no_repair=_agreement(answers[0], full_answer),
             agree_repair=_agreement(answers[1], full_answer),
+            agree_repair_deviation=_agreement(answers[2], full_answer),
+            ttft_repair_deviation_ms=ttft_deviation * 1000,
         )
 
     async def _ttft(self, turn: Callable[[], AsyncIterator[TokenEvent | TurnStats]]) -> float:
@@ -146,7 +166,10 @@ class CaseRunner:
         for k in range(len(reference)):
             extra = TextPart(tuple(reference[:k]), tuple(range(after, after + k)))
             served = ModulePrompt(
-                prompt.pieces, (*prompt.text, extra) if k else prompt.text, prompt.repair_tokens
+                prompt.pieces,
+                (*prompt.text, extra) if k else prompt.text,
+                prompt.repair_tokens,
+                prompt.repaired,
             )
             seq, _ = module_sequence(
                 served,

@@ -8,7 +8,8 @@ subsets and orders, the question that followed as uncached text). For each promp
 (median of a few runs after a warm-up; module KV read from the daemon's DRAM), the
 perplexity of a reference continuation and the greedy agreement of a short answer with
 the full prefill's, without and with boundary repair (the first tokens of each module
-recomputed: --repair-fraction of the longest module, at most). Results: a table,
+recomputed: --repair-fraction of the longest module, at most; and as many tokens chosen by
+KV deviation, CacheBlend-style). Results: a table,
 bench/results/modules.json and modules.png, and the JSON summary as the last line;
 --quick runs a small version (smaller modules, fewer prompts) in a few minutes. The
 paper's code-generation, personalization and travel schemas are not rebuilt yet.

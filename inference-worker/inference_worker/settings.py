@@ -117,6 +117,11 @@ class WorkerSettings(ServiceSettings):
         description="longest wait for the daemon's lookup and read of one prompt module's KV before "
         "encoding it again",
     )
+    module_repair_method: Literal["first", "deviation"] = Field(
+        "first",
+        description="which module tokens boundary repair recomputes (a module prompt's repair_tokens per "
+        "module): the first of each module, or as many chosen by KV deviation (CacheBlend)",
+    )
 
     # The prompt is a session's whole conversation (truncated to the context window by the
     # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.

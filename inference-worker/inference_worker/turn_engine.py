@@ -57,6 +57,7 @@ from inference_worker.model_runner import ModelRunner
 from inference_worker.model_store import LoadedModel
 from inference_worker.modules.module_store import ModuleStore
 from inference_worker.modules.module_turn import ModuleTurns
+from inference_worker.modules.repair_selection import RepairMethod
 from inference_worker.modules.pml_server import (
     PmlServer,
     chat_role_renderer,
@@ -143,7 +144,13 @@ class TurnEngine:
             generation_prompt(model.tokenizer),
         )
         self.modules = ModuleTurns(
-            self.engine, pml, model.tokenizer, shift, self.stop_ids, self.window.max_context_tokens
+            self.engine,
+            pml,
+            model.tokenizer,
+            shift,
+            self.stop_ids,
+            self.window.max_context_tokens,
+            RepairMethod(settings.module_repair_method),
         )
 
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:

@@ -103,4 +103,7 @@ class ModuleTurnInput:
     prompt: str  # the <prompt> document
     sampling: SamplingParams = SamplingParams()
     repair_tokens: int = 0  # per imported module, its first tokens recomputed (boundary repair)
+    # which tokens repair recomputes, "first" or "deviation" (repair_selection.py); None: the
+    # worker's module_repair_method
+    repair_method: str | None = None
     add_generation_prompt: bool = False  # end with the chat template's opening of the answer

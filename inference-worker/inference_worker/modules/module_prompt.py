@@ -1,7 +1,7 @@
 """A prompt served from module KV: the modules' stored KV goes into the sequence's first
 blocks (re-positioned where a module is served at another offset than it was encoded at),
 and only the rest is computed: the uncached text (and arguments), plus, with boundary
-repair, the first tokens of each module.
+repair, some tokens of the modules (the first of each, or any chosen set: repair_selection.py).
 
     slots:      | module A KV | module B KV | ... | repaired + uncached tokens by position |
                  prefix (loaded, PrefixKV)          computed by the engine
@@ -15,7 +15,8 @@ Decisions:
 - The token at the highest position is always computed: its logits start the decoding.
 - Repair recomputes the first `repair_tokens` tokens of every module but the first one
   (nothing precedes it, so its KV is already what a full prefill computes): those of each
-  piece that starts a module (offset 0).
+  piece that starts a module (offset 0); or, given `repaired`, exactly the tokens it names
+  per piece (CacheBlend's selection by KV deviation, repair_selection.py).
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ class ModulePrompt:
     # Recomputed tokens at the start of each piece that starts a module (the first piece
     # of the prompt excepted).
     repair_tokens: int = 0
+    # Else, per piece, the indices (within the piece) of its recomputed tokens.
+    repaired: tuple[tuple[int, ...], ...] | None = None
+
+    def repair_indices(self) -> tuple[tuple[int, ...], ...]:
+        """Per piece, the indices of its tokens computed instead of loaded."""
+        if self.repaired is not None:
+            return self.repaired
+        first = min((part.position for part in self.pieces), default=None)
+        return tuple(
+            tuple(range(0 if part.position == first or part.offset else min(self.repair_tokens, part.tokens)))
+            for part in self.pieces
+        )
 
     @property
     def module_tokens(self) -> int:
@@ -94,6 +107,10 @@ class CachedSpan:
     part: CachedPiece
     start: int
     stop: int
+
+    @property
+    def last_position(self) -> int:
+        return self.part.positions[self.stop - 1]
 
 
 @dataclass(frozen=True)
@@ -115,28 +132,35 @@ def lay_out(prompt: ModulePrompt) -> ServedLayout:
     """Which tokens are loaded and which computed, in slot order. Raises ModuleLayoutError."""
     spans: list[CachedSpan] = []
     computed: list[tuple[int, int]] = []  # (token, position)
-    first = min((part.position for part in prompt.pieces), default=None)
     repaired = 0
-    for part in prompt.pieces:
-        repair = 0 if part.position == first or part.offset else min(prompt.repair_tokens, part.tokens)
-        computed += zip(part.token_ids[:repair], part.positions[:repair], strict=True)
-        spans.append(CachedSpan(part, repair, part.tokens))
-        repaired += repair
+    chosen_per_piece = prompt.repair_indices()
+    if len(chosen_per_piece) != len(prompt.pieces):
+        raise ModuleLayoutError("repair names the tokens of another number of pieces than the prompt has")
+    for part, chosen in zip(prompt.pieces, chosen_per_piece, strict=True):
+        indices = sorted(set(chosen))
+        if indices and (indices[0] < 0 or indices[-1] >= part.tokens):
+            raise ModuleLayoutError(f"a repaired token index is outside its piece of {part.tokens} tokens")
+        ids, places = part.token_ids, part.positions
+        computed += [(ids[i], places[i]) for i in indices]
+        spans += _cached_runs(part, indices)
+        repaired += len(indices)
     for text in prompt.text:
         if len(text.token_ids) != len(text.positions):
             raise ModuleLayoutError("a text part needs one position per token")
         computed += zip(text.token_ids, text.positions, strict=True)
-    positions = [p for span in spans for p in span.part.positions[span.start :]] + [p for _, p in computed]
+    positions = [p for span in spans for p in span.part.positions[span.start : span.stop]] + [
+        p for _, p in computed
+    ]
     if not positions:
         raise ModuleLayoutError("the prompt has no token")
     if len(set(positions)) != len(positions):
         raise ModuleLayoutError("two tokens of the prompt share a position (overlapping modules or text)")
     if min(positions) < 0:
         raise ModuleLayoutError("a module is served at a negative position")
-    last = max(range(len(spans)), key=lambda i: spans[i].part.positions[-1], default=None)
-    if last is not None and (not computed or spans[last].part.positions[-1] > max(p for _, p in computed)):
+    last = max(range(len(spans)), key=lambda i: spans[i].last_position, default=None)
+    if last is not None and (not computed or spans[last].last_position > max(p for _, p in computed)):
         span = spans[last]  # the prompt ends inside a module: its last token is computed
-        computed.append((span.part.token_ids[-1], span.part.positions[-1]))
+        computed.append((span.part.token_ids[span.stop - 1], span.last_position))
         spans[last] = CachedSpan(span.part, span.start, span.stop - 1)
     spans = [span for span in spans if span.stop > span.start]
     computed.sort(key=lambda pair: pair[1])
@@ -148,6 +172,16 @@ def lay_out(prompt: ModulePrompt) -> ServedLayout:
         spans=spans,
         repaired_tokens=repaired,
     )
+
+
+def _cached_runs(part: CachedPiece, repaired: list[int]) -> list[CachedSpan]:
+    """The runs of the piece's tokens not in `repaired` (sorted indices), in order."""
+    runs, start = [], 0
+    for index in [*repaired, part.tokens]:
+        if index > start:
+            runs.append(CachedSpan(part, start, index))
+        start = index + 1
+    return runs
 
 
 def module_sequence(

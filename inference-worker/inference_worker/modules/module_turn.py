@@ -5,6 +5,7 @@ history."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from inference_worker.decoding import IncrementalDetokenizer, StopStrings, check
 from inference_worker.engine.engine import Engine
 from inference_worker.modules.module_prompt import ModuleLayoutError, module_sequence
 from inference_worker.modules.pml_server import PmlServer
+from inference_worker.modules.repair_selection import RepairMethod, select_by_deviation
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.turn_types import KVSource, ModuleTurnInput, TokenEvent, TurnStats
 
@@ -29,9 +31,12 @@ class ModuleTurns:
         shift: RotaryShift | None,
         stop_ids: frozenset[int],
         max_context_tokens: int,
+        repair_method: RepairMethod = RepairMethod.FIRST,
     ) -> None:
         """`max_context_tokens`: the worker's context window; a module prompt's positions
-        (gaps included) and its answer must fit in it (module prompts are never truncated)."""
+        (gaps included) and its answer must fit in it (module prompts are never truncated).
+        `repair_method`: a turn's default choice of repaired tokens."""
+        self.repair_method = repair_method
         self.max_context_tokens = max_context_tokens
         self.engine = engine
         self.server = server
@@ -48,9 +53,13 @@ class ModuleTurns:
             source, turn.schema, turn.prompt, turn.repair_tokens, turn.add_generation_prompt
         )
         paged = self.engine.runner
+        prompt = served.prompt
+        method = self.repair_method if turn.repair_method is None else RepairMethod(turn.repair_method)
+        if method is RepairMethod.DEVIATION and prompt.repair_tokens:
+            prompt = await asyncio.to_thread(select_by_deviation, prompt, paged.model)
         try:
             seq, layout = module_sequence(
-                served.prompt, source.namespace, paged.geometry.num_layers, self.shift, paged.device
+                prompt, source.namespace, paged.geometry.num_layers, self.shift, paged.device
             )
         except (ModuleLayoutError, PositionShiftUnsupported) as exc:
             raise InvalidArgument(f"the prompt cannot be served from its modules: {exc}") from exc

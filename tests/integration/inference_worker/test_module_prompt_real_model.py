@@ -2,7 +2,9 @@
 a module encoded alone at position 0 and followed by contiguous text serves the same logits
 (1e-4) and greedy tokens as a full prefill; text after a gap in positions too; a module's
 keys re-positioned by the rotary shift equal the keys encoded at the new positions; and
-boundary repair of a whole second module recovers the full prefill exactly."""
+boundary repair of a whole second module recovers the full prefill exactly; repair of the
+tokens chosen by KV deviation comes closer to the full prefill than repair of as many first
+tokens, and at 100% it is the full prefill."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.modules.module_kv import ModuleKV, encode_module
 from inference_worker.modules.module_prompt import CachedPiece, ModulePrompt, TextPart, module_sequence
+from inference_worker.modules.repair_selection import select_by_deviation
 from inference_worker.rotary_shift import RotaryShift
 
 pytestmark = pytest.mark.timeout(600)
@@ -116,18 +119,46 @@ async def test_repositioned_module_keys_equal_keys_encoded_there(model: LoadedMo
     assert [int(x.argmax()) for x in mine] == [int(x.argmax()) for x in theirs]
 
 
-async def test_repairing_a_whole_module_recovers_the_full_prefill(model: LoadedModel, engine: Engine) -> None:
-    first, second, question = ids(model, MODULE), ids(model, SECOND), ids(model, QUESTION)
+async def two_modules(
+    model: LoadedModel, engine: Engine, first: list[int], second: list[int]
+) -> tuple[tuple[CachedPiece, ...], tuple[TextPart, ...], list[torch.Tensor]]:
+    """Modules A and B encoded apart, then the question; and the full prefill's logits."""
+    question = ids(model, QUESTION)
     a = await encode_module(engine, first, range(len(first)), NAMESPACE)
     b = await encode_module(engine, second, range(len(first), len(first) + len(second)), NAMESPACE)
     start = len(first) + len(second)
     text = (TextPart(tuple(question), tuple(range(start, start + len(question)))),)
-    modules = (CachedPiece.whole(a, 0), CachedPiece.whole(b, len(first)))
     full = await run(engine, Sequence.of(first + second + question))
+    return (CachedPiece.whole(a, 0), CachedPiece.whole(b, len(first))), text, full
+
+
+async def test_repairing_a_whole_module_recovers_the_full_prefill(model: LoadedModel, engine: Engine) -> None:
+    second = ids(model, SECOND)
+    modules, text, full = await two_modules(model, engine, ids(model, MODULE), second)
     plain = await run(engine, serve(engine, ModulePrompt(modules, text)))
     assert (plain[0] - full[0]).abs().max().item() > 1e-2  # encoded apart, B never saw A
     repaired = await run(engine, serve(engine, ModulePrompt(modules, text, repair_tokens=len(second))))
     assert_same(repaired, full)
+
+
+async def test_deviation_repair_beats_first_token_repair_at_the_same_budget(
+    model: LoadedModel, engine: Engine
+) -> None:
+    second = ids(model, MODULE)  # B: a long module, encoded apart from A (the same text)
+    modules, text, full = await two_modules(model, engine, ids(model, SECOND), second)
+    budget = len(second) // 5
+    by_first = ModulePrompt(modules, text, repair_tokens=budget)
+    by_deviation = select_by_deviation(by_first, model.model)
+    assert [len(chosen) for chosen in by_deviation.repair_indices()] == [0, budget]
+    assert by_deviation.repair_indices() != by_first.repair_indices()
+    errors = {}
+    for name, prompt in (("first", by_first), ("deviation", by_deviation)):
+        logits = (await run(engine, serve(engine, prompt)))[0]  # after the prompt
+        errors[name] = (logits - full[0]).abs()
+    assert errors["deviation"].max() < errors["first"].max(), errors
+    assert errors["deviation"].mean() < errors["first"].mean(), errors
+    whole = select_by_deviation(by_first, model.model, budget=len(second))
+    assert_same(await run(engine, serve(engine, whole)), full)
 
 
 def test_module_kv_checks_its_shape() -> None:

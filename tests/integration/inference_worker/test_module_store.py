@@ -92,6 +92,24 @@ async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daem
         assert stats.encoded_modules == 0 and tokens == first
 
 
+async def test_deviation_repair_recomputes_as_many_tokens_as_first_token_repair(
+    tiny_model: LoadedModel,
+) -> None:
+    """The method from the worker's setting, or from the turn; the same budget either way."""
+    engine = TurnEngine(
+        tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_repair_method="deviation")
+    )
+    source = await engine.namespace_for(b"tenant-a")
+    counts = {}
+    for method in (None, "first", "deviation"):
+        turn = ModuleTurnInput(SCHEMA, PROMPT, SamplingParams(max_tokens=4), 3, repair_method=method)
+        events = [event async for event in engine.modules.run(turn, source)]
+        stats = events.pop()
+        assert isinstance(stats, TurnStats) and stats.generated_tokens == len(events) > 0
+        counts[method] = (stats.repaired_tokens, stats.reused_tokens)
+    assert counts[None] == counts["first"] == counts["deviation"] == (6, counts["first"][1])  # doc, style
+
+
 async def test_pml_errors_are_invalid_arguments(tiny_model: LoadedModel) -> None:
     engine = TurnEngine(tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
     source = await engine.namespace_for(b"tenant-a")

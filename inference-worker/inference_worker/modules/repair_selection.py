@@ -1,0 +1,114 @@
+"""Which module tokens boundary repair recomputes: the first of each module (`first`), or,
+CacheBlend-style, those whose KV deviates most from what a full prefill computes
+(`deviation`), at the same budget.
+
+Deviation: the prompt's first layers are computed in full (every token, by position,
+causal; DEVIATION_LAYER of them), which gives the next layer's values under full attention;
+a token's deviation is the squared distance between those and the values its module was
+encoded with. The tokens of largest deviation, over all the modules, are recomputed through
+every layer (the simpler variant of CacheBlend, which recomputes the selection in the later
+layers only and reuses the layers it computed in full).
+
+Decisions:
+- Not the first layer: its K/V depend on the token alone, so they never deviate. The third
+  layer (two computed in full), not the second as in CacheBlend: on SmolLM2-135M the second
+  layer's deviation picked tokens no better than the first tokens. Values, not keys: keys carry the rotary position, and a module served at
+  another offset would need its keys shifted first to compare; values do not.
+- The extra cost is DEVIATION_LAYER layers of a full prefill (2/30 of it on SmolLM2-135M).
+- Sliding-window layers are computed with full causal attention (SmolLM2 has none).
+- The first module is never selected: nothing precedes it, so its KV is already exact.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from inference_worker.model_geometry import ModelGeometry
+from inference_worker.modules.module_prompt import ModulePrompt
+from inference_worker.rotary_shift import rotate_half
+
+# Measured on SmolLM2-135M (two modules encoded apart, 10% and 20% budgets): layer 2's
+# deviation picks better tokens than layer 1's; deeper layers better still, at more cost.
+DEVIATION_LAYER = 2
+
+
+class RepairMethod(StrEnum):
+    FIRST = "first"
+    DEVIATION = "deviation"
+
+
+@torch.no_grad()
+def select_by_deviation(
+    prompt: ModulePrompt, model: PreTrainedModel, budget: int | None = None, layer: int | None = None
+) -> ModulePrompt:
+    """The prompt with `repaired` set: the `budget` module tokens (default: as many as the
+    first-token method repairs) whose values at `layer` (default: DEVIATION_LAYER, or the
+    last layer of a shallower model) deviate most. Raises ValueError for a layer outside
+    [1, layers)."""
+    layers = model.config.num_hidden_layers
+    layer = min(DEVIATION_LAYER, layers - 1) if layer is None else layer
+    if not 1 <= layer < layers:
+        raise ValueError(f"the deviation layer is {layer}; it must lie in [1, {layers}) for this model")
+    if budget is None:
+        budget = sum(len(chosen) for chosen in prompt.repair_indices())
+    first = min((part.position for part in prompt.pieces), default=None)
+    eligible = [i for i, part in enumerate(prompt.pieces) if part.position != first]
+    if budget <= 0 or not eligible:
+        return ModulePrompt(
+            prompt.pieces, prompt.text, prompt.repair_tokens, tuple(() for _ in prompt.pieces)
+        )
+    tokens = [(t, p) for part in prompt.pieces for t, p in zip(part.token_ids, part.positions, strict=True)]
+    tokens += [pair for text in prompt.text for pair in zip(text.token_ids, text.positions, strict=True)]
+    order = sorted({p for _, p in tokens})
+    row = {position: index for index, position in enumerate(order)}
+    by_position = {p: t for t, p in tokens}
+    values = _layer_values(model, [by_position[p] for p in order], order, layer)  # [tokens, kv_heads * D]
+    deviations = []
+    for index in eligible:
+        part = prompt.pieces[index]
+        _, cached = part.module.kv[layer]  # [kv_heads, module tokens, D]
+        cached = cached[:, part.offset : part.offset + part.tokens].transpose(0, 1).reshape(part.tokens, -1)
+        full = values[[row[p] for p in part.positions]]
+        deviations.append(((full.float() - cached.to(full.device).float()) ** 2).sum(dim=-1))
+    scores = torch.cat(deviations)
+    top = set(torch.topk(scores, min(budget, scores.numel())).indices.tolist())
+    repaired: list[tuple[int, ...]] = [() for _ in prompt.pieces]
+    start = 0
+    for index in eligible:
+        count = prompt.pieces[index].tokens
+        repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
+        start += count
+    return ModulePrompt(prompt.pieces, prompt.text, prompt.repair_tokens, tuple(repaired))
+
+
+def _layer_values(
+    model: PreTrainedModel, token_ids: list[int], positions: list[int], layer: int
+) -> torch.Tensor:
+    """Layer `layer`'s values [tokens, kv_heads * D] of the tokens (in position order) after
+    full, causal layers before it."""
+    decoder, geometry = model.model, ModelGeometry.of(model.config)
+    device = next(model.parameters()).device
+    count = len(token_ids)
+    hidden = decoder.embed_tokens(torch.tensor(token_ids, device=device))  # [tokens, hidden]
+    cos, sin = decoder.rotary_emb(hidden, torch.tensor([positions], device=device))  # each [1, tokens, D]
+    cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [tokens, 1, D]
+    group = geometry.heads // geometry.kv_heads
+    for block in decoder.layers[:layer]:
+        attn = block.self_attn
+        x = block.input_layernorm(hidden)
+        q = attn.q_proj(x).view(count, geometry.heads, geometry.head_dim)
+        k = attn.k_proj(x).view(count, geometry.kv_heads, geometry.head_dim)
+        v = attn.v_proj(x).view(count, geometry.kv_heads, geometry.head_dim)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=attn.scaling
+        )  # [heads, tokens, D]
+        hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(count, -1))
+        hidden = hidden + block.mlp(block.post_attention_layernorm(hidden))
+    target = decoder.layers[layer]
+    return target.self_attn.v_proj(target.input_layernorm(hidden))
