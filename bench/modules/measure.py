@@ -97,7 +97,7 @@ class CaseRunner:
             case.schema,
             case.prompt,
             SamplingParams(max_tokens=1),
-            repair,
+            repair_tokens=repair,
             repair_method=RepairMethod.DEVIATION,
         )
         ttft_deviation = await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source))
@@ -112,7 +112,7 @@ class CaseRunner:
                         case.schema,
                         case.prompt,
                         SamplingParams(max_tokens=self.answer_tokens),
-                        r,
+                        repair_tokens=r,
                         repair_method=method,
                     ),
                     self.source,

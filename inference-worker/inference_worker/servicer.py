@@ -64,8 +64,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 request.pml.schema,
                 request.pml.prompt,
                 check_sampling(request.sampling, self._limits),
-                check_repair_tokens(request.pml.repair_tokens),
-                request.pml.add_generation_prompt,
+                repair_tokens=check_repair_tokens(request.pml.repair_tokens),
+                add_generation_prompt=request.pml.add_generation_prompt,
             )
             turn_events = self._engine.modules.run(module_turn, await self._engine.namespace_for(salt))
         else:

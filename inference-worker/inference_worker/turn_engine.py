@@ -57,13 +57,13 @@ from inference_worker.model_runner import ModelRunner
 from inference_worker.model_store import LoadedModel
 from inference_worker.modules.module_store import ModuleStore
 from inference_worker.modules.module_turn import ModuleTurns
-from inference_worker.modules.repair_selection import RepairMethod
 from inference_worker.modules.pml_server import (
     PmlServer,
     chat_role_renderer,
     generation_prompt,
     model_tokenize,
 )
+from inference_worker.modules.repair_selection import RepairMethod
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefill import Prefill, Prefiller
 from inference_worker.restore.policy import RestorePolicy

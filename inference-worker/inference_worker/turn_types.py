@@ -3,7 +3,7 @@ worker's gRPC edge (and the scheduler, through proto/attnstore/worker/v1)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from enum import Enum
 
 
@@ -102,6 +102,7 @@ class ModuleTurnInput:
     schema: str  # the schema document the prompt imports from
     prompt: str  # the <prompt> document
     sampling: SamplingParams = SamplingParams()
+    _: KW_ONLY  # options by name: a field added among them must not shift another's value
     repair_tokens: int = 0  # per imported module, its first tokens recomputed (boundary repair)
     # which tokens repair recomputes, "first" or "deviation" (repair_selection.py); None: the
     # worker's module_repair_method

@@ -102,7 +102,7 @@ async def test_deviation_repair_recomputes_as_many_tokens_as_first_token_repair(
     source = await engine.namespace_for(b"tenant-a")
     counts = {}
     for method in (None, "first", "deviation"):
-        turn = ModuleTurnInput(SCHEMA, PROMPT, SamplingParams(max_tokens=4), 3, repair_method=method)
+        turn = ModuleTurnInput(SCHEMA, PROMPT, SamplingParams(max_tokens=4), repair_tokens=3, repair_method=method)
         events = [event async for event in engine.modules.run(turn, source)]
         stats = events.pop()
         assert isinstance(stats, TurnStats) and stats.generated_tokens == len(events) > 0

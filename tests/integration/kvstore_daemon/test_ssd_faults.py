@@ -23,7 +23,7 @@ import pytest
 import xxhash
 from service_probes import free_port, is_serving, scrape_metrics
 
-from attnstore.chunks.format import FORMAT_VERSION, decode_layout, verify_layers
+from attnstore.chunks.format import FORMAT_VERSION, RESTORE_FORMAT_VERSION, decode_layout, verify_layers
 from attnstore.kvstore_client import KVStoreClient, Tier
 
 if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
@@ -53,7 +53,7 @@ def another_format_version(data: bytes) -> bytes:
     """The same chunk written by a format version this daemon does not know (the header's
     own checksum recomputed, so only the version is wrong)."""
     layout = decode_layout(data)
-    packed = dataclasses.replace(layout.header, format_version=FORMAT_VERSION + 1).pack()
+    packed = dataclasses.replace(layout.header, format_version=max(FORMAT_VERSION, RESTORE_FORMAT_VERSION) + 1).pack()
     assert len(packed) == _PREAMBLE.unpack_from(data)[1]  # same length: the layers stay aligned
     return (
         _PREAMBLE.pack(b"ATKV", len(packed), xxhash.xxh3_64_intdigest(packed))
