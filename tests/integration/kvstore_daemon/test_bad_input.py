@@ -4,6 +4,7 @@ the test sees the daemon's real statuses; one daemon serves the whole module."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.kvstore_client import KVStoreClient
+from kvstore_daemon.servicer import MAX_HINT_SOURCE_CHARS
 
 if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
     from conftest import ChunkSet, DaemonFactory, DaemonProcess
@@ -244,13 +246,14 @@ def get_shm(*, indices: tuple[int, ...] = (0,), lease_ttl_seconds: int = 0) -> C
     return call
 
 
-def hint(action: int, ttl_seconds: int = 0) -> Call:
+def hint(action: int, ttl_seconds: int = 0, next_use_seconds: float = 0.0, source: str = "") -> Call:
     def call(s: Store) -> object:
         entries = [
             pb.HintEntry(keys=[s.key(1)], action=pb.HINT_ACTION_PROTECT),
-            pb.HintEntry(keys=[s.key(0)], action=action),
+            pb.HintEntry(keys=[s.key(0)], action=action, next_use_seconds=next_use_seconds),
         ]
-        return s.stub.Hint(pb.HintRequest(namespace=s.ns, entries=entries, ttl_seconds=ttl_seconds))
+        request = pb.HintRequest(namespace=s.ns, entries=entries, ttl_seconds=ttl_seconds, source=source)
+        return s.stub.Hint(request)
 
     return call
 
@@ -396,6 +399,21 @@ CASES: dict[str, Case] = {
         hint(pb.HINT_ACTION_PREFETCH, ttl_seconds=601),
         INVALID,
         "ttl_seconds of 601s exceeds the maximum of 600s",
+    ),
+    "Hint-negative-next-use": Case(
+        hint(pb.HINT_ACTION_PREDICT, next_use_seconds=-1.0),
+        INVALID,
+        "entries[1].next_use_seconds must be finite and not negative, got -1.0",
+    ),
+    "Hint-infinite-next-use": Case(
+        hint(pb.HINT_ACTION_PREDICT, next_use_seconds=math.inf),
+        INVALID,
+        "entries[1].next_use_seconds must be finite and not negative",
+    ),
+    "Hint-source-too-long": Case(
+        hint(pb.HINT_ACTION_PREDICT, source="r" * (MAX_HINT_SOURCE_CHARS + 1)),
+        INVALID,
+        f"source must be at most {MAX_HINT_SOURCE_CHARS} characters",
     ),
 }
 
