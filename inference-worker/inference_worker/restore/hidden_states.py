@@ -22,19 +22,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from inference_worker.engine.model_runner import sliding_window
+from inference_worker.engine.model_runner import project_qkv, rotary_of, sliding_window
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.rotary_shift import rotate_half
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer K, V [kv_heads, tokens, head_dim]
-
-
-def rotary(
-    model: PreTrainedModel, like: torch.Tensor, positions: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [tokens, 1, head_dim] of `positions` [tokens] (the model's rotary module)."""
-    cos, sin = model.model.rotary_emb(like, positions.unsqueeze(0))  # each [1, tokens, D]
-    return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
 
 
 @torch.no_grad()
@@ -46,8 +38,8 @@ def project_kv(
     cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V [kv_heads, tokens, head_dim] of `layer` from its input hidden states H
-    [tokens, hidden] at `positions` [tokens]; `cos_sin` (from `rotary`) saves recomputing
-    the rotation per layer."""
+    [tokens, hidden] at `positions` [tokens]; `cos_sin` (from `rotary_of`) saves
+    recomputing the rotation per layer."""
     geometry = ModelGeometry.of(model.config)
     decoder_layer = model.model.layers[layer]
     attn = decoder_layer.self_attn
@@ -55,7 +47,7 @@ def project_kv(
     x = decoder_layer.input_layernorm(hidden)
     k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)  # [tokens, kv_heads, D]
     v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
-    cos, sin = cos_sin if cos_sin is not None else rotary(model, x, positions)
+    cos, sin = cos_sin if cos_sin is not None else rotary_of(model.model, x, positions)
     k = k * cos + rotate_half(k) * sin
     return k.transpose(0, 1), v.transpose(0, 1)
 
@@ -72,14 +64,13 @@ def recompute_layers(
     geometry = ModelGeometry.of(model.config)
     hidden = decoder.embed_tokens(token_ids)  # [tokens, hidden]
     tokens = hidden.shape[0]
-    cos, sin = rotary(model, hidden, positions)
+    cos_sin = rotary_of(decoder, hidden, positions)
     kv: KV = []
     for index in range(count):
         layer = decoder.layers[index]
         attn = layer.self_attn
-        k, v = project_kv(model, index, hidden, positions, (cos, sin))  # [kv_heads, tokens, D]
-        q = attn.q_proj(layer.input_layernorm(hidden)).view(tokens, geometry.heads, geometry.head_dim)
-        q = (q * cos + rotate_half(q) * sin).transpose(0, 1)  # [heads, tokens, D]
+        q, k, v = project_qkv(attn, layer.input_layernorm(hidden), cos_sin, geometry)  # [tokens, *heads, D]
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [*heads, tokens, D]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(0),
             k.unsqueeze(0),

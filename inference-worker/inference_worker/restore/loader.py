@@ -28,10 +28,11 @@ from transformers import PreTrainedModel
 
 from attnstore.chunks.format import LayerForm
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
+from inference_worker.engine.model_runner import rotary_of
 from inference_worker.kv_codec import KVShapeError, layer_from_pieces
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.restore.codec import hidden_from_pieces
-from inference_worker.restore.hidden_states import project_kv, recompute_layers, rotary
+from inference_worker.restore.hidden_states import project_kv, recompute_layers
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.storage_plan import StoragePlan
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
@@ -108,7 +109,7 @@ class _Restore:
         self.ids = torch.tensor(list(token_ids[:tokens]), dtype=torch.long, device=self.device)
         self.positions = torch.arange(tokens, device=self.device)
         probe = torch.empty(0, device=self.device, dtype=next(model.parameters()).dtype)
-        self.cos_sin = rotary(model, probe, self.positions)  # one rotation for every projected layer
+        self.cos_sin = rotary_of(model.model, probe, self.positions)  # one rotation for every projected layer
 
     def submit(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
         """Queues `work` on the compute thread; its layers go to the prefix when done."""
