@@ -24,12 +24,10 @@ from __future__ import annotations
 from enum import StrEnum
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from inference_worker.model_geometry import ModelGeometry
 from inference_worker.modules.module_prompt import ModulePrompt
-from inference_worker.rotary_shift import rotate_half
+from inference_worker.restore.hidden_states import recompute_layers
 
 # Measured on SmolLM2-135M (two modules encoded apart, 10% and 20% budgets): layer 2's
 # deviation picks better tokens than layer 1's; deeper layers better still, at more cost.
@@ -90,25 +88,8 @@ def _layer_values(
 ) -> torch.Tensor:
     """Layer `layer`'s values [tokens, kv_heads * D] of the tokens (in position order) after
     full, causal layers before it."""
-    decoder, geometry = model.model, ModelGeometry.of(model.config)
     device = next(model.parameters()).device
-    count = len(token_ids)
-    hidden = decoder.embed_tokens(torch.tensor(token_ids, device=device))  # [tokens, hidden]
-    cos, sin = decoder.rotary_emb(hidden, torch.tensor([positions], device=device))  # each [1, tokens, D]
-    cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [tokens, 1, D]
-    group = geometry.heads // geometry.kv_heads
-    for block in decoder.layers[:layer]:
-        attn = block.self_attn
-        x = block.input_layernorm(hidden)
-        q = attn.q_proj(x).view(count, geometry.heads, geometry.head_dim)
-        k = attn.k_proj(x).view(count, geometry.kv_heads, geometry.head_dim)
-        v = attn.v_proj(x).view(count, geometry.kv_heads, geometry.head_dim)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=attn.scaling
-        )  # [heads, tokens, D]
-        hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(count, -1))
-        hidden = hidden + block.mlp(block.post_attention_layernorm(hidden))
-    target = decoder.layers[layer]
+    ids = torch.tensor(token_ids, device=device)
+    _, hidden = recompute_layers(model, ids, torch.tensor(positions, device=device), layer)  # layer's input
+    target = model.model.layers[layer]
     return target.self_attn.v_proj(target.input_layernorm(hidden))
