@@ -40,6 +40,7 @@ from attnstore.kvstore_client.reads import (
     open_data_plane_read,
     open_grpc_read,
     open_shm_read,
+    read_data_plane_into,
 )
 from attnstore.kvstore_client.results import (
     ChunkData,
@@ -367,16 +368,33 @@ class AsyncKVStoreClient:
                     self._releaser.note_reads(namespace, keys)
                     return checked.layouts
             self._locations.forget(namespace, keys)
+        if await self.transport() == "dataplane" and self._plane is not None:
+            self._transfers["reads"]["dataplane"] += 1
+            read, copies = await read_data_plane_into(
+                self._plane, namespace, keys, layer_start, layer_end, lambda read: self._outs(read, destination, whole)
+            )
+            self._check_copies(read, copies)
+            return read.layouts
         async with self._open_read(namespace, keys, layer_start, layer_end) as read:
             copies = await self._copy_out(read, destination, whole)
             self._check_copies(read, copies)
             return read.layouts
 
-    @staticmethod
+    @classmethod
     async def _copy_out(
-        read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
+        cls, read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
     ) -> list[tuple[memoryview, int]]:
         """Each chunk's output buffer and the chunk offset of its first byte, filled."""
+        copies = cls._outs(read, destination, whole)
+        await read.copy_into([out for out, _ in copies], [base for _, base in copies])
+        return copies
+
+    @staticmethod
+    def _outs(
+        read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
+    ) -> list[tuple[memoryview, int]]:
+        """Each chunk's output buffer (its header region filled when `whole`) and the chunk
+        offset of its first byte."""
         copies: list[tuple[memoryview, int]] = []
         for index, layout in enumerate(read.layouts):
             first, last = layout.layer_span(read.layer_start, read.layer_end)
@@ -386,7 +404,6 @@ class AsyncKVStoreClient:
             if whole:
                 out[: layout.data_offset] = read.header_region(index)
             copies.append((out, first))
-        await read.copy_into([out for out, _ in copies], [base for _, base in copies])
         return copies
 
     def _check_copies(self, read: ChunkRead, copies: Sequence[tuple[memoryview, int]]) -> None:
