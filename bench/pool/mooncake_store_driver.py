@@ -40,6 +40,10 @@ def _store(spec: dict[str, object], segment_bytes: int, buffer_bytes: int) -> Mo
     return store
 
 
+def _key(item_bytes: int, index: int) -> str:
+    return f"chunk-{item_bytes}-{index}"
+
+
 def serve(spec: dict[str, object]) -> None:
     item_bytes, count = int(spec["item_bytes"]), int(spec["count"])  # type: ignore[call-overload]
     store = _store(spec, 2 * item_bytes * count + 64 * _MiB, 64 * _MiB)
@@ -48,8 +52,8 @@ def serve(spec: dict[str, object]) -> None:
     for index in range(count):
         data = rng.bytes(item_bytes)
         first = first or data
-        if store.put(f"chunk-{index}", data) != 0:
-            raise RuntimeError(f"put of chunk-{index} failed")
+        if store.put(_key(item_bytes, index), data) != 0:
+            raise RuntimeError(f"put of {_key(item_bytes, index)} failed")
     print(json.dumps({
         "sha256": hashlib.sha256(first).hexdigest(), "version": version("mooncake-transfer-engine-non-cuda"),
     }), flush=True)  # fmt: skip
@@ -67,7 +71,7 @@ def read(spec: dict[str, object]) -> None:
             raise RuntimeError("register_buffer failed")
 
     def op(w: int, n: int) -> None:
-        key = f"chunk-{(w + max(n, 0)) % count}"
+        key = _key(item_bytes, (w + max(n, 0)) % count)
         got = store.get_into(key, buffers[w].ctypes.data, item_bytes)
         if got != item_bytes:
             raise RuntimeError(f"get_into of {key} answered {got}")

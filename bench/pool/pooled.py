@@ -40,7 +40,6 @@ MiB = 1024 * 1024
 NODES = ("node-a", "node-b", "node-c")
 DRAM_BYTES = MiB  # the daemon's minimum arena
 SHAREGPT = {"conversations": 400, "sessions_per_s": 20.0, "think_s": 60.0, "seed": 0}
-_READ_TRIES = 4  # a read that meets a chunk its peer lost looks up again (that chunk is then a miss)
 BASE_SETTINGS = {"dram_block_bytes": CHUNK_BYTES, "max_chunk_bytes": CHUNK_BYTES, "persist_on_commit": False,
                  "ssd_reserved_bytes": 0, "eviction_policy": "lru"}  # fmt: skip
 LEDGER_SETTINGS = {"pool_heartbeat_seconds": 0.2}
@@ -57,8 +56,10 @@ class Tally:
 
 
 def _read_prefix(client: KVStoreClient, namespace: bytes, keys: tuple[bytes, ...]) -> int:
-    """How many leading `keys` the node serves: looked up, then read back."""
-    for _ in range(_READ_TRIES):
+    """How many leading `keys` the node serves: looked up, then read back. A read that meets
+    a chunk its peer no longer holds drops that chunk from the index, so looking up again
+    finds the prefix before it (a worker recomputes from there)."""
+    for _ in range(len(keys) + 1):
         found = client.lookup(namespace, keys, promote=True).prefix_length
         if found == 0:
             return 0

@@ -225,8 +225,9 @@ class TierMover:
             await asyncio.shield(unlinking)
 
     async def _place_on_peer(self, chunk: Chunk) -> bool:
-        """Copies an SSD-only chunk to a peer that accepts; True if a peer holds it."""
-        if self.peer is None or chunk.on_peer:
+        """Copies an SSD-only chunk to a peer that accepts; True if a peer holds it. A chunk
+        this daemon holds for a borrower is not lent on: its borrower counts it here."""
+        if self.peer is None or chunk.on_peer or chunk.borrower:
             return chunk.on_peer
         if not self.peer.has_room(chunk.size_bytes):
             return False

@@ -257,11 +257,13 @@ class AsyncKVStoreClient:
     # Writes
 
     async def put_chunks(
-        self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0
+        self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0, borrower: str = ""
     ) -> PutResult:
         """Stores serialized chunks (a mapping or (key, bytes) pairs; a repeated key counts
         once): reserve, write, commit. `durable` waits for the SSD fsync; `ttl_seconds`
-        bounds the reservation. On any failure the reservations are aborted and it raises."""
+        bounds the reservation; `borrower` (a pool daemon placing its evictions: its node)
+        makes the daemon count them as lent. On any failure the reservations are aborted
+        and it raises."""
         transport = await self.transport()
         self._transfers["writes"][transport] += 1
         return await writes.put_chunks(
@@ -273,6 +275,7 @@ class AsyncKVStoreClient:
             durable=durable,
             ttl_seconds=ttl_seconds,
             timeout_seconds=self._timeout_seconds,
+            borrower=borrower,
         )
 
     # Reads
