@@ -19,11 +19,12 @@ even for TCP: `make bench-pool` installs it (scripts/ensure_ibverbs.sh, root or 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,7 +36,7 @@ from bench.common.harness import Budget
 from bench.common.results import BENCH_DIR
 from bench.daemon.workloads import make_pool
 from bench.peers.install import PeerVenv, ensure_peer
-from bench.peers.store import LMCacheSide, readline_within
+from bench.peers.store import LMCacheSide, readline_within, stop_process
 from bench.pool.timing import Cell
 
 Record = Callable[[str, str, int, Cell], None]  # Run.record: (path, size, concurrency, cell)
@@ -99,17 +100,7 @@ class _Driver:
         return json.loads(line)
 
     def stop(self) -> None:
-        _stop(self.process)
-
-
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(self.process)
 
 
 def _served_cells(
@@ -146,34 +137,31 @@ def _item_sizes(sizes: dict[str, int], layout: dict[str, Any]) -> dict[str, int]
 
 def mooncake_rows(
     record: Record, sizes: dict[str, int], layout: dict[str, Any], concurrencies: Sequence[int], seconds: float,
-    work_dir: Path,
+    work_dir: Path, *, store: bool = False,
 ) -> tuple[str | None, str]:  # fmt: skip
-    """Records the Transfer Engine's read cells of chunks as large as the data plane's;
-    (the reason it could not, else None; the engine's version)."""
+    """Records Mooncake's cells on chunks as large as the data plane's: its Transfer
+    Engine's reads, or with `store` its Store's Gets (a master, a store and a client on
+    loopback); (the reason it could not, else None; the package's version)."""
+    what = "Mooncake Store" if store else "Mooncake's Transfer Engine"
     peer = ensure_peer("mooncake")
     if not peer.available:
-        return f"Mooncake's Transfer Engine unavailable (needs Debian's libibverbs1): {peer.reason[-500:]}", ""
+        return f"{what} unavailable (needs Debian's libibverbs1): {peer.reason[-500:]}", ""
+    module, path = ("mooncake_store_driver", "mooncake_store_get") if store else ("mooncake_driver", "mooncake_te_read")
+    log = work_dir / f"{module}.log"
     try:
-        version = _served_cells(
-            record, peer, "bench.pool.mooncake_driver", "mooncake_te_read", _item_sizes(sizes, layout),
-            concurrencies, seconds, work_dir / "mooncake.log", {},
-        )  # fmt: skip
+        with _master(peer, log) if store else contextlib.nullcontext({}) as spec:
+            version = _served_cells(
+                record, peer, f"bench.pool.{module}", path, _item_sizes(sizes, layout), concurrencies, seconds, log, spec
+            )
     except (RuntimeError, OSError, ValueError, KeyError) as exc:
-        return f"Mooncake's Transfer Engine failed: {exc}", ""
+        return f"{what} failed: {exc}", ""
     return None, version
 
 
-def mooncake_store_rows(
-    record: Record, sizes: dict[str, int], layout: dict[str, Any], concurrencies: Sequence[int], seconds: float,
-    work_dir: Path,
-) -> tuple[str | None, str]:  # fmt: skip
-    """Records Mooncake Store's Get cells (its master, a store and a client on loopback);
-    (the reason it could not, else None; the package's version)."""
-    peer = ensure_peer("mooncake")
-    if not peer.available:
-        return f"Mooncake Store unavailable (needs Debian's libibverbs1): {peer.reason[-500:]}", ""
+@contextlib.contextmanager
+def _master(peer: PeerVenv, log: Path) -> Iterator[dict[str, Any]]:
+    """A `mooncake_master` with its HTTP metadata server, on loopback; the drivers' spec."""
     assert peer.python is not None
-    log = work_dir / "mooncake-store.log"
     rpc, metadata, metrics = free_port(), free_port(), free_port()
     with log.open("a") as out:
         master = subprocess.Popen(
@@ -185,15 +173,9 @@ def mooncake_store_rows(
     try:
         _wait_for_port(metadata, master, log)
         _wait_for_port(rpc, master, log)
-        version = _served_cells(
-            record, peer, "bench.pool.mooncake_store_driver", "mooncake_store_get", _item_sizes(sizes, layout),
-            concurrencies, seconds, log, {"master": f"127.0.0.1:{rpc}", "metadata": f"127.0.0.1:{metadata}"},
-        )  # fmt: skip
-    except (RuntimeError, OSError, ValueError, KeyError) as exc:
-        return f"Mooncake Store failed: {exc}", ""
+        yield {"master": f"127.0.0.1:{rpc}", "metadata": f"127.0.0.1:{metadata}"}
     finally:
-        _stop(master)
-    return None, version
+        stop_process(master)
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[Any], log: Path) -> None:

@@ -52,7 +52,7 @@ from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
 from bench.common.results import print_report
 from bench.pool.daemons import daemon
-from bench.pool.peer_rows import lmcache_rows, mooncake_rows, mooncake_store_rows
+from bench.pool.peer_rows import lmcache_rows, mooncake_rows
 from bench.pool.pooled import pooled_summary, run_pooled
 from bench.pool.report import format_table, plot, verdicts
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
@@ -228,8 +228,10 @@ def _peer_rows(run: Run, args: argparse.Namespace, root: Path) -> tuple[dict[str
         unavailable["lmcache"] = reason
     if not args.no_mooncake:
         sizes = {size: SIZES[size] for size in args.sizes}
-        for name, rows in (("mooncake_transfer_engine", mooncake_rows), ("mooncake_store", mooncake_store_rows)):
-            reason, peers[name] = rows(run.record, sizes, LAYOUT, run.concurrencies, run.seconds, root)
+        for name, store in (("mooncake_transfer_engine", False), ("mooncake_store", True)):
+            reason, peers[name] = mooncake_rows(
+                run.record, sizes, LAYOUT, run.concurrencies, run.seconds, root, store=store
+            )
             if reason:
                 unavailable[name] = reason
     for name, reason in unavailable.items():
