@@ -1,6 +1,6 @@
 """Mooncake Store for bench-pool: runs INSIDE the Mooncake venv (bench/peers/install.py),
-started by bench/pool/mooncake_store.py beside a `mooncake_master` (its HTTP metadata
-server on), one process per side, over TCP on loopback.
+started by bench/pool/peer_rows.py beside a `mooncake_master` (its HTTP metadata
+server on; one per chunk size), one process per side, over TCP on loopback.
 
     serve  a store that mounts a memory segment for the pool and puts `count` chunks of
            random bytes (keys chunk-0..); prints the first chunk's sha256 and the
@@ -40,10 +40,6 @@ def _store(spec: dict[str, object], segment_bytes: int, buffer_bytes: int) -> Mo
     return store
 
 
-def _key(item_bytes: int, index: int) -> str:
-    return f"chunk-{item_bytes}-{index}"
-
-
 def serve(spec: dict[str, object]) -> None:
     item_bytes, count = int(spec["item_bytes"]), int(spec["count"])  # type: ignore[call-overload]
     store = _store(spec, 2 * item_bytes * count + 64 * _MiB, 64 * _MiB)
@@ -52,8 +48,8 @@ def serve(spec: dict[str, object]) -> None:
     for index in range(count):
         data = rng.bytes(item_bytes)
         first = first or data
-        if store.put(_key(item_bytes, index), data) != 0:
-            raise RuntimeError(f"put of {_key(item_bytes, index)} failed")
+        if store.put(f"chunk-{index}", data) != 0:
+            raise RuntimeError(f"put of chunk-{index} failed")
     print(json.dumps({
         "sha256": hashlib.sha256(first).hexdigest(), "version": version("mooncake-transfer-engine-non-cuda"),
     }), flush=True)  # fmt: skip
@@ -71,7 +67,7 @@ def read(spec: dict[str, object]) -> None:
             raise RuntimeError("register_buffer failed")
 
     def op(w: int, n: int) -> None:
-        key = _key(item_bytes, (w + max(n, 0)) % count)
+        key = f"chunk-{(w + max(n, 0)) % count}"
         got = store.get_into(key, buffers[w].ctypes.data, item_bytes)
         if got != item_bytes:
             raise RuntimeError(f"get_into of {key} answered {got}")

@@ -148,11 +148,15 @@ def mooncake_rows(
         return f"{what} unavailable (needs Debian's libibverbs1): {peer.reason[-500:]}", ""
     module, path = ("mooncake_store_driver", "mooncake_store_get") if store else ("mooncake_driver", "mooncake_te_read")
     log = work_dir / f"{module}.log"
+    version = ""
     try:
-        with _master(peer, log) if store else contextlib.nullcontext({}) as spec:
-            version = _served_cells(
-                record, peer, f"bench.pool.{module}", path, _item_sizes(sizes, layout), concurrencies, seconds, log, spec
-            )
+        for size, item_bytes in _item_sizes(sizes, layout).items():
+            # A master per size: a stopped store's segment stays in a master for its client
+            # TTL, and objects allocated there fail to transfer (TRANSFER_FAIL).
+            with _master(peer, work_dir / "mooncake_master.log") if store else contextlib.nullcontext({}) as spec:
+                version = _served_cells(
+                    record, peer, f"bench.pool.{module}", path, {size: item_bytes}, concurrencies, seconds, log, spec
+                )
     except (RuntimeError, OSError, ValueError, KeyError) as exc:
         return f"{what} failed: {exc}", ""
     return None, version
