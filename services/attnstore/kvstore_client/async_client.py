@@ -41,6 +41,7 @@ from attnstore.kvstore_client.reads import (
     open_grpc_read,
     open_shm_read,
     read_data_plane_into,
+    read_data_plane_into_blocking,
 )
 from attnstore.kvstore_client.results import (
     ChunkData,
@@ -320,18 +321,23 @@ class AsyncKVStoreClient:
     ) -> list[ChunkLayout]:
         """Copies each whole serialized chunk into the front of `outs[i]` (which must hold
         at least `layout.total_bytes`); no other allocation, for benchmarks and pools."""
-        if len(outs) != len(keys):
-            raise InvalidArgument(f"{len(outs)} output buffers for {len(keys)} keys")
+        return await self._read_into(namespace, keys, 0, 0, _fronts_of(outs, keys), whole=True)
 
-        def pick(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
-            out = memoryview(outs[index]).cast("B")
-            if out.nbytes < span_bytes:
-                raise InvalidArgument(
-                    f"output buffer {index} holds {out.nbytes} bytes, chunk has {span_bytes}"
-                )
-            return out[:span_bytes]
-
-        return await self._read_into(namespace, keys, 0, 0, pick, whole=True)
+    def get_chunks_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
+    ) -> list[ChunkLayout] | None:
+        """`get_chunks_into` in the calling thread, when this client reads over the data plane
+        (known after its first call): the blocking client's path, with no hop to the event
+        loop and back. None otherwise: call `get_chunks_into`."""
+        if self._transport != "dataplane" or self._plane is None or not keys:
+            return None
+        destination = _fronts_of(outs, keys)
+        self._transfers["reads"]["dataplane"] += 1
+        read, copies = read_data_plane_into_blocking(
+            self._plane, namespace, keys, 0, 0, lambda read: self._outs(read, destination, True)
+        )
+        self._check_copies(read, copies)
+        return read.layouts
 
     async def get_whole_chunks(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes]:
         """Each full serialized chunk (header and every layer), byte-identical to what was put."""
@@ -473,3 +479,17 @@ class AsyncKVStoreClient:
                 if self._verify:
                     verify_layer(read.layouts[index], layer, data)
                 yield LayerPiece(chunk_index=index, layer=layer, data=data, layout=read.layouts[index])
+
+
+def _fronts_of(outs: Sequence[memoryview], keys: Sequence[bytes]) -> Callable[[int, ChunkLayout, int], memoryview]:
+    """get_chunks_into's destination: the front of `outs[index]`, refused when too small."""
+    if len(outs) != len(keys):
+        raise InvalidArgument(f"{len(outs)} output buffers for {len(keys)} keys")
+
+    def front(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
+        out = memoryview(outs[index]).cast("B")
+        if out.nbytes < span_bytes:
+            raise InvalidArgument(f"output buffer {index} holds {out.nbytes} bytes, chunk has {span_bytes}")
+        return out[:span_bytes]
+
+    return front

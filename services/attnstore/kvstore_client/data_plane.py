@@ -72,6 +72,12 @@ class DataPlane(Protocol):
         answers the buffers the layer-major stream fills, in order."""
         ...
 
+    def read_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        """`read_into` in the calling thread (a blocking client's path: no event loop)."""
+        ...
+
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
         """Fills reservations (write id, whole chunk bytes); returns the bytes written."""
         ...
@@ -136,11 +142,12 @@ class TcpDataPlane:
     async def read_into(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
     ) -> None:
-        request = _get_request(namespace, keys, layer_start, layer_end)
-        await self.in_thread(self._read_into, request, len(keys), place)
+        await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
 
-    def _read_into(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> None:
-        read = self._open_read(request, chunk_count)
+    def read_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        read = self._open_read(_get_request(namespace, keys, layer_start, layer_end), len(keys))
         complete = False
         try:
             read.recv_all(place(read.headers))

@@ -130,7 +130,9 @@ class KVStoreClient:
     def get_chunks_into(
         self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
     ) -> list[ChunkLayout]:
-        return self.call(self._client.get_chunks_into(namespace, keys, outs))
+        """Over the data plane, read in this thread (no hop to the client's loop)."""
+        layouts = self._client.get_chunks_into_blocking(namespace, keys, outs)
+        return layouts if layouts is not None else self.call(self._client.get_chunks_into(namespace, keys, outs))
 
     def get_whole_chunks(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes]:
         return self.call(self._client.get_whole_chunks(namespace, keys))
