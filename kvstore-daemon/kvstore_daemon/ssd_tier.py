@@ -32,6 +32,7 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.chunks.keys import KEY_BYTES
+from attnstore.fsync import fsync_directory
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.tier import TierCopyCorrupt, TierFull, TierWriteError
 
@@ -391,7 +392,7 @@ class SsdTier:
                 os.unlink(tmp)
             raise
         try:
-            _fsync_dir(subdir)  # makes the rename itself durable
+            fsync_directory(subdir)  # makes the rename itself durable
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(final)
@@ -447,8 +448,8 @@ class SsdTier:
         chunks.mkdir(parents=True, exist_ok=True)
         for prefix in range(256):  # made once here so the write path never needs mkdir
             (chunks / f"{prefix:02x}").mkdir(exist_ok=True)
-        _fsync_dir(chunks)
-        _fsync_dir(directory)
+        fsync_directory(chunks)
+        fsync_directory(directory)
         found: list[tuple[bytes, _Entry]] = []
         dropped = 0
         for subdir in sorted(chunks.iterdir()):
@@ -526,13 +527,6 @@ def _unlink_quietly(path: Path) -> None:
     except OSError as exc:  # the index no longer names it; recovery may find it again
         log.warning("ssd_unlink_failed", path=str(path), error=str(exc))
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _retrieve_exception(task: asyncio.Task[None]) -> None:
