@@ -1,17 +1,15 @@
 from pathlib import Path
 
 import pytest
+from settings_env import loaded
 
 from attnstore.settings import SettingsError, load_settings
 from inference_worker.settings import WorkerSettings
 
 
 def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = tmp_path / "worker.toml"
-    config.write_text('dtype = "bfloat16"\nchunk_tokens = 64\nkvstore_address = "10.0.0.1:50051"\n')
-    monkeypatch.setenv("ATTNSTORE_WORKER_CONFIG_FILE", str(config))
-    monkeypatch.setenv("ATTNSTORE_WORKER_CHUNK_TOKENS", "128")
-    settings = load_settings(WorkerSettings)
+    toml = 'dtype = "bfloat16"\nchunk_tokens = 64\nkvstore_address = "10.0.0.1:50051"\n'
+    settings = loaded(WorkerSettings, monkeypatch, tmp_path, toml, CHUNK_TOKENS="128")
     assert settings.dtype == "bfloat16"
     assert settings.chunk_tokens == 128
     assert settings.kvstore_address == "10.0.0.1:50051"

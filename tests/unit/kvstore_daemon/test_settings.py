@@ -1,17 +1,15 @@
 from pathlib import Path
 
 import pytest
+from settings_env import loaded
 
 from attnstore.settings import SettingsError, load_settings
 from kvstore_daemon.settings import DaemonSettings
 
 
 def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = tmp_path / "daemon.toml"
-    config.write_text('eviction_policy = "fifo"\ndram_capacity_bytes = 268435456\nssd_dirs = ["/a", "/b"]\n')
-    monkeypatch.setenv("ATTNSTORE_DAEMON_CONFIG_FILE", str(config))
-    monkeypatch.setenv("ATTNSTORE_DAEMON_EVICTION_POLICY", "lru")
-    settings = load_settings(DaemonSettings)
+    toml = 'eviction_policy = "fifo"\ndram_capacity_bytes = 268435456\nssd_dirs = ["/a", "/b"]\n'
+    settings = loaded(DaemonSettings, monkeypatch, tmp_path, toml, EVICTION_POLICY="lru")
     assert settings.eviction_policy == "lru"
     assert settings.dram_capacity_bytes == 256 * 1024 * 1024
     assert settings.ssd_dirs == [Path("/a"), Path("/b")]

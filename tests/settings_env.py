@@ -1,0 +1,28 @@
+"""Loading a service's settings the way it starts (attnstore.settings.load_settings): from a
+TOML config file and environment variables, named with the settings class's own prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from pydantic_settings import BaseSettings
+
+from attnstore.settings import load_settings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def loaded(
+    settings_class: type[S], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toml: str, **env: str
+) -> S:
+    """`settings_class` from a config file holding `toml`, overridden by `env` (names
+    without the prefix, e.g. CHUNK_TOKENS)."""
+    prefix = settings_class.model_config.get("env_prefix", "")
+    config = tmp_path / "service.toml"
+    config.write_text(toml)
+    monkeypatch.setenv(f"{prefix}CONFIG_FILE", str(config))
+    for name, value in env.items():
+        monkeypatch.setenv(f"{prefix}{name}", value)
+    return load_settings(settings_class)
