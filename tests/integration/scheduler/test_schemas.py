@@ -104,7 +104,8 @@ def test_limits_and_bad_pml_are_clear_errors(stack: Stack) -> None:
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
         assert message in error.value.details()
     with pytest.raises(grpc.RpcError) as error:
-        list(client._stub.Generate(api.GenerateRequest(pml=PML, prompt="also"), **client._kwargs()))
+        request = api.GenerateRequest(pml=PML, prompt="also")  # the SDK cannot send it: the raw stub
+        list(client.iterate(client.aio._stub.Generate(request, **client.aio._kwargs())))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()
     assert client.delete_schema("desk") and client.delete_schema("desk2")
     with pytest.raises(grpc.RpcError) as error:
