@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterator
-from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from attnstore.background_loop import BackgroundLoop
+from attnstore.closable import Closable
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -26,7 +26,7 @@ class Closes(Protocol):
 C = TypeVar("C", bound=Closes)
 
 
-class SyncFacade(Generic[C]):
+class SyncFacade(Closable, Generic[C]):
     """Safe to share between threads (calls interleave on the private loop). `close()` it,
     or use `with`."""
 
@@ -59,10 +59,10 @@ class SyncFacade(Generic[C]):
         raises TimeoutError."""
         return self._loop.run(coroutine, timeout_seconds)
 
-    def iterate(self, items: AsyncIterable[T]) -> Iterator[T]:
-        """`items` (an async generator, a grpc.aio response stream), each waited for;
-        leaving early closes the iterator on the loop (a streamed call is cancelled)."""
-        iterator = aiter(items)
+    def iterate(self, iterator: AsyncIterator[T]) -> Iterator[T]:
+        """`iterator`'s items, each waited for; leaving early closes it on the loop (a
+        streamed call is cancelled). An async generator may be made on any thread (its body
+        runs on the loop); a grpc.aio call may not: wrap it in one."""
         try:
             while True:
                 try:
@@ -82,14 +82,6 @@ class SyncFacade(Generic[C]):
             self._loop.run(self._client.close(), timeout_seconds)
         finally:
             self._loop.stop(timeout_seconds)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 async def _next_of(iterator: AsyncIterator[T]) -> T:

@@ -9,8 +9,7 @@ async with AsyncAttnStoreClient("127.0.0.1:50071", api_key="...") as client:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, TypedDict
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
@@ -27,10 +26,18 @@ from attnstore.api_client.requests import (
     schema_event_of,
     sessions_of,
 )
+from attnstore.closable import AsyncClosable
 from attnstore.security.credentials import ClientCredentials, aio_channel
 
 
-class AsyncAttnStoreClient:
+class ClientOptions(TypedDict, total=False):
+    """AsyncAttnStoreClient's keyword arguments, for the blocking client to pass on."""
+
+    timeout_seconds: float
+    credentials: ClientCredentials | None
+
+
+class AsyncAttnStoreClient(AsyncClosable):
     def __init__(
         self,
         address: str,
@@ -47,14 +54,6 @@ class AsyncAttnStoreClient:
         self._stub = api_pb2_grpc.AttnStoreStub(self._channel)
         self._metadata = call_metadata(api_key)
         self._timeout_seconds = timeout_seconds
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         await self._channel.close()

@@ -9,27 +9,16 @@ with AttnStoreClient("127.0.0.1:50071", api_key="...") as client:
 
 from __future__ import annotations
 
-from attnstore.api_client.async_client import AsyncAttnStoreClient
-from attnstore.security.credentials import ClientCredentials
+from typing import Unpack
+
+from attnstore.api_client.async_client import AsyncAttnStoreClient, ClientOptions
 from attnstore.sync_facade import SyncFacade, blocking, blocking_stream
 
 
 class AttnStoreClient(SyncFacade[AsyncAttnStoreClient]):
-    def __init__(
-        self,
-        address: str,
-        api_key: str | None = None,
-        *,
-        timeout_seconds: float = 300.0,
-        credentials: ClientCredentials | None = None,
-    ) -> None:
+    def __init__(self, address: str, api_key: str | None = None, **options: Unpack[ClientOptions]) -> None:
         """As AsyncAttnStoreClient."""
-        super().__init__(
-            "attnstore-client",
-            lambda: AsyncAttnStoreClient(
-                address, api_key, timeout_seconds=timeout_seconds, credentials=credentials
-            ),
-        )
+        super().__init__("attnstore-client", lambda: AsyncAttnStoreClient(address, api_key, **options))
 
     create_session = blocking(AsyncAttnStoreClient.create_session)
     stream_chat = blocking_stream(AsyncAttnStoreClient.stream_chat)
