@@ -9,7 +9,7 @@ from typing import TypeVar
 import pytest
 from pydantic_settings import BaseSettings
 
-from attnstore.settings import load_settings
+from attnstore.settings import SettingsError, load_settings
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -23,6 +23,20 @@ def loaded(
     config = tmp_path / "service.toml"
     config.write_text(toml)
     monkeypatch.setenv(f"{prefix}CONFIG_FILE", str(config))
+    set_env(settings_class, monkeypatch, env)
+    return load_settings(settings_class)
+
+
+def refusal(settings_class: type[BaseSettings], monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    """The SettingsError message `settings_class` must refuse `env` with (names without
+    the prefix)."""
+    set_env(settings_class, monkeypatch, env)
+    with pytest.raises(SettingsError) as error:
+        load_settings(settings_class)
+    return str(error.value)
+
+
+def set_env(settings_class: type[BaseSettings], monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    prefix = settings_class.model_config.get("env_prefix", "")
     for name, value in env.items():
         monkeypatch.setenv(f"{prefix}{name}", value)
-    return load_settings(settings_class)

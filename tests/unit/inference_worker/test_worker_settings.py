@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from settings_env import loaded
+from settings_env import loaded, refusal
 
 from attnstore.settings import SettingsError, load_settings
 from inference_worker.settings import WorkerSettings
@@ -17,14 +17,15 @@ def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest
 
 
 def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNSTORE_WORKER_DTYPE", "float16")
-    monkeypatch.setenv("ATTNSTORE_WORKER_DEVICE", "tpu")
-    monkeypatch.setenv("ATTNSTORE_WORKER_MAX_NEW_TOKENS", "0")
-    monkeypatch.setenv("ATTNSTORE_WORKER_ATTENTION_SINK_TOKENS", "-1")
-    monkeypatch.setenv("ATTNSTORE_WORKER_MAX_CONTEXT_TOKENS", "1")
-    with pytest.raises(SettingsError) as error:
-        load_settings(WorkerSettings)
-    message = str(error.value)
+    message = refusal(
+        WorkerSettings,
+        monkeypatch,
+        DTYPE="float16",
+        DEVICE="tpu",
+        MAX_NEW_TOKENS="0",
+        ATTENTION_SINK_TOKENS="-1",
+        MAX_CONTEXT_TOKENS="1",
+    )
     assert "ATTNSTORE_WORKER_DTYPE" in message and "'float16'" in message
     assert "ATTNSTORE_WORKER_DEVICE" in message and "'tpu'" in message
     assert "ATTNSTORE_WORKER_MAX_NEW_TOKENS" in message
