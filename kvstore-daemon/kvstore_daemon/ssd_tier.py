@@ -270,30 +270,27 @@ class SsdTier:
     async def read(self, key: bytes) -> bytearray:
         """The whole chunk, every layer verified; raises KeyError if not stored here and
         SsdChunkCorrupt (after dropping it) if the file is bad."""
+        return await self._read_stored(key, self._read_chunk, (ChunkFormatError, ChunkCorruptError))
+
+    async def read_header(self, key: bytes) -> ChunkLayout:
+        """The chunk's parsed header, reading only its first bytes (layers are not verified)."""
+        return await self._read_stored(key, self._read_layout, (ChunkFormatError,))
+
+    async def _read_stored(
+        self, key: bytes, read: Callable[[Path, bytes, int], _T], bad_file: tuple[type[Exception], ...]
+    ) -> _T:
+        """`read(path, key, size_bytes)` of the chunk's file, off the loop; KeyError if not
+        stored here, SsdChunkCorrupt (after dropping it) if the file vanished or `read`
+        raised one of `bad_file`."""
         self._check_open()
         entry = self._index[key]
         try:
-            return await self._run(self._read_chunk, entry.path, key, entry.size_bytes)
+            return await self._run(read, entry.path, key, entry.size_bytes)
         except FileNotFoundError:
             if self._index.get(key) is not entry:
                 raise KeyError(key) from None  # delete() won the race: a plain miss
             await self._drop(key, entry, "file vanished")
-        except (ChunkFormatError, ChunkCorruptError) as exc:
-            await self._drop(key, entry, str(exc))
-        except OSError as exc:
-            raise SsdReadError(f"reading chunk {key.hex()} from SSD failed: {exc}") from exc
-
-    async def read_header(self, key: bytes) -> ChunkLayout:
-        """The chunk's parsed header, reading only its first bytes (layers are not verified)."""
-        self._check_open()
-        entry = self._index[key]
-        try:
-            return await self._run(self._read_layout, entry.path, key, entry.size_bytes)
-        except FileNotFoundError:
-            if self._index.get(key) is not entry:
-                raise KeyError(key) from None
-            await self._drop(key, entry, "file vanished")
-        except ChunkFormatError as exc:
+        except bad_file as exc:
             await self._drop(key, entry, str(exc))
         except OSError as exc:
             raise SsdReadError(f"reading chunk {key.hex()} from SSD failed: {exc}") from exc
