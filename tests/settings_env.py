@@ -40,3 +40,10 @@ def set_env(settings_class: type[BaseSettings], monkeypatch: pytest.MonkeyPatch,
     prefix = settings_class.model_config.get("env_prefix", "")
     for name, value in env.items():
         monkeypatch.setenv(f"{prefix}{name}", value)
+
+
+def undocumented(settings_class: type[BaseSettings]) -> list[str]:
+    """Settings whose variable the README's configuration tables do not name."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    prefix = settings_class.model_config.get("env_prefix", "")
+    return [name for name in settings_class.model_fields if f"{prefix}{name.upper()}" not in readme]

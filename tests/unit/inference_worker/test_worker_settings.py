@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from settings_env import loaded, refusal
+from settings_env import loaded, refusal, undocumented
 
 from attnstore.settings import SettingsError, load_settings
 from inference_worker.settings import WorkerSettings
@@ -46,8 +46,5 @@ def test_an_shm_dir_without_a_daemon_is_refused(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_readme_documents_every_setting() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    missing = [
-        name for name in WorkerSettings.model_fields if f"ATTNSTORE_WORKER_{name.upper()}" not in readme
-    ]
+    missing = undocumented(WorkerSettings)
     assert not missing, f"README's configuration table lacks {missing}"

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from settings_env import loaded, refusal
+from settings_env import loaded, refusal, undocumented
 
 from attnstore.settings import SettingsError, load_settings
 from kvstore_daemon.settings import DaemonSettings
@@ -35,8 +35,5 @@ def test_missing_config_file_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_readme_documents_every_setting() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    missing = [
-        name for name in DaemonSettings.model_fields if f"ATTNSTORE_DAEMON_{name.upper()}" not in readme
-    ]
+    missing = undocumented(DaemonSettings)
     assert not missing, f"README's configuration table lacks {missing}"
