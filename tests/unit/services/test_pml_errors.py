@@ -56,143 +56,122 @@ def assert_names(error: PmlError, line: int, element: str, *words: str) -> None:
         assert word in error.problem, error.problem
 
 
-@pytest.mark.parametrize(
-    ("kind", "document", "line", "element", "words"),
-    [
+SCHEMA_ERRORS: dict[type[PmlError], list[tuple[str, int, str, tuple[str, ...]]]] = {
+    MalformedPml: [
         (
-            MalformedPml,
             '<schema name="s">\n<module name="a">\n</schema>',
             3,
             "document",
             ("malformed XML", "mismatched tag"),
         ),
-        (MalformedPml, "", 1, "document", ("malformed XML",)),
+        ("", 1, "document", ("malformed XML",)),
+        ('<schema name="s"><module name="a" name="b"/></schema>', 1, "document", ("duplicate attribute",)),
+        ('<!DOCTYPE x><schema name="s"/>', 1, "document", ("DOCTYPE",)),
+        ('<?php x?><schema name="s"/>', 1, "document", ("processing instruction",)),
+        ('<?xml version="1.0" encoding="latin-1"?><schema name="s"/>', 1, "document", ("'latin-1'",)),
+        ('<prompt schema="s"/>', 1, "<prompt>", ("root must be <schema>",)),
         (
-            MalformedPml,
-            '<schema name="s"><module name="a" name="b"/></schema>',
-            1,
-            "document",
-            ("duplicate attribute",),
-        ),
-        (MalformedPml, '<!DOCTYPE x><schema name="s"/>', 1, "document", ("DOCTYPE",)),
-        (MalformedPml, '<?php x?><schema name="s"/>', 1, "document", ("processing instruction",)),
-        (
-            MalformedPml,
-            '<?xml version="1.0" encoding="latin-1"?><schema name="s"/>',
-            1,
-            "document",
-            ("'latin-1'",),
-        ),
-        (MalformedPml, '<prompt schema="s"/>', 1, "<prompt>", ("root must be <schema>",)),
-        (
-            MalformedPml,
             '<schema name="s">\n<modul name="a"/></schema>',
             2,
             '<modul name="a">',
             ("unknown element <modul>",),
         ),
-        (MalformedPml, "<schema/>", 1, "<schema>", ("missing attribute 'name'",)),
+        ("<schema/>", 1, "<schema>", ("missing attribute 'name'",)),
         (
-            MalformedPml,
             '<schema name="s"><module name="a" size="3"/></schema>',
             1,
             '<module name="a">',
             ("unknown attribute 'size'",),
         ),
         (
-            MalformedPml,
             '<schema name="s"><module name="a"><param name="p"/></module></schema>',
             1,
             '<param name="p">',
             ("'len'",),
         ),
         (
-            MalformedPml,
             '<schema name="s"><module name="a"><param name="p" len="0"/></module></schema>',
             1,
             '<param name="p">',
             ("positive",),
         ),
         (
-            MalformedPml,
             '<schema name="s"><module name="a"><param name="p" len="x"/></module></schema>',
             1,
             '<param name="p">',
             ("'x'",),
         ),
         (
-            MalformedPml,
             '<schema name="s"><union>\ntext<module name="a"/></union></schema>',
             2,
             "<union>",
             ("only <module>",),
         ),
-        (MalformedPml, '<schema name="s"><union></union></schema>', 1, "<union>", ("at least one",)),
-        (MalformedPml, '<schema name="s"><user><system/></user></schema>', 1, "<system>", ("do not nest",)),
+        ('<schema name="s"><union></union></schema>', 1, "<union>", ("at least one",)),
+        ('<schema name="s"><user><system/></user></schema>', 1, "<system>", ("do not nest",)),
         (
-            MalformedPml,
             '<schema name="s"><user><module name="a"><system/></module></user></schema>',
             1,
             "<system>",
             ("do not nest",),
         ),
         (
-            MalformedPml,
             '<schema name="s"><module name="a"><scaffold name="x" modules="a"/></module></schema>',
             1,
             '<scaffold name="x">',
             ("directly in <schema>",),
         ),
         (
-            MalformedPml,
             '<schema name="s"><module name="a"><param name="p" len="1">x</param></module></schema>',
             1,
             '<param name="p">',
             ("empty",),
         ),
+    ],
+    DuplicateName: [
         (
-            DuplicateName,
             '<schema name="s">\n<module name="a"/>\n<module name="a"/></schema>',
             3,
             '<module name="a">',
             ("second module 'a'", "<schema"),
         ),
         (
-            DuplicateName,
             '<schema name="s"><module name="a"/><union>\n<module name="a"/></union></schema>',
             2,
             '<module name="a">',
             ("second module",),
         ),
         (
-            DuplicateName,
             '<schema name="s"><module name="a"/><user>\n<module name="a"/></user></schema>',
             2,
             '<module name="a">',
             ("second module",),
         ),
         (
-            DuplicateName,
             '<schema name="s"><module name="m"><param name="p" len="1"/>\n<param name="p" len="2"/></module></schema>',
             2,
             '<param name="p">',
             ("second parameter 'p'", '<module name="m">'),
         ),
         (
-            DuplicateName,
             '<schema name="s"><module name="a"/>\n<scaffold name="x" modules="a"/><scaffold name="x" modules="a"/></schema>',
             2,
             '<scaffold name="x">',
             ("second scaffold",),
         ),
         (
-            DuplicateName,
             '<schema name="s"><module name="a"/><scaffold name="x" modules="a a"/></schema>',
             1,
             '<scaffold name="x">',
             ("listed twice",),
         ),
     ],
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "document", "line", "element", "words"),
+    [(kind, *case) for kind, cases in SCHEMA_ERRORS.items() for case in cases],
 )
 def test_malformed_documents_and_duplicate_names(
     kind: type[PmlError], document: str, line: int, element: str, words: tuple[str, ...]
