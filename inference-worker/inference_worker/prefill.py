@@ -54,7 +54,6 @@ from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefix_loader import classify_failure, load_prefix
 from inference_worker.restore.loader import RestoreStats
-from inference_worker.restore.metrics import observe_restore
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.turns import TurnRestore
 from inference_worker.rotary_shift import RotaryShift
@@ -248,8 +247,12 @@ class Prefiller:
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
-            if not pending.loader.cancelled() and isinstance(stats := pending.loader.result(), RestoreStats):
-                observe_restore(stats)
+            if (
+                self.restore is not None
+                and not pending.loader.cancelled()
+                and isinstance(stats := pending.loader.result(), RestoreStats)
+            ):
+                self.restore.finished(stats)
         prefix_tokens = 0
         fallback = pending.fallback
         failure = seq.load_failure

@@ -36,6 +36,7 @@ from inference_worker.model_geometry import ModelGeometry
 from inference_worker.restore.capture import HiddenCapture
 from inference_worker.restore.codec import HiddenLayers
 from inference_worker.restore.loader import RestoreStats, restore_prefix
+from inference_worker.restore.metrics import observe_restore
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.policy import RestorePolicy
 from inference_worker.restore.storage_plan import StoragePlan
@@ -116,6 +117,11 @@ class TurnRestore:
             compute=self._compute,
             shift=self.shift,
         )
+
+    def finished(self, stats: RestoreStats) -> None:
+        """A restore ended: its metrics, and its measured costs for the next plans."""
+        observe_restore(stats)
+        self.policy.observe(stats)
 
     def close(self) -> None:
         self._compute.shutdown(wait=False, cancel_futures=True)
