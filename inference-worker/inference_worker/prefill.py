@@ -81,6 +81,7 @@ class Prefill:
     stale_keys: tuple[bytes, ...] = ()  # the history's partial chunk it loaded: deleted when saving
     sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
     restore_plan: str = ""  # RestorePlan.name of a prefix restored from restore chunks
+    restore_seconds: dict[str, float] = field(default_factory=dict)  # RestoreStats.seconds of it
     logits: torch.Tensor | None = None  # [vocab] fp32 of the last prompt token (Prefiller.prefill)
     kv: KV | None = None  # per layer K, V of every kept prompt token (Prefiller.prefill)
 
@@ -244,6 +245,7 @@ class Prefiller:
         (at perf_counter() `computed_at`); ends the load if it still runs."""
         seq, hit, source, truncation = pending.seq, pending.hit, pending.source, pending.truncation
         load_seconds = 0.0
+        restore_seconds: dict[str, float] = {}
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
@@ -253,6 +255,7 @@ class Prefiller:
                 and isinstance(stats := pending.loader.result(), RestoreStats)
             ):
                 self.restore.finished(stats)
+                restore_seconds = dict(stats.seconds)
         prefix_tokens = 0
         fallback = pending.fallback
         failure = seq.load_failure
@@ -283,6 +286,7 @@ class Prefiller:
             stale_keys=(hit.keys[-1],) if loaded and hit is not None and hit.tail_tokens else (),
             sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
             restore_plan=pending.restore_plan.name if pending.restore_plan is not None else "",
+            restore_seconds=restore_seconds,
         )
 
     async def prefill(

@@ -258,6 +258,7 @@ class TurnEngine:
             chunk_keys=tuple(keys),
             namespace_refused=self.namespaces.refusal(source.namespace) if source is not None else "",
             restore_plan=prefill.restore_plan,
+            restore_seconds=prefill.restore_seconds,
             samples=tuple(
                 SampleStats(len(sample.generated), sample.finish_reason or "length") for sample in samples
             ),

@@ -20,6 +20,7 @@ from inference_worker.restore.planner import RestoreCosts, TierCosts
 from inference_worker.restore.policy import RestorePolicy, worker_policy
 from inference_worker.restore.settings import RestoreSettings
 from inference_worker.restore.storage_plan import StoragePlan
+from inference_worker.servicer import stats_message
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
@@ -108,9 +109,15 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             assert tokens == reference and len(tokens) == ANSWER_TOKENS
             assert stats.restore_plan == "r1h1k1" and stats.fallback is None
             assert stats.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS
+            assert all(stats.restore_seconds[method] > 0 for method in ("recompute", "hidden", "kv"))
+            message = stats_message(stats)  # what the worker's ExecuteTurn sends
+            assert message.restore_plan == "r1h1k1"
+            assert message.restore_hidden_ms == pytest.approx(stats.restore_seconds["hidden"] * 1000)
+            assert message.restore_recompute_ms > 0 and message.restore_kv_ms > 0
             # It saves the chunks it computed (not the restored ones), as restore chunks again.
             assert stats.saved_chunks == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS - SAVED_CHUNKS
             assert reference_stats.restore_plan == "" and reference_stats.reused_tokens == 0
+            assert not reference_stats.restore_seconds
             await engine.drain_saves()
             third, third_stats = await run_turn(engine, prompt + tokens, source)
             assert (
