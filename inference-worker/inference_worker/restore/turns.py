@@ -36,7 +36,7 @@ from inference_worker.model_geometry import ModelGeometry
 from inference_worker.restore.capture import HiddenCapture
 from inference_worker.restore.codec import HiddenLayers
 from inference_worker.restore.loader import RestoreStats, restore_prefix
-from inference_worker.restore.metrics import observe_restore
+from inference_worker.restore.metrics import observe_restore, observe_saved
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.policy import RestorePolicy
 from inference_worker.restore.storage_plan import StoragePlan
@@ -50,6 +50,12 @@ class RestoreForm:
     storage: StoragePlan
     geometry: ModelGeometry
     hidden: HiddenLayers  # per layer [tokens, hidden] of the run's tokens; None where not HIDDEN
+
+    def observe_saved(self, tokens: int, element_bytes: int) -> None:
+        """Counts the bytes `tokens` tokens saved in this form against their KV (metrics)."""
+        width = next((states.shape[-1] for states in self.hidden if states is not None), 0)
+        kv = StoragePlan.all_kv(self.storage.num_layers).bytes_per_token(self.geometry, width, element_bytes)
+        observe_saved(kv * tokens, self.storage.bytes_per_token(self.geometry, width, element_bytes) * tokens)
 
 
 @dataclass(frozen=True)

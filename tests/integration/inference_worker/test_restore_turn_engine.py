@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from attnstore.chunks.format import LayerForm
 from attnstore.chunks.keys import chunk_key_chain
@@ -43,6 +44,7 @@ COSTS = RestoreCosts(
     recompute_pair_seconds=0.0,
     tiers={"dram": TierCosts(1e-9, 1e-9), "ssd": TierCosts(1e-9, 1e-9)},
 )
+SAVED_METRIC = "attnstore_worker_restore_stored_bytes_saved_total"
 MHA_LLAMA = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -88,9 +90,13 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             await kv_engine.close()
 
             first = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
+            saved_before = REGISTRY.get_sample_value(SAVED_METRIC) or 0.0
             answer, stats = await run_turn(engine, first, source)
             assert stats.saved_chunks == SAVED_CHUNKS and stats.reused_tokens == 0 and not stats.restore_plan
             await engine.drain_saves()
+            # r1h1k1 stores per token 0 + hidden + 2 x hidden values instead of 3 x 2 x hidden
+            saved_bytes = SAVED_CHUNKS * CHUNK_TOKENS * 3 * MHA_LLAMA["hidden_size"] * 4
+            assert REGISTRY.get_sample_value(SAVED_METRIC) - saved_before == saved_bytes
             keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)[:SAVED_CHUNKS]
             async for piece in client.iter_layers(source.namespace, keys[:1]):
                 header = piece.layout.header  # restore chunks: one form per layer
