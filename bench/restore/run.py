@@ -138,9 +138,7 @@ class Bench:
         self.stored[plan.name] = (namespace, keys)
         return namespace, keys
 
-    async def restore(
-        self, tier: str, plan: StoragePlan, restore: RestorePlan, ids: list[int]
-    ) -> Measured:
+    async def restore(self, tier: str, plan: StoragePlan, restore: RestorePlan, ids: list[int]) -> Measured:
         """Wall seconds of one restore until every layer is ready, the bytes it read, its stats."""
         namespace, keys = self.stored[plan.name]
         if tier == "ssd":
@@ -264,7 +262,11 @@ class Bench:
             if same is None:  # measured again beside the single methods (the same spell of the machine)
                 runs = [singles["kv"], singles["hidden"], (storage, chosen)]
                 again = [m[:2] for m in await self.rounds(tier, runs, token_ids)]
-                results = {**results, "kv": min(kv_run[:2], again[0]), "hidden": min(hidden_run[:2], again[1])}
+                results = {
+                    **results,
+                    "kv": min(kv_run[:2], again[0]),
+                    "hidden": min(hidden_run[:2], again[1]),
+                }
                 results["planner"] = again[2]
             else:
                 results["planner"] = results[same]

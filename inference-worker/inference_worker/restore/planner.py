@@ -116,10 +116,7 @@ def _robust(timed: Sequence[tuple[float, str, Candidate]], margin: float) -> lis
     method's by `margin`, else the single methods (module docstring)."""
     singles = [(seconds, c) for seconds, method, c in timed if method != "mix"]
     mixes = [(seconds, c) for seconds, method, c in timed if method == "mix"]
-    if mixes and (
-        not singles
-        or min(s for s, _ in mixes) * (1 + margin) < min(s for s, _ in singles)
-    ):
+    if mixes and (not singles or min(s for s, _ in mixes) * (1 + margin) < min(s for s, _ in singles)):
         return mixes
     return singles
 

@@ -26,7 +26,6 @@ from inference_worker.restore.profiler import restore_costs
 from inference_worker.restore.settings import RestoreSettings
 from inference_worker.restore.storage_plan import HiddenStatesNotSmaller, StoragePlan, hidden_pays_off
 
-
 CALIBRATION_WEIGHT = 0.5  # of a restore's measured cost against the one planned on
 
 
@@ -66,7 +65,11 @@ class RestorePolicy:
         plan, costs, tokens = stats.plan, self.costs, stats.tokens
         if tokens <= 0:
             return
-        project, recompute, pair = costs.project_seconds, costs.recompute_seconds, costs.recompute_pair_seconds
+        project, recompute, pair = (
+            costs.project_seconds,
+            costs.recompute_seconds,
+            costs.recompute_pair_seconds,
+        )
         if plan.hidden_layers and stats.seconds["hidden"] > 0:
             measured = stats.seconds["hidden"] / (plan.hidden_layers * tokens)
             project += CALIBRATION_WEIGHT * (measured - project)

@@ -58,5 +58,7 @@ def test_restores_calibrate_the_compute_costs_the_next_plans_use() -> None:
     assert policy.costs.recompute_seconds == 50e-6  # nothing recomputed: no evidence
     assert policy.plan("ssd", 1000).recompute_layers == 2
     recomputed = RestorePlan.of(storage, 2)
-    policy.observe(RestoreStats(recomputed, 1000, seconds={"recompute": 2 * 1000 * 100e-6, "hidden": 0.0, "kv": 0.0}))
+    policy.observe(
+        RestoreStats(recomputed, 1000, seconds={"recompute": 2 * 1000 * 100e-6, "hidden": 0.0, "kv": 0.0})
+    )
     assert policy.costs.recompute_seconds == pytest.approx(75e-6)  # halfway to the measured 100 us
