@@ -110,5 +110,5 @@ def plot(rows: list[Row], tiers: list[str], out: Path) -> None:
         ax.set_ylabel("restore time (ms)")
         ax.set_title(f"{tokens}-token history", fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.92))  # room for the title
     save_figure(fig, "bench-restore: restore time by method and tier", out)
