@@ -316,12 +316,14 @@ class Prefiller:
         chunks, then loads them back as the prefix its next admission writes; None (the
         engine recomputes) when the store cannot take or give them."""
         kv, seq.snapshot = seq.snapshot, None
-        if kv is None or self.saver is None or self.kvstore is None or self.restore is not None:
+        if kv is None or self.saver is None or self.kvstore is None:
             return None
         chunk_tokens = source.chunk_tokens
         keys = chunk_key_chain(source.namespace, seq.token_ids[: kv[0][0].shape[1]], chunk_tokens)
         self.saver.save(
-            source, [ChunkRun(keys, kv, 0)], before_put=lambda: self.namespaces.ensure_registered(source)
+            source,
+            self._snapshot_runs(seq, keys, kv, chunk_tokens),
+            before_put=lambda: self.namespaces.ensure_registered(source),
         )
         try:
             await self.saver.settle(source.namespace, keys, self.layer_timeout_seconds)
@@ -340,9 +342,28 @@ class Prefiller:
             tiers=found.tiers[:stored],
             places=found.peers[:stored],
         )
-        seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
+        if self.restore is not None:
+            seq.prefix, loader, _ = self._start_restore(
+                self.restore, self.kvstore, source, hit, seq.token_ids
+            )
+        else:
+            seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
         self.resumed_from_store += 1
         return loader
+
+    def _snapshot_runs(
+        self, seq: EngineSequence, keys: list[bytes], kv: KV, chunk_tokens: int
+    ) -> list[ChunkRun]:
+        """A preempted sequence's snapshot chunks to save: every one as KV; in restore chunks
+        (restore/turns.py), the ones it computed whole (and so captured: the others came from
+        the store), in the storage plan's forms, its capture going on."""
+        if self.restore is None:
+            return [ChunkRun(keys, kv, 0)]
+        captured = self.restore.take(seq, keep_watching=True)
+        first = min(-(-captured.first // chunk_tokens), len(keys))
+        start, stop = first * chunk_tokens, len(keys) * chunk_tokens
+        span = [(k[:, start:stop], v[:, start:stop]) for k, v in kv]
+        return [ChunkRun(keys[first:], span, start, self.restore.form(captured, start, stop))]
 
     async def _find_prefix(
         self,

@@ -192,7 +192,7 @@ class TurnEngine:
             for index in range(1, turn.sampling.n)
         ]
         samples = [seq, *seq.forks]
-        if source is not None and truncation == NO_TRUNCATION and self.restore is None:  # keys line up
+        if source is not None and truncation == NO_TRUNCATION:  # keys line up
             seq.store_chunk_tokens = source.chunk_tokens  # preempted, it resumes from the store
         if self.restore is not None and source is not None:
             self.restore.watch(seq)

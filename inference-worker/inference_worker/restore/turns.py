@@ -11,7 +11,8 @@ Decisions (what such a worker refuses rather than does half right):
 - Truncated turns neither read nor save chunks: restore projects and recomputes at the
   tokens' positions from 0, and a truncated turn's chunk 0 (attention sinks) and kept chunks
   sit elsewhere.
-- No preemption snapshots (they are KV): a preempted sequence is recomputed.
+- A preempted sequence's snapshot is saved as restore chunks (the chunks it computed whole,
+  with the hidden states captured so far) and restored from position 0 when it resumes.
 - No partial last chunk (tail) is saved or read: the turn that reads a tail would save the
   full chunk over it, whose first tokens' hidden states it never computed.
 - A turn saves only the chunks whose every token it computed (and so captured): chunks
@@ -80,12 +81,12 @@ class TurnRestore:
         if self._capture is not None:
             self._capture.watch(seq)
 
-    def take(self, seq: EngineSequence) -> CapturedHidden:
+    def take(self, seq: EngineSequence, *, keep_watching: bool = False) -> CapturedHidden:
         """What `seq` computed while watched (a plan without HIDDEN layers needs nothing: every
-        chunk can be saved)."""
+        chunk can be saved); `keep_watching`: a preempted sequence's, which runs on."""
         if self._capture is None:
             return CapturedHidden(0, [])
-        first, layers = self._capture.take(seq)
+        first, layers = (self._capture.peek if keep_watching else self._capture.take)(seq)
         return CapturedHidden(first, layers)
 
     def forget(self, seq: EngineSequence) -> None:

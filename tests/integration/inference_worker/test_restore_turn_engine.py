@@ -2,12 +2,15 @@
 multi-head Llama (its hidden states are half the bytes of its KV) whose worker stores layer 0
 as nothing, layer 1 as hidden states and layer 2 as KV. Turn 1 saves restore chunks; turn 2
 restores them with the planner's mixed plan (recompute 1, project 1, load 1) and gives what
-full recomputation gives. The default path (a grouped-query model) builds no policy."""
+full recomputation gives; preempted turns resume from restore chunks. The default path (a
+grouped-query model) builds no policy."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +19,10 @@ from prometheus_client import REGISTRY
 from attnstore.chunks.format import LayerForm
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.layerwise_cache import PrefixKV
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel, load_model
+from inference_worker.restore.loader import RestoreStats
 from inference_worker.restore.planner import RestoreCosts, TierCosts
 from inference_worker.restore.policy import RestorePolicy, worker_policy
 from inference_worker.restore.settings import RestoreSettings
@@ -162,3 +168,46 @@ async def test_a_truncated_turn_neither_reads_nor_saves_restore_chunks(
             assert (await client.lookup(source.namespace, keys)).prefix_length == 0
         finally:
             await engine.close()
+
+
+async def test_preempted_turns_resume_from_restore_chunks_with_identical_output(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """Four turns on a pool too small for them all: a preempted turn's computed chunks are
+    saved as restore chunks (the storage plan's forms, its captured hidden states), restored
+    on its next admission with the planner's plan, and every turn decodes the greedy tokens it
+    decodes alone."""
+    block_bytes = CHUNK_TOKENS * ModelGeometry.of(mha_model.config).kv_bytes_per_token(4)
+    settings = WorkerSettings(
+        chunk_tokens=CHUNK_TOKENS, block_tokens=CHUNK_TOKENS, kv_memory_bytes=12 * block_bytes
+    )  # a turn needs up to 6 blocks, four need 24
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (50, 41, 57, 35)]
+    alone = TurnEngine(mha_model, None, settings)
+    try:
+        expected = [(await run_turn(alone, prompt, None))[0] for prompt in prompts]
+    finally:
+        await alone.close()
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(mha_model, client, settings, RestorePolicy(COSTS, STORAGE))
+        assert engine.restore is not None
+        restored: list[PrefixKV] = []  # every restore's prefix (the real restore, recorded)
+        restore = engine.restore.restore
+
+        async def recorded(*args: Any) -> RestoreStats:
+            restored.append(args[3])
+            return await restore(*args)
+
+        engine.restore.restore = recorded  # type: ignore[method-assign]
+        try:
+            source = await engine.namespace_for(b"preemption")
+            got = await asyncio.gather(*(run_turn(engine, prompt, source) for prompt in prompts))
+            await engine.drain_saves()
+        finally:
+            await engine.close()
+    assert [tokens for tokens, _ in got] == expected
+    assert engine.engine.stats.preemptions > 0 and engine.prefiller.resumed_from_store > 0
+    # the resumed turns' restores (the only ones: the prompts share no chunks) all arrived whole
+    assert len(restored) == engine.prefiller.resumed_from_store
+    assert all(prefix.load_seconds is not None for prefix in restored)
+    assert engine.engine.pool.usage().used == 0
