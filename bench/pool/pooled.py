@@ -1,86 +1,158 @@
-"""The pooled replay: multi-turn sessions against one daemon whose tiers hold about half
-the working set, alone, then with two lenders in the pool's ledger (each lends what it
-has above its floor), and a reference daemon with three nodes' capacity.
+"""The three-node pooled replay (issue 21): ShareGPT sessions served by three daemons that
+stand for three nodes (each its own directories, gRPC and data-plane ports), as islands
+and as one pool, and by one daemon with the three nodes' capacity (the reference).
+Workload, routing and capacities: pooled_workload.py (the pool holds 1.1x the working set,
+each node a third of that; sessions dealt 4:1:1, so the busiest node holds about half of
+what its sessions need). Every node: DRAM 1 MiB, the rest SSD.
 
-Each turn looks up its session's whole chain (a hit is a chunk found in any tier, the
-peer's included) and then stores its new chunks. A seeded random order interleaves the
-sessions' turns, so later turns find their history only if it survived the other
-sessions' writes. Daemon-level: hit rates only (TTFT needs the worker's model).
+  islands       the three daemons, no ledger: a node's SSD evictions are deleted
+  pooled        the same three in one ledger (a private Redis, heartbeats every 0.2 s,
+                the daemon's default lending limits): SSD evictions go to a peer with room
+                above its floor, Lookup finds them there (TIER_PEER) and a read fetches
+                them back over the peer's data plane
+  one_big       one daemon with the three nodes' capacity serving every session
+
+At each turn's arrival its node looks up the prompt's chunks and reads the found prefix
+back (Get; a chunk counts only if its bytes arrive, so a chunk a peer no longer holds is a
+miss); at its completion the node stores the turn's chunks it lacks. Hit rate = chunks
+read back / chunks an earlier turn of the session stored (what a store that never evicts
+would serve). Turns run one at a time in the clock's order: hit rates, not TTFT (three
+workers with a model on this 2-core machine are out of reach; docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import random
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from attnstore.chunks.format import encode_chunk
-from attnstore.chunks.keys import chunk_key
+import grpc
+
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
+from bench.hitrate.workloads import CHUNK_BYTES, Workload, chunk_layout, encode, load_sharegpt
 from bench.pool.daemons import daemon
-from kvstore_daemon.launcher import DaemonProcess
+from bench.pool.pooled_workload import ARRIVAL, Event, deal, events, size_nodes, wanted_keys
 
-KiB = 1024
-NAMESPACE = b"pool-replay-ns.."
-LAYOUT = {"num_layers": 8, "kv_heads": 2, "head_dim": 64, "chunk_tokens": 16, "dtype": "float16"}
-NODE = {"dram_capacity_bytes": 1024 * KiB, "dram_block_bytes": 128 * KiB, "ssd_capacity_bytes": 2048 * KiB}
-SESSIONS, TURNS, CHUNKS_PER_TURN = 8, 5, 2  # 80 chunks of 68 KiB (5.3 MiB): more than a node, less than three
-
-
-def _chunk(session: int, index: int, parent: bytes | None) -> tuple[bytes, bytes]:
-    tokens = [session * 1000 + index] * LAYOUT["chunk_tokens"]
-    key = chunk_key(NAMESPACE, parent, tokens)
-    half = LAYOUT["kv_heads"] * LAYOUT["chunk_tokens"] * LAYOUT["head_dim"] * 2
-    rng = random.Random(f"{session}/{index}")
-    layers = [(rng.randbytes(half), rng.randbytes(half)) for _ in range(LAYOUT["num_layers"])]
-    return key, encode_chunk(
-        namespace=NAMESPACE, key=key, dtype=LAYOUT["dtype"], kv_heads=LAYOUT["kv_heads"], tokens=LAYOUT["chunk_tokens"],
-        head_dim=LAYOUT["head_dim"], base_position=index * LAYOUT["chunk_tokens"], layers=layers,
-    )  # fmt: skip
+MiB = 1024 * 1024
+NODES = ("node-a", "node-b", "node-c")
+DRAM_BYTES = MiB  # the daemon's minimum arena
+SHAREGPT = {"conversations": 400, "sessions_per_s": 20.0, "think_s": 60.0, "seed": 0}
+BASE_SETTINGS = {"dram_block_bytes": CHUNK_BYTES, "max_chunk_bytes": CHUNK_BYTES, "persist_on_commit": False,
+                 "ssd_reserved_bytes": 0, "eviction_policy": "lru"}  # fmt: skip
+LEDGER_SETTINGS = {"pool_heartbeat_seconds": 0.2}
 
 
-def _replay(address: str) -> float:
-    """The share of earlier turns' chunks found at each later turn."""
-    order = [s for s in range(SESSIONS) for _ in range(TURNS)]
-    random.Random(7).shuffle(order)
-    chains: dict[int, list[bytes]] = {s: [] for s in range(SESSIONS)}
-    wanted = found = 0
-    with KVStoreClient(address) as client:
-        client.register_namespace(NAMESPACE, **LAYOUT)
-        for session in order:
-            chain = chains[session]
-            if chain:
-                wanted += len(chain)
-                found += client.lookup(NAMESPACE, chain).prefix_length
-            for _ in range(CHUNKS_PER_TURN):
-                key, data = _chunk(session, len(chain), chain[-1] if chain else None)
-                client.put_chunks(NAMESPACE, [(key, data)], durable=True)
-                chain.append(key)
-    return found / wanted if wanted else 0.0
+@dataclass
+class Tally:
+    stored_before: int = 0  # prompt chunks an earlier turn of the session stored
+    read_back: int = 0  # of them, found and read
+
+    @property
+    def hit_rate(self) -> float:
+        return self.read_back / self.stored_before if self.stored_before else 0.0
 
 
-def _start(stack: ExitStack, root: Path, name: str, settings: dict[str, object]) -> DaemonProcess:
-    base = {"ssd_reserved_bytes": 0, "max_chunk_bytes": 512 * KiB, "eviction_policy": "lru"}
-    return stack.enter_context(daemon(root, name, {**base, **settings}))
+def _read_prefix(client: KVStoreClient, namespace: bytes, keys: tuple[bytes, ...]) -> int:
+    """How many leading `keys` the node serves: looked up, then read back. A read that meets
+    a chunk its peer no longer holds drops that chunk from the index, so looking up again
+    finds the prefix before it (a worker recomputes from there)."""
+    for _ in range(len(keys) + 1):
+        found = client.lookup(namespace, keys, promote=True).prefix_length
+        if found == 0:
+            return 0
+        try:
+            client.get_whole_chunks(namespace, keys[:found])
+            return found
+        except grpc.aio.AioRpcError as exc:  # a peer's copy was gone: dropped from the index now
+            if exc.code() not in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND):
+                raise
+    return 0
 
 
-def run_pooled(root: Path) -> dict[str, float]:
-    rates: dict[str, float] = {}
+def replay(workload: Workload, schedule: list[Event], addresses: list[str], node_of: list[int]) -> list[Tally]:
+    """Replays every session on its node (`node_of[session]` indexes `addresses`); a tally
+    per address."""
+    namespace = workload.namespace
+    tallies = [Tally() for _ in addresses]
     with ExitStack() as stack:
-        rates["single_node"] = _replay(_start(stack, root, "single", NODE).address)
+        clients = [stack.enter_context(KVStoreClient(address)) for address in addresses]
+        for client in clients:
+            client.register_namespace(namespace, **chunk_layout(workload.chunk_tokens))
+        for _, kind, number, index in schedule:
+            node = node_of[number]
+            turn, client = workload.sessions[number].turns[index], clients[node]
+            if kind == ARRIVAL:
+                wanted = wanted_keys(workload, number, index)
+                tallies[node].stored_before += len(wanted)
+                tallies[node].read_back += _read_prefix(client, namespace, wanted) if wanted else 0
+            else:
+                new = turn.keys[client.lookup(namespace, turn.keys).prefix_length :]
+                if new:  # a key stored meanwhile answers already_stored
+                    client.put_chunks(namespace, [(key, encode(namespace, key, workload.chunk_tokens)) for key in new])
+    return tallies
+
+
+def _total(tallies: list[Tally]) -> Tally:
+    return Tally(sum(t.stored_before for t in tallies), sum(t.read_back for t in tallies))
+
+
+def _node_settings(node_chunks: int, nodes: int) -> dict[str, object]:
+    total = node_chunks * CHUNK_BYTES * nodes
+    return {**BASE_SETTINGS, "dram_capacity_bytes": DRAM_BYTES * nodes, "ssd_capacity_bytes": total - DRAM_BYTES * nodes}
+
+
+def run_pooled(root: Path) -> dict[str, Any]:
+    workload = load_sharegpt(**SHAREGPT)
+    schedule = events(workload)
+    sizing = size_nodes(workload, schedule)
+    node_of = deal(workload, int(SHAREGPT["seed"]))
+    node = _node_settings(sizing.node_chunks, 1)
+    if int(str(node["ssd_capacity_bytes"])) < MiB:
+        raise ValueError(f"a node of {sizing.node_chunks} chunks leaves its SSD under the daemon's 1 MiB minimum")
+    rates: dict[str, dict[str, float]] = {}
+
+    def record(name: str, tallies: list[Tally]) -> None:
+        rates[name] = {"all": round(_total(tallies).hit_rate, 4)}
+        if len(tallies) == len(NODES):
+            rates[name] |= {NODES[i]: round(t.hit_rate, 4) for i, t in enumerate(tallies)}
+        print(f"pooled replay  {name:<8} hit rate {rates[name]}", flush=True)
+
     with ExitStack() as stack:
-        whole = {k: v * 3 if k.endswith("capacity_bytes") else v for k, v in NODE.items()}
-        rates["one_daemon_with_the_pools_capacity"] = _replay(_start(stack, root, "whole", whole).address)
+        daemons = [stack.enter_context(daemon(root, f"island-{name}", node)) for name in NODES]
+        record("islands", replay(workload, schedule, [d.address for d in daemons], node_of))
     with ExitStack() as stack:
         redis_server = RedisProcess(root / "pool-redis")
         redis_server.start()
         stack.callback(redis_server.stop)
-        ledger = {"pool_redis_url": redis_server.url, "pool_heartbeat_seconds": 0.5, "pool_own_floor_fraction": 0.0,
-                  "pool_max_lent_fraction": 1.0}  # fmt: skip
-        for name in ("lender1", "lender2"):
-            _start(stack, root, name, {**NODE, **ledger, "data_plane_port": free_port()})
-        borrower = _start(stack, root, "borrower", {**NODE, **ledger, "pool_capacity_bytes": 64 * 1024 * KiB})
-        rates["pooled"] = _replay(borrower.address)
-    return rates
+        pooled = {**node, **LEDGER_SETTINGS, "pool_redis_url": redis_server.url,
+                  "pool_capacity_bytes": node["ssd_capacity_bytes"]}  # fmt: skip
+        daemons = [
+            stack.enter_context(daemon(root, f"pooled-{name}", {**pooled, "pool_node": name, "data_plane_port": free_port()}))
+            for name in NODES
+        ]  # fmt: skip
+        record("pooled", replay(workload, schedule, [d.address for d in daemons], node_of))
+    with ExitStack() as stack:
+        big = stack.enter_context(daemon(root, "one-big", _node_settings(sizing.node_chunks, len(NODES))))
+        record("one_big", replay(workload, schedule, [big.address], [0] * len(node_of)))
+    return {
+        "hit_rates": rates,
+        "workload": workload.notes | {"chunks_stored": workload.working_set_bytes // CHUNK_BYTES, "turns": workload.turns},
+        "working_set_chunks": sizing.working_set_chunks,
+        "node_chunks": sizing.node_chunks,
+        "sessions_per_node": {name: node_of.count(i) for i, name in enumerate(NODES)},
+    }
+
+
+def pooled_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The summary's pooled keys: the pool against the islands (every node alone) and
+    against one daemon with the pool's capacity."""
+    rates = result["hit_rates"]
+    pooled, islands, big = rates["pooled"]["all"], rates["islands"]["all"], rates["one_big"]["all"]
+    return {
+        "pooled_hit_rate_vs_single_node": round(pooled / max(islands, 1e-9), 3),
+        "pooled_hit_rate_vs_whole_capacity": round(pooled / max(big, 1e-9), 3),
+        "pooled_hit_rates": {"pooled": pooled, "islands": islands, "one_big": big},
+    }

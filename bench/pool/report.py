@@ -14,6 +14,11 @@ TARGETS = (  # (summary key, at least, what)
     ("dataplane_get_vs_socket_limit", 0.6, "data-plane Get vs the plain loopback socket (5.9 MB)"),
     ("dataplane_get_vs_lmcache", 1.0, "data-plane Get vs LMCache's server at every reader count (5.9 MB)"),
     ("dataplane_get_vs_mooncake_te", 1.0, "data-plane Get vs Mooncake's Transfer Engine over TCP (5.9 MB)"),
+    ("dataplane_get_vs_mooncake_store", 1.0, "data-plane Get vs Mooncake Store at every reader count (5.9 MB)"),
+)
+POOLED_TARGETS = (  # (summary key, at least, what): the three-node replay's single numbers
+    ("pooled_hit_rate_vs_whole_capacity", 0.9, "pooled hit rate vs one daemon with the pool's capacity"),
+    ("pooled_hit_rate_vs_single_node", 1.2, "pooled hit rate vs the same nodes without a pool"),
 )
 
 
@@ -36,6 +41,10 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
             continue
         passed = worst is not None and worst >= target
         lines.append(f"{'PASS' if passed else 'FAIL'}  {what}: {worst} at worst (target >= {target})")
+    for key, target, what in POOLED_TARGETS:
+        if key in summary:
+            verdict = "PASS" if summary[key] >= target else "FAIL"
+            lines.append(f"{verdict}  {what}: {summary[key]} (target >= {target})")
     by_size = summary["dataplane_get_vs_redis_get_every_size"]
     lines.append(f"note  data-plane Get vs Redis GET by chunk size (worst reader count): {by_size}")
     return lines

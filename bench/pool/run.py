@@ -15,12 +15,13 @@ ones. Every path moves the same bytes between two processes on loopback:
   dataplane_get_tls       dataplane_get on a daemon with TLS on (5.9 MB only)
   lmcache_get, lmcache_put  LMCache's standalone server via its lm:// connector (peer_rows.py)
   mooncake_te_read        Mooncake's Transfer Engine over TCP, one chunk per transfer_sync_read
+  mooncake_store_get      Mooncake Store (master, a store, a client) over TCP, get_into a buffer
 
 LMCache and Mooncake run from their own cached venvs (bench/peers/install.py); one that
 cannot be installed or started is listed with the reason under the summary's `unavailable`.
 
-Then the pooled replay (pooled.py): hit rates of multi-turn sessions on one small daemon
-alone, with two lenders in the pool's ledger, and on one daemon with three nodes' room.
+Then the three-node pooled replay (pooled.py): hit rates of ShareGPT sessions on three
+daemons as islands, as one pool (one ledger), and on one daemon with the three's capacity.
 
 One summary JSON line comes last; `--results` writes the whole run as JSON.
 """
@@ -52,7 +53,7 @@ from attnstore.server.redis_process import RedisProcess
 from bench.common.results import print_report
 from bench.pool.daemons import daemon
 from bench.pool.peer_rows import lmcache_rows, mooncake_rows
-from bench.pool.pooled import run_pooled
+from bench.pool.pooled import pooled_summary, run_pooled
 from bench.pool.report import format_table, plot, verdicts
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
 from bench.pool.timing import Cell, run_tasks, run_threads
@@ -177,6 +178,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "dataplane_get_vs_lmcache": _ratio(rows, "dataplane_get", "lmcache_get", HEADLINE),
         "dataplane_put_vs_lmcache_put": _ratio(rows, "dataplane_put", "lmcache_put", HEADLINE),
         "dataplane_get_vs_mooncake_te": _ratio(rows, "dataplane_get", "mooncake_te_read", HEADLINE),
+        "dataplane_get_vs_mooncake_store": _ratio(rows, "dataplane_get", "mooncake_store_get", HEADLINE),
         "dataplane_get_vs_grpc_get": _ratio(rows, "dataplane_get", "grpc_get", HEADLINE),
         "dataplane_put_vs_redis_set": _ratio(rows, "dataplane_put", "redis_set", HEADLINE),
         "dataplane_get_verified_vs_unverified": _ratio(rows, "dataplane_get_verified", "dataplane_get", HEADLINE),
@@ -218,6 +220,25 @@ async def _measure_daemon(
             await client.close()
 
 
+def _peer_rows(run: Run, args: argparse.Namespace, root: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """LMCache's and Mooncake's rows: (why each that could not run did not, their versions)."""
+    unavailable: dict[str, str] = {}
+    peers: dict[str, str] = {}
+    if not args.no_lmcache and (reason := lmcache_rows(run.record, args.sizes, run.concurrencies, run.seconds, root)):
+        unavailable["lmcache"] = reason
+    if not args.no_mooncake:
+        sizes = {size: SIZES[size] for size in args.sizes}
+        for name, store in (("mooncake_transfer_engine", False), ("mooncake_store", True)):
+            reason, peers[name] = mooncake_rows(
+                run.record, sizes, LAYOUT, run.concurrencies, run.seconds, root, store=store
+            )
+            if reason:
+                unavailable[name] = reason
+    for name, reason in unavailable.items():
+        print(f"{name}: UNAVAILABLE: {reason}", flush=True)
+    return unavailable, peers
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="0.5 s a cell instead of 2 s (a smoke run)")
@@ -227,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
     parser.add_argument("--no-pooled", action="store_true", help="skip the pooled replay")
     parser.add_argument("--no-lmcache", action="store_true", help="skip LMCache's rows")
-    parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's Transfer Engine rows")
+    parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's Transfer Engine and Store rows")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the run's JSON goes")
     args = parser.parse_args(argv)
     run = Run(sorted(args.concurrency), args.seconds or (0.5 if args.quick else 2.0))
@@ -257,35 +278,16 @@ def main(argv: list[str] | None = None) -> None:
                         credentials=credentials, data_plane_tls=context,
                     ))  # fmt: skip
                     run.rows += [r | {"path": "dataplane_get_tls"} for r in tls_run.rows]
-            unavailable: dict[str, str] = {}
-            peers: dict[str, str] = {}
-            if not args.no_lmcache and (reason := lmcache_rows(
-                run.record, args.sizes, run.concurrencies, run.seconds, root
-            )):  # fmt: skip
-                unavailable["lmcache"] = reason
-            if not args.no_mooncake:
-                reason, peers["mooncake_transfer_engine"] = mooncake_rows(
-                    run.record, {size: SIZES[size] for size in args.sizes}, LAYOUT, run.concurrencies, run.seconds, root
-                )
-                if reason:
-                    unavailable["mooncake_transfer_engine"] = reason
-            for name, reason in unavailable.items():
-                print(f"{name}: UNAVAILABLE: {reason}", flush=True)
+            unavailable, peers = _peer_rows(run, args, root)
             pooled = {} if args.no_pooled else run_pooled(root)
         finally:
             limit.close()
             redis_server.stop()
-    summary = summarize(run.rows) | {"unavailable": unavailable}
-    if pooled:
-        print(f"pooled replay hit rates: {pooled}")
-        summary["pooled_hit_rate_vs_single_node"] = round(pooled["pooled"] / max(pooled["single_node"], 1e-9), 3)
-        summary["pooled_hit_rate_vs_whole_capacity"] = round(
-            pooled["pooled"] / max(pooled["one_daemon_with_the_pools_capacity"], 1e-9), 3
-        )
+    summary = summarize(run.rows) | {"unavailable": unavailable} | (pooled_summary(pooled) if pooled else {})
     machine = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": sys.version.split()[0]}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(
-        {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_hit_rates": pooled,
+        {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_replay": pooled,
          "peer_versions": peers, "summary": summary}, indent=1) + "\n")  # fmt: skip
     plot(run.rows, f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
          args.results.with_suffix(".png"))

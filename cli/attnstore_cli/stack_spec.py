@@ -87,7 +87,9 @@ class StackSpec:
     is installed; `redis_url` uses that Redis instead. `api_keys` (tenant -> key) turns
     authentication on. `scheduler` False: daemons and workers only. `own_sessions`: each
     child in its own session, so a terminal's Ctrl-C reaches only the parent, which then
-    stops the services in order."""
+    stops the services in order. `daemon_nodes` names the node each daemon stands for in
+    the pool's ledger (several daemons on one machine as several nodes); without it a
+    daemon takes its workers' node."""
 
     work_dir: Path
     model_dir: Path | None = None
@@ -105,11 +107,14 @@ class StackSpec:
     scheduler_settings: Settings = field(default_factory=dict)
     log_level: str | None = None  # every service's, under the settings above
     own_sessions: bool = False
+    daemon_nodes: tuple[str, ...] = ()  # each daemon's node in the pool (pool_node); () = its workers'
 
     def __post_init__(self) -> None:
         names = [worker.name for worker in self.workers]
         if len(set(names)) != len(names):
             raise ValueError(f"worker names must differ: {names}")
+        if self.daemon_nodes and len(self.daemon_nodes) != self.daemons:
+            raise ValueError(f"daemon_nodes names {len(self.daemon_nodes)} nodes for {self.daemons} daemons")
         daemon_of_node: dict[str, int] = {}
         for worker in self.workers:
             if worker.daemon is None:
@@ -120,6 +125,19 @@ class StackSpec:
                 )
             if daemon_of_node.setdefault(worker.node_name, worker.daemon) != worker.daemon:
                 raise ValueError(f"node {worker.node_name!r}: its workers name different daemons")
+            if self.daemon_nodes and self.daemon_nodes[worker.daemon] != worker.node_name:
+                raise ValueError(
+                    f"worker {worker.name!r} is on node {worker.node_name!r}, its daemon on "
+                    f"{self.daemon_nodes[worker.daemon]!r}"
+                )
+
+    def daemon_node(self, index: int) -> str | None:
+        """The node daemon `index` stands for: `daemon_nodes`, else its workers' node (None
+        when no worker, or workers of several nodes, use it)."""
+        if self.daemon_nodes:
+            return self.daemon_nodes[index]
+        nodes = {worker.node_name for worker in self.workers if worker.daemon == index}
+        return nodes.pop() if len(nodes) == 1 else None
 
     def _base(self) -> dict[str, object]:
         return {"log_level": self.log_level} if self.log_level is not None else {}
@@ -138,9 +156,12 @@ class StackSpec:
             security["internal_auth"] = self.internal_auth.server()
         return security
 
-    def daemon_service_settings(self) -> dict[str, object]:
+    def daemon_service_settings(self, index: int | None = None) -> dict[str, object]:
+        """Daemon `index`'s settings (its node as `pool_node` when it has one); None: what
+        every daemon shares."""
         security = self._server_security(mutual_tls=True, internal_auth=True)
-        return {**self._base(), **security, **self.daemon_settings}
+        node = self.daemon_node(index) if index is not None else None
+        return {**self._base(), **({"pool_node": node} if node else {}), **security, **self.daemon_settings}
 
     def worker_service_settings(self, worker: WorkerSpec) -> dict[str, object]:
         security = self._server_security(mutual_tls=True, internal_auth=True)

@@ -37,6 +37,7 @@ class Chunk:
     extents: list[Extent] | None = None
     on_ssd: bool = False
     on_peer: bool = False  # a copy placed on another daemon (the mover's peer tier)
+    borrower: str = ""  # the pool node that placed it here (ReservePut's borrower); "" = this node's own
     readers: int = 0  # leases and in-flight copies; a chunk with readers is never freed
     pinned_until: float = 0.0
     deleted: bool = False  # hidden; freed when the last reader leaves
@@ -61,6 +62,7 @@ class Reservation:
     extents: list[Extent]
     expires_at: float
     streamed_bytes: int = 0  # bytes that came through WritePut rather than shared memory
+    borrower: str = ""  # a pool placement's borrower node (Chunk.borrower)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""The index of committed chunks: every entry by key, and how many each namespace holds
-(a namespace is reclaimed only while it holds none)."""
+"""The index of committed chunks: every entry by key, how many each namespace holds (a
+namespace is reclaimed only while it holds none), and what it holds for pool borrowers
+(chunks a peer placed here: bytes per borrower node, for the lending limits)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
 
+from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk
 
 
@@ -17,6 +19,7 @@ class ChunkIndex:
     def __init__(self) -> None:
         self._chunks: dict[bytes, Chunk] = {}
         self._per_namespace: Counter[bytes] = Counter()
+        self._lent: Counter[str] = Counter()  # bytes per borrower node
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -42,12 +45,29 @@ class ChunkIndex:
             raise KeyError(f"chunk {chunk.key.hex()} is indexed already")
         self._chunks[chunk.key] = chunk
         self._per_namespace[chunk.namespace] += 1
+        if chunk.borrower:
+            self._lend(chunk.borrower, chunk.size_bytes)
 
     def remove(self, chunk: Chunk) -> None:
         del self._chunks[chunk.key]
         self._per_namespace[chunk.namespace] -= 1
         if not self._per_namespace[chunk.namespace]:
             del self._per_namespace[chunk.namespace]
+        if chunk.borrower:
+            self._lend(chunk.borrower, -chunk.size_bytes)
+
+    def _lend(self, borrower: str, delta_bytes: int) -> None:
+        self._lent[borrower] += delta_bytes
+        if self._lent[borrower]:
+            metrics.LENT_BYTES.labels(borrower).set(self._lent[borrower])
+        else:
+            del self._lent[borrower]
+            metrics.LENT_BYTES.remove(borrower)
+
+    @property
+    def lent_bytes(self) -> int:
+        """Bytes of chunks held for pool borrowers (deleted ones still read included)."""
+        return sum(self._lent.values())
 
     def holds_namespace(self, namespace: bytes) -> bool:
         return namespace in self._per_namespace

@@ -35,6 +35,7 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
+from attnstore.pool_ledger import LendingLimits
 from attnstore.token_buckets import TokenBuckets
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import (
@@ -92,6 +93,7 @@ class ChunkStore:
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
         self._peer = peer
+        self._lending = LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction)
         self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
@@ -191,7 +193,11 @@ class ChunkStore:
 
     # ---- two-phase writes ---------------------------------------------------------
 
-    async def reserve(self, namespace: bytes, items: Sequence[tuple[bytes, int]], ttl_seconds: float) -> list[ReserveResult]:
+    async def reserve(
+        self, namespace: bytes, items: Sequence[tuple[bytes, int]], ttl_seconds: float, borrower: str = ""
+    ) -> list[ReserveResult]:
+        """`borrower`: a pool peer placing its evictions here (its node); they are counted
+        as lent and must fit the lending limits (`_may_lend`), else NO_SPACE."""
         layout = self.namespaces.get(namespace)
         limit = min(layout.max_chunk_bytes, self.settings.max_chunk_bytes)
         for key, size in items:
@@ -209,6 +215,10 @@ class ChunkStore:
                 metrics.ADMISSIONS_DECLINED.inc()
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
+            if borrower and not self._may_lend(size):
+                metrics.LENDING_REFUSED.inc()
+                results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
+                continue
             self._reserved_keys.add(key)  # before awaiting, so a concurrent reserve sees it
             if not await self._mover.make_dram_room(size, None):
                 self._reserved_keys.discard(key)
@@ -218,7 +228,7 @@ class ChunkStore:
             extents = self.dram.extents(blocks, size)
             write_id = next(self._ids)
             self._reservations[write_id] = Reservation(
-                write_id, key, namespace, size, blocks, extents, self._clock() + ttl_seconds
+                write_id, key, namespace, size, blocks, extents, self._clock() + ttl_seconds, borrower=borrower
             )
             results.append(ReserveResult(key, ReserveStatus.RESERVED, write_id, tuple(extents)))
         self._update_gauges()
@@ -244,7 +254,7 @@ class ChunkStore:
             self._reserved_keys.discard(reservation.key)
             chunk = Chunk(
                 reservation.key, reservation.namespace, reservation.size_bytes, layout,
-                reservation.blocks, reservation.extents,
+                reservation.blocks, reservation.extents, borrower=reservation.borrower,
             )
             self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
@@ -362,6 +372,21 @@ class ChunkStore:
                 deleted += 1
         self._update_gauges()
         return deleted
+
+    # ---- lending to pool peers -----------------------------------------------------
+
+    @property
+    def lent_bytes(self) -> int:
+        """Bytes of chunks held for pool borrowers (the ledger's lent_bytes)."""
+        return self._chunks.lent_bytes
+
+    def _may_lend(self, size_bytes: int) -> bool:
+        """Whether a borrowed chunk fits the lending limits (pool_ledger.py's LendingLimits:
+        free room above the floor, lent bytes under the ceiling). The ledger ranks lenders
+        by the same numbers, but from heartbeats: this is the check that holds."""
+        capacity = self.dram.capacity_bytes + self.ssd.capacity_bytes
+        free = max(0, capacity - self.dram.used_bytes - self.ssd.used_bytes)
+        return size_bytes <= self._lending.more_lendable_bytes(capacity, free, self._chunks.lent_bytes)
 
     def pin(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: float) -> int:
         self.namespaces.get(namespace)

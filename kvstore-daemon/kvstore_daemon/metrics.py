@@ -30,6 +30,10 @@ NEXT_USE_ERROR = Histogram(
 )
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
 PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
+LENT_BYTES = Gauge("attnstore_kvstore_lent_bytes", "Bytes held for pool peers, by borrower node", ["borrower"])
+LENDING_REFUSED = Counter(
+    "attnstore_kvstore_lending_refused_total", "Chunks pool peers offered that the lending limits refused"
+)
 DEMOTIONS = Counter("attnstore_kvstore_demotions_total", "Chunks written to SSD because DRAM evicted them")
 CORRUPT = Counter("attnstore_kvstore_corrupt_chunks_total", "Chunks dropped because verification failed")
 SSD_WRITE_ERRORS = Counter("attnstore_kvstore_ssd_write_errors_total", "SSD writes the OS refused")

@@ -19,6 +19,7 @@ The TierMover places SSD evictions here (tier_mover.py); peers come from the led
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
@@ -48,11 +49,14 @@ class PeerTier:
         layout_of: Callable[[bytes], NamespaceLayout],
         connect: Callable[[str], AsyncKVStoreClient],
         journal: PlacementJournal | None = None,
+        node: str = "",
     ) -> None:
         """`capacity_bytes`: what this daemon may place on peers in all. `connect(address)`
         makes the client of one peer (its timeout bounds every call to it). `journal`:
-        where placements are kept across restarts (None: in memory only)."""
+        where placements are kept across restarts (None: in memory only). `node`: this
+        daemon's node, the borrower its peers count the chunks against."""
         self._journal = journal
+        self._node = node
         self._capacity_bytes = capacity_bytes
         self._find_peers = find_peers
         self._layout_of = layout_of
@@ -162,7 +166,7 @@ class PeerTier:
                 chunk_tokens=layout.chunk_tokens, dtype=layout.dtype, model_label=layout.model_label,
             )  # fmt: skip
             self._registered.add((address, chunk.namespace))
-        return await client.put_chunks(chunk.namespace, [(chunk.key, data)], durable=True)
+        return await client.put_chunks(chunk.namespace, [(chunk.key, data)], durable=True, borrower=self._node)
 
     def _client(self, address: str) -> AsyncKVStoreClient:
         if address not in self._clients:
@@ -188,4 +192,5 @@ def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry, find
             data_plane_tls=data_plane_tls,
         ),
         PlacementJournal(settings.ssd_dirs[0] / "peer_placements.log"),
+        settings.pool_node or socket.gethostname(),
     )  # fmt: skip

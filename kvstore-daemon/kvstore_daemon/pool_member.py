@@ -2,15 +2,16 @@
 that publishes its addresses and free space, and the peer finder of its peer tier (the
 ledger's candidates: another daemon on this node first, then the roomiest).
 
-Bytes this daemon holds for others are not told apart from its own yet, so it reports
-lent_bytes 0 and lends up to its floor (LendingLimits.own_floor_fraction).
+It reports the bytes it holds for borrowers (the chunk index counts them by ReservePut's
+borrower), so the ledger's ceiling (LendingLimits.max_lent_fraction) holds; the chunk
+store refuses a borrowed chunk past the limits itself, whatever the ledger last heard.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 import structlog
@@ -39,9 +40,12 @@ class PoolMember:
             LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction),
         )
         self._grpc_address = ""  # known once the server is bound (`start`)
+        self._lent_bytes: Callable[[], int] = lambda: 0
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, grpc_port: int, data_plane_port: int) -> None:
+    def start(self, grpc_port: int, data_plane_port: int, lent_bytes: Callable[[], int]) -> None:
+        """Joins the ledger; `lent_bytes()`: what the chunk store holds for borrowers now."""
+        self._lent_bytes = lent_bytes
         host = self._settings.listen_address.rsplit(":", 1)[0]
         self._grpc_address = self._settings.pool_advertise_address or f"{host}:{grpc_port}"
         self._data_plane_address = f"{self._grpc_address.rsplit(':', 1)[0]}:{data_plane_port}"
@@ -74,7 +78,7 @@ class PoolMember:
         return DaemonEntry(
             daemon_id=self._grpc_address, node=self._settings.pool_node or socket.gethostname(),
             grpc_address=self._grpc_address, data_plane_address=self._data_plane_address,
-            capacity_bytes=capacity, free_bytes=max(0, capacity - used), lent_bytes=0,
+            capacity_bytes=capacity, free_bytes=max(0, capacity - used), lent_bytes=self._lent_bytes(),
         )  # fmt: skip
 
     async def _beat_forever(self) -> None:

@@ -18,6 +18,7 @@ from kvstore_daemon.hints import HintAction, HintSpec
 from kvstore_daemon.namespaces import NamespaceLayout
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.validation import (
+    check_borrower,
     check_keys,
     check_layer_range,
     check_namespace,
@@ -113,7 +114,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             self._settings.reservation_ttl_seconds * 10, "ttl_seconds",
         )
         results = await self._store.reserve(
-            namespace, [(key, item.size_bytes) for key, item in zip(keys, request.items, strict=True)], ttl
+            namespace, [(key, item.size_bytes) for key, item in zip(keys, request.items, strict=True)], ttl,
+            borrower=check_borrower(request.borrower),
         )
         return pb.ReservePutResponse(
             reservations=[

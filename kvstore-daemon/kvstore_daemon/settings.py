@@ -59,6 +59,11 @@ class DaemonSettings(ServiceSettings):
     )
     pool_max_lent_fraction: float = Field(0.5, ge=0, le=1, description="share of its capacity a daemon may lend")
     pool_capacity_bytes: int = Field(0, ge=0, description="bytes this daemon may place on peers in all; 0 = off")
+    pool_place_dram_evictions: bool = Field(
+        False,
+        description="place chunks evicted from DRAM on a peer (into its DRAM) instead of writing them to the "
+        "local SSD; the SSD then takes only what no peer takes",
+    )
     pool_peer_timeout_seconds: float = Field(
         5.0, gt=0, description="bounds every call to a peer (a partitioned peer costs this, then a miss)"
     )

@@ -133,6 +133,8 @@ class TierMover:
         return None
 
     async def _evict_from_dram(self, chunk: Chunk) -> None:
+        if self.settings.pool_place_dram_evictions and not chunk.on_ssd:
+            await self._place_on_peer(chunk)  # before the SSD: a peer's DRAM is the nearer tier
         if not chunk.on_ssd and not chunk.on_peer:  # a peer's copy is its lower tier already
             chunk.readers += 1  # holds the blocks while their bytes are written out
             try:
@@ -225,14 +227,16 @@ class TierMover:
             await asyncio.shield(unlinking)
 
     async def _place_on_peer(self, chunk: Chunk) -> bool:
-        """Copies an SSD-only chunk to a peer that accepts; True if a peer holds it."""
-        if self.peer is None or chunk.on_peer:
+        """Copies a chunk leaving DRAM or SSD to a peer that accepts (from DRAM when it is
+        there); True if a peer holds it. A chunk this daemon holds for a borrower is not
+        lent on: its borrower counts it here."""
+        if self.peer is None or chunk.on_peer or chunk.borrower:
             return chunk.on_peer
         if not self.peer.has_room(chunk.size_bytes):
             return False
         chunk.readers += 1  # not chosen again, not freed, while its bytes travel
         try:
-            await self.peer.store(chunk, await self.ssd.load(chunk))
+            await self.peer.store(chunk, await (self.dram.load(chunk) if chunk.blocks is not None else self.ssd.load(chunk)))
         except (TierFull, TierCopyCorrupt, TierWriteError, KeyError) as exc:
             log.info("peer_placement_failed", key=chunk.key.hex(), reason=str(exc))
             return False

@@ -36,6 +36,16 @@ def _check_no_repeated_key(keys: Sequence[bytes], field: str) -> None:
             )
 
 
+MAX_BORROWER_CHARS = 128
+
+
+def check_borrower(borrower: str) -> str:
+    """A pool borrower's node name: short, so it can label a metric."""
+    if len(borrower) > MAX_BORROWER_CHARS:
+        raise InvalidArgument(f"borrower must be at most {MAX_BORROWER_CHARS} characters, got {len(borrower)}")
+    return borrower
+
+
 def check_nonempty(values: Sequence[object], field: str) -> None:
     if not values:
         raise InvalidArgument(f"{field} must not be empty")

@@ -48,8 +48,14 @@ class LendingLimits:
     max_lent_fraction: float = 0.5  # of capacity it may hold for other daemons
 
     def lendable_bytes(self, entry: DaemonEntry) -> int:
-        above_floor = entry.free_bytes - int(entry.capacity_bytes * self.own_floor_fraction)
-        below_ceiling = int(entry.capacity_bytes * self.max_lent_fraction) - entry.lent_bytes
+        return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes)
+
+    def more_lendable_bytes(self, capacity_bytes: int, free_bytes: int, lent_bytes: int) -> int:
+        """What a daemon may take for others on top of what it lends: its free room above
+        its floor, up to its ceiling. The ledger ranks lenders by it; the lender checks a
+        borrowed chunk against it (ChunkStore.reserve)."""
+        above_floor = free_bytes - int(capacity_bytes * self.own_floor_fraction)
+        below_ceiling = int(capacity_bytes * self.max_lent_fraction) - lent_bytes
         return max(0, min(above_floor, below_ceiling))
 
 

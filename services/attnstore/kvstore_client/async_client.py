@@ -40,6 +40,8 @@ from attnstore.kvstore_client.reads import (
     open_data_plane_read,
     open_grpc_read,
     open_shm_read,
+    read_data_plane_into,
+    read_data_plane_into_blocking,
 )
 from attnstore.kvstore_client.results import (
     ChunkData,
@@ -248,11 +250,13 @@ class AsyncKVStoreClient(AsyncClosable):
     # Writes
 
     async def put_chunks(
-        self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0
+        self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0, borrower: str = ""
     ) -> PutResult:
         """Stores serialized chunks (a mapping or (key, bytes) pairs; a repeated key counts
         once): reserve, write, commit. `durable` waits for the SSD fsync; `ttl_seconds`
-        bounds the reservation. On any failure the reservations are aborted and it raises."""
+        bounds the reservation; `borrower` (a pool daemon placing its evictions: its node)
+        makes the daemon count them as lent. On any failure the reservations are aborted
+        and it raises."""
         transport = await self.transport()
         self._transfers["writes"][transport] += 1
         return await writes.put_chunks(
@@ -264,6 +268,7 @@ class AsyncKVStoreClient(AsyncClosable):
             durable=durable,
             ttl_seconds=ttl_seconds,
             timeout_seconds=self._timeout_seconds,
+            borrower=borrower,
         )
 
     # Reads
@@ -308,18 +313,23 @@ class AsyncKVStoreClient(AsyncClosable):
     ) -> list[ChunkLayout]:
         """Copies each whole serialized chunk into the front of `outs[i]` (which must hold
         at least `layout.total_bytes`); no other allocation, for benchmarks and pools."""
-        if len(outs) != len(keys):
-            raise InvalidArgument(f"{len(outs)} output buffers for {len(keys)} keys")
+        return await self._read_into(namespace, keys, 0, 0, _fronts_of(outs, keys), whole=True)
 
-        def pick(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
-            out = memoryview(outs[index]).cast("B")
-            if out.nbytes < span_bytes:
-                raise InvalidArgument(
-                    f"output buffer {index} holds {out.nbytes} bytes, chunk has {span_bytes}"
-                )
-            return out[:span_bytes]
-
-        return await self._read_into(namespace, keys, 0, 0, pick, whole=True)
+    def get_chunks_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
+    ) -> list[ChunkLayout] | None:
+        """`get_chunks_into` in the calling thread, when this client reads over the data plane
+        (known after its first call): the blocking client's path, with no hop to the event
+        loop and back. None otherwise: call `get_chunks_into`."""
+        if self._transport != "dataplane" or self._plane is None or not keys:
+            return None
+        destination = _fronts_of(outs, keys)
+        self._transfers["reads"]["dataplane"] += 1
+        read, copies = read_data_plane_into_blocking(
+            self._plane, namespace, keys, 0, 0, lambda read: self._outs(read, destination, True)
+        )
+        self._check_copies(read, copies)
+        return read.layouts
 
     async def get_whole_chunks(self, namespace: bytes, keys: Sequence[bytes]) -> list[bytes]:
         """Each full serialized chunk (header and every layer), byte-identical to what was put."""
@@ -359,16 +369,33 @@ class AsyncKVStoreClient(AsyncClosable):
                     self._releaser.note_reads(namespace, keys)
                     return checked.layouts
             self._locations.forget(namespace, keys)
+        if await self.transport() == "dataplane" and self._plane is not None:
+            self._transfers["reads"]["dataplane"] += 1
+            read, copies = await read_data_plane_into(
+                self._plane, namespace, keys, layer_start, layer_end, lambda read: self._outs(read, destination, whole)
+            )
+            self._check_copies(read, copies)
+            return read.layouts
         async with self._open_read(namespace, keys, layer_start, layer_end) as read:
             copies = await self._copy_out(read, destination, whole)
             self._check_copies(read, copies)
             return read.layouts
 
-    @staticmethod
+    @classmethod
     async def _copy_out(
-        read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
+        cls, read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
     ) -> list[tuple[memoryview, int]]:
         """Each chunk's output buffer and the chunk offset of its first byte, filled."""
+        copies = cls._outs(read, destination, whole)
+        await read.copy_into([out for out, _ in copies], [base for _, base in copies])
+        return copies
+
+    @staticmethod
+    def _outs(
+        read: ChunkRead, destination: Callable[[int, ChunkLayout, int], memoryview], whole: bool
+    ) -> list[tuple[memoryview, int]]:
+        """Each chunk's output buffer (its header region filled when `whole`) and the chunk
+        offset of its first byte."""
         copies: list[tuple[memoryview, int]] = []
         for index, layout in enumerate(read.layouts):
             first, last = layout.layer_span(read.layer_start, read.layer_end)
@@ -378,7 +405,6 @@ class AsyncKVStoreClient(AsyncClosable):
             if whole:
                 out[: layout.data_offset] = read.header_region(index)
             copies.append((out, first))
-        await read.copy_into([out for out, _ in copies], [base for _, base in copies])
         return copies
 
     def _check_copies(self, read: ChunkRead, copies: Sequence[tuple[memoryview, int]]) -> None:
@@ -445,3 +471,17 @@ class AsyncKVStoreClient(AsyncClosable):
                 if self._verify:
                     verify_layer(read.layouts[index], layer, data)
                 yield LayerPiece(chunk_index=index, layer=layer, data=data, layout=read.layouts[index])
+
+
+def _fronts_of(outs: Sequence[memoryview], keys: Sequence[bytes]) -> Callable[[int, ChunkLayout, int], memoryview]:
+    """get_chunks_into's destination: the front of `outs[index]`, refused when too small."""
+    if len(outs) != len(keys):
+        raise InvalidArgument(f"{len(outs)} output buffers for {len(keys)} keys")
+
+    def front(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
+        out = memoryview(outs[index]).cast("B")
+        if out.nbytes < span_bytes:
+            raise InvalidArgument(f"output buffer {index} holds {out.nbytes} bytes, chunk has {span_bytes}")
+        return out[:span_bytes]
+
+    return front

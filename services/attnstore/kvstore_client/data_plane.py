@@ -8,6 +8,8 @@ Reservations and commits stay on gRPC.
 `TcpDataPlane` speaks attnstore/data_plane_wire.py over blocking sockets (TLS when the
 daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
 loop is free while the kernel copies straight into the caller's memory (`recv_into`).
+A whole read into buffers (`read_into`) is one trip to that thread: request, headers and
+every byte; a read that hands out layers as they come (`open_read`) takes one per call.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ _MAX_IDLE_CONNECTIONS = 32
 _TRANSFER_THREADS = 64
 T = TypeVar("T")
 _MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
+PlaceStream = Callable[[list[bytes]], Sequence[memoryview]]  # chunk headers -> buffers of the stream
 
 
 class DataPlaneRead(Protocol):
@@ -60,6 +63,19 @@ class DataPlane(Protocol):
     ) -> DataPlaneRead:
         """Starts a read of layers [layer_start, layer_end) of `keys`; the daemon holds the
         chunks until the last byte is sent (NotFound when one is not stored)."""
+        ...
+
+    async def read_into(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        """A whole read at once: `place(headers)` (called once, perhaps off the event loop)
+        answers the buffers the layer-major stream fills, in order."""
+        ...
+
+    def read_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        """`read_into` in the calling thread (a blocking client's path: no event loop)."""
         ...
 
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
@@ -121,10 +137,23 @@ class TcpDataPlane:
     async def open_read(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
     ) -> DataPlaneRead:
-        request = {
-            "op": "get", "namespace": namespace, "keys": list(keys), "layer_start": layer_start, "layer_end": layer_end
-        }
-        return await self.in_thread(self._open_read, request, len(keys))
+        return await self.in_thread(self._open_read, _get_request(namespace, keys, layer_start, layer_end), len(keys))
+
+    async def read_into(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
+
+    def read_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        read = self._open_read(_get_request(namespace, keys, layer_start, layer_end), len(keys))
+        complete = False
+        try:
+            read.recv_all(place(read.headers))
+            complete = True
+        finally:
+            read.close(complete)
 
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
         sock = self.connect()
@@ -163,6 +192,10 @@ class TcpDataPlane:
         self._threads.shutdown(wait=False)
 
 
+def _get_request(namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int) -> dict[str, object]:
+    return {"op": "get", "namespace": namespace, "keys": list(keys), "layer_start": layer_start, "layer_end": layer_end}
+
+
 class _TcpRead:
     def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes]) -> None:
         self._plane = plane
@@ -170,9 +203,9 @@ class _TcpRead:
         self.headers = headers
 
     async def recv_into(self, views: Sequence[memoryview]) -> None:
-        await self._plane.in_thread(self._recv_all, views)
+        await self._plane.in_thread(self.recv_all, views)
 
-    def _recv_all(self, views: Sequence[memoryview]) -> None:
+    def recv_all(self, views: Sequence[memoryview]) -> None:
         if self._sock is None:
             raise DaemonProtocolError("the data-plane read is closed")
         for view in views:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -243,27 +243,35 @@ async def open_grpc_read(
 
 
 class _DataPlaneRead(ChunkRead):
-    """Chunks streamed by the data plane, layer-major, straight into the reader's buffers."""
+    """Chunks streamed by the data plane, layer-major, straight into the reader's buffers
+    (`stream` None: the headers of a read the plane completes in one go, `read_data_plane_into`)."""
 
-    def __init__(self, stream: DataPlaneRead, layer_start: int, layer_end: int) -> None:
+    def __init__(self, headers: list[bytes], stream: DataPlaneRead | None, layer_start: int, layer_end: int) -> None:
+        self._headers = headers
         self._stream = stream
-        self.layouts = [decode_layout(header) for header in stream.headers]
+        self.layouts = [decode_layout(header) for header in headers]
         self.layer_start, self.layer_end = layer_range(self.layouts, layer_start, layer_end)
         self.complete = False  # every byte the daemon sends has been received
 
     def header_region(self, index: int) -> bytes:
-        return header_region(self._stream.headers[index], self.layouts[index])
+        return header_region(self._headers[index], self.layouts[index])
 
-    async def copy_into(self, outs: Sequence[memoryview], bases: Sequence[int]) -> None:
+    def stream_views(self, outs: Sequence[memoryview], bases: Sequence[int]) -> list[memoryview]:
+        """The slices of `outs` the layer-major stream fills, in its order."""
         views = []
         for layer in range(self.layer_start, self.layer_end):
             for index, layout in enumerate(self.layouts):
                 start, end = layout.layer_span(layer, layer + 1)
                 views.append(outs[index][start - bases[index] : end - bases[index]])
-        await self._stream.recv_into(views)
+        return views
+
+    async def copy_into(self, outs: Sequence[memoryview], bases: Sequence[int]) -> None:
+        assert self._stream is not None
+        await self._stream.recv_into(self.stream_views(outs, bases))
         self.complete = True
 
     async def layers(self) -> AsyncIterator[LayerParts]:
+        assert self._stream is not None
         for layer in range(self.layer_start, self.layer_end):
             for index, layout in enumerate(self.layouts):
                 start, end = layout.layer_span(layer, layer + 1)
@@ -282,7 +290,49 @@ async def open_data_plane_read(
     stream = await plane.open_read(namespace, keys, layer_start, layer_end)
     read: _DataPlaneRead | None = None
     try:
-        read = _DataPlaneRead(stream, layer_start, layer_end)
+        read = _DataPlaneRead(stream.headers, stream, layer_start, layer_end)
         yield read
     finally:
         stream.close(complete=read is not None and read.complete)
+
+
+Outs = list[tuple[memoryview, int]]  # per chunk: its output buffer, the chunk offset of its first byte
+
+
+async def read_data_plane_into(
+    plane: DataPlane, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int,
+    outs_for: Callable[[ChunkRead], Outs],
+) -> tuple[ChunkRead, Outs]:  # fmt: skip
+    """A whole read over the data plane in one trip off the event loop: `outs_for` (called
+    there, once the headers are in) picks the buffers. Every hop between the loop and a
+    thread waits for a core on a busy node: one trip instead of two took the p50 of a
+    0.5 MB Get at one reader from 0.65-0.69 to 0.58-0.63 ms (A/B, 2 rounds, load 9-12 on
+    2 cores; throughput moved within the noise)."""
+    found: list[tuple[ChunkRead, Outs]] = []
+    await plane.read_into(namespace, keys, layer_start, layer_end, _placer(layer_start, layer_end, outs_for, found))
+    return found[0]
+
+
+def read_data_plane_into_blocking(
+    plane: DataPlane, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int,
+    outs_for: Callable[[ChunkRead], Outs],
+) -> tuple[ChunkRead, Outs]:  # fmt: skip
+    """`read_data_plane_into` in the calling thread: no event loop, no thread hop (the
+    blocking client's reads)."""
+    found: list[tuple[ChunkRead, Outs]] = []
+    plane.read_into_blocking(namespace, keys, layer_start, layer_end, _placer(layer_start, layer_end, outs_for, found))
+    return found[0]
+
+
+def _placer(
+    layer_start: int, layer_end: int, outs_for: Callable[[ChunkRead], Outs], found: list[tuple[ChunkRead, Outs]]
+) -> Callable[[list[bytes]], list[memoryview]]:
+    """The stream's buffers once the headers are in; the read and its outputs go to `found`."""
+
+    def place(headers: list[bytes]) -> list[memoryview]:
+        read = _DataPlaneRead(headers, None, layer_start, layer_end)
+        outs = outs_for(read)
+        found.append((read, outs))
+        return read.stream_views([out for out, _ in outs], [base for _, base in outs])
+
+    return place

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Unpack
 
+from attnstore.chunks.format import ChunkLayout
 from attnstore.kvstore_client.async_client import AsyncKVStoreClient, ClientOptions
 from attnstore.kvstore_client.results import ClientStats, LayerPiece
 from attnstore.sync_facade import SyncFacade, blocking
@@ -31,13 +32,19 @@ class KVStoreClient(SyncFacade[AsyncKVStoreClient]):
     lookup = blocking(AsyncKVStoreClient.lookup)
     put_chunks = blocking(AsyncKVStoreClient.put_chunks)
     get_chunks = blocking(AsyncKVStoreClient.get_chunks)
-    get_chunks_into = blocking(AsyncKVStoreClient.get_chunks_into)
     get_whole_chunks = blocking(AsyncKVStoreClient.get_whole_chunks)
     delete = blocking(AsyncKVStoreClient.delete)
     pin = blocking(AsyncKVStoreClient.pin)
     unpin = blocking(AsyncKVStoreClient.unpin)
     hint = blocking(AsyncKVStoreClient.hint)
     stats = blocking(AsyncKVStoreClient.stats)
+
+    def get_chunks_into(
+        self, namespace: bytes, keys: Sequence[bytes], outs: Sequence[memoryview]
+    ) -> list[ChunkLayout]:
+        """Over the data plane, read in this thread (no hop to the client's loop)."""
+        layouts = self.aio.get_chunks_into_blocking(namespace, keys, outs)
+        return layouts if layouts is not None else self.call(self.aio.get_chunks_into(namespace, keys, outs))
 
     def client_stats(self) -> ClientStats:
         return self.aio.client_stats()

@@ -29,6 +29,7 @@ async def put_chunks(
     durable: bool,
     ttl_seconds: int,
     timeout_seconds: float,
+    borrower: str = "",
 ) -> PutResult:
     """Stores `items` (distinct keys, serialized chunks); see AsyncKVStoreClient.put_chunks."""
     if not items:
@@ -37,6 +38,7 @@ async def put_chunks(
         namespace=namespace,
         items=[kvstore_pb2.PutItem(key=key, size_bytes=data.nbytes) for key, data in items],
         ttl_seconds=ttl_seconds,
+        borrower=borrower,
     )
     reply = await stub.ReservePut(request, timeout=timeout_seconds)
     reserved = [

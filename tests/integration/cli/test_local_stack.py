@@ -1,15 +1,21 @@
 """LocalStack against real processes, without a model (daemons start in a second): every
 service is ready when start() returns, stops cleanly, and leaves no shared memory; a
-failed start stops what had started."""
+failed start stops what had started; daemons named as nodes join the pool's ledger as
+those nodes."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import psutil
 import pytest
+import redis.asyncio as aioredis
 from service_probes import is_serving
 
+from attnstore.pool_ledger import PoolLedger
+from attnstore.server.redis_process import RedisProcess
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import StackSpec
 
@@ -52,3 +58,29 @@ def test_a_service_that_cannot_start_stops_the_ones_before_it(tmp_path: Path) ->
     assert len(stack.daemons) == 2 and not any(daemon.running for daemon in stack.daemons)
     assert stack.pids() == {}
     assert not any(daemon.shm_dir.exists() for daemon in stack.daemons)
+
+
+def test_daemons_named_as_nodes_join_one_pool_ledger_as_those_nodes(tmp_path: Path, redis_installed: None) -> None:
+    redis_server = RedisProcess(tmp_path / "redis")
+    redis_server.start()
+    try:
+        pooled = {**SMALL, "pool_redis_url": redis_server.url, "pool_heartbeat_seconds": 0.2}
+        spec = StackSpec(
+            tmp_path, daemons=2, workers=(), scheduler=False, daemon_settings=pooled, daemon_nodes=("node-a", "node-b")
+        )
+        with LocalStack(spec) as stack:
+
+            async def members() -> dict[str, str]:
+                client = aioredis.Redis.from_url(redis_server.url)
+                try:
+                    return {entry.grpc_address: entry.node for entry in await PoolLedger.reader(client).members()}
+                finally:
+                    await client.aclose()
+
+            expected = {stack.daemons[0].address: "node-a", stack.daemons[1].address: "node-b"}
+            deadline = time.monotonic() + 30
+            while (found := asyncio.run(members())) != expected and time.monotonic() < deadline:
+                time.sleep(0.2)  # the first heartbeat follows the start
+            assert found == expected
+    finally:
+        redis_server.stop()

@@ -8,6 +8,7 @@ import asyncio
 import socket
 import struct
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import grpc
@@ -17,6 +18,7 @@ from service_probes import free_port
 
 from attnstore.chunks.format import decode_layout
 from attnstore.data_plane_wire import pack_frame, recv_frame
+from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
 
@@ -80,6 +82,30 @@ def test_concurrent_readers_each_get_their_own_bytes(daemon: DaemonProcess, chun
 
     got = asyncio.run(read_all())
     assert got == [[chunks.data(i % 8)] for i in range(32)]
+
+
+def test_the_blocking_client_reads_into_buffers_in_its_callers_threads(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+    """Over the data plane, KVStoreClient.get_chunks_into reads in the calling thread (no
+    hop to the client's loop) once the first call chose the transport: threads reading at
+    once each get their own bytes, and a buffer too small is refused without harm."""
+
+    def into(client: KVStoreClient, index: int) -> bytes:
+        out = memoryview(bytearray(len(chunks.data(index))))
+        client.get_chunks_into(NAMESPACE, [chunks.key(index)], [out])
+        return bytes(out)
+
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        assert into(client, 0) == chunks.data(0)  # on the loop: it opens the data plane
+        direct = memoryview(bytearray(len(chunks.data(1))))
+        assert client.aio.get_chunks_into_blocking(NAMESPACE, [chunks.key(1)], [direct]) is not None
+        assert bytes(direct) == chunks.data(1)
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(lambda i: into(client, i % 8), range(16))) == [chunks.data(i % 8) for i in range(16)]
+        with pytest.raises(InvalidArgument, match="output buffer 0 holds 10 bytes"):
+            client.get_chunks_into(NAMESPACE, [chunks.key(2)], [memoryview(bytearray(10))])
+        assert into(client, 2) == chunks.data(2)
+        assert client.client_stats().reads == {"dataplane": 20}
+        assert client.stats().leases == 0
 
 
 def test_a_missing_chunk_is_not_found_and_the_client_keeps_working(daemon: DaemonProcess, chunks: ChunkSet) -> None:

@@ -128,3 +128,24 @@ def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_afte
         poll_until(lambda: asyncio.run(members()) == {lender.address, borrower.address}, what="the ledger converges")
     finally:
         redis_server.stop()
+
+
+def test_with_dram_placement_dram_evictions_go_to_a_peer_instead_of_the_local_ssd(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
+    lender = daemon_factory(DATA_PLANE_PORT=free_port())
+    borrower = daemon_factory(
+        **SMALL_TIERS, PERSIST_ON_COMMIT=False, POOL_PLACE_DRAM_EVICTIONS=True, POOL_PEERS=[lender.address],
+        POOL_CAPACITY_BYTES=64 * 1024 * KiB,
+    )  # fmt: skip
+    chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
+    with KVStoreClient(borrower.address) as client:
+        chunks.register(client)
+        for index in range(COUNT):
+            assert len(client.put_chunks(NAMESPACE, chunks.items(index, index + 1)).stored) == 1
+        tiers = chunks.tiers(client, range(COUNT))
+        assert set(tiers) == {Tier.DRAM, Tier.PEER}  # nothing lost, nothing written to the local SSD
+        assert tiers[0] is Tier.PEER and tiers[-1] is Tier.DRAM
+        assert client.stats().ssd.chunks == 0
+        for index in range(COUNT):
+            assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]

@@ -72,3 +72,17 @@ def test_impossible_topologies_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         StackSpec(tmp_path, workers=workers, daemons=daemons)
+
+
+def test_each_daemon_stands_for_its_workers_node_or_the_node_named_for_it(tmp_path: Path) -> None:
+    workers = (WorkerSpec("a1", node="node-a"), WorkerSpec("a2", node="node-a"), WorkerSpec("b", daemon=1))
+    spec = StackSpec(tmp_path, daemons=3, workers=workers, daemon_settings={"pool_capacity_bytes": 1})
+    assert spec.daemon_service_settings(0) == {"pool_node": "node-a", "pool_capacity_bytes": 1}
+    assert spec.daemon_service_settings(1)["pool_node"] == "b"  # a worker's node defaults to its name
+    assert "pool_node" not in spec.daemon_service_settings(2)  # no worker: the daemon's own default
+    named = StackSpec(tmp_path, daemons=2, workers=(), daemon_nodes=("node-a", "node-b"))
+    assert [named.daemon_service_settings(i)["pool_node"] for i in (0, 1)] == ["node-a", "node-b"]
+    with pytest.raises(ValueError, match="daemon_nodes names 1 nodes for 2 daemons"):
+        StackSpec(tmp_path, daemons=2, workers=(), daemon_nodes=("node-a",))
+    with pytest.raises(ValueError, match="worker 'w' is on node 'node-x', its daemon on 'node-a'"):
+        StackSpec(tmp_path, workers=(WorkerSpec("w", node="node-x"),), daemon_nodes=("node-a",))

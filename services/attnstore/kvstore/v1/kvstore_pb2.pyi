@@ -145,14 +145,16 @@ class PutItem(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class ReservePutRequest(_message.Message):
-    __slots__ = ("namespace", "items", "ttl_seconds")
+    __slots__ = ("namespace", "items", "ttl_seconds", "borrower")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BORROWER_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     items: _containers.RepeatedCompositeFieldContainer[PutItem]
     ttl_seconds: int
-    def __init__(self, namespace: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[PutItem, _Mapping]]] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
+    borrower: str
+    def __init__(self, namespace: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[PutItem, _Mapping]]] = ..., ttl_seconds: _Optional[int] = ..., borrower: _Optional[str] = ...) -> None: ...
 
 class Reservation(_message.Message):
     __slots__ = ("key", "status", "write_id", "extents")

@@ -1,0 +1,99 @@
+"""Lender-side accounting (issue 21): a daemon counts what it holds for each pool borrower
+(ReservePut's borrower), refuses borrowed chunks past its lending limits (free room above
+its floor, a ceiling on what it lends) without touching its own, and reports it (metrics,
+the ledger's lent_bytes). A borrower name that cannot label a metric is INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+from service_probes import free_port, scrape_metrics
+
+from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
+
+if TYPE_CHECKING:
+    from conftest import ChunkSet, DaemonFactory
+
+    from kvstore_daemon.launcher import DaemonProcess
+
+KiB = 1024
+MiB = 1024 * KiB
+# Capacity 5 MiB: the floor keeps 1 MiB free, at most 2.5 MiB may be lent (the defaults,
+# 0.2 and 0.5); chunks are 68 KiB (a 128 KiB block in DRAM, and on SSD when durable).
+LENDER = {
+    "DRAM_CAPACITY_BYTES": 1 * MiB, "DRAM_BLOCK_BYTES": 128 * KiB, "SSD_CAPACITY_BYTES": 4 * MiB,
+    "SSD_RESERVED_BYTES": 0, "MAX_CHUNK_BYTES": 512 * KiB, "EVICTION_POLICY": "lru",
+}  # fmt: skip
+OWN, BORROWED = 8, 60
+LENT = 'attnstore_kvstore_lent_bytes{borrower="node-b"}'
+NAMESPACE = b"pool-lending-ns."
+
+
+@pytest.fixture
+def chunks(chunk_set: type[ChunkSet]) -> ChunkSet:
+    return chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=5)  # 68 KiB each
+
+
+def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_limits(
+    daemon_factory: DaemonFactory, chunks: ChunkSet
+) -> None:
+    port = free_port()
+    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+
+    async def borrow(indices: range) -> list[bytes]:  # as a peer's PeerTier places its evictions
+        stored = []
+        async with AsyncKVStoreClient(lender.address) as peer:
+            for index in indices:
+                placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
+                                               borrower="node-b")  # fmt: skip
+                stored += placed.stored
+        return stored
+
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, OWN))
+        lent_keys = asyncio.run(borrow(range(OWN, OWN + BORROWED)))
+
+        samples = scrape_metrics(port)
+        assert 0 < len(lent_keys) < BORROWED  # it lent, then the limits refused the rest
+        assert samples["attnstore_kvstore_lending_refused_total"] == BORROWED - len(lent_keys)
+        assert samples[LENT] == len(lent_keys) * len(chunks.data(0)) <= 2.5 * MiB  # the ceiling: half its capacity
+        assert None not in chunks.tiers(client, range(OWN)), "an own chunk was dropped for borrowed ones"
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
+
+        client.delete(chunks.namespace, lent_keys)  # given back: nothing lent
+        assert scrape_metrics(port).get(LENT, 0.0) == 0.0
+
+
+def test_a_chunk_larger_than_the_lending_limits_is_refused(daemon_factory: DaemonFactory, chunks: ChunkSet) -> None:
+    lender = daemon_factory(**LENDER, POOL_MAX_LENT_FRACTION=0.01)  # 51 KiB may be lent: less than a chunk
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+
+        async def borrow() -> list[bytes]:
+            async with AsyncKVStoreClient(lender.address) as peer:
+                placed = await peer.put_chunks(chunks.namespace, chunks.items(0, 1), durable=True, borrower="node-b")
+                return placed.no_space
+
+        assert asyncio.run(borrow()) == [chunks.key(0)]
+        assert len(client.put_chunks(chunks.namespace, chunks.items(0, 1)).stored) == 1  # its own: stored
+
+
+def test_a_borrower_name_too_long_for_a_metric_label_is_invalid(
+    daemon: DaemonProcess, chunks: ChunkSet, raw_stub: Callable[[DaemonProcess], kvstore_pb2_grpc.KVStoreStub]
+) -> None:
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+    request = kvstore_pb2.ReservePutRequest(
+        namespace=chunks.namespace, items=[kvstore_pb2.PutItem(key=chunks.key(0), size_bytes=4096)],
+        borrower="n" * 129,
+    )  # fmt: skip
+    with pytest.raises(grpc.RpcError) as refused:
+        raw_stub(daemon).ReservePut(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "borrower must be at most 128 characters, got 129" in (refused.value.details() or "")
