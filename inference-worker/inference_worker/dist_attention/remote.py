@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from attnstore.security import ClientCredentials, sync_channel
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.cost_model import CostModel, Mode
@@ -32,12 +33,14 @@ class PlaceLost(Exception):
         self.address, self.start, self.stop = address, start, stop
 
 
-def peer_channel(address: str) -> grpc.Channel:
+def peer_channel(address: str, credentials: ClientCredentials | None = None) -> grpc.Channel:
+    """A channel to a peer's MicroAttention: TLS and the internal token when `credentials`
+    (the worker's long_context.peer_channel) say so, plaintext otherwise."""
     options = [
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ]
-    return grpc.insecure_channel(address, options=options)
+    return sync_channel(address, credentials, options)
 
 
 @dataclass
