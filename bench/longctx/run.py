@@ -7,7 +7,9 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
   split       attention of 1 decode query and of a 256-token prefill chunk over 16k keys
               (8 heads, 2 KV heads, head_dim 64), monolithic (the faster of torch SDPA, the
               engine's path, and the partial kernel over all keys at once) vs partials over
-              blocks of 1k and 4k tokens merged (partial.py); one thread, fastest of N
+              blocks of 1k and 4k tokens merged (partial.py); for the decode query also
+              its block partials from one kernel call (the blocks as its batch); one
+              thread, fastest of N
   decode      one decode step of the model with R remote tokens on a peer (4k, 16k, 64k;
               --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
               partials computed on the peer vs its KV pulled each step
@@ -35,7 +37,7 @@ from bench.common.results import print_report, save_results
 from bench.load.model import save_load_model
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.cost_model import Mode
-from inference_worker.dist_attention.partial import merge, partial_attention
+from inference_worker.dist_attention.partial import Partial, merge, merge_stacked, partial_attention
 from inference_worker.dist_attention.placement import ContextTooLong
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
@@ -83,14 +85,17 @@ def bench_split(keys: int, repeats: int) -> dict[str, Any]:
                 "sdpa_ms": best["sdpa"] * 1e3, "one_part_ms": best["one_part"] * 1e3, "monolithic_ms": monolithic * 1e3,
                 "split_ms": split * 1e3, "overhead": split / monolithic - 1,
             }  # fmt: skip
+            if f"one_call{block}" in best:
+                one_call = best[f"one_call{block}"]
+                rows[f"q{queries}_block{block}"] |= {"one_call_ms": one_call * 1e3, "one_call_overhead": one_call / monolithic - 1}
     return rows
 
 
 def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: int) -> dict[str, float]:
     """q [Q, H, D] at the last Q positions of k, v [T, KVH, D]."""
     keys, queries = k.shape[0], q.shape[0]
-    k_pos, q_pos = torch.arange(keys), torch.arange(keys - queries, keys)
-    mask = None if queries == 1 else k_pos[None, :] <= q_pos[:, None]
+    k_pos, q_pos = range(keys), range(keys - queries, keys)  # as segments pass them: no tensor to bound
+    mask = None if queries == 1 else torch.arange(keys)[None, :] <= torch.arange(keys - queries, keys)[:, None]
     ops: dict[str, Callable[[], object]] = {
         "sdpa": lambda: F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -103,7 +108,23 @@ def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: i
             [partial_attention(q, k[s : s + block], v[s : s + block], q_pos, k_pos[s : s + block], scale=0.125)
              for s in range(0, keys, block)]
         )  # fmt: skip
+        if queries == 1:
+            ops[f"one_call{block}"] = lambda block=block: blocks_in_one_call(q, k, v, block)
     return fastest_seconds(ops, repeats)
+
+
+def blocks_in_one_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> Partial:
+    """One decode query's partials over equal blocks of k, v [T, KVH, D] from one kernel
+    call (the blocks as its batch, no copy), merged: the split without the kernel's fixed
+    cost per call (informational: the runner calls the kernel once per place)."""
+    parts, (kv_heads, dim), heads = k.shape[0] // block, k.shape[1:], q.shape[1]
+    rows = q.view(1, kv_heads, heads // kv_heads, dim).expand(parts, -1, -1, -1)
+    k_blocks = k.view(parts, block, kv_heads, dim).permute(0, 2, 1, 3)  # [P, KVH, block, D]
+    v_blocks = v.view(parts, block, kv_heads, dim).permute(0, 2, 1, 3)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        rows, k_blocks, v_blocks, 0.0, False, attn_mask=None, scale=0.125
+    )  # [P, KVH, G, D], [P, KVH, G]
+    return merge_stacked(out.reshape(parts, 1, heads, dim), lse.reshape(parts, 1, heads))
 
 
 def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> list[WorkerProcess]:
@@ -212,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
         "decode_bytes_ratio_pull_vs_remote_16k": document["decode"]["16k"]["bytes_ratio_pull_vs_remote"],
         "decode_time_ratio_pull_vs_remote_16k": document["decode"]["16k"]["time_ratio_pull_vs_remote"],
         "split_overhead": max(row["overhead"] for row in document["split"].values()),
+        "split_overhead_decode_one_call": max(
+            row["one_call_overhead"] for row in document["split"].values() if "one_call_overhead" in row
+        ),
         "max_abs_logit_error_3_nodes": capacity["3_nodes"]["max_abs_logit_error"],
     }
     document["summary"] = summary
@@ -223,8 +247,9 @@ def main(argv: list[str] | None = None) -> None:
 def format_table(document: dict[str, Any]) -> str:
     lines = ["split/merge vs monolithic SDPA, 16k keys"]
     for name, row in document["split"].items():
+        one_call = f"   blocks in one call {row['one_call_overhead']:+.1%}" if "one_call_ms" in row else ""
         lines.append(f"  {name:<16} sdpa {row['sdpa_ms']:8.2f} ms   one part {row['one_part_ms']:8.2f} ms   "
-                     f"split {row['split_ms']:8.2f} ms   overhead {row['overhead']:+.1%}")  # fmt: skip
+                     f"split {row['split_ms']:8.2f} ms   overhead {row['overhead']:+.1%}{one_call}")  # fmt: skip
     lines.append("decode step with remote KV: remote micro-attention vs pulling the KV")
     for name, row in document["decode"].items():
         lines.append(f"  {name:>4} remote  {row['remote']['bytes_per_step'] / 1e3:10.1f} kB {row['remote']['step_ms']:8.1f} ms   "

@@ -153,10 +153,9 @@ class RemoteSegment:
             raise PlaceLost(
                 self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
             )
-        k_positions = torch.arange(self.start, self.stop, device=q.device)
         started = time.perf_counter()
         part = partial_attention(
-            q, k.to(q.dtype), v.to(q.dtype), positions, k_positions, scale=scale, window=window
+            q, k.to(q.dtype), v.to(q.dtype), positions, range(self.start, self.stop), scale=scale, window=window
         )
         self.costs.observe_pull(received, transfer_seconds, time.perf_counter() - started)
         return part
