@@ -163,6 +163,14 @@ class TurnEngine:
             RepairMethod(settings.module_repair_method),
         )
 
+    @property
+    def max_turn_context_tokens(self) -> int:
+        """The longest context (kept prompt + max_tokens) a turn may have here: the pool's
+        tokens, or with peers for long turns long_context.max_context_tokens."""
+        pool_tokens = self.engine.pool.num_blocks * self.engine.pool.block_tokens
+        longest = self.long_turns.settings.max_context_tokens if self.long_turns.enabled else 0
+        return min(max(longest, pool_tokens), self.window.max_context_tokens)
+
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:
         """This model's namespace for a tenant, registered with the daemon on first use. A
         daemon error does not fail it: registration is retried by later lookups and saves."""
