@@ -13,6 +13,8 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
   decode      one decode step of the model with R remote tokens on a peer (4k, 16k, 64k;
               --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
               partials computed on the peer vs its KV pulled each step
+  dgfm        the remote share of blocks per period in the drift simulation
+              (dgfm_sim.py), without DGFM and with its swaps every 10 steps
   capacity    the longest context served when each node keeps `--node-tokens` tokens of
               KV: one worker alone vs the same worker with two peers (placement.py), each
               checked against the plain forward's logits and one token beyond refused
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from bench.common.results import print_report, save_results
+from bench.longctx.dgfm_sim import forced_share, per_period, simulate
 from bench.load.model import save_load_model
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.cost_model import Mode
@@ -127,6 +130,14 @@ def blocks_in_one_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block:
     return merge_stacked(out.reshape(parts, 1, heads, dim), lse.reshape(parts, 1, heads))
 
 
+def bench_dgfm() -> dict[str, Any]:
+    """The remote share of blocks per period in the drift simulation (dgfm_sim.py), without
+    DGFM and with its swaps every 10 steps; the real swap is tested on worker processes
+    (tests/integration/inference_worker/test_dgfm_swap.py)."""
+    without, with_dgfm = per_period(simulate(dgfm_every=None)), per_period(simulate(dgfm_every=10))
+    return {"without": without, "with": with_dgfm, "forced": forced_share()}
+
+
 def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> list[WorkerProcess]:
     limits = {"max_held_bytes": held_tokens * KV_BYTES_PER_TOKEN, "max_inflight_key_tokens": 1 << 24}
     peers = []
@@ -211,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     repeats = 5 if args.quick else 20
     remote = [4096, 16384] if args.quick else [4096, 16384, 65536]
     node_tokens = args.node_tokens or (1024 if args.quick else 4096)
-    document: dict[str, Any] = {"split": bench_split(16384, repeats), "model": LONG_LLAMA}
+    document: dict[str, Any] = {"split": bench_split(16384, repeats), "model": LONG_LLAMA, "dgfm": bench_dgfm()}
     with tempfile.TemporaryDirectory(prefix="bench-longctx-") as scratch:
         root = Path(scratch)
         model_dir = save_load_model(root / "model", shape=LONG_LLAMA)
@@ -237,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
             row["one_call_overhead"] for row in document["split"].values() if "one_call_overhead" in row
         ),
         "max_abs_logit_error_3_nodes": capacity["3_nodes"]["max_abs_logit_error"],
+        "dgfm_remote_share_last_period_without": document["dgfm"]["without"][-1],
+        "dgfm_remote_share_last_period_with": document["dgfm"]["with"][-1],
     }
     document["summary"] = summary
     if args.results:
@@ -255,6 +268,9 @@ def format_table(document: dict[str, Any]) -> str:
         lines.append(f"  {name:>4} remote  {row['remote']['bytes_per_step'] / 1e3:10.1f} kB {row['remote']['step_ms']:8.1f} ms   "
                      f"pull {row['pull']['bytes_per_step'] / 1e6:9.1f} MB {row['pull']['step_ms']:8.1f} ms   "
                      f"bytes x{row['bytes_ratio_pull_vs_remote']:.0f}")  # fmt: skip
+    dgfm = document["dgfm"]
+    lines.append(f"remote share of blocks per period (simulation, forced {dgfm['forced']:.3f}): "
+                 f"without DGFM {dgfm['without']}, with {dgfm['with']}")  # fmt: skip
     for name, row in document["capacity"].items():
         lines.append(f"longest context, {name}: {row['context_tokens']} tokens (logit error {row['max_abs_logit_error']:.1e}, "
                      f"one more refused: {row['one_more_refused']})")  # fmt: skip
@@ -269,6 +285,8 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         ("decode_time_ratio_pull_vs_remote_16k", summary["decode_time_ratio_pull_vs_remote_16k"] > 1.0, "> 1 (remote faster)"),
         ("split_overhead", summary["split_overhead"] <= TARGETS["split_overhead"], "<= 0.10"),
         ("max_abs_logit_error_3_nodes", summary["max_abs_logit_error_3_nodes"] <= 1e-4, "<= 1e-4"),
+        ("dgfm_remote_share_last_period_with",
+         summary["dgfm_remote_share_last_period_with"] < summary["dgfm_remote_share_last_period_without"], "< without DGFM"),
     ]  # fmt: skip
     return [
         f"{'PASS' if ok else 'FAIL'} {name} {summary[name]:.4g} (target {target})"
