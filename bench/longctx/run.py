@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from bench.common.results import print_report, save_results
-from bench.longctx.dgfm_sim import forced_share, per_period, simulate
 from bench.load.model import save_load_model
+from bench.longctx.dgfm_sim import forced_share, per_period, simulate
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.cost_model import Mode
 from inference_worker.dist_attention.partial import Partial, merge, merge_stacked, partial_attention
@@ -90,7 +90,10 @@ def bench_split(keys: int, repeats: int) -> dict[str, Any]:
             }  # fmt: skip
             if f"one_call{block}" in best:
                 one_call = best[f"one_call{block}"]
-                rows[f"q{queries}_block{block}"] |= {"one_call_ms": one_call * 1e3, "one_call_overhead": one_call / monolithic - 1}
+                rows[f"q{queries}_block{block}"] |= {
+                    "one_call_ms": one_call * 1e3,
+                    "one_call_overhead": one_call / monolithic - 1,
+                }
     return rows
 
 
@@ -98,7 +101,9 @@ def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: i
     """q [Q, H, D] at the last Q positions of k, v [T, KVH, D]."""
     keys, queries = k.shape[0], q.shape[0]
     k_pos, q_pos = range(keys), range(keys - queries, keys)  # as segments pass them: no tensor to bound
-    mask = None if queries == 1 else torch.arange(keys)[None, :] <= torch.arange(keys - queries, keys)[:, None]
+    mask = (
+        None if queries == 1 else torch.arange(keys)[None, :] <= torch.arange(keys - queries, keys)[:, None]
+    )
     ops: dict[str, Callable[[], object]] = {
         "sdpa": lambda: F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -222,7 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     repeats = 5 if args.quick else 20
     remote = [4096, 16384] if args.quick else [4096, 16384, 65536]
     node_tokens = args.node_tokens or (1024 if args.quick else 4096)
-    document: dict[str, Any] = {"split": bench_split(16384, repeats), "model": LONG_LLAMA, "dgfm": bench_dgfm()}
+    document: dict[str, Any] = {
+        "split": bench_split(16384, repeats),
+        "model": LONG_LLAMA,
+        "dgfm": bench_dgfm(),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-longctx-") as scratch:
         root = Path(scratch)
         model_dir = save_load_model(root / "model", shape=LONG_LLAMA)

@@ -27,7 +27,11 @@ def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: Contex
 
 
 def describe_model(
-    loaded: LoadedModel, digest: str, window: ContextWindow, limits: RequestLimits, max_turn_context_tokens: int
+    loaded: LoadedModel,
+    digest: str,
+    window: ContextWindow,
+    limits: RequestLimits,
+    max_turn_context_tokens: int,
 ) -> pb.DescribeModelResponse:
     geometry = ModelGeometry.of(loaded.config)
     dtype = DTYPE_NAMES[loaded.dtype]

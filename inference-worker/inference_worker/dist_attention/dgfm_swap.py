@@ -78,4 +78,3 @@ def execute_swap(
                 budget -= place.nbytes
                 moved_bytes += place.nbytes
     return moved_bytes
-

@@ -21,7 +21,9 @@ class LongContextSettings(BaseModel):
         "peers; a longer one is refused (RESOURCE_EXHAUSTED)",
     )
     segment_tokens: int = Field(
-        4096, ge=1, description="most tokens of one segment placed on a peer (one AppendKV series, one release)"
+        4096,
+        ge=1,
+        description="most tokens of one segment placed on a peer (one AppendKV series, one release)",
     )
     peer_timeout_seconds: float = Field(
         10.0, gt=0, description="longest wait for one call to a peer; past it the peer counts as lost"

@@ -85,9 +85,13 @@ class LongTurns:
         for address, channel in self.channels.items():
             stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
             try:
-                lending = stub.DescribeLending(pb.DescribeLendingRequest(), timeout=self.settings.peer_timeout_seconds)
+                lending = stub.DescribeLending(
+                    pb.DescribeLendingRequest(), timeout=self.settings.peer_timeout_seconds
+                )
             except grpc.RpcError as exc:
-                log.warning("long_context_peer_silent", peer=address, error=f"{exc.code().name}: {exc.details()}")
+                log.warning(
+                    "long_context_peer_silent", peer=address, error=f"{exc.code().name}: {exc.details()}"
+                )
                 continue
             per_token = self.runner.geometry.kv_bytes_per_token(self.runner.dtype.itemsize)
             room[address] = max(0, lending.max_held_bytes - lending.held_bytes) // per_token
@@ -122,7 +126,10 @@ class LongTurns:
                 first_token_at = time.perf_counter()
                 log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
                          peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
-                sampler, detokenizer = Sampler(seq.sampling), IncrementalDetokenizer(self.tokenizer, seq.token_ids)
+                sampler, detokenizer = (
+                    Sampler(seq.sampling),
+                    IncrementalDetokenizer(self.tokenizer, seq.token_ids),
+                )
                 while True:
                     output = sample_next(seq, sampler, logits)
                     if output.token is not None:

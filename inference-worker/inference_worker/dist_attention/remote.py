@@ -144,7 +144,13 @@ class RemoteSegment:
         k, v = k.to(q.device), v.to(q.device)
         started = time.perf_counter()
         part = partial_attention(
-            q, k.to(q.dtype), v.to(q.dtype), positions, range(self.start, self.stop), scale=scale, window=window
+            q,
+            k.to(q.dtype),
+            v.to(q.dtype),
+            positions,
+            range(self.start, self.stop),
+            scale=scale,
+            window=window,
         )
         self.costs.observe_pull(k.nbytes + v.nbytes, transfer_seconds, time.perf_counter() - started)
         return part
@@ -165,7 +171,9 @@ class RemoteSegment:
         self.traffic.sent_bytes += request.ByteSize()
         k, v = torch.cat(keys), torch.cat(values)
         if k.shape[0] != self.tokens:
-            raise PlaceLost(self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens")
+            raise PlaceLost(
+                self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
+            )
         return k, v
 
 

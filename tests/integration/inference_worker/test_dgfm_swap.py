@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
+from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from attnstore.debt_graph import plan_swaps
@@ -31,17 +32,10 @@ PROMPT_TOKENS, NEW_TOKENS = 150, 6
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel) -> Iterator[list[WorkerProcess]]:
-    root = tmp_path_factory.mktemp("dgfm")
-    started = []
-    try:
-        for name in ("node-a", "node-b"):
-            started.append(WorkerProcess(root / f"{name}.log", model_dir=tiny_model.model_dir,
-                                         settings={"listen_address": "127.0.0.1:0"}))  # fmt: skip
-            started[-1].start()
-        yield started
-    finally:
-        for worker in started:
-            worker.stop()
+    with running_workers(
+        tmp_path_factory.mktemp("dgfm"), tiny_model.model_dir, {"node-a": {}, "node-b": {}}
+    ) as started:
+        yield list(started.values())
 
 
 def held_bytes(channel: grpc.Channel) -> int:

@@ -9,17 +9,16 @@ small pool refuses the turn (RESOURCE_EXHAUSTED) as before."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 import torch
+from running_workers import running_workers
 from transformers import AutoModelForCausalLM
 
 from attnstore.worker.v1 import micro_attention_pb2 as mpb
-from attnstore.worker.v1 import micro_attention_pb2_grpc
+from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
 from attnstore.worker.v1 import worker_pb2 as pb
-from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 
@@ -30,32 +29,26 @@ PEER_LIMITS = {"max_held_bytes": 4 << 20, "max_query_tokens": 2048}
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel) -> Iterator[dict[str, WorkerProcess]]:
-    root = tmp_path_factory.mktemp("long-turns")
-    started: dict[str, WorkerProcess] = {}
-    try:
-        for name in ("peer-a", "peer-b"):  # big pools: each also serves as "one big worker"
-            started[name] = WorkerProcess(root / f"{name}.log", model_dir=tiny_model.model_dir,
-                                          settings={"micro_attention": PEER_LIMITS, "listen_address": "127.0.0.1:0"})  # fmt: skip
-            started[name].start()
-        small = {"listen_address": "127.0.0.1:0", "kv_memory_bytes": POOL_TOKENS * KV_BYTES_PER_TOKEN}
+def workers(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel
+) -> Iterator[dict[str, WorkerProcess]]:
+    root, model_dir = tmp_path_factory.mktemp("long-turns"), tiny_model.model_dir
+    peer = {"micro_attention": PEER_LIMITS}  # big pools: each also serves as "one big worker"
+    with running_workers(root, model_dir, {"peer-a": peer, "peer-b": peer}) as peers:
+        small = {"kv_memory_bytes": POOL_TOKENS * KV_BYTES_PER_TOKEN}
         long_context = {
-            "peers": [started["peer-a"].address, started["peer-b"].address],
+            "peers": [peers["peer-a"].address, peers["peer-b"].address],
             "max_context_tokens": MAX_CONTEXT_TOKENS, "segment_tokens": 40,
         }  # fmt: skip
-        started["home"] = WorkerProcess(root / "home.log", model_dir=tiny_model.model_dir,
-                                        settings={**small, "long_context": long_context})  # fmt: skip
-        started["alone"] = WorkerProcess(root / "alone.log", model_dir=tiny_model.model_dir, settings=small)
-        for name in ("home", "alone"):
-            started[name].start()
-        yield started
-    finally:
-        for worker in started.values():
-            if worker.running:
-                worker.stop()
+        with running_workers(
+            root, model_dir, {"home": {**small, "long_context": long_context}, "alone": small}
+        ) as homes:
+            yield peers | homes
 
 
-def greedy_turn(address: str, prompt: list[int], max_tokens: int, **sampling: object) -> tuple[list[int], pb.TurnStats]:
+def greedy_turn(
+    address: str, prompt: list[int], max_tokens: int, **sampling: object
+) -> tuple[list[int], pb.TurnStats]:
     with grpc.insecure_channel(address) as channel:
         request = pb.ExecuteTurnRequest(
             tenant="t",
@@ -86,7 +79,9 @@ def test_a_prompt_longer_than_the_pool_answers_like_one_big_worker(
     assert len(tokens) == 8 and stats.generated_tokens == 8 and stats.prompt_tokens == 200
     assert tokens == big == generated, (tokens, big, generated)
     log = workers["home"].log_path.read_text()
-    assert "long_context_turn" in log and workers["peer-a"].address in log and workers["peer-b"].address in log
+    assert (
+        "long_context_turn" in log and workers["peer-a"].address in log and workers["peer-b"].address in log
+    )
     assert held_bytes(workers["peer-a"].address) == held_bytes(workers["peer-b"].address) == 0  # released
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from running_workers import running_workers
 from secure_stack import channel, credentials, internal_auth, server_tls
 
 from attnstore.security import sync_channel
@@ -19,32 +20,26 @@ from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.launcher import WorkerProcess
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 8 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
-SMALL_POOL = {"chunk_tokens": 16, "kv_memory_bytes": 64 * KV_BYTES_PER_TOKEN, "listen_address": "127.0.0.1:0"}
+SMALL_POOL = {"chunk_tokens": 16, "kv_memory_bytes": 64 * KV_BYTES_PER_TOKEN}
 PROMPT = [(7 * i + 3) % 300 for i in range(160)]
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path], pki, tokens) -> Iterator[dict[str, WorkerProcess]]:
+def workers(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path], pki, tokens
+) -> Iterator[dict[str, WorkerProcess]]:
     root = tmp_path_factory.mktemp("peer-tls")
     model_dir = tiny_model_saver(root / "model", max_position_embeddings=1024, initializer_range=0.2)
-    secure = {"tls": server_tls(pki, mutual=True), "internal_auth": internal_auth(), "chunk_tokens": 16,
-              "listen_address": "127.0.0.1:0"}  # fmt: skip
-    started: dict[str, WorkerProcess] = {}
-    try:
-        for name in ("peer-a", "peer-b"):
-            started[name] = WorkerProcess(root / f"{name}.log", model_dir=model_dir, settings=secure)
-            started[name].start()
-        peers = [started["peer-a"].address, started["peer-b"].address]
-        for name, token in (("home", tokens.worker), ("impostor", tokens.wrong)):
-            long_context = {"peers": peers, "segment_tokens": 32, "peer_channel": channel(pki, cert=True, token=token)}
-            started[name] = WorkerProcess(root / f"{name}.log", model_dir=model_dir,
-                                          settings={**SMALL_POOL, "long_context": long_context})  # fmt: skip
-            started[name].start()
-        yield started
-    finally:
-        for worker in started.values():
-            if worker.running:
-                worker.stop()
+    secure = {"tls": server_tls(pki, mutual=True), "internal_auth": internal_auth(), "chunk_tokens": 16}
+    with running_workers(root, model_dir, {"peer-a": secure, "peer-b": secure}) as peers:
+        addresses = [peers["peer-a"].address, peers["peer-b"].address]
+        homes = {
+            name: {**SMALL_POOL, "long_context": {"peers": addresses, "segment_tokens": 32,
+                                                  "peer_channel": channel(pki, cert=True, token=token)}}
+            for name, token in (("home", tokens.worker), ("impostor", tokens.wrong))
+        }  # fmt: skip
+        with running_workers(root, model_dir, homes) as started:
+            yield peers | started
 
 
 def greedy_tokens(stub: worker_pb2_grpc.WorkerStub) -> list[int]:
@@ -54,7 +49,9 @@ def greedy_tokens(stub: worker_pb2_grpc.WorkerStub) -> list[int]:
     return [reply.token.token_id for reply in stub.ExecuteTurn(request, timeout=120)][:-1]
 
 
-def test_a_long_turn_calls_its_peers_with_tls_and_the_token(workers: dict[str, WorkerProcess], pki, tokens) -> None:
+def test_a_long_turn_calls_its_peers_with_tls_and_the_token(
+    workers: dict[str, WorkerProcess], pki, tokens
+) -> None:
     with grpc.insecure_channel(workers["home"].address) as plain:
         got = greedy_tokens(worker_pb2_grpc.WorkerStub(plain))
     peer = credentials(pki, cert=True, token=tokens.worker)
