@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -51,24 +51,18 @@ class CaseResult:
         return self.ttft_full_ms / self.ttft_modules_ms
 
 
+@dataclass
 class CaseRunner:
-    def __init__(
-        self,
-        engine: TurnEngine,
-        source: KVSource,
-        *,
-        repeats: int,
-        continuation_tokens: int,
-        answer_tokens: int,
-        repair_fraction: float,
-    ) -> None:
-        self.engine = engine
-        self.source = source
-        self.repeats = repeats
-        self.continuation_tokens = continuation_tokens
-        self.answer_tokens = answer_tokens
-        self.repair_fraction = repair_fraction
-        self.tokenizer = engine.loaded.tokenizer
+    engine: TurnEngine
+    source: KVSource
+    _: KW_ONLY
+    repeats: int
+    continuation_tokens: int
+    answer_tokens: int
+    repair_fraction: float
+
+    def __post_init__(self) -> None:
+        self.tokenizer = self.engine.loaded.tokenizer
 
     async def run(self, case: Case) -> CaseResult:
         server = self.engine.modules.server

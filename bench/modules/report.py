@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common.plot_style import PALETTE, plt, save_figure
+from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 from bench.modules.measure import CaseResult
 
 TARGET_DOC_QA = 20.0  # x TTFT (the paper's CPU band is 20-70x)
@@ -106,9 +106,5 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
         x, [r.ttft_modules_ms for r in sweep], marker="s", color=PALETTE[1], label="module KV from the store"
     )
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("module tokens (plus a short question)")
-    ax.set_ylabel("TTFT, ms (lower is better)")
-    ax.grid(which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    finish_axes(ax, "module tokens (plus a short question)", "TTFT, ms (lower is better)", log_y=True)
     save_figure(fig, title, out)

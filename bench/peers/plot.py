@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common.plot_style import PALETTE, plt, save_figure
+from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 from bench.daemon.report import GRPC, SHM, SHM_LEASED, Row
 from bench.peers.report import ATTNSTORE, FITS, LMCACHE, OVER, VLLM, Record, serving_medians
 
@@ -56,10 +56,8 @@ def plot_serving(records: list[Record], title: str, out: Path) -> None:
         ax.set_xticks(sorted({r["turn"] for r in records if r["phase"] == phase}))
         conversations = len({r["dialogue"] for r in records if r["phase"] == phase})
         ax.set_title(f"{phase}: {conversations} conversations, round-robin")
-        ax.set_xlabel("turn of the conversation")
-        ax.set_ylabel("TTFT seen by the client, ms (lower is better)")
-        ax.set_yscale("log")
-        ax.grid(which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        finish_axes(
+            ax, "turn of the conversation", "TTFT seen by the client, ms (lower is better)", log_y=True
+        )
     save_figure(fig, title, out)
 

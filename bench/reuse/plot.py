@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common.plot_style import PALETTE, plt, save_figure
+from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 
 Points = list[tuple[int, float]]  # (history tokens, value)
 
@@ -34,7 +34,5 @@ def plot_ttft(
     right.set_title("speedup over recomputing the whole prompt")
     for ax in (left, right):
         ax.axvline(min_history_tokens, color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel("history tokens before the turn (reusable prefix)")
-        ax.grid(which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        finish_axes(ax, "history tokens before the turn (reusable prefix)")
     save_figure(fig, title, out)

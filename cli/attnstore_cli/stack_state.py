@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from attnstore.pids import pid_alive
+
 DEFAULT_HOME = Path("~/.cache/attnstore")
 SessionStoreKind = Literal["redis", "embedded"]
 
@@ -48,18 +50,8 @@ class StackState(BaseModel):
             state = cls.model_validate_json(cls.path().read_text())
         except (OSError, ValueError):
             return None
-        return state if _alive(state.pid) else None
+        return state if pid_alive(state.pid) else None
 
     @classmethod
     def remove(cls) -> None:
         cls.path().unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -133,7 +133,10 @@ def _encode_run(namespace: bytes, run: ChunkRun, chunk_tokens: int) -> list[byte
             namespace, run.keys, run.kv, chunk_tokens, run.base_position, include_partial=True
         )
     form = run.restore
-    return encode_restore_chunks(
+    chunks = encode_restore_chunks(
         namespace, run.keys, form.storage, form.geometry, run.kv, form.hidden, chunk_tokens,
         run.base_position, include_partial=True,
     )  # fmt: skip
+    k = run.kv[0][0]  # [kv_heads, tokens, D]
+    form.observe_saved(k.shape[1], k.element_size())
+    return chunks

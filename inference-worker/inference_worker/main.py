@@ -26,7 +26,7 @@ from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
-from attnstore.settings import exit_on_startup_error, load_settings_or_exit
+from attnstore.settings import load_settings_or_exit, run_or_exit
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
@@ -156,17 +156,15 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     if not keep_large_buffers():
         log.info("allocator_not_tuned", reason="not glibc")
-    try:
-        asyncio.run(run_worker(settings))
-    except (
+    startup_errors = (
         ModelStoreError,
         StartupError,
         DeviceCheckFailed,
         ContextWindowError,
         PoolTooSmall,
         SecurityConfigError,
-    ) as exc:
-        exit_on_startup_error("attnstore-inference-worker", exc)
+    )
+    run_or_exit("attnstore-inference-worker", asyncio.run, run_worker(settings), startup_errors)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from attnstore.fsync import fsync_directory
 from inference_worker.cpu_attention import use_grouped_query_sdpa
 from inference_worker.cpu_linear import CpuLinear, use_onednn_linears
 from inference_worker.kernels import KernelChoice, KernelReport, cpu_capability
@@ -174,7 +175,7 @@ def _publish(staging: Path, target: Path) -> None:
         os.chmod(path, 0o644)
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
-    _fsync_directory(staging)
+    fsync_directory(staging)
     if target.exists():
         stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         target.rename(stale / target.name)
@@ -182,7 +183,7 @@ def _publish(staging: Path, target: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
     else:
         staging.rename(target)
-    _fsync_directory(target.parent)
+    fsync_directory(target.parent)
 
 
 # ---- loading ----------------------------------------------------------------------------
@@ -308,14 +309,6 @@ def _write_json_atomically(path: Path, value: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-
-
-def _fsync_directory(path: Path) -> None:
-    handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
 
 
 @contextlib.contextmanager

@@ -54,7 +54,6 @@ from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.namespaces import Namespaces
 from inference_worker.prefix_loader import classify_failure, load_prefix
 from inference_worker.restore.loader import RestoreStats
-from inference_worker.restore.metrics import observe_restore
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.turns import TurnRestore
 from inference_worker.rotary_shift import RotaryShift
@@ -82,6 +81,7 @@ class Prefill:
     stale_keys: tuple[bytes, ...] = ()  # the history's partial chunk it loaded: deleted when saving
     sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
     restore_plan: str = ""  # RestorePlan.name of a prefix restored from restore chunks
+    restore_seconds: dict[str, float] = field(default_factory=dict)  # RestoreStats.seconds of it
     logits: torch.Tensor | None = None  # [vocab] fp32 of the last prompt token (Prefiller.prefill)
     kv: KV | None = None  # per layer K, V of every kept prompt token (Prefiller.prefill)
 
@@ -245,11 +245,17 @@ class Prefiller:
         (at perf_counter() `computed_at`); ends the load if it still runs."""
         seq, hit, source, truncation = pending.seq, pending.hit, pending.source, pending.truncation
         load_seconds = 0.0
+        restore_seconds: dict[str, float] = {}
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
-            if not pending.loader.cancelled() and isinstance(stats := pending.loader.result(), RestoreStats):
-                observe_restore(stats)
+            if (
+                self.restore is not None
+                and not pending.loader.cancelled()
+                and isinstance(stats := pending.loader.result(), RestoreStats)
+            ):
+                self.restore.finished(stats)
+                restore_seconds = dict(stats.seconds)
         prefix_tokens = 0
         fallback = pending.fallback
         failure = seq.load_failure
@@ -280,6 +286,7 @@ class Prefiller:
             stale_keys=(hit.keys[-1],) if loaded and hit is not None and hit.tail_tokens else (),
             sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
             restore_plan=pending.restore_plan.name if pending.restore_plan is not None else "",
+            restore_seconds=restore_seconds,
         )
 
     async def prefill(
@@ -309,12 +316,14 @@ class Prefiller:
         chunks, then loads them back as the prefix its next admission writes; None (the
         engine recomputes) when the store cannot take or give them."""
         kv, seq.snapshot = seq.snapshot, None
-        if kv is None or self.saver is None or self.kvstore is None or self.restore is not None:
+        if kv is None or self.saver is None or self.kvstore is None:
             return None
         chunk_tokens = source.chunk_tokens
         keys = chunk_key_chain(source.namespace, seq.token_ids[: kv[0][0].shape[1]], chunk_tokens)
         self.saver.save(
-            source, [ChunkRun(keys, kv, 0)], before_put=lambda: self.namespaces.ensure_registered(source)
+            source,
+            self._snapshot_runs(seq, keys, kv, chunk_tokens),
+            before_put=lambda: self.namespaces.ensure_registered(source),
         )
         try:
             await self.saver.settle(source.namespace, keys, self.layer_timeout_seconds)
@@ -333,9 +342,28 @@ class Prefiller:
             tiers=found.tiers[:stored],
             places=found.peers[:stored],
         )
-        seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
+        if self.restore is not None:
+            seq.prefix, loader, _ = self._start_restore(
+                self.restore, self.kvstore, source, hit, seq.token_ids
+            )
+        else:
+            seq.prefix, loader = self._start_load(self.kvstore, source, hit, NO_TRUNCATION)
         self.resumed_from_store += 1
         return loader
+
+    def _snapshot_runs(
+        self, seq: EngineSequence, keys: list[bytes], kv: KV, chunk_tokens: int
+    ) -> list[ChunkRun]:
+        """A preempted sequence's snapshot chunks to save: every one as KV; in restore chunks
+        (restore/turns.py), the ones it computed whole (and so captured: the others came from
+        the store), in the storage plan's forms, its capture going on."""
+        if self.restore is None:
+            return [ChunkRun(keys, kv, 0)]
+        captured = self.restore.take(seq, keep_watching=True)
+        first = min(-(-captured.first // chunk_tokens), len(keys))
+        start, stop = first * chunk_tokens, len(keys) * chunk_tokens
+        span = [(k[:, start:stop], v[:, start:stop]) for k, v in kv]
+        return [ChunkRun(keys[first:], span, start, self.restore.form(captured, start, stop))]
 
     async def _find_prefix(
         self,

@@ -163,4 +163,7 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,
         restore_plan=stats.restore_plan,
+        restore_recompute_ms=stats.restore_seconds.get("recompute", 0.0) * 1000,
+        restore_hidden_ms=stats.restore_seconds.get("hidden", 0.0) * 1000,
+        restore_kv_ms=stats.restore_seconds.get("kv", 0.0) * 1000,
     )

@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from attnstore.security import ChannelSecurity, InternalAuth, check_server_security
-from attnstore.server.service_settings import ServiceSettings
+from attnstore.security import ChannelSecurity, check_server_security
+from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
 from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.dist_attention.limits import MicroAttentionLimits
@@ -24,9 +24,7 @@ from inference_worker.truncation import DEFAULT_SINK_TOKENS
 class WorkerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_WORKER_", extra="forbid")
 
-    listen_address: str = Field(
-        "127.0.0.1:50061", description="host:port of the gRPC server; port 0 picks one"
-    )
+    listen_address: ListenAddress = "127.0.0.1:50061"
     micro_attention: MicroAttentionLimits = Field(
         default_factory=MicroAttentionLimits,
         description="KV held and attention computed for other workers' long contexts (DistAttention)",
@@ -35,9 +33,7 @@ class WorkerSettings(ServiceSettings):
         default_factory=LongContextSettings,
         description="turns whose KV does not fit the pool: their oldest KV on peer workers (DistAttention)",
     )
-    internal_auth: InternalAuth = Field(
-        default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
-    )
+    internal_auth: InternalAuthSetting
 
     model_dir: Path | None = Field(
         None,

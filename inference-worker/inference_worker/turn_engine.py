@@ -218,7 +218,7 @@ class TurnEngine:
             for index in range(1, turn.sampling.n)
         ]
         samples = [seq, *seq.forks]
-        if source is not None and truncation == NO_TRUNCATION and self.restore is None:  # keys line up
+        if source is not None and truncation == NO_TRUNCATION:  # keys line up
             seq.store_chunk_tokens = source.chunk_tokens  # preempted, it resumes from the store
         if self.restore is not None and source is not None:
             self.restore.watch(seq)
@@ -284,6 +284,7 @@ class TurnEngine:
             chunk_keys=tuple(keys),
             namespace_refused=self.namespaces.refusal(source.namespace) if source is not None else "",
             restore_plan=prefill.restore_plan,
+            restore_seconds=prefill.restore_seconds,
             samples=tuple(
                 SampleStats(len(sample.generated), sample.finish_reason or "length") for sample in samples
             ),

@@ -3,7 +3,8 @@ worker's gRPC edge (and the scheduler, through proto/attnstore/worker/v1)."""
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
 
 
@@ -82,6 +83,8 @@ class TurnStats:
     # The restore plan of a prefix stored as hidden states (RestorePlan.name, e.g. "r1h1k1":
     # layers recomputed, projected from hidden states, loaded as KV); "" for a KV load or none.
     restore_plan: str = ""
+    # Its seconds by method ("recompute", "hidden": compute; "kv": reads), RestoreStats.seconds.
+    restore_seconds: Mapping[str, float] = field(default_factory=dict)
     # -- prompt modules (ModuleTurnInput) --
     module_tokens: int = 0  # prompt tokens whose KV came from module KV (stored or encoded apart)
     repaired_tokens: int = 0  # module tokens recomputed by boundary repair

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnstore.chunks.format import Buffer
+from attnstore.pids import pid_alive
 from attnstore.shm_arena import BlockVersions, Extent, SharedArena
 from kvstore_daemon.block_allocator import BlockAllocator, OutOfBlocks
 from kvstore_daemon.chunk_entry import Chunk, TierName
@@ -218,7 +219,7 @@ def remove_stale_arenas(shm_dir: Path) -> int:
     removed = 0
     for path in shm_dir.glob("attnstore-arena-*-*.bin"):
         match = _ARENA_NAME.fullmatch(path.name)
-        if match is None or not (_pid_gone(int(match[1])) or int(match[1]) == os.getpid()):
+        if match is None or not (not pid_alive(int(match[1])) or int(match[1]) == os.getpid()):
             continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -244,16 +245,4 @@ def _lock_exclusive(fd: int) -> bool:
         except BlockingIOError:
             if attempt + 1 < _LOCK_ATTEMPTS:
                 time.sleep(_LOCK_RETRY_SECONDS)
-    return False
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, owned by another user
-    except OverflowError:
-        return True  # no such pid can exist
     return False

@@ -14,7 +14,7 @@ from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
-from attnstore.settings import exit_on_startup_error, load_settings_or_exit
+from attnstore.settings import load_settings_or_exit, run_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.data_plane import DataPlaneServer
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
@@ -99,10 +99,8 @@ def main() -> None:
     configure_logging(settings.log_level, settings.log_json)
     if not keep_large_buffers():
         log.info("allocator_not_tuned", reason="not glibc")
-    try:
-        uvloop.run(run_daemon(settings))
-    except (ArenaError, SecurityConfigError) as exc:
-        exit_on_startup_error("attnstore-kvstore-daemon", exc)
+    startup_errors = (ArenaError, SecurityConfigError)
+    run_or_exit("attnstore-kvstore-daemon", uvloop.run, run_daemon(settings), startup_errors)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from attnstore.security import ChannelSecurity, InternalAuth, check_server_security
-from attnstore.server.service_settings import ServiceSettings
+from attnstore.security import ChannelSecurity, check_server_security
+from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -19,10 +19,8 @@ GiB = 1024 * MiB
 class DaemonSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_DAEMON_", extra="forbid")
 
-    listen_address: str = Field("127.0.0.1:50051", description="host:port of the gRPC server; port 0 picks one")
-    internal_auth: InternalAuth = Field(
-        default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"
-    )
+    listen_address: ListenAddress = "127.0.0.1:50051"
+    internal_auth: InternalAuthSetting
 
     data_plane_port: int = Field(
         0, ge=0, le=65535,

@@ -32,6 +32,7 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.chunks.keys import KEY_BYTES
+from attnstore.fsync import fsync_directory
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.tier import TierCopyCorrupt, TierFull, TierWriteError
 
@@ -269,30 +270,27 @@ class SsdTier:
     async def read(self, key: bytes) -> bytearray:
         """The whole chunk, every layer verified; raises KeyError if not stored here and
         SsdChunkCorrupt (after dropping it) if the file is bad."""
+        return await self._read_stored(key, self._read_chunk, (ChunkFormatError, ChunkCorruptError))
+
+    async def read_header(self, key: bytes) -> ChunkLayout:
+        """The chunk's parsed header, reading only its first bytes (layers are not verified)."""
+        return await self._read_stored(key, self._read_layout, (ChunkFormatError,))
+
+    async def _read_stored(
+        self, key: bytes, read: Callable[[Path, bytes, int], _T], bad_file: tuple[type[Exception], ...]
+    ) -> _T:
+        """`read(path, key, size_bytes)` of the chunk's file, off the loop; KeyError if not
+        stored here, SsdChunkCorrupt (after dropping it) if the file vanished or `read`
+        raised one of `bad_file`."""
         self._check_open()
         entry = self._index[key]
         try:
-            return await self._run(self._read_chunk, entry.path, key, entry.size_bytes)
+            return await self._run(read, entry.path, key, entry.size_bytes)
         except FileNotFoundError:
             if self._index.get(key) is not entry:
                 raise KeyError(key) from None  # delete() won the race: a plain miss
             await self._drop(key, entry, "file vanished")
-        except (ChunkFormatError, ChunkCorruptError) as exc:
-            await self._drop(key, entry, str(exc))
-        except OSError as exc:
-            raise SsdReadError(f"reading chunk {key.hex()} from SSD failed: {exc}") from exc
-
-    async def read_header(self, key: bytes) -> ChunkLayout:
-        """The chunk's parsed header, reading only its first bytes (layers are not verified)."""
-        self._check_open()
-        entry = self._index[key]
-        try:
-            return await self._run(self._read_layout, entry.path, key, entry.size_bytes)
-        except FileNotFoundError:
-            if self._index.get(key) is not entry:
-                raise KeyError(key) from None
-            await self._drop(key, entry, "file vanished")
-        except ChunkFormatError as exc:
+        except bad_file as exc:
             await self._drop(key, entry, str(exc))
         except OSError as exc:
             raise SsdReadError(f"reading chunk {key.hex()} from SSD failed: {exc}") from exc
@@ -391,7 +389,7 @@ class SsdTier:
                 os.unlink(tmp)
             raise
         try:
-            _fsync_dir(subdir)  # makes the rename itself durable
+            fsync_directory(subdir)  # makes the rename itself durable
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(final)
@@ -447,8 +445,8 @@ class SsdTier:
         chunks.mkdir(parents=True, exist_ok=True)
         for prefix in range(256):  # made once here so the write path never needs mkdir
             (chunks / f"{prefix:02x}").mkdir(exist_ok=True)
-        _fsync_dir(chunks)
-        _fsync_dir(directory)
+        fsync_directory(chunks)
+        fsync_directory(directory)
         found: list[tuple[bytes, _Entry]] = []
         dropped = 0
         for subdir in sorted(chunks.iterdir()):
@@ -526,13 +524,6 @@ def _unlink_quietly(path: Path) -> None:
     except OSError as exc:  # the index no longer names it; recovery may find it again
         log.warning("ssd_unlink_failed", path=str(path), error=str(exc))
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _retrieve_exception(task: asyncio.Task[None]) -> None:

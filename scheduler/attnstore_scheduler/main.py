@@ -26,7 +26,7 @@ from attnstore.pool_ledger import PoolLedger
 from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.logging import configure_logging
-from attnstore.settings import exit_on_startup_error, load_settings_or_exit
+from attnstore.settings import load_settings_or_exit, run_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
@@ -205,10 +205,8 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
 def main() -> None:
     settings = load_settings_or_exit(SchedulerSettings, "attnstore-scheduler")
     configure_logging(settings.log_level, settings.log_json)
-    try:
-        uvloop.run(run_scheduler(settings))
-    except (ApiKeysError, SecurityConfigError) as exc:
-        exit_on_startup_error("attnstore-scheduler", exc)
+    startup_errors = (ApiKeysError, SecurityConfigError)
+    run_or_exit("attnstore-scheduler", uvloop.run, run_scheduler(settings), startup_errors)
 
 
 if __name__ == "__main__":

@@ -225,6 +225,10 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         computed_tokens=stats.prompt_tokens - stats.reused_tokens,
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,
+        restore_plan=stats.restore_plan,
+        restore_recompute_ms=stats.restore_ms[0],
+        restore_hidden_ms=stats.restore_ms[1],
+        restore_kv_ms=stats.restore_ms[2],
     )
 
 

@@ -11,7 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from attnstore.prompt_modules import DEFAULT_LIMITS, PmlLimits
 from attnstore.security import ChannelSecurity
-from attnstore.server.service_settings import ServiceSettings
+from attnstore.server.service_settings import ListenAddress, ServiceSettings
 
 
 class NodeSpec(BaseModel, frozen=True):
@@ -56,9 +56,7 @@ class HintSettings(BaseModel, frozen=True):
 class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_SCHEDULER_", extra="forbid")
 
-    listen_address: str = Field(
-        "127.0.0.1:50071", description="host:port of the gRPC server; port 0 picks one"
-    )
+    listen_address: ListenAddress = "127.0.0.1:50071"
     openai_listen_address: str | None = Field(
         None,
         description="host:port of the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "

@@ -50,6 +50,8 @@ class WorkerStats:
     module_tokens: int = 0  # PML prompts: reused tokens that came from prompt modules
     repaired_tokens: int = 0  # PML prompts: module tokens recomputed by boundary repair
     encoded_modules: int = 0  # PML prompts: modules the worker encoded for this turn
+    restore_plan: str = ""  # how a history stored as hidden states was restored ("" for KV or none)
+    restore_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # its recompute, hidden, kv milliseconds
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         module_tokens=stats.module_tokens,
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,
+        restore_plan=stats.restore_plan,
+        restore_ms=(stats.restore_recompute_ms, stats.restore_hidden_ms, stats.restore_kv_ms),
     )
 
 

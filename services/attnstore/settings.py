@@ -7,8 +7,9 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import (
@@ -88,3 +89,17 @@ def exit_on_startup_error(program: str, error: Exception) -> NoReturn:
     """A start that cannot succeed (bad settings, model, arena...): say why and exit 2."""
     print(f"{program}: {error}", file=sys.stderr)
     raise SystemExit(2) from error
+
+
+def run_or_exit(
+    program: str,
+    run: Callable[[Coroutine[Any, Any, None]], object],
+    service: Coroutine[Any, Any, None],
+    startup_errors: tuple[type[Exception], ...],
+) -> None:
+    """Runs a service's main coroutine with `run` (asyncio.run, uvloop.run); one of
+    `startup_errors` (a start that cannot succeed) exits as exit_on_startup_error does."""
+    try:
+        run(service)
+    except startup_errors as exc:
+        exit_on_startup_error(program, exc)

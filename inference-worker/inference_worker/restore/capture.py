@@ -36,6 +36,12 @@ class HiddenCapture:
             layers = self._rows.pop(seq.seq_id)
         return _first(layers), [_placed(pieces, _first(layers)) for pieces in layers]
 
+    def peek(self, seq: Sequence) -> tuple[int, list[torch.Tensor]]:
+        """What `take` would return, still watching `seq` (a preempted sequence's snapshot)."""
+        with self._lock:
+            layers = [list(pieces) for pieces in self._rows[seq.seq_id]]
+        return _first(layers), [_placed(pieces, _first(layers)) for pieces in layers]
+
     def forget(self, seq: Sequence) -> None:
         """Stops watching `seq` if it still is, dropping what it captured."""
         with self._lock:

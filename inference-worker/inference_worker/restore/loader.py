@@ -44,6 +44,7 @@ class RestoreStats:
     hidden, read time of the KV layers' rows for kv)."""
 
     plan: RestorePlan
+    tokens: int  # the prefix's
     bytes_read: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"recompute": 0.0, "hidden": 0.0, "kv": 0.0})
 
@@ -102,7 +103,7 @@ class _Restore:
     ) -> None:
         self.model, self.prefix, self.storage, self.plan = model, prefix, storage, plan
         self.compute, self.shift = compute, shift
-        self.stats = RestoreStats(plan)
+        self.stats = RestoreStats(plan, prefix.prefix_tokens)
         self.computing: list[asyncio.Future[None]] = []
         self.device = next(model.parameters()).device
         tokens = prefix.prefix_tokens

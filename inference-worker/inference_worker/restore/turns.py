@@ -11,7 +11,8 @@ Decisions (what such a worker refuses rather than does half right):
 - Truncated turns neither read nor save chunks: restore projects and recomputes at the
   tokens' positions from 0, and a truncated turn's chunk 0 (attention sinks) and kept chunks
   sit elsewhere.
-- No preemption snapshots (they are KV): a preempted sequence is recomputed.
+- A preempted sequence's snapshot is saved as restore chunks (the chunks it computed whole,
+  with the hidden states captured so far) and restored from position 0 when it resumes.
 - No partial last chunk (tail) is saved or read: the turn that reads a tail would save the
   full chunk over it, whose first tokens' hidden states it never computed.
 - A turn saves only the chunks whose every token it computed (and so captured): chunks
@@ -36,6 +37,7 @@ from inference_worker.model_geometry import ModelGeometry
 from inference_worker.restore.capture import HiddenCapture
 from inference_worker.restore.codec import HiddenLayers
 from inference_worker.restore.loader import RestoreStats, restore_prefix
+from inference_worker.restore.metrics import observe_restore, observe_saved
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.policy import RestorePolicy
 from inference_worker.restore.storage_plan import StoragePlan
@@ -49,6 +51,12 @@ class RestoreForm:
     storage: StoragePlan
     geometry: ModelGeometry
     hidden: HiddenLayers  # per layer [tokens, hidden] of the run's tokens; None where not HIDDEN
+
+    def observe_saved(self, tokens: int, element_bytes: int) -> None:
+        """Counts the bytes `tokens` tokens saved in this form against their KV (metrics)."""
+        width = next((states.shape[-1] for states in self.hidden if states is not None), 0)
+        kv = StoragePlan.all_kv(self.storage.num_layers).bytes_per_token(self.geometry, width, element_bytes)
+        observe_saved(kv * tokens, self.storage.bytes_per_token(self.geometry, width, element_bytes) * tokens)
 
 
 @dataclass(frozen=True)
@@ -73,12 +81,12 @@ class TurnRestore:
         if self._capture is not None:
             self._capture.watch(seq)
 
-    def take(self, seq: EngineSequence) -> CapturedHidden:
+    def take(self, seq: EngineSequence, *, keep_watching: bool = False) -> CapturedHidden:
         """What `seq` computed while watched (a plan without HIDDEN layers needs nothing: every
-        chunk can be saved)."""
+        chunk can be saved); `keep_watching`: a preempted sequence's, which runs on."""
         if self._capture is None:
             return CapturedHidden(0, [])
-        first, layers = self._capture.take(seq)
+        first, layers = (self._capture.peek if keep_watching else self._capture.take)(seq)
         return CapturedHidden(first, layers)
 
     def forget(self, seq: EngineSequence) -> None:
@@ -116,6 +124,11 @@ class TurnRestore:
             compute=self._compute,
             shift=self.shift,
         )
+
+    def finished(self, stats: RestoreStats) -> None:
+        """A restore ended: its metrics, and its measured costs for the next plans."""
+        observe_restore(stats)
+        self.policy.observe(stats)
 
     def close(self) -> None:
         self._compute.shutdown(wait=False, cancel_futures=True)

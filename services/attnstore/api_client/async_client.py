@@ -9,8 +9,7 @@ async with AsyncAttnStoreClient("127.0.0.1:50071", api_key="...") as client:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, TypedDict
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
@@ -27,10 +26,18 @@ from attnstore.api_client.requests import (
     schema_event_of,
     sessions_of,
 )
+from attnstore.closable import AsyncClosable
 from attnstore.security.credentials import ClientCredentials, aio_channel
 
 
-class AsyncAttnStoreClient:
+class ClientOptions(TypedDict, total=False):
+    """AsyncAttnStoreClient's keyword arguments, for the blocking client to pass on."""
+
+    timeout_seconds: float
+    credentials: ClientCredentials | None
+
+
+class AsyncAttnStoreClient(AsyncClosable):
     def __init__(
         self,
         address: str,
@@ -39,20 +46,14 @@ class AsyncAttnStoreClient:
         timeout_seconds: float = 300.0,
         credentials: ClientCredentials | None = None,
     ) -> None:
-        """Create it inside a running event loop. `timeout_seconds` bounds each call.
-        `credentials`: TLS, as for AttnStoreClient; None: plaintext."""
+        """Create it inside a running event loop. `timeout_seconds` bounds each call, a whole
+        streamed answer included. `credentials`: TLS to a scheduler that serves it, e.g.
+        `ClientCredentials.from_pem(ca_pem)` (plus `certificate_chain` and `private_key`
+        when it requires client certificates); None: plaintext."""
         self._channel = aio_channel(address, credentials, CHANNEL_OPTIONS)
         self._stub = api_pb2_grpc.AttnStoreStub(self._channel)
         self._metadata = call_metadata(api_key)
         self._timeout_seconds = timeout_seconds
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         await self._channel.close()
@@ -73,7 +74,9 @@ class AsyncAttnStoreClient:
         self, session_id: str, message: str, *, expected_next_turn_seconds: float = 0.0,
         conversation_over: bool = False, **generation: Any,
     ) -> AsyncIterator[StreamEvent]:
-        """As the sync client's stream_chat."""
+        """The answer's TokenText messages as they come, then its TurnStats. `generation`:
+        max_tokens, temperature, top_p, seed, stop. `expected_next_turn_seconds` (a follow-up
+        expected within this long) or `conversation_over` tell the scheduler what comes next."""
         request = api.ChatRequest(
             session_id=session_id, message=message, options=options(**generation),
             expected_next_turn_seconds=expected_next_turn_seconds, conversation_over=conversation_over,
@@ -107,12 +110,14 @@ class AsyncAttnStoreClient:
         return (await self._stub.GetSession(request, **self._kwargs())).session
 
     async def delete_session(self, session_id: str, tenant: str = "") -> int:
+        """Ends the session; how many KV chunks were released on its daemon."""
         request = api.DeleteSessionRequest(session_id=session_id, tenant=tenant)
         return (await self._stub.DeleteSession(request, **self._kwargs())).released_chunks
 
     async def list_sessions(
         self, page_size: int = 0, page_token: str = "", tenant: str = ""
     ) -> tuple[list[api.Session], str]:
+        """One page of sessions (oldest first) and the token of the next ("" at the end)."""
         reply = await self._stub.ListSessions(page_request(page_size, page_token, tenant), **self._kwargs())
         return sessions_of(reply)
 

@@ -14,10 +14,10 @@ import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TypedDict
+from typing import TypedDict
 
 from attnstore.chunks.format import ChunkLayout, verify_layer
+from attnstore.closable import AsyncClosable
 from attnstore.errors import InvalidArgument, ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import writes
@@ -70,7 +70,7 @@ class ClientOptions(TypedDict, total=False):
     data_plane_tls: ssl.SSLContext | None
 
 
-class AsyncKVStoreClient:
+class AsyncKVStoreClient(AsyncClosable):
     """One channel to one daemon. Create it inside a running event loop; `close()` it
     (or use `async with`) to end the channel and unmap the arena."""
 
@@ -128,14 +128,6 @@ class AsyncKVStoreClient:
         self._transport: str | None = None  # "shm", "dataplane" or "grpc", chosen on first use
         self._plane: DataPlane | None = None
         self._transfers: dict[str, Counter[str]] = {"reads": Counter(), "writes": Counter()}
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         for peer in self._peers.values():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 import grpc
@@ -16,6 +16,7 @@ from grpc_health.v1 import health
 
 from attnstore.security.internal_auth import InternalAuth
 from attnstore.security.tls import ServerTLS
+from attnstore.server.handler_interceptor import HandlerInterceptor
 
 log = structlog.get_logger("attnstore.auth")
 
@@ -39,7 +40,7 @@ def internal_auth_interceptors(
     return [interceptor]
 
 
-class InternalAuthInterceptor(grpc.aio.ServerInterceptor):
+class InternalAuthInterceptor(HandlerInterceptor):
     def __init__(
         self, auth: InternalAuth, *, client_cert_required: bool, admin_methods: Collection[str] = ()
     ) -> None:
@@ -51,16 +52,13 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):
         self._client_cert_required = client_cert_required
         self._admin_methods = frozenset(admin_methods)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def handler_for(
+        self, handler: grpc.RpcMethodHandler, call: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(_OPEN_PREFIX):
+        method = call.method
+        if method.startswith(_OPEN_PREFIX):
             return handler
-        refusal = self.refusal(method, handler_call_details.invocation_metadata or ())
+        refusal = self.refusal(method, call.invocation_metadata or ())
         if refusal is None:
             return handler
         log.info("rpc_refused", method=method, code=refusal[0].name, reason=refusal[1])

@@ -16,6 +16,7 @@ from prometheus_client import Histogram
 
 from attnstore import errors
 from attnstore.server.concurrency import UNLIMITED_SERVICES, CallLimitReached, ConcurrencyLimit
+from attnstore.server.handler_interceptor import HandlerInterceptor
 
 _STATUS_OF: dict[type[errors.ServiceError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -47,22 +48,17 @@ def status_of(exc: errors.ServiceError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
+class ErrorAndMetricsInterceptor(HandlerInterceptor):
     """Wraps every handler; a client's mistake never surfaces as INTERNAL."""
 
     def __init__(self, limit: ConcurrencyLimit) -> None:
         self._limit = limit
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def handler_for(
+        self, handler: grpc.RpcMethodHandler, call: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
-        limit = None if handler_call_details.method.startswith(UNLIMITED_SERVICES) else self._limit
+        method = call.method.rsplit("/", 1)[-1]
+        limit = None if call.method.startswith(UNLIMITED_SERVICES) else self._limit
         kwargs = {
             "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": _passing_bytes(handler.response_serializer),

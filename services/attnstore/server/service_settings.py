@@ -5,17 +5,25 @@ how it stops. Each service adds its own and names its own address and grace peri
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from attnstore.security import ServerTLS
+from attnstore.security import InternalAuth, ServerTLS
 from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 
+# Each service gives its own default: `listen_address: ListenAddress = "127.0.0.1:50051"`.
+ListenAddress = Annotated[str, Field(description="host:port of the gRPC server; port 0 picks one")]
+# The internal services' (daemon, worker) setting; the scheduler's callers are tenants.
+InternalAuthSetting = Annotated[
+    InternalAuth,
+    Field(default_factory=InternalAuth, description="who may call besides health checks; unset = anyone"),
+]
+
 
 class ServiceSettings(FileBackedSettings):
-    listen_address: str = Field(description="host:port of the gRPC server; port 0 picks one")
+    listen_address: ListenAddress
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port; unset = off")
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
     tls: ServerTLS = Field(

@@ -50,6 +50,22 @@ async def counters(client: AsyncKVStoreClient) -> tuple[int, int]:
     return stats.dram.hits + stats.ssd.hits, stats.misses
 
 
+async def counted_turn(
+    client: AsyncKVStoreClient,
+    engine: TurnEngine,
+    prompt: Sequence[int],
+    source: KVSource,
+    recompute: TurnEngine,
+) -> tuple[list[int], TurnStats, tuple[int, int], list[int]]:
+    """The turn's tokens and stats; what it asked of the daemon (chunks found, keys missed);
+    and the tokens `recompute` decodes from the same prompt without stored KV."""
+    before = await counters(client)
+    tokens, stats = await run_turn(engine, prompt, source)
+    after = await counters(client)
+    reference, _ = await run_turn(recompute, prompt, None)
+    return tokens, stats, (after[0] - before[0], after[1] - before[1]), reference
+
+
 @pytest.mark.parametrize("pool_keeps_freed_prefixes", [True, False], ids=["pool-first", "daemon-only"])
 async def test_chunks_the_pool_holds_are_not_asked_of_the_daemon(
     tiny_model: LoadedModel, daemon: DaemonProcess, pool_keeps_freed_prefixes: bool
@@ -62,15 +78,13 @@ async def test_chunks_the_pool_holds_are_not_asked_of_the_daemon(
             source = await engine.namespace_for(b"tenant")
             _, stats = await run_turn(engine, first, source)
             assert stats.saved_chunks == 4
-            before = await counters(client)
-            tokens, stats = await run_turn(engine, second, source)
-            after = await counters(client)
-            reference, _ = await run_turn(engine, second, None)
+            tokens, stats, (found, missed), reference = await counted_turn(
+                client, engine, second, source, engine
+            )
         finally:
             await engine.close()
     assert tokens == reference and stats.fallback is None
     assert stats.reused_tokens == 4 * CHUNK_TOKENS
-    found, missed = after[0] - before[0], after[1] - before[1]
     if pool_keeps_freed_prefixes:
         assert stats.reused_dram_chunks == 0
         assert (found, missed) == (0, 2)  # asked only for chunks 4 and 5, which are not stored
@@ -91,14 +105,13 @@ async def test_the_daemon_serves_only_the_chunks_after_the_pools(
             assert (await run_turn(saver, long[:70], source))[1].saved_chunks == 4
             assert (await pooled.namespace_for(b"tenant")) == source
             await run_turn(pooled, long[:40], source)  # loads chunks 0-1 into its pool
-            before = await counters(client)
-            tokens, stats = await run_turn(pooled, long, source)
-            after = await counters(client)
-            reference, _ = await run_turn(saver, long, None)
+            tokens, stats, (found, missed), reference = await counted_turn(
+                client, pooled, long, source, saver
+            )
         finally:
             await saver.close()
             await pooled.close()
     assert tokens == reference and stats.fallback is None
     assert stats.reused_tokens == 4 * CHUNK_TOKENS and stats.reused_dram_chunks == 2
-    assert after[1] - before[1] == 2  # chunks 4-5: missed by the lookup
-    assert 2 <= after[0] - before[0] <= 4  # chunks 2-3 only: looked up, then read
+    assert missed == 2  # chunks 4-5: missed by the lookup
+    assert 2 <= found <= 4  # chunks 2-3 only: looked up, then read

@@ -2,24 +2,32 @@
 multi-head Llama (its hidden states are half the bytes of its KV) whose worker stores layer 0
 as nothing, layer 1 as hidden states and layer 2 as KV. Turn 1 saves restore chunks; turn 2
 restores them with the planner's mixed plan (recompute 1, project 1, load 1) and gives what
-full recomputation gives. The default path (a grouped-query model) builds no policy."""
+full recomputation gives; preempted turns resume from restore chunks. The default path (a
+grouped-query model) builds no policy."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from attnstore.chunks.format import LayerForm
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.layerwise_cache import PrefixKV
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel, load_model
+from inference_worker.restore.loader import RestoreStats
 from inference_worker.restore.planner import RestoreCosts, TierCosts
 from inference_worker.restore.policy import RestorePolicy, worker_policy
 from inference_worker.restore.settings import RestoreSettings
 from inference_worker.restore.storage_plan import StoragePlan
+from inference_worker.servicer import stats_message
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource, SamplingParams, TokenEvent, TurnInput, TurnStats
@@ -42,6 +50,7 @@ COSTS = RestoreCosts(
     recompute_pair_seconds=0.0,
     tiers={"dram": TierCosts(1e-9, 1e-9), "ssd": TierCosts(1e-9, 1e-9)},
 )
+SAVED_METRIC = "attnstore_worker_restore_stored_bytes_saved_total"
 MHA_LLAMA = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -87,9 +96,13 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             await kv_engine.close()
 
             first = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
+            saved_before = REGISTRY.get_sample_value(SAVED_METRIC) or 0.0
             answer, stats = await run_turn(engine, first, source)
             assert stats.saved_chunks == SAVED_CHUNKS and stats.reused_tokens == 0 and not stats.restore_plan
             await engine.drain_saves()
+            # r1h1k1 stores per token 0 + hidden + 2 x hidden values instead of 3 x 2 x hidden
+            saved_bytes = SAVED_CHUNKS * CHUNK_TOKENS * 3 * MHA_LLAMA["hidden_size"] * 4
+            assert REGISTRY.get_sample_value(SAVED_METRIC) - saved_before == saved_bytes
             keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)[:SAVED_CHUNKS]
             async for piece in client.iter_layers(source.namespace, keys[:1]):
                 header = piece.layout.header  # restore chunks: one form per layer
@@ -108,9 +121,15 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             assert tokens == reference and len(tokens) == ANSWER_TOKENS
             assert stats.restore_plan == "r1h1k1" and stats.fallback is None
             assert stats.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS
+            assert all(stats.restore_seconds[method] > 0 for method in ("recompute", "hidden", "kv"))
+            message = stats_message(stats)  # what the worker's ExecuteTurn sends
+            assert message.restore_plan == "r1h1k1"
+            assert message.restore_hidden_ms == pytest.approx(stats.restore_seconds["hidden"] * 1000)
+            assert message.restore_recompute_ms > 0 and message.restore_kv_ms > 0
             # It saves the chunks it computed (not the restored ones), as restore chunks again.
             assert stats.saved_chunks == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS - SAVED_CHUNKS
             assert reference_stats.restore_plan == "" and reference_stats.reused_tokens == 0
+            assert not reference_stats.restore_seconds
             await engine.drain_saves()
             third, third_stats = await run_turn(engine, prompt + tokens, source)
             assert (
@@ -149,3 +168,46 @@ async def test_a_truncated_turn_neither_reads_nor_saves_restore_chunks(
             assert (await client.lookup(source.namespace, keys)).prefix_length == 0
         finally:
             await engine.close()
+
+
+async def test_preempted_turns_resume_from_restore_chunks_with_identical_output(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """Four turns on a pool too small for them all: a preempted turn's computed chunks are
+    saved as restore chunks (the storage plan's forms, its captured hidden states), restored
+    on its next admission with the planner's plan, and every turn decodes the greedy tokens it
+    decodes alone."""
+    block_bytes = CHUNK_TOKENS * ModelGeometry.of(mha_model.config).kv_bytes_per_token(4)
+    settings = WorkerSettings(
+        chunk_tokens=CHUNK_TOKENS, block_tokens=CHUNK_TOKENS, kv_memory_bytes=12 * block_bytes
+    )  # a turn needs up to 6 blocks, four need 24
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (50, 41, 57, 35)]
+    alone = TurnEngine(mha_model, None, settings)
+    try:
+        expected = [(await run_turn(alone, prompt, None))[0] for prompt in prompts]
+    finally:
+        await alone.close()
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(mha_model, client, settings, RestorePolicy(COSTS, STORAGE))
+        assert engine.restore is not None
+        restored: list[PrefixKV] = []  # every restore's prefix (the real restore, recorded)
+        restore = engine.restore.restore
+
+        async def recorded(*args: Any) -> RestoreStats:
+            restored.append(args[3])
+            return await restore(*args)
+
+        engine.restore.restore = recorded  # type: ignore[method-assign]
+        try:
+            source = await engine.namespace_for(b"preemption")
+            got = await asyncio.gather(*(run_turn(engine, prompt, source) for prompt in prompts))
+            await engine.drain_saves()
+        finally:
+            await engine.close()
+    assert [tokens for tokens, _ in got] == expected
+    assert engine.engine.stats.preemptions > 0 and engine.prefiller.resumed_from_store > 0
+    # the resumed turns' restores (the only ones: the prompts share no chunks) all arrived whole
+    assert len(restored) == engine.prefiller.resumed_from_store
+    assert all(prefix.load_seconds is not None for prefix in restored)
+    assert engine.engine.pool.usage().used == 0

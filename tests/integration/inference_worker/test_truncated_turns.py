@@ -12,7 +12,8 @@ measured on the real model in test_truncation_perplexity.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 import torch
@@ -51,6 +52,14 @@ def make_engine(model: LoadedModel, client: AsyncKVStoreClient | None) -> TurnEn
     return TurnEngine(model, client, settings)
 
 
+@asynccontextmanager
+async def engine_on(model: LoadedModel, daemon: DaemonProcess) -> AsyncIterator[tuple[TurnEngine, KVSource]]:
+    """An engine whose store is `daemon`, and a tenant's KV source on it."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = make_engine(model, client)
+        yield engine, await engine.namespace_for(b"tenant")
+
+
 async def run_turn(
     engine: TurnEngine,
     prompt: Sequence[int],
@@ -74,9 +83,7 @@ async def overflowing_prompt(engine: TurnEngine, source: KVSource) -> list[int]:
 async def test_an_overflowing_turn_reuses_kept_chunks_as_recomputing_them_would(
     one_layer_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
-    async with AsyncKVStoreClient(daemon.address) as client:
-        engine = make_engine(one_layer_model, client)
-        source = await engine.namespace_for(b"tenant")
+    async with engine_on(one_layer_model, daemon) as (engine, source):
         prompt = await overflowing_prompt(engine, source)
         truncation = Truncation(sink_tokens=SINK_TOKENS, dropped_tokens=DROPPED)
         kept = truncation.kept(prompt)
@@ -122,9 +129,7 @@ async def test_an_overflowing_turn_reuses_kept_chunks_as_recomputing_them_would(
 async def test_reuse_equals_the_full_context_kv_truncated_and_repositioned(
     tiny_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
-    async with AsyncKVStoreClient(daemon.address) as client:
-        engine = make_engine(tiny_model, client)
-        source = await engine.namespace_for(b"tenant")
+    async with engine_on(tiny_model, daemon) as (engine, source):
         prompt = await overflowing_prompt(engine, source)
         cached = await engine.prefiller.prefill(prompt, source, Truncation(SINK_TOKENS, DROPPED))
         assert cached.reused_tokens == SINK_TOKENS + 3 * CHUNK_TOKENS
@@ -158,9 +163,7 @@ async def test_reuse_equals_the_full_context_kv_truncated_and_repositioned(
 async def test_a_first_turn_that_overflows_stores_chunk_zero_for_the_next(
     one_layer_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
-    async with AsyncKVStoreClient(daemon.address) as client:
-        engine = make_engine(one_layer_model, client)
-        source = await engine.namespace_for(b"tenant")
+    async with engine_on(one_layer_model, daemon) as (engine, source):
         prompt = random_tokens(150, seed=5)  # 38 too many: chunks 0 (but the sinks) to 2 go
         answer, first = await run_turn(engine, prompt, source)
         assert (first.truncated_tokens, first.reused_tokens) == (3 * CHUNK_TOKENS - SINK_TOKENS, 0)

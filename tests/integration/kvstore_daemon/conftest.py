@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 import pytest
+from process_factory import ProcessFactory
 
 from attnstore.chunks.format import DTYPE_BYTES, encode_chunk
 from attnstore.chunks.keys import chunk_key
@@ -32,14 +33,14 @@ MAX_MESSAGE_BYTES = 64 * MiB
 T = TypeVar("T")
 
 
-class DaemonFactory:
+class DaemonFactory(ProcessFactory[DaemonProcess]):
     """Starts daemons under `root` with extra settings, e.g. `factory(DRAM_CAPACITY_BYTES=...)`
     (names without the ATTNSTORE_DAEMON_ prefix); `close()` stops them all."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__()
         self._root = root
         self._shm_root = arena_root(root)
-        self._started: list[DaemonProcess] = []
 
     def __call__(self, *, ssd_dir: Path | None = None, **settings: object) -> DaemonProcess:
         """`ssd_dir` None: a fresh directory under `root`."""
@@ -56,34 +57,25 @@ class DaemonFactory:
             log_path=directory / "daemon.log",
             settings={**defaults, **settings},
         )
-        self._started.append(process)
-        process.start()
-        return process
+        return self._start(process)
 
-    def close(self) -> None:
-        for process in self._started:
-            process.stop()
-            shutil.rmtree(process.shm_dir, ignore_errors=True)
+    def _stop(self, process: DaemonProcess) -> None:
+        process.stop()
+        shutil.rmtree(process.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture
 def daemon_factory(tmp_path: Path) -> Iterator[DaemonFactory]:
     """Daemons for one test; all are stopped at teardown."""
-    factory = DaemonFactory(tmp_path)
-    try:
+    with DaemonFactory(tmp_path) as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture(scope="module")
 def module_daemon_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonFactory]:
     """Daemons shared by the tests of one module (for many cheap cases against one daemon)."""
-    factory = DaemonFactory(tmp_path_factory.mktemp("daemons"))
-    try:
+    with DaemonFactory(tmp_path_factory.mktemp("daemons")) as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,20 @@ def put_one_by_one(client: KVStoreClient, chunks: ChunkSet, indices: range) -> N
         ]
 
 
+@contextmanager
+def four_chunk_daemon(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], stored: int, **settings: object
+) -> Iterator[tuple[DaemonProcess, ChunkSet, KVStoreClient]]:
+    """A daemon whose DRAM holds four chunks, a client on it, and chunks 0..stored-1 put
+    one by one."""
+    daemon = daemon_factory(**FOUR_CHUNK_DRAM, **settings)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        put_one_by_one(client, chunks, range(stored))
+        yield daemon, chunks, client
+
+
 @pytest.mark.parametrize("ending", ["release", "expiry"])
 def test_a_leased_chunk_survives_eviction_until_its_lease_ends(
     daemon_factory: DaemonFactory,
@@ -65,13 +81,9 @@ def test_a_leased_chunk_survives_eviction_until_its_lease_ends(
     poll_until: PollUntil,
     ending: str,
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
-    chunks = chunk_set(**SHAPE)
-    ns, key, data = chunks.namespace, chunks.key(0), chunks.data(0)
-    stub = raw_stub(daemon)
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        put_one_by_one(client, chunks, range(1))
+    with four_chunk_daemon(daemon_factory, chunk_set, 1) as (daemon, chunks, client):
+        ns, key, data = chunks.namespace, chunks.key(0), chunks.data(0)
+        stub = raw_stub(daemon)
         ttl_seconds = 2 if ending == "expiry" else 60
         lease = stub.GetShm(pb.GetShmRequest(namespace=ns, keys=[key], lease_ttl_seconds=ttl_seconds))
         assert lease.lease_ttl_ms == ttl_seconds * 1000
@@ -101,12 +113,8 @@ def test_a_leased_chunk_survives_eviction_until_its_lease_ends(
 def test_a_dram_full_of_leased_chunks_refuses_puts_until_released(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], raw_stub: Callable[[DaemonProcess], KVStoreStub]
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
-    chunks = chunk_set(**SHAPE)
-    stub = raw_stub(daemon)
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        put_one_by_one(client, chunks, range(4))
+    with four_chunk_daemon(daemon_factory, chunk_set, 4) as (daemon, chunks, client):
+        stub = raw_stub(daemon)
         lease = stub.GetShm(pb.GetShmRequest(namespace=chunks.namespace, keys=chunks.keys(0, 4)))
         refused = client.put_chunks(chunks.namespace, chunks.items(4, 5))
         assert refused.no_space == [chunks.key(4)] and not refused.stored
@@ -123,11 +131,7 @@ def test_a_dram_full_of_leased_chunks_refuses_puts_until_released(
 def test_a_dead_clients_lease_expires(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM, LEASE_TTL_SECONDS=2)
-    chunks = chunk_set(**SHAPE)
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        put_one_by_one(client, chunks, range(1))
+    with four_chunk_daemon(daemon_factory, chunk_set, 1, LEASE_TTL_SECONDS=2) as (daemon, chunks, client):
         holder = subprocess.Popen(
             [sys.executable, "-c", LEASE_HOLDER, daemon.address, chunks.namespace.hex(), chunks.key(0).hex()],
             stdin=subprocess.PIPE,
@@ -151,13 +155,9 @@ def test_an_uncommitted_reservation_expires_and_frees_its_blocks(
     raw_stub: Callable[[DaemonProcess], KVStoreStub],
     poll_until: PollUntil,
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
-    chunks = chunk_set(**SHAPE)
-    ns, key, data = chunks.namespace, chunks.key(1), chunks.data(1)
-    stub = raw_stub(daemon)
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        put_one_by_one(client, chunks, range(1))
+    with four_chunk_daemon(daemon_factory, chunk_set, 1) as (daemon, chunks, client):
+        ns, key, data = chunks.namespace, chunks.key(1), chunks.data(1)
+        stub = raw_stub(daemon)
         baseline = client.stats().dram.used_bytes
         item = pb.PutItem(key=key, size_bytes=len(data))
         [reservation] = stub.ReservePut(
@@ -183,12 +183,8 @@ def test_an_uncommitted_reservation_expires_and_frees_its_blocks(
 def test_a_pinned_chunk_stays_in_dram_until_unpinned(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
-    chunks = chunk_set(**SHAPE)
-    ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        put_one_by_one(client, chunks, range(2))
+    with four_chunk_daemon(daemon_factory, chunk_set, 2) as (_, chunks, client):
+        ns = chunks.namespace
         assert client.pin(ns, [chunks.key(0), bytes(32)]) == 1  # absent keys are ignored
         assert client.stats().pinned_chunks == 1
         put_one_by_one(client, chunks, range(2, 10))
@@ -211,13 +207,9 @@ def test_a_pinned_chunk_stays_in_dram_until_unpinned(
 def test_a_chunk_deleted_under_a_lease_stays_readable_by_it_then_is_freed(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], raw_stub: Callable[[DaemonProcess], KVStoreStub]
 ) -> None:
-    daemon = daemon_factory(**FOUR_CHUNK_DRAM)
-    chunks = chunk_set(**SHAPE)
-    ns, key, data = chunks.namespace, chunks.key(0), chunks.data(0)
-    stub = raw_stub(daemon)
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        put_one_by_one(client, chunks, range(1))
+    with four_chunk_daemon(daemon_factory, chunk_set, 1) as (daemon, chunks, client):
+        ns, key, data = chunks.namespace, chunks.key(0), chunks.data(0)
+        stub = raw_stub(daemon)
         lease = stub.GetShm(pb.GetShmRequest(namespace=ns, keys=[key]))
         assert client.delete(ns, [key]) == 1
         assert client.lookup(ns, [key]).prefix_length == 0  # hidden at once

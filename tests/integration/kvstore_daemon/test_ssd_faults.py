@@ -15,6 +15,7 @@ import os
 import struct
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,10 +145,38 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
             subprocess.run(["umount", "-l", str(point)], check=False)
 
 
-def daemon_on(factory: DaemonFactory, disk: Path) -> tuple[DaemonProcess, int]:
-    """A daemon whose SSD tier is `disk`, with a small DRAM tier; and its metrics port."""
-    port = free_port()
-    return factory(ssd_dir=disk, METRICS_PORT=port, SSD_RESERVED_BYTES=SSD_RESERVED, **SMALL_DRAM), port
+@dataclasses.dataclass
+class DiskDaemon:
+    """A daemon with a small DRAM tier whose SSD tier is a tmpfs `disk`; its metrics port;
+    the test's chunks."""
+
+    daemon: DaemonProcess
+    port: int
+    disk: Path
+    chunks: ChunkSet
+
+    @contextmanager
+    def client(self) -> Iterator[KVStoreClient]:
+        """A client with the chunks' namespace registered."""
+        with KVStoreClient(self.daemon.address) as client:
+            self.chunks.register(client)
+            yield client
+
+
+OnDisk = Callable[[int], DiskDaemon]
+
+
+@pytest.fixture
+def on_disk(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], tmpfs: Callable[[int], Path]) -> OnDisk:
+    """`on_disk(size_bytes)`: a DiskDaemon on a fresh tmpfs of that size."""
+
+    def start(size_bytes: int) -> DiskDaemon:
+        disk, port = tmpfs(size_bytes), free_port()
+        settings = {"METRICS_PORT": port, "SSD_RESERVED_BYTES": SSD_RESERVED, **SMALL_DRAM}
+        daemon = daemon_factory(ssd_dir=disk, **settings)
+        return DiskDaemon(daemon, port, disk, chunk_set())
+
+    return start
 
 
 def free_bytes(disk: Path) -> int:
@@ -218,14 +247,12 @@ def capacity(client: KVStoreClient) -> int:
 
 
 def test_a_disk_smaller_than_configured_is_clamped_at_start_and_evicts_instead_of_freezing(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], tmpfs: Callable[[int], Path]
+    on_disk: OnDisk,
 ) -> None:
-    disk = tmpfs(512 * KiB)  # the daemon is configured for 256 MiB
-    daemon, port = daemon_on(daemon_factory, disk)
-    chunks = chunk_set()
+    started = on_disk(512 * KiB)  # the daemon is configured for 256 MiB
+    daemon, port, disk, chunks = started.daemon, started.port, started.disk, started.chunks
     ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
+    with started.client() as client:
         clamped = capacity(client)
         assert 256 * KiB < clamped <= 512 * KiB - SSD_RESERVED
         assert "ssd_capacity_clamped" in daemon.log_tail(200)
@@ -253,15 +280,12 @@ def test_a_disk_smaller_than_configured_is_clamped_at_start_and_evicts_instead_o
 
 
 def test_a_disk_another_program_fills_is_pressure_and_keeps_room_for_the_namespace_file(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], tmpfs: Callable[[int], Path],
-    poll_until: PollUntil,
+    on_disk: OnDisk, poll_until: PollUntil
 ) -> None:
-    disk = tmpfs(512 * KiB)
-    daemon, _ = daemon_on(daemon_factory, disk)
-    chunks = chunk_set()
+    started = on_disk(512 * KiB)
+    daemon, disk, chunks = started.daemon, started.disk, started.chunks
     ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
+    with started.client() as client:
         before = capacity(client)
         client.put_chunks(ns, chunks.items(0, 8), durable=True)
         filler = fill_up(disk)
@@ -288,15 +312,12 @@ def test_a_disk_another_program_fills_is_pressure_and_keeps_room_for_the_namespa
 
 
 def test_a_full_disk_keeps_serving_from_dram_and_never_serves_a_partial_chunk(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], tmpfs: Callable[[int], Path],
-    poll_until: PollUntil,
+    on_disk: OnDisk, poll_until: PollUntil
 ) -> None:
-    disk = tmpfs(160 * KiB)
-    daemon, port = daemon_on(daemon_factory, disk)
-    chunks = chunk_set()
+    started = on_disk(160 * KiB)
+    daemon, port, disk, chunks = started.daemon, started.port, started.disk, started.chunks
     ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
+    with started.client() as client:
         filler = fill_up(disk)  # another program takes every byte: nothing of ours to evict
         poll_until(lambda: capacity(client) == 0, what="the tier to see the disk full")
         with pytest.raises(grpc.RpcError) as full:
@@ -339,15 +360,11 @@ def test_a_full_disk_keeps_serving_from_dram_and_never_serves_a_partial_chunk(
 # ---- a disk that turns read-only ---------------------------------------------------------------
 
 
-def test_a_read_only_disk_serves_what_it_holds_and_refuses_only_durable_writes(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], tmpfs: Callable[[int], Path]
-) -> None:
-    disk = tmpfs(4 * MiB)
-    daemon, port = daemon_on(daemon_factory, disk)
-    chunks = chunk_set()
+def test_a_read_only_disk_serves_what_it_holds_and_refuses_only_durable_writes(on_disk: OnDisk) -> None:
+    started = on_disk(4 * MiB)
+    daemon, port, disk, chunks = started.daemon, started.port, started.disk, started.chunks
     ns = chunks.namespace
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
+    with started.client() as client:
         client.put_chunks(ns, chunks.items(0, 4), durable=True)
         remount(disk, "ro")
         try:

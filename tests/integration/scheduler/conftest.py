@@ -4,21 +4,20 @@ the tiny model the workers run."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from scheduler_stack import TINY_LLAMA, RedisFactory
+from scheduler_stack import TINY_LLAMA, RedisFactory, Stack, StartStack, start_stack
 
 
 @pytest.fixture
 def redis_factory(tmp_path: Path, redis_installed: None) -> Iterator[RedisFactory]:
     """Redis servers for one test; all are stopped at teardown."""
-    factory = RedisFactory(tmp_path)
-    try:
+    with RedisFactory(tmp_path) as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +25,8 @@ def module_redis_factory(
     tmp_path_factory: pytest.TempPathFactory, redis_installed: None
 ) -> Iterator[RedisFactory]:
     """Redis servers shared by the tests of one module."""
-    factory = RedisFactory(tmp_path_factory.mktemp("redis"))
-    try:
+    with RedisFactory(tmp_path_factory.mktemp("redis")) as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +35,18 @@ def scheduler_model_dir(
 ) -> Path:
     """A tiny random-weight Llama with a long context (long answers for the failure tests)."""
     return tiny_model_saver(tmp_path_factory.mktemp("scheduler-model") / "model", **TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def module_stacks(
+    tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory
+) -> Iterator[StartStack]:
+    """`module_stacks(model_dir, **options)`: a stack (start_stack's options) with a Redis of
+    its own, stopped at the end of the module."""
+    with contextlib.ExitStack() as stacks:
+
+        def start(model_dir: Path, **options: Any) -> Stack:
+            root = tmp_path_factory.mktemp("stack")
+            return stacks.enter_context(start_stack(root, model_dir, redis=module_redis_factory(), **options))
+
+        yield start

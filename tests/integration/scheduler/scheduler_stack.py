@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from process_factory import ProcessFactory
 from service_probes import free_port
 
 from attnstore.api_client import AttnStoreClient
+from attnstore.closable import Closable
 from attnstore.server.redis_process import RedisProcess
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
@@ -57,26 +59,19 @@ SCHEDULER_SETTINGS = {
 }
 
 
-class RedisFactory:
+class RedisFactory(ProcessFactory[RedisProcess]):
     """Starts redis-server processes under `root`; `close()` stops them all."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__()
         self._root = root
-        self._started: list[RedisProcess] = []
 
     def __call__(self, *, persistent: bool = False) -> RedisProcess:
-        process = RedisProcess(self._root / f"redis{len(self._started)}", persistent=persistent)
-        self._started.append(process)
-        process.start()
-        return process
-
-    def close(self) -> None:
-        for process in self._started:
-            process.stop()
+        return self._start(RedisProcess(self._root / f"redis{len(self._started)}", persistent=persistent))
 
 
 @dataclass
-class Stack:
+class Stack(Closable):
     """One LocalStack (attnstore_cli.local_stack) with the clients the tests open on it."""
 
     local: LocalStack
@@ -110,6 +105,9 @@ class Stack:
         for client in self._clients:
             client.close()
         self.local.stop()
+
+
+StartStack = Callable[..., Stack]  # conftest.py's module_stacks: a stack on a model directory
 
 
 def start_stack(

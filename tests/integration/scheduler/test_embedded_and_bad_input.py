@@ -31,17 +31,14 @@ UNKNOWN_ID = "0" * 32
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, scheduler_model_dir: Path) -> Iterator[Stack]:
-    made = start_stack(
+    with start_stack(
         tmp_path_factory.mktemp("stack"),
         scheduler_model_dir,
         redis=None,
         worker_nodes=("node-a",),
         scheduler_settings=SETTINGS,
-    )
-    try:
+    ) as made:
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(scope="module")

@@ -33,18 +33,15 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
 ) -> Iterator[Stack]:
     redis = module_redis_factory(persistent=True)
-    made = start_stack(
+    with start_stack(
         tmp_path_factory.mktemp("stack"),
         scheduler_model_dir,
         redis=redis,
         # A turn lock whose release a Redis crash swallowed holds its session this long.
         scheduler_settings={"session_lock_ttl_seconds": 3},
         worker_metrics=True,
-    )
-    try:
+    ) as made:
         yield made
-    finally:
-        made.close()
 
 
 def test_a_worker_killed_mid_answer_still_gives_one_whole_answer(stack: Stack) -> None:

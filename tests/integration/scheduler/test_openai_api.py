@@ -49,20 +49,17 @@ def stack(
         "max_queue_length": 1,
         "max_message_chars": 20_000,
     }
-    made = start_stack(
+    with start_stack(
         tmp_path_factory.mktemp("stack"),
         scheduler_model_dir,
         redis=module_redis_factory(),
         worker_nodes=("node-a",),
         scheduler_settings=settings,
         worker_metrics=True,
-    )
-    try:
+    ) as made:
         yield made
         # SIGTERM: both servers drain and the scheduler exits cleanly.
         assert made.scheduler.stop() == 0, made.scheduler.log_tail()
-    finally:
-        made.close()
 
 
 def base_url(port: int) -> str:

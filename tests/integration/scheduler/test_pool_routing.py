@@ -5,13 +5,11 @@ once node-b dies and the ledger forgets it, the session goes back to node-a."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from async_polling import wait_until
 from filler_chunks import write_filler
 from running_daemon import running_daemon
 from scheduler_stack import RedisFactory
@@ -38,14 +36,6 @@ LAYOUT = {
 SESSION_CHUNKS = 3
 FILLER_CHUNKS = 60  # more than node-a's DRAM (8 blocks) and SSD (about 28 chunks) hold
 HEARTBEAT_SECONDS = 0.3
-
-
-async def poll(condition: Callable[[], Awaitable[bool]], what: str, timeout_seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def on_peer(daemon: AsyncKVStoreClient, keys: list[bytes]) -> bool:
@@ -84,7 +74,11 @@ async def test_a_session_goes_to_the_node_that_holds_its_kv(
             async with AsyncKVStoreClient(node_a.address, use_shm=False) as daemon_a:
                 keys = await write_filler(daemon_a, NAMESPACE, FILLER_CHUNKS, **LAYOUT, seed=1)
                 session, recent = keys[:SESSION_CHUNKS], keys[-SESSION_CHUNKS:]
-                await poll(lambda: on_peer(daemon_a, session), "the session's chunks placed on node-b")
+                await wait_until(
+                    lambda: on_peer(daemon_a, session),
+                    "the session's chunks placed on node-b",
+                    interval_seconds=0.1,
+                )
                 assert (await daemon_a.lookup(NAMESPACE, recent)).tiers == [Tier.DRAM] * SESSION_CHUNKS
 
             assert await routing.home("node-a", NAMESPACE, session) == "node-b"
@@ -96,7 +90,7 @@ async def test_a_session_goes_to_the_node_that_holds_its_kv(
             async def back_home() -> bool:
                 return await routing.home("node-a", NAMESPACE, session) == "node-a"
 
-            await poll(back_home, "the ledger to forget node-b")
+            await wait_until(back_home, "the ledger to forget node-b", interval_seconds=0.1)
         finally:
             await registry.close()
             await client.aclose()

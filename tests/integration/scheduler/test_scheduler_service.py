@@ -57,11 +57,10 @@ def stack(
 ) -> Iterator[Stack]:
     settings = {**SCHEDULER_SETTINGS, "metrics_port": free_port()}
     root = tmp_path_factory.mktemp("stack")
-    made = start_stack(root, scheduler_model_dir, redis=module_redis_factory(), scheduler_settings=settings)
-    try:
+    with start_stack(
+        root, scheduler_model_dir, redis=module_redis_factory(), scheduler_settings=settings
+    ) as made:
         yield made
-    finally:
-        made.close()
 
 
 def test_multi_turn_chat_reuses_more_kv_every_turn(stack: Stack) -> None:

@@ -25,16 +25,13 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
 ) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("stack")
-    made = start_stack(
+    with start_stack(
         root,
         scheduler_model_dir,
         redis=module_redis_factory(),
         scheduler_settings={"max_schemas_per_tenant": 2},
-    )
-    try:
+    ) as made:
         yield made
-    finally:
-        made.close()
 
 
 def test_a_registered_schema_serves_pml_prompts_from_its_modules(stack: Stack) -> None:
@@ -103,8 +100,13 @@ def test_limits_and_bad_pml_are_clear_errors(stack: Stack) -> None:
             call()
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
         assert message in error.value.details()
+
+    async def pml_and_prompt() -> list[api.GenerateResponse]:  # the SDK cannot send it: the raw stub
+        request = api.GenerateRequest(pml=PML, prompt="also")
+        return [reply async for reply in client.aio._stub.Generate(request, **client.aio._kwargs())]
+
     with pytest.raises(grpc.RpcError) as error:
-        list(client._stub.Generate(api.GenerateRequest(pml=PML, prompt="also"), **client._kwargs()))
+        client.call(pml_and_prompt())
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()
     assert client.delete_schema("desk") and client.delete_schema("desk2")
     with pytest.raises(grpc.RpcError) as error:

@@ -10,7 +10,7 @@ property; the real model runs it in test_session_tokens_real_model.py."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import pytest
 import redis
 import torch
 from conversation_check import Conversation, Transcript, Turn, greedy, simulate
-from scheduler_stack import TINY_LLAMA, RedisFactory, Stack, start_stack
+from scheduler_stack import TINY_LLAMA, Stack, StartStack
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from attnstore.api.v1 import api_pb2 as api
@@ -103,20 +103,8 @@ def model(
 
 
 @pytest.fixture(scope="module")
-def stack(
-    model: Model, tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory
-) -> Iterator[Stack]:
-    made = start_stack(
-        tmp_path_factory.mktemp("stack"),
-        model.directory,
-        redis=module_redis_factory(),
-        worker_nodes=("node-a",),
-        scheduler_settings=SCHEDULER_SETTINGS,
-    )
-    try:
-        yield made
-    finally:
-        made.close()
+def stack(model: Model, module_stacks: StartStack) -> Stack:
+    return module_stacks(model.directory, worker_nodes=("node-a",), scheduler_settings=SCHEDULER_SETTINGS)
 
 
 def conversation(stack: Stack, model: Model, system_prompt: str = "") -> Conversation:

@@ -7,12 +7,11 @@ without a system prompt, and Generate with one. Few turns and short answers: it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conversation_check import Conversation, Transcript, greedy
-from scheduler_stack import RedisFactory, Stack, start_stack
+from scheduler_stack import Stack, StartStack
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from attnstore.api.v1 import api_pb2 as api
@@ -42,20 +41,8 @@ def reference(model_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
 
 
 @pytest.fixture(scope="module")
-def stack(
-    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory
-) -> Iterator[Stack]:
-    made = start_stack(
-        tmp_path_factory.mktemp("stack"),
-        model_dir,
-        redis=module_redis_factory(),
-        worker_nodes=("node-a",),
-        scheduler_settings={"max_session_tokens": 4000},
-    )
-    try:
-        yield made
-    finally:
-        made.close()
+def stack(model_dir: Path, module_stacks: StartStack) -> Stack:
+    return module_stacks(model_dir, worker_nodes=("node-a",), scheduler_settings={"max_session_tokens": 4000})
 
 
 @pytest.mark.parametrize("system_prompt", ["", SYSTEM], ids=["default-system", "system"])

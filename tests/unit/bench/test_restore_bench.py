@@ -9,7 +9,7 @@ import torch
 
 from attnstore.chunks.format import decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
-from bench.restore.report import summarize
+from bench.restore.report import plot, summarize, throttled_tier
 from bench.restore.tiers import FileTier
 from inference_worker.kv_codec import encode_chunks
 
@@ -46,14 +46,24 @@ def rows(tier: str, tokens: int, seconds: dict[str, float]) -> list[dict]:
 
 
 def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
+    slow = throttled_tier(0.1)
     table = (
         rows("dram", 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.0})
         + rows("dram", 2, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.2})
-        + rows("throttled", 1, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.0})
-        + rows("throttled", 2, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.5})
+        + rows(slow, 1, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.0})
+        + rows(slow, 2, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.5})
     )
-    summary, verdicts = summarize(table, ["dram", "throttled"], [1, 2])
-    assert summary["planner_vs_best_single_method"] == {"dram": 1.2, "throttled": 0.833}
-    assert summary["planner_vs_kv_load_throttled"] == 1.6
+    costs = {f"{slow}/1": {"modelled_best_vs_kv": 2.1}, f"{slow}/2": {"modelled_best_vs_kv": 1.7}}
+    summary, verdicts = summarize(table, ["dram", slow], [1, 2], costs)
+    assert slow == "throttled-0.1GBps"
+    assert summary["planner_vs_best_single_method"] == {"dram": 1.2, slow: 0.833}
+    assert summary["planner_vs_kv_load_throttled"] == {slow: 1.6}
+    assert summary["modelled_best_vs_kv_load_throttled"] == {slow: 1.7}
     assert summary["hidden_vs_kv_bytes"] == 0.5
     assert [line.split()[0] for line in verdicts] == ["FAIL", "PASS", "PASS", "PASS"]
+
+
+def test_the_figure_is_written(tmp_path: Path) -> None:
+    table = rows("dram", 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.0})
+    plot(table, ["dram"], tmp_path / "restore.png")
+    assert (tmp_path / "restore.png").stat().st_size > 0

@@ -9,6 +9,7 @@ import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
@@ -251,12 +252,19 @@ def test_pod_environment_is_valid_settings(
     assert pod_spec(workload)["terminationGracePeriodSeconds"] > needed
 
 
-@pytest.mark.parametrize("values_set", VALUE_SETS)
-def test_daemon_keeps_its_tiers_on_the_node(
-    rendered: dict[str, list[dict]], settings_classes, values_set: str
-) -> None:
-    daemon = one(rendered[values_set], "DaemonSet", "kvstore-daemon")
+@pytest.fixture(params=VALUE_SETS)
+def daemon_set(
+    request: pytest.FixtureRequest, rendered: dict[str, list[dict]], settings_classes
+) -> tuple[str, dict, Any]:
+    """Each values set's name, its kvstore-daemon DaemonSet and the daemon settings that the
+    DaemonSet's environment gives."""
+    daemon = one(rendered[request.param], "DaemonSet", "kvstore-daemon")
     settings = check_settings_env(settings_classes["kvstore-daemon"], settings_env(daemon, "kvstore-daemon"))
+    return request.param, daemon, settings
+
+
+def test_daemon_keeps_its_tiers_on_the_node(daemon_set: tuple[str, dict, Any]) -> None:
+    values_set, daemon, settings = daemon_set
     spec = container(daemon, "kvstore-daemon")
     mounts = {m["mountPath"]: m["name"] for m in spec["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(daemon)["volumes"]}
@@ -456,12 +464,10 @@ def test_inconsistent_values_fail_with_a_message(chart: helm.Chart, values: dict
 # ---- the data plane and the pool ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values_set", VALUE_SETS)
 def test_the_daemons_data_plane_port_is_open(
-    rendered: dict[str, list[dict]], settings_classes, values_set: str
+    rendered: dict[str, list[dict]], daemon_set: tuple[str, dict, Any]
 ) -> None:
-    daemon = one(rendered[values_set], "DaemonSet", "kvstore-daemon")
-    settings = check_settings_env(settings_classes["kvstore-daemon"], settings_env(daemon, "kvstore-daemon"))
+    values_set, daemon, settings = daemon_set
     assert settings.data_plane_port == port_number(container(daemon, "kvstore-daemon"), "data-plane")
     services = [
         s

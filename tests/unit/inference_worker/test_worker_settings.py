@@ -1,17 +1,15 @@
 from pathlib import Path
 
 import pytest
+from settings_env import loaded, refusal, undocumented
 
 from attnstore.settings import SettingsError, load_settings
 from inference_worker.settings import WorkerSettings
 
 
 def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = tmp_path / "worker.toml"
-    config.write_text('dtype = "bfloat16"\nchunk_tokens = 64\nkvstore_address = "10.0.0.1:50051"\n')
-    monkeypatch.setenv("ATTNSTORE_WORKER_CONFIG_FILE", str(config))
-    monkeypatch.setenv("ATTNSTORE_WORKER_CHUNK_TOKENS", "128")
-    settings = load_settings(WorkerSettings)
+    toml = 'dtype = "bfloat16"\nchunk_tokens = 64\nkvstore_address = "10.0.0.1:50051"\n'
+    settings = loaded(WorkerSettings, monkeypatch, tmp_path, toml, CHUNK_TOKENS="128")
     assert settings.dtype == "bfloat16"
     assert settings.chunk_tokens == 128
     assert settings.kvstore_address == "10.0.0.1:50051"
@@ -19,14 +17,15 @@ def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest
 
 
 def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNSTORE_WORKER_DTYPE", "float16")
-    monkeypatch.setenv("ATTNSTORE_WORKER_DEVICE", "tpu")
-    monkeypatch.setenv("ATTNSTORE_WORKER_MAX_NEW_TOKENS", "0")
-    monkeypatch.setenv("ATTNSTORE_WORKER_ATTENTION_SINK_TOKENS", "-1")
-    monkeypatch.setenv("ATTNSTORE_WORKER_MAX_CONTEXT_TOKENS", "1")
-    with pytest.raises(SettingsError) as error:
-        load_settings(WorkerSettings)
-    message = str(error.value)
+    message = refusal(
+        WorkerSettings,
+        monkeypatch,
+        DTYPE="float16",
+        DEVICE="tpu",
+        MAX_NEW_TOKENS="0",
+        ATTENTION_SINK_TOKENS="-1",
+        MAX_CONTEXT_TOKENS="1",
+    )
     assert "ATTNSTORE_WORKER_DTYPE" in message and "'float16'" in message
     assert "ATTNSTORE_WORKER_DEVICE" in message and "'tpu'" in message
     assert "ATTNSTORE_WORKER_MAX_NEW_TOKENS" in message
@@ -47,8 +46,5 @@ def test_an_shm_dir_without_a_daemon_is_refused(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_readme_documents_every_setting() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    missing = [
-        name for name in WorkerSettings.model_fields if f"ATTNSTORE_WORKER_{name.upper()}" not in readme
-    ]
+    missing = undocumented(WorkerSettings)
     assert not missing, f"README's configuration table lacks {missing}"

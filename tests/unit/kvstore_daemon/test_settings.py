@@ -1,28 +1,22 @@
 from pathlib import Path
 
 import pytest
+from settings_env import loaded, refusal, undocumented
 
 from attnstore.settings import SettingsError, load_settings
 from kvstore_daemon.settings import DaemonSettings
 
 
 def test_environment_overrides_the_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = tmp_path / "daemon.toml"
-    config.write_text('eviction_policy = "fifo"\ndram_capacity_bytes = 268435456\nssd_dirs = ["/a", "/b"]\n')
-    monkeypatch.setenv("ATTNSTORE_DAEMON_CONFIG_FILE", str(config))
-    monkeypatch.setenv("ATTNSTORE_DAEMON_EVICTION_POLICY", "lru")
-    settings = load_settings(DaemonSettings)
+    toml = 'eviction_policy = "fifo"\ndram_capacity_bytes = 268435456\nssd_dirs = ["/a", "/b"]\n'
+    settings = loaded(DaemonSettings, monkeypatch, tmp_path, toml, EVICTION_POLICY="lru")
     assert settings.eviction_policy == "lru"
     assert settings.dram_capacity_bytes == 256 * 1024 * 1024
     assert settings.ssd_dirs == [Path("/a"), Path("/b")]
 
 
 def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNSTORE_DAEMON_EVICTION_POLICY", "random")
-    monkeypatch.setenv("ATTNSTORE_DAEMON_DRAM_CAPACITY_BYTES", "lots")
-    with pytest.raises(SettingsError) as error:
-        load_settings(DaemonSettings)
-    message = str(error.value)
+    message = refusal(DaemonSettings, monkeypatch, EVICTION_POLICY="random", DRAM_CAPACITY_BYTES="lots")
     assert "ATTNSTORE_DAEMON_EVICTION_POLICY" in message and "'random'" in message
     assert "ATTNSTORE_DAEMON_DRAM_CAPACITY_BYTES" in message
 
@@ -41,6 +35,5 @@ def test_missing_config_file_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_readme_documents_every_setting() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    missing = [name for name in DaemonSettings.model_fields if f"ATTNSTORE_DAEMON_{name.upper()}" not in readme]
+    missing = undocumented(DaemonSettings)
     assert not missing, f"README's configuration table lacks {missing}"

@@ -84,6 +84,17 @@ async def reopen(dirs: list[Path]) -> tuple[SsdTier, list[StoredChunk]]:
     return t, await t.open()
 
 
+async def written(dirs: list[Path], *indices: int) -> list[tuple[bytes, bytes, Path]]:
+    """Chunks `indices` written by a tier on `dirs`, then closed: each key, data and file."""
+    t, _ = await reopen(dirs)
+    chunks = [make_chunk(index) for index in indices]
+    for key, data in chunks:
+        await t.write(key, NS, data)
+    stored = [(key, data, t.path_of(key)) for key, data in chunks]
+    await t.close()
+    return stored
+
+
 async def test_write_read_round_trip(tier: SsdTier, tmp_path: Path) -> None:
     key, data = make_chunk(1)
     await tier.write(key, NS, memoryview(data))
@@ -200,12 +211,7 @@ async def test_restart_recovers_the_same_chunks(tmp_path: Path) -> None:
 
 async def test_open_drops_truncated_files(tmp_path: Path) -> None:
     dirs = [tmp_path / "ssd0"]
-    t, _ = await reopen(dirs)
-    (key, data), (kept, kept_data) = make_chunk(1), make_chunk(2)
-    await t.write(key, NS, data)
-    await t.write(kept, NS, kept_data)
-    path = t.path_of(key)
-    await t.close()
+    (_, data, path), (kept, _, _) = await written(dirs, 1, 2)
     os.truncate(path, len(data) - 1)
 
     t2, stored = await reopen(dirs)
@@ -216,11 +222,8 @@ async def test_open_drops_truncated_files(tmp_path: Path) -> None:
 
 async def test_open_removes_leftover_temp_files(tmp_path: Path) -> None:
     dirs = [tmp_path / "ssd0"]
-    t, _ = await reopen(dirs)
-    key, data = make_chunk(1)
-    await t.write(key, NS, data)
-    await t.close()
-    leftover = t.path_of(key).parent / f"{key.hex()}.deadbeef.tmp"  # an interrupted write
+    [(key, data, path)] = await written(dirs, 1)
+    leftover = path.parent / f"{key.hex()}.deadbeef.tmp"  # an interrupted write
     leftover.write_bytes(data[:100])
 
     t2, stored = await reopen(dirs)
@@ -231,11 +234,7 @@ async def test_open_removes_leftover_temp_files(tmp_path: Path) -> None:
 
 async def test_open_drops_chunks_of_another_format_version(tmp_path: Path) -> None:
     dirs = [tmp_path / "ssd0"]
-    t, _ = await reopen(dirs)
-    key, data = make_chunk(1)
-    await t.write(key, NS, data)
-    path = t.path_of(key)
-    await t.close()
+    [(_, data, path)] = await written(dirs, 1)
     path.write_bytes(with_format_version(data, FORMAT_VERSION + 1))
 
     t2, stored = await reopen(dirs)
@@ -245,10 +244,7 @@ async def test_open_drops_chunks_of_another_format_version(tmp_path: Path) -> No
 
 async def test_open_drops_a_chunk_filed_under_another_key(tmp_path: Path) -> None:
     dirs = [tmp_path / "ssd0"]
-    t, _ = await reopen(dirs)
-    key, data = make_chunk(1)
-    await t.write(key, NS, data)
-    await t.close()
+    [(key, data, _)] = await written(dirs, 1)
     wrong = chunk_key(NS, None, [99] * TOKENS).hex()
     misfiled = tmp_path / "ssd0" / "chunks" / wrong[:2] / f"{wrong}.chunk"
     misfiled.write_bytes(data)

@@ -8,11 +8,12 @@ import asyncio
 import itertools
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from async_polling import wait_until
 from hint_daemon import (
     BLOCK_BYTES,
     CHUNKS_PER_SESSION,
@@ -91,14 +92,6 @@ class RecordingClient:
         if self.inner is None:
             return HintResult(hinted_keys=0, prefetches_started=0)
         return await self.inner.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds, source=source)
-
-
-async def wait_until(condition: Callable[[], Awaitable[bool]], what: str, timeout_seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_prefetch_hints_move_the_queued_sessions_from_ssd_to_dram(client: AsyncKVStoreClient) -> None:

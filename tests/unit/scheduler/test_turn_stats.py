@@ -1,5 +1,6 @@
 """The public TurnStats built from what the worker reported (the scheduler's one mapping
-of a turn's outcome to the API): a namespace the KV store refused reaches the client."""
+of a turn's outcome to the API): a namespace the KV store refused, and how a history
+stored as hidden states was restored, reach the client."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def test_a_registered_namespace_leaves_it_empty_and_counts_the_closing_in_the_hi
     stats = turn_stats(_outcome(), ttft_seconds=0.1)
     assert stats.kv_unavailable_reason == ""
     assert stats.history_tokens == 40 + 4 + 2 and stats.session_saved
+
+
+def test_a_restore_from_hidden_states_reaches_the_client() -> None:
+    stats = turn_stats(
+        _outcome(restore_plan="r1h6k5", restore_recompute_ms=12.5, restore_hidden_ms=40.0, restore_kv_ms=3.0),
+        ttft_seconds=0.1,
+    )
+    assert stats.restore_plan == "r1h6k5"
+    assert (stats.restore_recompute_ms, stats.restore_hidden_ms, stats.restore_kv_ms) == (12.5, 40.0, 3.0)
+    plain = turn_stats(_outcome(), ttft_seconds=0.1)
+    assert plain.restore_plan == "" and plain.restore_hidden_ms == 0.0

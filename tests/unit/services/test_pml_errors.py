@@ -56,9 +56,8 @@ def assert_names(error: PmlError, line: int, element: str, *words: str) -> None:
         assert word in error.problem, error.problem
 
 
-@pytest.mark.parametrize(
-    ("document", "line", "element", "words"),
-    [
+SCHEMA_ERRORS: dict[type[PmlError], list[tuple[str, int, str, tuple[str, ...]]]] = {
+    MalformedPml: [
         (
             '<schema name="s">\n<module name="a">\n</schema>',
             3,
@@ -129,48 +128,7 @@ def assert_names(error: PmlError, line: int, element: str, *words: str) -> None:
             ("empty",),
         ),
     ],
-)
-def test_malformed_documents(document: str, line: int, element: str, words: tuple[str, ...]) -> None:
-    assert_names(schema_error(document, MalformedPml), line, element, *words)
-
-
-@pytest.mark.parametrize(
-    ("document", "element", "words"),
-    [
-        ('<schema name="s"><module name="a.b"/></schema>', '<module name="a.b">', ("illegal name 'a.b'",)),
-        ('<schema name="s"><module name="9lives"/></schema>', '<module name="9lives">', ("illegal name",)),
-        (
-            '<schema name="s"><module name="caf\u00e9"/></schema>',
-            '<module name="caf\u00e9">',
-            ("illegal name",),
-        ),
-        ('<schema name="s"><module name=""/></schema>', '<module name="">', ("illegal name",)),
-        ('<schema name="s"><module name="user"/></schema>', '<module name="user">', ("reserved",)),
-        (
-            '<schema name="s"><module name="a"><param name="Module" len="1"/></module></schema>',
-            '<param name="Module">',
-            ("reserved",),
-        ),
-        ('<schema name="bad name"/>', '<schema name="bad name">', ("illegal name",)),
-        (
-            '<schema name="s"><scaffold name="x" modules="a..b"/></schema>',
-            '<scaffold name="x">',
-            ("illegal name ''",),
-        ),
-    ],
-)
-def test_illegal_names(document: str, element: str, words: tuple[str, ...]) -> None:
-    assert_names(schema_error(document, IllegalName), 1, element, *words)
-
-
-def test_a_name_over_the_limit_is_illegal() -> None:
-    error = schema_error(f'<schema name="{"x" * 9}"/>', IllegalName, PmlLimits(name_chars_max=8))
-    assert_names(error, 1, f'<schema name="{"x" * 9}">', "9 characters, over 8")
-
-
-@pytest.mark.parametrize(
-    ("document", "line", "element", "words"),
-    [
+    DuplicateName: [
         (
             '<schema name="s">\n<module name="a"/>\n<module name="a"/></schema>',
             3,
@@ -208,9 +166,51 @@ def test_a_name_over_the_limit_is_illegal() -> None:
             ("listed twice",),
         ),
     ],
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "document", "line", "element", "words"),
+    [(kind, *case) for kind, cases in SCHEMA_ERRORS.items() for case in cases],
 )
-def test_duplicate_names(document: str, line: int, element: str, words: tuple[str, ...]) -> None:
-    assert_names(schema_error(document, DuplicateName), line, element, *words)
+def test_malformed_documents_and_duplicate_names(
+    kind: type[PmlError], document: str, line: int, element: str, words: tuple[str, ...]
+) -> None:
+    assert_names(schema_error(document, kind), line, element, *words)
+
+
+@pytest.mark.parametrize(
+    ("document", "element", "words"),
+    [
+        ('<schema name="s"><module name="a.b"/></schema>', '<module name="a.b">', ("illegal name 'a.b'",)),
+        ('<schema name="s"><module name="9lives"/></schema>', '<module name="9lives">', ("illegal name",)),
+        (
+            '<schema name="s"><module name="caf\u00e9"/></schema>',
+            '<module name="caf\u00e9">',
+            ("illegal name",),
+        ),
+        ('<schema name="s"><module name=""/></schema>', '<module name="">', ("illegal name",)),
+        ('<schema name="s"><module name="user"/></schema>', '<module name="user">', ("reserved",)),
+        (
+            '<schema name="s"><module name="a"><param name="Module" len="1"/></module></schema>',
+            '<param name="Module">',
+            ("reserved",),
+        ),
+        ('<schema name="bad name"/>', '<schema name="bad name">', ("illegal name",)),
+        (
+            '<schema name="s"><scaffold name="x" modules="a..b"/></schema>',
+            '<scaffold name="x">',
+            ("illegal name ''",),
+        ),
+    ],
+)
+def test_illegal_names(document: str, element: str, words: tuple[str, ...]) -> None:
+    assert_names(schema_error(document, IllegalName), 1, element, *words)
+
+
+def test_a_name_over_the_limit_is_illegal() -> None:
+    error = schema_error(f'<schema name="{"x" * 9}"/>', IllegalName, PmlLimits(name_chars_max=8))
+    assert_names(error, 1, f'<schema name="{"x" * 9}">', "9 characters, over 8")
 
 
 def test_same_name_at_different_levels_is_allowed() -> None:

@@ -136,7 +136,7 @@ class SampleStats(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason", "samples", "module_tokens", "computed_tokens", "repaired_tokens", "encoded_modules")
+    __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason", "samples", "module_tokens", "computed_tokens", "repaired_tokens", "encoded_modules", "restore_plan", "restore_recompute_ms", "restore_hidden_ms", "restore_kv_ms")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,10 @@ class TurnStats(_message.Message):
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPAIRED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ENCODED_MODULES_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_PLAN_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_RECOMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_KV_MS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     generated_tokens: int
@@ -173,7 +177,11 @@ class TurnStats(_message.Message):
     computed_tokens: int
     repaired_tokens: int
     encoded_modules: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ...) -> None: ...
+    restore_plan: str
+    restore_recompute_ms: float
+    restore_hidden_ms: float
+    restore_kv_ms: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("token", "stats")

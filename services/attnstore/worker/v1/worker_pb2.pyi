@@ -142,7 +142,7 @@ class SampleStats(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples", "module_tokens", "repaired_tokens", "encoded_modules", "restore_plan")
+    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples", "module_tokens", "repaired_tokens", "encoded_modules", "restore_plan", "restore_recompute_ms", "restore_hidden_ms", "restore_kv_ms")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_DRAM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,9 @@ class TurnStats(_message.Message):
     REPAIRED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ENCODED_MODULES_FIELD_NUMBER: _ClassVar[int]
     RESTORE_PLAN_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_RECOMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_KV_MS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     reused_dram_chunks: int
@@ -187,7 +190,10 @@ class TurnStats(_message.Message):
     repaired_tokens: int
     encoded_modules: int
     restore_plan: str
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ...) -> None: ...
+    restore_recompute_ms: float
+    restore_hidden_ms: float
+    restore_kv_ms: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ...) -> None: ...
 
 class ExecuteTurnResponse(_message.Message):
     __slots__ = ("token", "stats")
