@@ -7,10 +7,14 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
   split       attention of 1 decode query and of a 256-token prefill chunk over 16k keys
               (8 heads, 2 KV heads, head_dim 64), monolithic (the faster of torch SDPA, the
               engine's path, and the partial kernel over all keys at once) vs partials over
-              blocks of 1k and 4k tokens merged (partial.py); one thread, fastest of N
+              blocks of 1k and 4k tokens merged (partial.py); for the decode query also
+              its block partials from one kernel call (the blocks as its batch); one
+              thread, fastest of N
   decode      one decode step of the model with R remote tokens on a peer (4k, 16k, 64k;
               --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
               partials computed on the peer vs its KV pulled each step
+  dgfm        the remote share of blocks per period in the drift simulation
+              (dgfm_sim.py), without DGFM and with its swaps every 10 steps
   capacity    the longest context served when each node keeps `--node-tokens` tokens of
               KV: one worker alone vs the same worker with two peers (placement.py), each
               checked against the plain forward's logits and one token beyond refused
@@ -33,9 +37,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from bench.common.results import print_report, save_results
 from bench.load.model import save_load_model
+from bench.longctx.dgfm_sim import forced_share, per_period, simulate
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.cost_model import Mode
-from inference_worker.dist_attention.partial import merge, partial_attention
+from inference_worker.dist_attention.partial import Partial, merge, merge_stacked, partial_attention
 from inference_worker.dist_attention.placement import ContextTooLong
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
@@ -83,14 +88,22 @@ def bench_split(keys: int, repeats: int) -> dict[str, Any]:
                 "sdpa_ms": best["sdpa"] * 1e3, "one_part_ms": best["one_part"] * 1e3, "monolithic_ms": monolithic * 1e3,
                 "split_ms": split * 1e3, "overhead": split / monolithic - 1,
             }  # fmt: skip
+            if f"one_call{block}" in best:
+                one_call = best[f"one_call{block}"]
+                rows[f"q{queries}_block{block}"] |= {
+                    "one_call_ms": one_call * 1e3,
+                    "one_call_overhead": one_call / monolithic - 1,
+                }
     return rows
 
 
 def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: int) -> dict[str, float]:
     """q [Q, H, D] at the last Q positions of k, v [T, KVH, D]."""
     keys, queries = k.shape[0], q.shape[0]
-    k_pos, q_pos = torch.arange(keys), torch.arange(keys - queries, keys)
-    mask = None if queries == 1 else k_pos[None, :] <= q_pos[:, None]
+    k_pos, q_pos = range(keys), range(keys - queries, keys)  # as segments pass them: no tensor to bound
+    mask = (
+        None if queries == 1 else torch.arange(keys)[None, :] <= torch.arange(keys - queries, keys)[:, None]
+    )
     ops: dict[str, Callable[[], object]] = {
         "sdpa": lambda: F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -103,7 +116,31 @@ def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: i
             [partial_attention(q, k[s : s + block], v[s : s + block], q_pos, k_pos[s : s + block], scale=0.125)
              for s in range(0, keys, block)]
         )  # fmt: skip
+        if queries == 1:
+            ops[f"one_call{block}"] = lambda block=block: blocks_in_one_call(q, k, v, block)
     return fastest_seconds(ops, repeats)
+
+
+def blocks_in_one_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> Partial:
+    """One decode query's partials over equal blocks of k, v [T, KVH, D] from one kernel
+    call (the blocks as its batch, no copy), merged: the split without the kernel's fixed
+    cost per call (informational: the runner calls the kernel once per place)."""
+    parts, (kv_heads, dim), heads = k.shape[0] // block, k.shape[1:], q.shape[1]
+    rows = q.view(1, kv_heads, heads // kv_heads, dim).expand(parts, -1, -1, -1)
+    k_blocks = k.view(parts, block, kv_heads, dim).permute(0, 2, 1, 3)  # [P, KVH, block, D]
+    v_blocks = v.view(parts, block, kv_heads, dim).permute(0, 2, 1, 3)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        rows, k_blocks, v_blocks, 0.0, False, attn_mask=None, scale=0.125
+    )  # [P, KVH, G, D], [P, KVH, G]
+    return merge_stacked(out.reshape(parts, 1, heads, dim), lse.reshape(parts, 1, heads))
+
+
+def bench_dgfm() -> dict[str, Any]:
+    """The remote share of blocks per period in the drift simulation (dgfm_sim.py), without
+    DGFM and with its swaps every 10 steps; the real swap is tested on worker processes
+    (tests/integration/inference_worker/test_dgfm_swap.py)."""
+    without, with_dgfm = per_period(simulate(dgfm_every=None)), per_period(simulate(dgfm_every=10))
+    return {"without": without, "with": with_dgfm, "forced": forced_share()}
 
 
 def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> list[WorkerProcess]:
@@ -190,7 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     repeats = 5 if args.quick else 20
     remote = [4096, 16384] if args.quick else [4096, 16384, 65536]
     node_tokens = args.node_tokens or (1024 if args.quick else 4096)
-    document: dict[str, Any] = {"split": bench_split(16384, repeats), "model": LONG_LLAMA}
+    document: dict[str, Any] = {
+        "split": bench_split(16384, repeats),
+        "model": LONG_LLAMA,
+        "dgfm": bench_dgfm(),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-longctx-") as scratch:
         root = Path(scratch)
         model_dir = save_load_model(root / "model", shape=LONG_LLAMA)
@@ -212,7 +253,12 @@ def main(argv: list[str] | None = None) -> None:
         "decode_bytes_ratio_pull_vs_remote_16k": document["decode"]["16k"]["bytes_ratio_pull_vs_remote"],
         "decode_time_ratio_pull_vs_remote_16k": document["decode"]["16k"]["time_ratio_pull_vs_remote"],
         "split_overhead": max(row["overhead"] for row in document["split"].values()),
+        "split_overhead_decode_one_call": max(
+            row["one_call_overhead"] for row in document["split"].values() if "one_call_overhead" in row
+        ),
         "max_abs_logit_error_3_nodes": capacity["3_nodes"]["max_abs_logit_error"],
+        "dgfm_remote_share_last_period_without": document["dgfm"]["without"][-1],
+        "dgfm_remote_share_last_period_with": document["dgfm"]["with"][-1],
     }
     document["summary"] = summary
     if args.results:
@@ -223,13 +269,17 @@ def main(argv: list[str] | None = None) -> None:
 def format_table(document: dict[str, Any]) -> str:
     lines = ["split/merge vs monolithic SDPA, 16k keys"]
     for name, row in document["split"].items():
+        one_call = f"   blocks in one call {row['one_call_overhead']:+.1%}" if "one_call_ms" in row else ""
         lines.append(f"  {name:<16} sdpa {row['sdpa_ms']:8.2f} ms   one part {row['one_part_ms']:8.2f} ms   "
-                     f"split {row['split_ms']:8.2f} ms   overhead {row['overhead']:+.1%}")  # fmt: skip
+                     f"split {row['split_ms']:8.2f} ms   overhead {row['overhead']:+.1%}{one_call}")  # fmt: skip
     lines.append("decode step with remote KV: remote micro-attention vs pulling the KV")
     for name, row in document["decode"].items():
         lines.append(f"  {name:>4} remote  {row['remote']['bytes_per_step'] / 1e3:10.1f} kB {row['remote']['step_ms']:8.1f} ms   "
                      f"pull {row['pull']['bytes_per_step'] / 1e6:9.1f} MB {row['pull']['step_ms']:8.1f} ms   "
                      f"bytes x{row['bytes_ratio_pull_vs_remote']:.0f}")  # fmt: skip
+    dgfm = document["dgfm"]
+    lines.append(f"remote share of blocks per period (simulation, forced {dgfm['forced']:.3f}): "
+                 f"without DGFM {dgfm['without']}, with {dgfm['with']}")  # fmt: skip
     for name, row in document["capacity"].items():
         lines.append(f"longest context, {name}: {row['context_tokens']} tokens (logit error {row['max_abs_logit_error']:.1e}, "
                      f"one more refused: {row['one_more_refused']})")  # fmt: skip
@@ -244,6 +294,8 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         ("decode_time_ratio_pull_vs_remote_16k", summary["decode_time_ratio_pull_vs_remote_16k"] > 1.0, "> 1 (remote faster)"),
         ("split_overhead", summary["split_overhead"] <= TARGETS["split_overhead"], "<= 0.10"),
         ("max_abs_logit_error_3_nodes", summary["max_abs_logit_error_3_nodes"] <= 1e-4, "<= 1e-4"),
+        ("dgfm_remote_share_last_period_with",
+         summary["dgfm_remote_share_last_period_with"] < summary["dgfm_remote_share_last_period_without"], "< without DGFM"),
     ]  # fmt: skip
     return [
         f"{'PASS' if ok else 'FAIL'} {name} {summary[name]:.4g} (target {target})"

@@ -100,7 +100,7 @@ async def run_worker(settings: WorkerSettings) -> None:
     engine = TurnEngine(loaded, kvstore, settings, restore)
     await warm_up(engine)
     limits = request_limits(loaded, settings, engine.window)
-    model_card = describe_model(loaded, digest, engine.window, limits)
+    model_card = describe_model(loaded, digest, engine.window, limits, engine.max_turn_context_tokens)
     log.info(
         "worker_starting",
         model=model_card.model_label,

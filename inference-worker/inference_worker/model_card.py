@@ -27,7 +27,11 @@ def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: Contex
 
 
 def describe_model(
-    loaded: LoadedModel, digest: str, window: ContextWindow, limits: RequestLimits
+    loaded: LoadedModel,
+    digest: str,
+    window: ContextWindow,
+    limits: RequestLimits,
+    max_turn_context_tokens: int,
 ) -> pb.DescribeModelResponse:
     geometry = ModelGeometry.of(loaded.config)
     dtype = DTYPE_NAMES[loaded.dtype]
@@ -46,6 +50,7 @@ def describe_model(
         max_new_tokens=limits.max_new_tokens,
         attention_sink_tokens=window.sink_tokens,
         max_samples=limits.max_samples,
+        max_turn_context_tokens=max_turn_context_tokens,
         kernels=kernels_message(loaded.kernels),
     )
 

@@ -15,6 +15,7 @@ from attnstore.server.service_settings import InternalAuthSetting, ListenAddress
 from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.dist_attention.limits import MicroAttentionLimits
+from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.model_store import DEFAULT_CACHE_DIR
 from inference_worker.restore.settings import RestoreSettings
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
@@ -27,6 +28,10 @@ class WorkerSettings(ServiceSettings):
     micro_attention: MicroAttentionLimits = Field(
         default_factory=MicroAttentionLimits,
         description="KV held and attention computed for other workers' long contexts (DistAttention)",
+    )
+    long_context: LongContextSettings = Field(
+        default_factory=LongContextSettings,
+        description="turns whose KV does not fit the pool: their oldest KV on peer workers (DistAttention)",
     )
     internal_auth: InternalAuthSetting
 
@@ -167,4 +172,9 @@ class WorkerSettings(ServiceSettings):
                 "daemon chunk is then whole pool blocks"
             )
         check_server_security(self.tls, self.internal_auth)
+        secure = self.tls.enabled or self.internal_auth.enabled
+        if self.long_context.peers and secure and not self.long_context.peer_channel.tls:
+            raise ValueError(
+                "the peers of a worker with tls or internal_auth need long_context.peer_channel.tls to be called"
+            )
         return self

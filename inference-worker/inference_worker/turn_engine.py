@@ -23,6 +23,9 @@ Decisions:
   out of the sequence's pool blocks before they are released.
 - A truncated turn that found no chunk 0 computes it whole after decoding (off the TTFT
   path) and saves it, so later turns have their attention sinks to load (prefill.py).
+- A turn whose kept prompt plus max_tokens does not fit the KV pool runs over this worker
+  and its peers (dist_attention/long_turn.py) when long_context.peers are set; without
+  peers the engine refuses it (RESOURCE_EXHAUSTED) as before.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from inference_worker.decoding import (
     sample_params,
     stop_token_ids,
 )
+from inference_worker.dist_attention.long_turn import LongTurns
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
 from inference_worker.engine.engine import Engine
@@ -118,6 +122,12 @@ class TurnEngine:
             shift = None
         self.engine = _build_engine(model, geometry, settings)
         self.restore = TurnRestore(restore, self.engine.runner, shift) if restore is not None else None
+        self.long_turns = LongTurns(
+            model,
+            settings.long_context,
+            local_tokens=self.engine.pool.num_blocks * settings.block_tokens,
+            chunk_tokens=settings.max_batch_tokens,
+        )
         self._saver = ChunkSaver(kvstore) if kvstore is not None else None
         self.prefiller = Prefiller(
             self.engine,
@@ -153,6 +163,14 @@ class TurnEngine:
             RepairMethod(settings.module_repair_method),
         )
 
+    @property
+    def max_turn_context_tokens(self) -> int:
+        """The longest context (kept prompt + max_tokens) a turn may have here: the pool's
+        tokens, or with peers for long turns long_context.max_context_tokens."""
+        pool_tokens = self.engine.pool.num_blocks * self.engine.pool.block_tokens
+        longest = self.long_turns.settings.max_context_tokens if self.long_turns.enabled else 0
+        return min(max(longest, pool_tokens), self.window.max_context_tokens)
+
     async def namespace_for(self, tenant_salt: bytes) -> KVSource:
         """This model's namespace for a tenant, registered with the daemon on first use. A
         daemon error does not fail it: registration is retried by later lookups and saves."""
@@ -166,6 +184,7 @@ class TurnEngine:
     async def close(self) -> None:
         """Stops the engine's step loop (after the turns ended)."""
         await self.engine.close()
+        self.long_turns.close()
         if self.restore is not None:
             self.restore.close()
 
@@ -180,6 +199,13 @@ class TurnEngine:
         check_sampling(turn.sampling)
         self.runner.check_prompt(prompt)
         truncation = self.window.plan(len(prompt), turn.sampling.max_tokens, turn.truncated_tokens)
+        kept = len(prompt) - truncation.dropped_tokens
+        pool = self.engine.pool
+        if self.long_turns.enabled and pool.blocks_for(kept + turn.sampling.max_tokens) > pool.num_blocks:
+            seq = self._decoding(EngineSequence.of(truncation.kept(prompt)), turn.sampling)
+            async for event in self.long_turns.run(len(prompt), truncation, seq, turn.sampling.n):
+                yield event
+            return
         history_tokens = turn.history_tokens
         if self.restore is not None:  # restore chunks: untruncated turns, no tails (restore/turns.py)
             source = source if truncation == NO_TRUNCATION else None

@@ -34,6 +34,7 @@ from attnstore_scheduler.validation import (
     ApiLimits,
     check_session_tokens,
     check_system_prompt_tokens,
+    check_turn_context,
     require_model,
     sampling,
 )
@@ -93,6 +94,7 @@ class Turns:
                 closings.append(prompt.answer_closing)
                 prompt_tokens = len(prompt.token_ids) + len(prompt.answer_closing)
                 check_session_tokens(prompt_tokens, params.max_tokens, self._limits)
+                check_turn_context(len(prompt.token_ids), params.max_tokens, model)
                 tokens_after = prompt_tokens + params.max_tokens
                 await self._sessions.check_kv_budget(record, tokens_after, model.kv_bytes_per_token)
                 return worker_pb2.ExecuteTurnRequest(
@@ -206,7 +208,8 @@ class Turns:
         the chat template) or raw text (tokenized as is). Its prompt's full chunks are saved,
         so a later prompt that starts with the same tokens reuses them. Turns with the same
         `affinity` text go to the node that ran the last one (where that KV is)."""
-        params = sampling(options, self._limits, require_model(self._registry.model()))
+        model = require_model(self._registry.model())
+        params = sampling(options, self._limits, model)
 
         async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
             request = worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params)
@@ -214,6 +217,7 @@ class Turns:
                 reply = await worker.stub.Tokenize(
                     worker_pb2.TokenizeRequest(text=prompt), timeout=TOKENIZE_TIMEOUT_SECONDS
                 )
+                check_turn_context(len(reply.token_ids), params.max_tokens, model)
                 request.prompt_token_ids.token_ids.extend(reply.token_ids)
             else:
                 request.messages.messages.extend(

@@ -134,6 +134,20 @@ def check_session_tokens(prompt_tokens: int, max_tokens: int, limits: ApiLimits)
         )
 
 
+def check_turn_context(prompt_tokens: int, max_tokens: int, model: worker_pb2.DescribeModelResponse) -> None:
+    """Admits a turn up to the longest context a worker serves (its KV pool, or with peers
+    for long turns its long_context.max_context_tokens); a prompt beyond the context window
+    counts as truncated to it. A worker that reports no limit (0) decides itself."""
+    context = min(prompt_tokens + max_tokens, model.max_context_tokens)
+    if model.max_turn_context_tokens and context > model.max_turn_context_tokens:
+        raise ResourceExhausted(
+            f"the turn needs a context of {context} tokens ({prompt_tokens} in the prompt, up to {max_tokens} "
+            f"to generate, within the {model.max_context_tokens}-token window); a worker serves at most "
+            f"{model.max_turn_context_tokens} (its KV pool, or its long_context.max_context_tokens with peers): "
+            "ask for fewer options.max_tokens or start a new session"
+        )
+
+
 def check_system_prompt_tokens(
     tokens: int, limits: ApiLimits, model: worker_pb2.DescribeModelResponse
 ) -> None:

@@ -183,6 +183,7 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
             segment_id="fuzz-d", namespace=ns, chunk_keys=keys
         ),
         "MicroAttention.ReleaseKV": micro_pb.ReleaseKVRequest(segment_id="fuzz"),
+        "MicroAttention.DescribeLending": micro_pb.DescribeLendingRequest(),
         "AttnStore.CreateSession": api.CreateSessionRequest(system_prompt="be brief", ttl_seconds=60),
         "AttnStore.Chat": api.ChatRequest(session_id=session_id, message="hello world", options=options),
         "AttnStore.Generate": api.GenerateRequest(

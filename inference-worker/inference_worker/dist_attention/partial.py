@@ -13,6 +13,8 @@ Decisions:
 - Grouped-query attention without repeating KV heads: the G query heads of one KV head
   become Q*G rows of that head (SDPA's batch of heads = KV heads), the mask repeated per
   row block. Exact, and K/V are read once.
+- Positions may be a `range` (a segment's): bounding it costs no tensor op, and the
+  mask is only built when some query cannot see some key.
 - On a CPU, torch's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`) returns the
   log-sum-exp with the output: the same kernel as monolithic SDPA, so a split costs only
   the merge (bench-longctx measures it). It reports lse = 0 for a row with no visible key,
@@ -33,18 +35,35 @@ class Partial:
     lse: torch.Tensor  # [Q, H] fp32, log-sum-exp of scaled scores; -inf where no key is visible
 
 
+Positions = torch.Tensor | range  # absolute positions [n]; a range costs no tensor op to bound
+
+
+def _bounds(positions: Positions) -> tuple[int, int]:
+    if isinstance(positions, range):
+        return positions.start, positions.stop - 1
+    first, last = torch.aminmax(positions)
+    return int(first), int(last)
+
+
+def _tensor(positions: Positions, device: torch.device) -> torch.Tensor:
+    if isinstance(positions, range):
+        return torch.arange(positions.start, positions.stop, device=device)
+    return positions
+
+
 def visibility(
-    q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None
+    q_positions: Positions, k_positions: Positions, window: int | None, device: torch.device
 ) -> torch.Tensor | None:
     """[Q, T] True where a query may attend a key (causal, and within `window` positions);
-    None when every query sees every key (a decode step over older KV). Both non-empty."""
-    if int(k_positions.max()) <= int(q_positions.min()) and (
-        window is None or int(k_positions.min()) > int(q_positions.max()) - window
-    ):
+    None when every query sees every key (a decode step over older KV). Both non-empty.
+    The test is on the bounds first: a decode step's fixed cost per part counts (bench split)."""
+    (q_first, q_last), (k_first, k_last) = _bounds(q_positions), _bounds(k_positions)
+    if k_last <= q_first and (window is None or k_first > q_last - window):
         return None
-    allowed = k_positions[None, :] <= q_positions[:, None]
+    q_at, k_at = _tensor(q_positions, device), _tensor(k_positions, device)
+    allowed = k_at[None, :] <= q_at[:, None]
     if window is not None:
-        allowed &= k_positions[None, :] > q_positions[:, None] - window
+        allowed &= k_at[None, :] > q_at[:, None] - window
     return allowed
 
 
@@ -52,8 +71,8 @@ def partial_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_positions: torch.Tensor,
-    k_positions: torch.Tensor,
+    q_positions: Positions,
+    k_positions: Positions,
     *,
     scale: float,
     window: int | None = None,
@@ -66,15 +85,20 @@ def partial_attention(
     group = heads // kv_heads
     if k.shape[0] == 0 or tokens == 0:
         return empty_partial(tokens, heads, dim, q.device)
-    allowed = visibility(q_positions, k_positions, window)
+    allowed = visibility(q_positions, k_positions, window, q.device)
     # Rows ordered (query, group member): for one decode query every reshape is a view.
-    rows = q.view(tokens, kv_heads, group, dim).transpose(0, 1).reshape(1, kv_heads, tokens * group, dim)
-    keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)  # [1, KVH, T, D]
+    if tokens == 1:
+        rows = q.view(1, kv_heads, group, dim)
+    else:
+        rows = q.view(tokens, kv_heads, group, dim).transpose(0, 1).reshape(1, kv_heads, tokens * group, dim)
+    keys, values = k.permute(1, 0, 2)[None], v.permute(1, 0, 2)[None]  # [1, KVH, T, D]
     row_mask = None if allowed is None else allowed.repeat_interleave(group, dim=0)  # [Q*G, T]
     if q.device.type == "cpu":
         out, lse = _flash_cpu(rows, keys, values, row_mask, scale)
     else:
         out, lse = _math(rows, keys, values, row_mask, scale)
+    if tokens == 1:
+        return Partial(out.reshape(1, heads, dim).float(), lse.reshape(1, heads).float())
     out = out[0].view(kv_heads, tokens, group, dim).transpose(0, 1).reshape(tokens, heads, dim)
     lse = lse[0].view(kv_heads, tokens, group).transpose(0, 1).reshape(tokens, heads)
     return Partial(out.float(), lse.float())
@@ -117,14 +141,16 @@ def merge(parts: Sequence[Partial]) -> Partial:
     """The exact partial over the union of `parts`' keys (any number, any order)."""
     if len(parts) == 1:
         return parts[0]
-    lse = torch.stack([p.lse for p in parts])  # [P, Q, H]
-    peak = lse.amax(dim=0).nan_to_num(neginf=0.0)  # [Q, H]; 0 where no part sees a key
+    return merge_stacked(torch.stack([p.out for p in parts]), torch.stack([p.lse for p in parts]))
+
+
+def merge_stacked(out: torch.Tensor, lse: torch.Tensor) -> Partial:
+    """The merge of P partials given stacked, out [P, Q, H, D] and lse [P, Q, H]: one
+    vectorised weighted sum. Measured on a CPU, 16 parts, one thread: a decode step's merge
+    33 us against 73 us for a loop of in-place adds (fixed cost per op); a 256-query prefill
+    chunk's ~1 ms more than the loop (the stacked copy), 0.2% of that chunk's attention."""
+    peak = lse.amax(dim=0).nan_to_num_(neginf=0.0)  # [Q, H]; 0 where no part sees a key
     weights = torch.exp(lse - peak)  # [P, Q, H], 0 for -inf
     total = weights.sum(dim=0)  # [Q, H]
-    # Accumulated in place: stacking the outputs first (one [P, Q, H, D] tensor) measured
-    # 30x slower on a CPU (a fresh large allocation per merge).
-    out = torch.zeros_like(parts[0].out)
-    for weight, part in zip(weights, parts, strict=True):
-        out.addcmul_(part.out, weight.unsqueeze(-1))
-    out /= total.clamp_min(torch.finfo(total.dtype).tiny).unsqueeze(-1)
-    return Partial(out, peak + torch.log(total))
+    weights /= total.clamp_min(torch.finfo(total.dtype).tiny)
+    return Partial((weights.unsqueeze(-1) * out).sum(dim=0), peak + torch.log(total))  # [Q, H, D], [Q, H]

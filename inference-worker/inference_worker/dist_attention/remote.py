@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from attnstore.security import ClientCredentials, sync_channel
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.cost_model import CostModel, Mode
@@ -32,12 +33,14 @@ class PlaceLost(Exception):
         self.address, self.start, self.stop = address, start, stop
 
 
-def peer_channel(address: str) -> grpc.Channel:
+def peer_channel(address: str, credentials: ClientCredentials | None = None) -> grpc.Channel:
+    """A channel to a peer's MicroAttention: TLS and the internal token when `credentials`
+    (the worker's long_context.peer_channel) say so, plaintext otherwise."""
     options = [
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ]
-    return grpc.insecure_channel(address, options=options)
+    return sync_channel(address, credentials, options)
 
 
 @dataclass
@@ -58,6 +61,7 @@ class RemoteSegment:
     start: int
     tokens: int
     layer_kv_bytes: int  # one layer's K and V, for the cost model
+    layers: int
     timeout_seconds: float
     force: Mode | None = None  # a fixed mode (benchmarks); None = the cost model decides
     costs: CostModel = field(default_factory=CostModel)
@@ -84,11 +88,15 @@ class RemoteSegment:
             _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
             costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)
         return cls(address, stub, segment_id, local.start, local.tokens, per_token * local.tokens // layers,
-                   timeout_seconds, costs=costs)  # fmt: skip
+                   layers, timeout_seconds, costs=costs)  # fmt: skip
 
     @property
     def stop(self) -> int:
         return self.start + self.tokens
+
+    @property
+    def nbytes(self) -> int:
+        return self.layer_kv_bytes * self.layers
 
     def partial(
         self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None
@@ -129,34 +137,44 @@ class RemoteSegment:
     def _pull(
         self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
     ) -> Partial:
-        request = pb.ReadKVRequest(segment_id=self.segment_id, layer=layer)
         started = time.perf_counter()
-        keys, values, received = [], [], 0
+        k, v = self.read_layer(layer)
+        transfer_seconds = time.perf_counter() - started
+        self.traffic.pulls += 1
+        k, v = k.to(q.device), v.to(q.device)
+        started = time.perf_counter()
+        part = partial_attention(
+            q,
+            k.to(q.dtype),
+            v.to(q.dtype),
+            positions,
+            range(self.start, self.stop),
+            scale=scale,
+            window=window,
+        )
+        self.costs.observe_pull(k.nbytes + v.nbytes, transfer_seconds, time.perf_counter() - started)
+        return part
+
+    def read_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The segment's K, V [tokens, KVH, D] of `layer` (CPU), streamed from the peer."""
+        request = pb.ReadKVRequest(segment_id=self.segment_id, layer=layer)
+        keys, values = [], []
         try:
             for piece in self.stub.ReadKV(request, timeout=self.timeout_seconds):
                 keys.append(from_wire(piece.keys, "keys", 3))
                 values.append(from_wire(piece.values, "values", 3))
-                received += piece.ByteSize()
+                self.traffic.received_bytes += piece.ByteSize()
         except grpc.RpcError as exc:
             raise PlaceLost(
                 self.address, self.start, self.stop, f"{exc.code().name}: {exc.details()}"
             ) from exc
-        transfer_seconds = time.perf_counter() - started
         self.traffic.sent_bytes += request.ByteSize()
-        self.traffic.received_bytes += received
-        self.traffic.pulls += 1
-        k, v = torch.cat(keys).to(q.device), torch.cat(values).to(q.device)
+        k, v = torch.cat(keys), torch.cat(values)
         if k.shape[0] != self.tokens:
             raise PlaceLost(
                 self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
             )
-        k_positions = torch.arange(self.start, self.stop, device=q.device)
-        started = time.perf_counter()
-        part = partial_attention(
-            q, k.to(q.dtype), v.to(q.dtype), positions, k_positions, scale=scale, window=window
-        )
-        self.costs.observe_pull(received, transfer_seconds, time.perf_counter() - started)
-        return part
+        return k, v
 
 
 class _Refused(Exception):

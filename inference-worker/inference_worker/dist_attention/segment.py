@@ -81,8 +81,8 @@ class LocalSegment:
         """Views of K, V [tokens, KVH, D] of `layer`."""
         return self.k[layer, : self.tokens], self.v[layer, : self.tokens]
 
-    def positions(self) -> torch.Tensor:
-        return torch.arange(self.start, self.stop, device=self.k.device)
+    def positions(self) -> range:
+        return range(self.start, self.stop)
 
     def partial(
         self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None

@@ -75,6 +75,13 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     ) -> pb.ReleaseKVResponse:
         return pb.ReleaseKVResponse(released=self._held.release(request.segment_id))
 
+    async def DescribeLending(
+        self, request: pb.DescribeLendingRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeLendingResponse:
+        return pb.DescribeLendingResponse(
+            held_bytes=self._held.held_bytes, max_held_bytes=self._held.limits.max_held_bytes
+        )
+
 
 def add_to_server(held: HeldKV, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server) -> str:
     """Registers the service; its name, for the health service."""

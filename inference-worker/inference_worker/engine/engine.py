@@ -51,6 +51,24 @@ class EngineStats:
     preemptions: int
 
 
+def sample_next(seq: Sequence, sampler: Sampler, logits: torch.Tensor) -> StepOutput:
+    """Appends the token `sampler` draws from `logits` [vocab] to `seq` and says whether
+    it finished it (a stop token, a stop string, max_new_tokens). Also used by turns that
+    run outside the engine (dist_attention/long_turn.py)."""
+    if seq.max_new_tokens == 0:
+        seq.finish_reason = "length"
+        return StepOutput(seq, None, True, logits)
+    token = sampler(logits)
+    seq.token_ids.append(token)
+    if token in seq.stops:
+        seq.finish_reason = "stop"
+    elif seq.stop_text is not None and seq.stop_text(token):
+        seq.finish_reason = "stop_string"
+    elif len(seq.generated) >= seq.max_new_tokens:
+        seq.finish_reason = "length"
+    return StepOutput(seq, token, seq.finish_reason is not None, logits)
+
+
 class Engine:
     def __init__(
         self, runner: PagedModelRunner, pool: BlockPool, *, max_batch_tokens: int, max_batch_sequences: int
@@ -126,18 +144,7 @@ class Engine:
             seq.snapshot = self.kv.span(seq.block_table, 0, tokens) if tokens else None
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> StepOutput:
-        if seq.max_new_tokens == 0:
-            seq.finish_reason = "length"
-            return StepOutput(seq, None, True, logits)
-        token = self._samplers[seq.seq_id](logits)
-        seq.token_ids.append(token)
-        if token in seq.stops:
-            seq.finish_reason = "stop"
-        elif seq.stop_text is not None and seq.stop_text(token):
-            seq.finish_reason = "stop_string"
-        elif len(seq.generated) >= seq.max_new_tokens:
-            seq.finish_reason = "length"
-        return StepOutput(seq, token, seq.finish_reason is not None, logits)
+        return sample_next(seq, self._samplers[seq.seq_id], logits)
 
     def _observe(self, batch: int) -> None:
         self._steps += 1

@@ -119,12 +119,20 @@ def start_stack(
     scheduler_settings: dict[str, object] | None = None,
     worker_metrics: bool = False,
     daemon_settings: dict[str, object] | None = None,
+    worker_settings: dict[str, object] | None = None,
 ) -> Stack:
     """`redis` None: the embedded session store. `worker_metrics`: each worker serves
-    /metrics on a free port (Stack.worker_metrics_ports)."""
+    /metrics on a free port (Stack.worker_metrics_ports). `worker_settings`: every worker's,
+    beside WORKER_SETTINGS."""
     worker_metrics_ports = {node: free_port() for node in worker_nodes} if worker_metrics else {}
     workers = tuple(
-        WorkerSpec(node, settings={"metrics_port": worker_metrics_ports[node]} if worker_metrics else {})
+        WorkerSpec(
+            node,
+            settings={
+                **({"metrics_port": worker_metrics_ports[node]} if worker_metrics else {}),
+                **(worker_settings or {}),
+            },
+        )  # fmt: skip
         for node in worker_nodes
     )
     settings = {**SCHEDULER_SETTINGS, **(scheduler_settings or {})}

@@ -123,3 +123,11 @@ def test_load_refuses_a_pair_grpc_cannot_use(tmp_path: Path) -> None:
         (tmp_path / name).write_text(f"-----BEGIN CERTIFICATE-----\nnot {name}\n-----END CERTIFICATE-----\n")
     with pytest.raises(SecurityConfigError, match="grpc refused tls.cert_file or tls.key_file"):
         ServerTLS(cert_file=tmp_path / "tls.crt", key_file=tmp_path / "tls.key").load()
+
+
+def test_a_secure_worker_calls_its_long_context_peers_with_tls() -> None:
+    peers = {"peers": ["127.0.0.1:1"]}
+    with pytest.raises(ValidationError, match="long_context.peer_channel.tls"):
+        WorkerSettings(tls=TLS_ON, long_context=peers)
+    WorkerSettings(tls=TLS_ON, long_context={**peers, "peer_channel": {"tls": True}})
+    WorkerSettings(long_context=peers)  # plaintext worker, plaintext peers

@@ -115,3 +115,15 @@ class ReleaseKVResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class DescribeLendingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeLendingResponse(_message.Message):
+    __slots__ = ("held_bytes", "max_held_bytes")
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    held_bytes: int
+    max_held_bytes: int
+    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ...) -> None: ...

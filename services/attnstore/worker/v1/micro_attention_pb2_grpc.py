@@ -59,6 +59,11 @@ class MicroAttentionStub:
                 request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVRequest.SerializeToString,
                 response_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVResponse.FromString,
                 _registered_method=True)
+        self.DescribeLending = channel.unary_unary(
+                '/attnstore.worker.v1.MicroAttention/DescribeLending',
+                request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingRequest.SerializeToString,
+                response_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingResponse.FromString,
+                _registered_method=True)
 
 
 class MicroAttentionServicer:
@@ -100,6 +105,14 @@ class MicroAttentionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeLending(self, request, context):
+        """How much KV this worker holds for others and may hold at most (a home worker plans
+        where a long context's oldest segments go from it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MicroAttentionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_MicroAttentionServicer_to_server(servicer, server):
                     servicer.ReleaseKV,
                     request_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVRequest.FromString,
                     response_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVResponse.SerializeToString,
+            ),
+            'DescribeLending': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLending,
+                    request_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingRequest.FromString,
+                    response_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +282,33 @@ class MicroAttention:
             '/attnstore.worker.v1.MicroAttention/ReleaseKV',
             attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVRequest.SerializeToString,
             attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.ReleaseKVResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLending(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.worker.v1.MicroAttention/DescribeLending',
+            attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingRequest.SerializeToString,
+            attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingResponse.FromString,
             options,
             channel_credentials,
             insecure,

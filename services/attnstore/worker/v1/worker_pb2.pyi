@@ -226,7 +226,7 @@ class DescribeModelRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens", "max_samples", "kernels")
+    __slots__ = ("model_label", "model_digest", "dtype", "num_layers", "kv_heads", "head_dim", "chunk_tokens", "max_context_tokens", "kv_bytes_per_token", "vocab_size", "max_prompt_tokens", "max_new_tokens", "attention_sink_tokens", "max_samples", "max_turn_context_tokens", "kernels")
     MODEL_LABEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class DescribeModelResponse(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_SINK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURN_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     model_label: str
     model_digest: str
@@ -256,8 +257,9 @@ class DescribeModelResponse(_message.Message):
     max_new_tokens: int
     attention_sink_tokens: int
     max_samples: int
+    max_turn_context_tokens: int
     kernels: KernelReport
-    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ..., max_samples: _Optional[int] = ..., kernels: _Optional[_Union[KernelReport, _Mapping]] = ...) -> None: ...
+    def __init__(self, model_label: _Optional[str] = ..., model_digest: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., attention_sink_tokens: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_turn_context_tokens: _Optional[int] = ..., kernels: _Optional[_Union[KernelReport, _Mapping]] = ...) -> None: ...
 
 class KernelChoice(_message.Message):
     __slots__ = ("kernel", "reason")

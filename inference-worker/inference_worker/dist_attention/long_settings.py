@@ -1,0 +1,33 @@
+"""Turns longer than the worker's KV pool holds (WorkerSettings.long_context): where their
+oldest KV may go, and how long a context may get."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from attnstore.security import ChannelSecurity
+
+
+class LongContextSettings(BaseModel):
+    peers: list[str] = Field(
+        default_factory=list,
+        description="host:port of peer workers whose MicroAttention may hold the oldest KV of this worker's "
+        "long turns; empty = a turn whose KV does not fit the pool is refused (RESOURCE_EXHAUSTED)",
+    )
+    max_context_tokens: int = Field(
+        131072,
+        ge=1,
+        description="longest context (kept prompt + max_tokens) a turn may have across this worker and its "
+        "peers; a longer one is refused (RESOURCE_EXHAUSTED)",
+    )
+    segment_tokens: int = Field(
+        4096,
+        ge=1,
+        description="most tokens of one segment placed on a peer (one AppendKV series, one release)",
+    )
+    peer_timeout_seconds: float = Field(
+        10.0, gt=0, description="longest wait for one call to a peer; past it the peer counts as lost"
+    )
+    peer_channel: ChannelSecurity = Field(
+        default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"
+    )

@@ -1,0 +1,149 @@
+"""Turns whose KV does not fit the worker's KV pool: run over this worker and its peers
+(LongContext), instead of being refused.
+
+    TurnEngine.run_turn ──kept prompt + max_tokens > pool──> LongTurns.run
+        ──> room asked of each peer (DescribeLending) ──> LongContext.prefill (oldest
+            segments appended to peers) ──> sample / decode ... ──> release the segments
+
+Decisions:
+- The newest `local_tokens` (the pool's capacity in tokens) stay here, in LongContext's own
+  buffer beside the pool, and one long turn runs at a time: a worker holds at most one
+  pool's worth of extra KV for them. The paged engine keeps serving the other turns
+  meanwhile (the long turn's forward runs on its own thread over the same weights).
+- One sample, no reuse: a long turn neither loads stored chunks nor saves its KV (its
+  KV lives in several places; the next turn recomputes it), and n > 1 is refused.
+- The room on each peer is what its DescribeLending reports now (held vs max_held_bytes);
+  a peer that does not answer gets nothing placed on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+import structlog
+from transformers import PreTrainedTokenizerBase
+
+from attnstore.errors import InvalidArgument
+from attnstore.worker.v1 import micro_attention_pb2 as pb
+from attnstore.worker.v1 import micro_attention_pb2_grpc
+from inference_worker.decoding import IncrementalDetokenizer, Sampler
+from inference_worker.dist_attention.context import LongContext
+from inference_worker.dist_attention.long_settings import LongContextSettings
+from inference_worker.dist_attention.placement import ContextTooLong
+from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.engine.engine import sample_next
+from inference_worker.engine.sequence import Sequence
+from inference_worker.model_store import LoadedModel
+from inference_worker.truncation import Truncation
+from inference_worker.turn_types import SampleStats, TokenEvent, TurnStats
+
+log = structlog.get_logger("dist_attention.long_turn")
+
+
+class LongTurns:
+    def __init__(
+        self, model: LoadedModel, settings: LongContextSettings, *, local_tokens: int, chunk_tokens: int
+    ) -> None:
+        """`local_tokens`: the most KV tokens a long turn keeps here; `chunk_tokens`: tokens
+        per prefill forward. Reads the peer channel's credentials now (a bad file stops the
+        start)."""
+        self.settings = settings
+        self.local_tokens = local_tokens
+        self.chunk_tokens = chunk_tokens
+        self.tokenizer: PreTrainedTokenizerBase = model.tokenizer
+        credentials = settings.peer_channel.load("long_context.peer_channel")
+        self.channels: Mapping[str, grpc.Channel] = {
+            address: peer_channel(address, credentials) for address in settings.peers
+        }
+        self.model = model.model
+        self._runner: DistributedRunner | None = None  # made by the first long turn
+        self._one_at_a_time = asyncio.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.channels)
+
+    @property
+    def runner(self) -> DistributedRunner:
+        if self._runner is None:
+            self._runner = DistributedRunner(self.model)
+        return self._runner
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+        for channel in self.channels.values():
+            channel.close()
+
+    def peer_room_tokens(self) -> dict[str, int]:
+        """Tokens of KV each answering peer may take now."""
+        room = {}
+        for address, channel in self.channels.items():
+            stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+            try:
+                lending = stub.DescribeLending(
+                    pb.DescribeLendingRequest(), timeout=self.settings.peer_timeout_seconds
+                )
+            except grpc.RpcError as exc:
+                log.warning(
+                    "long_context_peer_silent", peer=address, error=f"{exc.code().name}: {exc.details()}"
+                )
+                continue
+            per_token = self.runner.geometry.kv_bytes_per_token(self.runner.dtype.itemsize)
+            room[address] = max(0, lending.max_held_bytes - lending.held_bytes) // per_token
+        return room
+
+    async def run(
+        self, prompt_tokens: int, truncation: Truncation, seq: Sequence, samples: int
+    ) -> AsyncIterator[TokenEvent | TurnStats]:
+        """`seq`: the kept prompt, set up to decode (TurnEngine._decoding). Streams a
+        TokenEvent per token, then the TurnStats. Raises ContextTooLong (RESOURCE_EXHAUSTED)
+        beyond max_context_tokens or the peers' room, InvalidArgument for n > 1."""
+        started = time.perf_counter()
+        context_tokens = len(seq) + seq.max_new_tokens
+        if context_tokens > self.settings.max_context_tokens:
+            raise ContextTooLong(
+                f"a context of {context_tokens} tokens (kept prompt {len(seq)} + max_tokens {seq.max_new_tokens}) "
+                f"is longer than the {self.settings.max_context_tokens} served across peers "
+                "(long_context.max_context_tokens)"
+            )
+        if samples > 1:
+            raise InvalidArgument(
+                f"n is {samples}: a turn longer than the KV pool ({self.local_tokens} tokens) runs one sample"
+            )
+        async with self._one_at_a_time:
+            context = LongContext(
+                self.runner, self.channels, self.peer_room_tokens,
+                local_tokens=self.local_tokens, segment_tokens=self.settings.segment_tokens,
+                chunk_tokens=self.chunk_tokens, timeout_seconds=self.settings.peer_timeout_seconds,
+            )  # fmt: skip
+            try:
+                logits = await asyncio.to_thread(context.prefill, list(seq.token_ids), seq.max_new_tokens)
+                first_token_at = time.perf_counter()
+                log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
+                         peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
+                sampler, detokenizer = (
+                    Sampler(seq.sampling),
+                    IncrementalDetokenizer(self.tokenizer, seq.token_ids),
+                )
+                while True:
+                    output = sample_next(seq, sampler, logits)
+                    if output.token is not None:
+                        yield TokenEvent(output.token, detokenizer.add(output.token, final=output.finished))
+                    if output.finished:
+                        break
+                    logits = await asyncio.to_thread(context.decode, output.token)  # type: ignore[arg-type]
+            finally:
+                await asyncio.to_thread(context.close)
+        generated = len(seq.generated)
+        yield TurnStats(
+            prompt_tokens=prompt_tokens, reused_tokens=0, reused_dram_chunks=0, reused_ssd_chunks=0,
+            generated_tokens=generated, ttft_seconds=first_token_at - started, kv_load_seconds=0.0,
+            kv_load_exposed_seconds=0.0, compute_seconds=first_token_at - started, saved_chunks=0,
+            finish_reason=seq.finish_reason or "length", truncated_tokens=truncation.dropped_tokens,
+            sink_tokens=truncation.sink_tokens, samples=(SampleStats(generated, seq.finish_reason or "length"),),
+        )  # fmt: skip
