@@ -40,6 +40,9 @@ DEFAULT_HALF_LIFE_EVENTS = 1 << 16  # ends recorded between two halvings of the 
 # A class's densities are recomputed once its ends since the last time reach this share
 # of all it has recorded: exact while it has learned little, cheap once it has learned a lot.
 RECOMPUTE_SHARE = 1 / 64
+# A class is ranked by its own counts once it has recorded this many ends; before, by all
+# classes' counts pooled (one read must not set a class apart: the scheduler's order decides).
+MIN_CLASS_ENDS = 64
 
 
 def age_bin(age_ticks: float) -> int:
@@ -50,28 +53,34 @@ class HitDensity:
     def __init__(self, classes: int, half_life_events: int = DEFAULT_HALF_LIFE_EVENTS) -> None:
         if classes < 1 or half_life_events < 1:
             raise ValueError("classes and half_life_events must be positive")
-        self._hits = [[0.0] * AGE_BINS for _ in range(classes)]
-        self._unread = [0.0] * classes  # spells that ended unread, whatever their age
+        self._classes = classes
+        # Row `classes` pools every class's counts.
+        self._hits = [[0.0] * AGE_BINS for _ in range(classes + 1)]
+        self._unread = [0.0] * (classes + 1)  # spells that ended unread, whatever their age
         self._half_life = half_life_events
         self._since_decay = 0
-        self._ends = [0.0] * classes  # ends recorded per class
-        self._pending = [0.0] * classes  # of them, since its densities were computed
-        self._table = [[0.0] * AGE_BINS for _ in range(classes)]  # density per class and bin
+        self._ends = [0.0] * (classes + 1)  # ends recorded per class
+        self._pending = [0.0] * (classes + 1)  # of them, since its densities were computed
+        self._table = [[0.0] * AGE_BINS for _ in range(classes + 1)]  # density per class and bin
 
     def hit(self, cls: int, age_ticks: float) -> None:
         """A chunk of `cls` idle for `age_ticks` was read (or needed again)."""
-        self._hits[cls][age_bin(age_ticks)] += 1.0
-        self._ended(cls)
+        for row in (cls, self._classes):
+            self._hits[row][age_bin(age_ticks)] += 1.0
+            self._ended(row)
 
     def evicted(self, cls: int, undo: bool = False) -> None:
         """A chunk of `cls` left the tier unread; `undo` takes such a record back (it was
         needed after all)."""
-        self._unread[cls] += -1.0 if undo else 1.0
-        self._ended(cls)
+        for row in (cls, self._classes):
+            self._unread[row] += -1.0 if undo else 1.0
+            self._ended(row)
 
-    def _ended(self, cls: int) -> None:
-        self._ends[cls] += 1
-        self._pending[cls] += 1
+    def _ended(self, row: int) -> None:
+        self._ends[row] += 1
+        self._pending[row] += 1
+        if row < self._classes:
+            return
         self._since_decay += 1
         if self._since_decay >= self._half_life:
             self._since_decay = 0
@@ -82,10 +91,11 @@ class HitDensity:
 
     def density(self, cls: int, age_ticks: float) -> float:
         """Expected hits per tick for a chunk of `cls` idle `age_ticks` so far."""
-        if self._pending[cls] and self._pending[cls] >= self._ends[cls] * RECOMPUTE_SHARE:
-            self._pending[cls] = 0
-            self._table[cls] = self._densities(self._hits[cls], self._unread[cls])
-        return self._table[cls][age_bin(age_ticks)]
+        row = cls if self._ends[cls] >= MIN_CLASS_ENDS else self._classes
+        if self._pending[row] and self._pending[row] >= self._ends[row] * RECOMPUTE_SHARE:
+            self._pending[row] = 0
+            self._table[row] = self._densities(self._hits[row], self._unread[row])
+        return self._table[row][age_bin(age_ticks)]
 
     @staticmethod
     def _densities(hits: list[float], unread: float) -> list[float]:

@@ -25,7 +25,7 @@ from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.chunk_index import ChunkIndex
-from kvstore_daemon.eviction import EvictionPolicy, make_policy
+from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.namespaces import NamespaceRegistry
 from kvstore_daemon.predictive_policy import PredictivePolicy
@@ -58,8 +58,7 @@ class TierMover:
         self.ssd = ssd
         self.peer = peer
         self.hints = hints
-        self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
-        self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
+        self.dram_policy, self.ssd_policy = make_tier_policies(settings.eviction_policy, hints, clock)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
@@ -86,9 +85,8 @@ class TierMover:
 
     def chained(self, keys: Sequence[bytes]) -> None:
         """`keys` were read as one chain, root first (a lookup's stored prefix)."""
-        for policy in (self.dram_policy, self.ssd_policy):
-            if isinstance(policy, PredictivePolicy):
-                policy.on_chain(keys)
+        if isinstance(self.ssd_policy, PredictivePolicy):  # the tiers share what they learn
+            self.ssd_policy.on_chain(keys)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""

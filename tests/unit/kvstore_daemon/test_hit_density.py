@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore_daemon.hit_density import HitDensity, age_bin
+from kvstore_daemon.hit_density import MIN_CLASS_ENDS, HitDensity, age_bin
 
 
 def test_density_is_the_chance_of_a_read_over_the_wait_for_it() -> None:
@@ -23,7 +23,10 @@ def test_reads_beyond_an_age_raise_the_density_as_the_age_nears_them() -> None:
         learner.evicted(0)
     young, due = learner.density(0, 0), learner.density(0, 900)
     assert 0 < young < due
-    assert learner.density(1, 900) == 0.0  # classes learn apart
+    assert learner.density(1, 900) == due  # class 1 has learned nothing: ranked as all classes pooled
+    for _ in range(MIN_CLASS_ENDS):
+        learner.evicted(1)
+    assert learner.density(1, 900) == 0.0  # now it speaks for itself: never read
 
 
 def test_an_undone_eviction_is_forgotten() -> None:

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from kvstore_daemon.eviction import make_policy
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
-from kvstore_daemon.predictive_policy import HINT_CLASSES, PredictivePolicy
+from kvstore_daemon.chunk_lives import HINT_CLASSES, ChunkLives
+from kvstore_daemon.predictive_policy import PredictivePolicy
 
 NS = b"n" * 16
 PREDICT, PROTECT, DECLINE = HintAction.PREDICT, HintAction.PROTECT, HintAction.DECLINE
@@ -78,7 +79,7 @@ def _learned(reused_class: int, unread_class: int, age: int) -> HitDensity:
 def test_keeps_the_class_that_was_read_again_over_a_fresher_one_that_was_not() -> None:
     reread_once, never_read = 1 * HINT_CLASSES, 0  # read once before / never, nothing hinted
     hints, clock = HintBook(), FakeClock()
-    policy = PredictivePolicy(hints, clock, learner=_learned(reread_once, never_read, age=6))
+    policy = PredictivePolicy(hints, clock, ChunkLives(clock, _learned(reread_once, never_read, age=6)))
     policy.on_insert(b"old")
     policy.on_access(b"old")  # read once: its class comes back, 6 ticks later
     policy.on_insert(b"new")  # never read: its class never came back
@@ -87,7 +88,7 @@ def test_keeps_the_class_that_was_read_again_over_a_fresher_one_that_was_not() -
 
 def test_a_key_nearing_the_age_its_class_is_read_at_outlasts_fresh_and_stale_ones() -> None:
     hints, clock = HintBook(), FakeClock()
-    policy = PredictivePolicy(hints, clock, learner=_learned(0, 0, age=40))
+    policy = PredictivePolicy(hints, clock, ChunkLives(clock, _learned(0, 0, age=40)))
     named = [b"stale", b"due", b"fresh"]
     for tick in range(61):  # stale at tick 0, due at tick 30, fresh last: ages 60, 30 and 0
         clock.now = float(tick)
@@ -98,8 +99,8 @@ def test_a_key_nearing_the_age_its_class_is_read_at_outlasts_fresh_and_stale_one
 
 
 def test_an_evicted_key_stored_again_counts_as_a_read_at_that_age() -> None:
-    learner = HitDensity(classes=4 * HINT_CLASSES)
-    policy = PredictivePolicy(HintBook(), FakeClock(), learner=learner)
+    learner, clock = HitDensity(classes=4 * HINT_CLASSES), FakeClock()
+    policy = PredictivePolicy(HintBook(), clock, ChunkLives(clock, learner))
     policy.on_insert(b"k")
     for index in range(40):
         policy.on_insert(bytes([index]))
