@@ -22,6 +22,7 @@ alive in the store (a parent outlives them: a chain cut in the middle cannot hit
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class ChunkLives:
         self._ghosts: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # evicted key -> (class, last tick)
         self.children: dict[bytes, set[bytes]] = {}  # key -> its children alive in the store
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
+        self.lost_child: list[Callable[[bytes], None]] = []  # called with a parent when a child leaves the store
 
     def copied(self, key: bytes) -> Life:
         """A tier took a copy: a new life unless another tier holds one."""
@@ -101,7 +103,7 @@ class ChunkLives:
 
     def chain(self, keys: Sequence[bytes]) -> None:
         """`keys` are a chain, root first."""
-        for parent, child in zip(keys, keys[1:]):
+        for parent, child in itertools.pairwise(keys):
             self.link(parent, child)
 
     def link(self, parent: bytes, child: bytes) -> None:
@@ -110,6 +112,9 @@ class ChunkLives:
             self._parent[child] = parent
             self.children.setdefault(parent, set()).add(child)
 
+    def parent(self, key: bytes) -> bytes | None:
+        return self._parent.get(key)
+
     def _unlink(self, child: bytes) -> None:
         parent = self._parent.pop(child, None)
         if parent is not None:
@@ -117,6 +122,8 @@ class ChunkLives:
             siblings.discard(child)
             if not siblings:
                 del self.children[parent]
+            for listener in self.lost_child:
+                listener(parent)
 
     def _advance(self) -> None:
         self.tick += 1

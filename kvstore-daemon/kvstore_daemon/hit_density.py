@@ -86,8 +86,8 @@ class HitDensity:
             self._since_decay = 0
             self._unread = [count / 2 for count in self._unread]
             self._ends = [count / 2 for count in self._ends]
-            for row in self._hits:
-                row[:] = [count / 2 for count in row]
+            for counts in self._hits:
+                counts[:] = [count / 2 for count in counts]
 
     def density(self, cls: int, age_ticks: float) -> float:
         """Expected hits per tick for a chunk of `cls` idle `age_ticks` so far."""

@@ -59,6 +59,10 @@ class PredictivePolicy:
         self._ranked: list[tuple[_Rank, bytes]] = []  # the rest at the sort, lowest density first
         self._start = 0  # _ranked[:_start] is no longer valid
         self._fresh: list[tuple[_Rank, bytes]] = []  # touched since the sort, by density at the touch
+        # Keys the walk found with children, set aside until a child goes (or the next sort),
+        # so a walk does not step over every chain's inner keys again.
+        self._parked: set[bytes] = set()
+        self.lives.lost_child.append(self._maybe_unpark)
 
     def on_insert(self, key: bytes) -> None:
         if key not in self._resident:
@@ -72,8 +76,12 @@ class PredictivePolicy:
     def on_remove(self, key: bytes) -> None:
         if key in self._resident:
             self._resident.discard(key)
+            self._parked.discard(key)
             self._given_up.pop(key, None)
+            parent = self.lives.parent(key)
             self.lives.dropped(key)
+            if parent is not None and not self._lowest:  # in DRAM only DRAM children count
+                self._maybe_unpark(parent)
 
     def on_chain(self, keys: Sequence[bytes]) -> None:
         """`keys` are a chain, root first (a lookup's stored prefix)."""
@@ -126,32 +134,35 @@ class PredictivePolicy:
             else:  # queued keys too: their live hint sets them aside in the walk
                 ranked.append((self._rank(life, hint), key))
         ranked.sort()
-        self._ranked, self._start, self._fresh = ranked, 0, []
+        self._ranked, self._start, self._fresh, self._parked = ranked, 0, [], set()
         self._given_up = OrderedDict(sorted(self._given_up.items(), key=lambda item: item[1]))
         self._sorted_for = self._hints.prediction_generation
 
     def _walk(self, now: float) -> Iterator[bytes]:
         queued: list[tuple[tuple[bool, float, int, bool], bytes]] = []
-        inner: list[bytes] = []  # keys with children: after every leaf (pinned children stay)
         for key in list(self._given_up):
             hint = self._hints.get(key, now)
             if hint is not None and hint.action.gives_up:
                 yield key
-        while self._start < len(self._ranked) and not self._valid(self._ranked[self._start]):
-            self._start += 1  # evicted or touched since the sort: skipped for good
-        ranked = (self._ranked[i] for i in range(self._start, len(self._ranked)))
-        for entry in heapq.merge(ranked, self._fresh):
-            if not self._valid(entry):
-                continue
+        ranked = self._ranked
+        while self._start < len(ranked) and (not self._valid(ranked[self._start])
+                                             or self._park(ranked[self._start][1])):
+            self._start += 1  # evicted, touched since the sort, or parked: skipped for good
+        for entry in heapq.merge((ranked[i] for i in range(self._start, len(ranked))), self._fresh):
             key = entry[1]
+            if not self._valid(entry) or key in self._parked:
+                continue
             hint = self._hints.get(key, now)
             if hint is not None and hint.action in (HintAction.PREFETCH, HintAction.PROTECT):
                 queued.append((hint.rank(), key))
-            elif self._has_children(key):
-                inner.append(key)
+            elif self._park(key):
+                continue
             elif key not in self._given_up:
                 yield key
-        yield from inner
+        for key in list(self._parked):  # reached only when no leaf may go (pinned, leased)
+            hint = self._hints.get(key, now)
+            if hint is None or hint.action not in (HintAction.PREFETCH, HintAction.PROTECT):
+                yield key
         queued.sort(key=lambda item: item[0], reverse=True)
         yield from (key for _, key in queued)
 
@@ -160,6 +171,22 @@ class PredictivePolicy:
         if not children:
             return False
         return self._lowest or any(child in self._resident for child in children)
+
+    def _park(self, key: bytes) -> bool:
+        """Sets a key with children aside (True) until a child goes."""
+        if key in self._parked:
+            return True
+        if not self._has_children(key):
+            return False
+        self._parked.add(key)
+        return True
+
+    def _maybe_unpark(self, key: bytes) -> None:
+        """A child of `key` went: without children left it is a candidate again."""
+        if key in self._parked and not self._has_children(key):
+            self._parked.discard(key)
+            life = self.lives.lives[key]
+            bisect.insort(self._fresh, (self._rank(life, self._hints.get(key, self._clock())), key))
 
     def _valid(self, entry: tuple[_Rank, bytes]) -> bool:
         """The entry is the key's latest: resident and not touched since it was made."""

@@ -3,14 +3,16 @@ and the hint book's sources and DECLINE hints it relies on."""
 
 from __future__ import annotations
 
+import itertools
+
 from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstore_daemon.chunk_lives import HINT_CLASSES, ChunkLives
 from kvstore_daemon.eviction import make_policy
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
-from kvstore_daemon.chunk_lives import HINT_CLASSES, ChunkLives
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 NS = b"n" * 16
@@ -129,3 +131,37 @@ def test_a_key_follows_its_most_urgent_source_and_falls_back_when_that_one_goes(
     assert hints.declines(b"k", now=10)
 
 
+
+
+_KEYS = st.sampled_from([bytes([i]) for i in range(8)])
+_CHAINS = st.lists(_KEYS, min_size=2, max_size=4, unique=True).map(sorted)  # parent < child: no cycles
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    resident=st.lists(_KEYS, unique=True, min_size=1),
+    reads=st.lists(_KEYS, max_size=6),
+    chains=st.lists(_CHAINS, max_size=3),
+    entries=st.lists(st.tuples(st.lists(_KEYS, min_size=1, max_size=1), st.sampled_from([PREDICT, PROTECT, DECLINE]),
+                               st.integers(0, 3), st.sampled_from([0.0, 5.0, 50.0]))),
+)
+def test_evictions_put_given_up_keys_first_queued_last_and_children_before_parents(
+    resident: list[bytes], reads: list[bytes], chains: list[list[bytes]], entries: list
+) -> None:
+    policy, hints, clock = _policy(resident)
+    for key in reads:
+        policy.on_access(key)
+    for keys in chains:
+        policy.on_chain(keys)
+    hints.apply(NS, [HintSpec(*entry) for entry in entries], replace=True, ttl_seconds=60, now=clock.now)
+    hint = {key: hints.get(key, clock.now) for key in resident}
+    parent = {child: up for keys in chains for up, child in itertools.pairwise(keys) if child in resident}
+    order = _evictions(policy)
+    assert sorted(order) == sorted(resident)
+    gives_up = {key: (h := hint[key]) is not None and h.action.gives_up for key in order}
+    queued = {key: (h := hint[key]) is not None and h.action is PROTECT for key in order}
+    assert [gives_up[key] for key in order] == sorted(gives_up.values(), reverse=True)  # given-up keys first
+    assert [queued[key] for key in order] == sorted(queued.values())  # queued keys last
+    for child, up in parent.items():  # the last chain naming a child sets its parent
+        if up in resident and not gives_up[up] and not queued[child]:
+            assert order.index(child) < order.index(up), (child, up)
