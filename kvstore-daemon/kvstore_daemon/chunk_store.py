@@ -84,7 +84,8 @@ class ChunkStore:
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
         self.hints = HintBook()
-        self._admission = settings.eviction_policy == "predictive"  # DECLINE hints refuse writes
+        self._admission = settings.eviction_policy == "predictive"  # DECLINE hints refuse writes (or send them to SSD)
+        self._ssd_only: set[bytes] = set()  # keys reserved while declined: demoted once committed
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
         # New namespaces per caller: a worker's burst at start passes, a loop registering
@@ -183,6 +184,7 @@ class ChunkStore:
             self._mover.touch(chunk)
             if promote and chunk.tier is TierName.SSD:
                 self._mover.spawn(self._mover.promote_quietly(chunk, None))
+        self._mover.chained(keys[: len(tiers)])
         self._count_hits(tiers, misses=len(keys) - len(tiers))
         return tiers
 
@@ -211,17 +213,20 @@ class ChunkStore:
             if key in self._reserved_keys or key in self._chunks:
                 results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
                 continue
-            if self._admission and self.hints.declines(key, self._clock()):  # the scheduler expects no reader
-                metrics.ADMISSIONS_DECLINED.inc()
-                results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
-                continue
             if borrower and not self._may_lend(size):
                 metrics.LENDING_REFUSED.inc()
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
+            if self._admission and self.hints.declines(key, self._clock()):  # the scheduler expects no reader
+                metrics.ADMISSIONS_DECLINED.inc()
+                if self.settings.declined_admission == "refuse":
+                    results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
+                    continue
+                self._ssd_only.add(key)
             self._reserved_keys.add(key)  # before awaiting, so a concurrent reserve sees it
             if not await self._mover.make_dram_room(size, None):
                 self._reserved_keys.discard(key)
+                self._ssd_only.discard(key)
                 results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
                 continue
             blocks = self.dram.allocate(size)  # nothing ran since the room was made: it is still free
@@ -259,7 +264,10 @@ class ChunkStore:
             self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
-            if self.settings.persist_on_commit or durable:
+            if reservation.key in self._ssd_only:
+                self._ssd_only.discard(reservation.key)
+                self._mover.spawn(self._mover.demote(chunk))
+            elif self.settings.persist_on_commit or durable:
                 self._mover.start_persist(chunk)
             committed.append(chunk)
         self._update_gauges()
@@ -521,6 +529,7 @@ class ChunkStore:
 
     def _drop_reservation(self, reservation: Reservation) -> None:
         self._reserved_keys.discard(reservation.key)
+        self._ssd_only.discard(reservation.key)
         self.dram.free(reservation.blocks)
 
     def _check_written(self, reservation: Reservation) -> ChunkLayout:

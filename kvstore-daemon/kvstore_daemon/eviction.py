@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
+from kvstore_daemon.chunk_lives import ChunkLives
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
@@ -169,10 +170,22 @@ class LookaheadPolicy:
             self._order.move_to_end(key, last=False)
 
 
+def make_tier_policies(
+    name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic
+) -> tuple[EvictionPolicy, EvictionPolicy]:
+    """DRAM's and SSD's instances of the named policy; predictive's share what they learn
+    (a chunk moving between the tiers keeps its age and its reads)."""
+    if name == "predictive":
+        lives = ChunkLives(clock)
+        return PredictivePolicy(hints, clock, lives, lowest_tier=False), PredictivePolicy(hints, clock, lives)
+    return make_policy(name, hints, clock), make_policy(name, hints, clock)
+
+
 def make_policy(
     name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic
 ) -> EvictionPolicy:
-    """The policy named in the settings; `hints` and `clock` matter to lookahead and predictive."""
+    """The policy named in the settings, for one tier alone; `hints` and `clock` matter to
+    lookahead and predictive."""
     if name == "lru":
         return LruPolicy()
     if name == "fifo":

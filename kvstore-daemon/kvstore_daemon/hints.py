@@ -52,6 +52,7 @@ class Hint(NamedTuple):  # a tuple: a push builds one per key, tens of thousands
     expires_at: float  # seconds on the caller's clock; absent from this moment on
     next_use_at: float = 0.0  # PREDICT: when the key is expected to be read (same clock)
     depth: int = 0  # the key's place in its hinted chain (0 = root)
+    parent: bytes | None = None  # the key before it in that chain
 
     def urgency(self) -> tuple[bool, bool, float, int, bool]:
         """Lower is more urgent: any keeping hint beats EVICT_FIRST/DECLINE, a queued job's
@@ -133,8 +134,10 @@ class HintBook:
                 self.last_prediction_at = now
                 self.prediction_generation += 1
             next_use_at = now + spec.next_use_seconds if spec.action is HintAction.PREDICT else 0.0
+            parent = None
             for depth, key in enumerate(spec.keys):
-                candidate = Hint(spec.action, spec.queue_position, expires_at, next_use_at, depth)
+                candidate = Hint(spec.action, spec.queue_position, expires_at, next_use_at, depth, parent)
+                parent = key
                 current = mine.get(key)
                 if current is None or current.expires_at <= now or candidate.urgency() <= current.urgency():
                     mine[key] = candidate

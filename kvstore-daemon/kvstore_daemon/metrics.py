@@ -17,7 +17,8 @@ EVICTION_REASONS = Counter(
     ["tier", "reason"],
 )
 ADMISSIONS_DECLINED = Counter(
-    "attnstore_kvstore_admissions_declined_total", "Chunks refused at reserve because a live DECLINE hint named them"
+    "attnstore_kvstore_admissions_declined_total",
+    "Chunks a live DECLINE hint named at reserve: refused, or with declined_admission=ssd_only stored on SSD only"
 )
 PREDICTED_NEXT_USE = Histogram(
     "attnstore_kvstore_predicted_next_use_seconds", "Seconds until predicted use, per PREDICT hint entry received",

@@ -1,128 +1,212 @@
-"""The predictive eviction order: Belady's MIN on the scheduler's predictions.
+"""The predictive eviction order: learned hit density, steered by the scheduler's hints.
 
-The offline optimum for chained chunk keys evicts the chunk used furthest in the future,
-the deepest among equals (bench/hitrate/optimal.py). Online, the scheduler predicts every
-live session's and shared prefix's next use and hints it (PREDICT with seconds from
-now; PREFETCH/PROTECT for queued jobs, which come first), so the order is:
+Online, no policy knows which chunks come back, but the store can learn how often chunks
+like a given one did, and after how long (hit_density.py, after LHD): per class of
+chunk — how often it was read in this life in the store (0, 1, 2, 3 or more times) and
+what the scheduler last said of it while it sat idle (nothing yet; nothing although it
+predicted others since: no live session it knows needs it; or its predicted next use, in
+four buckets) — the expected hits per tick at its idle age (chunk_lives.py keeps the
+lives both tiers share). The scheduler's word comes first where it is certain, and
+counts as far as it has proven right where it is an estimate:
 
-1. keys hinted EVICT_FIRST or DECLINE (least recently used first);
-2. stale unhinted keys: no hint names them though predictions arrived since they were
-   last touched, so no live session the scheduler knows of needs them (LRU among them);
-3. predicted keys by next use, furthest first, the deepest among equals;
-4. keys hinted since the last predictions arrived, and fresh unhinted keys (written or
-   read since then: the scheduler has not had a chance to predict them), LRU among them;
-5. queued jobs' keys by queue position, furthest first (`Hint.rank`).
+1. keys hinted EVICT_FIRST or DECLINE (least recently used first): ended, deleted or
+   expired sessions, chunks released;
+2. every other key by hit density, lowest first; among equals the longer idle, then
+   unhinted keys the latest predictions passed over, then predicted ones (furthest use
+   first), then keys written or read since (least recently first), then the deeper in
+   its hinted chain, the later touched;
+3. but a key goes only after its children (a chain loses its tail first, so what stays
+   is a prefix that can hit): in DRAM its children in DRAM, on SSD (which decides what
+   leaves the store) its children anywhere in the store;
+4. queued jobs' keys by queue position, furthest first (`Hint.rank`).
 
-The order is sorted when predictions arrive (the scheduler sends them every few
-seconds), not per victim and not per queue push (several a second): between two, each
-key's live hint is checked as the walk reaches it, so a key a queued job now needs moves
-to the end, and one given up moves to the front at the next sort.
+The ranking is sorted when predictions arrive (every few seconds) and whenever the keys
+touched since outnumber an eighth of the resident ones, not per victim: keys touched in
+between wait in a small list sorted by their density at the touch, merged into the walk.
+Each key's live hint is checked as the walk reaches it, so a key a queued job now needs
+moves to the end.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
+from kvstore_daemon.chunk_lives import PREDICT_BUCKETS_SECONDS, ChunkLives, Life
 from kvstore_daemon.hints import Hint, HintAction, HintBook
+from kvstore_daemon.hit_density import age_bin
+
+RERANK_SHARE = 8  # re-sort once the keys touched since the last sort reach 1/8 of the resident ones
+
+_Rank = tuple[float, int, int, float, int, int]  # (density, -age bin, *_tie_break, -depth, -tick): lowest first
 
 
 class PredictivePolicy:
-    def __init__(self, hints: HintBook, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, hints: HintBook, clock: Callable[[], float] = time.monotonic,
+                 lives: ChunkLives | None = None, lowest_tier: bool = True) -> None:
+        """`lives` is shared with the other tier's instance (a fresh one: this tier alone);
+        `lowest_tier`: evicting from it drops a chunk from the store."""
         self._hints = hints
         self._clock = clock
-        self._order: OrderedDict[bytes, float] = OrderedDict()  # resident key -> last touch, LRU first
-        # Sorted when predictions arrive, so finding a victim does not walk every key:
-        self._sorted_for = (-1, -1)  # (prediction generation, resident keys) at the last sort
-        self._unhinted: OrderedDict[bytes, float] = OrderedDict()  # resident, unhinted at the sort or since; LRU
-        self._given_up: list[bytes] = []  # resident EVICT_FIRST/DECLINE keys at the sort, LRU first
-        self._ranked: list[bytes] = []  # resident predicted keys at the sort, furthest use first
-        self._sorted: set[bytes] = set()  # the keys of _given_up and _ranked
-        self._starts = [0, 0]  # _given_up[:_starts[0]] and _ranked[:_starts[1]] are no longer resident
-        self._late: OrderedDict[bytes, None] = OrderedDict()  # hinted keys resident since the sort
+        self.lives = lives or ChunkLives(clock)
+        self._lowest = lowest_tier
+        self._resident: set[bytes] = set()
+        self._sorted_for = -1  # the prediction generation at the last sort
+        self._given_up: OrderedDict[bytes, int] = OrderedDict()  # EVICT_FIRST/DECLINE at the sort -> tick; LRU first
+        self._ranked: list[tuple[_Rank, bytes]] = []  # the rest at the sort, lowest density first
+        self._start = 0  # _ranked[:_start] is no longer valid
+        self._fresh: list[tuple[_Rank, bytes]] = []  # touched since the sort, by density at the touch
+        # Keys the walk found with children, set aside until a child goes (or the next sort),
+        # so a walk does not step over every chain's inner keys again.
+        self._parked: set[bytes] = set()
+        self.lives.lost_child.append(self._maybe_unpark)
 
     def on_insert(self, key: bytes) -> None:
-        now = self._clock()
-        self._order[key] = now
-        self._order.move_to_end(key)
-        if self._hints.get(key, now) is None:
-            self._unhinted[key] = now
-            self._unhinted.move_to_end(key)
-        elif key not in self._sorted:
-            self._late[key] = None
+        if key not in self._resident:
+            self._resident.add(key)
+            self._ranked_again(key, self.lives.copied(key))
 
     def on_access(self, key: bytes) -> None:
-        if key in self._order:
-            self.on_insert(key)
+        if key in self._resident and (life := self.lives.read(key)) is not None:
+            self._ranked_again(key, life)
 
     def on_remove(self, key: bytes) -> None:
-        if self._order.pop(key, None) is not None:
-            self._unhinted.pop(key, None)
-            self._late.pop(key, None)
+        if key in self._resident:
+            self._resident.discard(key)
+            self._parked.discard(key)
+            self._given_up.pop(key, None)
+            parent = self.lives.parent(key)
+            self.lives.dropped(key)
+            if parent is not None and not self._lowest:  # in DRAM only DRAM children count
+                self._maybe_unpark(parent)
+
+    def on_chain(self, keys: Sequence[bytes]) -> None:
+        """`keys` are a chain, root first (a lookup's stored prefix)."""
+        self.lives.chain(keys)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._resident)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._order
+        return key in self._resident
 
     def victims(self) -> Iterator[bytes]:
         now = self._clock()
         self._hints.expire(now)
-        if self._hints.prediction_generation != self._sorted_for[0]:
+        if (self._hints.prediction_generation != self._sorted_for
+                or len(self._fresh) * RERANK_SHARE > max(len(self._resident), RERANK_SHARE)):
             self._sort(now)
         return self._walk(now)
 
+    # ---- ranking ---------------------------------------------------------------
+
+    def _rank(self, life: Life, hint: Hint | None) -> _Rank:
+        age = self.lives.tick - life.tick
+        return (self.lives.learner.density(life.cls, age), -age_bin(age),
+                *_tie_break(hint, life, self._hints.last_prediction_at), -life.depth, -life.tick)
+
+    def _ranked_again(self, key: bytes, life: Life) -> None:
+        """The key was written or read: it waits among the fresh keys until the next sort."""
+        self._given_up.pop(key, None)
+        hint = self._hints.get(key, self._clock())
+        if hint is not None and hint.parent is not None:
+            self.lives.link(hint.parent, key)
+        bisect.insort(self._fresh, (self._rank(life, hint), key))
+
     def _sort(self, now: float) -> None:
-        ranked: list[tuple[tuple[bool, float, int, bool], bytes]] = []
-        self._unhinted.clear()
-        self._given_up = []
-        for key, touched in self._order.items():
+        since = self._hints.last_prediction_at
+        self._given_up.clear()
+        ranked = []
+        for key in self._resident:
+            life = self.lives.lives[key]
             hint = self._hints.get(key, now)
-            if hint is None:
-                self._unhinted[key] = touched
-            elif hint.action.gives_up:
-                self._given_up.append(key)
-            elif hint.action is HintAction.PREDICT:
-                ranked.append((hint.rank(), key))
-        ranked.sort(key=lambda item: item[0], reverse=True)  # stable: equal ranks stay in LRU order
-        self._ranked = [key for _, key in ranked]
-        self._sorted = set(self._given_up) | set(self._ranked)
-        self._starts = [0, 0]
-        self._late = OrderedDict((key, None) for key in self._order if key not in self._sorted
-                                 and key not in self._unhinted)  # queued keys: their live hint orders them
-        self._sorted_for = (self._hints.prediction_generation, len(self._order))
+            if hint is not None and hint.parent is not None:
+                self.lives.link(hint.parent, key)
+            if hint is None or hint.action is HintAction.PREDICT:
+                life.hint_class = hint_class(hint, now, stale=life.touched_at < since)
+                if hint is not None:
+                    life.depth = hint.depth
+            if hint is not None and hint.action.gives_up:
+                self._given_up[key] = life.tick
+            else:  # queued keys too: their live hint sets them aside in the walk
+                ranked.append((self._rank(life, hint), key))
+        ranked.sort()
+        self._ranked, self._start, self._fresh, self._parked = ranked, 0, [], set()
+        self._given_up = OrderedDict(sorted(self._given_up.items(), key=lambda item: item[1]))
+        self._sorted_for = self._hints.prediction_generation
 
     def _walk(self, now: float) -> Iterator[bytes]:
         queued: list[tuple[tuple[bool, float, int, bool], bytes]] = []
-
-        def live(key: bytes, wanted: Callable[[Hint | None], bool]) -> bool:
-            """Whether the key's live hint still puts it here; a queued one is set aside."""
+        for key in list(self._given_up):
+            hint = self._hints.get(key, now)
+            if hint is not None and hint.action.gives_up:
+                yield key
+        ranked = self._ranked
+        while self._start < len(ranked) and (not self._valid(ranked[self._start])
+                                             or self._park(ranked[self._start][1])):
+            self._start += 1  # evicted, touched since the sort, or parked: skipped for good
+        for entry in heapq.merge((ranked[i] for i in range(self._start, len(ranked))), self._fresh):
+            key = entry[1]
+            if not self._valid(entry) or key in self._parked:
+                continue
             hint = self._hints.get(key, now)
             if hint is not None and hint.action in (HintAction.PREFETCH, HintAction.PROTECT):
                 queued.append((hint.rank(), key))
-                return False
-            return wanted(hint)
-
-        yield from (key for key in self._resident(0, self._given_up) if live(key, lambda h: h is not None))
-        fresh_since = self._hints.last_prediction_at
-        for key, touched in list(self._unhinted.items()):  # stale first: ordered by touch
-            if touched >= fresh_since:
-                break
-            if live(key, lambda h: h is None):
+            elif self._park(key):
+                continue
+            elif key not in self._given_up:
                 yield key
-        yield from (key for key in self._resident(1, self._ranked) if live(key, lambda h: h is not None))
-        yield from (key for key in list(self._late) if live(key, lambda h: True))
-        yield from (key for key, touched in list(self._unhinted.items())
-                    if touched >= fresh_since and live(key, lambda h: h is None))
+        for key in list(self._parked):  # reached only when no leaf may go (pinned, leased)
+            hint = self._hints.get(key, now)
+            if hint is None or hint.action not in (HintAction.PREFETCH, HintAction.PROTECT):
+                yield key
         queued.sort(key=lambda item: item[0], reverse=True)
         yield from (key for _, key in queued)
 
-    def _resident(self, which: int, keys: list[bytes]) -> Iterator[bytes]:
-        """The still-resident `keys`, in order; the gone ones at the front are skipped for good."""
-        start = self._starts[which]
-        while start < len(keys) and keys[start] not in self._order:
-            start += 1  # evicted from the front since the sort
-        self._starts[which] = start
-        return (key for key in keys[start:] if key in self._order)
+    def _has_children(self, key: bytes) -> bool:
+        children = self.lives.children.get(key)
+        if not children:
+            return False
+        return self._lowest or any(child in self._resident for child in children)
+
+    def _park(self, key: bytes) -> bool:
+        """Sets a key with children aside (True) until a child goes."""
+        if key in self._parked:
+            return True
+        if not self._has_children(key):
+            return False
+        self._parked.add(key)
+        return True
+
+    def _maybe_unpark(self, key: bytes) -> None:
+        """A child of `key` went: without children left it is a candidate again."""
+        if key in self._parked and not self._has_children(key):
+            self._parked.discard(key)
+            life = self.lives.lives[key]
+            bisect.insort(self._fresh, (self._rank(life, self._hints.get(key, self._clock())), key))
+
+    def _valid(self, entry: tuple[_Rank, bytes]) -> bool:
+        """The entry is the key's latest: resident and not touched since it was made."""
+        key = entry[1]
+        return key in self._resident and -entry[0][5] == self.lives.lives[key].tick
+
+
+def hint_class(hint: Hint | None, now: float, stale: bool) -> int:
+    """The class of an unhinted or PREDICT-hinted key (chunk_lives.HINT_CLASSES); `stale`:
+    it was last touched before the latest predictions arrived."""
+    if hint is None:
+        return 1 if stale else 0
+    return 2 + bisect.bisect_right(PREDICT_BUCKETS_SECONDS, hint.next_use_at - now)
+
+
+def _tie_break(hint: Hint | None, life: Life, predictions_at: float) -> tuple[int, float]:
+    """Among equal densities: unhinted keys the latest predictions passed over first (no
+    live session the scheduler knows needs them), then predicted ones, the furthest use
+    first, then keys touched since the predictions arrived (the scheduler has not seen
+    them yet), least recently touched first."""
+    if hint is not None and hint.action is HintAction.PREDICT:
+        return 1, -hint.next_use_at
+    return (0, life.touched_at) if life.touched_at < predictions_at else (2, life.touched_at)

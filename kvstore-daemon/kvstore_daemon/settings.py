@@ -91,7 +91,12 @@ class DaemonSettings(ServiceSettings):
     eviction_policy: Literal["lru", "fifo", "lookahead", "predictive"] = Field(
         "lookahead",
         description="victim order of both tiers; lookahead follows the scheduler's queue hints, predictive its "
-        "predicted next use of every live chunk (and declines chunks it names DECLINE)",
+        "predicted next use of every live chunk and the hit density it learns (and declines chunks it names DECLINE)",
+    )
+    declined_admission: Literal["refuse", "ssd_only"] = Field(
+        "refuse",
+        description="predictive: a write of a chunk hinted DECLINE is refused, or stored on SSD only, first to go "
+        "(for clients that may send an ended session's prefix again)",
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import heapq
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
@@ -25,9 +25,10 @@ from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.chunk_index import ChunkIndex
-from kvstore_daemon.eviction import EvictionPolicy, make_policy
+from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.namespaces import NamespaceRegistry
+from kvstore_daemon.predictive_policy import PredictivePolicy
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.tier import Tier, TierCopyCorrupt, TierFull, TierWriteError
 
@@ -57,8 +58,7 @@ class TierMover:
         self.ssd = ssd
         self.peer = peer
         self.hints = hints
-        self.dram_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
-        self.ssd_policy: EvictionPolicy = make_policy(settings.eviction_policy, hints, clock)
+        self.dram_policy, self.ssd_policy = make_tier_policies(settings.eviction_policy, hints, clock)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
@@ -82,6 +82,11 @@ class TierMover:
             self.dram_policy.on_access(chunk.key)
         if chunk.on_ssd:
             self.ssd_policy.on_access(chunk.key)
+
+    def chained(self, keys: Sequence[bytes]) -> None:
+        """`keys` were read as one chain, root first (a lookup's stored prefix)."""
+        if isinstance(self.ssd_policy, PredictivePolicy):  # the tiers share what they learn
+            self.ssd_policy.on_chain(keys)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""
@@ -151,6 +156,12 @@ class TierMover:
         self._count_reason(chunk, TierName.DRAM)
         if not chunk.on_ssd and not chunk.on_peer:  # SSD refused it: the chunk is gone
             self._chunks.remove(chunk)
+
+    async def demote(self, chunk: Chunk) -> None:
+        """Moves a chunk to SSD now (a declined write, declined_admission=ssd_only); its
+        DRAM copy stays while someone reads it, as on any eviction."""
+        if chunk.blocks is not None and self._chunks.holds(chunk):
+            await self._evict_from_dram(chunk)
 
     def start_persist(self, chunk: Chunk) -> asyncio.Task[bool]:
         task = chunk.persist_task

@@ -88,3 +88,20 @@ def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
                 + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
     poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
     assert chunks.tiers(client, range(5)) == [DRAM, DRAM, SSD, DRAM, DRAM]
+
+
+def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, DECLINED_ADMISSION="ssd_only")
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        ns = chunks.namespace
+        client.hint(ns, [([chunks.key(0)], DECLINE, 0)], replace=True)
+        put = client.put_chunks(ns, chunks.items(0, 2))
+        assert sorted(put.stored) == sorted(chunks.keys(0, 2)) and not put.no_space
+        assert client.stats().admissions_declined == 1
+        # The declined chunk leaves DRAM at once: DRAM keeps its room for what will be read.
+        poll_until(lambda: chunks.tiers(client, [0]) == [SSD], what="the declined chunk demoted to SSD")
+        assert chunks.tiers(client, [1]) == [DRAM]

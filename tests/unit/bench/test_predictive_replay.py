@@ -1,14 +1,14 @@
 """The hit-rate replay gives the predictive policy no future information: two workloads
 that agree up to a moment and differ after it (other later turns, more sessions) make
-the scheduler push exactly the same hints up to that moment, against a real daemon."""
+the scheduler push exactly the same hints, and the daemon answer exactly the same
+lookups, up to that moment, against a real daemon."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import uvloop
 from running_daemon import running_daemon
 
@@ -19,7 +19,6 @@ from attnstore_scheduler.session_activity import SessionActivity
 from bench.hitrate.run import DAEMON_SETTINGS
 from bench.hitrate.sim import Replay
 from bench.hitrate.workloads import CHUNK_BYTES, Session, Turn, Workload, chunk_layout, namespace_for
-from kvstore_daemon.launcher import DaemonProcess
 
 CHUNK_TOKENS = 256
 NS = namespace_for(CHUNK_TOKENS)
@@ -58,15 +57,21 @@ class RecordingKV:
         self.calls.append((self.clock(), namespace, [tuple(entry) for entry in entries], options))
         return await self.inner.hint(namespace, entries, **options)
 
+    async def lookup(self, namespace: bytes, keys: Any, **options: Any) -> Any:
+        found = await self.inner.lookup(namespace, keys, **options)
+        self.calls.append((self.clock(), namespace, tuple(keys), found.prefix_length))
+        return found
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+def calls_before_the_moment(directory: Path, future: int) -> list[tuple[float, Any]]:
+    """One replay against a fresh daemon: the hints pushed and lookups answered before MOMENT_S."""
+    directory.mkdir()
     settings = {**DAEMON_SETTINGS, "eviction_policy": "predictive"}
-    with running_daemon(tmp_path, dram_bytes=1024 * 1024, ssd_bytes=1024 * 1024, settings=settings) as process:
-        yield process
+    with running_daemon(directory, dram_bytes=1024 * 1024, ssd_bytes=1024 * 1024, settings=settings) as daemon:
+        return uvloop.run(pushes_before_the_moment(daemon.address, future))
 
 
 async def pushes_before_the_moment(address: str, future: int) -> list[tuple[float, Any]]:
@@ -82,9 +87,10 @@ async def pushes_before_the_moment(address: str, future: int) -> list[tuple[floa
         return [call for call in kv.calls if call[0] < MOMENT_S]
 
 
-def test_pushes_up_to_a_moment_do_not_depend_on_what_comes_after(daemon: DaemonProcess) -> None:
-    one = uvloop.run(pushes_before_the_moment(daemon.address, future=1))
-    other = uvloop.run(pushes_before_the_moment(daemon.address, future=3))
-    predictions = [call for call in one if any(entry[1].name == "PREDICT" for entry in call[2])]
-    assert predictions, "the replay pushed no predictions before the moment"
+def test_pushes_and_lookups_up_to_a_moment_do_not_depend_on_what_comes_after(tmp_path: Path) -> None:
+    one = calls_before_the_moment(tmp_path / "one", future=1)
+    other = calls_before_the_moment(tmp_path / "other", future=3)
+    hints = [call for call in one if isinstance(call[2], list)]
+    assert any(entry[1].name == "PREDICT" for call in hints for entry in call[2]), "no predictions before the moment"
+    assert any(call[3] > 0 for call in one if isinstance(call[2], tuple)), "no lookup hit before the moment"
     assert one == other

@@ -342,6 +342,22 @@ def test_daemon_settings_pass_through_config(rendered: dict[str, list[dict]], se
     assert "initContainers" not in pod_spec(daemon)
 
 
+def test_the_eviction_policy_reaches_the_daemons_and_the_schedulers_hints(
+    chart: helm.Chart, rendered: dict[str, list[dict]], settings_classes
+) -> None:
+    docs = render(chart, {"eviction": {"policy": "predictive", "declinedAdmission": "ssd_only",
+                                       "predictIntervalSeconds": 2.5}})
+    daemon = check_settings_env(settings_classes["kvstore-daemon"],
+                                settings_env(one(docs, "DaemonSet", "kvstore-daemon"), "kvstore-daemon"))
+    scheduler = check_settings_env(settings_classes["scheduler"],
+                                   settings_env(one(docs, "Deployment", "scheduler"), "scheduler"))
+    assert (daemon.eviction_policy, daemon.declined_admission) == ("predictive", "ssd_only")
+    assert (scheduler.hints.policy, scheduler.hints.predict_interval_seconds) == ("predictive", 2.5)
+    defaults = one(rendered["defaults"], "Deployment", "scheduler")
+    assert check_settings_env(settings_classes["scheduler"], settings_env(defaults, "scheduler")).hints.policy == (
+        "lookahead")
+
+
 # ---- the scheduler, its secrets and Redis ----------------------------------------------------
 
 
@@ -598,6 +614,8 @@ BAD_VALUES = {
     "unknown dtype": {"worker": {"dtype": "float16"}},
     "bad device": {"worker": {"device": "gpu"}},
     "config overrides a chart-managed setting": {"daemon": {"config": {"shm_dir": "/tmp"}}},
+    "config sets the policy eviction.policy sets": {"daemon": {"config": {"eviction_policy": "lru"}}},
+    "unknown eviction policy": {"eviction": {"policy": "random"}},
     "config key not a setting name": {"worker": {"config": {"Chunk-Tokens": 128}}},
     "API key stored in clear": {"scheduler": {"auth": {"apiKeyHashes": {"t": ["my-secret-key"]}}}},
     "API key hashes not a list": {"scheduler": {"auth": {"apiKeyHashes": {"t": "ab" * 32}}}},

@@ -51,7 +51,7 @@ def test_most_urgent_hint_wins() -> None:
     )
     assert book.get(b"x", now=0) == Hint(PROTECT, 7, 10.0)
     assert book.get(b"y", now=0) == Hint(PREFETCH, 2, 10.0)
-    assert book.get(b"z", now=0) == Hint(EVICT_FIRST, 0, 10.0, depth=2)
+    assert book.get(b"z", now=0) == Hint(EVICT_FIRST, 0, 10.0, depth=2, parent=b"y")  # its chain: x, y, z
     # A later, less urgent hint does not override a live one...
     book.apply(NS_A, [([b"x"], EVICT_FIRST, 0)], replace=False, ttl_seconds=10, now=5)
     assert book.get(b"x", now=5) == Hint(PROTECT, 7, 10.0)

@@ -1,0 +1,36 @@
+"""bench-hitrate's issue-20 summary: gap closed per workload and capacity, ShareGPT's runs
+with end signals and with conversation_over reported under ShareGPT, targets as lines."""
+
+from __future__ import annotations
+
+from bench.hitrate.report import gap_closed, summarize_predictive
+
+
+def _row(workload: str, policy: str, hit: float, dram: float = 0.01, optimal: float = 0.5) -> dict:
+    return {"workload": workload, "policy": policy, "dram_fraction": dram, "ssd_fraction": dram * 10,
+            "hit_rate": hit, "optimal_hit_rate": optimal, "dram_share_of_hits": 0.9}
+
+
+def test_ended_sharegpt_runs_are_reported_under_sharegpt_and_targets_are_checked() -> None:
+    rows = [_row(w, "lru", 0.1) for w in ("mooncake", "sharegpt", "sharegpt-end", "sharegpt-over")] + [
+        _row("mooncake", "predictive", 0.2),  # closes 0.1 / 0.4 of the gap
+        _row("sharegpt", "predictive", 0.05),  # below LRU
+        _row("sharegpt-end", "predictive", 0.3),
+        _row("sharegpt-over", "predictive", 0.4),
+        _row("mooncake", "lru", 0.1, dram=0.005), _row("mooncake", "predictive", 0.3, dram=0.005),
+    ]
+    summary, lines = summarize_predictive(rows)
+    assert summary["mooncake"]["predictive_gap_closed"] == 0.25
+    assert summary["mooncake"]["predictive_gap_closed_by_capacity"] == {"1%/10%": 0.25, "0.5%/5%": 0.5}
+    assert summary["sharegpt"]["predictive_gap_closed"] == -0.125
+    assert summary["sharegpt"]["predictive_gap_closed_with_end_signals"] == 0.5
+    assert summary["sharegpt"]["predictive_gap_closed_with_conversation_over"] == 0.75
+    assert "FAIL  mooncake 1%/10%: predictive closes 0.25 of the LRU-to-optimum gap (target >= 20%, stretch 30%)" \
+        not in lines  # 0.25 passes the 20% target
+    assert any(line.startswith("FAIL  sharegpt 1%/10%: predictive 5.0% vs LRU 10.0% (never below LRU)") for line in lines)
+    assert any(line.startswith("PASS  sharegpt-end 1%/10%: predictive closes 0.5") for line in lines)
+
+
+def test_no_gap_no_share() -> None:
+    assert gap_closed(0.3, 0.3, 0.3) is None
+    assert gap_closed(0.2, 0.1, 0.3) == 0.5
