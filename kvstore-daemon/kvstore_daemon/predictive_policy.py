@@ -34,6 +34,7 @@ import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from graphlib import TopologicalSorter
 
 from kvstore_daemon.chunk_lives import PREDICT_BUCKETS_SECONDS, ChunkLives, Life
 from kvstore_daemon.hints import Hint, HintAction, HintBook
@@ -159,7 +160,9 @@ class PredictivePolicy:
                 continue
             elif key not in self._given_up:
                 yield key
-        for key in list(self._parked):  # reached only when no leaf may go (pinned, leased)
+        # Reached only when no leaf may go (pinned, leased, queued): children before parents.
+        parked = TopologicalSorter({key: self.lives.children.get(key, set()) & self._parked for key in self._parked})
+        for key in list(parked.static_order()):
             hint = self._hints.get(key, now)
             if hint is None or hint.action not in (HintAction.PREFETCH, HintAction.PROTECT):
                 yield key
