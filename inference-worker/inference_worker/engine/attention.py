@@ -96,7 +96,7 @@ class PagedKV:
         # took 12.5 ms for 16 sequences' blocks of one layer, 3-d 1.1 ms. Into buffers kept
         # from layer to layer and step to step: fresh ones (13 MB each there) went back to
         # the OS after every layer (glibc trims its heap) and cost ~20 ms of page faults a
-        # layer to get back.
+        # layer to get back. They hold one layer of the largest step's gathered KV.
         rows = (self.kv_heads, self.k.shape[2], -1)
         gathered = (self.kv_heads, blocks.shape[0], self.block_tokens * self.head_dim)
         elements = gathered[0] * gathered[1] * gathered[2]
