@@ -78,8 +78,9 @@ class PagedKV:
             slots_of(table, self.block_tokens, start, stop), dtype=torch.long, device=self.k.device
         )
         flat = (self.k.shape[0], self.kv_heads, -1, self.head_dim)
-        k = self.k.view(flat)[:, :, slots]  # [L, kv_heads, tokens, D]
-        v = self.v.view(flat)[:, :, slots]  # [L, kv_heads, tokens, D]
+        # index_select: 20 ms for 640 slots of SmolLM2's 30 layers, indexing ([:, :, slots]) 30
+        k = self.k.view(flat).index_select(2, slots)  # [L, kv_heads, tokens, D]
+        v = self.v.view(flat).index_select(2, slots)  # [L, kv_heads, tokens, D]
         return list(zip(k.unbind(0), v.unbind(0), strict=True))
 
     def context(self, layer: int, blocks: slice, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
