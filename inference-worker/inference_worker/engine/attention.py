@@ -1,20 +1,27 @@
 """Paged KV storage and attention through block tables.
 
-The pool's KV is two preallocated tensors, K and V [layers, blocks, block_tokens, kv_heads,
-head_dim]; a token's KV lives in slot `block * block_tokens + offset` of its layer. A
-forward pass writes the new tokens' K and V to their slots (`slot_mapping`), then each
+The pool's KV is two preallocated tensors, K and V [layers, kv_heads, blocks, block_tokens,
+head_dim]; a token's KV lives in slot `block * block_tokens + offset` of its layer and head.
+A forward pass writes the new tokens' K and V to their slots (`slot_mapping`), then each
 sequence attends over the slots its block table names.
 
 Decisions:
 - Grouped-query attention without repeating KV heads: torch's SDPA with `enable_gqa`
   (on a CPU its flash kernel takes grouped heads and a mask; measured bit-identical to
   repeating them, and a third of the time of a long-context forward, cpu_attention.py).
+- Heads outermost in a layer: one head's block is one [B, D] run of memory, so a
+  sequence's keys are a view or a copy of unit row stride.
 - A sequence with no earlier KV (a whole prefill without a prefix hit) attends over its
-  new K and V directly, as transformers does: no gather.
-- A block table that is one run of consecutive blocks (the common case in a fresh pool)
-  is read as a view of the pool; otherwise its blocks are gathered (one copy per layer,
-  what DynamicCache's per-step concatenation costs anyway). A CUDA build would hand the
-  table to a paged kernel (flash-attn's `block_table`); the torch path below runs there too.
+  new K and V directly, as transformers does: no gather. A block table that is one run of
+  consecutive blocks (the common case in a fresh pool) is read as a view of the pool.
+  Every other table of the step is gathered by one copy per layer into buffers kept
+  across layers and steps (`Batch.gathered`), each sequence's keys a view of that copy.
+  Then each sequence attends in its own SDPA call: one call for all decode tokens, padded
+  to the longest with a key-padding mask, was slower on a CPU (16 sequences of 300-1,050
+  tokens, one layer: 3.4-4.8 ms against 2.6-2.9 ms for the 16 unmasked calls; the
+  padding adds half the keys there). What the calls cost before was the gathers, one a
+  sequence (below, `PagedKV.gather`). A CUDA build would hand the tables to a paged kernel
+  (flash-attn's `block_table`); the torch path below runs there too.
 - Sliding-window layers (Mistral, some Qwen2) mask keys more than `window` positions back.
 """
 
@@ -39,14 +46,15 @@ class PagedKV:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (geometry.num_layers, num_blocks, block_tokens, geometry.kv_heads, geometry.head_dim)
+        shape = (geometry.num_layers, geometry.kv_heads, num_blocks, block_tokens, geometry.head_dim)
         # Uninitialized: a slot is always written before any query reads it, and pages a
         # large CPU pool never uses are never touched.
-        self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, blocks, B, kv_heads, D]
-        self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, blocks, B, kv_heads, D]
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, kv_heads, blocks, B, D]
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, kv_heads, blocks, B, D]
         self.block_tokens = block_tokens
         self.kv_heads = geometry.kv_heads
         self.head_dim = geometry.head_dim
+        self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None  # `gather`'s K, V buffers
 
     @staticmethod
     def bytes_per_block(geometry: ModelGeometry, block_tokens: int, element_bytes: int) -> int:
@@ -54,14 +62,14 @@ class PagedKV:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [tokens, kv_heads, D] into `slots` [tokens] of `layer`."""
-        shape = (-1, self.kv_heads, self.head_dim)
-        self.k[layer].view(shape).index_copy_(0, slots, k)
-        self.v[layer].view(shape).index_copy_(0, slots, v)
+        shape = (self.kv_heads, -1, self.head_dim)
+        self.k[layer].view(shape).index_copy_(1, slots, k.transpose(0, 1))
+        self.v[layer].view(shape).index_copy_(1, slots, v.transpose(0, 1))
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: block `src`'s KV, every layer, into `dst`."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
 
     def span(self, table: list[int], start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of the KV of a sequence's tokens [start, stop): per layer K, V [kv_heads,
@@ -69,27 +77,42 @@ class PagedKV:
         slots = torch.tensor(
             slots_of(table, self.block_tokens, start, stop), dtype=torch.long, device=self.k.device
         )
-        flat = (self.k.shape[0], -1, self.kv_heads, self.head_dim)
-        k = self.k.view(flat)[:, slots].transpose(1, 2).contiguous()  # [L, kv_heads, tokens, D]
-        v = self.v.view(flat)[:, slots].transpose(1, 2).contiguous()  # [L, kv_heads, tokens, D]
+        flat = (self.k.shape[0], self.kv_heads, -1, self.head_dim)
+        # index_select: 20 ms for 640 slots of SmolLM2's 30 layers, indexing ([:, :, slots]) 30
+        k = self.k.view(flat).index_select(2, slots)  # [L, kv_heads, tokens, D]
+        v = self.v.view(flat).index_select(2, slots)  # [L, kv_heads, tokens, D]
         return list(zip(k.unbind(0), v.unbind(0), strict=True))
 
-    def context(self, layer: int, blocks: BlockRun, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V [kv_heads, tokens, D] of a sequence's first `tokens` tokens."""
-        if isinstance(blocks, slice):  # consecutive blocks: a view
-            k, v = self.k[layer, blocks], self.v[layer, blocks]  # [n, B, kv_heads, D]
-        else:
-            k, v = self.k[layer, blocks], self.v[layer, blocks]  # gathered [n, B, kv_heads, D]
-        shape = (-1, self.kv_heads, self.head_dim)
-        return k.reshape(shape)[:tokens].transpose(0, 1), v.reshape(shape)[:tokens].transpose(0, 1)
+    def context(self, layer: int, blocks: slice, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [kv_heads, tokens, D] of a sequence's first `tokens` tokens, its blocks a
+        consecutive run: views of the pool."""
+        shape = (self.kv_heads, -1, self.head_dim)
+        k, v = self.k[layer][:, blocks], self.v[layer][:, blocks]  # [kv_heads, n, B, D]
+        return k.reshape(shape)[:, :tokens], v.reshape(shape)[:, :tokens]
+
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [kv_heads, len(blocks) * B, D] of `blocks`, copied into buffers that the
+        next call overwrites."""
+        # Over [kv_heads, blocks, B * D]: 4-d (or indexed as pool[layer][:, blocks]), torch
+        # took 12.5 ms for 16 sequences' blocks of one layer, 3-d 1.1 ms. Into buffers kept
+        # from layer to layer and step to step: fresh ones (13 MB each there) went back to
+        # the OS after every layer (glibc trims its heap) and cost ~20 ms of page faults a
+        # layer to get back. They hold one layer of the largest step's gathered KV.
+        rows = (self.kv_heads, self.k.shape[2], -1)
+        gathered = (self.kv_heads, blocks.shape[0], self.block_tokens * self.head_dim)
+        elements = gathered[0] * gathered[1] * gathered[2]
+        if self._gathered is None or self._gathered[0].numel() < elements:
+            self._gathered = (self.k.new_empty(elements), self.v.new_empty(elements))
+        k_out, v_out = (buffer[:elements].view(gathered) for buffer in self._gathered)
+        torch.index_select(self.k[layer].view(rows), 1, blocks, out=k_out)
+        torch.index_select(self.v[layer].view(rows), 1, blocks, out=v_out)
+        shape = (self.kv_heads, -1, self.head_dim)
+        return k_out.view(shape), v_out.view(shape)
 
 
 def slots_of(table: list[int], block_tokens: int, start: int, stop: int) -> list[int]:
     """The pool slots of a sequence's tokens [start, stop), through its block table."""
     return [table[p // block_tokens] * block_tokens + p % block_tokens for p in range(start, stop)]
-
-
-BlockRun = slice | torch.Tensor  # a sequence's blocks: a consecutive run, or the table's ids
 
 
 @dataclass
@@ -98,11 +121,14 @@ class SequenceSlice:
 
     rows: slice  # its new tokens' rows in the flattened batch
     start: int  # position of its first new token = tokens whose KV is already in the pool
-    blocks: BlockRun
+    # Its blocks when they are one consecutive run (read in place); None: gathered with the
+    # step's other tables (`Batch.gathered`), its first token at row `gathered_at` there.
+    blocks: slice | None
     # Positions of its context slots [0, context_tokens) when the sequence has explicit ones
     # (prompt modules): a query then sees the keys at positions up to its own, not the slots
     # before it. None: slot i sits at position i.
     positions: torch.Tensor | None = None
+    gathered_at: int = 0
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -150,17 +176,25 @@ def paged_attention(
     *,
     scale: float,
     window: int | None,
+    gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [tokens, heads, D], the new k, v [tokens, kv_heads, D] (already in the pool) ->
-    attention output [tokens, heads, D], each sequence over its own context."""
+    attention output [tokens, heads, D], each sequence over its own context. `gathered`:
+    the blocks of the slices whose blocks are None, in their order (one copy per layer)."""
     out = torch.empty_like(q)
+    if gathered is not None:
+        gathered_k, gathered_v = kv.gather(layer, gathered)  # [kv_heads, blocks * B, D]
     for part in slices:
         query = q[part.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, new, D]
         if part.self_contained and (window is None or part.new_tokens <= window):
             keys, values = k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1)  # [kv_heads, new, D]
             mask, causal = None, part.new_tokens > 1
-        else:
+        elif part.blocks is not None:
             keys, values = kv.context(layer, part.blocks, part.context_tokens)  # [kv_heads, context, D]
+            mask, causal = part.mask(window, q.device), False
+        else:
+            rows = slice(part.gathered_at, part.gathered_at + part.context_tokens)
+            keys, values = gathered_k[:, rows], gathered_v[:, rows]  # [kv_heads, context, D]
             mask, causal = part.mask(window, q.device), False
         attended = F.scaled_dot_product_attention(
             query,

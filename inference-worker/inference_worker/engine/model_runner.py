@@ -4,7 +4,8 @@ weights (Llama, Qwen2, Mistral: pre-norm decoder layers with rotate-half RoPE).
 The batch is flattened (no padding): every sequence contributes the tokens it runs this
 step (a prefill chunk, or its one decode token) as rows of one [tokens, hidden] tensor, so
 the linear layers and MLPs run once for the whole batch; only attention is per sequence
-(over its block table, attention.py). Logits are computed for each sequence's last row
+(over its block table, attention.py), with the blocks it reads gathered once per layer for
+all sequences. Logits are computed for each sequence's last row
 only.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from inference_worker.engine.attention import BlockRun, PagedKV, SequenceSlice, paged_attention, slots_of
+from inference_worker.engine.attention import PagedKV, SequenceSlice, paged_attention, slots_of
 from inference_worker.engine.sequence import Sequence
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.model_geometry import ModelGeometry
@@ -56,6 +57,7 @@ class Batch:
     positions: torch.Tensor  # [tokens]
     slots: torch.Tensor  # [tokens]: where each token's K and V go in the pool
     slices: list[SequenceSlice]
+    gathered: torch.Tensor | None  # the blocks gathered for the slices without a run of their own
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
     prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
@@ -86,6 +88,7 @@ class PagedModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         slices: list[SequenceSlice] = []
+        gathered: list[int] = []
         prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]] = []
         size = self.kv.block_tokens
         for item in work:
@@ -96,18 +99,17 @@ class PagedModelRunner:
             rows = slice(len(ids), len(ids) + item.tokens)
             ids.extend(seq.token_ids[start:stop])
             positions.extend(seq.positions_of(start, stop))  # explicit ones: prompt modules
-            table = seq.block_table
+            table = seq.block_table[: -(-stop // size)]
             slots.extend(slots_of(table, size, start, stop))
             context_positions = None
             if seq.positions is not None:
                 context_positions = torch.tensor(
                     seq.positions_of(0, stop), dtype=torch.long, device=self.device
                 )
-            slices.append(
-                SequenceSlice(
-                    rows, start, _block_run(table[: -(-stop // size)], self.device), context_positions
-                )
-            )
+            part = SequenceSlice(rows, start, _block_run(table), context_positions, len(gathered) * size)
+            if part.blocks is None and self._reads_pool(part):
+                gathered.extend(table)
+            slices.append(part)
             if seq.prefix is not None:
                 prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)
                 prefixes.append(
@@ -119,10 +121,15 @@ class PagedModelRunner:
             positions=torch.tensor(positions, dtype=torch.long, device=device),
             slots=torch.tensor(slots, dtype=torch.long, device=device),
             slices=slices,
+            gathered=torch.tensor(gathered, dtype=torch.long, device=device) if gathered else None,
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
             prefixes=prefixes,
             seqs=[item.seq for item in work],
         )
+
+    def _reads_pool(self, part: SequenceSlice) -> bool:
+        """Whether some layer's attention reads `part`'s keys from the pool (paged_attention)."""
+        return not part.self_contained or any(w is not None and part.new_tokens > w for w in self.windows)
 
     @torch.no_grad()
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -143,7 +150,15 @@ class PagedModelRunner:
                 self._write_prefix(seq, prefix, index, slots)
             self.kv.write(index, batch.slots, k, v)
             out = paged_attention(
-                q, k, v, self.kv, index, batch.slices, scale=attn.scaling, window=self.windows[index]
+                q,
+                k,
+                v,
+                self.kv,
+                index,
+                batch.slices,
+                scale=attn.scaling,
+                window=self.windows[index],
+                gathered=batch.gathered,
             )  # [tokens, heads, D]
             hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -189,7 +204,8 @@ def sliding_window(config: object, attn: object) -> int | None:
     return getattr(attn, "sliding_window", None)
 
 
-def _block_run(table: list[int], device: torch.device) -> BlockRun:
+def _block_run(table: list[int]) -> slice | None:
+    """The table as a run of consecutive pool blocks; None when it is not one."""
     if table and table[-1] - table[0] == len(table) - 1 and table == list(range(table[0], table[-1] + 1)):
         return slice(table[0], table[-1] + 1)
-    return torch.tensor(table, dtype=torch.long, device=device)
+    return None

@@ -111,3 +111,40 @@ def test_other_model_families_are_refused(tiny_model_dir: Callable[..., Any]) ->
     kv = PagedKV(ModelGeometry(1, 1, 1, 8, 8, 8), 1, 1, torch.float32, torch.device("cpu"))
     with pytest.raises(UnsupportedModel, match="gpt2"):
         PagedModelRunner(model, kv)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_one_step_mixes_runs_gathered_tables_and_chunks(
+    tiny_mistral_factory: Callable[..., PreTrainedModel], window: int | None
+) -> None:
+    """In one forward pass: a sequence whose blocks are one run (read in place), decodes of
+    ragged lengths whose tables are scattered, a chunk on a scattered cached prefix shared
+    with another sequence, all gathered by one copy per layer; GQA, with and without a
+    sliding window. Each matches its own plain forward."""
+    model = tiny_mistral_factory(sliding_window=window)
+    runner, pool = runner_for(model)
+    lengths = [11, 14, 3, 22]  # each grows into a block allocated later: scattered tables
+    scattered = [Sequence.of(tokens) for tokens in prompts(lengths, seed=4)]
+    run_batch(runner, pool, scattered, chunk_tokens=5, decode_steps=2)  # interleaved: scattered tables
+    shared = Sequence.of(scattered[3].token_ids[:16] + prompts([7], seed=5)[0])  # its first 4 blocks hit
+    fresh = Sequence.of(prompts([6], seed=6)[0])
+    pool.allocate(shared)
+    assert shared.computed_tokens == 16
+    run_batch(runner, pool, [fresh], chunk_tokens=64, decode_steps=0)
+    fresh.token_ids.append(3)
+    pool.append_slot(fresh)
+    for seq in scattered:
+        seq.token_ids.append(5)
+        copy = pool.append_slot(seq)
+        assert copy is None
+    work = [Work(scattered[0], 1), Work(fresh, 1), Work(shared, shared.pending_tokens)]
+    work += [Work(seq, 1) for seq in scattered[1:]]
+    batch = runner.prepare(work)
+    runs = [part.blocks is not None for part in batch.slices]
+    assert runs == [False, True, False, False, False, False]
+    assert batch.gathered is not None
+    tables = [item.seq.block_table[: pool.blocks_for(len(item.seq))] for item in work if item.seq is not fresh]
+    assert batch.gathered.tolist() == [block for table in tables for block in table]
+    out = runner.forward(batch)
+    for row, item in enumerate(work):
+        torch.testing.assert_close(out[row], reference_logits(model, item.seq.token_ids), atol=TOLERANCE, rtol=0)
