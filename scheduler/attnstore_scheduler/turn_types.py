@@ -50,6 +50,7 @@ class WorkerStats:
     module_tokens: int = 0  # PML prompts: reused tokens that came from prompt modules
     repaired_tokens: int = 0  # PML prompts: module tokens recomputed by boundary repair
     encoded_modules: int = 0  # PML prompts: modules the worker encoded for this turn
+    prompt_token_ids: tuple[int, ...] = ()  # PML prompts: the prompt as served, in position order
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         module_tokens=stats.module_tokens,
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,
+        prompt_token_ids=tuple(stats.prompt_token_ids),
     )
 
 
