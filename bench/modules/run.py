@@ -3,16 +3,16 @@
 prefilled whole, side by side in one run.
 
 Workloads (workload.py): a length sweep (one module of 256 to 4,096 tokens plus a short
-question) and document QA (long ShareGPT answers as modules, several per prompt in varying
-subsets and orders, the question that followed as uncached text). For each prompt: TTFT
-(median of a few runs after a warm-up; module KV read from the daemon's DRAM), the
-perplexity of a reference continuation and the greedy agreement of a short answer with
-the full prefill's, without and with boundary repair (the first tokens of each module
-recomputed: --repair-fraction of the longest module, at most; and as many tokens chosen by
-KV deviation, CacheBlend-style). Results: a table,
-bench/results/modules.json and modules.png, and the JSON summary as the last line;
---quick runs a small version (smaller modules, fewer prompts) in a few minutes. The
-paper's code-generation, personalization and travel schemas are not rebuilt yet.
+question), document QA (long ShareGPT answers as modules, several per prompt in varying
+subsets and orders, the question that followed as uncached text) and the paper's three
+schemas (code generation: five file modules; personalization: six unions of five traits;
+travel: a parameter and nested unions). For each prompt: TTFT (median of a few runs after
+a warm-up; module KV read from the daemon's DRAM), the perplexity of a reference
+continuation and the greedy agreement of a short answer with the full prefill's; for
+prompts of several modules, also with boundary repair at budgets of 5, 10 and 15% of each
+module (but the first), by first tokens and by KV deviation (CacheBlend-style). Results: a
+table, bench/results/modules.json and modules.png, and the JSON summary as the last line;
+--quick runs a small version (smaller modules, fewer prompts) in a few minutes.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from attnstore.server.logging import configure_logging
 from attnstore.shm_arena import arena_root
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
-from bench.modules.measure import CaseRunner
+from bench.modules.measure import REPAIR_FRACTIONS, CaseRunner
 from bench.modules.report import format_table, plot, summarize, verdicts
-from bench.modules.workload import doc_qa, length_sweep
+from bench.modules.workload import code_generation, doc_qa, length_sweep, personalization, travel
 from inference_worker.model_store import default_model_dir, load_model
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
@@ -50,7 +50,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="a small run: modules up to 1,024 tokens, 2 QA prompts"
     )
-    parser.add_argument("--repair-fraction", type=float, default=0.15, help="repair budget per module")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     return parser.parse_args(argv)
 
@@ -61,8 +60,12 @@ async def bench(args: argparse.Namespace) -> None:
     lengths = [256, 1024] if args.quick else [256, 512, 1024, 2048, 4096]
     cases = length_sweep(tokenizer, lengths, SEED)
     cases += doc_qa(
-        tokenizer, docs=4 if args.quick else 8, prompts=2 if args.quick else 8, per_prompt=3, seed=SEED
+        tokenizer, docs=4 if args.quick else 8, prompts=2 if args.quick else 6, per_prompt=3, seed=SEED
     )
+    paper = 1 if args.quick else 3  # prompts per schema
+    cases += code_generation(tokenizer, prompts=paper, file_tokens=200 if args.quick else 500, seed=SEED)
+    cases += personalization(tokenizer, prompts=paper, seed=SEED)
+    cases += travel(tokenizer, prompts=paper, seed=SEED)
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
     dram = 1024 * MiB
@@ -84,10 +87,9 @@ async def bench(args: argparse.Namespace) -> None:
             runner = CaseRunner(
                 engine,
                 source,
-                repeats=2 if args.quick else 5,
+                repeats=2 if args.quick else 3,
                 continuation_tokens=16 if args.quick else 32,
                 answer_tokens=16 if args.quick else 32,
-                repair_fraction=args.repair_fraction,
             )
             rows = []
             for case in cases:
@@ -105,7 +107,7 @@ async def bench(args: argparse.Namespace) -> None:
         {
             "quick": args.quick,
             "machine": machine_info(WORK_DIR),
-            "repair_fraction": args.repair_fraction,
+            "repair_fractions": list(REPAIR_FRACTIONS),
             "rows": [asdict(row) | {"speedup": row.speedup} for row in rows],
             "summary": summary,
         },

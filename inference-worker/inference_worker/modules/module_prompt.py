@@ -81,7 +81,8 @@ class ModulePrompt:
     repair_tokens: int = 0
     # Else, per piece, the indices (within the piece) of its recomputed tokens.
     repaired: tuple[tuple[int, ...], ...] | None = None
-    # Without repair_tokens: the share of each such piece recomputed from its start (rounded up).
+    # Without repair_tokens: the share of each such piece recomputed from its start (rounded
+    # down: a budget is at most this share).
     repair_fraction: float = 0.0
 
     def repair_indices(self) -> tuple[tuple[int, ...], ...]:
@@ -97,7 +98,7 @@ class ModulePrompt:
     def _first_repaired(self, tokens: int) -> int:
         if self.repair_tokens:
             return min(self.repair_tokens, tokens)
-        return min(math.ceil(self.repair_fraction * tokens), tokens)
+        return math.floor(self.repair_fraction * tokens)
 
     @property
     def module_tokens(self) -> int:
