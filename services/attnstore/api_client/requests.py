@@ -101,20 +101,20 @@ def repair_fields(repair_tokens: int = 0, repair_method: str = "", repair_fracti
     }
 
 
+def _repair_and_options(keywords: dict[str, Any]) -> dict[str, Any]:
+    """A PML request's repair fields (repair_fields' keywords) and its generation options
+    (options' keywords) from the SDK's keywords."""
+    repair = {key: keywords.pop(key) for key in ("repair_tokens", "repair_method", "repair_fraction") if key in keywords}
+    return repair_fields(**repair) | {"options": options(**keywords)}
+
+
 def pml_request(
-    pml: str,
-    repair_tokens: int,
-    add_generation_prompt: bool,
-    *,
-    repair_method: str = "",
-    repair_fraction: float = 0.0,
-    **generation: Any,
+    pml: str, repair_tokens: int, add_generation_prompt: bool, **repair_and_generation: Any
 ) -> api.GenerateRequest:
     return api.GenerateRequest(
         pml=pml,
         add_generation_prompt=add_generation_prompt,
-        options=options(**generation),
-        **repair_fields(repair_tokens, repair_method, repair_fraction),
+        **_repair_and_options({"repair_tokens": repair_tokens, **repair_and_generation}),
     )
 
 
@@ -125,18 +125,15 @@ def chat_request(
     pml: str = "",
     expected_next_turn_seconds: float = 0.0,
     conversation_over: bool = False,
-    repair_tokens: int = 0,
-    repair_method: str = "",
-    repair_fraction: float = 0.0,
-    **generation: Any,
+    **repair_and_generation: Any,
 ) -> api.ChatRequest:
-    """A Chat turn: `message`, or (the first turn of a session) a `pml` prompt."""
+    """A Chat turn: `message`, or (the first turn of a session) a `pml` prompt with its
+    repair keywords (repair_fields')."""
     return api.ChatRequest(
         session_id=session_id,
         message=message,
         pml=pml,
-        options=options(**generation),
         expected_next_turn_seconds=expected_next_turn_seconds,
         conversation_over=conversation_over,
-        **repair_fields(repair_tokens, repair_method, repair_fraction),
+        **_repair_and_options(repair_and_generation),
     )
