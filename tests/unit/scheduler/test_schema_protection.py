@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 from hint_daemon import NS, MiB, Target, hint_store, session_keys, tiers
-from test_hint_pusher import RecordingClient, chunk
+from test_hint_pusher import NS2, RecordingClient, chunk
 
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, Tier
+from attnstore.prompt_modules import DEFAULT_LIMITS
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.schema_protection import SchemaProtection
+from attnstore_scheduler.schema_store import EmbeddedSchemaStore
+from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.settings import HintSettings
+from attnstore_scheduler.worker_registry import WorkerRegistry
 
 SCHEMA_SESSION = 0  # its four chunks stand in for one schema's module chunks
 
@@ -78,3 +82,24 @@ async def test_schema_hints_are_pushed_on_change_and_at_every_refresh_under_thei
     now[0] += 5
     await pusher.push()  # the refresh: sent again before the daemon's hint TTL lets it lapse
     assert [a for a in target.client.actions if a] == [dict.fromkeys(session_keys(1), HintAction.PROTECT)]
+
+
+async def test_delete_schema_drops_its_protection_and_only_its_own() -> None:
+    protection = SchemaProtection()
+    registry = WorkerRegistry(
+        max_turns_per_worker=1, health_interval_seconds=1, health_timeout_seconds=1, daemon_timeout_seconds=5
+    )
+    schemas = Schemas(
+        EmbeddedSchemaStore(), registry, DEFAULT_LIMITS, max_schemas_per_tenant=4, eager_encoding=False,
+        encode_timeout_seconds=5, remember_node=lambda *_: None, protection=protection,
+    )  # fmt: skip
+    try:
+        async for _ in schemas.register("t", '<schema name="desk"><module name="doc">text</module></schema>'):
+            pass
+        protection.protect("t", "desk", "up", NS, session_keys(1))
+        protection.protect("other", "desk", "up", NS2, session_keys(2))
+        protection.changed = False
+        assert await schemas.delete("t", "desk")
+        assert protection.changed and set(protection.hints("up")) == {NS2}
+    finally:
+        await registry.close()
