@@ -181,8 +181,9 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
     ax.plot(
         x, [r.ttft_modules_ms for r in sweep], marker="s", color=PALETTE[1], label="module KV from the store"
     )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if sweep:  # a run of other workloads only (--only) has no sweep to draw
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
     ax.set_xlabel("module tokens (plus a short question)")
     ax.set_ylabel("TTFT, ms (lower is better)")
     ax.grid(which="both", alpha=0.3)
