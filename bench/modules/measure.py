@@ -1,21 +1,23 @@
 """Measurements of one PML case on an in-process turn engine beside a real daemon: TTFT
 served from module KV vs the same tokens prefilled whole, the perplexity of a reference
-continuation after each (teacher-forced: one engine pass per continuation token), and the
-greedy agreement of their answers."""
+continuation after each (teacher-forced), and the
+greedy agreement of their answers; for prompts of several modules, the perplexity with
+boundary repair at each budget of REPAIR_FRACTIONS, by first tokens and by KV deviation."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 from collections.abc import AsyncIterator, Callable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 
 import torch
+from transformers import DynamicCache
 
 from bench.modules.workload import Case
-from inference_worker.engine.engine import Engine
-from inference_worker.engine.sequence import Sequence as EngineSequence
-from inference_worker.modules.module_prompt import ModulePrompt, TextPart, lay_out, module_sequence
+from inference_worker.kv_saver import KV
+from inference_worker.modules.module_prompt import ModulePrompt, lay_out, module_sequence
 from inference_worker.modules.repair_selection import RepairMethod, select_by_deviation
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import (
@@ -27,6 +29,24 @@ from inference_worker.turn_types import (
     TurnStats,
 )
 
+REPAIR_FRACTIONS = (0.05, 0.10, 0.15)  # the budget curve: this share of each repaired module
+# Which tokens a budget repairs: the served methods (RepairMethod), and deviation measured
+# at a deeper layer (8 of 30 computed in full to select: more cost, maybe better choices).
+DEEP_DEVIATION_LAYER = 8
+REPAIR_METHODS = (
+    RepairMethod.FIRST.value,
+    RepairMethod.DEVIATION.value,
+    f"deviation-l{DEEP_DEVIATION_LAYER}",
+)
+
+
+@dataclass(frozen=True)
+class RepairPoint:
+    method: str
+    fraction: float  # of each module's tokens (but the first module's)
+    repaired_tokens: int
+    ppl: float
+
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -34,21 +54,24 @@ class CaseResult:
     label: str
     module_tokens: int  # served from module KV
     prompt_tokens: int
-    repaired_tokens: int
     ttft_full_ms: float
     ttft_modules_ms: float
     ppl_full: float
     ppl_modules: float
-    ppl_repair: float  # the first tokens of each module repaired
-    ppl_repair_deviation: float  # as many tokens repaired, chosen by KV deviation
     agree_no_repair: float  # share of greedy tokens equal to the full prefill's, position by position
-    agree_repair: float
-    agree_repair_deviation: float
-    ttft_repair_deviation_ms: float  # deviation's selection included
+    # Prompts with more than one module (repair applies; empty otherwise): perplexity at
+    # each budget and method; greedy agreement and TTFT at the largest budget.
+    curve: tuple[RepairPoint, ...] = ()
+    agree_repair: float | None = None  # first tokens
+    agree_repair_deviation: float | None = None
+    ttft_repair_deviation_ms: float | None = None  # deviation's selection included
 
     @property
     def speedup(self) -> float:
         return self.ttft_full_ms / self.ttft_modules_ms
+
+    def point(self, method: str, fraction: float) -> RepairPoint | None:
+        return next((p for p in self.curve if p.method == method and p.fraction == fraction), None)
 
 
 @dataclass
@@ -59,7 +82,6 @@ class CaseRunner:
     repeats: int
     continuation_tokens: int
     answer_tokens: int
-    repair_fraction: float
 
     def __post_init__(self) -> None:
         self.tokenizer = self.engine.loaded.tokenizer
@@ -71,65 +93,76 @@ class CaseRunner:
         await server.store.drain()
         served = await server.serve(self.source, case.schema, case.prompt, 0)
         layout = lay_out(served.prompt)
-        full_ids = [
-            token
-            for token, _ in sorted(zip(layout.token_ids, layout.positions, strict=True), key=lambda p: p[1])
-        ]
-        repair = max(1, math.ceil(self.repair_fraction * max(p.tokens for p in served.prompt.pieces)))
-        repaired = ModulePrompt(served.prompt.pieces, served.prompt.text, repair)
-        deviated = select_by_deviation(repaired, self.engine.loaded.model)
+        full_ids = list(layout.tokens_by_position)
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
             : self.continuation_tokens
         ]
-
         ttft_full = await self._ttft(
             lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None)
         )
-        module_turn = ModuleTurnInput(case.schema, case.prompt, SamplingParams(max_tokens=1))
-        ttft_modules = await self._ttft(lambda: self.engine.modules.run(module_turn, self.source))
-        deviation_turn = ModuleTurnInput(
-            case.schema,
-            case.prompt,
-            SamplingParams(max_tokens=1),
-            repair_tokens=repair,
-            repair_method=RepairMethod.DEVIATION,
-        )
-        ttft_deviation = await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source))
-
+        ttft_modules = await self._ttft(lambda: self.engine.modules.run(self._turn(case, 1), self.source))
         full_answer = await self._tokens(
             self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=self.answer_tokens)), None)
         )
-        answers = [
-            await self._tokens(
-                self.engine.modules.run(
-                    ModuleTurnInput(
-                        case.schema,
-                        case.prompt,
-                        SamplingParams(max_tokens=self.answer_tokens),
-                        repair_tokens=r,
-                        repair_method=method,
-                    ),
-                    self.source,
-                )
-            )
-            for r, method in ((0, None), (repair, RepairMethod.FIRST), (repair, RepairMethod.DEVIATION))
-        ]
-        return CaseResult(
+        result = CaseResult(
             workload=case.workload,
             label=case.label,
             module_tokens=layout.cached_tokens,
             prompt_tokens=len(full_ids),
-            repaired_tokens=lay_out(repaired).repaired_tokens,
             ttft_full_ms=ttft_full * 1000,
             ttft_modules_ms=ttft_modules * 1000,
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
-            ppl_repair=await self._module_perplexity(repaired, reference),
-            ppl_repair_deviation=await self._module_perplexity(deviated, reference),
-            agree_no_repair=_agreement(answers[0], full_answer),
-            agree_repair=_agreement(answers[1], full_answer),
-            agree_repair_deviation=_agreement(answers[2], full_answer),
-            ttft_repair_deviation_ms=ttft_deviation * 1000,
+            agree_no_repair=_agreement(await self._answer(case), full_answer),
+        )
+        if not lay_out(replace(served.prompt, repair_fraction=1.0)).repaired_tokens:
+            return result  # one module, first: nothing to repair (its KV is exact)
+        curve = []
+        for fraction in REPAIR_FRACTIONS:
+            first = replace(served.prompt, repair_fraction=fraction)
+            for method in REPAIR_METHODS:
+                prompt = self._select(first, method)
+                repaired = lay_out(prompt).repaired_tokens
+                curve.append(
+                    RepairPoint(method, fraction, repaired, await self._module_perplexity(prompt, reference))
+                )
+        largest = REPAIR_FRACTIONS[-1]
+        deviation_turn = self._turn(case, 1, largest, RepairMethod.DEVIATION)
+        return replace(
+            result,
+            curve=tuple(curve),
+            agree_repair=_agreement(await self._answer(case, largest, RepairMethod.FIRST), full_answer),
+            agree_repair_deviation=_agreement(
+                await self._answer(case, largest, RepairMethod.DEVIATION), full_answer
+            ),
+            ttft_repair_deviation_ms=1000
+            * await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source)),
+        )
+
+    def _select(self, first: ModulePrompt, method: str) -> ModulePrompt:
+        """`first` (its first tokens repaired) with `method`'s choice of as many tokens."""
+        if method == RepairMethod.FIRST:
+            return first
+        layer = DEEP_DEVIATION_LAYER if method != RepairMethod.DEVIATION else None
+        return select_by_deviation(first, self.engine.loaded.model, layer=layer)
+
+    @staticmethod
+    def _turn(
+        case: Case, max_tokens: int, fraction: float = 0.0, method: RepairMethod | None = None
+    ) -> ModuleTurnInput:
+        return ModuleTurnInput(
+            case.schema,
+            case.prompt,
+            SamplingParams(max_tokens=max_tokens),
+            repair_fraction=fraction,
+            repair_method=method,
+        )
+
+    async def _answer(
+        self, case: Case, fraction: float = 0.0, method: RepairMethod | None = None
+    ) -> list[int]:
+        return await self._tokens(
+            self.engine.modules.run(self._turn(case, self.answer_tokens, fraction, method), self.source)
         )
 
     async def _ttft(self, turn: Callable[[], AsyncIterator[TokenEvent | TurnStats]]) -> float:
@@ -152,40 +185,41 @@ class CaseRunner:
         return _perplexity(logits, reference)
 
     async def _module_perplexity(self, prompt: ModulePrompt, reference: list[int]) -> float:
-        """Teacher-forced: the logits after the prompt plus the first k reference tokens
-        (uncached text after the prompt's last position), for each k."""
+        """Teacher-forced: the prompt served from module KV by the engine (its last logits
+        predict the first reference token), then the reference after it in one pass of the
+        model over the served sequence's KV (its keys at their served positions, in slot
+        order: attention does not depend on the order of the keys, and every one of them
+        precedes the reference)."""
         engine = self.engine.engine
-        after = max(lay_out(prompt).positions) + 1
-        rows = []
-        for k in range(len(reference)):
-            extra = TextPart(tuple(reference[:k]), tuple(range(after, after + k)))
-            served = ModulePrompt(
-                prompt.pieces,
-                (*prompt.text, extra) if k else prompt.text,
-                prompt.repair_tokens,
-                prompt.repaired,
-            )
-            seq, _ = module_sequence(
-                served,
-                self.source.namespace,
-                engine.runner.geometry.num_layers,
-                self.engine.modules.shift,
-                engine.runner.device,
-            )
-            rows.append(await _last_logits(engine, seq))
-        return _perplexity(torch.stack(rows), reference)
+        seq, layout = module_sequence(
+            prompt,
+            self.source.namespace,
+            engine.runner.geometry.num_layers,
+            self.engine.modules.shift,
+            engine.runner.device,
+        )
+        logits = None
+        try:
+            async for output in engine.generate(seq):  # max_new_tokens 0: the prompt's last logits only
+                logits = output.logits
+            kv = await asyncio.to_thread(engine.kv.span, seq.block_table, 0, len(seq))
+        finally:
+            engine.release(seq)
+        if logits is None:
+            raise RuntimeError(f"the engine gave sequence {seq.seq_id} no logits")
+        after = max(layout.positions) + 1
+        rest = self._continue(kv, reference[:-1], after)  # [reference - 1, vocab]
+        return _perplexity(torch.cat([logits[None].float(), rest]), reference)
 
-
-async def _last_logits(engine: Engine, seq: EngineSequence) -> torch.Tensor:
-    logits = None
-    try:
-        async for output in engine.generate(seq):  # max_new_tokens 0: the prompt's last logits only
-            logits = output.logits
-    finally:
-        engine.release(seq)
-    if logits is None:
-        raise RuntimeError(f"the engine gave sequence {seq.seq_id} no logits")
-    return logits
+    @torch.no_grad()
+    def _continue(self, kv: KV, tokens: list[int], start: int) -> torch.Tensor:
+        """The logits [tokens, vocab] of `tokens` at positions start.. after the KV."""
+        cache = DynamicCache([(k[None], v[None]) for k, v in kv])  # [1, kv_heads, slots, D]
+        positions = torch.arange(start, start + len(tokens))[None]
+        out = self.engine.loaded.model(
+            input_ids=torch.tensor([tokens]), position_ids=positions, cache=cache, use_cache=True
+        )
+        return out.logits[0].float()
 
 
 def _perplexity(logits: torch.Tensor, reference: list[int]) -> float:

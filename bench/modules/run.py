@@ -3,25 +3,27 @@
 prefilled whole, side by side in one run.
 
 Workloads (workload.py): a length sweep (one module of 256 to 4,096 tokens plus a short
-question) and document QA (long ShareGPT answers as modules, several per prompt in varying
-subsets and orders, the question that followed as uncached text). For each prompt: TTFT
-(median of a few runs after a warm-up; module KV read from the daemon's DRAM), the
-perplexity of a reference continuation and the greedy agreement of a short answer with
-the full prefill's, without and with boundary repair (the first tokens of each module
-recomputed: --repair-fraction of the longest module, at most; and as many tokens chosen by
-KV deviation, CacheBlend-style). Results: a table,
-bench/results/modules.json and modules.png, and the JSON summary as the last line;
---quick runs a small version (smaller modules, fewer prompts) in a few minutes. The
-paper's code-generation, personalization and travel schemas are not rebuilt yet.
+question), document QA (long ShareGPT answers as modules, several per prompt in varying
+subsets and orders, the question that followed as uncached text) and the paper's three
+schemas (code generation: five file modules; personalization: six unions of five traits;
+travel: a parameter and nested unions). For each prompt: TTFT (median of a few runs after
+a warm-up; module KV read from the daemon's DRAM), the perplexity of a reference
+continuation and the greedy agreement of a short answer with the full prefill's; for
+prompts of several modules, also with boundary repair at budgets of 5, 10 and 15% of each
+module (but the first), by first tokens and by KV deviation (CacheBlend-style). Results: a
+table, bench/results/modules.json and modules.png, and the JSON summary as the last line;
+--quick runs a small version (smaller modules, fewer prompts) in a few minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import tempfile
 from dataclasses import asdict
+from typing import Any
 
 import structlog
 import torch
@@ -31,15 +33,15 @@ from attnstore.server.logging import configure_logging
 from attnstore.shm_arena import arena_root
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
-from bench.modules.measure import CaseRunner
+from bench.modules.measure import REPAIR_FRACTIONS, CaseResult, CaseRunner, RepairPoint
 from bench.modules.report import format_table, plot, summarize, verdicts
-from bench.modules.workload import doc_qa, length_sweep
+from bench.modules.workload import code_generation, doc_qa, length_sweep, personalization, travel
 from inference_worker.model_store import default_model_dir, load_model
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
 from kvstore_daemon.launcher import DaemonProcess
 
-WORK_DIR = work_dir("modules")
+WORKLOADS = ("length", "doc_qa", "code", "persona", "travel")
 MiB = 1024 * 1024
 SEED = 0
 log = structlog.get_logger("bench.modules")
@@ -50,27 +52,52 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="a small run: modules up to 1,024 tokens, 2 QA prompts"
     )
-    parser.add_argument("--repair-fraction", type=float, default=0.15, help="repair budget per module")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--only",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated workloads to run, of {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument("--results", default="modules", help="bench/results/<name>.json and .png")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="NAME",
+        help="report the rows of earlier runs' results instead of running",
+    )
+    args = parser.parse_args(argv)
+    args.only = set(args.only.split(","))
+    if not args.only <= set(WORKLOADS):
+        parser.error(f"--only takes workloads of {', '.join(WORKLOADS)}")
+    return args
 
 
 async def bench(args: argparse.Namespace) -> None:
     loaded = load_model(default_model_dir(), torch.float32, "cpu")
     tokenizer = loaded.tokenizer
     lengths = [256, 1024] if args.quick else [256, 512, 1024, 2048, 4096]
-    cases = length_sweep(tokenizer, lengths, SEED)
-    cases += doc_qa(
-        tokenizer, docs=4 if args.quick else 8, prompts=2 if args.quick else 8, per_prompt=3, seed=SEED
-    )
-    shutil.rmtree(WORK_DIR, ignore_errors=True)
-    WORK_DIR.mkdir(parents=True)
+    paper = 1 if args.quick else 3  # prompts per schema
+    workloads = {
+        "length": lambda: length_sweep(tokenizer, lengths, SEED),
+        "doc_qa": lambda: doc_qa(
+            tokenizer, docs=4 if args.quick else 8, prompts=2 if args.quick else 6, per_prompt=3, seed=SEED
+        ),
+        "code": lambda: code_generation(
+            tokenizer, prompts=paper, file_tokens=200 if args.quick else 500, seed=SEED
+        ),
+        "persona": lambda: personalization(tokenizer, prompts=paper, seed=SEED),
+        "travel": lambda: travel(tokenizer, prompts=paper, seed=SEED),
+    }
+    cases = [case for name in WORKLOADS if name in args.only for case in workloads[name]()]
+    work = work_dir(args.results)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     dram = 1024 * MiB
-    shm_dir = tempfile.mkdtemp(prefix="attnstore-bench-", dir=arena_root(WORK_DIR, dram))
+    shm_dir = tempfile.mkdtemp(prefix="attnstore-bench-", dir=arena_root(work, dram))
     daemon = DaemonProcess(
-        WORK_DIR / "ssd",
+        work / "ssd",
         shm_dir,
-        WORK_DIR / "daemon.log",
+        work / "daemon.log",
         {"dram_capacity_bytes": dram, "ssd_capacity_bytes": 4096 * MiB, "max_chunk_bytes": 64 * MiB},
     )
     daemon.start()
@@ -84,10 +111,9 @@ async def bench(args: argparse.Namespace) -> None:
             runner = CaseRunner(
                 engine,
                 source,
-                repeats=2 if args.quick else 5,
+                repeats=2 if args.quick else 3,
                 continuation_tokens=16 if args.quick else 32,
                 answer_tokens=16 if args.quick else 32,
-                repair_fraction=args.repair_fraction,
             )
             rows = []
             for case in cases:
@@ -97,21 +123,35 @@ async def bench(args: argparse.Namespace) -> None:
     finally:
         daemon.stop()
         shutil.rmtree(shm_dir, ignore_errors=True)
+    report(args, rows, {"workloads": sorted(args.only), "machine": machine_info(work)})
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def report(args: argparse.Namespace, rows: list[CaseResult], about: dict[str, Any]) -> None:
+    """The table, bench/results/<results>.json and .png, the verdicts and the summary."""
     summary = summarize(rows)
     title = f"prompt modules, SmolLM2-135M fp32 CPU{' (quick)' if args.quick else ''}"
-    plot(rows, title, RESULTS_DIR / "modules.png")
-    save_results(
-        "modules",
-        {
-            "quick": args.quick,
-            "machine": machine_info(WORK_DIR),
-            "repair_fraction": args.repair_fraction,
-            "rows": [asdict(row) | {"speedup": row.speedup} for row in rows],
-            "summary": summary,
-        },
-    )
-    shutil.rmtree(WORK_DIR, ignore_errors=True)
+    plot(rows, title, RESULTS_DIR / f"{args.results}.png")
+    document = {"quick": args.quick, **about, "repair_fractions": list(REPAIR_FRACTIONS)}
+    rows_json = [asdict(row) | {"speedup": row.speedup} for row in rows]
+    save_results(args.results, document | {"rows": rows_json, "summary": summary})
     print_report(format_table(rows), verdicts(summary), summary)
+
+
+def merge(args: argparse.Namespace) -> None:
+    """One report from the rows of runs saved under other names (parts of one suite run in
+    parallel processes: on a shared machine each gets its own share of the cores)."""
+    parts = [json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in args.merge]
+    rows = [
+        CaseResult(
+            **{k: v for k, v in row.items() if k not in ("speedup", "curve")},
+            curve=tuple(RepairPoint(**point) for point in row["curve"]),
+        )
+        for part in parts
+        for row in part["rows"]
+    ]
+    workloads = sorted({w for part in parts for w in part["workloads"]})
+    report(args, rows, {"workloads": workloads, "machine": parts[0]["machine"], "merged_from": args.merge})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,4 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging("INFO", json=False)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.merge:
+        merge(args)
+        return
     asyncio.run(bench(args))

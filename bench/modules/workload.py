@@ -6,12 +6,15 @@
 - document QA: long ShareGPT answers as the modules of one schema (documents); each prompt
   imports a seeded subset of them in a seeded order and asks the question that followed the
   last one in its conversation; the reference continuation is the dataset's answer to it.
+- the paper's three schemas (code generation, personalization, travel planning), below.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
 from xml.sax.saxutils import escape
 
 from transformers import PreTrainedTokenizerBase
@@ -28,7 +31,6 @@ class Case:
     schema: str
     prompt: str
     reference: str  # text whose perplexity after the prompt is measured
-    module_tokens: int  # of the imported modules (approximate: tokenized apart)
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def length_sweep(tokenizer: PreTrainedTokenizerBase, lengths: list[int], seed: i
         schema = f'<schema name="sweep{length}"><module name="text">{escape(module)}</module></schema>'
         prompt = f'<prompt schema="sweep{length}"><text/>{escape(QUESTION)}</prompt>'
         reference = tokenizer.decode(ids[length : length + 64])
-        cases.append(Case("length", f"{length}", schema, prompt, reference, length))
+        cases.append(Case("length", f"{length}", schema, prompt, reference))
     return cases
 
 
@@ -89,8 +91,126 @@ def doc_qa(
         prompt = (
             f'<prompt schema="docqa">{imports}{escape(" Question: " + last.question + " Answer:")}</prompt>'
         )
-        tokens = sum(len(tokenizer.encode(found[i].text, add_special_tokens=False)) for i in chosen)
-        cases.append(
-            Case("doc_qa", f"q{number}:{'+'.join(map(str, chosen))}", schema, prompt, last.answer, tokens)
+        cases.append(Case("doc_qa", f"q{number}:{'+'.join(map(str, chosen))}", schema, prompt, last.answer))
+    return cases
+
+
+# The paper's schemas, rebuilt (Prompt Cache, MLSys'24, section 5): code generation
+# (source files as modules), personalization (unions of traits) and travel planning (a
+# parameter and nested unions).
+
+CODE_FILES = ("layout.py", "prompt_layout.py", "identity.py", "printer.py", "names.py")
+CODE_TARGET = "structure.py"  # the file continued after the imported ones (uncached)
+CODE_DIR = Path(__file__).resolve().parents[2] / "services" / "attnstore" / "prompt_modules"
+
+TRAITS = {
+    "age": ("a teenager", "a student in their twenties", "a parent in their forties", "retired", "a child"),
+    "job": ("a nurse", "a software engineer", "a farmer", "a history teacher", "a chef"),
+    "interest": ("football", "classical music", "gardening", "astronomy", "video games"),
+    "tone": ("formal", "friendly", "humorous", "concise", "encouraging"),
+    "detail": ("one sentence", "a short paragraph", "a numbered list", "a detailed essay", "a table"),
+    "place": ("Brazil", "Japan", "Kenya", "Canada", "Germany"),
+}
+
+
+def code_generation(
+    tokenizer: PreTrainedTokenizerBase, *, prompts: int, file_tokens: int, seed: int
+) -> list[Case]:
+    """Five source files (this repository's PML package, each cut at `file_tokens`) as
+    modules; a prompt imports three in a seeded order, then the start of a sixth file
+    (uncached) whose next lines are the reference."""
+
+    def cut(name: str, tokens: int, skip: int = 0) -> str:
+        ids = tokenizer.encode((CODE_DIR / name).read_text(), add_special_tokens=False)
+        return tokenizer.decode(ids[skip : skip + tokens])
+
+    modules = "".join(
+        f'<module name="{name.removesuffix(".py")}"># file: {name}\n{escape(cut(name, file_tokens))}\n</module>'
+        for name in CODE_FILES
+    )
+    schema = f'<schema name="code">A Python package, file by file.\n{modules}</schema>'
+    opening, reference = cut(CODE_TARGET, 96), cut(CODE_TARGET, 64, skip=96)
+    rng = random.Random(seed)
+    cases = []
+    for number, subset in enumerate(rng.sample(list(combinations(CODE_FILES, 3)), prompts)):
+        chosen = rng.sample(subset, 3)  # distinct subsets, each in a seeded order
+        imports = "".join(f"<{name.removesuffix('.py')}/>" for name in chosen)
+        prompt = (
+            f'<prompt schema="code">{imports}{escape(f"# file: {CODE_TARGET}" + chr(10) + opening)}</prompt>'
         )
+        label = f"c{number}:" + "+".join(name[:4] for name in chosen)
+        cases.append(Case("code", label, schema, prompt, reference))
+    return cases
+
+
+def personalization(tokenizer: PreTrainedTokenizerBase, *, prompts: int, seed: int) -> list[Case]:
+    """Six unions of five traits (one sentence each); a prompt picks one trait of each and
+    asks a ShareGPT question, whose dataset answer is the reference."""
+    unions = "".join(
+        "<union>"
+        + "".join(
+            f'<module name="{kind}{index}">The user {"is" if kind in ("age", "job") else "likes"} '
+            f"{_trait_text(kind, value)}. </module>"
+            for index, value in enumerate(values)
+        )
+        + "</union>"
+        for kind, values in TRAITS.items()
+    )
+    schema = f'<schema name="persona"><system>You answer for one user. What you know of them: {unions}</system></schema>'
+    asked = documents(tokenizer, count=prompts, min_tokens=100, max_tokens=700, seed=seed + 2)
+    rng = random.Random(seed)
+    cases = []
+    for number, document in enumerate(asked):
+        chosen = {kind: rng.randrange(len(values)) for kind, values in TRAITS.items()}
+        imports = "".join(f"<{kind}{index}/>" for kind, index in chosen.items())
+        prompt = f'<prompt schema="persona">{imports}<user>{escape(document.question)}</user></prompt>'
+        label = f"p{number}:" + "".join(str(index) for index in chosen.values())
+        cases.append(Case("persona", label, schema, prompt, document.answer))
+    return cases
+
+
+def _trait_text(kind: str, value: str) -> str:
+    if kind == "tone":
+        return f"answers in a {value} tone"
+    if kind == "detail":
+        return f"answers as {value}"
+    if kind == "place":
+        return f"news from {value}, where they live"
+    return value
+
+
+TRAVEL_SCHEMA = """<schema name="travel"><system>You plan trips. </system>
+<module name="guide">City guide: {guide}
+</module>
+<module name="trip">Plan a trip to <param name="destination" len="8"/> for <union>
+<module name="solo">one traveller. <union>
+<module name="budget">Keep it cheap: hostels, night buses, free museums and street food. </module>
+<module name="luxury">Spare no expense: five-star hotels, private guides and fine dining. </module>
+</union></module>
+<module name="family">a family with two young children. <union>
+<module name="relaxed">Keep the days slow: parks, beaches, long lunches and early nights. </module>
+<module name="active">Fill the days: hikes, bike tours, zoos and science museums. </module>
+</union></module>
+</union></module></schema>"""
+TRAVEL_CHOICES = (
+    ("Lisbon", "solo", "budget"),
+    ("Kyoto", "family", "active"),
+    ("Cape Town", "solo", "luxury"),
+    ("Vancouver", "family", "relaxed"),
+)
+
+
+def travel(tokenizer: PreTrainedTokenizerBase, *, prompts: int, seed: int) -> list[Case]:
+    """A city guide (a long ShareGPT answer) and a trip module with a destination parameter
+    and nested unions (who travels, then how); the question and reference as document QA's."""
+    guide, *asked = documents(tokenizer, count=prompts + 1, min_tokens=250, max_tokens=700, seed=seed + 3)
+    schema = TRAVEL_SCHEMA.format(guide=escape(guide.text))
+    cases = []
+    for number, document in enumerate(asked):
+        city, who, how = TRAVEL_CHOICES[number % len(TRAVEL_CHOICES)]
+        prompt = (
+            f'<prompt schema="travel"><guide/><trip destination="{city}"><{who}><{how}/></{who}></trip>'
+            f"<user>{escape(document.question)}</user></prompt>"
+        )
+        cases.append(Case("travel", f"t{number}:{who}-{how}", schema, prompt, document.answer))
     return cases

@@ -21,7 +21,7 @@ from inference_worker.validation import (
     check_history_tokens,
     check_messages,
     check_prompt,
-    check_repair_tokens,
+    check_repair,
     check_sampling,
     check_tenant,
     check_text,
@@ -60,11 +60,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[pb.ExecuteTurnResponse]:
         salt = check_tenant(request.tenant)
         if request.WhichOneof("prompt") == "pml":
+            repair_tokens, repair_fraction, repair_method = check_repair(request.pml)
             module_turn = ModuleTurnInput(
                 request.pml.schema,
                 request.pml.prompt,
                 check_sampling(request.sampling, self._limits),
-                repair_tokens=check_repair_tokens(request.pml.repair_tokens),
+                repair_tokens=repair_tokens,
+                repair_fraction=repair_fraction,
+                repair_method=repair_method,
                 add_generation_prompt=request.pml.add_generation_prompt,
             )
             turn_events = self._engine.modules.run(module_turn, await self._engine.namespace_for(salt))
@@ -88,7 +91,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async with contextlib.aclosing(self._engine.modules.server.encode(source, request.schema)) as steps:
             async for step in steps:
                 yield pb.EncodeSchemaResponse(
-                    done=step.done, total=step.total, module=step.path, encoded=step.origin is Origin.ENCODED
+                    done=step.done,
+                    total=step.total,
+                    module=step.path,
+                    encoded=step.origin is Origin.ENCODED,
+                    namespace=source.namespace,
+                    chunk_keys=step.chunk_keys,
                 )
 
     def _turn_input(self, request: pb.ExecuteTurnRequest) -> TurnInput:
@@ -166,4 +174,5 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         restore_recompute_ms=stats.restore_seconds.get("recompute", 0.0) * 1000,
         restore_hidden_ms=stats.restore_seconds.get("hidden", 0.0) * 1000,
         restore_kv_ms=stats.restore_seconds.get("kv", 0.0) * 1000,
+        prompt_token_ids=stats.prompt_token_ids,
     )

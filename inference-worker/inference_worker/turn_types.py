@@ -89,6 +89,7 @@ class TurnStats:
     module_tokens: int = 0  # prompt tokens whose KV came from module KV (stored or encoded apart)
     repaired_tokens: int = 0  # module tokens recomputed by boundary repair
     encoded_modules: int = 0  # modules (or scaffolds) encoded for this turn: first use, or evicted
+    prompt_token_ids: tuple[int, ...] = ()  # the prompt as served, in position order (gaps are no tokens)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class ModuleTurnInput:
     sampling: SamplingParams = SamplingParams()
     _: KW_ONLY  # options by name: a field added among them must not shift another's value
     repair_tokens: int = 0  # per imported module, its first tokens recomputed (boundary repair)
+    repair_fraction: float = 0.0  # else this share of each imported module's tokens (rounded up)
     # which tokens repair recomputes, "first" or "deviation" (repair_selection.py); None: the
     # worker's module_repair_method
     repair_method: str | None = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from attnstore.errors import InvalidArgument
 from attnstore.worker.v1 import worker_pb2 as pb
 from inference_worker.decoding import check_sampling as check_decodable
+from inference_worker.modules.repair_selection import RepairMethod
 from inference_worker.turn_types import SamplingParams
 
 ROLES = ("system", "user", "assistant")
@@ -18,6 +19,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_REPAIR_TOKENS = 4096  # per module; a module's own length bounds it anyway
+REPAIR_METHODS = tuple(method.value for method in RepairMethod)
 
 
 @dataclass(frozen=True)
@@ -104,12 +106,23 @@ def check_history_tokens(history_tokens: int, prompt_tokens: int) -> int:
     return history_tokens
 
 
-def check_repair_tokens(repair_tokens: int) -> int:
-    if repair_tokens > MAX_REPAIR_TOKENS:
+def check_repair(pml: pb.PmlPrompt) -> tuple[int, float, str | None]:
+    """A PML prompt's boundary repair: (tokens per module, fraction, method or None for
+    the worker's setting)."""
+    if pml.repair_tokens > MAX_REPAIR_TOKENS:
         raise InvalidArgument(
-            f"pml.repair_tokens is {repair_tokens}; at most {MAX_REPAIR_TOKENS} are allowed"
+            f"pml.repair_tokens is {pml.repair_tokens}; at most {MAX_REPAIR_TOKENS} are allowed"
         )
-    return repair_tokens
+    if not 0.0 <= pml.repair_fraction <= 1.0:  # NaN fails too
+        raise InvalidArgument(f"pml.repair_fraction is {pml.repair_fraction}; it must lie in [0, 1]")
+    if pml.repair_tokens and pml.repair_fraction:
+        raise InvalidArgument("give pml.repair_tokens or pml.repair_fraction, not both")
+    if pml.repair_method and pml.repair_method not in REPAIR_METHODS:
+        raise InvalidArgument(
+            f"pml.repair_method is {pml.repair_method!r}; it must be one of {', '.join(REPAIR_METHODS)} "
+            "(or empty: the worker's setting)"
+        )
+    return pml.repair_tokens, pml.repair_fraction, pml.repair_method or None
 
 
 def check_sampling(sampling: pb.SamplingParams, limits: RequestLimits) -> SamplingParams:

@@ -25,7 +25,7 @@ answers were closed (closing_tokens None), once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from attnstore.worker.v1 import worker_pb2
@@ -48,24 +48,27 @@ class ChatPrompt:
 async def chat_prompt(worker: WorkerHandle, record: SessionRecord, message: str) -> ChatPrompt:
     """The prompt of a turn that adds `message` to the session (see the module doc)."""
     question = Message("user", message)
-    closing = tokenize(
+    closing = answer_closing(worker, question)
+    conversation = (*record.messages, question)
+    ran = record.token_ids[: len(record.token_ids) - (record.closing_tokens or 0)]
+    if record.token_ids and record.closing_tokens is not None:
+        closing_ids, extended = await asyncio.gather(closing, _extend_history(worker, record, question))
+        if extended is not None:
+            return ChatPrompt(extended, len(ran), closing_ids)
+        ids = await tokenize(worker, conversation, add_generation_prompt=True)
+    else:
+        closing_ids, ids = await asyncio.gather(closing, tokenize(worker, conversation, add_generation_prompt=True))
+    return ChatPrompt(ids, len(ran) if tuple(ids[: len(ran)]) == ran else 0, closing_ids)
+
+
+def answer_closing(worker: WorkerHandle, question: Message) -> Awaitable[list[int]]:
+    """The template's closing of the answer to `question`."""
+    return tokenize(
         worker,
         (question, Message("assistant", _ANSWER_STAND_IN)),
         add_generation_prompt=False,
         after_contents=2,
     )
-    conversation = (*record.messages, question)
-    ran = record.token_ids[: len(record.token_ids) - (record.closing_tokens or 0)]
-    if record.token_ids and record.closing_tokens is not None:
-        answer_closing, extended = await asyncio.gather(closing, _extend_history(worker, record, question))
-        if extended is not None:
-            return ChatPrompt(extended, len(ran), answer_closing)
-        ids = await tokenize(worker, conversation, add_generation_prompt=True)
-    else:
-        answer_closing, ids = await asyncio.gather(
-            closing, tokenize(worker, conversation, add_generation_prompt=True)
-        )
-    return ChatPrompt(ids, len(ran) if tuple(ids[: len(ran)]) == ran else 0, answer_closing)
 
 
 async def _extend_history(worker: WorkerHandle, record: SessionRecord, question: Message) -> list[int] | None:

@@ -19,7 +19,9 @@ large (every live chain), so it is sent less often than the queue's, and as anot
 source the queue's replaces leave it alone. Between two, each push adds (no replace)
 the predictions of the sessions that changed (a turn started or ended, an expectation, an
 end), so a turn's fresh chunks are predicted at once. A queued job's hint beats a prediction of the
-same key in the daemon (the most urgent hint wins).
+same key in the daemon (the most urgent hint wins). With a `SchemaProtection`, registered
+schemas' module chunks are sent PROTECT under `<source>/schemas`, replaced whole when a
+schema is registered or deleted and at least every refresh (schema_protection.py).
 
 A daemon that cannot be reached is logged and counted, never raised: its hints are
 retried by the next push, and every other node is still served.
@@ -40,6 +42,7 @@ import structlog
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, HintResult
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.lookahead import HintEntry, NodeCapacity, NodePlan, plan_hints
+from attnstore_scheduler.schema_protection import SCHEMAS_SOURCE_SUFFIX, SchemaProtection
 from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 
@@ -103,10 +106,14 @@ class HintPusher:
         clock: Callable[[], float] = time.monotonic,
         activity: SessionActivity | None = None,
         source: str = "",
+        protection: SchemaProtection | None = None,
     ) -> None:
         """`targets()` is read at every push (the registry's live nodes); `activity`, when
-        given, adds the predictions of every live session; `source` names this replica."""
+        given, adds the predictions of every live session; `source` names this replica;
+        `protection`, registered schemas' module chunks to keep PROTECT."""
         self._activity = activity
+        self._protection = protection
+        self._next_protection = float("-inf")
         self._source = source
         self._predict_interval = settings.predict_interval_seconds
         self._next_prediction = float("-inf")
@@ -127,6 +134,8 @@ class HintPusher:
         queue.add_listener(self.notify)
         if activity is not None:
             activity.add_listener(self.notify)
+        if protection is not None:
+            protection.add_listener(self.notify)
 
     def notify(self) -> None:
         """Something the plan depends on changed (the queue calls this itself)."""
@@ -172,6 +181,12 @@ class HintPusher:
             batches.append((self._source + PREDICTION_SOURCE_SUFFIX, {
                 node: NodePlan(hints=predicted.get(node, {})) for node in capacities if whole or node in predicted
             }, whole))
+        if self._protection is not None and (self._protection.changed or now >= self._next_protection):
+            self._protection.changed = False
+            self._next_protection = now + self._refresh
+            batches.append((self._source + SCHEMAS_SOURCE_SUFFIX, {
+                node: NodePlan(hints=self._protection.hints(node)) for node in capacities
+            }, True))
         report = PushReport()
         for source, batch, replace in batches:
             outcomes = await asyncio.gather(*(

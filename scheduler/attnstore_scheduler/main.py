@@ -38,6 +38,7 @@ from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.redis_schema_store import RedisSchemaStore
 from attnstore_scheduler.redis_session_store import RedisSessionStore
+from attnstore_scheduler.schema_protection import SchemaProtection
 from attnstore_scheduler.schema_store import EmbeddedSchemaStore
 from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.servicer import SERVICE_NAME, AttnStoreServicer
@@ -134,8 +135,9 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         max_session_ttl_seconds=settings.max_session_ttl_seconds,
     )
     activity = SessionActivity() if settings.hints.policy == "predictive" else None
+    protection = SchemaProtection()
     hints = HintPusher(queue, registry.hint_targets, settings.hints, activity=activity,
-                       source=settings.hints.source or socket.gethostname())
+                       source=settings.hints.source or socket.gethostname(), protection=protection)
     sessions = Sessions(
         store,
         registry,
@@ -153,6 +155,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         eager_encoding=settings.schema_encoding == "eager",
         encode_timeout_seconds=settings.schema_encode_timeout_seconds,
         remember_node=turns.remember_schema_node,
+        protection=protection,
     )
     rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
     servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits, schemas)

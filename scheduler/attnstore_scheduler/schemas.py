@@ -16,6 +16,7 @@ import structlog
 from attnstore.errors import InvalidArgument, NotFound
 from attnstore.prompt_modules import PmlLimits, module_paths, parse_prompt, parse_schema, schema_digest
 from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler.schema_protection import SchemaProtection
 from attnstore_scheduler.schema_store import SchemaRecord, SchemaStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
 
@@ -41,8 +42,11 @@ class Schemas:
         eager_encoding: bool,
         encode_timeout_seconds: float,
         remember_node: Callable[[str, str, str], None],
+        protection: SchemaProtection | None = None,
     ) -> None:
-        """`remember_node(tenant, schema name, node)`: where the schema's module KV now is."""
+        """`remember_node(tenant, schema name, node)`: where the schema's module KV now is;
+        `protection`: keeps an eagerly encoded schema's module chunks protected until deleted."""
+        self._protection = protection
         self.store = store
         self._registry = registry
         self.limits = limits
@@ -81,6 +85,8 @@ class Schemas:
         return await self.store.list(tenant)
 
     async def delete(self, tenant: str, name: str) -> bool:
+        if self._protection is not None:
+            self._protection.drop(tenant, name)
         return await self.store.delete(tenant, name)
 
     async def _encode(self, record: SchemaRecord) -> AsyncIterator[EncodeStep]:
@@ -94,8 +100,11 @@ class Schemas:
             log.warning("no worker to encode the schema; its modules encode on first use", schema=record.name)
             return
         request = worker_pb2.EncodeSchemaRequest(tenant=record.tenant, schema=record.document)
+        namespace, keys = b"", []
         try:
             async for reply in worker.stub.EncodeSchema(request, timeout=self._encode_timeout_seconds):
+                namespace = reply.namespace
+                keys += reply.chunk_keys
                 yield EncodeStep(reply.done, reply.total, reply.module, reply.encoded)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # the model cannot take it: refuse it
@@ -104,3 +113,5 @@ class Schemas:
             log.warning("encoding the schema failed; its modules encode on first use", error=exc.details())
             return
         self._remember_node(record.tenant, record.name, worker.node)
+        if self._protection is not None:
+            self._protection.protect(record.tenant, record.name, worker.node, namespace, keys)

@@ -14,6 +14,7 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore.errors import InvalidArgument
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
+from attnstore_scheduler.pml_requests import check_no_pml_options, pml_prompt
 from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.schemas import Schemas
@@ -85,9 +86,17 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         started = time.monotonic()
         tenant = self._caller(context).tenant
         session_id = check_session_id(request.session_id)
-        message = check_text(request.message, "message", self._limits, required=True)
         expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
-        events = self._turns.chat(tenant, session_id, message, request.options, expectation)
+        if request.pml:
+            if request.message:
+                raise InvalidArgument("give message or pml, not both")
+            schema = await self._schemas.for_prompt(tenant, request.pml)
+            prompt = pml_prompt(schema.document, request.pml, request, add_generation_prompt=True)
+            events = self._turns.chat_pml(tenant, session_id, schema, prompt, request.options, expectation)
+        else:
+            check_no_pml_options(request)
+            message = check_text(request.message, "message", self._limits, required=True)
+            events = self._turns.chat(tenant, session_id, message, request.options, expectation)
         async for token, stats in _stream(events, started, "chat"):
             yield api.ChatResponse(token=token) if token is not None else api.ChatResponse(stats=stats)
 
@@ -100,8 +109,12 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
             if request.prompt or request.system_prompt:
                 raise InvalidArgument("give pml, or prompt (and system_prompt), not both")
             schema = await self._schemas.for_prompt(tenant, request.pml)
-            events = self._turns.generate_pml(tenant, schema, request)
+            prompt = pml_prompt(
+                schema.document, request.pml, request, add_generation_prompt=request.add_generation_prompt
+            )
+            events = self._turns.generate_pml(tenant, schema, prompt, request.options)
         else:
+            check_no_pml_options(request, add_generation_prompt=request.add_generation_prompt)
             system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
             prompt = check_text(request.prompt, "prompt", self._limits, required=True)
             events = self._turns.generate(tenant, system_prompt, prompt, request.options)

@@ -52,6 +52,7 @@ class WorkerStats:
     encoded_modules: int = 0  # PML prompts: modules the worker encoded for this turn
     restore_plan: str = ""  # how a history stored as hidden states was restored ("" for KV or none)
     restore_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # its recompute, hidden, kv milliseconds
+    prompt_token_ids: tuple[int, ...] = ()  # PML prompts: the prompt as served, in position order
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         encoded_modules=stats.encoded_modules,
         restore_plan=stats.restore_plan,
         restore_ms=(stats.restore_recompute_ms, stats.restore_hidden_ms, stats.restore_kv_ms),
+        prompt_token_ids=tuple(stats.prompt_token_ids),
     )
 
 

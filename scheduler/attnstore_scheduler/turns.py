@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 import grpc
@@ -21,7 +21,13 @@ from attnstore.api.v1 import api_pb2 as api
 from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError, Unavailable
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
-from attnstore_scheduler.chat_prompt import TOKENIZE_TIMEOUT_SECONDS, chat_prompt, closing_after, tokenize
+from attnstore_scheduler.chat_prompt import (
+    TOKENIZE_TIMEOUT_SECONDS,
+    answer_closing,
+    chat_prompt,
+    closing_after,
+    tokenize,
+)
 from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.session_activity import Expectation
@@ -84,11 +90,8 @@ class Turns:
         `expectation`: the application's word on the turn after this one."""
         model = require_model(self._registry.model())
         params = sampling(options, self._limits, model, session=True)
-        async with self._sessions.store.turn_lock(tenant, session_id):
-            record = await self._sessions.get(tenant, session_id)
 
-            closings: list[list[int]] = []  # the answer's closing, from the worker that runs it
-
+        def preparer(record: SessionRecord, closings: list[list[int]]) -> PrepareTurn:
             async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
                 prompt = await chat_prompt(worker, record, message)
                 closings.append(prompt.answer_closing)
@@ -106,8 +109,63 @@ class Turns:
                     history_tokens=prompt.history_tokens,
                 )
 
+            return prepare
+
+        async for event in self._session_turn(tenant, session_id, message, preparer, expectation):
+            yield event
+
+    async def chat_pml(
+        self,
+        tenant: str,
+        session_id: str,
+        schema: SchemaRecord,
+        prompt: worker_pb2.PmlPrompt,
+        options: api.GenerationOptions,
+        expectation: Expectation | None = None,
+    ) -> AsyncIterator[TurnEvent]:
+        """The first turn of a session as a PML prompt (its modules' KV served; nothing
+        saved): the session's history becomes the prompt's tokens as served, then the answer.
+        FailedPrecondition when the session has turns or a system prompt already."""
+        params = sampling(options, self._limits, require_model(self._registry.model()), session=True)
+
+        def preparer(record: SessionRecord, closings: list[list[int]]) -> PrepareTurn:
+            if record.messages:
+                raise FailedPrecondition(
+                    f"pml may only start a session; this one holds {len(record.messages)} message(s) "
+                    "(a system prompt or earlier turns): write the system prompt in the PML prompt"
+                )
+
+            async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
+                closings.append(await answer_closing(worker, Message("user", prompt.prompt)))
+                return worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params, pml=prompt)
+
+            return prepare
+
+        schema_node = self._prefix_nodes.get((tenant, _schema_affinity(schema.name)))
+        async for event in self._session_turn(tenant, session_id, prompt.prompt, preparer, expectation, schema_node):
+            if isinstance(event, TurnOutcome):
+                self.remember_schema_node(tenant, schema.name, event.node)
+            yield event
+
+    async def _session_turn(
+        self,
+        tenant: str,
+        session_id: str,
+        message: str,
+        preparer: Callable[[SessionRecord, list[list[int]]], PrepareTurn],
+        expectation: Expectation | None,
+        first_node: str | None = None,
+    ) -> AsyncIterator[TurnEvent]:
+        """A turn of a session, under its lock: `preparer(record, closings)` gives the turn's
+        request builder, which appends the answer's closing (from the worker that runs it)
+        to `closings`. `first_node`: where a session without a node should run."""
+        model = require_model(self._registry.model())
+        async with self._sessions.store.turn_lock(tenant, session_id):
+            record = await self._sessions.get(tenant, session_id)
+            closings: list[list[int]] = []
+            prepare = preparer(record, closings)
             readable = record.readable_chunk_keys(model.chunk_tokens)
-            node = record.node or None
+            node = record.node or first_node
             if self._pool is not None:
                 node = await self._pool.home(node, record.namespace, readable)
             spec = TurnSpec(
@@ -138,13 +196,16 @@ class Turns:
                     activity.turn_abandoned(name)  # no-op after turn_ended
 
     async def _store_turn(
-        self, record: SessionRecord, message: str, outcome: TurnOutcome, answer_closing: list[int]
+        self, record: SessionRecord, message: str, outcome: TurnOutcome, template_closing: list[int]
     ) -> TurnOutcome:
         """Stores the turn; the outcome says whether it was stored (the client has its answer
         either way, see session_saved) and the closing the history added after the answer."""
         stats = outcome.stats
         finish_reason = _FINISH_REASONS.get(stats.finish_reason, "")
-        closing = closing_after(outcome.token_ids, answer_closing, finish_reason)
+        closing = closing_after(outcome.token_ids, template_closing, finish_reason)
+        # A PML turn's request has no token ids: the worker says what it served.
+        prompt_ids = outcome.prompt_token_ids or stats.prompt_token_ids
+        outcome = replace(outcome, prompt_token_ids=prompt_ids)
         updated = replace(
             record,
             messages=(
@@ -152,7 +213,7 @@ class Turns:
                 Message("user", message),
                 Message("assistant", outcome.text, finish_reason),
             ),
-            token_ids=(*(outcome.prompt_token_ids or ()), *outcome.token_ids, *closing),
+            token_ids=(*prompt_ids, *outcome.token_ids, *closing),
             closing_tokens=len(closing),
             turns=record.turns + 1,
             truncated_tokens=stats.truncated_tokens,
@@ -229,17 +290,11 @@ class Turns:
             yield event
 
     async def generate_pml(
-        self, tenant: str, schema: SchemaRecord, request: api.GenerateRequest
+        self, tenant: str, schema: SchemaRecord, prompt: worker_pb2.PmlPrompt, options: api.GenerationOptions
     ) -> AsyncIterator[TurnEvent]:
         """A one-off PML prompt against `schema`, sent where its modules were last encoded or
         served (the worker checks the prompt and encodes what its node's store lacks)."""
-        params = sampling(request.options, self._limits, require_model(self._registry.model()))
-        prompt = worker_pb2.PmlPrompt(
-            schema=schema.document,
-            prompt=request.pml,
-            repair_tokens=request.repair_tokens,
-            add_generation_prompt=request.add_generation_prompt,
-        )
+        params = sampling(options, self._limits, require_model(self._registry.model()))
 
         async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
             return worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params, pml=prompt)

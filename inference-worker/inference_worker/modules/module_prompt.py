@@ -21,6 +21,7 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -80,6 +81,9 @@ class ModulePrompt:
     repair_tokens: int = 0
     # Else, per piece, the indices (within the piece) of its recomputed tokens.
     repaired: tuple[tuple[int, ...], ...] | None = None
+    # Without repair_tokens: the share of each such piece recomputed from its start (rounded
+    # down: a budget is at most this share).
+    repair_fraction: float = 0.0
 
     def repair_indices(self) -> tuple[tuple[int, ...], ...]:
         """Per piece, the indices of its tokens computed instead of loaded."""
@@ -87,9 +91,14 @@ class ModulePrompt:
             return self.repaired
         first = min((part.position for part in self.pieces), default=None)
         return tuple(
-            tuple(range(0 if part.position == first or part.offset else min(self.repair_tokens, part.tokens)))
+            tuple(range(0 if part.position == first or part.offset else self._first_repaired(part.tokens)))
             for part in self.pieces
         )
+
+    def _first_repaired(self, tokens: int) -> int:
+        if self.repair_tokens:
+            return min(self.repair_tokens, tokens)
+        return math.floor(self.repair_fraction * tokens)
 
     @property
     def module_tokens(self) -> int:
@@ -126,6 +135,11 @@ class ServedLayout:
     @property
     def cached_tokens(self) -> int:
         return sum(span.stop - span.start for span in self.spans)
+
+    @property
+    def tokens_by_position(self) -> tuple[int, ...]:
+        """The prompt's tokens in position order (what a full prefill of it runs)."""
+        return tuple(token for _, token in sorted(zip(self.positions, self.token_ids, strict=True)))
 
 
 def lay_out(prompt: ModulePrompt) -> ServedLayout:

@@ -50,12 +50,12 @@ class ModuleTurns:
         started = time.perf_counter()
         check_sampling(turn.sampling)
         served = await self.server.serve(
-            source, turn.schema, turn.prompt, turn.repair_tokens, turn.add_generation_prompt
+            source, turn.schema, turn.prompt, turn.repair_tokens, turn.add_generation_prompt, turn.repair_fraction
         )
         paged = self.engine.runner
         prompt = served.prompt
         method = self.repair_method if turn.repair_method is None else RepairMethod(turn.repair_method)
-        if method is RepairMethod.DEVIATION and prompt.repair_tokens:
+        if method is RepairMethod.DEVIATION and (prompt.repair_tokens or prompt.repair_fraction):
             prompt = await asyncio.to_thread(select_by_deviation, prompt, paged.model)
         try:
             seq, layout = module_sequence(
@@ -100,4 +100,5 @@ class ModuleTurns:
             module_tokens=served.prompt.module_tokens,
             repaired_tokens=layout.repaired_tokens,
             encoded_modules=served.encoded_modules,
+            prompt_token_ids=layout.tokens_by_position,
         )

@@ -57,6 +57,7 @@ class EncodeProgress:
     total: int
     path: str  # the module (or "scaffold:<name>") just done
     origin: Origin
+    chunk_keys: tuple[bytes, ...]  # its KV's chunks in the store (the source's namespace)
 
 
 _KVId = tuple[ModulePath, str | None]  # a module alone, or a scaffold's KV (path ())
@@ -102,6 +103,7 @@ class PmlServer:
         prompt_document: str,
         repair_tokens: int,
         add_generation_prompt: bool = False,
+        repair_fraction: float = 0.0,
     ) -> ServedPrompt:
         """The prompt's module KV pieces (read or encoded) and computed text. Raises PmlError."""
         layout = self.schema(schema_document)
@@ -131,7 +133,7 @@ class PmlServer:
             )
         origins = [origin for _, origin in kvs.values()]
         return ServedPrompt(
-            ModulePrompt(tuple(pieces), tuple(text), repair_tokens),
+            ModulePrompt(tuple(pieces), tuple(text), repair_tokens, repair_fraction=repair_fraction),
             stored_modules=origins.count(Origin.STORED),
             encoded_modules=origins.count(Origin.ENCODED),
         )
@@ -143,9 +145,11 @@ class PmlServer:
         ids: list[_KVId] = [(path, None) for path, module in layout.modules.items() if module.token_ids]
         ids += [((), scaffold.name) for scaffold in layout.schema.scaffolds]
         for done, kv_id in enumerate(ids, start=1):
-            _, origin = await self.store.get(source, self._spec(source, layout, *kv_id))
+            spec = self._spec(source, layout, *kv_id)
+            _, origin = await self.store.get(source, spec)
             name = f"scaffold:{kv_id[1]}" if kv_id[1] else ".".join(kv_id[0]) or "(root)"
-            yield EncodeProgress(done, len(ids), name, origin)
+            keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
+            yield EncodeProgress(done, len(ids), name, origin, tuple(keys))
 
     def chunk_keys(self, source: KVSource, schema_document: str) -> list[bytes]:
         """The store keys of the chunks of every module's KV of a schema (tests, tools)."""

@@ -21,6 +21,7 @@ Decisions:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 
 import torch
@@ -56,9 +57,7 @@ def select_by_deviation(
     first = min((part.position for part in prompt.pieces), default=None)
     eligible = [i for i, part in enumerate(prompt.pieces) if part.position != first]
     if budget <= 0 or not eligible:
-        return ModulePrompt(
-            prompt.pieces, prompt.text, prompt.repair_tokens, tuple(() for _ in prompt.pieces)
-        )
+        return replace(prompt, repaired=tuple(() for _ in prompt.pieces))
     tokens = [(t, p) for part in prompt.pieces for t, p in zip(part.token_ids, part.positions, strict=True)]
     tokens += [pair for text in prompt.text for pair in zip(text.token_ids, text.positions, strict=True)]
     order = sorted({p for _, p in tokens})
@@ -80,7 +79,7 @@ def select_by_deviation(
         count = prompt.pieces[index].tokens
         repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
         start += count
-    return ModulePrompt(prompt.pieces, prompt.text, prompt.repair_tokens, tuple(repaired))
+    return replace(prompt, repaired=tuple(repaired))
 
 
 def _layer_values(

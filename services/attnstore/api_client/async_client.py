@@ -19,6 +19,7 @@ from attnstore.api_client.requests import (
     SchemaEvent,
     StreamEvent,
     call_metadata,
+    chat_request,
     event_of,
     options,
     page_request,
@@ -71,16 +72,14 @@ class AsyncAttnStoreClient(AsyncClosable):
         return (await self._stub.CreateSession(request, **self._kwargs())).session
 
     async def stream_chat(
-        self, session_id: str, message: str, *, expected_next_turn_seconds: float = 0.0,
-        conversation_over: bool = False, **generation: Any,
+        self, session_id: str, message: str, **options_and_expectation: Any
     ) -> AsyncIterator[StreamEvent]:
         """The answer's TokenText messages as they come, then its TurnStats. `generation`:
         max_tokens, temperature, top_p, seed, stop. `expected_next_turn_seconds` (a follow-up
-        expected within this long) or `conversation_over` tell the scheduler what comes next."""
-        request = api.ChatRequest(
-            session_id=session_id, message=message, options=options(**generation),
-            expected_next_turn_seconds=expected_next_turn_seconds, conversation_over=conversation_over,
-        )
+        expected within this long) or `conversation_over` tell the scheduler what comes next;
+        `pml` (instead of message, the first turn of a session without system prompt) and
+        its repair options as chat_request's."""
+        request = chat_request(session_id, message, **options_and_expectation)
         async for reply in self._stub.Chat(request, **self._kwargs()):
             yield event_of(reply)
 
@@ -89,6 +88,10 @@ class AsyncAttnStoreClient(AsyncClosable):
         async for event in self.stream_chat(session_id, message, **options_and_expectation):
             answer.add(event)
         return answer
+
+    async def chat_pml(self, session_id: str, pml: str, **options_and_expectation: Any) -> Answer:
+        """The first turn of a session as a PML prompt (its modules' KV reused); later turns are chat."""
+        return await self.chat(session_id, "", pml=pml, **options_and_expectation)
 
     async def stream_generate(
         self, prompt: str, system_prompt: str = "", **generation: Any
@@ -153,19 +156,20 @@ class AsyncAttnStoreClient(AsyncClosable):
         return (await self._stub.DeleteSchema(request, **self._kwargs())).deleted
 
     async def stream_generate_pml(
-        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **repair_and_generation: Any
     ) -> AsyncIterator[StreamEvent]:
         """A one-off prompt in PML against a registered schema, streamed like generate;
-        `add_generation_prompt` ends it with the chat template's opening of the answer."""
+        `add_generation_prompt` ends it with the chat template's opening of the answer;
+        `repair_method` and `repair_fraction` (keywords) as requests.repair_fields."""
         async for reply in self._stub.Generate(
-            pml_request(pml, repair_tokens, add_generation_prompt, **generation), **self._kwargs()
+            pml_request(pml, repair_tokens, add_generation_prompt, **repair_and_generation), **self._kwargs()
         ):
             yield event_of(reply)
 
     async def generate_pml(
-        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **generation: Any
+        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **repair_and_generation: Any
     ) -> Answer:
         answer = Answer()
-        async for event in self.stream_generate_pml(pml, repair_tokens, add_generation_prompt, **generation):
+        async for event in self.stream_generate_pml(pml, repair_tokens, add_generation_prompt, **repair_and_generation):
             answer.add(event)
         return answer

@@ -82,12 +82,58 @@ def schema_event_of(reply: api.RegisterSchemaResponse) -> SchemaEvent:
     return reply.schema if reply.HasField("schema") else reply.progress
 
 
+REPAIR_METHODS = {
+    "": api.REPAIR_METHOD_UNSPECIFIED,
+    "first": api.REPAIR_METHOD_FIRST,
+    "deviation": api.REPAIR_METHOD_DEVIATION,
+}
+
+
+def repair_fields(repair_tokens: int = 0, repair_method: str = "", repair_fraction: float = 0.0) -> dict[str, Any]:
+    """Boundary repair of a PML prompt: `repair_tokens` per module or `repair_fraction` of
+    each module's tokens; `repair_method` "first", "deviation" or "" (the worker's setting)."""
+    if repair_method not in REPAIR_METHODS:
+        raise ValueError(f"repair_method {repair_method!r} is none of {sorted(REPAIR_METHODS)}")
+    return {
+        "repair_tokens": repair_tokens,
+        "repair_method": REPAIR_METHODS[repair_method],
+        "repair_fraction": repair_fraction,
+    }
+
+
+def _repair_and_options(keywords: dict[str, Any]) -> dict[str, Any]:
+    """A PML request's repair fields (repair_fields' keywords) and its generation options
+    (options' keywords) from the SDK's keywords."""
+    repair = {key: keywords.pop(key) for key in ("repair_tokens", "repair_method", "repair_fraction") if key in keywords}
+    return repair_fields(**repair) | {"options": options(**keywords)}
+
+
 def pml_request(
-    pml: str, repair_tokens: int, add_generation_prompt: bool, **generation: Any
+    pml: str, repair_tokens: int, add_generation_prompt: bool, **repair_and_generation: Any
 ) -> api.GenerateRequest:
     return api.GenerateRequest(
         pml=pml,
-        repair_tokens=repair_tokens,
         add_generation_prompt=add_generation_prompt,
-        options=options(**generation),
+        **_repair_and_options({"repair_tokens": repair_tokens, **repair_and_generation}),
+    )
+
+
+def chat_request(
+    session_id: str,
+    message: str,
+    *,
+    pml: str = "",
+    expected_next_turn_seconds: float = 0.0,
+    conversation_over: bool = False,
+    **repair_and_generation: Any,
+) -> api.ChatRequest:
+    """A Chat turn: `message`, or (the first turn of a session) a `pml` prompt with its
+    repair keywords (repair_fields')."""
+    return api.ChatRequest(
+        session_id=session_id,
+        message=message,
+        pml=pml,
+        expected_next_turn_seconds=expected_next_turn_seconds,
+        conversation_over=conversation_over,
+        **_repair_and_options(repair_and_generation),
     )

@@ -35,3 +35,4 @@ class AttnStoreClient(SyncFacade[AsyncAttnStoreClient]):
     delete_schema = blocking(AsyncAttnStoreClient.delete_schema)
     stream_generate_pml = blocking_stream(AsyncAttnStoreClient.stream_generate_pml)
     generate_pml = blocking(AsyncAttnStoreClient.generate_pml)
+    chat_pml = blocking(AsyncAttnStoreClient.chat_pml)

@@ -482,12 +482,20 @@ def test_a_pml_schema_is_encoded_with_progress_then_serves_prompts(stack: Stack)
     progress = list(stack.stub.EncodeSchema(request, timeout=60))
     assert [(p.done, p.total) for p in progress] == [(1, 3), (2, 3), (3, 3)]
     assert [p.module for p in progress] == ["(root)", "doc", "tone"]
+    # Each module's chunk keys, in the tenant's namespace: what the scheduler keeps protected.
+    namespace = progress[0].namespace
+    keys = [key for p in progress for key in p.chunk_keys]
+    assert len(namespace) == 16 and all(p.namespace == namespace and p.chunk_keys for p in progress)
+    assert len(set(keys)) == len(keys)
     pml = pb.PmlPrompt(schema=SCHEMA, prompt=PML)
     tokens, stats = run_turn(stack.stub, tenant=tenant, pml=pml, sampling=sampling(8))
     assert len(tokens) == stats.generated_tokens > 0
     assert stats.module_tokens == stats.reused_tokens > 0 and stats.encoded_modules == 0
     again = list(stack.stub.EncodeSchema(request, timeout=60))
     assert not any(p.encoded for p in again)  # all stored: encoding again only re-protects
+    assert [key for p in again for key in p.chunk_keys] == keys
+    with KVStoreClient(stack.daemon.address) as kv:
+        assert all(kv.lookup(namespace, [key]).prefix_length == 1 for key in keys)  # stored
     repaired_tokens, repaired = run_turn(
         stack.stub,
         tenant=tenant,
@@ -495,6 +503,19 @@ def test_a_pml_schema_is_encoded_with_progress_then_serves_prompts(stack: Stack)
         sampling=sampling(8),
     )
     assert repaired.repaired_tokens == 4 and repaired.reused_tokens == stats.reused_tokens - 4  # doc, tone
+    assert len(stats.prompt_token_ids) == stats.prompt_tokens  # the prompt as served, by position
+
+    # A budget by fraction: all of doc and tone (the root, first, is never repaired); the
+    # first half of each (rounded down), or as many tokens chosen by KV deviation.
+    def by_fraction(fraction: float, method: str) -> pb.TurnStats:
+        pml = pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_fraction=fraction, repair_method=method)
+        return run_turn(stack.stub, tenant=tenant, pml=pml, sampling=sampling(4))[1]
+
+    doc_and_tone = by_fraction(1.0, "first").repaired_tokens
+    assert 0 < doc_and_tone < stats.module_tokens
+    half = by_fraction(0.5, "first").repaired_tokens
+    assert doc_and_tone / 2 - 1 <= half <= doc_and_tone / 2  # rounded down
+    assert by_fraction(0.5, "deviation").repaired_tokens == half
 
 
 @pytest.mark.parametrize(
@@ -503,8 +524,12 @@ def test_a_pml_schema_is_encoded_with_progress_then_serves_prompts(stack: Stack)
         (pb.PmlPrompt(schema=SCHEMA, prompt='<prompt schema="desk"><nope/></prompt>'), "line 1"),
         (pb.PmlPrompt(schema="<schema", prompt=PML), "line 1"),
         (pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_tokens=5000), "repair_tokens"),
+        (pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_fraction=1.5), "repair_fraction is 1.5"),
+        (pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_fraction=float("nan")), "repair_fraction"),
+        (pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_tokens=2, repair_fraction=0.1), "not both"),
+        (pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_tokens=2, repair_method="best"), "'best'"),
     ],
-    ids=["unknown module", "malformed schema", "repair budget"],
+    ids=["unknown module", "malformed schema", "repair budget", "fraction", "nan fraction", "both", "method"],
 )
 def test_bad_pml_is_refused_with_invalid_argument(stack: Stack, pml: pb.PmlPrompt, message: str) -> None:
     with pytest.raises(grpc.RpcError) as error:

@@ -20,6 +20,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
+
+class RepairMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPAIR_METHOD_UNSPECIFIED: _ClassVar[RepairMethod]
+    REPAIR_METHOD_FIRST: _ClassVar[RepairMethod]
+    REPAIR_METHOD_DEVIATION: _ClassVar[RepairMethod]
 ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
@@ -28,6 +34,9 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP_STRING: FinishReason
+REPAIR_METHOD_UNSPECIFIED: RepairMethod
+REPAIR_METHOD_FIRST: RepairMethod
+REPAIR_METHOD_DEVIATION: RepairMethod
 
 class Message(_message.Message):
     __slots__ = ("role", "content", "finish_reason")
@@ -102,18 +111,26 @@ class CreateSessionResponse(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("session_id", "message", "options", "expected_next_turn_seconds", "conversation_over")
+    __slots__ = ("session_id", "message", "options", "expected_next_turn_seconds", "conversation_over", "pml", "repair_tokens", "repair_method", "repair_fraction")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_NEXT_TURN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_OVER_FIELD_NUMBER: _ClassVar[int]
+    PML_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_METHOD_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FRACTION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     message: str
     options: GenerationOptions
     expected_next_turn_seconds: float
     conversation_over: bool
-    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., expected_next_turn_seconds: _Optional[float] = ..., conversation_over: _Optional[bool] = ...) -> None: ...
+    pml: str
+    repair_tokens: int
+    repair_method: RepairMethod
+    repair_fraction: float
+    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., expected_next_turn_seconds: _Optional[float] = ..., conversation_over: _Optional[bool] = ..., pml: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., repair_method: _Optional[_Union[RepairMethod, str]] = ..., repair_fraction: _Optional[float] = ...) -> None: ...
 
 class TokenText(_message.Message):
     __slots__ = ("text", "token_id", "sample_index")
@@ -192,20 +209,24 @@ class ChatResponse(_message.Message):
     def __init__(self, token: _Optional[_Union[TokenText, _Mapping]] = ..., stats: _Optional[_Union[TurnStats, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("system_prompt", "prompt", "options", "pml", "repair_tokens", "add_generation_prompt")
+    __slots__ = ("system_prompt", "prompt", "options", "pml", "repair_tokens", "add_generation_prompt", "repair_method", "repair_fraction")
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PML_FIELD_NUMBER: _ClassVar[int]
     REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_METHOD_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FRACTION_FIELD_NUMBER: _ClassVar[int]
     system_prompt: str
     prompt: str
     options: GenerationOptions
     pml: str
     repair_tokens: int
     add_generation_prompt: bool
-    def __init__(self, system_prompt: _Optional[str] = ..., prompt: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., pml: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+    repair_method: RepairMethod
+    repair_fraction: float
+    def __init__(self, system_prompt: _Optional[str] = ..., prompt: _Optional[str] = ..., options: _Optional[_Union[GenerationOptions, _Mapping]] = ..., pml: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ..., repair_method: _Optional[_Union[RepairMethod, str]] = ..., repair_fraction: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token", "stats")

@@ -90,16 +90,20 @@ class ExecuteTurnRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., pml: _Optional[_Union[PmlPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
 
 class PmlPrompt(_message.Message):
-    __slots__ = ("schema", "prompt", "repair_tokens", "add_generation_prompt")
+    __slots__ = ("schema", "prompt", "repair_tokens", "add_generation_prompt", "repair_method", "repair_fraction")
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     REPAIR_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_METHOD_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FRACTION_FIELD_NUMBER: _ClassVar[int]
     schema: str
     prompt: str
     repair_tokens: int
     add_generation_prompt: bool
-    def __init__(self, schema: _Optional[str] = ..., prompt: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+    repair_method: str
+    repair_fraction: float
+    def __init__(self, schema: _Optional[str] = ..., prompt: _Optional[str] = ..., repair_tokens: _Optional[int] = ..., add_generation_prompt: _Optional[bool] = ..., repair_method: _Optional[str] = ..., repair_fraction: _Optional[float] = ...) -> None: ...
 
 class EncodeSchemaRequest(_message.Message):
     __slots__ = ("tenant", "schema")
@@ -110,16 +114,20 @@ class EncodeSchemaRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., schema: _Optional[str] = ...) -> None: ...
 
 class EncodeSchemaResponse(_message.Message):
-    __slots__ = ("done", "total", "module", "encoded")
+    __slots__ = ("done", "total", "module", "encoded", "namespace", "chunk_keys")
     DONE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     MODULE_FIELD_NUMBER: _ClassVar[int]
     ENCODED_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     done: int
     total: int
     module: str
     encoded: bool
-    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ..., module: _Optional[str] = ..., encoded: _Optional[bool] = ...) -> None: ...
+    namespace: bytes
+    chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ..., module: _Optional[str] = ..., encoded: _Optional[bool] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_id", "text", "sample_index")
@@ -142,7 +150,7 @@ class SampleStats(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class TurnStats(_message.Message):
-    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples", "module_tokens", "repaired_tokens", "encoded_modules", "restore_plan", "restore_recompute_ms", "restore_hidden_ms", "restore_kv_ms")
+    __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples", "module_tokens", "repaired_tokens", "encoded_modules", "restore_plan", "restore_recompute_ms", "restore_hidden_ms", "restore_kv_ms", "prompt_token_ids")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_DRAM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +176,7 @@ class TurnStats(_message.Message):
     RESTORE_RECOMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
     RESTORE_KV_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     reused_tokens: int
     reused_dram_chunks: int
@@ -193,7 +202,8 @@ class TurnStats(_message.Message):
     restore_recompute_ms: float
     restore_hidden_ms: float
     restore_kv_ms: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExecuteTurnResponse(_message.Message):
     __slots__ = ("token", "stats")
