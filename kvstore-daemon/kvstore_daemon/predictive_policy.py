@@ -11,10 +11,10 @@ counts as far as it has proven right where it is an estimate:
 
 1. keys hinted EVICT_FIRST or DECLINE (least recently used first): ended, deleted or
    expired sessions, chunks released;
-2. every other key by hit density, lowest first; among equals the longer idle, then
-   unhinted keys the latest predictions passed over, then predicted ones (furthest use
-   first), then keys written or read since (least recently first), then the deeper in
-   its hinted chain, the later touched;
+2. every other key by hit density, lowest first; among equals unhinted keys the latest
+   predictions passed over, then predicted ones (furthest use first), then keys written or
+   read since (least recently first), then the longer idle, then the deeper in its hinted
+   chain, the later touched;
 3. but a key goes only after its children (a chain loses its tail first, so what stays
    is a prefix that can hit): in DRAM its children in DRAM, on SSD (which decides what
    leaves the store) its children anywhere in the store;
@@ -42,7 +42,7 @@ from kvstore_daemon.hit_density import age_bin
 
 RERANK_SHARE = 8  # re-sort once the keys touched since the last sort reach 1/8 of the resident ones
 
-_Rank = tuple[float, int, int, float, int, int]  # (density, -age bin, *_tie_break, -depth, -tick): lowest first
+_Rank = tuple[float, int, float, int, int, int]  # (density, *_tie_break, -age bin, -depth, -tick): lowest first
 
 
 class PredictivePolicy:
@@ -106,8 +106,10 @@ class PredictivePolicy:
 
     def _rank(self, life: Life, hint: Hint | None) -> _Rank:
         age = self.lives.tick - life.tick
-        return (self.lives.learner.density(life.cls, age), -age_bin(age),
-                *_tie_break(hint, life, self._hints.last_prediction_at), -life.depth, -life.tick)
+        # Equal densities across age bins are zeros (nothing learned for the class, or no read
+        # seen that late): there the scheduler's word is the only information, so it goes first.
+        return (self.lives.learner.density(life.cls, age), *_tie_break(hint, life, self._hints.last_prediction_at),
+                -age_bin(age), -life.depth, -life.tick)
 
     def _ranked_again(self, key: bytes, life: Life) -> None:
         """The key was written or read: it waits among the fresh keys until the next sort."""
