@@ -18,9 +18,11 @@ def disk_warnings(data_dir: Path, ssd_capacity_bytes: int) -> list[str]:
     """Lines to print about the data directory's filesystem (none when all is well)."""
     free = shutil.disk_usage(data_dir).free
     lines = [
-        f"the SSD tier, Redis' files and the logs share {data_dir}'s filesystem ({free / GiB:.1f} GiB free): "
-        "Redis' append-only file and the logs are not bounded, so for long runs give `attnstore up` "
-        "a --data-dir on a disk of its own"
+        (
+            f"the SSD tier, Redis' files and the logs share {data_dir}'s filesystem ({free / GiB:.1f} GiB free): "
+            "Redis' append-only file and the logs are not bounded, so for long runs give `attnstore up` "
+            "a --data-dir on a disk of its own"
+        )
     ]
     if free < ssd_capacity_bytes:
         lines.append(

@@ -496,7 +496,7 @@ def test_a_pml_schema_is_encoded_with_progress_then_serves_prompts(stack: Stack)
     assert [key for p in again for key in p.chunk_keys] == keys
     with KVStoreClient(stack.daemon.address) as kv:
         assert all(kv.lookup(namespace, [key]).prefix_length == 1 for key in keys)  # stored
-    repaired_tokens, repaired = run_turn(
+    _, repaired = run_turn(
         stack.stub,
         tenant=tenant,
         pml=pb.PmlPrompt(schema=SCHEMA, prompt=PML, repair_tokens=2),
