@@ -53,10 +53,10 @@ class ChunkSaver:
         source: KVSource,
         runs: Sequence[ChunkRun],
         *,
-        evict_keys: Sequence[bytes] = (),
+        replace_keys: Sequence[bytes] = (),
         before_put: Callable[[], Awaitable[object]] | None = None,
     ) -> int:
-        """Starts saving the chunks of `runs` in one put; returns how many. `evict_keys`
+        """Starts saving the chunks of `runs` in one put; returns how many. `replace_keys`
         (chunks that failed to load) are deleted first: a put would keep them as "already
         stored". `before_put` runs before the put (registering the namespace). The KV
         tensors must not change afterwards."""
@@ -64,7 +64,7 @@ class ChunkSaver:
         count = sum(len(run.keys) for run in runs)
         if not count:
             return 0
-        save = self._save(source, runs, tuple(evict_keys), before_put)
+        save = self._save(source, runs, tuple(replace_keys), before_put)
         task = asyncio.get_running_loop().create_task(save, name=f"save-{count}-chunks")
         self._tasks.add(task)
         slots = [(source.namespace, key) for run in runs for key in run.keys]
@@ -88,7 +88,7 @@ class ChunkSaver:
         self,
         source: KVSource,
         runs: list[ChunkRun],
-        evict_keys: tuple[bytes, ...],
+        replace_keys: tuple[bytes, ...],
         before_put: Callable[[], Awaitable[object]] | None,
     ) -> None:
         started = time.perf_counter()
@@ -96,8 +96,8 @@ class ChunkSaver:
         keys = [key for run in runs for key in run.keys]
         try:
             chunks = await asyncio.to_thread(_encode, namespace, runs, source.chunk_tokens)
-            if evict_keys:
-                await self.client.delete(namespace, evict_keys)
+            if replace_keys:
+                await self.client.delete(namespace, replace_keys)
             if before_put is not None:
                 await before_put()
             result = await self.client.put_chunks(namespace, list(zip(keys, chunks, strict=True)))

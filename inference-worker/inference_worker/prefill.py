@@ -77,7 +77,7 @@ class Prefill:
     compute_seconds: float = 0.0  # submission to the last prompt token's logits, waits for KV excluded
     fallback: Fallback | None = None
     save_from_chunk: int = 0  # original index: the chunks before it are stored (reused) or dropped
-    evict_keys: tuple[bytes, ...] = ()  # stored chunks that failed to load: replaced when saving
+    replace_keys: tuple[bytes, ...] = ()  # stored chunks that failed to load: replaced when saving
     stale_keys: tuple[bytes, ...] = ()  # the history's partial chunk it loaded: deleted when saving
     sink_chunk_missing: bool = False  # truncated with sinks, and chunk 0 is known not to be stored
     restore_plan: str = ""  # RestorePlan.name of a prefix restored from restore chunks
@@ -282,7 +282,7 @@ class Prefiller:
             compute_seconds=max(computed_at - pending.started - seq.load_wait_seconds, 0.0),
             fallback=fallback,
             save_from_chunk=_save_from_chunk(stored, truncation, source),
-            evict_keys=tuple(hit.keys) if hit is not None and invalid else (),
+            replace_keys=tuple(hit.keys) if hit is not None and invalid else (),
             stale_keys=(hit.keys[-1],) if loaded and hit is not None and hit.tail_tokens else (),
             sink_chunk_missing=truncation.sink_tokens > 0 and hit is not None and (invalid or not hit.keys),
             restore_plan=pending.restore_plan.name if pending.restore_plan is not None else "",

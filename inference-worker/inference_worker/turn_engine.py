@@ -342,7 +342,7 @@ class TurnEngine:
         saved = self._saver.save(
             source,
             runs,
-            evict_keys=(*prefill.evict_keys, *prefill.stale_keys),
+            replace_keys=(*prefill.replace_keys, *prefill.stale_keys),
             before_put=lambda: self.namespaces.ensure_registered(source),
         )
         return saved - with_tail
