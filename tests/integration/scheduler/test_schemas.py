@@ -7,15 +7,18 @@ chat session that starts from a PML prompt."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 from scheduler_stack import CHUNK_TOKENS, RedisFactory, Stack, start_stack
 
 from attnstore.api.v1 import api_pb2 as api
+from attnstore.api.v1.api_pb2_grpc import AttnStoreStub
+from attnstore.api_client import AttnStoreClient
 
 SCHEMA = """<schema name="desk">Notes.<module name="doc">the capital of france is paris and the
 capital of italy is rome</module><module name="tone">answer in one word</module></schema>"""
@@ -35,6 +38,15 @@ def stack(
     ) as made:
         yield made
 
+
+
+def raw(client: AttnStoreClient, rpc: Callable[[AttnStoreStub], Any], request: Message) -> list[Any]:
+    """A request the SDK would not build, sent through the async client's stub on its loop."""
+
+    async def send() -> list[Any]:
+        return [reply async for reply in rpc(client.aio._stub)(request, **client.aio._kwargs())]
+
+    return client.call(send())
 
 def test_a_registered_schema_serves_pml_prompts_from_its_modules(stack: Stack) -> None:
     client = stack.client("acme")
@@ -103,12 +115,8 @@ def test_limits_and_bad_pml_are_clear_errors(stack: Stack) -> None:
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
         assert message in error.value.details()
 
-    async def pml_and_prompt() -> list[api.GenerateResponse]:  # the SDK cannot send it: the raw stub
-        request = api.GenerateRequest(pml=PML, prompt="also")
-        return [reply async for reply in client.aio._stub.Generate(request, **client.aio._kwargs())]
-
-    with pytest.raises(grpc.RpcError) as error:
-        client.call(pml_and_prompt())
+    with pytest.raises(grpc.RpcError) as error:  # the SDK cannot send it: the raw stub
+        raw(client, lambda stub: stub.Generate, api.GenerateRequest(pml=PML, prompt="also"))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()
     assert client.delete_schema("desk") and client.delete_schema("desk2")
     with pytest.raises(grpc.RpcError) as error:
@@ -148,12 +156,12 @@ def test_bad_repair_options_are_invalid_argument(stack: Stack, fields: dict[str,
     client.register_schema(SCHEMA)
     request = api.GenerateRequest(options=api.GenerationOptions(max_tokens=2), **fields)
     with pytest.raises(grpc.RpcError) as error:
-        list(client._stub.Generate(request, **client._kwargs()))
+        raw(client, lambda stub: stub.Generate, request)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
     assert message in error.value.details()
     chat = api.ChatRequest(session_id=client.create_session().session_id, **fields_for_chat(fields))
     with pytest.raises(grpc.RpcError) as error:
-        list(client._stub.Chat(chat, **client._kwargs()))
+        raw(client, lambda stub: stub.Chat, chat)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
     assert message.replace(", add_generation_prompt", "") in error.value.details()
 
@@ -193,7 +201,7 @@ def test_a_session_starts_from_a_pml_prompt_and_goes_on_as_usual(stack: Stack) -
         client.chat_pml(framed, PML, max_tokens=4)
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "system prompt" in error.value.details()
     with pytest.raises(grpc.RpcError) as error:
-        list(client._stub.Chat(api.ChatRequest(session_id=framed, message="hi", pml=PML), **client._kwargs()))
+        raw(client, lambda stub: stub.Chat, api.ChatRequest(session_id=framed, message="hi", pml=PML))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()
     with pytest.raises(grpc.RpcError) as error:
         client.chat_pml(client.create_session().session_id, '<prompt schema="nope"/>', max_tokens=4)

@@ -1,56 +1,74 @@
 """The prompt-module benchmark's summary: the 4k speedup only when a 4,096-token module ran,
-doc-QA as the median, perplexity deltas relative to the full prefill, the repair budget
-over the module tokens (first-token and deviation repair), and n/a, PASS and FAIL verdicts."""
+doc-QA as the median, perplexity deltas relative to the full prefill over the prompts of
+several modules, the repair curve per method and budget (the better served method at the
+largest budget is the headline), the repair budget over the module tokens, and n/a, PASS
+and FAIL verdicts."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.modules.measure import CaseResult
+from bench.modules.measure import REPAIR_FRACTIONS, REPAIR_METHODS, CaseResult, RepairPoint
 from bench.modules.report import summarize, verdicts
+
+LARGEST = REPAIR_FRACTIONS[-1]
 
 
 def row(
-    workload: str, label: str, full_ms: float, modules_ms: float, ppl: tuple[float, float, float, float]
+    workload: str, label: str, full_ms: float, modules_ms: float, ppl: tuple[float, float],
+    repaired: dict[str, float] | None = None,
 ) -> CaseResult:
+    """`repaired`: the perplexity per method at the largest budget; smaller budgets 10% off."""
+    full, modules = ppl
+    curve = tuple(
+        RepairPoint(method, f, int(f * 1000), repaired[method] if f == LARGEST else full * 1.1)
+        for method in REPAIR_METHODS
+        for f in REPAIR_FRACTIONS
+    ) if repaired else ()
     return CaseResult(
         workload=workload,
         label=label,
         module_tokens=1000,
         prompt_tokens=1020,
-        repaired_tokens=100,
         ttft_full_ms=full_ms,
         ttft_modules_ms=modules_ms,
-        ppl_full=ppl[0],
-        ppl_modules=ppl[1],
-        ppl_repair=ppl[2],
-        ppl_repair_deviation=ppl[3],
+        ppl_full=full,
+        ppl_modules=modules,
         agree_no_repair=0.5,
-        agree_repair=1.0,
-        agree_repair_deviation=0.75,
-        ttft_repair_deviation_ms=modules_ms * 2,
+        curve=curve,
+        agree_repair=1.0 if curve else None,
+        agree_repair_deviation=0.75 if curve else None,
+        ttft_repair_deviation_ms=modules_ms * 2 if curve else None,
     )
+
+
+def same(ppl: float) -> dict[str, float]:
+    return dict.fromkeys(REPAIR_METHODS, ppl)
 
 
 def test_summary_and_verdicts() -> None:
     rows = [
-        row("length", "1024", 1000.0, 20.0, (10.0, 10.0, 10.0, 10.0)),
-        row("doc_qa", "q0", 600.0, 20.0, (10.0, 11.0, 10.05, 10.2)),
-        row("doc_qa", "q1", 900.0, 30.0, (10.0, 9.7, 10.0, 10.0)),  # lower counts as far as higher
-        row("doc_qa", "q2", 300.0, 30.0, (10.0, 10.0, 10.0, 10.0)),
+        row("length", "1024", 1000.0, 20.0, (10.0, 10.0)),
+        row("doc_qa", "q0", 600.0, 20.0, (10.0, 11.0), {**same(10.3), "first": 10.05, "deviation": 10.2}),
+        row("doc_qa", "q1", 900.0, 30.0, (10.0, 9.7), same(10.0)),  # lower counts as far as higher
+        row("doc_qa", "q2", 300.0, 30.0, (10.0, 10.0), same(10.0)),
     ]
     summary = summarize(rows)
     assert summary["ttft_speedup_4k_module"] is None and summary["ttft_speedup_largest_module"] == 50.0
     assert summary["ttft_speedup_doc_qa"] == 30.0  # the median of 30, 30, 10
-    assert summary["ppl_delta_no_repair"] == pytest.approx((0 + 0.1 + 0.03 + 0) / 4, abs=1e-4)
-    assert summary["ppl_delta_with_repair"] == pytest.approx(0.005 / 4, abs=1e-4)  # rounded to 4 places
-    assert summary["ppl_delta_with_repair_deviation"] == pytest.approx(0.02 / 4, abs=1e-4)
+    assert summary["ppl_delta_no_repair"] == pytest.approx((0.1 + 0.03 + 0) / 3, abs=1e-4)  # doc-QA only
+    assert summary["ppl_delta_single_module"] == 0.0
+    assert summary["ppl_delta_with_repair_first"] == pytest.approx(0.005 / 3, abs=1e-4)  # rounded to 4 places
+    assert summary["ppl_delta_with_repair_deviation"] == pytest.approx(0.02 / 3, abs=1e-4)
+    assert summary["ppl_delta_with_repair"] == summary["ppl_delta_with_repair_first"]  # the better served method
+    assert summary["ppl_delta_curve"]["first"][f"{REPAIR_FRACTIONS[0]:.2f}"] == pytest.approx(0.1)
     assert summary["greedy_agreement_with_repair_deviation"] == 0.75
     assert summary["ttft_speedup_doc_qa_repair_deviation"] == 15.0  # its TTFT twice the plain one
-    assert summary["repair_budget_fraction"] == 0.1 and summary["greedy_agreement_with_repair"] == 1.0
+    assert summary["repair_budget_fraction"] == LARGEST and summary["greedy_agreement_with_repair"] == 1.0
     lines = verdicts(summary)
-    assert lines[0].startswith("PASS") and lines[1].startswith("n/a") and lines[3].startswith("PASS")
-    assert lines[2].startswith("PASS")  # +3.25% <= 5%
-    assert lines[4].startswith("PASS")  # 0.5% <= 1%
-    assert verdicts({**summary, "ppl_delta_with_repair_deviation": 0.02})[4].startswith("FAIL")
+    assert lines[0].startswith("PASS") and lines[1].startswith("n/a")
+    assert lines[2].startswith("PASS")  # +4.3% <= 5%
+    assert lines[3].startswith("PASS")  # 0.17% <= 1% at 15% of module tokens
+    assert verdicts({**summary, "ppl_delta_with_repair": 0.02})[3].startswith("FAIL")
+    assert verdicts({**summary, "repair_budget_fraction": 0.2})[3].startswith("FAIL")
     assert verdicts({**summary, "ppl_delta_no_repair": 0.2})[2].startswith("FAIL")
