@@ -106,7 +106,7 @@ def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_afte
     redis_server = RedisProcess(tmp_path / "redis")
     redis_server.start()
     try:
-        ledger = {"POOL_REDIS_URL": redis_server.url, "POOL_HEARTBEAT_SECONDS": 0.3}
+        ledger = {"POOL_REDIS_URL": redis_server.url, "POOL_HEARTBEAT_SECONDS": 1.0}
         lender = daemon_factory(DATA_PLANE_PORT=free_port(), **ledger)
         borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, **ledger)
         chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
