@@ -225,8 +225,10 @@ class TierMover:
         return True
 
     async def _evict_from_ssd(self, chunk: Chunk) -> None:
-        if chunk.blocks is None and await self._place_on_peer(chunk) and chunk.readers > 0:
-            return  # read while it was shipped: it keeps its SSD copy this round
+        if chunk.blocks is None:
+            await self._place_on_peer(chunk)
+            if chunk.readers > 0:  # read while it was shipped (or refused): it keeps its SSD copy this round,
+                return  # else a promotion from the file would land a chunk the index no longer holds
         self.ssd_policy.on_remove(chunk.key)
         chunk.on_ssd = False
         if chunk.blocks is None and not chunk.on_peer:  # no other copy: the chunk leaves the store

@@ -6,6 +6,8 @@ When B is killed (-9), those chunks become misses on A, never other bytes."""
 from __future__ import annotations
 
 import asyncio
+import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -149,3 +151,48 @@ def test_with_dram_placement_dram_evictions_go_to_a_peer_instead_of_the_local_ss
         assert client.stats().ssd.chunks == 0
         for index in range(COUNT):
             assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]
+
+
+def test_chunks_read_while_a_peer_refuses_them_are_served_and_never_break_the_index(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """The SSD evicts towards a peer that never answers while a client reads the oldest
+    chunks. A chunk read while its placement fails keeps its SSD copy (another one goes);
+    before, the eviction dropped it from the index under the reader, whose promotion then
+    landed a chunk the index no longer held: an INTERNAL error at a later DRAM eviction
+    (seen once in CI). Every read gets the right bytes or a miss, never an error."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody answers
+        borrower = daemon_factory(
+            **{**SMALL_TIERS, "POOL_PEER_TIMEOUT_SECONDS": 3}, DRAM_HIGH_WATERMARK=1.0, DRAM_LOW_WATERMARK=1.0,
+            POOL_PEERS=[f"127.0.0.1:{silent.getsockname()[1]}"], POOL_CAPACITY_BYTES=64 * 1024 * KiB,
+        )  # fmt: skip
+        chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=24)
+        with KVStoreClient(borrower.address) as client, KVStoreClient(borrower.address) as writer:
+            chunks.register(client)
+            for index in range(15):  # about the SSD's slots; DRAM holds chunks 7..14
+                assert len(client.put_chunks(NAMESPACE, chunks.items(index, index + 1), durable=True).stored) == 1
+            assert client.pin(NAMESPACE, chunks.keys(8, 15), ttl_seconds=120) == 7
+            with ThreadPoolExecutor(1) as pool:  # their SSD writes evict the oldest towards the silent peer
+                putting = pool.submit(
+                    lambda: [len(writer.put_chunks(NAMESPACE, chunks.items(i, i + 1), durable=True).stored) for i in range(15, 20)]
+                )  # one at a time: DRAM has one unpinned block (a put finding it leased stores nothing)
+                poll_until(lambda: client.lookup(NAMESPACE, [chunks.key(15)]).prefix_length == 1, what="chunk 15")
+                for index in range(4):  # read during the placements: served, a miss, or DRAM busy
+                    assert read_or_miss(client, chunks, index, busy_ok=True) in (chunks.data(index), None)
+                assert set(putting.result(timeout=120)) <= {0, 1}
+            assert client.unpin(NAMESPACE, chunks.keys(8, 15)) == 7
+            for _ in range(2):  # the second round evicts from DRAM whatever the first promoted
+                assert all(read_or_miss(client, chunks, index) in (chunks.data(index), None) for index in range(20))
+
+
+def read_or_miss(client: KVStoreClient, chunks: ChunkSet, index: int, busy_ok: bool = False) -> bytes | None:
+    """The chunk's bytes, or None for a miss (NOT_FOUND: a cache may drop a chunk no peer
+    takes) or, with `busy_ok`, for RESOURCE_EXHAUSTED (DRAM all pinned or leased)."""
+    allowed = {grpc.StatusCode.NOT_FOUND} | ({grpc.StatusCode.RESOURCE_EXHAUSTED} if busy_ok else set())
+    try:
+        (data,) = client.get_whole_chunks(NAMESPACE, [chunks.key(index)])
+    except grpc.RpcError as exc:
+        if exc.code() not in allowed:
+            raise
+        return None
+    return data
