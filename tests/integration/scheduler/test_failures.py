@@ -16,9 +16,9 @@ from chat_load import ChatLoad
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scheduler_stack import RedisFactory, Stack, start_stack, wait_for
 from service_probes import is_serving, scrape_metrics
+from ssd_chunk_files import verified_chunk_files
 
 from attnstore.api.v1 import api_pb2 as api
-from attnstore.chunks.format import decode_layout, verify_layers
 from attnstore.kvstore_client import KVStoreClient
 
 SYSTEM = "you are a helpful assistant"
@@ -179,17 +179,6 @@ def test_redis_killed_mid_turn_the_answer_arrives_and_its_stats_say_it_was_not_s
 
 def daemon_fallbacks(stack: Stack) -> float:
     return sum(scrape_metrics(port).get(DAEMON_FALLBACK, 0.0) for port in stack.worker_metrics_ports.values())
-
-
-def verified_chunk_files(ssd_dir: Path) -> dict[bytes, tuple[bytes, bytes]]:
-    """key -> (namespace, bytes) of every chunk file, each checked against its layer checksums."""
-    found = {}
-    for path in ssd_dir.glob("chunks/*/*.chunk"):
-        data = path.read_bytes()
-        layout = decode_layout(data)
-        verify_layers(data, layout, 0, layout.header.num_layers)
-        found[layout.header.key] = (layout.header.namespace, data)
-    return found
 
 
 def test_a_daemon_killed_under_load_fails_no_turn_and_serves_its_ssd_chunks_again(stack: Stack) -> None:
