@@ -114,7 +114,7 @@ def start_stack(
                 **({"metrics_port": worker_metrics_ports[node]} if worker_metrics else {}),
                 **(worker_settings or {}),
             },
-        )  # fmt: skip
+        )
         for node in worker_nodes
     )
     settings = {**SCHEDULER_SETTINGS, **(scheduler_settings or {})}
