@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import random
 
-from attnstore.chunks.format import encode_chunk
+from attnstore.chunks.format import DTYPE_BYTES, encode_chunk
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
-
-DTYPE_BYTES = {"float16": 2, "float32": 4}
 
 
 async def write_filler(

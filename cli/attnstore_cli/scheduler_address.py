@@ -9,9 +9,10 @@ from pathlib import Path
 
 from attnstore.api_client import ClientCredentials
 from attnstore.security.credentials import SecurityConfigError, read_secret_file
+from attnstore.server.ports import SCHEDULER_PORT
 from attnstore_cli.stack_state import StackState
 
-DEFAULT_SCHEDULER_ADDRESS = "127.0.0.1:50071"
+DEFAULT_SCHEDULER_ADDRESS = f"127.0.0.1:{SCHEDULER_PORT}"
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:

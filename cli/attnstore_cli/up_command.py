@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from attnstore.server.ports import SCHEDULER_PORT
 from attnstore_cli.stack_arguments import add_stack_arguments, running_stack, stack_spec
 from attnstore_cli.stack_state import StackState, attnstore_home
 
@@ -17,7 +18,7 @@ WATCH_INTERVAL_SECONDS = 1.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_stack_arguments(parser)
-    parser.add_argument("--port", type=int, default=50071, help="the scheduler's port (the public API)")
+    parser.add_argument("--port", type=int, default=SCHEDULER_PORT, help="the scheduler's port (the public API)")
     parser.add_argument(
         "--openai-port",
         type=int,

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import ChannelSecurity, check_server_security
+from attnstore.server.ports import WORKER_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
 from inference_worker.chat_template import SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
@@ -24,7 +25,7 @@ from inference_worker.truncation import DEFAULT_SINK_TOKENS
 class WorkerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_WORKER_", extra="forbid")
 
-    listen_address: ListenAddress = "127.0.0.1:50061"
+    listen_address: ListenAddress = f"127.0.0.1:{WORKER_PORT}"
     micro_attention: MicroAttentionLimits = Field(
         default_factory=MicroAttentionLimits,
         description="KV held and attention computed for other workers' long contexts (DistAttention)",

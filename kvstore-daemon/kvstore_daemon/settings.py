@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.security import ChannelSecurity, check_server_security
+from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
 
 MiB = 1024 * 1024
@@ -19,7 +20,7 @@ GiB = 1024 * MiB
 class DaemonSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_DAEMON_", extra="forbid")
 
-    listen_address: ListenAddress = "127.0.0.1:50051"
+    listen_address: ListenAddress = f"127.0.0.1:{DAEMON_PORT}"
     internal_auth: InternalAuthSetting
 
     data_plane_port: int = Field(

@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from attnstore.worker.v1 import worker_pb2
-from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
+from attnstore_scheduler.session_record import Message, SessionRecord
+from attnstore_scheduler.turn_types import FinishReason
 from attnstore_scheduler.worker_registry import WorkerHandle
 
 TOKENIZE_TIMEOUT_SECONDS = 30.0
@@ -90,7 +91,7 @@ def closing_after(generated: Sequence[int], closing: Sequence[int], finish_reaso
     token the closing starts with (ChatML's `<|im_end|>`), or holds further on, the rest of
     the closing after it; after an answer cut at max_tokens or by a stop text, or a stop
     token the closing lacks, all of it."""
-    if finish_reason == "stop" and generated and generated[-1] in closing:
+    if finish_reason is FinishReason.STOP and generated and generated[-1] in closing:
         return list(closing[closing.index(generated[-1]) + 1 :])
     return list(closing)
 

@@ -5,16 +5,10 @@ attnstore:schemas:<tenant>   hash: schema name -> msgpack SchemaRecord (no TTL)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TypeVar
-
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
-from attnstore.errors import Unavailable
+from attnstore_scheduler.redis_calls import RedisCalls
 from attnstore_scheduler.schema_store import SchemaRecord, too_many_schemas
-
-T = TypeVar("T")
 
 # KEYS: the tenant's hash. ARGV: name, record, limit. Returns 0 when a new one is over the limit.
 _PUT = """
@@ -35,12 +29,7 @@ class RedisSchemaStore:
         """Shares the session store's client (its pool, retries and timeouts)."""
         self._redis = redis
         self._put = redis.register_script(_PUT)
-
-    async def _call(self, operation: Awaitable[T]) -> T:
-        try:
-            return await operation
-        except RedisError as exc:
-            raise Unavailable(f"the schema store (Redis) is unavailable: {exc}") from exc
+        self._call = RedisCalls("schema store")
 
     async def put(self, record: SchemaRecord, max_schemas_per_tenant: int) -> None:
         args = [record.name, record.encode(), max_schemas_per_tenant]

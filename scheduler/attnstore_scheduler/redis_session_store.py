@@ -20,22 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from attnstore.errors import Unavailable
+from attnstore_scheduler.redis_calls import RedisCalls
 from attnstore_scheduler.redis_turn_queue import IN_TURN_LUA, RedisTurnQueue, leases_key
 from attnstore_scheduler.session_record import SessionRecord
 from attnstore_scheduler.session_store import too_many_sessions
-
-T = TypeVar("T")
 
 _PREFIX = "attnstore"
 _EXPIRIES = f"{_PREFIX}:expiries"
@@ -141,6 +137,7 @@ class RedisSessionStore:
         )
         self._redis = aioredis.Redis(connection_pool=pool)
         self._grace_ms = expiry_grace_seconds * 1000
+        self._call = RedisCalls("session store")
         self._turns = RedisTurnQueue(
             self._redis, self._call, lease_ttl_seconds=lock_ttl_seconds, wait_seconds=lock_wait_seconds
         )
@@ -153,12 +150,6 @@ class RedisSessionStore:
     def redis(self) -> aioredis.Redis:
         """The client, shared with the schema store (redis_schema_store.py)."""
         return self._redis
-
-    async def _call(self, operation: Awaitable[T]) -> T:
-        try:
-            return await operation
-        except RedisError as exc:
-            raise Unavailable(f"the session store (Redis) is unavailable: {exc}") from exc
 
     def _ttl_ms(self, record: SessionRecord) -> int:
         return record.ttl_seconds * 1000 + self._grace_ms

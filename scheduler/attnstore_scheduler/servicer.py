@@ -33,11 +33,6 @@ _FINISH = {
     FinishReason.STOP_STRING: api.FINISH_REASON_STOP_STRING,
     FinishReason.LENGTH: api.FINISH_REASON_LENGTH,
 }
-_STORED_FINISH = {
-    "stop": api.FINISH_REASON_STOP,
-    "stop_string": api.FINISH_REASON_STOP_STRING,
-    "length": api.FINISH_REASON_LENGTH,
-}
 
 
 class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
@@ -249,7 +244,7 @@ def message_of(message: Message) -> api.Message:
     return api.Message(
         role=_ROLES[message.role],
         content=message.content,
-        finish_reason=_STORED_FINISH.get(message.finish_reason, api.FINISH_REASON_UNSPECIFIED),
+        finish_reason=_FINISH[message.finish_reason],
     )
 
 

@@ -13,11 +13,12 @@ import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import msgpack
 
 from attnstore.errors import InvalidArgument
+from attnstore_scheduler.turn_types import FinishReason
 
 SESSION_ID_PATTERN = re.compile(r"[0-9a-f]{32}")  # fullmatch: `$` accepts a trailing newline
 ROLES = ("system", "user", "assistant")
@@ -48,16 +49,21 @@ def check_session_id(session_id: str, field_name: str = "session_id") -> str:
     return session_id
 
 
-FinishReason = Literal["stop", "stop_string", "length", ""]
-
-
 class Message(NamedTuple):
     role: str  # one of ROLES
     content: str
-    # How an answer ended: "stop" (an end-of-turn token), "stop_string" (a stop text),
-    # "length" (max_tokens); "" for
-    # the other roles and for answers stored before it was recorded.
-    finish_reason: FinishReason = ""
+    # How an answer ended; UNSPECIFIED ("") for the other roles and for answers stored
+    # before it was recorded.
+    finish_reason: FinishReason = FinishReason.UNSPECIFIED
+
+
+def _message(role: str, content: str, finish_reason: str = "") -> Message:
+    """A stored message (without a finish reason if stored before it was recorded)."""
+    try:
+        reason = FinishReason(finish_reason)
+    except ValueError:  # a newer replica's reason, unknown to this one
+        reason = FinishReason.UNSPECIFIED
+    return Message(role, content, reason)
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class SessionRecord:
         # Fields a newer scheduler added are skipped, so replicas can be upgraded one by one.
         known = {f.name for f in fields(cls)}
         values = {name: value for name, value in data_fields.items() if name in known}
-        values["messages"] = tuple(Message(*message) for message in values["messages"])
+        values["messages"] = tuple(_message(*message) for message in values["messages"])
         values["token_ids"] = tuple(values["token_ids"])
         values["chunk_keys"] = tuple(values["chunk_keys"])
         return cls(**values)

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from attnstore.prompt_modules import DEFAULT_LIMITS, PmlLimits
 from attnstore.security import ChannelSecurity
+from attnstore.server.ports import DAEMON_PORT, SCHEDULER_PORT, WORKER_PORT
 from attnstore.server.service_settings import ListenAddress, ServiceSettings
 
 
@@ -56,7 +57,7 @@ class HintSettings(BaseModel, frozen=True):
 class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSTORE_SCHEDULER_", extra="forbid")
 
-    listen_address: ListenAddress = "127.0.0.1:50071"
+    listen_address: ListenAddress = f"127.0.0.1:{SCHEDULER_PORT}"
     openai_listen_address: str | None = Field(
         None,
         description="host:port of the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
@@ -109,10 +110,10 @@ class SchedulerSettings(ServiceSettings):
         "app.kubernetes.io/component=inference-worker", description="label selector of worker pods"
     )
     kubernetes_daemon_port: int = Field(
-        50051, ge=1, le=65535, description="daemon gRPC port when its pod names no port 'grpc'"
+        DAEMON_PORT, ge=1, le=65535, description="daemon gRPC port when its pod names no port 'grpc'"
     )
     kubernetes_worker_port: int = Field(
-        50061, ge=1, le=65535, description="worker gRPC port when its pod names no port 'grpc'"
+        WORKER_PORT, ge=1, le=65535, description="worker gRPC port when its pod names no port 'grpc'"
     )
 
     session_ttl_seconds: int = Field(3600, ge=1, description="default session TTL (inactivity)")

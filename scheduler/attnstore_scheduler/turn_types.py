@@ -17,11 +17,13 @@ class Token:
     sample: int = 0  # which of the request's answers (GenerationOptions.n) it belongs to
 
 
-class FinishReason(enum.Enum):
-    UNSPECIFIED = enum.auto()
-    STOP = enum.auto()  # an end-of-turn or stop token
-    STOP_STRING = enum.auto()  # the answer's text reached a stop text
-    LENGTH = enum.auto()  # max_tokens reached
+class FinishReason(enum.StrEnum):
+    """How an answer ended; the value is what a session record stores with the answer."""
+
+    UNSPECIFIED = ""  # not reported (and every message that is not an answer)
+    STOP = "stop"  # an end-of-turn or stop token
+    STOP_STRING = "stop_string"  # the answer's text reached a stop text
+    LENGTH = "length"  # max_tokens reached
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,9 @@ from attnstore_scheduler.chat_prompt import (
 from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.session_activity import Expectation
-from attnstore_scheduler.session_record import FinishReason, Message, SessionRecord
+from attnstore_scheduler.session_record import Message, SessionRecord
 from attnstore_scheduler.sessions import Sessions, activity_id
 from attnstore_scheduler.turn_runner import PrepareTurn, TurnRunner, TurnSpec
-from attnstore_scheduler.turn_types import FinishReason as TurnFinish
 from attnstore_scheduler.turn_types import Token, TurnOutcome
 from attnstore_scheduler.validation import (
     ApiLimits,
@@ -53,11 +52,6 @@ _PREFIX_AFFINITY_ENTRIES = 4096
 _TOKENIZE_REFUSALS: dict[grpc.StatusCode, type[ServiceError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,  # the template rejects the message
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,  # the model takes no messages
-}
-_FINISH_REASONS: dict[TurnFinish, FinishReason] = {
-    TurnFinish.STOP: "stop",
-    TurnFinish.STOP_STRING: "stop_string",
-    TurnFinish.LENGTH: "length",
 }
 
 TurnEvent = Token | TurnOutcome
@@ -201,8 +195,7 @@ class Turns:
         """Stores the turn; the outcome says whether it was stored (the client has its answer
         either way, see session_saved) and the closing the history added after the answer."""
         stats = outcome.stats
-        finish_reason = _FINISH_REASONS.get(stats.finish_reason, "")
-        closing = closing_after(outcome.token_ids, template_closing, finish_reason)
+        closing = closing_after(outcome.token_ids, template_closing, stats.finish_reason)
         # A PML turn's request has no token ids: the worker says what it served.
         prompt_ids = outcome.prompt_token_ids or stats.prompt_token_ids
         outcome = replace(outcome, prompt_token_ids=prompt_ids)
@@ -211,7 +204,7 @@ class Turns:
             messages=(
                 *record.messages,
                 Message("user", message),
-                Message("assistant", outcome.text, finish_reason),
+                Message("assistant", outcome.text, stats.finish_reason),
             ),
             token_ids=(*prompt_ids, *outcome.token_ids, *closing),
             closing_tokens=len(closing),

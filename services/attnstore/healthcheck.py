@@ -20,13 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.security.credentials import ClientCredentials, SecurityConfigError, sync_channel
 from attnstore.security.tls import ChannelSecurity
+from attnstore.server.ports import DAEMON_PORT
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="attnstore-healthcheck", description="Exit 0 when a gRPC server reports SERVING, 1 otherwise."
     )
-    parser.add_argument("--address", default="127.0.0.1:50051", help="host:port of the gRPC server")
+    parser.add_argument("--address", default=f"127.0.0.1:{DAEMON_PORT}", help="host:port of the gRPC server")
     parser.add_argument("--service", default="", help="service name to check; empty = the whole server")
     parser.add_argument("--timeout-seconds", type=float, default=3.0, help="deadline of the Check call")
     parser.add_argument("--tls", action="store_true", help="dial with TLS")

@@ -10,16 +10,14 @@ import torch
 
 from attnstore.errors import InvalidArgument
 from attnstore.worker.v1 import micro_attention_pb2 as pb
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+from inference_worker.kv_codec import DTYPE_NAMES, TORCH_DTYPES
 
 
 def to_wire(tensor: torch.Tensor) -> pb.Tensor:
     flat = tensor.detach().contiguous().cpu()
     return pb.Tensor(
         shape=list(flat.shape),
-        dtype=_NAMES[flat.dtype],
+        dtype=DTYPE_NAMES[flat.dtype],
         data=flat.view(-1).view(torch.uint8).numpy().tobytes(),
     )
 
@@ -27,11 +25,11 @@ def to_wire(tensor: torch.Tensor) -> pb.Tensor:
 def from_wire(message: pb.Tensor, name: str, dims: int) -> torch.Tensor:
     """The tensor `message` carries (a CPU tensor over a copy of its bytes); InvalidArgument
     unless it has `dims` dimensions, a known type and exactly its bytes."""
-    if message.dtype not in DTYPES:
-        raise InvalidArgument(f"{name}: dtype {message.dtype!r} is not one of {sorted(DTYPES)}")
+    if message.dtype not in TORCH_DTYPES:
+        raise InvalidArgument(f"{name}: dtype {message.dtype!r} is not one of {sorted(TORCH_DTYPES)}")
     if len(message.shape) != dims or 0 in message.shape:
         raise InvalidArgument(f"{name}: shape {list(message.shape)} is not {dims} non-zero sizes")
-    dtype = DTYPES[message.dtype]
+    dtype = TORCH_DTYPES[message.dtype]
     expected = math.prod(message.shape) * dtype.itemsize
     if len(message.data) != expected:
         raise InvalidArgument(

@@ -1,6 +1,5 @@
 """The settings every gRPC service of attnstore has: where it serves, how it reports,
-how it stops. Each service adds its own and names its own address and grace period
-(their defaults differ: daemon 50051, worker 50061, scheduler 50071)."""
+how it stops. Each service adds its own and names its own address and grace period."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ from attnstore.security import InternalAuth, ServerTLS
 from attnstore.server.concurrency import ServingLimits
 from attnstore.settings import FileBackedSettings
 
-# Each service gives its own default: `listen_address: ListenAddress = "127.0.0.1:50051"`.
+# Each service gives its own default: `listen_address: ListenAddress = f"127.0.0.1:{DAEMON_PORT}"`
+# (attnstore.server.ports).
 ListenAddress = Annotated[str, Field(description="host:port of the gRPC server; port 0 picks one")]
 # The internal services' (daemon, worker) setting; the scheduler's callers are tenants.
 InternalAuthSetting = Annotated[

@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -57,15 +58,25 @@ def _attnstore(
     )
 
 
-def _start_up(model_dir: Path, session_store: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+@contextmanager
+def _running_up(
+    model_dir: Path, session_store: str, env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`attnstore up` in the background; killed at the block's end if it still runs."""
     with log.open("wb") as out:
-        return subprocess.Popen(
+        up = subprocess.Popen(
             [*ATTNSTORE, "up", *_stack_flags(model_dir, session_store), "--port", "0", "--openai-port", "0"],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, like a job in a terminal
         )
+    try:
+        yield up
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
 
 
 def _wait_for_state(up: subprocess.Popen[bytes], log: Path) -> StackState:
@@ -88,8 +99,7 @@ def test_up_status_chat_and_ctrl_c(
     if session_store == "redis":
         request.getfixturevalue("redis_installed")
     log = tmp_path / "up.log"
-    up = _start_up(cli_model_dir, session_store, home, log)
-    try:
+    with _running_up(cli_model_dir, session_store, home, log) as up:
         state = _wait_for_state(up, log)
         assert state.session_store == session_store and (state.redis_url is not None) == (
             session_store == "redis"
@@ -132,10 +142,6 @@ def test_up_status_chat_and_ctrl_c(
 
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
         assert up.wait(60) == 0, log.read_text()
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert "stopped every service; shared memory removed" in log.read_text()
     assert not any(child.is_running() for child in children)
     assert not state.shm_dir.exists()
@@ -146,18 +152,13 @@ def test_up_refuses_to_start_twice_and_sigterm_stops_it(
     cli_model_dir: Path, home: dict[str, str], tmp_path: Path
 ) -> None:
     log = tmp_path / "up.log"
-    up = _start_up(cli_model_dir, "embedded", home, log)
-    try:
+    with _running_up(cli_model_dir, "embedded", home, log) as up:
         state = _wait_for_state(up, log)
         second = _attnstore(["up", "--port", "0"], home)
         assert second.returncode == 1 and "already runs" in second.stdout
         children = psutil.Process(up.pid).children(recursive=True)
         up.terminate()
         assert up.wait(60) == 0, log.read_text()
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     assert not any(child.is_running() for child in children)
     assert not state.shm_dir.exists()
 

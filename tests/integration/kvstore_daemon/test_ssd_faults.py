@@ -23,8 +23,9 @@ import grpc
 import pytest
 import xxhash
 from service_probes import free_port, is_serving, scrape_metrics
+from ssd_chunk_files import verified_chunk_files
 
-from attnstore.chunks.format import FORMAT_VERSION, RESTORE_FORMAT_VERSION, decode_layout, verify_layers
+from attnstore.chunks.format import FORMAT_VERSION, RESTORE_FORMAT_VERSION, decode_layout
 from attnstore.kvstore_client import KVStoreClient, Tier
 
 if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
@@ -68,17 +69,6 @@ def flip_last_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-
-
-def verified_files(ssd_dir: Path) -> dict[bytes, bytes]:
-    """Every chunk file on the disk, each checked against its own per-layer checksums."""
-    found = {}
-    for path in ssd_dir.glob("chunks/*/*.chunk"):
-        data = path.read_bytes()
-        layout = decode_layout(data)
-        verify_layers(data, layout, 0, layout.header.num_layers)
-        found[layout.header.key] = data
-    return found
 
 
 def fill_up(disk: Path) -> Path:
@@ -262,7 +252,7 @@ def test_a_disk_smaller_than_configured_is_clamped_at_start_and_evicts_instead_o
             assert client.put_chunks(ns, chunks.items(index, index + 1), durable=True).stored == [chunks.key(index)]
         stats = client.stats()
         assert stats.ssd.evictions > 0 and 0 < stats.ssd.chunks < 48 and stats.ssd.used_bytes <= clamped
-        on_disk = verified_files(disk)
+        on_disk = verified_chunk_files(disk)
         assert {chunks.key(i) for i in range(48 - len(on_disk), 48)} == set(on_disk)  # the newest
         assert "ssd_write_failed" not in daemon.log_tail(400)
         # A read promotes its chunk and may demote (and so evict) another: compare one at a time.
@@ -275,7 +265,7 @@ def test_a_disk_smaller_than_configured_is_clamped_at_start_and_evicts_instead_o
     assert daemon.stop() == 0
     daemon.start()
     with KVStoreClient(daemon.address) as client:
-        assert {chunks.key(i) for i in served(client, chunks, range(48))} == set(verified_files(disk))
+        assert {chunks.key(i) for i in served(client, chunks, range(48))} == set(verified_chunk_files(disk))
         assert client.lookup(bytes(range(1, 17)), [chunks.key(0)]).prefix_length == 0  # known, empty
 
 
@@ -308,7 +298,7 @@ def test_a_disk_another_program_fills_is_pressure_and_keeps_room_for_the_namespa
     daemon.start()
     with KVStoreClient(daemon.address) as client:
         assert client.lookup(bytes(range(1, 17)), [chunks.key(0)]).prefix_length == 0  # known, empty
-        assert {chunks.key(i) for i in served(client, chunks, range(24))} == set(verified_files(disk))
+        assert {chunks.key(i) for i in served(client, chunks, range(24))} == set(verified_chunk_files(disk))
 
 
 def test_a_full_disk_keeps_serving_from_dram_and_never_serves_a_partial_chunk(
@@ -332,7 +322,7 @@ def test_a_full_disk_keeps_serving_from_dram_and_never_serves_a_partial_chunk(
         found = stored(client, chunks, range(64))
         assert served(client, chunks, reversed(range(64))) == found
         assert 0 < len(found) < 64
-        assert temp_files(disk) == [] and verified_files(disk) == {}
+        assert temp_files(disk) == [] and verified_chunk_files(disk) == {}
 
         # A new model's namespace still registers (kept in memory while the disk is full).
         assert client.register_namespace(bytes(range(1, 17)), **chunks.layout) > 0
@@ -352,7 +342,7 @@ def test_a_full_disk_keeps_serving_from_dram_and_never_serves_a_partial_chunk(
     with KVStoreClient(daemon.address) as client:
         survivors = served(client, chunks, range(65))
         assert survivors == stored(client, chunks, range(65))
-        assert {chunks.key(i) for i in survivors} == set(verified_files(disk))
+        assert {chunks.key(i) for i in survivors} == set(verified_chunk_files(disk))
         assert 64 in survivors
         assert client.lookup(bytes(range(1, 17)), [chunks.key(0)]).prefix_length == 0  # known, empty
 

@@ -42,11 +42,13 @@ def module_stacks(
     tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory
 ) -> Iterator[StartStack]:
     """`module_stacks(model_dir, **options)`: a stack (start_stack's options) with a Redis of
-    its own, stopped at the end of the module."""
+    its own (`persistent_redis`: one that keeps its data across a restart), stopped at the
+    end of the module."""
     with contextlib.ExitStack() as stacks:
 
-        def start(model_dir: Path, **options: Any) -> Stack:
+        def start(model_dir: Path, *, persistent_redis: bool = False, **options: Any) -> Stack:
             root = tmp_path_factory.mktemp("stack")
-            return stacks.enter_context(start_stack(root, model_dir, redis=module_redis_factory(), **options))
+            redis = module_redis_factory(persistent=persistent_redis)
+            return stacks.enter_context(start_stack(root, model_dir, redis=redis, **options))
 
         yield start

@@ -19,16 +19,14 @@ from typing import TypeVar
 
 from process_factory import ProcessFactory
 from service_probes import free_port
+from stack_clients import StackClients
 
 from attnstore.api_client import AttnStoreClient
-from attnstore.closable import Closable
 from attnstore.server.redis_process import RedisProcess
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import StackSpec, WorkerSpec
-from attnstore_scheduler.launcher import SchedulerProcess
 from attnstore_scheduler.redis_session_store import RedisSessionStore
 from inference_worker.launcher import WorkerProcess
-from kvstore_daemon.launcher import DaemonProcess
 
 T = TypeVar("T")
 MiB = 1024 * 1024
@@ -71,7 +69,7 @@ class RedisFactory(ProcessFactory[RedisProcess]):
 
 
 @dataclass
-class Stack(Closable):
+class Stack(StackClients):
     """One LocalStack (attnstore_cli.local_stack) with the clients the tests open on it."""
 
     local: LocalStack
@@ -82,29 +80,13 @@ class Stack(Closable):
     _clients: list[AttnStoreClient] = field(default_factory=list)
 
     @property
-    def daemon(self) -> DaemonProcess:
-        return self.local.daemon
-
-    @property
     def workers(self) -> dict[str, WorkerProcess]:
         """By node (each worker is named after its node)."""
         return self.local.workers
 
-    @property
-    def scheduler(self) -> SchedulerProcess:
-        assert self.local.scheduler is not None
-        return self.local.scheduler
-
     def client(self, tenant: str | None = "acme") -> AttnStoreClient:
         """A client with `tenant`'s key (None: no key), closed with the stack."""
-        key = API_KEYS[tenant] if tenant is not None else None
-        self._clients.append(AttnStoreClient(self.scheduler.address, key, timeout_seconds=120))
-        return self._clients[-1]
-
-    def close(self) -> None:
-        for client in self._clients:
-            client.close()
-        self.local.stop()
+        return self._open_client(API_KEYS[tenant] if tenant is not None else None)
 
 
 StartStack = Callable[..., Stack]  # conftest.py's module_stacks: a stack on a model directory
@@ -132,7 +114,7 @@ def start_stack(
                 **({"metrics_port": worker_metrics_ports[node]} if worker_metrics else {}),
                 **(worker_settings or {}),
             },
-        )  # fmt: skip
+        )
         for node in worker_nodes
     )
     settings = {**SCHEDULER_SETTINGS, **(scheduler_settings or {})}

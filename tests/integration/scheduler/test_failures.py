@@ -7,18 +7,17 @@ had on SSD are served again after its restart."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from chat_load import ChatLoad
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from scheduler_stack import RedisFactory, Stack, start_stack, wait_for
+from scheduler_stack import Stack, StartStack, wait_for
 from service_probes import is_serving, scrape_metrics
+from ssd_chunk_files import verified_chunk_files
 
 from attnstore.api.v1 import api_pb2 as api
-from attnstore.chunks.format import decode_layout, verify_layers
 from attnstore.kvstore_client import KVStoreClient
 
 SYSTEM = "you are a helpful assistant"
@@ -29,19 +28,14 @@ DAEMON_FALLBACK = 'attnstore_worker_fallbacks_total{reason="daemon_unavailable"}
 
 
 @pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
-) -> Iterator[Stack]:
-    redis = module_redis_factory(persistent=True)
-    with start_stack(
-        tmp_path_factory.mktemp("stack"),
+def stack(module_stacks: StartStack, scheduler_model_dir: Path) -> Stack:
+    return module_stacks(
         scheduler_model_dir,
-        redis=redis,
+        persistent_redis=True,
         # A turn lock whose release a Redis crash swallowed holds its session this long.
         scheduler_settings={"session_lock_ttl_seconds": 3},
         worker_metrics=True,
-    ) as made:
-        yield made
+    )
 
 
 def test_a_worker_killed_mid_answer_still_gives_one_whole_answer(stack: Stack) -> None:
@@ -179,17 +173,6 @@ def test_redis_killed_mid_turn_the_answer_arrives_and_its_stats_say_it_was_not_s
 
 def daemon_fallbacks(stack: Stack) -> float:
     return sum(scrape_metrics(port).get(DAEMON_FALLBACK, 0.0) for port in stack.worker_metrics_ports.values())
-
-
-def verified_chunk_files(ssd_dir: Path) -> dict[bytes, tuple[bytes, bytes]]:
-    """key -> (namespace, bytes) of every chunk file, each checked against its layer checksums."""
-    found = {}
-    for path in ssd_dir.glob("chunks/*/*.chunk"):
-        data = path.read_bytes()
-        layout = decode_layout(data)
-        verify_layers(data, layout, 0, layout.header.num_layers)
-        found[layout.header.key] = (layout.header.namespace, data)
-    return found
 
 
 def test_a_daemon_killed_under_load_fails_no_turn_and_serves_its_ssd_chunks_again(stack: Stack) -> None:

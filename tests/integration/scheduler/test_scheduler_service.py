@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -21,11 +20,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from scheduler_stack import (
     API_KEYS,
     CHUNK_TOKENS,
-    RedisFactory,
     Stack,
+    StartStack,
     free_port,
     redis_store,
-    start_stack,
     wait_for,
 )
 from transformers import PreTrainedTokenizerFast
@@ -52,15 +50,9 @@ SCHEDULER_SETTINGS = {
 
 
 @pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
-) -> Iterator[Stack]:
+def stack(module_stacks: StartStack, scheduler_model_dir: Path) -> Stack:
     settings = {**SCHEDULER_SETTINGS, "metrics_port": free_port()}
-    root = tmp_path_factory.mktemp("stack")
-    with start_stack(
-        root, scheduler_model_dir, redis=module_redis_factory(), scheduler_settings=settings
-    ) as made:
-        yield made
+    return module_stacks(scheduler_model_dir, scheduler_settings=settings)
 
 
 def test_multi_turn_chat_reuses_more_kv_every_turn(stack: Stack) -> None:

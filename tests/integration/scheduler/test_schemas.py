@@ -7,14 +7,14 @@ chat session that starts from a PML prompt."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf.message import Message
-from scheduler_stack import CHUNK_TOKENS, RedisFactory, Stack, start_stack
+from scheduler_stack import CHUNK_TOKENS, Stack, StartStack
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1.api_pb2_grpc import AttnStoreStub
@@ -26,17 +26,8 @@ PML = '<prompt schema="desk"><doc/><tone/> what is the capital of france?</promp
 
 
 @pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, module_redis_factory: RedisFactory, scheduler_model_dir: Path
-) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("stack")
-    with start_stack(
-        root,
-        scheduler_model_dir,
-        redis=module_redis_factory(),
-        scheduler_settings={"max_schemas_per_tenant": 2},
-    ) as made:
-        yield made
+def stack(module_stacks: StartStack, scheduler_model_dir: Path) -> Stack:
+    return module_stacks(scheduler_model_dir, scheduler_settings={"max_schemas_per_tenant": 2})
 
 
 

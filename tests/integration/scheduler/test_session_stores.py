@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from scheduler_stack import RedisFactory, redis_store
 
 from attnstore.errors import ResourceExhausted, Unavailable
+from attnstore_scheduler.redis_schema_store import RedisSchemaStore
 from attnstore_scheduler.redis_turn_queue import queue_key
 from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
@@ -191,13 +192,16 @@ async def test_the_redis_lock_outlives_its_ttl_while_held(redis_factory: RedisFa
 
 
 async def test_a_redis_store_answers_unavailable_while_redis_is_down(redis_factory: RedisFactory) -> None:
+    """Both stores on the one client: each names itself."""
     redis = redis_factory()
     store = redis_store(redis.url, lock_ttl_seconds=1, lock_wait_seconds=1)
     try:
         await store.ping()
         redis.stop()
-        with pytest.raises(Unavailable, match="Redis"):
+        with pytest.raises(Unavailable, match=r"the session store \(Redis\) is unavailable"):
             await store.get("acme", "a" * 32)
+        with pytest.raises(Unavailable, match=r"the schema store \(Redis\) is unavailable"):
+            await RedisSchemaStore(store.redis).get("acme", "desk")
     finally:
         await store.close()
 

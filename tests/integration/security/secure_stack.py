@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stack_clients import StackClients
 from tls_certs import Pki
 
 from attnstore.api_client import AttnStoreClient
@@ -21,7 +22,6 @@ from attnstore.security import ChannelSecurity, ClientCredentials, token_digest
 from attnstore.shm_arena import arena_root
 from attnstore_cli.local_stack import LocalStack
 from attnstore_cli.stack_spec import InternalAuth, StackSpec, StackTls, WorkerSpec
-from attnstore_scheduler.launcher import SchedulerProcess
 from inference_worker.launcher import WorkerProcess
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -129,7 +129,7 @@ def stop_daemon(daemon: DaemonProcess) -> None:
 
 
 @dataclass
-class SecureStack:
+class SecureStack(StackClients):
     """One LocalStack with TLS and internal auth, and the clients the tests open on it."""
 
     pki: Pki
@@ -138,31 +138,12 @@ class SecureStack:
     _clients: list[AttnStoreClient] = field(default_factory=list)
 
     @property
-    def daemon(self) -> DaemonProcess:
-        return self.local.daemon
-
-    @property
     def worker(self) -> WorkerProcess:
         return self.local.worker
 
-    @property
-    def scheduler(self) -> SchedulerProcess:
-        assert self.local.scheduler is not None
-        return self.local.scheduler
-
     def client(self, tenant: str) -> AttnStoreClient:
         """A TLS client of the public API with `tenant`'s key, closed with the stack."""
-        public = ClientCredentials.from_pem(self.pki.ca.read_bytes())
-        client = AttnStoreClient(
-            self.scheduler.address, API_KEYS[tenant], timeout_seconds=120, credentials=public
-        )
-        self._clients.append(client)
-        return client
-
-    def close(self) -> None:
-        for client in self._clients:
-            client.close()
-        self.local.stop()
+        return self._open_client(API_KEYS[tenant], ClientCredentials.from_pem(self.pki.ca.read_bytes()))
 
 
 def start_secure_stack(

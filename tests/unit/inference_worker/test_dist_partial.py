@@ -33,6 +33,16 @@ def monolithic(q, k, v, q_pos, k_pos, scale, window):
     return out[0].transpose(0, 1)  # [Q, H, D]
 
 
+def random_qkv(
+    seed: int, queries: int, heads: int, tokens: int, kv_heads: int, dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded q [queries, heads, dim] and k, v [tokens, kv_heads, dim], drawn in that order."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(queries, heads, dim, generator=gen)
+    k = torch.randn(tokens, kv_heads, dim, generator=gen)
+    return q, k, torch.randn(tokens, kv_heads, dim, generator=gen)
+
+
 @st.composite
 def split_case(draw: st.DrawFn) -> dict:
     kv_heads = draw(st.sampled_from([1, 2]))
@@ -69,12 +79,7 @@ def test_any_split_merges_to_monolithic_attention(case: dict) -> None:
 
 
 def test_lse_is_the_log_sum_exp_of_scaled_scores_and_minus_inf_where_nothing_is_visible() -> None:
-    gen = torch.Generator().manual_seed(1)
-    q, k, v = (
-        torch.randn(3, 4, 8, generator=gen),
-        torch.randn(5, 2, 8, generator=gen),
-        torch.randn(5, 2, 8, generator=gen),
-    )
+    q, k, v = random_qkv(1, queries=3, heads=4, tokens=5, kv_heads=2, dim=8)
     part = partial_attention(q, k, v, torch.tensor([1, 10, 11]), torch.arange(5, 10), scale=0.5)
     scores = torch.einsum("qhd,thd->qht", q, k.repeat_interleave(2, dim=1)) * 0.5
     assert torch.isneginf(part.lse[0]).all()  # position 1 sees none of positions 5..9
@@ -100,12 +105,7 @@ def test_merge_is_stable_with_huge_scores() -> None:
 
 @pytest.mark.gpu
 def test_cuda_partials_match_cpu() -> None:
-    gen = torch.Generator().manual_seed(2)
-    q, k, v = (
-        torch.randn(4, 6, 32, generator=gen),
-        torch.randn(300, 2, 32, generator=gen),
-        torch.randn(300, 2, 32, generator=gen),
-    )
+    q, k, v = random_qkv(2, queries=4, heads=6, tokens=300, kv_heads=2, dim=32)
     q_pos, k_pos = torch.arange(296, 300), torch.arange(300)
     parts = [partial_attention(q.cuda(), k[s].cuda(), v[s].cuda(), q_pos.cuda(), k_pos[s].cuda(), scale=0.2, window=100)
              for s in (slice(0, 150), slice(150, 300))]  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnstore_scheduler.chat_prompt import closing_after
-from attnstore_scheduler.session_record import FinishReason
+from attnstore_scheduler.turn_types import FinishReason
 
 IM_END, NEWLINE, SPACE, EOS = 2, 198, 220, 0
 CHATML = [IM_END, NEWLINE]  # `<|im_end|>\n`
@@ -16,13 +16,13 @@ LLAMA2 = [SPACE, EOS]  # ` </s>`: the end-of-turn token is not the closing's fir
 @pytest.mark.parametrize(
     ("generated", "closing", "finish_reason", "added"),
     [
-        ([5, 6, IM_END], CHATML, "stop", [NEWLINE]),  # ended on the end-of-turn token
-        ([5, 6], CHATML, "length", CHATML),  # cut at max_tokens: left open by the model
-        ([5, IM_END], CHATML, "length", CHATML),  # a cut answer is closed whole, whatever it ends on
-        ([5, 7], CHATML, "stop", CHATML),  # a stop token the closing lacks
-        ([5, EOS], LLAMA2, "stop", []),  # the closing holds the stop token further on
-        ([], CHATML, "length", CHATML),
-        ([5, IM_END], CHATML, "", CHATML),  # unknown ending: the whole closing
+        ([5, 6, IM_END], CHATML, FinishReason.STOP, [NEWLINE]),  # ended on the end-of-turn token
+        ([5, 6], CHATML, FinishReason.LENGTH, CHATML),  # cut at max_tokens: left open by the model
+        ([5, IM_END], CHATML, FinishReason.LENGTH, CHATML),  # a cut answer is closed whole, any ending
+        ([5, 7], CHATML, FinishReason.STOP, CHATML),  # a stop token the closing lacks
+        ([5, EOS], LLAMA2, FinishReason.STOP, []),  # the closing holds the stop token further on
+        ([], CHATML, FinishReason.LENGTH, CHATML),
+        ([5, IM_END], CHATML, FinishReason.UNSPECIFIED, CHATML),  # unknown ending: the whole closing
     ],
 )
 def test_the_closing_is_what_the_generation_did_not_produce(

@@ -8,6 +8,7 @@ import pytest
 
 from attnstore.errors import InvalidArgument
 from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id, new_session_id
+from attnstore_scheduler.turn_types import FinishReason
 
 
 def test_ids_sort_by_creation_time_and_are_checked() -> None:
@@ -63,6 +64,18 @@ def test_a_record_stored_before_answers_were_closed_loads() -> None:
     assert record.closing_tokens is None
     assert record.messages[-1] == Message("assistant", "hello", "")
     assert record.messages[-1].finish_reason == ""
+
+
+def test_stored_finish_reasons_load_as_the_enum_and_unknown_ones_as_unspecified() -> None:
+    """A newer replica may store a reason this one does not know: the record still loads."""
+    record = SessionRecord("acme", "0" * 32, 60, 1.0, 2.0, (Message("assistant", "a", FinishReason.LENGTH),))
+    data = msgpack.unpackb(record.encode(), raw=False)
+    assert data["messages"] == [["assistant", "a", "length"]]
+    data["messages"].append(["assistant", "b", "content_filter"])
+    loaded = SessionRecord.decode(msgpack.packb(data, use_bin_type=True))
+    reasons = [message.finish_reason for message in loaded.messages]
+    assert reasons == [FinishReason.LENGTH, FinishReason.UNSPECIFIED]
+    assert all(type(reason) is FinishReason for reason in reasons)
 
 
 @pytest.mark.parametrize(
