@@ -155,6 +155,7 @@ class TierMover:
         metrics.EVICTIONS.labels(TierName.DRAM.value).inc()
         self._count_reason(chunk, TierName.DRAM)
         if not chunk.on_ssd and not chunk.on_peer:  # SSD refused it: the chunk is gone
+            log.info("dram_eviction_dropped", key=chunk.key.hex(), reason="no SSD copy could be written")
             self._chunks.remove(chunk)
 
     async def demote(self, chunk: Chunk) -> None:

@@ -114,7 +114,12 @@ def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_afte
         chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
         with KVStoreClient(borrower.address) as client:
             assert None not in fill_until_placed(client, chunks, poll_until)  # on the peer the ledger named
-            assert all(client.get_whole_chunks(NAMESPACE, [chunks.key(i)]) == [chunks.data(i)] for i in range(COUNT))
+            for index in range(COUNT):  # a failure names the chunk and shows the borrower's log (a rare CI miss)
+                try:
+                    got = client.get_whole_chunks(NAMESPACE, [chunks.key(index)])
+                except grpc.RpcError as exc:
+                    raise AssertionError(f"chunk {index}: {exc.code()}\n{borrower.log_tail(120)}") from exc
+                assert got == [chunks.data(index)]
 
         async def members() -> set[str]:
             client = aioredis.Redis.from_url(redis_server.url)
