@@ -6,10 +6,12 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
 
   split       attention of 1 decode query and of a 256-token prefill chunk over 16k keys
               (8 heads, 2 KV heads, head_dim 64), monolithic (the faster of torch SDPA, the
-              engine's path, and the partial kernel over all keys at once) vs partials over
-              blocks of 1k and 4k tokens merged (partial.py); for the decode query also
-              its block partials from one kernel call (the blocks as its batch); one
-              thread, fastest of N
+              engine's path, and the partial kernel over all keys at once) vs the keys in
+              blocks of 1k and 4k tokens dealt round robin to 3 places, one partial per
+              place (the runner's path: a peer answers for all its blocks) merged
+              (partial.py); beside it one partial per block (a kernel call each), and for
+              the decode query the block partials from one kernel call (the blocks as its
+              batch); one thread, fastest of N
   decode      one decode step of the model with R remote tokens on a peer (4k, 16k, 64k;
               --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
               partials computed on the peer vs its KV pulled each step
@@ -53,6 +55,7 @@ LONG_LLAMA = {
 }  # fmt: skip
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4
 SPLIT_BLOCKS = (1024, 4096)
+SPLIT_PLACES = 3  # the nodes of the capacity and decode runs
 TARGETS = {
     "max_context_gain_3_nodes": 2.5,
     "decode_bytes_ratio_pull_vs_remote_16k": 100.0,
@@ -83,17 +86,13 @@ def bench_split(keys: int, repeats: int) -> dict[str, Any]:
         best = _split_timings(q, k, v, repeats * (20 if queries == 1 else 1))  # a decode op takes ms
         monolithic = min(best["sdpa"], best["one_part"])  # the faster of SDPA and the same kernel unsplit
         for block in SPLIT_BLOCKS:
-            split = best[f"block{block}"]
-            rows[f"q{queries}_block{block}"] = {
-                "sdpa_ms": best["sdpa"] * 1e3, "one_part_ms": best["one_part"] * 1e3, "monolithic_ms": monolithic * 1e3,
-                "split_ms": split * 1e3, "overhead": split / monolithic - 1,
-            }  # fmt: skip
-            if f"one_call{block}" in best:
-                one_call = best[f"one_call{block}"]
-                rows[f"q{queries}_block{block}"] |= {
-                    "one_call_ms": one_call * 1e3,
-                    "one_call_overhead": one_call / monolithic - 1,
-                }
+            row = {"sdpa_ms": best["sdpa"] * 1e3, "one_part_ms": best["one_part"] * 1e3,
+                   "monolithic_ms": monolithic * 1e3}  # fmt: skip
+            for path in ("places", "per_block", "one_call"):
+                if f"{path}{block}" in best:
+                    row[f"{path}_ms"] = best[f"{path}{block}"] * 1e3
+                    row[f"{path}_overhead"] = best[f"{path}{block}"] / monolithic - 1
+            rows[f"q{queries}_block{block}"] = row
     return rows
 
 
@@ -112,13 +111,28 @@ def _split_timings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, repeats: i
         "one_part": lambda: partial_attention(q, k, v, q_pos, k_pos, scale=0.125),
     }  # fmt: skip
     for block in SPLIT_BLOCKS:
-        ops[f"block{block}"] = lambda block=block: merge(
+        places = blocks_over_places(k, v, block, SPLIT_PLACES)
+        ops[f"places{block}"] = lambda places=places: merge(
+            [partial_attention(q, pk, pv, q_pos, at, scale=0.125) for pk, pv, at in places]
+        )
+        ops[f"per_block{block}"] = lambda block=block: merge(
             [partial_attention(q, k[s : s + block], v[s : s + block], q_pos, k_pos[s : s + block], scale=0.125)
              for s in range(0, keys, block)]
         )  # fmt: skip
         if queries == 1:
             ops[f"one_call{block}"] = lambda block=block: blocks_in_one_call(q, k, v, block)
     return fastest_seconds(ops, repeats)
+
+
+def blocks_over_places(
+    k: torch.Tensor, v: torch.Tensor, block: int, places: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Blocks of k, v [T, KVH, D] dealt round robin to `places` (as placement.py deals a
+    context's segments to peers), each place holding its blocks in one buffer (as a
+    segment or a peer does): (K, V, positions) per place."""
+    at = torch.arange(k.shape[0])
+    held = [at.view(-1, block)[p::places].flatten() for p in range(places)]
+    return [(k[positions], v[positions], positions) for positions in held]
 
 
 def blocks_in_one_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> Partial:
@@ -252,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         / capacity["1_node"]["context_tokens"],
         "decode_bytes_ratio_pull_vs_remote_16k": document["decode"]["16k"]["bytes_ratio_pull_vs_remote"],
         "decode_time_ratio_pull_vs_remote_16k": document["decode"]["16k"]["time_ratio_pull_vs_remote"],
-        "split_overhead": max(row["overhead"] for row in document["split"].values()),
+        "split_overhead": max(row["places_overhead"] for row in document["split"].values()),
+        "split_overhead_per_block_call": max(row["per_block_overhead"] for row in document["split"].values()),
         "split_overhead_decode_one_call": max(
             row["one_call_overhead"] for row in document["split"].values() if "one_call_overhead" in row
         ),
@@ -267,11 +282,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def format_table(document: dict[str, Any]) -> str:
-    lines = ["split/merge vs monolithic SDPA, 16k keys"]
+    lines = [f"split/merge vs monolithic attention, 16k keys in blocks over {SPLIT_PLACES} places"]
     for name, row in document["split"].items():
         one_call = f"   blocks in one call {row['one_call_overhead']:+.1%}" if "one_call_ms" in row else ""
         lines.append(f"  {name:<16} sdpa {row['sdpa_ms']:8.2f} ms   one part {row['one_part_ms']:8.2f} ms   "
-                     f"split {row['split_ms']:8.2f} ms   overhead {row['overhead']:+.1%}{one_call}")  # fmt: skip
+                     f"a partial per place {row['places_ms']:8.2f} ms ({row['places_overhead']:+.1%})   "
+                     f"per block {row['per_block_overhead']:+.1%}{one_call}")  # fmt: skip
     lines.append("decode step with remote KV: remote micro-attention vs pulling the KV")
     for name, row in document["decode"].items():
         lines.append(f"  {name:>4} remote  {row['remote']['bytes_per_step'] / 1e3:10.1f} kB {row['remote']['step_ms']:8.1f} ms   "
