@@ -21,7 +21,8 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
               KV: one worker alone vs the same worker with two peers (placement.py), each
               checked against the plain forward's logits and one token beyond refused
 
-One summary JSON line comes last; `--results` writes the whole run as JSON.
+One summary JSON line comes last; `--results` writes the whole run as JSON and its figure
+(plot.py) as PNG.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from bench.common.results import print_report, save_results
 from bench.load.model import save_load_model
 from bench.longctx.dgfm_sim import forced_share, per_period, simulate
+from bench.longctx.plot import plot_longctx
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.cost_model import Mode
 from inference_worker.dist_attention.partial import Partial, merge, merge_stacked, partial_attention
@@ -285,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     document["summary"] = summary
     if args.results:
-        save_results(args.results, document)
+        saved = save_results(args.results, document)
+        plot_longctx(document, TARGETS["split_overhead"], saved.with_suffix(".png"))
     print_report(format_table(document), verdicts(summary), summary)
 
 
