@@ -158,14 +158,9 @@ class RemoteSegment:
 
 
 def attend_on_peer(
-    segments: Sequence[RemoteSegment],
-    layer: int,
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    *,
-    scale: float,
-    window: int | None,
-) -> Partial:
+    segments: Sequence[RemoteSegment], layer: int, q: torch.Tensor, positions: torch.Tensor, *,
+    scale: float, window: int | None,
+) -> Partial:  # fmt: skip
     """The merged partial over one peer's segments of a sequence: those their cost models
     send remote go in one PartialAttention call (one round trip per peer and layer, not one
     per segment: a 128k context in 4k segments over two peers would otherwise make 16 calls
@@ -174,8 +169,12 @@ def attend_on_peer(
     pulled = [s for s in segments if all(s is not r for r in remote)]
     parts = []
     if remote:
+        request = pb.PartialAttentionRequest(
+            segment_id=remote[0].segment_id, more_segment_ids=[s.segment_id for s in remote[1:]], layer=layer,
+            queries=to_wire(q.float()), query_positions=positions.tolist(), scale=scale, window=window or 0,
+        )  # fmt: skip
         try:
-            parts.append(_remote_partial(remote, layer, q, positions, scale, window))
+            parts.append(_remote_partial(remote, request, q.device))
         except _Refused:
             for segment in remote:
                 segment.costs.observe_refusal()
@@ -185,18 +184,9 @@ def attend_on_peer(
 
 
 def _remote_partial(
-    segments: Sequence[RemoteSegment],
-    layer: int,
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    scale: float,
-    window: int | None,
+    segments: Sequence[RemoteSegment], request: pb.PartialAttentionRequest, device: torch.device
 ) -> Partial:
     first = segments[0]
-    request = pb.PartialAttentionRequest(
-        segment_id=first.segment_id, more_segment_ids=[s.segment_id for s in segments[1:]], layer=layer,
-        queries=to_wire(q.float()), query_positions=positions.tolist(), scale=scale, window=window or 0,
-    )  # fmt: skip
     started = time.perf_counter()
     reply = _call(first.stub.PartialAttention, request, first.timeout_seconds, first.address,
                   min(s.start for s in segments), max(s.stop for s in segments))  # fmt: skip
@@ -209,8 +199,7 @@ def _remote_partial(
         segment.traffic.sent_bytes += round(request.ByteSize() * share)
         segment.traffic.received_bytes += round(reply.ByteSize() * share)
         segment.traffic.remote_calls += 1
-    out = from_wire(reply.output, "output", 3).to(q.device)
-    return Partial(out, from_wire(reply.lse, "lse", 2).to(q.device))
+    return Partial(from_wire(reply.output, "output", 3).to(device), from_wire(reply.lse, "lse", 2).to(device))
 
 
 class _Refused(Exception):
