@@ -3,6 +3,10 @@ over them (the remote side of micro-attention).
 
     AppendKV (created, then grown) -> PartialAttention / ReadKV ... -> ReleaseKV
 
+A PartialAttention may name several segments (a borrower's segments held here): their
+partials are merged here and one comes back, so a borrower makes one call per peer and
+layer however its segments were dealt.
+
 Limits: the bytes held (an append past `max_held_bytes` is refused whole), the query
 tokens of one call, and the key tokens attended at once (`max_inflight_key_tokens`, the
 compute lent: a call that would pass it is refused at once rather than queued, so a
