@@ -3,6 +3,10 @@ over them (the remote side of micro-attention).
 
     AppendKV (created, then grown) -> PartialAttention / ReadKV ... -> ReleaseKV
 
+A PartialAttention may name several segments (a borrower's segments held here): their
+partials are merged here and one comes back, so a borrower makes one call per peer and
+layer however its segments were dealt.
+
 Limits: the bytes held (an append past `max_held_bytes` is refused whole), the query
 tokens of one call, and the key tokens attended at once (`max_inflight_key_tokens`, the
 compute lent: a call that would pass it is refused at once rather than queued, so a
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,7 +28,7 @@ import torch
 
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from inference_worker.dist_attention.limits import MicroAttentionLimits
-from inference_worker.dist_attention.partial import Partial
+from inference_worker.dist_attention.partial import Partial, merge
 from inference_worker.dist_attention.segment import LocalSegment
 
 
@@ -87,7 +91,7 @@ class HeldKV:
 
     def partial(
         self,
-        segment_id: str,
+        segment_ids: Sequence[str],
         layer: int,
         q: torch.Tensor,
         q_positions: torch.Tensor,
@@ -95,8 +99,23 @@ class HeldKV:
         scale: float,
         window: int | None,
     ) -> LentPartial:
-        """q [Q, H, D] over `layer` of the segment."""
-        segment = self._segment(segment_id)
+        """q [Q, H, D] over `layer` of the segments, merged (one call per peer and layer
+        whatever the number of a sequence's segments held here)."""
+        if len(set(segment_ids)) != len(segment_ids):
+            raise InvalidArgument(f"a segment is named twice in {list(segment_ids)}")
+        segments = [self._segment(segment_id) for segment_id in segment_ids]
+        for segment in segments:
+            self._check_query(segment, layer, q, q_positions, scale)
+        with self._lent(sum(s.tokens for s in segments)) as load:
+            started = time.perf_counter()
+            part = merge([
+                s.partial(layer, q.to(s.k.dtype), q_positions, scale=scale, window=window) for s in segments
+            ])  # fmt: skip
+            return LentPartial(part, time.perf_counter() - started, load)
+
+    def _check_query(
+        self, segment: LocalSegment, layer: int, q: torch.Tensor, q_positions: torch.Tensor, scale: float
+    ) -> None:
         if not 0 <= layer < segment.k.shape[0]:
             raise OutOfRange(f"layer {layer} of a segment with {segment.k.shape[0]} layers")
         if q.shape[0] > self.limits.max_query_tokens:
@@ -111,10 +130,6 @@ class HeldKV:
             )
         if not scale > 0:
             raise InvalidArgument(f"scale {scale} is not positive")
-        with self._lent(segment.tokens) as load:
-            started = time.perf_counter()
-            part = segment.partial(layer, q.to(segment.k.dtype), q_positions, scale=scale, window=window)
-            return LentPartial(part, time.perf_counter() - started, load)
 
     def read(
         self, segment_id: str, layer: int, piece_tokens: int

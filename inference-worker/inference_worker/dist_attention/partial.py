@@ -14,7 +14,10 @@ Decisions:
   become Q*G rows of that head (SDPA's batch of heads = KV heads), the mask repeated per
   row block. Exact, and K/V are read once.
 - Positions may be a `range` (a segment's): bounding it costs no tensor op, and the
-  mask is only built when some query cannot see some key.
+  mask is only built when some query cannot see some key, and only over the keys after
+  the leading run every query sees (a prefill chunk over a segment's older keys), whose
+  partial is computed unmasked and merged: the CPU kernel reads its additive mask, 4
+  bytes per score, 32 MB for 256 queries of 4 heads per KV head over 8k keys.
 - On a CPU, torch's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`) returns the
   log-sum-exp with the output: the same kernel as monolithic SDPA, so a split costs only
   the merge (bench-longctx measures it). It reports lse = 0 for a row with no visible key,
@@ -86,6 +89,15 @@ def partial_attention(
     if k.shape[0] == 0 or tokens == 0:
         return empty_partial(tokens, heads, dim, q.device)
     allowed = visibility(q_positions, k_positions, window, q.device)
+    if allowed is not None:
+        seen = int(allowed.all(dim=0).cumprod(dim=0).sum())  # leading keys every query sees
+        if (
+            0 < seen < k.shape[0]
+        ):  # those need no mask: the masked kernel reads a [Q*G, T] mask, 4 bytes a score
+            return merge([
+                partial_attention(q, k[:seen], v[:seen], q_positions, k_positions[:seen], scale=scale, window=window),
+                partial_attention(q, k[seen:], v[seen:], q_positions, k_positions[seen:], scale=scale, window=window),
+            ])  # fmt: skip
     # Rows ordered (query, group member): for one decode query every reshape is a view.
     if tokens == 1:
         rows = q.view(1, kv_heads, group, dim)

@@ -8,6 +8,7 @@ attends without it.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -17,7 +18,7 @@ from attnstore.security import ClientCredentials, sync_channel
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.cost_model import CostModel, Mode
-from inference_worker.dist_attention.partial import Partial, partial_attention
+from inference_worker.dist_attention.partial import Partial, merge, partial_attention
 from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.dist_attention.wire import from_wire, to_wire
 
@@ -101,13 +102,10 @@ class RemoteSegment:
     def partial(
         self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None
     ) -> Partial:
-        mode = self.force or self.costs.choose(self.layer_kv_bytes)
-        if mode is Mode.REMOTE:
-            try:
-                return self._remote(layer, q, q_positions, scale, window)
-            except _Refused:
-                self.costs.observe_refusal()
-        return self._pull(layer, q, q_positions, scale, window)
+        return attend_on_peer([self], layer, q, q_positions, scale=scale, window=window)
+
+    def mode(self) -> Mode:
+        return self.force or self.costs.choose(self.layer_kv_bytes)
 
     def release(self) -> None:
         """Best effort: a peer that is gone has nothing to free."""
@@ -116,25 +114,7 @@ class RemoteSegment:
         except grpc.RpcError:
             pass
 
-    def _remote(
-        self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
-    ) -> Partial:
-        request = pb.PartialAttentionRequest(
-            segment_id=self.segment_id, layer=layer, queries=to_wire(q.float()),
-            query_positions=positions.tolist(), scale=scale, window=window or 0,
-        )  # fmt: skip
-        started = time.perf_counter()
-        reply = _call(
-            self.stub.PartialAttention, request, self.timeout_seconds, self.address, self.start, self.stop
-        )
-        self.costs.observe_remote(time.perf_counter() - started, reply.compute_ms / 1000)
-        self.traffic.sent_bytes += request.ByteSize()
-        self.traffic.received_bytes += reply.ByteSize()
-        self.traffic.remote_calls += 1
-        out = from_wire(reply.output, "output", 3).to(q.device)
-        return Partial(out, from_wire(reply.lse, "lse", 2).to(q.device))
-
-    def _pull(
+    def pull(
         self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
     ) -> Partial:
         started = time.perf_counter()
@@ -175,6 +155,51 @@ class RemoteSegment:
                 self.address, self.start, self.stop, f"it sent {k.shape[0]} of {self.tokens} tokens"
             )
         return k, v
+
+
+def attend_on_peer(
+    segments: Sequence[RemoteSegment], layer: int, q: torch.Tensor, positions: torch.Tensor, *,
+    scale: float, window: int | None,
+) -> Partial:  # fmt: skip
+    """The merged partial over one peer's segments of a sequence: those their cost models
+    send remote go in one PartialAttention call (one round trip per peer and layer, not one
+    per segment: a 128k context in 4k segments over two peers would otherwise make 16 calls
+    per peer and layer); the others, or all when the peer refuses, are pulled."""
+    remote = [s for s in segments if s.mode() is Mode.REMOTE]
+    pulled = [s for s in segments if all(s is not r for r in remote)]
+    parts = []
+    if remote:
+        request = pb.PartialAttentionRequest(
+            segment_id=remote[0].segment_id, more_segment_ids=[s.segment_id for s in remote[1:]], layer=layer,
+            queries=to_wire(q.float()), query_positions=positions.tolist(), scale=scale, window=window or 0,
+        )  # fmt: skip
+        try:
+            parts.append(_remote_partial(remote, request, q.device))
+        except _Refused:
+            for segment in remote:
+                segment.costs.observe_refusal()
+            pulled = list(segments)
+    parts += [s.pull(layer, q, positions, scale, window) for s in pulled]
+    return merge(parts)
+
+
+def _remote_partial(
+    segments: Sequence[RemoteSegment], request: pb.PartialAttentionRequest, device: torch.device
+) -> Partial:
+    first = segments[0]
+    started = time.perf_counter()
+    reply = _call(first.stub.PartialAttention, request, first.timeout_seconds, first.address,
+                  min(s.start for s in segments), max(s.stop for s in segments))  # fmt: skip
+    call_seconds, compute_seconds = time.perf_counter() - started, reply.compute_ms / 1000
+    # Each segment's share of the call: the round trip, and the compute and bytes by its keys.
+    keys = sum(s.tokens for s in segments)
+    for segment in segments:
+        share = segment.tokens / keys
+        segment.costs.observe_remote(call_seconds - compute_seconds * (1 - share), compute_seconds * share)
+        segment.traffic.sent_bytes += round(request.ByteSize() * share)
+        segment.traffic.received_bytes += round(reply.ByteSize() * share)
+        segment.traffic.remote_calls += 1
+    return Partial(from_wire(reply.output, "output", 3).to(device), from_wire(reply.lse, "lse", 2).to(device))
 
 
 class _Refused(Exception):

@@ -1,14 +1,16 @@
 """The forward pass of one sequence whose KV lies in several places (DistAttention).
 
 Per layer: the new tokens' K and V go to the sequence's tail segment (here), then the
-queries attend each place separately, remote places first (their calls run on a thread
-pool while the local partials compute), and the partials merge exactly. The rest of the
-layer is the model's own (the same pre-norm Llama/Qwen2/Mistral layer as the paged
-runner). One sequence at a time: a context that needs other nodes' memory is not batched.
+queries attend each place separately, remote places first (one call per peer, whatever
+the number of segments it holds, on a thread pool while the local partials compute), and
+the partials merge exactly. The rest of the layer is the model's own (the same pre-norm
+Llama/Qwen2/Mistral layer as the paged runner). One sequence at a time: a context that
+needs other nodes' memory is not batched.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -16,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference_worker.dist_attention.partial import Partial, merge
+from inference_worker.dist_attention.remote import RemoteSegment, attend_on_peer
 from inference_worker.dist_attention.segment import KVPlace, LocalSegment
 from inference_worker.engine.model_runner import (
     SUPPORTED_MODEL_TYPES,
@@ -83,16 +86,19 @@ class DistributedRunner:
         scale: float,
         window: int | None,
     ) -> Partial:
-        """The merged partial of q over every place: remote calls first, in flight while
-        the local places compute."""
+        """The merged partial of q over every place: one call per peer (all the segments
+        it holds), in flight while the local places compute."""
+        peers: dict[str, list[RemoteSegment]] = defaultdict(list)
+        for place in places:
+            if isinstance(place, RemoteSegment):
+                peers[place.address].append(place)
         remote: list[Future[Partial]] = [
-            self._remote.submit(p.partial, layer, q, positions, scale=scale, window=window)
-            for p in places
-            if not isinstance(p, LocalSegment)
+            self._remote.submit(attend_on_peer, segments, layer, q, positions, scale=scale, window=window)
+            for segments in peers.values()
         ]
         local = [
             p.partial(layer, q, positions, scale=scale, window=window)
             for p in places
-            if isinstance(p, LocalSegment)
+            if not isinstance(p, RemoteSegment)
         ]
         return merge([*local, *(f.result() for f in remote)])

@@ -43,7 +43,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         if positions.numel() != q.shape[0]:
             raise InvalidArgument(f"{q.shape[0]} queries but {positions.numel()} query_positions")
         lent = await asyncio.to_thread(
-            self._held.partial, request.segment_id, request.layer, q, positions,
+            self._held.partial, [request.segment_id, *request.more_segment_ids], request.layer, q, positions,
             scale=request.scale, window=request.window or None,
         )  # fmt: skip
         return pb.PartialAttentionResponse(

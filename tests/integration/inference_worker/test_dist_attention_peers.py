@@ -4,12 +4,13 @@ context that does not fit one worker's share keeps its oldest KV on two peer wor
 partials computed remotely and with the KV pulled; a peer killed mid-sequence makes the
 sequence recompute its KV on the peer left (same logits), and when nothing is left the
 turn fails UNAVAILABLE-kind (ContextUnavailable), never with a wrong answer. The service's
-edge: malformed tensors are INVALID_ARGUMENT, unknown segments NOT_FOUND, the lending caps
+edge: malformed tensors (or a segment named twice) are INVALID_ARGUMENT, unknown segments NOT_FOUND, the lending caps
 RESOURCE_EXHAUSTED; a segment can also come from chunks in the peer's own daemon."""
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +122,47 @@ def test_context_across_three_workers_gives_single_node_logits(
     context.close()
 
 
+class CallCounter(grpc.UnaryUnaryClientInterceptor):
+    """Counts the unary calls a channel makes, by method name."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def intercept_unary_unary(self, continuation, details, request):
+        self.calls[details.method.rsplit("/", 1)[-1]] += 1
+        return continuation(details, request)
+
+
+def test_one_partial_attention_call_per_peer_and_layer(model_dir: Path, peers: list[WorkerProcess]) -> None:
+    """A peer holding two of the sequence's segments answers one PartialAttention per layer
+    and step for both (merged there); a segment the cost model pulls is read instead, and
+    the logits stay those of the single-node forward."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    counter = CallCounter()
+    channels = {p.address: grpc.intercept_channel(peer_channel(p.address), counter) for p in peers}
+    context = LongContext(
+        DistributedRunner(model), channels, lambda: {a: 200 for a in channels},
+        local_tokens=48, segment_tokens=40, chunk_tokens=16, timeout_seconds=5.0,
+    )  # fmt: skip
+    prompt = torch.randint(0, 300, (150,), generator=torch.Generator().manual_seed(6)).tolist()
+
+    def force(step: int) -> None:
+        if step == 0:
+            remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+            for index, place in enumerate(remote):
+                place.force = Mode.PULL if index == 0 else Mode.REMOTE
+            counter.calls.clear()
+
+    steps = 3
+    decode_and_compare(model, context, prompt, steps=steps, on_step=force)
+    remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+    holders = Counter(p.address for p in remote)
+    assert len(holders) == 2 and max(holders.values()) >= 2  # a peer holds several segments
+    assert counter.calls["PartialAttention"] == steps * model.config.num_hidden_layers * 2
+    assert remote[0].traffic.pulls == steps * model.config.num_hidden_layers
+    context.close()
+
+
 def test_killed_peer_is_recomputed_elsewhere_or_fails_unavailable(
     model_dir: Path, doomed_peers: list[WorkerProcess]
 ) -> None:
@@ -158,9 +200,14 @@ def test_service_statuses(peers: list[WorkerProcess]) -> None:
                                        query_positions=list(range(65)), scale=0.25),
             pb.PartialAttentionRequest(segment_id="s", queries=to_wire(torch.zeros(1, 3, 16)), query_positions=[8], scale=0.25),
             pb.PartialAttentionRequest(segment_id="s", queries=to_wire(torch.zeros(1, 4, 16)), query_positions=[8], scale=0),
+            pb.PartialAttentionRequest(segment_id="s", more_segment_ids=["s"], queries=to_wire(torch.zeros(1, 4, 16)),
+                                       query_positions=[8], scale=0.25),
         ],
-        grpc.StatusCode.NOT_FOUND: [pb.PartialAttentionRequest(segment_id="nope", queries=to_wire(torch.zeros(1, 4, 16)),
-                                                               query_positions=[8], scale=0.25)],
+        grpc.StatusCode.NOT_FOUND: [
+            pb.PartialAttentionRequest(segment_id="nope", queries=to_wire(torch.zeros(1, 4, 16)), query_positions=[8], scale=0.25),
+            pb.PartialAttentionRequest(segment_id="s", more_segment_ids=["nope"], queries=to_wire(torch.zeros(1, 4, 16)),
+                                       query_positions=[8], scale=0.25),
+        ],
         grpc.StatusCode.OUT_OF_RANGE: [pb.PartialAttentionRequest(segment_id="s", layer=3, queries=to_wire(torch.zeros(1, 4, 16)),
                                                                   query_positions=[8], scale=0.25)],
     }  # fmt: skip

@@ -42,14 +42,36 @@ def test_appends_continue_the_segment_and_partials_match_local_ones() -> None:
     held.append("s", 104, k[:, 4:], v[:, 4:])
     q = torch.randn(3, 4, 8)
     positions = torch.tensor([103, 110, 111])
-    lent = held.partial("s", 1, q, positions, scale=0.3, window=None)
+    lent = held.partial(["s"], 1, q, positions, scale=0.3, window=None)
     expected = partial_attention(q, k[1], v[1], positions, torch.arange(100, 108), scale=0.3)
     assert torch.equal(lent.partial.out, expected.out) and torch.equal(lent.partial.lse, expected.lse)
     with pytest.raises(OutOfRange):
-        held.partial("s", 2, q, positions, scale=0.3, window=None)
+        held.partial(["s"], 2, q, positions, scale=0.3, window=None)
     with pytest.raises(NotFound):
-        held.partial("t", 0, q, positions, scale=0.3, window=None)
+        held.partial(["t"], 0, q, positions, scale=0.3, window=None)
     assert [start for start, _, _ in held.read("s", 0, 3)] == [100, 103, 106]
+
+
+def test_several_segments_in_one_call_merge_to_the_partial_over_their_union() -> None:
+    """One call per peer and layer: a sequence's segments held here (not adjacent, in any
+    order) give the partial over all their keys."""
+    held = HeldKV(MicroAttentionLimits(max_inflight_key_tokens=10))
+    k, v = kv(12, seed=3)
+    held.append("old", 0, k[:, :4], v[:, :4])
+    held.append("mid", 8, k[:, 8:], v[:, 8:])
+    q, positions = torch.randn(2, 4, 8), torch.tensor([12, 13])
+    lent = held.partial(["mid", "old"], 1, q, positions, scale=0.3, window=None)
+    keys = torch.cat([torch.arange(0, 4), torch.arange(8, 12)])
+    expected = partial_attention(q, k[1, keys], v[1, keys], positions, keys, scale=0.3)
+    torch.testing.assert_close(lent.partial.out, expected.out, rtol=0, atol=1e-6)
+    torch.testing.assert_close(lent.partial.lse, expected.lse, rtol=0, atol=1e-6)
+    with pytest.raises(InvalidArgument, match="named twice"):
+        held.partial(["old", "mid", "old"], 1, q, positions, scale=0.3, window=None)
+    with pytest.raises(NotFound, match="'gone'"):
+        held.partial(["old", "gone"], 1, q, positions, scale=0.3, window=None)
+    held.append("more", 4, k[:, 4:8], v[:, 4:8])
+    with pytest.raises(ResourceExhausted, match="lent at once"):  # 12 key tokens, 10 lent at once
+        held.partial(["old", "mid", "more"], 1, q, positions, scale=0.3, window=None)
 
 
 def test_held_bytes_are_capped_and_given_back() -> None:
@@ -69,11 +91,11 @@ def test_idle_segments_are_dropped() -> None:
     held.append("old", 0, *kv(4))
     held.append("used", 0, *kv(4))
     clock.now = 8
-    held.partial("used", 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
+    held.partial(["used"], 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
     clock.now = 15
     held.append("new", 0, *kv(4))
     with pytest.raises(NotFound):
-        held.partial("old", 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
+        held.partial(["old"], 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
     assert held.held_bytes == 2 * KV_BYTES
 
 

@@ -37,20 +37,22 @@ class AppendKVResponse(_message.Message):
     def __init__(self, segment_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ...) -> None: ...
 
 class PartialAttentionRequest(_message.Message):
-    __slots__ = ("segment_id", "layer", "queries", "query_positions", "scale", "window")
+    __slots__ = ("segment_id", "layer", "queries", "query_positions", "scale", "window", "more_segment_ids")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     QUERY_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MORE_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     layer: int
     queries: Tensor
     query_positions: _containers.RepeatedScalarFieldContainer[int]
     scale: float
     window: int
-    def __init__(self, segment_id: _Optional[str] = ..., layer: _Optional[int] = ..., queries: _Optional[_Union[Tensor, _Mapping]] = ..., query_positions: _Optional[_Iterable[int]] = ..., scale: _Optional[float] = ..., window: _Optional[int] = ...) -> None: ...
+    more_segment_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, segment_id: _Optional[str] = ..., layer: _Optional[int] = ..., queries: _Optional[_Union[Tensor, _Mapping]] = ..., query_positions: _Optional[_Iterable[int]] = ..., scale: _Optional[float] = ..., window: _Optional[int] = ..., more_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PartialAttentionResponse(_message.Message):
     __slots__ = ("output", "lse", "compute_ms", "inflight_key_tokens")

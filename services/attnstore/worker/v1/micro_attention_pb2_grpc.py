@@ -77,7 +77,7 @@ class MicroAttentionServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PartialAttention(self, request, context):
-        """The partial attention of queries over one layer of a segment.
+        """The partial attention of queries over one layer of a segment (or of several).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
