@@ -37,6 +37,7 @@ import msgpack
 from attnstore import errors
 
 _LENGTH = struct.Struct("!I")
+PREFIX_BYTES = _LENGTH.size
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOVECS = 1024
 
@@ -60,13 +61,23 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
 
 def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
-    prefix = bytearray(_LENGTH.size)
+    prefix = bytearray(PREFIX_BYTES)
     recv_exactly_into(sock, memoryview(prefix))
+    body = bytearray(frame_length(prefix, max_bytes))
+    recv_exactly_into(sock, memoryview(body))
+    return decode_frame(body)
+
+
+def frame_length(prefix: bytes | bytearray | memoryview, max_bytes: int) -> int:
+    """The body length a frame's prefix declares; FrameError past `max_bytes`."""
     (length,) = _LENGTH.unpack(prefix)
     if length > max_bytes:
         raise FrameError(f"frame of {length} bytes exceeds the {max_bytes}-byte limit")
-    body = bytearray(length)
-    recv_exactly_into(sock, memoryview(body))
+    return int(length)
+
+
+def decode_frame(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A frame body's map; FrameError for bad msgpack or another type."""
     try:
         message = msgpack.unpackb(body)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
@@ -85,6 +96,32 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
         view = view[received:]
 
 
+def recv_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
+    """Fills the views in order from the stream: one recvmsg_into (scatter read) per batch
+    on a plain socket, not a recv per view (a 0.5 MB chunk is 30 layer views); TLS
+    sockets have no recvmsg_into, so one recv_into per view."""
+    if isinstance(sock, ssl.SSLSocket):
+        for view in views:
+            recv_exactly_into(sock, view)
+        return
+    pending = [v.cast("B") for v in views if v.nbytes]
+    while pending:
+        received = sock.recvmsg_into(pending[:_MAX_IOVECS])[0]
+        if received == 0:
+            raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
+        _advance(pending, received)
+
+
+def _advance(pending: list[memoryview], done: int) -> None:
+    """Drops the first `done` bytes of `pending` (views sent or received)."""
+    while done:
+        if done >= pending[0].nbytes:
+            done -= pending.pop(0).nbytes
+        else:
+            pending[0] = pending[0][done:]
+            done = 0
+
+
 def send_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
     """Sends the views back to back without joining them: one sendmsg (gather write) per
     batch on a plain socket; TLS sockets have no sendmsg, so one sendall per view."""
@@ -94,13 +131,7 @@ def send_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
         return
     pending = [v.cast("B") for v in views if v.nbytes]
     while pending:
-        sent = sock.sendmsg(pending[:_MAX_IOVECS])
-        while sent:
-            if sent >= pending[0].nbytes:
-                sent -= pending.pop(0).nbytes
-            else:
-                pending[0] = pending[0][sent:]
-                sent = 0
+        _advance(pending, sock.sendmsg(pending[:_MAX_IOVECS]))
 
 
 def error_frame(exc: errors.ServiceError) -> dict[str, Any]:
