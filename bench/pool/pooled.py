@@ -2,8 +2,8 @@
 stand for three nodes (each its own directories, gRPC and data-plane ports), as islands
 and as one pool, and by one daemon with the three nodes' capacity (the reference).
 Workload, routing and capacities: pooled_workload.py (the pool holds 1.1x the working set,
-each node a third of that; sessions dealt 4:1:1, so the busiest node holds about half of
-what its sessions need). Every node: DRAM 1 MiB, the rest SSD.
+each node a third of that; sessions dealt 8:1:1, so the busy node holds under half of what
+its sessions need). Every node: DRAM 1 MiB, the rest SSD.
 
   islands       the three daemons, no ledger: a node's SSD evictions are deleted
   pooled        the same three in one ledger (a private Redis, heartbeats every 0.2 s,

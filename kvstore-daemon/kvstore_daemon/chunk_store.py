@@ -109,7 +109,7 @@ class ChunkStore:
                 await self.ssd.delete(stored.key)
                 orphans += 1
                 continue
-            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True))
+            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True, borrower=stored.borrower))
             self._mover.ssd_policy.on_insert(stored.key)
         on_peers = self._restore_placements()
         log.info(
