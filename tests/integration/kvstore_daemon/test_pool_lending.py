@@ -128,3 +128,8 @@ def test_a_borrower_name_too_long_for_a_metric_label_is_invalid(
         raw_stub(daemon).ReservePut(request, timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "borrower must be at most 128 characters, got 129" in (refused.value.details() or "")
+    request.borrower = "ü" * 100  # 100 characters, 200 bytes: too long for an SSD file's name
+    with pytest.raises(grpc.RpcError) as refused:
+        raw_stub(daemon).ReservePut(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "borrower must be at most 128 bytes in UTF-8, got 200" in (refused.value.details() or "")
