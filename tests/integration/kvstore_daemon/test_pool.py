@@ -1,7 +1,9 @@
 """Two daemons on loopback as two "nodes": A's tiers are too small for the working set, B
 lends room. Chunks A evicts from its SSD land on B instead of being deleted, A's Lookup
 reports them on a peer, and A serves them byte-identical (fetched over B's data plane).
-When B is killed (-9), those chunks become misses on A, never other bytes."""
+When B is killed (-9), those chunks become misses on A, never other bytes. When B needs
+room for its own chunks it evicts A's first and tells A (through the ledger), whose
+Lookup stops offering them without a read failing on them."""
 
 from __future__ import annotations
 
@@ -149,3 +151,44 @@ def test_with_dram_placement_dram_evictions_go_to_a_peer_instead_of_the_local_ss
         assert client.stats().ssd.chunks == 0
         for index in range(COUNT):
             assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]
+
+
+def test_a_lender_evicts_borrowed_chunks_before_its_own_and_tells_the_borrower(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil,
+    tmp_path: Path, redis_installed: None,
+) -> None:  # fmt: skip
+    redis_server = RedisProcess(tmp_path / "redis")
+    redis_server.start()
+    try:
+        ledger = {"POOL_REDIS_URL": redis_server.url, "POOL_HEARTBEAT_SECONDS": 1.0}
+        # 8 chunks in DRAM, 45 on SSD: room for its own 36 and some of the borrower's.
+        lender = daemon_factory(
+            **{**SMALL_TIERS, "SSD_CAPACITY_BYTES": 3072 * KiB}, DATA_PLANE_PORT=free_port(), POOL_NODE="node-l", **ledger
+        )
+        borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, POOL_NODE="node-b", **ledger)
+        borrowed = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=24)
+        own = chunk_set(b"pool-tests-own..", num_layers=8, head_dim=64, seed=25)
+        with KVStoreClient(lender.address) as at_lender, KVStoreClient(borrower.address) as at_borrower:
+            own.register(at_lender)
+
+            def put_own(indices: range) -> None:
+                for index in indices:
+                    assert len(at_lender.put_chunks(own.namespace, own.items(index, index + 1), durable=True).stored) == 1
+
+            put_own(range(12))  # older than any borrowed chunk
+            on_peer = [i for i, t in enumerate(fill_until_placed(at_borrower, borrowed, poll_until)) if t is Tier.PEER]
+            put_own(range(12, 36))  # its own need the room now: borrowed chunks go first
+
+            assert None not in own.tiers(at_lender, range(36))  # an LRU alone would have evicted own 0..
+            assert None in borrowed.tiers(at_lender, on_peer), "the lender's own chunks fit without evicting a borrowed one"
+
+            def views_agree() -> tuple[list[int]] | None:  # the borrower sees what the lender holds (it may still evict)
+                at_the_lender = [None if t is None else Tier.PEER for t in borrowed.tiers(at_lender, on_peer)]
+                agree = at_the_lender == borrowed.tiers(at_borrower, on_peer)
+                return ([i for i, t in zip(on_peer, at_the_lender, strict=True) if t is Tier.PEER],) if agree else None
+
+            (kept,) = poll_until(views_agree, what="the borrower forgets what its lender evicted, with no read")
+            for index in kept:
+                assert at_borrower.get_whole_chunks(NAMESPACE, [borrowed.key(index)]) == [borrowed.data(index)]
+    finally:
+        redis_server.stop()
