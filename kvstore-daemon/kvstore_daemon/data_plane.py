@@ -1,12 +1,15 @@
 """The daemon's data plane: chunk bytes over plain TCP (or TLS), beside gRPC.
 
-Wire format: attnstore/data_plane_wire.py. Every connection is a protocol on the
-daemon's own event loop (data_plane_connection.py), where the chunk store lives: a
-request touches the store directly and its chunks go out in one gather write of arena
-views. The first version ran a thread per connection that reached the store through
-the loop (two hops a read, each a wake-up of another thread); on the shared 2-core
-machine a 0.5 MB read cost the daemon about 300 us of CPU that way, against 86-186 us
-for Redis GET (probe at load 13-16).
+Wire format: attnstore/data_plane_wire.py. One thread per connection with blocking
+sockets: a send of megabytes is one `sendmsg` of arena views (or `sendall`s under TLS)
+that runs without the GIL, and nothing is copied into an event loop's buffers. The
+chunk store lives on the event loop; a thread touches it only through `_on_loop`, and
+sends only from chunks it holds a reader on (`ChunkStore.hold_leased`), so neither the
+lease's expiry nor an eviction can move the bytes under a send.
+
+Writes are received into a per-connection buffer and copied into the reservation on the
+loop (one copy): a reservation that expires or is aborted meanwhile frees its blocks at
+once, so a thread must never write into them directly.
 
 A connection that sends garbage, stalls past `data_plane_idle_timeout_seconds` or
 disconnects mid-frame is closed; it holds nothing a lease's TTL would not end.
@@ -15,18 +18,35 @@ disconnects mid-frame is closed; it holds nothing a lease's TTL would not end.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import socket
 import ssl
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import structlog
 
+from attnstore import errors
+from attnstore.data_plane_wire import (
+    FrameError,
+    error_frame,
+    field,
+    pack_frame,
+    recv_exactly_into,
+    recv_frame,
+    send_frame,
+    send_views,
+)
 from attnstore.security import token_digest
+from kvstore_daemon import metrics
 from kvstore_daemon.chunk_store import ChunkStore
-from kvstore_daemon.data_plane_connection import DataPlaneConnection
 from kvstore_daemon.settings import DaemonSettings
+from kvstore_daemon.validation import check_keys, check_layer_range, check_namespace
 
 log = structlog.get_logger("kvstore_daemon.data_plane")
+T = TypeVar("T")
 
 
 def server_ssl_context(settings: DaemonSettings) -> ssl.SSLContext | None:
@@ -44,52 +64,191 @@ def server_ssl_context(settings: DaemonSettings) -> ssl.SSLContext | None:
 
 
 class DataPlaneServer:
-    def __init__(self, store: ChunkStore, settings: DaemonSettings) -> None:
-        self.store = store
-        self.settings = settings
+    def __init__(self, store: ChunkStore, settings: DaemonSettings, loop: asyncio.AbstractEventLoop) -> None:
+        self._store = store
+        self._settings = settings
+        self._loop = loop
         self._ssl = server_ssl_context(settings)
         auth = settings.internal_auth
-        # Digests of the accepted hello tokens; None: no token asked (off, or mutual TLS).
-        self.token_digests = (
+        self._tokens = (
             [*auth.token_sha256, *auth.admin_token_sha256] if auth.enabled and not settings.tls.require_client_cert else None
         )
-        self.connections: set[DataPlaneConnection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._slots = threading.BoundedSemaphore(settings.data_plane_max_connections)
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
 
     @property
     def tls(self) -> bool:
         return self._ssl is not None
 
-    async def start(self) -> int:
+    def start(self) -> int:
         """Binds and starts accepting; returns the bound port."""
-        host = self.settings.listen_address.rsplit(":", 1)[0].strip("[]")
+        host = self._settings.listen_address.rsplit(":", 1)[0].strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, self.settings.data_plane_port))
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: DataPlaneConnection(self), sock=listener, backlog=128, ssl=self._ssl,
-            ssl_handshake_timeout=self.settings.data_plane_idle_timeout_seconds if self._ssl else None,
-        )  # fmt: skip
-        return int(listener.getsockname()[1])
-
-    def admit(self, connection: DataPlaneConnection) -> bool:
-        """Whether another connection fits `data_plane_max_connections` (it is counted if so)."""
-        if len(self.connections) >= self.settings.data_plane_max_connections:
-            log.warning("data_plane_connection_refused", reason="data_plane_max_connections reached")
-            return False
-        self.connections.add(connection)
-        return True
-
-    def token_accepted(self, token: object) -> bool:
-        if self.token_digests is None:
-            return True
-        digest = token_digest(token) if isinstance(token, str) else ""
-        return any(hmac.compare_digest(digest, accepted) for accepted in self.token_digests)
+        listener.bind((host, self._settings.data_plane_port))
+        listener.listen(128)
+        self._listener = listener
+        threading.Thread(target=self._accept_forever, name="data-plane-accept", daemon=True).start()
+        return listener.getsockname()[1]
 
     def stop(self) -> None:
         """Stops accepting and cuts every connection (in-flight sends end with them)."""
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self.connections):
-            connection.abort()
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            for conn in self._connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already closed by its thread
+                    pass
+
+    def _accept_forever(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed by stop()
+                return
+            if not self._slots.acquire(blocking=False):
+                log.warning("data_plane_connection_refused", reason="data_plane_max_connections reached")
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="data-plane-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(self._settings.data_plane_idle_timeout_seconds)  # bounds a stalled peer
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            self._connections.add(conn)
+        sock = conn
+        try:
+            if self._ssl is not None:
+                sock = self._ssl.wrap_socket(conn, server_side=True)
+            self._hello(sock)
+            buffer = bytearray()
+            while True:
+                request = recv_frame(sock, self._settings.data_plane_max_frame_bytes)
+                op = field(request, "op", str)
+                if op == "get":
+                    self._get(sock, request)
+                elif op == "put":
+                    buffer = self._put(sock, request, buffer)
+                else:
+                    raise FrameError(f"unknown op {op!r}")
+        except errors.ServiceError as exc:
+            if not isinstance(exc, errors.Unavailable):  # a closed peer hears nothing
+                self._try_send(sock, error_frame(exc))
+        except (OSError, ssl.SSLError):  # a reset, a timeout, a failed handshake: just close
+            pass
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            sock.close()
+            self._slots.release()
+
+    @staticmethod
+    def _try_send(sock: socket.socket, message: dict[str, Any]) -> None:
+        try:
+            send_frame(sock, message)
+        except OSError:
+            pass
+
+    def _hello(self, sock: socket.socket) -> None:
+        hello = recv_frame(sock, self._settings.data_plane_max_frame_bytes)
+        if hello.get("op") != "hello":
+            raise FrameError("the first frame must be a hello")
+        if self._tokens is not None:
+            token = hello.get("token")
+            digest = token_digest(token) if isinstance(token, str) else ""
+            if not any(hmac.compare_digest(digest, accepted) for accepted in self._tokens):
+                raise errors.Unauthenticated("the data plane needs a valid internal token")
+        send_frame(sock, {"ok": True})
+
+    def _get(self, sock: socket.socket, request: dict[str, Any]) -> None:
+        """Sends chunks named by `keys` (held for the send, as gRPC's Get does: one round
+        trip), or chunks `chunks` of a lease granted by GetShm (ended after with `release`)."""
+        namespace = check_namespace(field(request, "namespace", bytes))
+        limit = self._settings.max_keys_per_request
+        release_id = None
+        if "keys" in request:
+            keys = field(request, "keys", list)
+            if not 0 < len(keys) <= limit or not all(isinstance(key, bytes) for key in keys):
+                raise FrameError(f"keys must list 1..{limit} keys (bytes)")
+            chunks = self._await_on_loop(self._store.hold_keys(namespace, check_keys(keys, limit, unique=True)))
+        else:
+            lease_id = field(request, "lease", int)
+            indices = field(request, "chunks", list)
+            if not 0 < len(indices) <= limit or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+                raise FrameError(f"chunks must list 1..{limit} chunk indices")
+            release_id = lease_id if request.get("release") is True else None
+            chunks = self._on_loop(self._store.hold_leased, namespace, lease_id, indices)
+        try:
+            num_layers = chunks[0].layout.header.num_layers  # one namespace: one layer count
+            start, end = check_layer_range(
+                field(request, "layer_start", int), field(request, "layer_end", int), num_layers
+            )
+            reply = pack_frame({"ok": True, "headers": [self._store.header_bytes(c) for c in chunks]})
+            # Layer-major, so the reader may start on layer 0; one gather write for the
+            # reply and every view (a sendmsg per layer cost 30 syscalls per chunk).
+            views = [
+                view
+                for layer in range(start, end)
+                for chunk in chunks
+                for view in self._store.layer_views(chunk, layer, layer + 1)
+            ]
+            send_views(sock, [memoryview(reply), *views])
+            metrics.BYTES_OUT.labels("dataplane").inc(sum(v.nbytes for v in views))
+        finally:  # no need to wait: nothing here depends on it
+            self._loop.call_soon_threadsafe(self._store.unhold, chunks, release_id)
+
+    def _put(self, sock: socket.socket, request: dict[str, Any], buffer: bytearray) -> bytearray:
+        namespace = check_namespace(field(request, "namespace", bytes))
+        writes = _write_list(field(request, "writes", list), self._settings.max_keys_per_request)
+        self._on_loop(self._store.check_streamed_writes, namespace, writes)
+        written = 0
+        for write_id, size in writes:
+            if len(buffer) < size:
+                buffer = bytearray(size)
+            view = memoryview(buffer)[:size]
+            recv_exactly_into(sock, view)
+            self._on_loop(self._store.write, write_id, 0, view)
+            written += size
+        metrics.BYTES_IN.labels("dataplane").inc(written)
+        send_frame(sock, {"ok": True, "bytes_written": written})
+        return buffer
+
+    def _await_on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=self._settings.data_plane_idle_timeout_seconds)
+
+    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs `fn(*args)` on the store's event loop and returns its result (or raises)."""
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                result.set_result(fn(*args))
+            except Exception as exc:  # noqa: BLE001 -- handed to the waiting thread, which raises it
+                result.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(call)
+        return result.result(timeout=self._settings.data_plane_idle_timeout_seconds)
+
+
+def _write_list(raw: Sequence[Any], max_writes: int) -> list[tuple[int, int]]:
+    if not 0 < len(raw) <= max_writes:
+        raise FrameError(f"writes must list 1..{max_writes} [write_id, bytes] pairs")
+    writes = []
+    for item in raw:
+        if not (
+            isinstance(item, list) and len(item) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in item)
+        ):
+            raise FrameError("each write must be [write_id, bytes], positive integers")
+        writes.append((item[0], item[1]))
+    if len({write_id for write_id, _ in writes}) != len(writes):
+        raise FrameError("a write id is named twice")
+    return writes

@@ -62,8 +62,8 @@ async def run_daemon(settings: DaemonSettings) -> None:
     await store.start()
     log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
     maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
-    data_plane = DataPlaneServer(store, settings)
-    data_plane_port = await data_plane.start() if settings.data_plane_port else 0
+    data_plane = DataPlaneServer(store, settings, asyncio.get_running_loop())
+    data_plane_port = data_plane.start() if settings.data_plane_port else 0
     log.info("data_plane", port=data_plane_port, tls=data_plane.tls)
 
     async def on_stop() -> None:

@@ -30,7 +30,7 @@ class DaemonSettings(ServiceSettings):
     data_plane_idle_timeout_seconds: float = Field(
         30.0, gt=0, description="a data-plane connection silent this long (or stalled mid-frame) is closed"
     )
-    data_plane_max_connections: int = Field(256, ge=1, description="open data-plane connections at once (past it a new one is cut at once)")
+    data_plane_max_connections: int = Field(256, ge=1, description="open data-plane connections at once (a thread each)")
     data_plane_max_frame_bytes: int = Field(
         1 * MiB, ge=4096, description="largest data-plane request frame (msgpack; chunk bytes are not framed)"
     )

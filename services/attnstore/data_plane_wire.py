@@ -37,7 +37,6 @@ import msgpack
 from attnstore import errors
 
 _LENGTH = struct.Struct("!I")
-PREFIX_BYTES = _LENGTH.size
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOVECS = 1024
 
@@ -61,23 +60,13 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
 
 def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
-    prefix = bytearray(PREFIX_BYTES)
+    prefix = bytearray(_LENGTH.size)
     recv_exactly_into(sock, memoryview(prefix))
-    body = bytearray(frame_length(prefix, max_bytes))
-    recv_exactly_into(sock, memoryview(body))
-    return decode_frame(body)
-
-
-def frame_length(prefix: bytes | bytearray | memoryview, max_bytes: int) -> int:
-    """The body length a frame's prefix declares; FrameError past `max_bytes`."""
     (length,) = _LENGTH.unpack(prefix)
     if length > max_bytes:
         raise FrameError(f"frame of {length} bytes exceeds the {max_bytes}-byte limit")
-    return int(length)
-
-
-def decode_frame(body: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """A frame body's map; FrameError for bad msgpack or another type."""
+    body = bytearray(length)
+    recv_exactly_into(sock, memoryview(body))
     try:
         message = msgpack.unpackb(body)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:

@@ -5,11 +5,11 @@
 range of chunks into the caller's buffers, layer-major, and fills reserved chunks.
 Reservations and commits stay on gRPC.
 
-`TcpDataPlane` speaks attnstore/data_plane_wire.py (TLS when the daemon's is on) over
-connections kept in small pools: on the event loop for the async calls
-(data_plane_stream.py: the kernel copies straight into the caller's buffers, no thread),
-blocking sockets for `read_into_blocking` (a blocking client's reads, in its callers'
-threads).
+`TcpDataPlane` speaks attnstore/data_plane_wire.py over blocking sockets (TLS when the
+daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
+loop is free while the kernel copies straight into the caller's memory (`recv_into`).
+A whole read into buffers (`read_into`) is one trip to that thread: request, headers and
+every byte; a read that hands out layers as they come (`open_read`) takes one per call.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import asyncio
 import socket
 import ssl
 import threading
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 from attnstore.data_plane_wire import (
     pack_frame,
@@ -27,12 +28,17 @@ from attnstore.data_plane_wire import (
     recv_frame,
     recv_views,
     send_frame,
+    send_views,
 )
-from attnstore.kvstore_client.data_plane_stream import PlaceStream, PlaneConnection
 from attnstore.kvstore_client.pieces import DaemonProtocolError
 
-_MAX_IDLE_CONNECTIONS = 32  # per pool
+_MAX_IDLE_CONNECTIONS = 32
+# Threads moving bytes at once: one per concurrent transfer (asyncio's default executor
+# has cpu_count + 4, which would cap 16 concurrent readers at 6 on a small node).
+_TRANSFER_THREADS = 64
+T = TypeVar("T")
 _MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
+PlaceStream = Callable[[list[bytes]], Sequence[memoryview]]  # chunk headers -> buffers of the stream
 
 
 class DataPlaneRead(Protocol):
@@ -96,109 +102,20 @@ class TcpDataPlane:
         self._ssl = ssl_context
         self._server_hostname = server_hostname or host
         self._hello = pack_frame({"op": "hello", "token": token})
-        self.timeout_seconds = timeout_seconds
-        self._idle_sockets: list[socket.socket] = []  # blocking, for read_into_blocking
+        self._timeout_seconds = timeout_seconds
+        self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._idle: list[PlaneConnection] = []  # on the event loop
+        self._threads = ThreadPoolExecutor(_TRANSFER_THREADS, thread_name_prefix="data-plane")
 
-    # ---- on the event loop ------------------------------------------------------------
+    async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
-    async def probe(self) -> None:
-        """Opens a connection (its hello answered) and keeps it; raises if none gets through."""
-        self.give_back(await self._connect())
-
-    async def open_read(
-        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
-    ) -> DataPlaneRead:
-        connection = await self._connect()
-        try:
-            async with asyncio.timeout(self.timeout_seconds):
-                reply = await connection.exchange(pack_frame(_get_request(namespace, keys, layer_start, layer_end)))
-            headers = _headers(reply.get("headers"), len(keys))
-        except BaseException:
-            connection.abort()
-            raise
-        return _StreamRead(self, connection, headers)
-
-    async def read_into(
-        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
-    ) -> None:
-        def checked_place(headers: list[bytes]) -> Sequence[memoryview]:
-            return place(_headers(headers, len(keys)))
-
-        frame = pack_frame(_get_request(namespace, keys, layer_start, layer_end))
-        await self._exchange(frame, (), checked_place)
-
-    async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
-        frame = pack_frame({"op": "put", "namespace": namespace, "writes": [[i, d.nbytes] for i, d in writes]})
-        written = (await self._exchange(frame, [data for _, data in writes], None)).get("bytes_written")
-        if not isinstance(written, int):
-            raise DaemonProtocolError("the data plane's put reply lacks bytes_written")
-        return written
-
-    async def _exchange(
-        self, frame: bytes, payload: Sequence[memoryview], place: PlaceStream | None
-    ) -> dict[str, Any]:
-        """One request and its reply (and the payload `place` names) on a pooled connection,
-        bounded by the timeout; a connection that failed mid-way is dropped."""
-        connection = await self._connect()
-        try:
-            async with asyncio.timeout(self.timeout_seconds):
-                reply = await connection.exchange(frame, payload, place)
-        except BaseException:
-            connection.abort()
-            raise
-        self.give_back(connection)
-        return reply
-
-    async def _connect(self) -> PlaneConnection:
-        while self._idle:
-            connection = self._idle.pop()
-            if connection.open:
-                return connection
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self.timeout_seconds):
-            _, connection = await loop.create_connection(
-                lambda: PlaneConnection(_MAX_REPLY_FRAME_BYTES), *self._address, ssl=self._ssl,
-                server_hostname=self._server_hostname if self._ssl is not None else None,
-            )  # fmt: skip
-            try:
-                await connection.exchange(self._hello)
-            except BaseException:
-                connection.abort()
-                raise
-        return connection
-
-    def give_back(self, connection: PlaneConnection) -> None:
-        if len(self._idle) < _MAX_IDLE_CONNECTIONS:
-            self._idle.append(connection)
-        else:
-            connection.abort()
-
-    # ---- blocking, in the caller's thread ------------------------------------------------
-
-    def read_into_blocking(
-        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
-    ) -> None:
-        sock = self._connect_blocking()
-        try:
-            send_frame(sock, _get_request(namespace, keys, layer_start, layer_end))
-            reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
-            recv_views(sock, place(_headers(reply.get("headers"), len(keys))))
-        except BaseException:
-            sock.close()
-            raise
+    def connect(self) -> socket.socket:
+        """A connection past its hello: one from the pool, else a new one."""
         with self._lock:
-            if len(self._idle_sockets) < _MAX_IDLE_CONNECTIONS:
-                self._idle_sockets.append(sock)
-                return
-        sock.close()
-
-    def _connect_blocking(self) -> socket.socket:
-        with self._lock:
-            if self._idle_sockets:
-                return self._idle_sockets.pop()
-        sock = socket.create_connection(self._address, timeout=self.timeout_seconds)
+            if self._idle:
+                return self._idle.pop()
+        sock = socket.create_connection(self._address, timeout=self._timeout_seconds)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             if self._ssl is not None:
@@ -210,50 +127,94 @@ class TcpDataPlane:
             raise
         return sock
 
+    def give_back(self, sock: socket.socket) -> None:
+        with self._lock:
+            if len(self._idle) < _MAX_IDLE_CONNECTIONS:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    async def open_read(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+    ) -> DataPlaneRead:
+        return await self.in_thread(self._open_read, _get_request(namespace, keys, layer_start, layer_end), len(keys))
+
+    async def read_into(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
+
+    def read_into_blocking(
+        self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
+    ) -> None:
+        read = self._open_read(_get_request(namespace, keys, layer_start, layer_end), len(keys))
+        complete = False
+        try:
+            read.recv_all(place(read.headers))
+            complete = True
+        finally:
+            read.close(complete)
+
+    def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
+        sock = self.connect()
+        try:
+            send_frame(sock, request)
+            headers = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES)).get("headers")
+            if not isinstance(headers, list) or len(headers) != chunk_count:
+                raise DaemonProtocolError(f"the data plane sent headers for {chunk_count} chunks wrongly")
+        except BaseException:
+            sock.close()
+            raise
+        return _TcpRead(self, sock, headers)
+
+    async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
+        return await self.in_thread(self._write, namespace, writes)
+
+    def _write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
+        sock = self.connect()
+        try:
+            send_frame(sock, {"op": "put", "namespace": namespace, "writes": [[i, d.nbytes] for i, d in writes]})
+            send_views(sock, [data for _, data in writes])
+            written = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES)).get("bytes_written")
+        except BaseException:
+            sock.close()
+            raise
+        self.give_back(sock)
+        if not isinstance(written, int):
+            raise DaemonProtocolError("the data plane's put reply lacks bytes_written")
+        return written
+
     def close(self) -> None:
         with self._lock:
-            sockets, self._idle_sockets = self._idle_sockets, []
-        for sock in sockets:
+            idle, self._idle = self._idle, []
+        for sock in idle:
             sock.close()
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.abort()
+        self._threads.shutdown(wait=False)
 
 
 def _get_request(namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int) -> dict[str, object]:
     return {"op": "get", "namespace": namespace, "keys": list(keys), "layer_start": layer_start, "layer_end": layer_end}
 
 
-def _headers(headers: object, chunk_count: int) -> list[bytes]:
-    """An ok get reply's chunk headers, one per chunk asked for."""
-    if not isinstance(headers, list) or len(headers) != chunk_count:
-        raise DaemonProtocolError(f"the data plane sent headers for {chunk_count} chunks wrongly")
-    return headers
-
-
-class _StreamRead:
-    """A read whose layers the caller takes as they come (`open_read`)."""
-
-    def __init__(self, plane: TcpDataPlane, connection: PlaneConnection, headers: list[bytes]) -> None:
+class _TcpRead:
+    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes]) -> None:
         self._plane = plane
-        self._connection: PlaneConnection | None = connection
+        self._sock: socket.socket | None = sock
         self.headers = headers
 
     async def recv_into(self, views: Sequence[memoryview]) -> None:
-        if self._connection is None:
+        await self._plane.in_thread(self.recv_all, views)
+
+    def recv_all(self, views: Sequence[memoryview]) -> None:
+        if self._sock is None:
             raise DaemonProtocolError("the data-plane read is closed")
-        try:
-            async with asyncio.timeout(self._plane.timeout_seconds):
-                await self._connection.recv_into(views)
-        except BaseException:
-            self.close(complete=False)
-            raise
+        recv_views(self._sock, views)
 
     def close(self, complete: bool) -> None:
-        connection, self._connection = self._connection, None
-        if connection is None:
+        sock, self._sock = self._sock, None
+        if sock is None:
             return
         if complete:
-            self._plane.give_back(connection)
+            self._plane.give_back(sock)
         else:
-            connection.abort()
+            sock.close()

@@ -50,7 +50,7 @@ async def open_data_plane(
         timeout_seconds=timeout_seconds,
     )
     try:
-        await plane.probe()
+        plane.give_back(await plane.in_thread(plane.connect))
     except (OSError, ServiceError) as exc:
         log.warning("data_plane_unreachable", address=address, port=reply.port, error=str(exc))
         plane.close()
