@@ -1,8 +1,8 @@
 """The index of committed chunks: every entry by key, how many each namespace holds (a
 namespace is reclaimed only while it holds none), and what it holds for pool borrowers
 (chunks a peer placed here: bytes per borrower node, for the lending limits; their keys in
-the order they came, evicted before this node's own; and the ones that left without their
-borrower deleting them, for the pool member to tell the borrower)."""
+the order they came, evicted before this node's own; and the ones evicted, for the pool
+member to tell their borrowers)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ class ChunkIndex:
         self._per_namespace: Counter[bytes] = Counter()
         self._lent: Counter[str] = Counter()  # bytes per borrower node
         self._borrowed: dict[bytes, None] = {}  # keys held for borrowers, oldest first
-        # (borrower node, key) of borrowed chunks evicted or dropped, not deleted by their
-        # borrower; bounded: without a ledger to drain it, the oldest are forgotten.
+        # (borrower node, key) of borrowed chunks evicted (not deleted); bounded: without a
+        # ledger to drain it, the oldest are forgotten.
         self._dropped_borrowed: deque[tuple[str, bytes]] = deque(maxlen=_MAX_DROPS_KEPT)
 
     def __len__(self) -> int:
@@ -73,8 +73,8 @@ class ChunkIndex:
         return iter(self._borrowed)
 
     def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
-        """(borrower node, key) of borrowed chunks that left since the last call, not
-        deleted by their borrower (evicted, or dropped as corrupt)."""
+        """(borrower node, key) of borrowed chunks evicted since the last call (not deleted
+        by their borrower, nor dropped as corrupt: a read tells the borrower those)."""
         dropped = list(self._dropped_borrowed)
         self._dropped_borrowed.clear()
         return dropped

@@ -389,8 +389,8 @@ class ChunkStore:
         return self._chunks.lent_bytes
 
     def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
-        """(borrower node, key) of chunks held for borrowers that this daemon evicted (or
-        dropped as corrupt) since the last call: the pool member tells their borrowers."""
+        """(borrower node, key) of chunks held for borrowers that this daemon evicted since
+        the last call: the pool member tells their borrowers."""
         return self._chunks.take_dropped_borrowed()
 
     def forget_peer_copies(self, peer: str, keys: Sequence[bytes]) -> int:

@@ -136,9 +136,15 @@ class TierMover:
         """`borrowed_first`: chunks held for pool borrowers go first, the oldest placement
         first (this node's own KV has the first claim on its room), then the policy's order.
         Only the SSD tier asks it, where a chunk leaves the node: borrowed chunks are put
-        durable, so they nearly all sit there and the walk stops at the first of them."""
+        durable, so they nearly all sit there and the walk stops at the first of them. One
+        still in DRAM is skipped (dropping its SSD copy frees nothing of the node's; its
+        demotion would write it back)."""
         now = self._clock()
-        borrowed = (key for key in self._chunks.borrowed_keys() if key in policy) if borrowed_first else ()
+        borrowed = (
+            (key for key in self._chunks.borrowed_keys() if key in policy and self._chunks[key].blocks is None)
+            if borrowed_first
+            else ()
+        )
         for key in itertools.chain(borrowed, policy.victims()):
             chunk = self._chunks[key]
             if chunk.readers == 0 and chunk.pinned_until <= now and (may_evict is None or may_evict(chunk)):
