@@ -149,17 +149,18 @@ def mooncake_rows(
     module, path = ("mooncake_store_driver", "mooncake_store_get") if store else ("mooncake_driver", "mooncake_te_read")
     log = work_dir / f"{module}.log"
     version = ""
-    try:
-        for size, item_bytes in _item_sizes(sizes, layout).items():
+    failed = []  # a size that fails (a read outliving its lease under load) leaves the others measured
+    for size, item_bytes in _item_sizes(sizes, layout).items():
+        try:
             # A master per size: a stopped store's segment stays in a master for its client
             # TTL, and objects allocated there fail to transfer (TRANSFER_FAIL).
             with _master(peer, work_dir / "mooncake_master.log") if store else contextlib.nullcontext({}) as spec:
                 version = _served_cells(
                     record, peer, f"bench.pool.{module}", path, {size: item_bytes}, concurrencies, seconds, log, spec
-                )
-    except (RuntimeError, OSError, ValueError, KeyError) as exc:
-        return f"{what} failed: {exc}", ""
-    return None, version
+                ) or version
+        except (RuntimeError, OSError, ValueError, KeyError) as exc:
+            failed.append(f"{size}: {exc}")
+    return (f"{what} failed at {'; '.join(failed)}" if failed else None), version
 
 
 @contextlib.contextmanager

@@ -2,13 +2,13 @@
 stand for three nodes (each its own directories, gRPC and data-plane ports), as islands
 and as one pool, and by one daemon with the three nodes' capacity (the reference).
 Workload, routing and capacities: pooled_workload.py (the pool holds 1.1x the working set,
-each node a third of that; sessions dealt 4:1:1, so the busiest node holds about half of
-what its sessions need). Every node: DRAM 1 MiB, the rest SSD.
+each node a third of that; sessions dealt 8:1:1, so the busy node holds under half of what
+its sessions need). Every node: DRAM 1 MiB, the rest SSD.
 
   islands       the three daemons, no ledger: a node's SSD evictions are deleted
   pooled        the same three in one ledger (a private Redis, heartbeats every 0.2 s,
-                the daemon's default lending limits): SSD evictions go to a peer with room
-                above its floor, Lookup finds them there (TIER_PEER) and a read fetches
+                lenders keep a 10% floor and lend up to 80%): SSD evictions go to a peer
+                with room above its floor, Lookup finds them there (TIER_PEER) and a read fetches
                 them back over the peer's data plane
   one_big       one daemon with the three nodes' capacity serving every session
 
@@ -42,7 +42,10 @@ DRAM_BYTES = MiB  # the daemon's minimum arena
 SHAREGPT = {"conversations": 400, "sessions_per_s": 20.0, "think_s": 60.0, "seed": 0}
 BASE_SETTINGS = {"dram_block_bytes": CHUNK_BYTES, "max_chunk_bytes": CHUNK_BYTES, "persist_on_commit": False,
                  "ssd_reserved_bytes": 0, "eviction_policy": "lru"}  # fmt: skip
-LEDGER_SETTINGS = {"pool_heartbeat_seconds": 0.2}
+# The lenders' own sessions fill under a third of their room: they keep a tenth free for
+# their own node and may lend 80% (the defaults, 0.2 and 0.5, would cap what the busy
+# node can borrow below what it lacks: 2 x 0.5 of a node against its 0.8 of the pool).
+LEDGER_SETTINGS = {"pool_heartbeat_seconds": 0.2, "pool_own_floor_fraction": 0.1, "pool_max_lent_fraction": 0.8}
 
 
 @dataclass
@@ -127,8 +130,10 @@ def run_pooled(root: Path) -> dict[str, Any]:
         redis_server = RedisProcess(root / "pool-redis")
         redis_server.start()
         stack.callback(redis_server.stop)
-        pooled = {**node, **LEDGER_SETTINGS, "pool_redis_url": redis_server.url,
-                  "pool_capacity_bytes": node["ssd_capacity_bytes"]}  # fmt: skip
+        # A node may place on peers what the other two hold: its SSD's size (the budget
+        # before) capped the busy node's placements below what it lacks at 8:1:1.
+        lendable = (len(NODES) - 1) * sizing.node_chunks * CHUNK_BYTES
+        pooled = {**node, **LEDGER_SETTINGS, "pool_redis_url": redis_server.url, "pool_capacity_bytes": lendable}
         daemons = [
             stack.enter_context(daemon(root, f"pooled-{name}", {**pooled, "pool_node": name, "data_plane_port": free_port()}))
             for name in NODES

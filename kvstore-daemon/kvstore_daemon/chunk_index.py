@@ -1,14 +1,18 @@
 """The index of committed chunks: every entry by key, how many each namespace holds (a
 namespace is reclaimed only while it holds none), and what it holds for pool borrowers
-(chunks a peer placed here: bytes per borrower node, for the lending limits)."""
+(chunks a peer placed here: bytes per borrower node, for the lending limits; their keys in
+the order they came, evicted before this node's own; and the ones evicted, for the pool
+member to tell their borrowers)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk
+
+_MAX_DROPS_KEPT = 65536
 
 
 class ChunkIndex:
@@ -20,6 +24,10 @@ class ChunkIndex:
         self._chunks: dict[bytes, Chunk] = {}
         self._per_namespace: Counter[bytes] = Counter()
         self._lent: Counter[str] = Counter()  # bytes per borrower node
+        self._borrowed: dict[bytes, None] = {}  # keys held for borrowers, oldest first
+        # (borrower node, key) of borrowed chunks evicted (not deleted); bounded: without a
+        # ledger to drain it, the oldest are forgotten.
+        self._dropped_borrowed: deque[tuple[str, bytes]] = deque(maxlen=_MAX_DROPS_KEPT)
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -47,6 +55,7 @@ class ChunkIndex:
         self._per_namespace[chunk.namespace] += 1
         if chunk.borrower:
             self._lend(chunk.borrower, chunk.size_bytes)
+            self._borrowed[chunk.key] = None
 
     def remove(self, chunk: Chunk) -> None:
         del self._chunks[chunk.key]
@@ -55,6 +64,20 @@ class ChunkIndex:
             del self._per_namespace[chunk.namespace]
         if chunk.borrower:
             self._lend(chunk.borrower, -chunk.size_bytes)
+            del self._borrowed[chunk.key]
+            if not chunk.deleted:
+                self._dropped_borrowed.append((chunk.borrower, chunk.key))
+
+    def borrowed_keys(self) -> Iterator[bytes]:
+        """Keys held for pool borrowers, the oldest placement first."""
+        return iter(self._borrowed)
+
+    def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
+        """(borrower node, key) of borrowed chunks evicted since the last call (not deleted
+        by their borrower, nor dropped as corrupt: a read tells the borrower those)."""
+        dropped = list(self._dropped_borrowed)
+        self._dropped_borrowed.clear()
+        return dropped
 
     def _lend(self, borrower: str, delta_bytes: int) -> None:
         self._lent[borrower] += delta_bytes

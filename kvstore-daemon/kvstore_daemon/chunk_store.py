@@ -109,7 +109,7 @@ class ChunkStore:
                 await self.ssd.delete(stored.key)
                 orphans += 1
                 continue
-            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True))
+            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True, borrower=stored.borrower))
             self._mover.ssd_policy.on_insert(stored.key)
         on_peers = self._restore_placements()
         log.info(
@@ -387,6 +387,33 @@ class ChunkStore:
     def lent_bytes(self) -> int:
         """Bytes of chunks held for pool borrowers (the ledger's lent_bytes)."""
         return self._chunks.lent_bytes
+
+    def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
+        """(borrower node, key) of chunks held for borrowers that this daemon evicted since
+        the last call: the pool member tells their borrowers."""
+        return self._chunks.take_dropped_borrowed()
+
+    def forget_peer_copies(self, peer: str, keys: Sequence[bytes]) -> int:
+        """Chunks that peer `peer` (its gRPC address) says it evicted: their copies there
+        are forgotten at once, so Lookup stops offering them and no read fails on them; a
+        chunk with no other copy leaves the store. A chunk placed elsewhere since is left
+        alone. Returns how many placements were forgotten."""
+        if self._peer is None:
+            return 0
+        forgotten = 0
+        for key in keys:
+            chunk = self._chunks.get(key)
+            if chunk is None or not chunk.on_peer or self._peer.placed_on(key) != peer:
+                continue
+            self._peer.forget(key)
+            chunk.on_peer = False
+            forgotten += 1
+            if chunk.blocks is None and not chunk.on_ssd:
+                chunk.deleted = True  # no copy left: gone once nobody reads it
+                self._mover.free_if_unread(chunk)
+        metrics.PEER_COPIES_FORGOTTEN.inc(forgotten)
+        self._update_gauges()
+        return forgotten
 
     def _may_lend(self, size_bytes: int) -> bool:
         """Whether a borrowed chunk fits the lending limits (pool_ledger.py's LendingLimits:

@@ -79,7 +79,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
 
     def on_started(port: int) -> None:
         if member is not None:  # into the ledger once peers can reach it
-            member.start(port, data_plane_port, lambda: store.lent_bytes)
+            member.start(port, data_plane_port, store)
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
     server = create_server(settings.serving, interceptors=auth)

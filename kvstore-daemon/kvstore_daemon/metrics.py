@@ -31,6 +31,9 @@ NEXT_USE_ERROR = Histogram(
 )
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
 PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
+PEER_COPIES_FORGOTTEN = Counter(
+    "attnstore_kvstore_peer_copies_forgotten_total", "Placements forgotten because their lender said it evicted them"
+)
 LENT_BYTES = Gauge("attnstore_kvstore_lent_bytes", "Bytes held for pool peers, by borrower node", ["borrower"])
 LENDING_REFUSED = Counter(
     "attnstore_kvstore_lending_refused_total", "Chunks pool peers offered that the lending limits refused"

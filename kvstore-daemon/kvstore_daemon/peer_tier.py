@@ -19,7 +19,6 @@ The TierMover places SSD evictions here (tier_mover.py); peers come from the led
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
@@ -127,12 +126,12 @@ class PeerTier:
             if decode_layout(data).header.key != chunk.key:
                 raise ChunkFormatError("the peer answered with another chunk")
         except _PEER_ERRORS as exc:
-            self._forget(chunk.key)
+            self.forget(chunk.key)
             raise TierCopyCorrupt(f"peer {address} no longer serves chunk {chunk.key.hex()}: {exc}") from exc
         return data
 
     def discard(self, chunk: Chunk) -> asyncio.Future[None] | None:
-        placed = self._forget(chunk.key)
+        placed = self.forget(chunk.key)
         if placed is None:
             return None
         return asyncio.ensure_future(self._delete(placed[0], chunk))
@@ -143,7 +142,8 @@ class PeerTier:
         if self._journal is not None:
             self._journal.close()
 
-    def _forget(self, key: bytes) -> tuple[str, int] | None:
+    def forget(self, key: bytes) -> tuple[str, int] | None:
+        """Drops the placement of `key` (its peer no longer holds it); None if none."""
         placed = self._placed.pop(key, None)
         if placed is not None:
             self._used_bytes -= placed[1]
@@ -192,5 +192,5 @@ def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry, find
             data_plane_tls=data_plane_tls,
         ),
         PlacementJournal(settings.ssd_dirs[0] / "peer_placements.log"),
-        settings.pool_node or socket.gethostname(),
+        settings.pool_node_name,
     )  # fmt: skip

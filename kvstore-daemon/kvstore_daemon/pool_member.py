@@ -5,13 +5,20 @@ ledger's candidates: another daemon on this node first, then the roomiest).
 It reports the bytes it holds for borrowers (the chunk index counts them by ReservePut's
 borrower), so the ledger's ceiling (LendingLimits.max_lent_fraction) holds; the chunk
 store refuses a borrowed chunk past the limits itself, whatever the ledger last heard.
+
+Each heartbeat also tells borrowers which of their chunks this daemon evicted, and
+forgets the placements its own lenders evicted (through the ledger: the borrower's node
+is all a lender knows of it), so a borrower's Lookup stops offering a chunk within a
+heartbeat instead of a read failing on it. Only a daemon that borrows (pool_capacity_bytes)
+takes its node's reports; two that both borrow on one node share them, and one may take
+the other's, which then finds out on read as before (give each its own pool_node).
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import redis.asyncio as aioredis
 import structlog
@@ -27,6 +34,17 @@ _CANDIDATES = 3  # peers asked in turn for one chunk
 _MISSED_HEARTBEATS = 3  # the ledger forgets a daemon after this many
 
 
+class PoolStore(Protocol):
+    """What the member needs of the chunk store (chunk_store.py)."""
+
+    @property
+    def lent_bytes(self) -> int: ...
+
+    def take_dropped_borrowed(self) -> list[tuple[str, bytes]]: ...
+
+    def forget_peer_copies(self, peer: str, keys: Sequence[bytes]) -> int: ...
+
+
 class PoolMember:
     def __init__(self, settings: DaemonSettings, tiers: Sequence[Tier]) -> None:
         """`tiers`: the local tiers whose capacity and use it reports."""
@@ -40,12 +58,12 @@ class PoolMember:
             LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction),
         )
         self._grpc_address = ""  # known once the server is bound (`start`)
-        self._lent_bytes: Callable[[], int] = lambda: 0
+        self._store: PoolStore | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, grpc_port: int, data_plane_port: int, lent_bytes: Callable[[], int]) -> None:
-        """Joins the ledger; `lent_bytes()`: what the chunk store holds for borrowers now."""
-        self._lent_bytes = lent_bytes
+    def start(self, grpc_port: int, data_plane_port: int, store: PoolStore) -> None:
+        """Joins the ledger, reporting what `store` holds for borrowers."""
+        self._store = store
         host = self._settings.listen_address.rsplit(":", 1)[0]
         self._grpc_address = self._settings.pool_advertise_address or f"{host}:{grpc_port}"
         self._data_plane_address = f"{self._grpc_address.rsplit(':', 1)[0]}:{data_plane_port}"
@@ -76,15 +94,31 @@ class PoolMember:
         capacity = sum(tier.capacity_bytes for tier in self._tiers)
         used = sum(tier.used_bytes for tier in self._tiers)
         return DaemonEntry(
-            daemon_id=self._grpc_address, node=self._settings.pool_node or socket.gethostname(),
+            daemon_id=self._grpc_address, node=self._settings.pool_node_name,
             grpc_address=self._grpc_address, data_plane_address=self._data_plane_address,
-            capacity_bytes=capacity, free_bytes=max(0, capacity - used), lent_bytes=self._lent_bytes(),
+            capacity_bytes=capacity, free_bytes=max(0, capacity - used),
+            lent_bytes=self._store.lent_bytes if self._store is not None else 0,
         )  # fmt: skip
 
     async def _beat_forever(self) -> None:
         while True:
             try:
                 await self._ledger.heartbeat(self._entry())
+                await self._exchange_drops()
             except RedisError as exc:  # keeps beating: Redis may come back
                 log.info("pool_heartbeat_failed", error=str(exc))
             await asyncio.sleep(self._settings.pool_heartbeat_seconds)
+
+    async def _exchange_drops(self) -> None:
+        """Tells borrowers what this daemon evicted of theirs; forgets what lenders evicted
+        of ours (reports lost with Redis are found out on read instead)."""
+        assert self._store is not None
+        if drops := self._store.take_dropped_borrowed():
+            await self._ledger.report_dropped(self._grpc_address, drops)
+        if not self._settings.pool_capacity_bytes:  # borrows nothing: the reports are another daemon's
+            return
+        by_lender: dict[str, list[bytes]] = {}
+        for lender, key in await self._ledger.take_dropped(self._settings.pool_node_name):
+            by_lender.setdefault(lender, []).append(key)
+        for lender, keys in by_lender.items():
+            self._store.forget_peer_copies(lender, keys)

@@ -3,6 +3,7 @@ by `ATTNSTORE_DAEMON_CONFIG_FILE`). Each default is written here once."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -125,6 +126,11 @@ class DaemonSettings(ServiceSettings):
     )
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls and SSD writes get this long on SIGTERM")
 
+
+    @property
+    def pool_node_name(self) -> str:
+        """The node this daemon is in the pool: `pool_node`, else the host name."""
+        return self.pool_node or socket.gethostname()
 
     @model_validator(mode="after")
     def _check_consistency(self) -> DaemonSettings:

@@ -1,15 +1,20 @@
 """The SSD tier: chunk files in one or more directories, written round-robin across them.
 
-    <dir>/chunks/<key_hex[:2]>/<key_hex>.chunk           a published chunk
+    <dir>/chunks/<key_hex[:2]>/<key_hex>.chunk           a published chunk of this node
+    <dir>/chunks/<key_hex[:2]>/<key_hex>@<borrower>.chunk  one held for a pool borrower (its
+                                                          node, base64url of its UTF-8 name)
     <dir>/chunks/<key_hex[:2]>/<key_hex>.<random>.tmp     a write in progress (or interrupted)
 
 Keys are globally unique (the namespace is hashed into them and kept in each header), so
-the file name alone identifies a chunk and the index is rebuilt from the disk at open().
+the file name alone identifies a chunk and the index is rebuilt from the disk at open();
+the borrower in the name survives a restart with the chunk (published by the same rename),
+so a lender still counts what it holds for each borrower after one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import secrets
@@ -38,6 +43,7 @@ from kvstore_daemon.tier import TierCopyCorrupt, TierFull, TierWriteError
 
 _T = TypeVar("_T")
 _CHUNK_SUFFIX = ".chunk"
+_BORROWER_MARK = "@"
 _TMP_SUFFIX = ".tmp"
 _HEADER_PROBE_BYTES = 4096  # one page: holds every real header, so one pread usually suffices
 
@@ -75,6 +81,7 @@ class StoredChunk:
     key: bytes
     namespace: bytes
     size_bytes: int
+    borrower: str = ""  # the pool node it is held for ("": this node's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,7 @@ class _Entry:
     path: Path
     size_bytes: int
     namespace: bytes
+    borrower: str
 
 
 @dataclass(slots=True)
@@ -147,7 +155,7 @@ class SsdTier:
         if self.recovery_dropped:
             log.warning("ssd_recovery_dropped", chunks=self.recovery_dropped)
         self.recheck_room()
-        return [StoredChunk(k, e.namespace, e.size_bytes) for k, e in self._index.items()]
+        return [StoredChunk(k, e.namespace, e.size_bytes, e.borrower) for k, e in self._index.items()]
 
     async def close(self) -> None:
         """Lets in-flight writes and unlinks land, then stops the I/O threads."""
@@ -227,8 +235,9 @@ class SsdTier:
 
     # --- operations --------------------------------------------------------------------
 
-    async def write(self, key: bytes, namespace: bytes, data: Buffer) -> None:
+    async def write(self, key: bytes, namespace: bytes, data: Buffer, borrower: str = "") -> None:
         """Publishes a serialized chunk atomically; a no-op if the key is stored already.
+        `borrower`: the pool node it is held for, kept in the file's name.
 
         `data` must not change until this returns (the bytes are written from an I/O
         thread; if the caller is cancelled the write still completes in the background).
@@ -253,10 +262,11 @@ class SsdTier:
         self._writing[key] = pending
         self._pending_bytes += size
         # shield: a cancelled caller must not leave a published file out of the index
-        await asyncio.shield(self._start_op(key, self._write_op(key, namespace, view, directory, pending)))
+        write = self._write_op(key, namespace, borrower, view, directory, pending)
+        await asyncio.shield(self._start_op(key, write))
 
     async def store(self, chunk: Chunk, data: Buffer) -> None:
-        await self.write(chunk.key, chunk.namespace, data)
+        await self.write(chunk.key, chunk.namespace, data, chunk.borrower)
 
     async def load(self, chunk: Chunk) -> bytearray:
         return await self.read(chunk.key)
@@ -343,17 +353,17 @@ class SsdTier:
         return task
 
     async def _write_op(
-        self, key: bytes, namespace: bytes, view: memoryview, directory: Path, pending: _PendingWrite
+        self, key: bytes, namespace: bytes, borrower: str, view: memoryview, directory: Path, pending: _PendingWrite
     ) -> None:
         try:
             try:
-                path = await self._run(self._publish, directory, key, view)
+                path = await self._run(self._publish, directory, key, borrower, view)
             except OSError as exc:
                 raise SsdWriteError(key, exc) from exc
             if pending.deleted:
                 await self._run(_unlink_quietly, path)
                 return
-            self._index[key] = _Entry(path, pending.size_bytes, namespace)
+            self._index[key] = _Entry(path, pending.size_bytes, namespace, borrower)
             self._published_bytes += pending.size_bytes
         finally:
             self._pending_bytes -= pending.size_bytes
@@ -370,11 +380,11 @@ class SsdTier:
 
     # --- I/O-thread helpers (blocking; never called on the event loop) ---------------------
 
-    def _publish(self, directory: Path, key: bytes, data: memoryview) -> Path:
+    def _publish(self, directory: Path, key: bytes, borrower: str, data: memoryview) -> Path:
         """temp file, fsync, rename, fsync(dir): a reader never sees a partial chunk."""
         key_hex = key.hex()
         subdir = directory / "chunks" / key_hex[:2]
-        final = subdir / f"{key_hex}{_CHUNK_SUFFIX}"
+        final = subdir / _chunk_file_name(key_hex, borrower)
         tmp = subdir / f"{key_hex}.{secrets.token_hex(8)}{_TMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -460,14 +470,14 @@ class SsdTier:
                 if not item.name.endswith(_CHUNK_SUFFIX):
                     continue  # not ours: leave it alone
                 try:
-                    key = _key_of_file(path)
+                    key, borrower = _parse_file_name(path)
                     layout = self._read_layout(path, key, None)
                 except (ChunkFormatError, OSError) as exc:
                     log.warning("ssd_recovery_drop", path=str(path), reason=str(exc))
                     _unlink_quietly(path)
                     dropped += 1
                     continue
-                found.append((key, _Entry(path, layout.total_bytes, layout.header.namespace)))
+                found.append((key, _Entry(path, layout.total_bytes, layout.header.namespace, borrower)))
         return found, dropped
 
 
@@ -496,15 +506,26 @@ def _check_layout(layout: ChunkLayout, key: bytes, file_bytes: int, expected_byt
         raise ChunkFormatError(f"file is {file_bytes} bytes, the index says {expected_bytes}")
 
 
-def _key_of_file(path: Path) -> bytes:
-    key_hex = path.name.removesuffix(_CHUNK_SUFFIX)
+def _chunk_file_name(key_hex: str, borrower: str) -> str:
+    if not borrower:
+        return f"{key_hex}{_CHUNK_SUFFIX}"
+    mark = base64.urlsafe_b64encode(borrower.encode()).decode().rstrip("=")
+    return f"{key_hex}{_BORROWER_MARK}{mark}{_CHUNK_SUFFIX}"
+
+
+def _parse_file_name(path: Path) -> tuple[bytes, str]:
+    """The key and borrower a published chunk's file name gives (ChunkFormatError if none)."""
+    key_hex, _, mark = path.name.removesuffix(_CHUNK_SUFFIX).partition(_BORROWER_MARK)
     try:
         key = bytes.fromhex(key_hex)
-    except ValueError:
-        raise ChunkFormatError("file name is not a chunk key") from None
+        borrower = base64.urlsafe_b64decode(mark + "=" * (-len(mark) % 4)).decode()
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise ChunkFormatError("file name is not a chunk key (and borrower)") from None
     if len(key) != KEY_BYTES or key.hex() != key_hex or path.parent.name != key_hex[:2]:
         raise ChunkFormatError("file name is not a chunk key in its prefix folder")
-    return key
+    if _chunk_file_name(key_hex, borrower) != path.name:
+        raise ChunkFormatError("file name's borrower mark is not canonical")
+    return key, borrower
 
 
 def _free_bytes(dirs: Sequence[Path]) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import heapq
+import itertools
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -129,9 +130,22 @@ class TierMover:
                 return False
         return True
 
-    def _next_victim(self, policy: EvictionPolicy, may_evict: VictimFilter | None) -> Chunk | None:
+    def _next_victim(
+        self, policy: EvictionPolicy, may_evict: VictimFilter | None, borrowed_first: bool = False
+    ) -> Chunk | None:
+        """`borrowed_first`: chunks held for pool borrowers go first, the oldest placement
+        first (this node's own KV has the first claim on its room), then the policy's order.
+        Only the SSD tier asks it, where a chunk leaves the node: borrowed chunks are put
+        durable, so they nearly all sit there and the walk stops at the first of them. One
+        still in DRAM is skipped (dropping its SSD copy frees nothing of the node's; its
+        demotion would write it back)."""
         now = self._clock()
-        for key in policy.victims():
+        borrowed = (
+            (key for key in self._chunks.borrowed_keys() if key in policy and self._chunks[key].blocks is None)
+            if borrowed_first
+            else ()
+        )
+        for key in itertools.chain(borrowed, policy.victims()):
             chunk = self._chunks[key]
             if chunk.readers == 0 and chunk.pinned_until <= now and (may_evict is None or may_evict(chunk)):
                 return chunk
@@ -215,7 +229,7 @@ class TierMover:
         (after checking whether the disks have more room than last seen)."""
         rechecked = False
         while not self.ssd.has_room(size_bytes):
-            victim = self._next_victim(self.ssd_policy, None)
+            victim = self._next_victim(self.ssd_policy, None, borrowed_first=True)
             if victim is not None:
                 await self._evict_from_ssd(victim)
             elif rechecked:
@@ -404,7 +418,7 @@ class TierMover:
         if tier.used_bytes <= high * tier.capacity_bytes:
             return
         while tier.used_bytes > low * tier.capacity_bytes:
-            victim = self._next_victim(policy, None)
+            victim = self._next_victim(policy, None, borrowed_first=tier is self.ssd)
             if victim is None:
                 return
             await evict(victim)

@@ -40,9 +40,12 @@ MAX_BORROWER_CHARS = 128
 
 
 def check_borrower(borrower: str) -> str:
-    """A pool borrower's node name: short, so it can label a metric."""
+    """A pool borrower's node name: short, so it can label a metric and mark an SSD file's
+    name (base64 of its UTF-8 bytes: 171 characters at most, within a file name's 255)."""
     if len(borrower) > MAX_BORROWER_CHARS:
         raise InvalidArgument(f"borrower must be at most {MAX_BORROWER_CHARS} characters, got {len(borrower)}")
+    if len(borrower.encode()) > MAX_BORROWER_CHARS:
+        raise InvalidArgument(f"borrower must be at most {MAX_BORROWER_CHARS} bytes in UTF-8, got {len(borrower.encode())}")
     return borrower
 
 

@@ -8,6 +8,9 @@ and the scheduler install.
     attnstore:pool:lendable      sorted set <id> scored by the bytes it may lend now
     attnstore:pool:debts         hash "<debtor> <creditor>" -> bytes of the debtor's KV the
                                  creditor holds (the debt graph of DGFM, debt_graph.py)
+    attnstore:pool:dropped:<node>  list of msgpack [lender id, key]: borrowed chunks a lender
+                                 evicted, for the borrower node's daemons to forget (their
+                                 heartbeats drain it); EXPIRE = DROPPED_TTL_SECONDS
 
 A daemon's heartbeat rewrites both (one MULTI); a daemon that misses heartbeats for the
 TTL loses its hash, and the next `candidates` call drops its stale score, so the ledger
@@ -17,18 +20,26 @@ capacity for its own node and a ceiling on what it holds for others.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import msgpack
 import redis.asyncio as aioredis
 
 _PREFIX = "attnstore:pool"
 _LENDABLE = f"{_PREFIX}:lendable"
 _DEBTS = f"{_PREFIX}:debts"
 _CANDIDATE_SCAN = 4  # scores read per candidate wanted: room for stale and own entries
+# A borrower gone longer than this finds out on read instead (a failed read, then a miss).
+DROPPED_TTL_SECONDS = 3600
 
 
 def _daemon_key(daemon_id: str) -> str:
     return f"{_PREFIX}:daemon:{daemon_id}"
+
+
+def _dropped_key(node: str) -> str:
+    return f"{_PREFIX}:dropped:{node}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,27 @@ class PoolLedger:
             if int(size) > 0:
                 edges[(debtor, creditor)] = int(size)
         return edges
+
+    async def report_dropped(self, lender: str, drops: Sequence[tuple[str, bytes]]) -> None:
+        """Lender `lender` (its daemon id) no longer holds these (borrower node, key) chunks."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for node in {node for node, _ in drops}:
+                pipe.rpush(_dropped_key(node), *(msgpack.packb([lender, key]) for n, key in drops if n == node))
+                pipe.expire(_dropped_key(node), DROPPED_TTL_SECONDS)
+            await pipe.execute()
+
+    async def take_dropped(self, node: str) -> list[tuple[str, bytes]]:
+        """(lender id, key) of every chunk lenders dropped for borrower `node` since the last
+        call; they are gone from the ledger once taken."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.lrange(_dropped_key(node), 0, -1)
+            pipe.delete(_dropped_key(node))
+            records, _ = await pipe.execute()
+        drops = []
+        for record in records:
+            lender, key = msgpack.unpackb(record)
+            drops.append((str(lender), bytes(key)))
+        return drops
 
     async def entry(self, daemon_id: str) -> DaemonEntry | None:
         return _decode(await self._redis.hgetall(_daemon_key(daemon_id)))

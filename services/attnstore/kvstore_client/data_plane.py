@@ -25,8 +25,8 @@ from typing import Protocol, TypeVar
 from attnstore.data_plane_wire import (
     pack_frame,
     raise_for_reply,
-    recv_exactly_into,
     recv_frame,
+    recv_views,
     send_frame,
     send_views,
 )
@@ -208,8 +208,7 @@ class _TcpRead:
     def recv_all(self, views: Sequence[memoryview]) -> None:
         if self._sock is None:
             raise DaemonProtocolError("the data-plane read is closed")
-        for view in views:
-            recv_exactly_into(self._sock, view)
+        recv_views(self._sock, views)
 
     def close(self, complete: bool) -> None:
         sock, self._sock = self._sock, None

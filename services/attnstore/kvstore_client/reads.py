@@ -257,13 +257,18 @@ class _DataPlaneRead(ChunkRead):
         return header_region(self._headers[index], self.layouts[index])
 
     def stream_views(self, outs: Sequence[memoryview], bases: Sequence[int]) -> list[memoryview]:
-        """The slices of `outs` the layer-major stream fills, in its order."""
-        views = []
+        """The slices of `outs` the layer-major stream fills, in its order; neighbours in
+        one buffer are one slice (a single chunk's layers are one: a receive, not 30)."""
+        spans: list[list[int]] = []  # [chunk index, first byte, end] in that chunk's buffer
         for layer in range(self.layer_start, self.layer_end):
             for index, layout in enumerate(self.layouts):
                 start, end = layout.layer_span(layer, layer + 1)
-                views.append(outs[index][start - bases[index] : end - bases[index]])
-        return views
+                start, end = start - bases[index], end - bases[index]
+                if spans and spans[-1][0] == index and spans[-1][2] == start:
+                    spans[-1][2] = end
+                else:
+                    spans.append([index, start, end])
+        return [outs[index][start:end] for index, start, end in spans]
 
     async def copy_into(self, outs: Sequence[memoryview], bases: Sequence[int]) -> None:
         assert self._stream is not None

@@ -1,12 +1,15 @@
 """Two daemons on loopback as two "nodes": A's tiers are too small for the working set, B
 lends room. Chunks A evicts from its SSD land on B instead of being deleted, A's Lookup
 reports them on a peer, and A serves them byte-identical (fetched over B's data plane).
-When B is killed (-9), those chunks become misses on A, never other bytes."""
+When B is killed (-9), those chunks become misses on A, never other bytes. When B needs
+room for its own chunks it evicts A's first and tells A (through the ledger), whose
+Lookup stops offering them without a read failing on them."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +35,17 @@ SMALL_TIERS = {
     # machine 5 s was once not enough, and these tests count every chunk as kept.
     "POOL_PEER_TIMEOUT_SECONDS": 60,
 }  # fmt: skip
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, redis_installed: None) -> Iterator[dict[str, object]]:
+    """A private Redis as the pool's ledger: the daemon settings that join it."""
+    redis_server = RedisProcess(tmp_path / "redis")
+    redis_server.start()
+    try:
+        yield {"POOL_REDIS_URL": redis_server.url, "POOL_HEARTBEAT_SECONDS": 1.0}
+    finally:
+        redis_server.stop()
 
 
 def fill_until_placed(client: KVStoreClient, chunks: ChunkSet, poll_until: PollUntil) -> list[Tier | None]:
@@ -102,39 +116,33 @@ def test_placements_survive_the_restart_of_the_lender_and_of_the_borrower(
 
 
 def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_after_its_restart(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil,
-    tmp_path: Path, redis_installed: None,
-) -> None:  # fmt: skip
-    redis_server = RedisProcess(tmp_path / "redis")
-    redis_server.start()
-    try:
-        ledger = {"POOL_REDIS_URL": redis_server.url, "POOL_HEARTBEAT_SECONDS": 1.0}
-        lender = daemon_factory(DATA_PLANE_PORT=free_port(), **ledger)
-        borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, **ledger)
-        chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
-        with KVStoreClient(borrower.address) as client:
-            assert None not in fill_until_placed(client, chunks, poll_until)  # on the peer the ledger named
-            for index in range(COUNT):  # a failure names the chunk and shows the borrower's log (a rare CI miss)
-                try:
-                    got = client.get_whole_chunks(NAMESPACE, [chunks.key(index)])
-                except grpc.RpcError as exc:
-                    raise AssertionError(f"chunk {index}: {exc.code()}\n{borrower.log_tail(120)}") from exc
-                assert got == [chunks.data(index)]
-
-        async def members() -> set[str]:
-            client = aioredis.Redis.from_url(redis_server.url)
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil, ledger: dict[str, object]
+) -> None:
+    redis_url = str(ledger["POOL_REDIS_URL"])
+    lender = daemon_factory(DATA_PLANE_PORT=free_port(), **ledger)
+    borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, **ledger)
+    chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=22)
+    with KVStoreClient(borrower.address) as client:
+        assert None not in fill_until_placed(client, chunks, poll_until)  # on the peer the ledger named
+        for index in range(COUNT):  # a failure names the chunk and shows the borrower's log (a rare CI miss)
             try:
-                return {key.decode().removeprefix("attnstore:pool:daemon:") for key in await client.keys("attnstore:pool:daemon:*")}
-            finally:
-                await client.aclose()
+                got = client.get_whole_chunks(NAMESPACE, [chunks.key(index)])
+            except grpc.RpcError as exc:
+                raise AssertionError(f"chunk {index}: {exc.code()}\n{borrower.log_tail(120)}") from exc
+            assert got == [chunks.data(index)]
 
-        assert asyncio.run(members()) == {lender.address, borrower.address}
-        lender.kill9()
-        poll_until(lambda: asyncio.run(members()) == {borrower.address}, what="the ledger forgets the killed lender")
-        lender.restart()  # same port and directories: it registers again
-        poll_until(lambda: asyncio.run(members()) == {lender.address, borrower.address}, what="the ledger converges")
-    finally:
-        redis_server.stop()
+    async def members() -> set[str]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return {key.decode().removeprefix("attnstore:pool:daemon:") for key in await client.keys("attnstore:pool:daemon:*")}
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(members()) == {lender.address, borrower.address}
+    lender.kill9()
+    poll_until(lambda: asyncio.run(members()) == {borrower.address}, what="the ledger forgets the killed lender")
+    lender.restart()  # same port and directories: it registers again
+    poll_until(lambda: asyncio.run(members()) == {lender.address, borrower.address}, what="the ledger converges")
 
 
 def test_with_dram_placement_dram_evictions_go_to_a_peer_instead_of_the_local_ssd(
@@ -156,6 +164,40 @@ def test_with_dram_placement_dram_evictions_go_to_a_peer_instead_of_the_local_ss
         assert client.stats().ssd.chunks == 0
         for index in range(COUNT):
             assert client.get_whole_chunks(NAMESPACE, [chunks.key(index)]) == [chunks.data(index)]
+
+
+def test_a_lender_evicts_borrowed_chunks_before_its_own_and_tells_the_borrower(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil, ledger: dict[str, object]
+) -> None:
+    # 8 chunks in DRAM, 45 on SSD: room for its own 36 and some of the borrower's.
+    lender = daemon_factory(
+        **{**SMALL_TIERS, "SSD_CAPACITY_BYTES": 3072 * KiB}, DATA_PLANE_PORT=free_port(), POOL_NODE="node-l", **ledger
+    )
+    borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, POOL_NODE="node-b", **ledger)
+    borrowed = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=24)
+    own = chunk_set(b"pool-tests-own..", num_layers=8, head_dim=64, seed=25)
+    with KVStoreClient(lender.address) as at_lender, KVStoreClient(borrower.address) as at_borrower:
+        own.register(at_lender)
+
+        def put_own(indices: range) -> None:
+            for index in indices:
+                assert len(at_lender.put_chunks(own.namespace, own.items(index, index + 1), durable=True).stored) == 1
+
+        put_own(range(12))  # older than any borrowed chunk
+        on_peer = [i for i, t in enumerate(fill_until_placed(at_borrower, borrowed, poll_until)) if t is Tier.PEER]
+        put_own(range(12, 36))  # its own need the room now: borrowed chunks go first
+
+        assert None not in own.tiers(at_lender, range(36))  # an LRU alone would have evicted own 0..
+        assert None in borrowed.tiers(at_lender, on_peer), "the lender's own chunks fit without evicting a borrowed one"
+
+        def views_agree() -> tuple[list[int]] | None:  # the borrower sees what the lender holds (it may still evict)
+            at_the_lender = [None if t is None else Tier.PEER for t in borrowed.tiers(at_lender, on_peer)]
+            agree = at_the_lender == borrowed.tiers(at_borrower, on_peer)
+            return ([i for i, t in zip(on_peer, at_the_lender, strict=True) if t is Tier.PEER],) if agree else None
+
+        (kept,) = poll_until(views_agree, what="the borrower forgets what its lender evicted, with no read")
+        for index in kept:
+            assert at_borrower.get_whole_chunks(NAMESPACE, [borrowed.key(index)]) == [borrowed.data(index)]
 
 
 def test_chunks_read_while_a_peer_refuses_them_are_served_and_never_break_the_index(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from attnstore.pool_ledger import DaemonEntry, LendingLimits, PoolLedger
+from attnstore.pool_ledger import DROPPED_TTL_SECONDS, DaemonEntry, LendingLimits, PoolLedger
 from attnstore.server.redis_process import RedisProcess
 
 GB = 10**9
@@ -84,5 +84,22 @@ def test_debts_add_up_per_edge_and_feed_the_debt_graph(redis_server: RedisProces
         assert await ledger.debts() == {("a", "b"): 500, ("b", "a"): 400}
         [swap] = plan_swaps(await ledger.debts(), min_swap_bytes=100)
         assert swap.size_bytes == 400
+
+    asyncio.run(scenario())
+
+
+def test_dropped_chunks_reach_their_borrower_node_once_and_expire(redis_server: RedisProcess) -> None:
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_server.url)
+        ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LendingLimits())
+        await ledger.report_dropped("lender-1:50051", [("node-b", b"k1"), ("node-c", b"k2"), ("node-b", b"k3")])
+        await ledger.report_dropped("lender-2:50051", [("node-b", b"k4")])
+        assert await ledger.take_dropped("node-b") == [
+            ("lender-1:50051", b"k1"), ("lender-1:50051", b"k3"), ("lender-2:50051", b"k4"),
+        ]  # fmt: skip
+        assert await ledger.take_dropped("node-b") == []  # taken once
+        assert 0 < await client.ttl("attnstore:pool:dropped:node-c") <= DROPPED_TTL_SECONDS  # a gone borrower's list expires
+        assert await ledger.take_dropped("node-c") == [("lender-1:50051", b"k2")]
+        await client.aclose()
 
     asyncio.run(scenario())

@@ -1,7 +1,8 @@
 """Lender-side accounting (issue 21): a daemon counts what it holds for each pool borrower
 (ReservePut's borrower), refuses borrowed chunks past its lending limits (free room above
 its floor, a ceiling on what it lends) without touching its own, and reports it (metrics,
-the ledger's lent_bytes). A borrower name that cannot label a metric is INVALID_ARGUMENT."""
+the ledger's lent_bytes), also after a restart (the borrower is in the SSD file's name). A
+borrower name that cannot label a metric is INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -70,6 +71,36 @@ def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_
         assert scrape_metrics(port).get(LENT, 0.0) == 0.0
 
 
+def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
+    daemon_factory: DaemonFactory, chunks: ChunkSet
+) -> None:
+    port = free_port()
+    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+
+    async def borrow(borrower: str, index: int) -> None:
+        async with AsyncKVStoreClient(lender.address) as peer:
+            placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
+                                           borrower=borrower)  # fmt: skip
+            assert placed.stored == [chunks.key(index)]
+
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1), durable=True)  # its own
+    asyncio.run(borrow("node-b", 1))
+    asyncio.run(borrow("node-ü", 2))  # any name a metric label takes
+    before = scrape_metrics(port)
+    lender.restart()  # its DRAM is gone: what it knows comes from the SSD files
+
+    after = scrape_metrics(port)
+    size = len(chunks.data(0))
+    assert before[LENT] == after[LENT] == size
+    assert after['attnstore_kvstore_lent_bytes{borrower="node-ü"}'] == size
+    with KVStoreClient(lender.address) as client:
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 3)) == [chunks.data(i) for i in range(3)]
+        client.delete(chunks.namespace, chunks.keys(1, 3))
+    assert scrape_metrics(port).get(LENT, 0.0) == 0.0
+
+
 def test_a_chunk_larger_than_the_lending_limits_is_refused(daemon_factory: DaemonFactory, chunks: ChunkSet) -> None:
     lender = daemon_factory(**LENDER, POOL_MAX_LENT_FRACTION=0.01)  # 51 KiB may be lent: less than a chunk
     with KVStoreClient(lender.address) as client:
@@ -97,3 +128,8 @@ def test_a_borrower_name_too_long_for_a_metric_label_is_invalid(
         raw_stub(daemon).ReservePut(request, timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "borrower must be at most 128 characters, got 129" in (refused.value.details() or "")
+    request.borrower = "ü" * 100  # 100 characters, 200 bytes: too long for an SSD file's name
+    with pytest.raises(grpc.RpcError) as refused:
+        raw_stub(daemon).ReservePut(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "borrower must be at most 128 bytes in UTF-8, got 200" in (refused.value.details() or "")

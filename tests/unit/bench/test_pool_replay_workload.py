@@ -1,5 +1,5 @@
 """bench-pool's pooled replay workload: turns in the clock's order, the history a turn can
-find, the LRU working set it sizes the nodes by, and the 4:1:1 deal of sessions."""
+find, the LRU working set it sizes the nodes by, and the skewed deal of sessions (NODE_WEIGHTS)."""
 
 from __future__ import annotations
 

@@ -209,6 +209,34 @@ async def test_restart_recovers_the_same_chunks(tmp_path: Path) -> None:
     await t2.close()
 
 
+async def test_a_borrowed_chunk_keeps_its_borrower_across_a_restart(tmp_path: Path) -> None:
+    dirs = [tmp_path / "ssd0"]
+    t, _ = await reopen(dirs)
+    (own, own_data), (lent, lent_data) = make_chunk(1), make_chunk(2)
+    await t.write(own, NS, own_data)
+    await t.write(lent, NS, lent_data, borrower="node-b/ü")  # any name: it is base64 in the file's name
+    await t.close()
+
+    t2, stored = await reopen(dirs)
+    assert sorted(stored, key=lambda s: s.key) == sorted(
+        [StoredChunk(own, NS, len(own_data)), StoredChunk(lent, NS, len(lent_data), "node-b/ü")], key=lambda s: s.key
+    )
+    assert await t2.read(lent) == lent_data
+    await t2.close()
+
+
+@pytest.mark.parametrize("mark", ["@", "@!!", "@bm9kZS1i=", "@_w"])  # empty, not base64, padded, not UTF-8
+async def test_open_drops_a_chunk_whose_borrower_mark_is_not_canonical(tmp_path: Path, mark: str) -> None:
+    dirs = [tmp_path / "ssd0"]
+    [(key, _, path)] = await written(dirs, 1)
+    marked = path.with_name(f"{key.hex()}{mark}.chunk")
+    path.rename(marked)
+
+    t2, stored = await reopen(dirs)
+    assert stored == [] and t2.recovery_dropped == 1 and not marked.exists()
+    await t2.close()
+
+
 async def test_open_drops_truncated_files(tmp_path: Path) -> None:
     dirs = [tmp_path / "ssd0"]
     (_, data, path), (kept, _, _) = await written(dirs, 1, 2)
