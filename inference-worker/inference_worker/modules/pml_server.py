@@ -169,8 +169,14 @@ class PmlServer:
     def _spec(source: KVSource, layout: SchemaLayout, path: ModulePath, scaffold: str | None) -> ModuleSpec:
         key = module_key(source.namespace, layout.digest, path, scaffold=scaffold)
         if scaffold is None:
-            module = layout.module(path)
-            return ModuleSpec(key, module.token_ids, module.positions)
+            module, context = layout.module(path), layout.context_pieces(path)
+            return ModuleSpec(
+                key,
+                module.token_ids,
+                module.positions,
+                tuple(t for piece in context for t in piece.token_ids),
+                tuple(p for piece in context for p in range(piece.start, piece.end)),
+            )
         pieces = [piece for _, piece in layout.scaffold_pieces(scaffold)]
         return ModuleSpec(
             key,
