@@ -187,3 +187,25 @@ async def test_a_module_is_encoded_after_the_text_before_it_as_a_full_prefill_co
         assert torch.allclose(k, wk[:, len(root) :], atol=1e-5)
         assert torch.allclose(v, wv[:, len(root) :], atol=1e-5)
     assert not torch.allclose(doc.kv[-1][0], alone.kv[-1][0], atol=1e-3)  # the context changed it
+
+
+async def test_compact_positions_serve_without_gaps_and_full_repair_is_the_full_prefill(
+    tiny_model: LoadedModel,
+) -> None:
+    prompt = '<prompt schema="library"><style/> Who kept the log?</prompt>'  # doc omitted
+    layouts = {}
+    for positions in ("schema", "compact"):
+        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_positions=positions)
+        engine = TurnEngine(tiny_model, None, settings)
+        source = await engine.namespace_for(b"tenant-a")
+        layouts[positions] = lay_out((await engine.modules.server.serve(source, SCHEMA, prompt, 0)).prompt)
+    schema, compact = layouts["schema"], layouts["compact"]
+    assert compact.tokens_by_position == schema.tokens_by_position
+    assert sorted(compact.positions) == list(range(len(compact.positions)))
+    assert max(schema.positions) >= len(schema.positions)  # doc's positions are a gap there
+
+    turn = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=12), repair_fraction=1.0)
+    events = [event async for event in engine.modules.run(turn, source)]  # the compact engine
+    full = engine.run_turn(TurnInput(list(compact.tokens_by_position), SamplingParams(max_tokens=12)), None)
+    expected = [e.token_id async for e in full if isinstance(e, TokenEvent)]
+    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == expected
