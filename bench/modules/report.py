@@ -42,7 +42,7 @@ def format_table(rows: list[CaseResult]) -> str:
         cells = [f"0%: {unrepaired:.2%}"] + [
             f"{fraction:.0%}: {_curve_delta(rows, method, fraction):.2%}" for fraction in REPAIR_FRACTIONS
         ]
-        lines.append(f"  {method:<13} " + "  ".join(cells))
+        lines.append(f"  {method:<17} " + "  ".join(cells))
     return "\n".join(lines)
 
 
