@@ -30,14 +30,13 @@ from inference_worker.turn_types import (
 )
 
 REPAIR_FRACTIONS = (0.05, 0.10, 0.15)  # the budget curve: this share of each repaired module
-# Which tokens a budget repairs: the served methods (RepairMethod), and deviation measured
-# at a deeper layer (8 of 30 computed in full to select: more cost, maybe better choices).
+# Which tokens a budget repairs: the served methods (RepairMethod), deviation measured at a
+# deeper layer (8 of 30 computed in full to select: more cost, maybe better choices), and
+# deviation on the prompt laid out compact (the worker's module_positions=compact: no gaps).
 DEEP_DEVIATION_LAYER = 8
-REPAIR_METHODS = (
-    RepairMethod.FIRST.value,
-    RepairMethod.DEVIATION.value,
-    f"deviation-l{DEEP_DEVIATION_LAYER}",
-)
+DEEP_DEVIATION = f"deviation-l{DEEP_DEVIATION_LAYER}"
+COMPACT_DEVIATION = "deviation+compact"
+REPAIR_METHODS = (RepairMethod.FIRST.value, RepairMethod.DEVIATION.value, DEEP_DEVIATION, COMPACT_DEVIATION)
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,7 @@ class CaseResult:
     agree_repair: float | None = None  # first tokens
     agree_repair_deviation: float | None = None
     ttft_repair_deviation_ms: float | None = None  # deviation's selection included
+    ppl_modules_compact: float | None = None  # laid out without gaps, no repair
 
     @property
     def speedup(self) -> float:
@@ -92,6 +92,11 @@ class CaseRunner:
             pass
         await server.store.drain()
         served = await server.serve(self.source, case.schema, case.prompt, 0)
+        server.compact_positions = True
+        try:
+            compact = await server.serve(self.source, case.schema, case.prompt, 0)
+        finally:
+            server.compact_positions = False
         layout = lay_out(served.prompt)
         full_ids = list(layout.tokens_by_position)
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
@@ -114,14 +119,15 @@ class CaseRunner:
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
             agree_no_repair=_agreement(await self._answer(case), full_answer),
+            ppl_modules_compact=await self._module_perplexity(compact.prompt, reference),
         )
         if not lay_out(replace(served.prompt, repair_fraction=1.0)).repaired_tokens:
             return result  # one module, first: nothing to repair (its KV is exact)
         curve = []
         for fraction in REPAIR_FRACTIONS:
-            first = replace(served.prompt, repair_fraction=fraction)
             for method in REPAIR_METHODS:
-                prompt = self._select(first, method)
+                laid_out = compact if method == COMPACT_DEVIATION else served
+                prompt = self._select(replace(laid_out.prompt, repair_fraction=fraction), method)
                 repaired = lay_out(prompt).repaired_tokens
                 curve.append(
                     RepairPoint(method, fraction, repaired, await self._module_perplexity(prompt, reference))
@@ -143,7 +149,7 @@ class CaseRunner:
         """`first` (its first tokens repaired) with `method`'s choice of as many tokens."""
         if method == RepairMethod.FIRST:
             return first
-        layer = DEEP_DEVIATION_LAYER if method != RepairMethod.DEVIATION else None
+        layer = DEEP_DEVIATION_LAYER if method == DEEP_DEVIATION else None
         return select_by_deviation(first, self.engine.loaded.model, layer=layer)
 
     @staticmethod

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
-from bench.modules.measure import REPAIR_FRACTIONS, REPAIR_METHODS, CaseResult
+from bench.modules.measure import COMPACT_DEVIATION, REPAIR_FRACTIONS, REPAIR_METHODS, CaseResult
 from inference_worker.modules.repair_selection import RepairMethod
 
 TARGET_DOC_QA = 20.0  # x TTFT (the paper's CPU band is 20-70x)
@@ -36,11 +36,13 @@ def format_table(rows: list[CaseResult]) -> str:
         )
     lines.append("")
     lines.append("perplexity from full prefill vs repair budget (prompts of several modules):")
+    joined = [r for r in rows if r.workload in MULTI_MODULE]
     for method in REPAIR_METHODS:
-        cells = [
+        unrepaired = _ppl_delta(joined, _compact_ppl if method == COMPACT_DEVIATION else lambda r: r.ppl_modules)
+        cells = [f"0%: {unrepaired:.2%}"] + [
             f"{fraction:.0%}: {_curve_delta(rows, method, fraction):.2%}" for fraction in REPAIR_FRACTIONS
         ]
-        lines.append(f"  {method:<13} " + "  ".join(cells))
+        lines.append(f"  {method:<17} " + "  ".join(cells))
     return "\n".join(lines)
 
 
@@ -51,6 +53,12 @@ def _num(value: float | None, width: int, spec: str) -> str:
 def _ppl_delta(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
     """The mean distance of the perplexity from the full prefill's, relative (either side)."""
     return statistics.mean(abs(ppl(r) / r.ppl_full - 1) for r in rows)
+
+
+def _compact_ppl(row: CaseResult) -> float:
+    if row.ppl_modules_compact is None:
+        raise ValueError(f"row {row.label} has no compact perplexity (a run before it was measured)")
+    return row.ppl_modules_compact
 
 
 def _repairable(rows: list[CaseResult]) -> list[CaseResult]:
@@ -109,6 +117,8 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         "ttft_speedup_persona": _median_speedup(rows, "persona"),
         "ttft_speedup_travel": _median_speedup(rows, "travel"),
         "ppl_delta_no_repair": round(_ppl_delta(joined, lambda r: r.ppl_modules), 4) if joined else None,
+        "ppl_delta_no_repair_compact": round(_ppl_delta(joined, _compact_ppl), 4) if joined else None,
+        "ppl_delta_with_repair_compact": curve.get(COMPACT_DEVIATION, {}).get(f"{largest:.2f}"),
         "ppl_delta_with_repair": with_repair,
         "ppl_delta_with_repair_first": curve.get("first", {}).get(f"{largest:.2f}"),
         "ppl_delta_with_repair_deviation": curve.get("deviation", {}).get(f"{largest:.2f}"),
@@ -188,7 +198,8 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
     if _repairable(rows):
         budgets = [0.0, *REPAIR_FRACTIONS]
         for color, method in zip(PALETTE[2:], REPAIR_METHODS, strict=False):
-            deltas = [_ppl_delta(joined, lambda r: r.ppl_modules)]
+            unrepaired = _compact_ppl if method == COMPACT_DEVIATION else (lambda r: r.ppl_modules)
+            deltas = [_ppl_delta(joined, unrepaired)]
             deltas += [_curve_delta(rows, method, f) for f in REPAIR_FRACTIONS]
             curve_ax.plot(
                 [b * 100 for b in budgets],

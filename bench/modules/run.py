@@ -58,6 +58,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(WORKLOADS),
         help=f"comma-separated workloads to run, of {', '.join(WORKLOADS)}",
     )
+    parser.add_argument(
+        "--lengths",
+        help="comma-separated module lengths of the sweep (default 256,1024 with --quick, else 256 to 4096)",
+    )
     parser.add_argument("--results", default="modules", help="bench/results/<name>.json and .png")
     parser.add_argument(
         "--merge",
@@ -75,7 +79,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 async def bench(args: argparse.Namespace) -> None:
     loaded = load_model(default_model_dir(), torch.float32, "cpu")
     tokenizer = loaded.tokenizer
-    lengths = [256, 1024] if args.quick else [256, 512, 1024, 2048, 4096]
+    if args.lengths:
+        lengths = [int(length) for length in args.lengths.split(",")]
+    else:
+        lengths = [256, 1024] if args.quick else [256, 512, 1024, 2048, 4096]
     paper = 1 if args.quick else 3  # prompts per schema
     workloads = {
         "length": lambda: length_sweep(tokenizer, lengths, SEED),

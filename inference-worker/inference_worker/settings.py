@@ -119,6 +119,12 @@ class WorkerSettings(ServiceSettings):
         description="longest wait for the daemon's lookup and read of one prompt module's KV before "
         "encoding it again",
     )
+    module_positions: Literal["schema", "compact"] = Field(
+        "schema",
+        description="where a module prompt's parts are served: at their schema positions (Prompt Cache: "
+        "omitted modules, short union members and short arguments leave gaps) or one after the other "
+        "(compact: the positions of the same tokens prefilled whole; cached keys re-positioned)",
+    )
     module_repair_method: Literal["first", "deviation"] = Field(
         "first",
         description="which module tokens boundary repair recomputes (a module prompt's repair_tokens per "

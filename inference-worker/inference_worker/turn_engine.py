@@ -152,6 +152,7 @@ class TurnEngine:
             model_tokenize(model.tokenizer),
             chat_role_renderer(model.tokenizer),
             generation_prompt(model.tokenizer),
+            compact_positions=settings.module_positions == "compact",
         )
         self.modules = ModuleTurns(
             self.engine,

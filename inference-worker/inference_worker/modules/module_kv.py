@@ -1,5 +1,6 @@
-"""A prompt module's KV, and encoding it: one forward pass over the module's tokens alone,
-at the positions its schema gives them (its own attention span), copied out of the pool.
+"""A prompt module's KV, and encoding it: one forward pass over the module's tokens at the
+positions its schema gives them, after the text that always precedes it (its context: the
+text of its ancestors before it, the root's included), copied out of the pool.
 
 Positions may have gaps inside a module (a parameter reserves positions whose tokens are
 the arguments, computed when a prompt is served).
@@ -61,15 +62,26 @@ def layout_namespace(namespace: bytes, positions: Sequence[int], cached_tokens: 
 
 
 async def encode_module(
-    engine: Engine, token_ids: Sequence[int], positions: Sequence[int], namespace: bytes
+    engine: Engine,
+    token_ids: Sequence[int],
+    positions: Sequence[int],
+    namespace: bytes,
+    context: tuple[Sequence[int], Sequence[int]] = ((), ()),
 ) -> ModuleKV:
-    """The module's KV computed alone at `positions` (batched with the engine's other work)."""
+    """The module's KV computed at `positions` (batched with the engine's other work),
+    attending to its own earlier tokens and to `context` (tokens, positions: text that every
+    prompt importing the module serves before it), whose KV is not kept."""
+    context_ids, context_positions = list(context[0]), list(context[1])
     tokens, places = list(token_ids), list(positions)
-    seq = EngineSequence.of(tokens, layout_namespace(namespace, places, 0), positions=places)
+    seq = EngineSequence.of(
+        context_ids + tokens,
+        layout_namespace(namespace, context_positions + places, 0),
+        positions=context_positions + places,
+    )
     try:
         async for _ in engine.generate(seq):  # max_new_tokens 0: prefill only
             pass
-        kv = await asyncio.to_thread(engine.kv.span, seq.block_table, 0, len(seq))
+        kv = await asyncio.to_thread(engine.kv.span, seq.block_table, len(context_ids), len(seq))
     finally:
         engine.release(seq)
     return ModuleKV(tuple(tokens), tuple(places), kv)

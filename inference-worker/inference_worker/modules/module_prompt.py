@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from inference_worker.engine.sequence import Sequence as EngineSequence
+from inference_worker.kv_saver import KV
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.modules.module_kv import ModuleKV, layout_namespace
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
@@ -46,6 +47,10 @@ class CachedPiece:
     offset: int
     tokens: int
     position: int
+    # The KV of the piece's tokens in the first layers, computed over the whole prompt
+    # (deviation repair's selection pass: exact, keys at the served positions); loaded
+    # instead of the module's in those layers.
+    exact_layers: KV = field(default=(), compare=False)
 
     @classmethod
     def whole(cls, module: ModuleKV, position: int) -> CachedPiece:
@@ -225,6 +230,11 @@ def _prefix(
     for layer in range(num_layers):
         keys, values = [], []
         for span in spans:
+            if layer < len(span.part.exact_layers):
+                k, v = span.part.exact_layers[layer]  # [kv_heads, piece tokens, D], served positions
+                keys.append(k[:, span.start : span.stop].to(device))
+                values.append(v[:, span.start : span.stop].to(device))
+                continue
             k, v = span.part.module.kv[layer]  # [kv_heads, module tokens, D]
             first, last = span.part.offset + span.start, span.part.offset + span.stop
             k, v = k[:, first:last].to(device), v[:, first:last].to(device)

@@ -46,6 +46,9 @@ class ModuleSpec:
     key: bytes
     token_ids: tuple[int, ...]
     positions: tuple[int, ...]
+    # Tokens and positions in its attention span when encoded, not in its KV (module_kv.py).
+    context_ids: tuple[int, ...] = ()
+    context_positions: tuple[int, ...] = ()
 
 
 class ModuleStore:
@@ -78,7 +81,13 @@ class ModuleStore:
             if stored is not None:
                 await self._protect(source, keys)
                 return ModuleKV(spec.token_ids, spec.positions, stored), Origin.STORED
-        module = await encode_module(self.engine, spec.token_ids, spec.positions, source.namespace)
+        module = await encode_module(
+            self.engine,
+            spec.token_ids,
+            spec.positions,
+            source.namespace,
+            (spec.context_ids, spec.context_positions),
+        )
         if self.saver is not None:
             self.saver.save(
                 source,

@@ -71,9 +71,12 @@ class PmlServer:
         render_role: RenderRole,
         generation_prompt: str | Exception,
         limits: PmlLimits = DEFAULT_LIMITS,
+        compact_positions: bool = False,
     ) -> None:
         """`generation_prompt`: the chat template's opening of an answer, appended to prompts
-        that ask for it; the template's error when it cannot render one."""
+        that ask for it; the template's error when it cannot render one. `compact_positions`:
+        prompts are laid out without gaps (`layout_prompt(compact=True)`)."""
+        self.compact_positions = compact_positions
         self._generation_prompt = generation_prompt
         self.generation_prompt = (
             tuple(tokenize(generation_prompt)) if isinstance(generation_prompt, str) and generation_prompt else ()
@@ -108,7 +111,11 @@ class PmlServer:
         """The prompt's module KV pieces (read or encoded) and computed text. Raises PmlError."""
         layout = self.schema(schema_document)
         served = layout_prompt(
-            layout, parse_prompt(prompt_document, self.limits), self.tokenize, self.render_role
+            layout,
+            parse_prompt(prompt_document, self.limits),
+            self.tokenize,
+            self.render_role,
+            compact=self.compact_positions,
         )
         kvs: dict[_KVId, tuple[ModuleKV, Origin]] = {}
         pieces: list[CachedPiece] = []
@@ -169,8 +176,14 @@ class PmlServer:
     def _spec(source: KVSource, layout: SchemaLayout, path: ModulePath, scaffold: str | None) -> ModuleSpec:
         key = module_key(source.namespace, layout.digest, path, scaffold=scaffold)
         if scaffold is None:
-            module = layout.module(path)
-            return ModuleSpec(key, module.token_ids, module.positions)
+            module, context = layout.module(path), layout.context_pieces(path)
+            return ModuleSpec(
+                key,
+                module.token_ids,
+                module.positions,
+                tuple(t for piece in context for t in piece.token_ids),
+                tuple(p for piece in context for p in range(piece.start, piece.end)),
+            )
         pieces = [piece for _, piece in layout.scaffold_pieces(scaffold)]
         return ModuleSpec(
             key,

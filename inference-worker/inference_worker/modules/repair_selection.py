@@ -27,6 +27,7 @@ from enum import StrEnum
 import torch
 from transformers import PreTrainedModel
 
+from inference_worker.kv_saver import KV
 from inference_worker.modules.module_prompt import ModulePrompt
 from inference_worker.restore.hidden_states import recompute_layers
 
@@ -63,7 +64,7 @@ def select_by_deviation(
     order = sorted({p for _, p in tokens})
     row = {position: index for index, position in enumerate(order)}
     by_position = {p: t for t, p in tokens}
-    values = _layer_values(model, [by_position[p] for p in order], order, layer)  # [tokens, kv_heads * D]
+    early, values = _layer_values(model, [by_position[p] for p in order], order, layer)
     deviations = []
     for index in eligible:
         part = prompt.pieces[index]
@@ -79,16 +80,22 @@ def select_by_deviation(
         count = prompt.pieces[index].tokens
         repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
         start += count
-    return replace(prompt, repaired=tuple(repaired))
+    pieces = tuple(
+        replace(part, exact_layers=[(k[:, rows], v[:, rows]) for k, v in early])
+        for part in prompt.pieces
+        for rows in [[row[p] for p in part.positions]]
+    )
+    return replace(prompt, pieces=pieces, repaired=tuple(repaired))
 
 
 def _layer_values(
     model: PreTrainedModel, token_ids: list[int], positions: list[int], layer: int
-) -> torch.Tensor:
-    """Layer `layer`'s values [tokens, kv_heads * D] of the tokens (in position order) after
-    full, causal layers before it."""
+) -> tuple[KV, torch.Tensor]:
+    """The KV of the layers before `layer` ([kv_heads, tokens, D] each), computed in full
+    and causal over the tokens (in position order), and layer `layer`'s values after them
+    [tokens, kv_heads * D]."""
     device = next(model.parameters()).device
     ids = torch.tensor(token_ids, device=device)
-    _, hidden = recompute_layers(model, ids, torch.tensor(positions, device=device), layer)  # layer's input
+    early, hidden = recompute_layers(model, ids, torch.tensor(positions, device=device), layer)  # layer's input
     target = model.model.layers[layer]
-    return target.self_attn.v_proj(target.input_layernorm(hidden))
+    return early, target.self_attn.v_proj(target.input_layernorm(hidden))

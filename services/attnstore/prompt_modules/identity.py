@@ -18,7 +18,9 @@ from attnstore.prompt_modules.printer import print_schema
 
 SCHEMA_DIGEST_BYTES = 32
 _SCHEMA_DOMAIN = b"attnstore/pml-schema/v1\0"
-_MODULE_DOMAIN = b"attnstore/pml-module/v1\0"
+# v2: modules are encoded after their ancestors' preceding text (v1: alone), so v1 KV in a
+# daemon is never read as v2's.
+_MODULE_DOMAIN = b"attnstore/pml-module/v2\0"
 
 
 def schema_digest(schema: Schema) -> bytes:

@@ -101,6 +101,18 @@ class SchemaLayout:
             raise UnknownModule(0, f'<schema name="{self.schema.name}">', f"no module {format_path(path)!r}")
         return self.modules[path]
 
+    def context_pieces(self, path: ModulePath) -> tuple[PieceLayout, ...]:
+        """The pieces of the module's ancestors (the root's included) that precede it: a
+        prompt importing the module always serves them before it, so the module is encoded
+        with them in its attention span (they are not part of its KV)."""
+        start = self.module(path).start
+        return tuple(
+            piece
+            for depth in range(len(path))
+            for piece in self.modules[path[:depth]].pieces
+            if piece.start < start
+        )
+
     def scaffold_pieces(self, name: str) -> tuple[tuple[ModulePath, PieceLayout], ...]:
         """What a scaffold encodes in one attention span, in position order: the root's pieces
         and those of its modules (params and omitted modules are gaps)."""

@@ -102,12 +102,23 @@ class PromptLayout:
 
 
 def layout_prompt(
-    schema_layout: SchemaLayout, prompt: Prompt, tokenize: Tokenize, render_role: RenderRole = plain_roles
+    schema_layout: SchemaLayout,
+    prompt: Prompt,
+    tokenize: Tokenize,
+    render_role: RenderRole = plain_roles,
+    *,
+    compact: bool = False,
 ) -> PromptLayout:
+    """`compact`: every segment at the cursor (no gap: omitted modules, union members
+    shorter than their union and short arguments take no position), so the prompt has the
+    positions of its tokens prefilled whole; pieces away from their schema position are
+    re-positioned as in the default layout."""
     check_prompt(prompt, schema_layout.schema)
     imported = set(_imported_paths(prompt.children, ROOT))
     scaffold = choose_scaffold(schema_layout.schema, imported)
-    server = _Server(schema_layout, tokenize, role_frames(render_role), scaffold.modules if scaffold else ())
+    server = _Server(
+        schema_layout, tokenize, role_frames(render_role), scaffold.modules if scaffold else (), compact
+    )
     scaffold_name = scaffold.name if scaffold else None
     server.serve(ROOT, prompt.children, {}, prompt.line, scaffold_name)
     return PromptLayout(
@@ -125,9 +136,15 @@ class _Server:
     """Walks a prompt, keeping `cursor`: the first position after everything served so far."""
 
     def __init__(
-        self, layout: SchemaLayout, tokenize: Tokenize, frames: RoleFrames, scaffolded: tuple[ModulePath, ...]
+        self,
+        layout: SchemaLayout,
+        tokenize: Tokenize,
+        frames: RoleFrames,
+        scaffolded: tuple[ModulePath, ...],
+        compact: bool,
     ) -> None:
         self._layout = layout
+        self._compact = compact
         self._tokenize = tokenize
         self._frames = frames
         self._scaffolded = {ROOT, *scaffolded}
@@ -200,7 +217,7 @@ class _Server:
                 yield node
 
     def _piece(self, path: ModulePath, piece: PieceLayout, scaffold: str | None) -> None:
-        start = max(piece.start, self.cursor)
+        start = self._place(piece.start)
         self.segments.append(
             ModuleSegment(path, piece.index, piece.token_ids, piece.start, start, piece.offset, scaffold)
         )
@@ -215,9 +232,14 @@ class _Server:
                 f"argument {param.name!r} is {len(ids)} tokens, over its len={param.len}",
             )
         if ids:
-            start = max(param.start, self.cursor)
+            start = self._place(param.start)
             self.segments.append(ArgumentSegment(path, param.name, text, ids, start, param.len))
             self.cursor = start + len(ids)
+
+    def _place(self, schema_start: int) -> int:
+        """Where schema content is served: at its schema position unless the cursor passed
+        it (or the layout is compact)."""
+        return self.cursor if self._compact else max(schema_start, self.cursor)
 
     def _text(self, text: str) -> None:
         ids = tuple(self._tokenize(text))

@@ -20,7 +20,7 @@ from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.modules.module_kv import ModuleKV, encode_module
 from inference_worker.modules.module_prompt import CachedPiece, ModulePrompt, TextPart, module_sequence
-from inference_worker.modules.repair_selection import select_by_deviation
+from inference_worker.modules.repair_selection import DEVIATION_LAYER, select_by_deviation
 from inference_worker.rotary_shift import RotaryShift
 
 pytestmark = pytest.mark.timeout(600)
@@ -159,6 +159,30 @@ async def test_deviation_repair_beats_first_token_repair_at_the_same_budget(
     assert errors["deviation"].mean() < errors["first"].mean(), errors
     whole = select_by_deviation(by_first, model.model, budget=len(second))
     assert_same(await run(engine, serve(engine, whole)), full)
+
+
+async def test_deviation_repair_loads_the_layers_its_selection_computed_in_full(
+    model: LoadedModel, engine: Engine
+) -> None:
+    """The selection pass computes the first DEVIATION_LAYER layers over the whole prompt:
+    every cached token is loaded with that exact KV in those layers, the module's beyond."""
+    first, second = ids(model, SECOND), ids(model, MODULE)
+    modules, text, _ = await two_modules(model, engine, first, second)
+    chosen = select_by_deviation(ModulePrompt(modules, text, repair_tokens=4), model.model)
+    whole = await encode_module(engine, first + second, range(len(first) + len(second)), NAMESPACE)
+    seq = serve(engine, chosen)
+    assert seq.prefix is not None
+    cached = [len(first) + i for i in range(len(second)) if i not in chosen.repair_indices()[1]]
+    loaded = [seq.prefix.wait_layer(layer, 1.0) for layer in range(DEVIATION_LAYER + 1)]
+    for layer, (k, v) in enumerate(loaded):  # [kv_heads, cached tokens, D]: A's, then B's cached ones
+        b_keys, b_values = k[:, len(first) :], v[:, len(first) :]
+        if layer < DEVIATION_LAYER:
+            assert torch.allclose(b_keys, whole.kv[layer][0][:, cached], atol=1e-4)
+            assert torch.allclose(b_values, whole.kv[layer][1][:, cached], atol=1e-4)
+        else:  # B's own KV, encoded apart from A
+            offsets = [p - len(first) for p in cached]
+            assert torch.equal(b_values, modules[1].module.kv[layer][1][:, offsets])
+            assert not torch.allclose(b_values, whole.kv[layer][1][:, cached], atol=1e-3)
 
 
 def test_module_kv_checks_its_shape() -> None:

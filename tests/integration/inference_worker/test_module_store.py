@@ -1,16 +1,19 @@
 """Prompt modules through a real daemon on the tiny model: a module is encoded on first use
 and saved like any chunk, read back by the next prompt (same tokens as the first), re-encoded
 transparently when its chunks were evicted, still stored after a daemon restart (SSD tier),
-encoded eagerly with progress, never read by another tenant; a scaffold answers as a full
+encoded eagerly with progress, never read by another tenant; a module is encoded after
+the text that precedes it in every prompt; a scaffold answers as a full
 prefill of its tokens; role tags and the generation prompt go through the chat template."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.model_store import LoadedModel
+from inference_worker.modules.module_kv import encode_module
 from inference_worker.modules.module_prompt import lay_out
 from inference_worker.modules.module_store import Origin
 from inference_worker.modules.pml_server import generation_prompt
@@ -163,3 +166,46 @@ async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
         ]
         assert [e.token_id for e in events] == [e.token_id for e in full if isinstance(e, TokenEvent)]
         await engine.modules.server.store.drain()
+
+
+async def test_a_module_is_encoded_after_the_text_before_it_as_a_full_prefill_computes_it(
+    tiny_model: LoadedModel,
+) -> None:
+    """The root's text always precedes `doc`, so `doc` is encoded with it in its attention
+    span: its KV is the KV a full prefill of the two computes (no first token of its own
+    acting as the sequence's start), and the root's text is not part of it."""
+    engine = TurnEngine(tiny_model, None, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+    source = await engine.namespace_for(b"tenant-a")
+    served = await engine.modules.server.serve(source, SCHEMA, '<prompt schema="library"><doc/></prompt>', 0)
+    root, doc = (piece.module for piece in served.prompt.pieces)
+    assert doc.positions[0] == len(root) and doc.positions == tuple(range(len(root), len(root) + len(doc)))
+    whole = await encode_module(
+        engine.engine, root.token_ids + doc.token_ids, range(len(root) + len(doc)), source.namespace
+    )
+    alone = await encode_module(engine.engine, doc.token_ids, doc.positions, source.namespace)
+    for (k, v), (wk, wv), (ak, _) in zip(doc.kv, whole.kv, alone.kv, strict=True):
+        assert torch.allclose(k, wk[:, len(root) :], atol=1e-5)
+        assert torch.allclose(v, wv[:, len(root) :], atol=1e-5)
+    assert not torch.allclose(doc.kv[-1][0], alone.kv[-1][0], atol=1e-3)  # the context changed it
+
+
+async def test_compact_positions_serve_without_gaps_and_full_repair_is_the_full_prefill(
+    tiny_model: LoadedModel,
+) -> None:
+    prompt = '<prompt schema="library"><style/> Who kept the log?</prompt>'  # doc omitted
+    layouts = {}
+    for positions in ("schema", "compact"):
+        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_positions=positions)
+        engine = TurnEngine(tiny_model, None, settings)
+        source = await engine.namespace_for(b"tenant-a")
+        layouts[positions] = lay_out((await engine.modules.server.serve(source, SCHEMA, prompt, 0)).prompt)
+    schema, compact = layouts["schema"], layouts["compact"]
+    assert compact.tokens_by_position == schema.tokens_by_position
+    assert sorted(compact.positions) == list(range(len(compact.positions)))
+    assert max(schema.positions) >= len(schema.positions)  # doc's positions are a gap there
+
+    turn = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=12), repair_fraction=1.0)
+    events = [event async for event in engine.modules.run(turn, source)]  # the compact engine
+    full = engine.run_turn(TurnInput(list(compact.tokens_by_position), SamplingParams(max_tokens=12)), None)
+    expected = [e.token_id async for e in full if isinstance(e, TokenEvent)]
+    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == expected

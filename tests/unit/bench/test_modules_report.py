@@ -1,7 +1,7 @@
 """The prompt-module benchmark's summary: the 4k speedup only when a 4,096-token module ran,
 doc-QA as the median, perplexity deltas relative to the full prefill over the prompts of
 several modules, the repair curve per method and budget (the better served method at the
-largest budget is the headline), the repair budget over the module tokens, and n/a, PASS
+largest budget is the headline; the compact layout's figures beside it), the repair budget over the module tokens, and n/a, PASS
 and FAIL verdicts."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LARGEST = REPAIR_FRACTIONS[-1]
 
 def row(
     workload: str, label: str, full_ms: float, modules_ms: float, ppl: tuple[float, float],
-    repaired: dict[str, float] | None = None,
+    repaired: dict[str, float] | None = None, compact: float | None = None,
 ) -> CaseResult:
     """`repaired`: the perplexity per method at the largest budget; smaller budgets 10% off."""
     full, modules = ppl
@@ -39,6 +39,7 @@ def row(
         agree_repair=1.0 if curve else None,
         agree_repair_deviation=0.75 if curve else None,
         ttft_repair_deviation_ms=modules_ms * 2 if curve else None,
+        ppl_modules_compact=modules if compact is None else compact,
     )
 
 
@@ -49,7 +50,10 @@ def same(ppl: float) -> dict[str, float]:
 def test_summary_and_verdicts() -> None:
     rows = [
         row("length", "1024", 1000.0, 20.0, (10.0, 10.0)),
-        row("doc_qa", "q0", 600.0, 20.0, (10.0, 11.0), {**same(10.3), "first": 10.05, "deviation": 10.2}),
+        row(
+            "doc_qa", "q0", 600.0, 20.0, (10.0, 11.0),
+            {**same(10.3), "first": 10.05, "deviation": 10.2, "deviation+compact": 10.01}, compact=10.6,
+        ),
         row("doc_qa", "q1", 900.0, 30.0, (10.0, 9.7), same(10.0)),  # lower counts as far as higher
         row("doc_qa", "q2", 300.0, 30.0, (10.0, 10.0), same(10.0)),
     ]
@@ -57,6 +61,9 @@ def test_summary_and_verdicts() -> None:
     assert summary["ttft_speedup_4k_module"] is None and summary["ttft_speedup_largest_module"] == 50.0
     assert summary["ttft_speedup_doc_qa"] == 30.0  # the median of 30, 30, 10
     assert summary["ppl_delta_no_repair"] == pytest.approx((0.1 + 0.03 + 0) / 3, abs=1e-4)  # doc-QA only
+    assert summary["ppl_delta_no_repair_compact"] == pytest.approx((0.06 + 0.03 + 0) / 3, abs=1e-4)
+    assert summary["ppl_delta_with_repair_compact"] == pytest.approx(0.001 / 3, abs=1e-4)
+    assert summary["ppl_delta_with_repair"] == summary["ppl_delta_with_repair_first"]  # served layout only
     assert summary["ppl_delta_single_module"] == 0.0
     assert summary["ppl_delta_with_repair_first"] == pytest.approx(0.005 / 3, abs=1e-4)  # rounded to 4 places
     assert summary["ppl_delta_with_repair_deviation"] == pytest.approx(0.02 / 3, abs=1e-4)

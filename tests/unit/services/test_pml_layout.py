@@ -64,3 +64,21 @@ def test_role_tags_frame_their_content_with_the_template() -> None:
     root = layout.modules[()]
     assert [p.text for p in root.pieces] == [" [system] be brief [/system]  [user] ", " [/user] "]
     assert layout.modules[("q",)].start == 5
+
+
+def test_a_module_is_encoded_after_the_text_of_its_ancestors_before_it() -> None:
+    layout = lay(
+        '<schema name="s">r0 r1<module name="a">a0<module name="b">b0<module name="c">c0</module></module>'
+        'a1<module name="d">d0</module></module>r2<module name="e">e0</module></schema>'
+    )
+    text = {path: [piece.text for piece in layout.context_pieces(path)] for path in layout.modules}
+    assert text == {
+        (): [],
+        ("a",): ["r0 r1"],
+        ("a", "b"): ["r0 r1", "a0"],
+        ("a", "b", "c"): ["r0 r1", "a0", "b0"],
+        ("a", "d"): ["r0 r1", "a0", "a1"],  # a's text after b's span precedes d too
+        ("e",): ["r0 r1", "r2"],
+    }
+    positions = [p for piece in layout.context_pieces(("a", "d")) for p in range(piece.start, piece.end)]
+    assert positions == [0, 1, 2, 5]

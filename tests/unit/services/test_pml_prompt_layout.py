@@ -214,3 +214,22 @@ def test_the_worked_example_of_the_docs() -> None:
         '<prompt schema="travel"><city-guide/><trip destination="Oslo"><solo/></trip></prompt>', TRAVEL
     )
     assert both.scaffold == "guided-trip"
+
+
+def test_a_compact_layout_serves_everything_without_gaps() -> None:
+    layout = layout_schema(parse_schema(DOCS), word_tokens, tag_template)
+    prompt = parse_prompt('<prompt schema="docs"><trip city="Oslo"><cheap/></trip>why</prompt>')
+    served = layout_prompt(layout, prompt, word_tokens, tag_template, compact=True)
+    assert spans(served) == [
+        ("root", 0, 1),
+        ("root", 1, 1),  # r1 right after r0: docs omitted
+        ("trip", 2, 2),
+        ("trip:city", 4, 1),  # 1 token of 3 reserved
+        ("trip", 5, 1),
+        ("trip.cheap", 6, 1),  # the union's longer member takes no room
+        ("trip", 7, 1),
+        ("text 'why'", 8, 1),
+    ]
+    assert served.positions == tuple(range(9)) and served.next_position == 9
+    shifts = [s.shift for s in served.segments if isinstance(s, ModuleSegment)]
+    assert shifts == [0, -5, -5, -7, -7, -11]  # from the schema positions of the default layout
