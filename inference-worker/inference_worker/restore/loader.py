@@ -35,6 +35,7 @@ from inference_worker.restore.codec import hidden_from_pieces
 from inference_worker.restore.hidden_states import project_kv, recompute_layers
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.storage_plan import StoragePlan
+from inference_worker.restore.timeline import Timeline
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 
 
@@ -47,6 +48,7 @@ class RestoreStats:
     tokens: int  # the prefix's
     bytes_read: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"recompute": 0.0, "hidden": 0.0, "kv": 0.0})
+    timeline: Timeline = field(default_factory=Timeline)  # per layer: reads vs compute
 
 
 async def restore_prefix(
@@ -70,7 +72,7 @@ async def restore_prefix(
     restore = _Restore(model, prefix, storage, plan, token_ids, compute, shift)
     try:
         if plan.recompute_layers:
-            restore.submit("recompute", restore.recompute)
+            restore.submit("recompute", 0, restore.recompute)
         if plan.recompute_layers < storage.num_layers:
             async with contextlib.aclosing(
                 client.iter_layers(namespace, keys, layer_start=plan.recompute_layers)
@@ -86,6 +88,7 @@ async def restore_prefix(
 
 
 LayerKV = tuple[int, tuple[torch.Tensor, torch.Tensor]]  # layer, (K, V [kv_heads, tokens, head_dim])
+_COMPUTE_PART = {"recompute": "recompute", "hidden": "project"}  # method -> its Timeline part
 
 
 class _Restore:
@@ -112,17 +115,20 @@ class _Restore:
         probe = torch.empty(0, device=self.device, dtype=next(model.parameters()).dtype)
         self.cos_sin = rotary_of(model.model, probe, self.positions)  # one rotation for every projected layer
 
-    def submit(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
-        """Queues `work` on the compute thread; its layers go to the prefix when done."""
+    def submit(self, method: str, layer: int, work: Callable[[], list[LayerKV]]) -> None:
+        """Queues `work` (from `layer` on) on the compute thread; its layers go to the
+        prefix when done."""
         self.computing.append(
-            asyncio.get_running_loop().run_in_executor(self.compute, self._run, method, work)
+            asyncio.get_running_loop().run_in_executor(self.compute, self._run, method, layer, work)
         )
 
-    def _run(self, method: str, work: Callable[[], list[LayerKV]]) -> None:
+    def _run(self, method: str, first_layer: int, work: Callable[[], list[LayerKV]]) -> None:
         started = time.perf_counter()
         for layer, (k, v) in work():
             self.prefix.put_layer(layer, k.contiguous(), v.contiguous())
-        self.stats.seconds[method] += time.perf_counter() - started
+        ended = time.perf_counter()
+        self.stats.seconds[method] += ended - started
+        self.stats.timeline.add(_COMPUTE_PART[method], first_layer, started, ended)
 
     def recompute(self) -> list[LayerKV]:
         kv, _ = recompute_layers(self.model, self.ids, self.positions, self.plan.recompute_layers)
@@ -149,14 +155,19 @@ class _Restore:
             self.stats.bytes_read += len(piece.data)
             if len(row) < chunks:
                 continue
+            arrived = time.perf_counter()
+            self.stats.timeline.add("read", layer, started, arrived)
             if self.storage.forms[layer] is LayerForm.HIDDEN:
                 states = hidden_from_pieces(row, self.device)  # [tokens, hidden]
-                self.submit("hidden", functools.partial(self.project, layer, states))
+                self.submit("hidden", layer, functools.partial(self.project, layer, states))
             else:
                 k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
                 self.prefix.put_layer(layer, _reposition(k, row, self.shift), v)
-                self.stats.seconds["kv"] += time.perf_counter() - started
-            started = time.perf_counter()
+            decoded = time.perf_counter()
+            self.stats.timeline.add("decode", layer, arrived, decoded)
+            if self.storage.forms[layer] is not LayerForm.HIDDEN:
+                self.stats.seconds["kv"] += decoded - started
+            started = decoded
             row, layer = [], layer + 1
         if layer != self.storage.num_layers:
             raise DaemonProtocolError(f"the read ended after layer {layer} of {self.storage.num_layers}")

@@ -146,3 +146,12 @@ async def test_any_mix_gives_the_greedy_tokens_of_recomputation(
     read = sum(end - start for start, end in (layout.layer_span(recompute, LAYERS) for layout in layouts))
     assert stats.bytes_read == read  # the recomputed layers were not read
     assert stats.plan == plan
+    spans = stats.timeline.spans
+    assert all(0 <= span.start_seconds <= span.end_seconds for span in spans)
+    reads = {span.layer: span for span in spans if span.part == "read"}
+    assert sorted(reads) == list(range(recompute, LAYERS))
+    assert sorted(span.layer for span in spans if span.part == "decode") == list(range(recompute, LAYERS))
+    projected = {span.layer: span for span in spans if span.part == "project"}
+    assert sorted(projected) == list(range(recompute, recompute + plan.hidden_layers))
+    assert all(span.start_seconds >= reads[layer].end_seconds for layer, span in projected.items())
+    assert [span.layer for span in spans if span.part == "recompute"] == ([0] if recompute else [])
