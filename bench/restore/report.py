@@ -24,8 +24,10 @@ def throttled_tier(gbps: float) -> str:
 
 def format_table(rows: list[Row]) -> str:
     lines = [
-        f"{'tier':<10} {'tokens':>6} {'method':<10} {'plan':<12} {'ms':>9} {'GB/s read':>9} {'B/token':>8}"
-        f" {'io ms':>8} {'compute ms':>10} {'overlap':>7}"
+        (
+            f"{'tier':<10} {'tokens':>6} {'method':<10} {'plan':<12} {'ms':>9} {'GB/s read':>9} {'B/token':>8}"
+            f" {'io ms':>8} {'compute ms':>10} {'overlap':>7}"
+        )
     ]
     for row in rows:
         rate = row["read_bytes"] / row["seconds"] / 1e9 if row["seconds"] else 0.0

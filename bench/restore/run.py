@@ -282,7 +282,11 @@ class Bench:
             same = next((m for m, (p, r) in singles.items() if (p, r.name) == (storage, chosen.name)), None)
             if chosen.recompute_layers == self.layers:  # reads nothing, whatever is stored
                 same = "recompute"
-            results = {"recompute": (recompute_seconds, 0, recompute_stats), "kv": kv_run, "hidden": hidden_run}
+            results = {
+                "recompute": (recompute_seconds, 0, recompute_stats),
+                "kv": kv_run,
+                "hidden": hidden_run,
+            }
             if same is None:  # measured again beside the single methods (the same spell of the machine)
                 runs = [singles["kv"], singles["hidden"], (storage, chosen)]
                 again = await self.rounds(tier, runs, token_ids)
