@@ -259,9 +259,10 @@ class Bench:
                 0.0,
                 {tier: io},
             )
-            storage = plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True)
+            chunk = self.args.chunk_tokens
+            storage = plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True, chunk_tokens=chunk)
             await self.store(storage, token_ids, kv, hidden)
-            chosen = plan_restore(costs, storage, tier, tokens)
+            chosen = plan_restore(costs, storage, tier, tokens, chunk_tokens=chunk)
             self.costs[f"{tier}/{tokens}"] = {
                 **{
                     f"{name}_us_per_token_layer": round(seconds * 1e6, 2)

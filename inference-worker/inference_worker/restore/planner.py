@@ -7,8 +7,10 @@ The model of a restore over `n` tokens and L layers, one IO channel and one comp
     compute  recompute layers 0..r-1 (no reads needed) | project HIDDEN layer r, r+1, ...
     IO                 read HIDDEN layer r | r+1 | ... | read KV layers ... L-1
 
-A projection starts once its layer is read and the previous computation is done; the
-restore ends when both channels are idle. `restore_seconds` plays that out layer by layer
+Hidden states are projected chunk by chunk (restore/loader.py): a layer's projection starts
+once its first chunk is read and the previous computation is done, and ends no earlier
+than one chunk's projection after its last chunk is read (both rates steady); the restore
+ends when both channels are idle. `restore_seconds` plays that out layer by layer
 (exact for this model, O(L)); the planners search the layer counts (O(L) per request,
 O(L^2) for a storage plan), so "never slower than KV loading or full recomputation" holds
 by construction: both are candidates whenever they are possible.
@@ -97,16 +99,28 @@ class RestorePlan:
 
 
 def restore_seconds(
-    costs: RestoreCosts, tier: str, tokens: int, recompute: int, hidden: int, kv: int
+    costs: RestoreCosts,
+    tier: str,
+    tokens: int,
+    recompute: int,
+    hidden: int,
+    kv: int,
+    chunk_tokens: int = 0,
 ) -> float:
     """The modelled time to restore `tokens` tokens: layers [0, recompute) recomputed, the
-    next `hidden` projected from hidden states, the last `kv` loaded (module docstring)."""
+    next `hidden` projected from hidden states, the last `kv` loaded (module docstring);
+    projections by chunks of `chunk_tokens` (0: a layer at a time)."""
     io = costs.tiers[tier]
+    chunk = min(chunk_tokens or tokens, tokens)
     compute_done = recompute * costs.recompute_layer_seconds(tokens)
     read_done = 0.0
     for _ in range(hidden):
+        first_chunk_read = read_done + io.hidden_seconds * chunk
         read_done += io.hidden_seconds * tokens
-        compute_done = max(compute_done, read_done) + costs.project_seconds * tokens
+        compute_done = max(
+            max(compute_done, first_chunk_read) + costs.project_seconds * tokens,
+            read_done + costs.project_seconds * chunk,
+        )
     read_done += kv * io.kv_seconds * tokens
     return max(read_done, compute_done)
 
@@ -122,15 +136,24 @@ def _robust(timed: Sequence[tuple[float, str, Candidate]], margin: float) -> lis
 
 
 def plan_restore(
-    costs: RestoreCosts, storage: StoragePlan, tier: str, tokens: int, *, margin: float = MIX_MARGIN
+    costs: RestoreCosts,
+    storage: StoragePlan,
+    tier: str,
+    tokens: int,
+    *,
+    margin: float = MIX_MARGIN,
+    chunk_tokens: int = 0,
 ) -> RestorePlan:
-    """The fastest restore of `tokens` stored tokens under `storage`: recompute its NONE
-    layers and possibly more (their stored forms are then not read), the rest as stored; a
-    mix only if `margin` faster than the best single method."""
+    """The fastest restore of `tokens` stored tokens (in chunks of `chunk_tokens`, 0: one)
+    under `storage`: recompute its NONE layers and possibly more (their stored forms are
+    then not read), the rest as stored; a mix only if `margin` faster than the best single
+    method."""
     timed = []
     for recompute in range(storage.recompute_layers, storage.num_layers + 1):
         plan = RestorePlan.of(storage, recompute)
-        seconds = restore_seconds(costs, tier, tokens, recompute, plan.hidden_layers, plan.kv_layers)
+        seconds = restore_seconds(
+            costs, tier, tokens, recompute, plan.hidden_layers, plan.kv_layers, chunk_tokens
+        )
         timed.append((seconds, plan.method, RestorePlan.of(storage, recompute, seconds)))
     candidates = _robust(timed, margin)
     return min(candidates, key=lambda c: c[0])[1]  # the first (least recomputation) of equals
@@ -144,6 +167,7 @@ def plan_storage(
     *,
     hidden_allowed: bool,
     margin: float = MIX_MARGIN,
+    chunk_tokens: int = 0,
 ) -> StoragePlan:
     """The storage plan whose restore from `tier` of a `tokens`-token history is fastest
     (a mix only if `margin` faster than the best single method); of plans within 1% of it,
@@ -153,7 +177,7 @@ def plan_storage(
     for recompute in range(num_layers + 1):
         for hidden in range(num_layers - recompute + 1 if hidden_allowed else 1):
             plan = StoragePlan(num_layers, recompute, hidden)
-            restore = plan_restore(costs, plan, tier, tokens, margin=margin)
+            restore = plan_restore(costs, plan, tier, tokens, margin=margin, chunk_tokens=chunk_tokens)
             timed.append((restore.estimated_seconds, restore.method, plan))
     candidates = _robust(timed, margin)
     fastest = min(seconds for seconds, _ in candidates)
