@@ -26,6 +26,7 @@ Costs come from the profiler (profiler.py), per token per layer, IO per tier.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -33,6 +34,11 @@ from typing import TypeVar
 from inference_worker.restore.storage_plan import StoragePlan
 
 MIX_MARGIN = 0.05  # how much faster (modelled) a mix must be than the best single method
+# A mix must also stay no slower than the best single method with all compute this many
+# times dearer: a shared machine's projection cost swings 2x within minutes (bench-restore:
+# planned at 36 us, a 1 GB/s mix projected at 45 us, compute-bound, 1.23x KV loading's time;
+# planned at 43 us, a 0.1 GB/s mix projected at 77 us, 0.77x KV loading's speed).
+COMPUTE_SWING = 2.0
 Candidate = TypeVar("Candidate")
 
 
@@ -67,16 +73,19 @@ class RestorePlan:
     hidden_layers: int
     kv_layers: int
     estimated_seconds: float
+    swung_seconds: float = 0.0  # estimated with the compute COMPUTE_SWING times dearer
 
     @classmethod
-    def of(cls, storage: StoragePlan, recompute: int, estimated_seconds: float = 0.0) -> RestorePlan:
+    def of(
+        cls, storage: StoragePlan, recompute: int, estimated_seconds: float = 0.0, swung_seconds: float = 0.0
+    ) -> RestorePlan:
         """Under `storage`, recompute layers [0, recompute) (at least its NONE layers); the
         rest as stored."""
         if not storage.recompute_layers <= recompute <= storage.num_layers:
             raise ValueError(f"plan {storage.name} cannot recompute {recompute} layers")
         stored_end = storage.recompute_layers + storage.hidden_layers  # where the KV layers begin
         kv = storage.num_layers - max(recompute, stored_end)
-        return cls(recompute, max(stored_end - recompute, 0), kv, estimated_seconds)
+        return cls(recompute, max(stored_end - recompute, 0), kv, estimated_seconds, swung_seconds)
 
     @property
     def name(self) -> str:
@@ -125,14 +134,31 @@ def restore_seconds(
     return max(read_done, compute_done)
 
 
-def _robust(timed: Sequence[tuple[float, str, Candidate]], margin: float) -> list[tuple[float, Candidate]]:
-    """Of (modelled seconds, method, candidate): the mixes if the fastest beats every single
-    method's by `margin`, else the single methods (module docstring)."""
-    singles = [(seconds, c) for seconds, method, c in timed if method != "mix"]
-    mixes = [(seconds, c) for seconds, method, c in timed if method == "mix"]
-    if mixes and (not singles or min(s for s, _ in mixes) * (1 + margin) < min(s for s, _ in singles)):
-        return mixes
-    return singles
+def _robust(
+    timed: Sequence[tuple[float, float, str, Candidate]], margin: float
+) -> list[tuple[float, Candidate]]:
+    """Of (modelled seconds, seconds with every compute cost swung, method, candidate): the
+    mixes that beat every single method by `margin` and, with the compute swung, are still
+    no slower than every single method is then, if any; else the single methods (module
+    docstring)."""
+    singles = [(seconds, c) for seconds, _, method, c in timed if method != "mix"]
+    best = min((s for s, _ in singles), default=float("inf"))
+    best_swung = min((swung for _, swung, method, _ in timed if method != "mix"), default=float("inf"))
+    mixes = [
+        (seconds, c)
+        for seconds, swung, method, c in timed
+        if method == "mix" and seconds * (1 + margin) < best and swung <= best_swung
+    ]
+    return mixes or singles
+
+
+def _swung(costs: RestoreCosts, swing: float) -> RestoreCosts:
+    return dataclasses.replace(
+        costs,
+        project_seconds=costs.project_seconds * swing,
+        recompute_seconds=costs.recompute_seconds * swing,
+        recompute_pair_seconds=costs.recompute_pair_seconds * swing,
+    )
 
 
 def plan_restore(
@@ -143,18 +169,23 @@ def plan_restore(
     *,
     margin: float = MIX_MARGIN,
     chunk_tokens: int = 0,
+    compute_swing: float = COMPUTE_SWING,
 ) -> RestorePlan:
     """The fastest restore of `tokens` stored tokens (in chunks of `chunk_tokens`, 0: one)
     under `storage`: recompute its NONE layers and possibly more (their stored forms are
     then not read), the rest as stored; a mix only if `margin` faster than the best single
-    method."""
+    method and no slower than it with its compute `compute_swing` times dearer."""
     timed = []
+    swung = _swung(costs, compute_swing)
     for recompute in range(storage.recompute_layers, storage.num_layers + 1):
         plan = RestorePlan.of(storage, recompute)
-        seconds = restore_seconds(
-            costs, tier, tokens, recompute, plan.hidden_layers, plan.kv_layers, chunk_tokens
+        seconds, swung_seconds = (
+            restore_seconds(c, tier, tokens, recompute, plan.hidden_layers, plan.kv_layers, chunk_tokens)
+            for c in (costs, swung)
         )
-        timed.append((seconds, plan.method, RestorePlan.of(storage, recompute, seconds)))
+        timed.append(
+            (seconds, swung_seconds, plan.method, RestorePlan.of(storage, recompute, seconds, swung_seconds))
+        )
     candidates = _robust(timed, margin)
     return min(candidates, key=lambda c: c[0])[1]  # the first (least recomputation) of equals
 
@@ -168,17 +199,26 @@ def plan_storage(
     hidden_allowed: bool,
     margin: float = MIX_MARGIN,
     chunk_tokens: int = 0,
+    compute_swing: float = COMPUTE_SWING,
 ) -> StoragePlan:
     """The storage plan whose restore from `tier` of a `tokens`-token history is fastest
     (a mix only if `margin` faster than the best single method); of plans within 1% of it,
     the one that stores the fewest bytes (hidden states and nothing before KV).
     `hidden_allowed` False (hidden states not smaller than KV): no HIDDEN layers."""
-    timed: list[tuple[float, str, StoragePlan]] = []
+    timed: list[tuple[float, float, str, StoragePlan]] = []
     for recompute in range(num_layers + 1):
         for hidden in range(num_layers - recompute + 1 if hidden_allowed else 1):
             plan = StoragePlan(num_layers, recompute, hidden)
-            restore = plan_restore(costs, plan, tier, tokens, margin=margin, chunk_tokens=chunk_tokens)
-            timed.append((restore.estimated_seconds, restore.method, plan))
+            restore = plan_restore(
+                costs,
+                plan,
+                tier,
+                tokens,
+                margin=margin,
+                chunk_tokens=chunk_tokens,
+                compute_swing=compute_swing,
+            )
+            timed.append((restore.estimated_seconds, restore.swung_seconds, restore.method, plan))
     candidates = _robust(timed, margin)
     fastest = min(seconds for seconds, _ in candidates)
     near = [plan for seconds, plan in candidates if seconds <= fastest * 1.01]
