@@ -131,7 +131,7 @@ def test_projecting_chunk_by_chunk_shortens_the_fill_and_the_drain(kv_us: float,
 def test_a_mix_that_dearer_compute_would_make_slower_than_kv_loading_is_not_chosen() -> None:
     # bench-restore's 1 GB/s tier (2k history, load 3-6): a mix modelled 6% faster than KV
     # loading projected at 45 us instead of the 36 us planned, became compute-bound and took
-    # 1.23x KV loading's time. With every compute cost doubled it loses to KV loading.
+    # 1.23x KV loading's time. With every compute cost 1.5x it loses to KV loading.
     c = costs(6.49, project_us=35.88, recompute_us=405.0)
     unguarded = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True, compute_swing=1.0)
     assert plan_restore(c, unguarded, "tier", TOKENS, compute_swing=1.0).method == "mix"
