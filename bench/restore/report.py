@@ -24,13 +24,19 @@ def throttled_tier(gbps: float) -> str:
 
 def format_table(rows: list[Row]) -> str:
     lines = [
-        f"{'tier':<10} {'tokens':>6} {'method':<10} {'plan':<12} {'ms':>9} {'GB/s read':>9} {'B/token':>8}"
+        (
+            f"{'tier':<10} {'tokens':>6} {'method':<10} {'plan':<12} {'ms':>9} {'GB/s read':>9} {'B/token':>8}"
+            f" {'io ms':>8} {'compute ms':>10} {'overlap':>7}"
+        )
     ]
     for row in rows:
         rate = row["read_bytes"] / row["seconds"] / 1e9 if row["seconds"] else 0.0
+        timeline = row["timeline"]
         lines.append(
             f"{row['tier']:<10} {row['history_tokens']:>6} {row['method']:<10} {row['plan']:<12} "
             f"{row['seconds'] * 1e3:>9.1f} {rate:>9.2f} {row['bytes_per_token']:>8}"
+            f" {timeline['io_seconds'] * 1e3:>8.1f} {timeline['compute_seconds'] * 1e3:>10.1f}"
+            f" {timeline['overlap']:>7.2f}"
         )
     return "\n".join(lines)
 
@@ -58,6 +64,18 @@ def summarize(
         tier: min(_seconds(rows, tier, n, "kv") / _seconds(rows, tier, n, "planner") for n in histories)
         for tier in throttled
     }
+    # The planner's reads against its projections (restore/timeline.py), per throttled tier
+    # and history: whether IO and compute overlapped as the planner modelled.
+    timelines = {
+        f"{r['tier']}/{r['history_tokens']}": r["timeline"]
+        for r in rows
+        if r["method"] == "planner" and r["tier"] in throttled
+    }
+    needed_gbps = {
+        tier: max(costs[f"{tier}/{n}"]["gbps_for_throttled_target"] for n in histories)
+        for tier in throttled
+        if all(f"{tier}/{n}" in costs for n in histories)
+    }
     modelled = {
         tier: min(costs[f"{tier}/{n}"]["modelled_best_vs_kv"] for n in histories)
         for tier in throttled
@@ -70,6 +88,8 @@ def summarize(
         "hidden_vs_kv_bytes": round(hidden_vs_kv, 3),
         "planner_vs_kv_load_throttled": {tier: round(value, 3) for tier, value in vs_kv.items()},
         "modelled_best_vs_kv_load_throttled": modelled,
+        "throttled_gbps_for_target_at_measured_projection": needed_gbps,
+        "planner_timeline_throttled": timelines,
         "plans": {f"{r['tier']}/{r['history_tokens']}": r["plan"] for r in rows if r["method"] == "planner"},
     }
     verdicts = [

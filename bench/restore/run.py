@@ -7,8 +7,8 @@ For each history length the history's KV and per-layer input hidden states are c
 once, stored under each storage plan (all KV; all hidden states; the planner's plan for
 each tier) and restored into a `PrefixKV` (what the paged forward consumes) with
 `restore_prefix`: the restore time is the wall time until every layer is ready, the best
-of `--repeats`. The planner's costs come from the same run's single-method restores (a
-tier's bandwidth from its KV load, a projection from the hidden-only restore, a layer's
+of `--repeats`. The planner's costs come from the same run's restores (a tier's bandwidth
+from its KV load, a projection from the median of the restores that projected, a layer's
 recomputation from the full one): on a machine shared by several engineers, the worker's
 start-up profile (profiler.py, recorded as `startup_profile`) taken minutes earlier was off
 by up to 5x. Results: a table, bench/results/restore.json
@@ -22,6 +22,7 @@ import inference_worker.openmp_waiting  # noqa: F401  # isort: skip  -- before t
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +39,14 @@ from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.shm_arena import arena_root
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
-from bench.restore.report import Row, format_table, plot, summarize, throttled_tier
+from bench.restore.report import (
+    THROTTLED_SPEEDUP_TARGET,
+    Row,
+    format_table,
+    plot,
+    summarize,
+    throttled_tier,
+)
 from bench.restore.tiers import FileTier, ThrottledReads
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.model_geometry import ModelGeometry
@@ -102,6 +110,7 @@ class Bench:
         self.costs: dict[str, dict[str, float]] = {}  # per tier and history: measured per token and layer
         self.compute = ThreadPoolExecutor(1)
         self.stored: dict[str, tuple[bytes, list[bytes]]] = {}  # plan name -> namespace, keys
+        self.projections: list[float] = []  # seconds per token and layer, this history's restores
 
     async def store(self, plan: StoragePlan, ids: list[int], kv, hidden) -> tuple[bytes, list[bytes]]:
         if plan.name in self.stored:
@@ -161,6 +170,8 @@ class Bench:
         seconds = time.perf_counter() - started
         for layer in range(self.layers):
             prefix.wait_layer(layer, 0.0)  # raises if the restore failed
+        if projected := restore.hidden_layers * len(ids):
+            self.projections.append(stats.seconds["hidden"] / projected)
         return seconds, stats.bytes_read, stats
 
     async def rounds(
@@ -182,6 +193,7 @@ class Bench:
         generator = torch.Generator().manual_seed(tokens)
         ids = torch.randint(0, int(self.model.config.vocab_size), (tokens,), generator=generator)
         kv, hidden = history_state(self.model, ids.to(self.model.device))
+        self.projections.clear()
         token_ids = ids.tolist()
         all_kv, all_hidden = StoragePlan.all_kv(self.layers), StoragePlan(self.layers, 0, self.layers)
         for plan in (all_kv, all_hidden):
@@ -189,7 +201,13 @@ class Bench:
         rows: list[Row] = []
 
         def row(
-            tier: str, method: str, plan: StoragePlan, restore: RestorePlan, seconds: float, read: int
+            tier: str,
+            method: str,
+            plan: StoragePlan,
+            restore: RestorePlan,
+            seconds: float,
+            read: int,
+            stats: RestoreStats,
         ) -> Row:
             per_token = (
                 0
@@ -206,6 +224,7 @@ class Bench:
                 "read_bytes": read,
                 "bytes_per_token": per_token,
                 "estimated_seconds": restore.estimated_seconds,
+                "timeline": {k: round(v, 4) for k, v in stats.timeline.overlap().as_dict().items()},
             }
 
         recompute = RestorePlan.of(all_kv, self.layers)
@@ -228,18 +247,25 @@ class Bench:
             kv_run, hidden_run = await self.rounds(tier, [singles["kv"], singles["hidden"]], token_ids)
             # The planner's costs, calibrated on these runs (what the executor really does):
             # the tier's bandwidth from its KV load; a projection and a layer's recomputation
-            # from the compute thread's own time in the hidden-only and the full recomputation
-            # runs (not their wall time: an IO-bound hidden-only run would overstate it).
+            # from the compute thread's own time (not wall time: an IO-bound hidden-only run
+            # would overstate it). The projection's is the median of this history's restores
+            # so far, on any tier (the same computation): under other engineers' load it swings
+            # 2x between two rounds, and a plan fitted to a fast spell is compute-bound in a
+            # slow one (the fastest, tried in a full run at load 9-10: planned at 43 us, the
+            # 0.1 GB/s mix projected at 77 us and took 0.77x the time of KV loading), one
+            # fitted to a slow spell IO-bound in a fast one (a quick run: planned at 69 us, the
+            # mix took 1.28x the time of hidden states only, projected at 31 us).
             io = TierCosts.from_bandwidth(kv_run[1] / kv_run[0], kv_token, self.hidden * ELEMENT_BYTES)
             costs = RestoreCosts(
-                hidden_run[2].seconds["hidden"] / layer_tokens,
+                statistics.median(self.projections),
                 recompute_stats.seconds["recompute"] / layer_tokens,
                 0.0,
                 {tier: io},
             )
-            storage = plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True)
+            chunk = self.args.chunk_tokens
+            storage = plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True, chunk_tokens=chunk)
             await self.store(storage, token_ids, kv, hidden)
-            chosen = plan_restore(costs, storage, tier, tokens)
+            chosen = plan_restore(costs, storage, tier, tokens, chunk_tokens=chunk)
             self.costs[f"{tier}/{tokens}"] = {
                 **{
                     f"{name}_us_per_token_layer": round(seconds * 1e6, 2)
@@ -253,19 +279,33 @@ class Bench:
                 "modelled_best_vs_kv": round(
                     restore_seconds(costs, tier, tokens, 0, 0, self.layers) / chosen.estimated_seconds, 3
                 ),
+                # Hidden+KV mixes at best 1 + (hidden read)/(projection) x KV loading (many
+                # layers, reads and projections overlapping): the rate at which that is the
+                # target, at this run's projection cost.
+                "gbps_for_throttled_target": round(
+                    self.hidden
+                    * ELEMENT_BYTES
+                    / ((THROTTLED_SPEEDUP_TARGET - 1) * costs.project_seconds)
+                    / 1e9,
+                    3,
+                ),
             }
             # The planner's plan may be one of the single methods': the same operation, measured once.
             same = next((m for m, (p, r) in singles.items() if (p, r.name) == (storage, chosen.name)), None)
             if chosen.recompute_layers == self.layers:  # reads nothing, whatever is stored
                 same = "recompute"
-            results = {"recompute": (recompute_seconds, 0), "kv": kv_run[:2], "hidden": hidden_run[:2]}
+            results = {
+                "recompute": (recompute_seconds, 0, recompute_stats),
+                "kv": kv_run,
+                "hidden": hidden_run,
+            }
             if same is None:  # measured again beside the single methods (the same spell of the machine)
                 runs = [singles["kv"], singles["hidden"], (storage, chosen)]
-                again = [m[:2] for m in await self.rounds(tier, runs, token_ids)]
+                again = await self.rounds(tier, runs, token_ids)
                 results = {
                     **results,
-                    "kv": min(kv_run[:2], again[0]),
-                    "hidden": min(hidden_run[:2], again[1]),
+                    "kv": min(kv_run, again[0], key=lambda m: m[0]),
+                    "hidden": min(hidden_run, again[1], key=lambda m: m[0]),
                 }
                 results["planner"] = again[2]
             else:

@@ -95,7 +95,11 @@ async def run_worker(settings: WorkerSettings) -> None:
             verify_checksums=False,  # the prefix loader verifies its own copies (kv_codec)
         )
     restore = await asyncio.to_thread(
-        worker_policy, loaded.model, settings.restore, DTYPE_BYTES[DTYPE_NAMES[loaded.dtype]]
+        worker_policy,
+        loaded.model,
+        settings.restore,
+        DTYPE_BYTES[DTYPE_NAMES[loaded.dtype]],
+        settings.chunk_tokens,
     )  # None (KV, nothing profiled) unless hidden states pay off for this model
     engine = TurnEngine(loaded, kvstore, settings, restore)
     await warm_up(engine)

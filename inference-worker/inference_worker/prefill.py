@@ -249,12 +249,7 @@ class Prefiller:
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
-            if (
-                self.restore is not None
-                and not pending.loader.cancelled()
-                and isinstance(stats := pending.loader.result(), RestoreStats)
-            ):
-                self.restore.finished(stats)
+            if self.restore is not None and (stats := self.restore.settled(pending.loader)) is not None:
                 restore_seconds = dict(stats.seconds)
         prefix_tokens = 0
         fallback = pending.fallback

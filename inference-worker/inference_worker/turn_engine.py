@@ -264,6 +264,8 @@ class TurnEngine:
                 loader.cancel()  # ends a read still running (and its lease) at once
             await asyncio.gather(*resumes, return_exceptions=True)
             if self.restore is not None:
+                for loader in resumes:  # resumes' restores count in metrics and calibration
+                    self.restore.settled(loader)
                 self.restore.forget(seq)  # a turn that ended before saving
             self.engine.release(seq)
         yield TurnStats(

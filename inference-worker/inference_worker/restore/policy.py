@@ -33,9 +33,12 @@ CALIBRATION_WEIGHT = 0.5  # of a restore's measured cost against the one planned
 class RestorePolicy:
     costs: RestoreCosts
     storage: StoragePlan
+    chunk_tokens: int = 0  # the restores' chunks, projected one by one (0: a layer at a time)
 
     @classmethod
-    def create(cls, model: PreTrainedModel, settings: RestoreSettings, element_bytes: int) -> RestorePolicy:
+    def create(
+        cls, model: PreTrainedModel, settings: RestoreSettings, element_bytes: int, chunk_tokens: int = 0
+    ) -> RestorePolicy:
         """Profiles the model (a second or so on a CPU) and chooses the storage plan."""
         geometry = ModelGeometry.of(model.config)
         hidden_size = int(model.config.hidden_size)
@@ -50,15 +53,20 @@ class RestorePolicy:
             model, settings.tier_bytes_per_second(), element_bytes, short_tokens=short, long_tokens=long
         )
         if settings.hidden_states == "off" or not smaller:  # grouped-query models keep KV
-            return cls(costs, StoragePlan.all_kv(geometry.num_layers))
+            return cls(costs, StoragePlan.all_kv(geometry.num_layers), chunk_tokens)
         storage = plan_storage(
-            costs, geometry.num_layers, settings.plan_tier, settings.plan_tokens, hidden_allowed=True
+            costs,
+            geometry.num_layers,
+            settings.plan_tier,
+            settings.plan_tokens,
+            hidden_allowed=True,
+            chunk_tokens=chunk_tokens,
         )
-        return cls(costs, storage)
+        return cls(costs, storage, chunk_tokens)
 
     def plan(self, tier: str, tokens: int) -> RestorePlan:
         """The fastest restore of a `tokens`-token prefix read from `tier`."""
-        return plan_restore(self.costs, self.storage, tier, tokens)
+        return plan_restore(self.costs, self.storage, tier, tokens, chunk_tokens=self.chunk_tokens)
 
     def observe(self, stats: RestoreStats) -> None:
         """Moves the compute costs towards those `stats` measured (module docstring)."""
@@ -83,7 +91,7 @@ class RestorePolicy:
 
 
 def worker_policy(
-    model: PreTrainedModel, settings: RestoreSettings, element_bytes: int
+    model: PreTrainedModel, settings: RestoreSettings, element_bytes: int, chunk_tokens: int = 0
 ) -> RestorePolicy | None:
     """The worker's policy where its storage plan is not all KV; None otherwise (the classic
     KV path, decided without profiling when hidden states are off or do not pay)."""
@@ -92,5 +100,5 @@ def worker_policy(
         settings.hidden_states == "auto" and not hidden_pays_off(geometry, int(model.config.hidden_size))
     ):
         return None
-    policy = RestorePolicy.create(model, settings, element_bytes)
+    policy = RestorePolicy.create(model, settings, element_bytes, chunk_tokens)
     return None if policy.storage.is_kv else policy

@@ -23,9 +23,11 @@ Decisions (what such a worker refuses rather than does half right):
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -125,10 +127,18 @@ class TurnRestore:
             shift=self.shift,
         )
 
-    def finished(self, stats: RestoreStats) -> None:
-        """A restore ended: its metrics, and its measured costs for the next plans."""
+    def settled(self, loader: asyncio.Task[Any]) -> RestoreStats | None:
+        """A turn's or a resume's load task, done: a restore's stats once it ran to its end,
+        counted in the metrics and the costs of the next plans; None for one cancelled
+        first or a KV load."""
+        if not loader.done() or loader.cancelled() or loader.exception() is not None:
+            return None
+        stats = loader.result()
+        if not isinstance(stats, RestoreStats):
+            return None
         observe_restore(stats)
         self.policy.observe(stats)
+        return stats
 
     def close(self) -> None:
         self._compute.shutdown(wait=False, cancel_futures=True)

@@ -51,6 +51,7 @@ COSTS = RestoreCosts(
     tiers={"dram": TierCosts(1e-9, 1e-9), "ssd": TierCosts(1e-9, 1e-9)},
 )
 SAVED_METRIC = "attnstore_worker_restore_stored_bytes_saved_total"
+PLANS_METRIC = "attnstore_worker_restore_plans_total"
 MHA_LLAMA = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -70,6 +71,13 @@ def mha_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callab
 
 def random_tokens(count: int, seed: int) -> list[int]:
     return torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def restore_plans_counted() -> float:
+    return sum(
+        REGISTRY.get_sample_value(PLANS_METRIC, {"method": method}) or 0.0
+        for method in ("recompute", "hidden", "kv", "mix")
+    )
 
 
 async def run_turn(
@@ -199,6 +207,7 @@ async def test_preempted_turns_resume_from_restore_chunks_with_identical_output(
             return await restore(*args)
 
         engine.restore.restore = recorded  # type: ignore[method-assign]
+        plans_before = restore_plans_counted()
         try:
             source = await engine.namespace_for(b"preemption")
             got = await asyncio.gather(*(run_turn(engine, prompt, source) for prompt in prompts))
@@ -210,4 +219,7 @@ async def test_preempted_turns_resume_from_restore_chunks_with_identical_output(
     # the resumed turns' restores (the only ones: the prompts share no chunks) all arrived whole
     assert len(restored) == engine.prefiller.resumed_from_store
     assert all(prefix.load_seconds is not None for prefix in restored)
+    # ... and counted: in the metrics, and in the costs (a real projection costs more than 1 ns)
+    assert restore_plans_counted() - plans_before == engine.prefiller.resumed_from_store
+    assert engine.restore.policy.costs.project_seconds > COSTS.project_seconds
     assert engine.engine.pool.usage().used == 0

@@ -146,3 +146,21 @@ async def test_any_mix_gives_the_greedy_tokens_of_recomputation(
     read = sum(end - start for start, end in (layout.layer_span(recompute, LAYERS) for layout in layouts))
     assert stats.bytes_read == read  # the recomputed layers were not read
     assert stats.plan == plan
+    spans = stats.timeline.spans
+    assert all(0 <= span.start_seconds <= span.end_seconds for span in spans)
+    reads = {span.layer: span for span in spans if span.part == "read"}
+    assert sorted(reads) == list(range(recompute, LAYERS))
+    assert sorted(span.layer for span in spans if span.part == "decode") == list(range(recompute, LAYERS))
+    projections = [span for span in spans if span.part == "project"]  # chunk by chunk
+    assert sorted(span.layer for span in projections) == [
+        layer for layer in range(recompute, recompute + plan.hidden_layers) for _ in keys
+    ]
+    for layer in {span.layer for span in projections}:
+        own = [span for span in projections if span.layer == layer]
+        assert min(span.start_seconds for span in own) >= reads[layer].start_seconds
+        assert max(span.end_seconds for span in own) >= reads[layer].end_seconds  # the last chunk's waits
+        # assembled from the chunks' projections: the paged forward's K and V of the layer
+        k, v = prefix.wait_layer(layer, 0.0)
+        torch.testing.assert_close(k, kv[layer][0], atol=1e-4, rtol=0)
+        torch.testing.assert_close(v, kv[layer][1], atol=1e-4, rtol=0)
+    assert [span.layer for span in spans if span.part == "recompute"] == ([0] if recompute else [])

@@ -40,6 +40,7 @@ def rows(tier: str, tokens: int, seconds: dict[str, float]) -> list[dict]:
             "seconds": s,
             "plan": m,
             "bytes_per_token": per_token[m],
+            "timeline": {"wall_seconds": s, "io_seconds": s, "compute_seconds": s / 2, "overlap": 1.0},
         }
         for m, s in seconds.items()
     ]
@@ -53,12 +54,17 @@ def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
         + rows(slow, 1, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.0})
         + rows(slow, 2, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.5})
     )
-    costs = {f"{slow}/1": {"modelled_best_vs_kv": 2.1}, f"{slow}/2": {"modelled_best_vs_kv": 1.7}}
+    costs = {
+        f"{slow}/1": {"modelled_best_vs_kv": 2.1, "gbps_for_throttled_target": 0.2},
+        f"{slow}/2": {"modelled_best_vs_kv": 1.7, "gbps_for_throttled_target": 0.3},
+    }
     summary, verdicts = summarize(table, ["dram", slow], [1, 2], costs)
     assert slow == "throttled-0.1GBps"
     assert summary["planner_vs_best_single_method"] == {"dram": 1.2, slow: 0.833}
     assert summary["planner_vs_kv_load_throttled"] == {slow: 1.6}
     assert summary["modelled_best_vs_kv_load_throttled"] == {slow: 1.7}
+    assert summary["throttled_gbps_for_target_at_measured_projection"] == {slow: 0.3}
+    assert summary["planner_timeline_throttled"][f"{slow}/2"]["compute_seconds"] == 1.25
     assert summary["hidden_vs_kv_bytes"] == 0.5
     assert [line.split()[0] for line in verdicts] == ["FAIL", "PASS", "PASS", "PASS"]
 

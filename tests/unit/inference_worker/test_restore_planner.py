@@ -4,6 +4,8 @@ never slower (modelled) than KV loading or full recomputation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from inference_worker.restore.planner import (
@@ -109,4 +111,41 @@ def test_a_mix_well_ahead_of_every_single_method_is_chosen() -> None:
     assert restore.method == "mix"
     assert restore.estimated_seconds * (1 + MIX_MARGIN) < min(
         *baselines(c), restore_seconds(c, "tier", TOKENS, 0, LAYERS, 0)
+    )
+
+
+@pytest.mark.parametrize(("kv_us", "project_us"), [(2.0, 2.0), (4.0, 1.0)], ids=["compute-bound", "io-bound"])
+def test_projecting_chunk_by_chunk_shortens_the_fill_and_the_drain(kv_us: float, project_us: float) -> None:
+    """Four hidden layers of 1,024 tokens, a layer's read 1 ms and its projection 2 ms (or the
+    reverse): a layer at a time, one layer's read (or projection) is not overlapped; chunk by
+    chunk (256 tokens), only a quarter of it."""
+    c = costs(kv_us * 1e-3 / 1024 / US, project_us=project_us * 1e-3 / 1024 / US, recompute_us=1e6)
+    by_layer = restore_seconds(c, "tier", 1024, 0, 4, 0)
+    by_chunk = restore_seconds(c, "tier", 1024, 0, 4, 0, chunk_tokens=256)
+    assert by_layer == pytest.approx(9e-3)
+    assert by_chunk == pytest.approx(8.25e-3)
+    assert restore_seconds(c, "tier", 1024, 0, 4, 0, chunk_tokens=1024) == pytest.approx(by_layer)
+    assert restore_seconds(c, "tier", 1024, 0, 4, 0, chunk_tokens=4096) == pytest.approx(by_layer)
+
+
+def test_a_mix_that_dearer_compute_would_make_slower_than_kv_loading_is_not_chosen() -> None:
+    # bench-restore's 1 GB/s tier (2k history, load 3-6): a mix modelled 6% faster than KV
+    # loading projected at 45 us instead of the 36 us planned, became compute-bound and took
+    # 1.23x KV loading's time. With every compute cost 1.5x it loses to KV loading.
+    c = costs(6.49, project_us=35.88, recompute_us=405.0)
+    unguarded = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True, compute_swing=1.0)
+    assert plan_restore(c, unguarded, "tier", TOKENS, compute_swing=1.0).method == "mix"
+    assert plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True) == StoragePlan.all_kv(LAYERS)
+    # Where compute is what every method pays for, a swing changes nothing: a mix of
+    # recomputation and hidden states beats full recomputation either way.
+    slow_io = costs(100.0, project_us=0.5, recompute_us=6.0)
+    restore = plan_restore(slow_io, StoragePlan(LAYERS, hidden_layers=LAYERS), "tier", TOKENS)
+    assert restore.method == "mix"
+    assert restore.swung_seconds < restore_seconds(
+        dataclasses.replace(slow_io, recompute_seconds=12e-6, project_seconds=1e-6),
+        "tier",
+        TOKENS,
+        LAYERS,
+        0,
+        0,
     )
