@@ -7,14 +7,6 @@ uses), ran it at 484-507 GFLOPS with the same fp32 accuracy. A whole SmolLM2-135
 of 642 tokens went from 904 to 581 ms, a decode step from 36 to 25 ms. vLLM's CPU backend
 routes its linear layers through oneDNN for the same reason.
 
-The weights are also reordered once, at load, into oneDNN's blocked layout
-(`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's freezing does): given a plain
-weight, `_linear_pointwise` reorders it on every call, which streams each weight through
-memory twice more. One decode step's 210 projections of 16 rows (SmolLM2, one thread,
-weights from DRAM, alternated, medians of 5): 82.4 ms plain, 54.5 ms packed. The packed
-copy sits beside the model's own weights (which stay for weight tying, the state dict and
-every other reader): the linear layers' weights twice in memory (+0.4 GB for SmolLM2 fp32).
-
 The op is private to torch, so it is probed once at load time against `F.linear` and the
 model keeps torch's default where it is missing or disagrees: on a CPU without AVX-512
 (no `avx512_bf16`), oneDNN has no bf16 inner product and bf16 models keep torch's kernel.
@@ -44,31 +36,16 @@ log = structlog.get_logger("inference_worker.cpu_linear")
 CpuLinear = Literal["onednn", "torch"]
 # A relative error far above fp32 (and bf16) rounding, far below a wrong kernel's.
 _PROBE_RELATIVE_TOLERANCE = 0.05
-# The row count oneDNN lays packed weights out for: a decode step's batch. Packed for 1, 16
-# and 64 rows, a 576 x 1536 projection ran 1, 16, 100 and 512 rows within 10% of each other.
-_PACKED_FOR_ROWS = 16
 # Read when oneDNN first runs, so set before the probe.
 _KERNEL_CACHE_CAPACITY = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16", "LRU_CACHE_CAPACITY": "16"}
 UNAVAILABLE_VARIABLE = "ATTNSTORE_ONEDNN_UNAVAILABLE"
 
 
 class OneDnnLinear(nn.Linear):
-    """nn.Linear whose forward is oneDNN's on a copy of its weight packed at switch time
-    (`pack`); parameters (and weight tying) are untouched, and must not change after."""
-
-    packed_weight: torch.Tensor
-
-    def pack(self) -> None:
-        self.packed_weight = _packed(self.weight)
+    """nn.Linear whose forward is oneDNN's; parameters (and weight tying) are untouched."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-
-def _packed(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` [out, in] in oneDNN's blocked layout (an opaque mkldnn tensor)."""
-    with torch.no_grad():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACKED_FOR_ROWS)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
 def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
@@ -83,26 +60,21 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDnnLinear
-            module.pack()
-    return KernelChoice(
-        "onednn", f"oneDNN's {dtype} inner product on packed weights passed the probe against F.linear"
-    )
+    return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear")
 
 
 def _onednn_unavailable(dtype: torch.dtype) -> str | None:
     """Why oneDNN cannot run this model's linears, or None when it can."""
     if os.environ.get(UNAVAILABLE_VARIABLE) == "1":
         return f"{UNAVAILABLE_VARIABLE}=1"
-    if not torch.backends.mkldnn.is_available() or not all(
-        hasattr(torch.ops.mkldnn, op) for op in ("_linear_pointwise", "_reorder_linear_weight")
-    ):
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "torch built without oneDNN linear"
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 64, generator=generator).to(dtype)  # [batch, tokens, in]
     weight = torch.randn(48, 64, generator=generator).to(dtype)  # [out, in]
     bias = torch.randn(48, generator=generator).to(dtype)
     try:
-        got = torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
+        got = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     except RuntimeError as exc:  # e.g. no bf16 inner product on a CPU without AVX-512
         return str(exc).splitlines()[0]
     expected = nn.functional.linear(x.float(), weight.float(), bias.float())  # [batch, tokens, out]
