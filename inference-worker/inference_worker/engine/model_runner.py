@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 from inference_worker.engine.attention import DecodeTables, PagedKV, SequenceSlice, paged_attention, slots_of
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.sequence import Sequence
+from inference_worker.kernels import KernelChoice
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.rotary_shift import rotate_half
@@ -94,9 +95,13 @@ class PagedModelRunner:
         self.layer_timeout_seconds = layer_timeout_seconds
         self.windows = [sliding_window(config, layer.self_attn) for layer in decoder.layers]
         self.layer_input_hook: LayerInputHook | None = None  # set while hidden states are captured
-        kernel = load_paged_decode()[0] if decode_kernel else None
-        supported = kernel is not None and kernel.supports(kv.k.dtype, kv.k.device)
-        self.decode_kernel: PagedDecodeKernel | None = kernel if supported else None
+        kernel, self.decode_choice = (
+            load_paged_decode() if decode_kernel else (None, KernelChoice("torch", "decode_kernel=False"))
+        )
+        if kernel is not None and not kernel.supports(kv.k.dtype, kv.k.device):
+            kernel = None
+            self.decode_choice = KernelChoice("torch", f"no decode kernel for {kv.k.dtype} on {kv.k.device}")
+        self.decode_kernel: PagedDecodeKernel | None = kernel
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
