@@ -36,6 +36,7 @@ def runner_for(
     runner = PagedModelRunner(model, kv, decode_kernel=decode_kernel)
     if decode_kernel:  # a machine without a C compiler must not pass for one with the kernel
         assert runner.decode_kernel is not None, load_paged_decode()[1].reason
+    assert runner.decode_choice.kernel == ("paged-decode-c" if decode_kernel else "torch")
     return runner, BlockPool(blocks, BLOCK)
 
 
