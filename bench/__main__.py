@@ -3,12 +3,18 @@ lists them. The Makefile's `bench-<suite>` targets and `attnstore bench` call it
 
 A suite is a folder `bench/<suite>/` whose `run.py` defines `main(argv: list[str] | None)`:
 adding such a folder adds a suite (`bench/common/` has no run.py and is none). Suites are
-found by reading the folders, not by importing them (a suite may import torch)."""
+found by reading the folders, not by importing them (a suite may import torch).
+
+SIGTERM (what `timeout` sends) ends a suite as an exception would: its `finally` blocks
+stop the servers it started (vLLM, the local stacks), which run in sessions of their own
+that the signal does not reach; before, a suite stopped by `timeout` left them running.
+SIGKILL cannot be handled: there they stay."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +32,16 @@ def _summary(run: Path) -> str:
     return " ".join(doc.split("\n\n")[0].split()).split(". ")[0].rstrip(".")
 
 
+def exit_on_terminate() -> None:
+    """SIGTERM raises SystemExit in the main thread; a second one during the clean-up is ignored."""
+
+    def terminate(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     known = suites()
@@ -41,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown suite {suite!r}; suites: {', '.join(known)}", file=sys.stderr)
         return 2
     sys.argv[0] = f"python -m bench {suite}"  # the suite's --help names the command (argparse's prog)
+    exit_on_terminate()
     importlib.import_module(f"bench.{suite}.run").main(rest)
     return 0
 

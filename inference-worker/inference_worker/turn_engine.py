@@ -381,6 +381,8 @@ def _build_engine(model: LoadedModel, geometry: ModelGeometry, settings: WorkerS
         block_tokens=settings.block_tokens,
         bytes=blocks
         * PagedKV.bytes_per_block(geometry, settings.block_tokens, DTYPE_BYTES[DTYPE_NAMES[model.dtype]]),
+        decode_attention=runner.decode_choice.kernel,
+        decode_attention_reason=runner.decode_choice.reason,
     )
     return Engine(
         runner,

@@ -11,6 +11,11 @@ Decisions:
   repeating them, and a third of the time of a long-context forward, cpu_attention.py).
 - Heads outermost in a layer: one head's block is one [B, D] run of memory, so a
   sequence's keys are a view or a copy of unit row stride.
+- Decode tokens on a CPU: one call per layer of the C decode kernel for all of them
+  (decode_kernel.py), reading each sequence's blocks where they lie; a 16-sequence decode
+  step no longer gathers or calls SDPA per sequence. What follows is the path of
+  everything else (prefill chunks, prompt modules' explicit positions, CUDA, and decodes
+  where the kernel is unavailable).
 - A sequence with no earlier KV (a whole prefill without a prefix hit) attends over its
   new K and V directly, as transformers does: no gather. A block table that is one run of
   consecutive blocks (the common case in a fresh pool) is read as a view of the pool.
@@ -129,6 +134,7 @@ class SequenceSlice:
     # before it. None: slot i sits at position i.
     positions: torch.Tensor | None = None
     gathered_at: int = 0
+    kernel: bool = False  # its attention is the decode kernel's (`DecodeTables`), not an SDPA call
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -138,6 +144,11 @@ class SequenceSlice:
     @property
     def context_tokens(self) -> int:
         return self.start + self.new_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token after earlier KV, slot order being position order (the decode kernel's case)."""
+        return self.new_tokens == 1 and self.start > 0 and self.positions is None
 
     @property
     def self_contained(self) -> bool:
@@ -166,6 +177,26 @@ class SequenceSlice:
         return self._masks[window]
 
 
+@dataclass(frozen=True)
+class DecodeTables:
+    """A step's decode tokens for the decode kernel, built once per step."""
+
+    rows: torch.Tensor  # [decodes] int64: each decode token's row in the flattened batch
+    tables: torch.Tensor  # [decodes, most blocks] int32: block tables, padded with block 0
+    lens: torch.Tensor  # [decodes] int32: context tokens, the decode token included
+
+    @classmethod
+    def of(cls, decodes: list[tuple[int, list[int], int]], device: torch.device) -> DecodeTables:
+        """From (row, block table, context tokens) per decode token."""
+        width = max(len(table) for _, table, _ in decodes)
+        tables = [table + [0] * (width - len(table)) for _, table, _ in decodes]
+        return cls(
+            torch.tensor([row for row, _, _ in decodes], dtype=torch.long, device=device),
+            torch.tensor(tables, dtype=torch.int32, device=device),
+            torch.tensor([tokens for _, _, tokens in decodes], dtype=torch.int32, device=device),
+        )
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -179,12 +210,15 @@ def paged_attention(
     gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [tokens, heads, D], the new k, v [tokens, kv_heads, D] (already in the pool) ->
-    attention output [tokens, heads, D], each sequence over its own context. `gathered`:
-    the blocks of the slices whose blocks are None, in their order (one copy per layer)."""
+    attention output [tokens, heads, D], each sequence over its own context, except the
+    rows of slices marked `kernel` (left for the decode kernel). `gathered`: the blocks of
+    the other slices whose blocks are None, in their order (one copy per layer)."""
     out = torch.empty_like(q)
     if gathered is not None:
         gathered_k, gathered_v = kv.gather(layer, gathered)  # [kv_heads, blocks * B, D]
     for part in slices:
+        if part.kernel:
+            continue
         query = q[part.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, new, D]
         if part.self_contained and (window is None or part.new_tokens <= window):
             keys, values = k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1)  # [kv_heads, new, D]

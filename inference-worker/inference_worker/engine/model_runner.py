@@ -4,9 +4,11 @@ weights (Llama, Qwen2, Mistral: pre-norm decoder layers with rotate-half RoPE).
 The batch is flattened (no padding): every sequence contributes the tokens it runs this
 step (a prefill chunk, or its one decode token) as rows of one [tokens, hidden] tensor, so
 the linear layers and MLPs run once for the whole batch; only attention is per sequence
-(over its block table, attention.py), with the blocks it reads gathered once per layer for
-all sequences. Logits are computed for each sequence's last row
-only.
+(over its block table, attention.py): on a CPU every decode token of a layer in one call of
+the decode kernel (decode_kernel.py), which reads the blocks in place; the rest, and every
+decode where the kernel is unavailable, one SDPA call per sequence, with the blocks it
+reads gathered once per layer for all sequences. Logits are computed for each sequence's
+last row only.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from inference_worker.engine.attention import PagedKV, SequenceSlice, paged_attention, slots_of
+from inference_worker.engine.attention import DecodeTables, PagedKV, SequenceSlice, paged_attention, slots_of
+from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.sequence import Sequence
+from inference_worker.kernels import KernelChoice
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.rotary_shift import rotate_half
@@ -58,6 +62,7 @@ class Batch:
     slots: torch.Tensor  # [tokens]: where each token's K and V go in the pool
     slices: list[SequenceSlice]
     gathered: torch.Tensor | None  # the blocks gathered for the slices without a run of their own
+    decode: DecodeTables | None  # the decode tokens the kernel attends for (slices marked `kernel`)
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
     prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
@@ -68,8 +73,17 @@ LayerInputHook = Callable[[int, torch.Tensor, Batch], None]
 
 
 class PagedModelRunner:
-    def __init__(self, model: PreTrainedModel, kv: PagedKV, *, layer_timeout_seconds: float = 2.0) -> None:
-        """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV."""
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        kv: PagedKV,
+        *,
+        layer_timeout_seconds: float = 2.0,
+        decode_kernel: bool = True,
+    ) -> None:
+        """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.
+        `decode_kernel`: decode tokens through the C kernel where it loads and runs the
+        pool's device and dtype (False: torch's gather + SDPA, as without a compiler)."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(f"model type {config.model_type!r} has no paged forward")
@@ -81,6 +95,13 @@ class PagedModelRunner:
         self.layer_timeout_seconds = layer_timeout_seconds
         self.windows = [sliding_window(config, layer.self_attn) for layer in decoder.layers]
         self.layer_input_hook: LayerInputHook | None = None  # set while hidden states are captured
+        kernel, self.decode_choice = (
+            load_paged_decode() if decode_kernel else (None, KernelChoice("torch", "decode_kernel=False"))
+        )
+        if kernel is not None and not kernel.supports(kv.k.dtype, kv.k.device):
+            kernel = None
+            self.decode_choice = KernelChoice("torch", f"no decode kernel for {kv.k.dtype} on {kv.k.device}")
+        self.decode_kernel: PagedDecodeKernel | None = kernel
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
@@ -89,6 +110,7 @@ class PagedModelRunner:
         slots: list[int] = []
         slices: list[SequenceSlice] = []
         gathered: list[int] = []
+        decodes: list[tuple[int, list[int], int]] = []  # the kernel's: row, block table, context tokens
         prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]] = []
         size = self.kv.block_tokens
         for item in work:
@@ -107,7 +129,10 @@ class PagedModelRunner:
                     seq.positions_of(0, stop), dtype=torch.long, device=self.device
                 )
             part = SequenceSlice(rows, start, _block_run(table), context_positions, len(gathered) * size)
-            if part.blocks is None and self._reads_pool(part):
+            if self.decode_kernel is not None and part.is_decode:
+                part.kernel = True
+                decodes.append((rows.start, table, stop))
+            elif part.blocks is None and self._reads_pool(part):
                 gathered.extend(table)
             slices.append(part)
             if seq.prefix is not None:
@@ -122,6 +147,7 @@ class PagedModelRunner:
             slots=torch.tensor(slots, dtype=torch.long, device=device),
             slices=slices,
             gathered=torch.tensor(gathered, dtype=torch.long, device=device) if gathered else None,
+            decode=DecodeTables.of(decodes, device) if decodes else None,
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
             prefixes=prefixes,
             seqs=[item.seq for item in work],
@@ -160,6 +186,13 @@ class PagedModelRunner:
                 window=self.windows[index],
                 gathered=batch.gathered,
             )  # [tokens, heads, D]
+            if batch.decode is not None:
+                assert self.decode_kernel is not None  # only then does `prepare` fill it
+                decode = batch.decode
+                self.decode_kernel(
+                    q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
+                    scale=attn.scaling, window=self.windows[index],
+                )  # fmt: skip
             hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]

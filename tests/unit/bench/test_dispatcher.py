@@ -3,15 +3,30 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench.__main__ import BENCH_DIR, main, suites
 from bench.peers.install import RECIPES, ensure_peer
 
-SUITES = ["batch", "daemon", "hitrate", "load", "longctx", "modules", "peers", "pool", "restore", "reuse", "vllm"]
+SUITES = [
+    "batch",
+    "daemon",
+    "hitrate",
+    "load",
+    "longctx",
+    "modules",
+    "peers",
+    "pool",
+    "restore",
+    "reuse",
+    "vllm",
+]
 
 
 def test_every_folder_with_a_run_py_is_a_suite_and_common_is_not() -> None:
@@ -48,3 +63,33 @@ def test_the_command_lines_run_from_the_repository_root() -> None:
     peers = _module("bench.peers.install", "--help")  # the vLLM-connector test installs through it
     assert peers.returncode == 0 and "vllm" in peers.stdout
     assert set(RECIPES) == {"lmcache", "mooncake", "vllm"} and callable(ensure_peer)
+
+
+SUITE_WITH_A_SERVER = """
+import subprocess, sys, time
+from bench.__main__ import exit_on_terminate
+exit_on_terminate()
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+try:
+    print(server.pid, flush=True)
+    time.sleep(600)
+finally:
+    server.terminate()
+    server.wait()
+    print("stopped", flush=True)
+"""
+
+
+def test_sigterm_runs_the_suites_clean_up(tmp_path: Path) -> None:
+    """`timeout` sends SIGTERM: the suite's finally blocks stop the servers it started in
+    sessions of their own (which the signal does not reach) before it exits."""
+    suite = subprocess.Popen(
+        [sys.executable, "-c", SUITE_WITH_A_SERVER], stdout=subprocess.PIPE, text=True, cwd=BENCH_DIR.parent
+    )
+    assert suite.stdout is not None
+    server = int(suite.stdout.readline())
+    suite.send_signal(signal.SIGTERM)
+    assert suite.wait(timeout=60) == 128 + signal.SIGTERM
+    assert suite.stdout.read().strip() == "stopped"
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)  # reaped by the suite: no such process

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.decode_kernel import load_paged_decode
 from inference_worker.engine.model_runner import PagedModelRunner, UnsupportedModel, Work
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
@@ -28,9 +29,15 @@ def reference_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()  # [vocab]
 
 
-def runner_for(model: PreTrainedModel, blocks: int = 64) -> tuple[PagedModelRunner, BlockPool]:
+def runner_for(
+    model: PreTrainedModel, blocks: int = 64, *, decode_kernel: bool = True
+) -> tuple[PagedModelRunner, BlockPool]:
     kv = PagedKV(ModelGeometry.of(model.config), blocks, BLOCK, torch.float32, torch.device("cpu"))
-    return PagedModelRunner(model, kv), BlockPool(blocks, BLOCK)
+    runner = PagedModelRunner(model, kv, decode_kernel=decode_kernel)
+    if decode_kernel:  # a machine without a C compiler must not pass for one with the kernel
+        assert runner.decode_kernel is not None, load_paged_decode()[1].reason
+    assert runner.decode_choice.kernel == ("paged-decode-c" if decode_kernel else "torch")
+    return runner, BlockPool(blocks, BLOCK)
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -113,16 +120,18 @@ def test_other_model_families_are_refused(tiny_model_dir: Callable[..., Any]) ->
         PagedModelRunner(model, kv)
 
 
+@pytest.mark.parametrize("decode_kernel", [False, True])
 @pytest.mark.parametrize("window", [None, 6])
 def test_one_step_mixes_runs_gathered_tables_and_chunks(
-    tiny_mistral_factory: Callable[..., PreTrainedModel], window: int | None
+    tiny_mistral_factory: Callable[..., PreTrainedModel], window: int | None, decode_kernel: bool
 ) -> None:
     """In one forward pass: a sequence whose blocks are one run (read in place), decodes of
     ragged lengths whose tables are scattered, a chunk on a scattered cached prefix shared
-    with another sequence, all gathered by one copy per layer; GQA, with and without a
-    sliding window. Each matches its own plain forward."""
+    with another sequence; without the decode kernel all gathered by one copy per layer,
+    with it every decode token in the kernel's one call and only the chunk gathered; GQA,
+    with and without a sliding window. Each matches its own plain forward."""
     model = tiny_mistral_factory(sliding_window=window)
-    runner, pool = runner_for(model)
+    runner, pool = runner_for(model, decode_kernel=decode_kernel)
     lengths = [11, 14, 3, 22]  # each grows into a block allocated later: scattered tables
     scattered = [Sequence.of(tokens) for tokens in prompts(lengths, seed=4)]
     run_batch(runner, pool, scattered, chunk_tokens=5, decode_steps=2)  # interleaved: scattered tables
@@ -144,7 +153,15 @@ def test_one_step_mixes_runs_gathered_tables_and_chunks(
     assert runs == [False, True, False, False, False, False]
     assert batch.gathered is not None
     tables = [item.seq.block_table[: pool.blocks_for(len(item.seq))] for item in work if item.seq is not fresh]
-    assert batch.gathered.tolist() == [block for table in tables for block in table]
+    if decode_kernel:
+        assert [part.kernel for part in batch.slices] == [True, True, False, True, True, True]
+        assert batch.gathered.tolist() == shared.block_table
+        assert batch.decode is not None
+        assert batch.decode.rows.tolist() == [0, 1] + [2 + shared.pending_tokens + i for i in range(3)]
+        assert batch.decode.lens.tolist() == [len(item.seq) for item in work if item.seq is not shared]
+    else:
+        assert batch.decode is None
+        assert batch.gathered.tolist() == [block for table in tables for block in table]
     out = runner.forward(batch)
     for row, item in enumerate(work):
         torch.testing.assert_close(out[row], reference_logits(model, item.seq.token_ids), atol=TOLERANCE, rtol=0)
