@@ -368,25 +368,9 @@ class TierMover:
             if budget < 0:
                 break
             if chunk.tier is TierName.SSD and chunk.promote_task is None:
-                self.spawn(self._move_up(chunk, self._needed_after(next_use_at, now)))
+                self.spawn(self.promote_quietly(chunk, self._needed_after(next_use_at, now)))
                 started += 1
         return started
-
-    async def _move_up(self, chunk: Chunk, may_evict: VictimFilter) -> None:
-        """A predicted chunk's promotion. Without persist_on_commit it is a move: a copy kept
-        on SSD would hold one chunk's room in the store until DRAM drops it (in a model of
-        the daemon on Mooncake's first 10 minutes at 1%/10%, copies cost 0.8 points of hit
-        rate: 10.7% vs 11.5% without these prefetches, 11.4% with moves). A demotion writes
-        it again."""
-        await self.promote_quietly(chunk, may_evict)
-        if (self.settings.persist_on_commit or chunk.blocks is None or not chunk.on_ssd or chunk.readers
-                or chunk.deleted or not self._chunks.holds(chunk)):
-            return
-        self.ssd_policy.on_remove(chunk.key)
-        chunk.on_ssd = False
-        unlinking = self.ssd.discard(chunk)
-        if unlinking is not None:  # the space is back only once the file is gone
-            await asyncio.shield(unlinking)
 
     def _needed_after(self, next_use_at: float, now: float) -> VictimFilter:
         def later(victim: Chunk) -> bool:
