@@ -20,11 +20,13 @@ counts as far as it has proven right where it is an estimate:
    leaves the store) its children anywhere in the store;
 4. queued jobs' keys by queue position, furthest first (`Hint.rank`).
 
-The ranking is sorted when predictions arrive (every few seconds) and whenever the keys
-touched since outnumber an eighth of the resident ones, not per victim: keys touched in
-between wait in a small list sorted by their density at the touch, merged into the walk.
-Each key's live hint is checked as the walk reaches it, so a key a queued job now needs
-moves to the end.
+The ranking is sorted when a source replaces its predictions (every few seconds) and
+whenever the keys touched since outnumber an eighth of the resident ones, not per victim:
+keys touched in between, and keys whose prediction a source added or changed since (the
+changed sessions the scheduler sends with every push), wait in a small list sorted by
+their rank then, merged into the walk; each key's latest entry is the valid one. Each
+key's live hint is checked as the walk reaches it, so a key a queued job now needs moves
+to the end.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class PredictivePolicy:
         self._lowest = lowest_tier
         self._resident: set[bytes] = set()
         self._sorted_for = -1  # the prediction generation at the last sort
+        self._repredicted_seen = 0  # of the hint book's repredicted keys, those ranked again
+        self._entry: dict[bytes, _Rank] = {}  # each resident ranked key's latest rank: its valid entry
         self._given_up: OrderedDict[bytes, int] = OrderedDict()  # EVICT_FIRST/DECLINE at the sort -> tick; LRU first
         self._ranked: list[tuple[_Rank, bytes]] = []  # the rest at the sort, lowest density first
         self._start = 0  # _ranked[:_start] is no longer valid
@@ -79,6 +83,7 @@ class PredictivePolicy:
             self._resident.discard(key)
             self._parked.discard(key)
             self._given_up.pop(key, None)
+            self._entry.pop(key, None)
             parent = self.lives.parent(key)
             self.lives.dropped(key)
             if parent is not None and not self._lowest:  # in DRAM only DRAM children count
@@ -100,6 +105,8 @@ class PredictivePolicy:
         if (self._hints.prediction_generation != self._sorted_for
                 or len(self._fresh) * RERANK_SHARE > max(len(self._resident), RERANK_SHARE)):
             self._sort(now)
+        else:
+            self._rank_repredicted(now)
         return self._walk(now)
 
     # ---- ranking ---------------------------------------------------------------
@@ -117,29 +124,58 @@ class PredictivePolicy:
         hint = self._hints.get(key, self._clock())
         if hint is not None and hint.parent is not None:
             self.lives.link(hint.parent, key)
-        bisect.insort(self._fresh, (self._rank(life, hint), key))
+        self._add_fresh(key, self._rank(life, hint))
+
+    def _add_fresh(self, key: bytes, rank: _Rank) -> None:
+        self._entry[key] = rank
+        bisect.insort(self._fresh, (rank, key))
+
+    def _heard(self, key: bytes, now: float, since: float) -> tuple[Life, Hint | None]:
+        """Takes in what the scheduler last said of a key (its hint class, chain place)."""
+        life = self.lives.lives[key]
+        hint = self._hints.get(key, now)
+        if hint is not None and hint.parent is not None:
+            self.lives.link(hint.parent, key)
+        if hint is None or hint.action is HintAction.PREDICT:
+            life.hint_class = hint_class(hint, now, stale=life.touched_at < since)
+            if hint is not None:
+                life.depth = hint.depth
+        return life, hint
 
     def _sort(self, now: float) -> None:
         since = self._hints.last_prediction_at
         self._given_up.clear()
+        self._entry = {}
         ranked = []
         for key in self._resident:
-            life = self.lives.lives[key]
-            hint = self._hints.get(key, now)
-            if hint is not None and hint.parent is not None:
-                self.lives.link(hint.parent, key)
-            if hint is None or hint.action is HintAction.PREDICT:
-                life.hint_class = hint_class(hint, now, stale=life.touched_at < since)
-                if hint is not None:
-                    life.depth = hint.depth
+            life, hint = self._heard(key, now, since)
             if hint is not None and hint.action.gives_up:
                 self._given_up[key] = life.tick
             else:  # queued keys too: their live hint sets them aside in the walk
-                ranked.append((self._rank(life, hint), key))
+                rank = self._entry[key] = self._rank(life, hint)
+                ranked.append((rank, key))
         ranked.sort()
         self._ranked, self._start, self._fresh, self._parked = ranked, 0, [], set()
         self._given_up = OrderedDict(sorted(self._given_up.items(), key=lambda item: item[1]))
         self._sorted_for = self._hints.prediction_generation
+        self._repredicted_seen = len(self._hints.repredicted)
+
+    def _rank_repredicted(self, now: float) -> None:
+        """Ranks again the keys whose prediction a source added since (no full sort)."""
+        repredicted = self._hints.repredicted
+        since = self._hints.last_prediction_at
+        for key in dict.fromkeys(repredicted[self._repredicted_seen:]):
+            if key not in self._resident:
+                continue
+            life, hint = self._heard(key, now, since)
+            if hint is not None and hint.action.gives_up:
+                self._entry.pop(key, None)
+                self._given_up[key] = life.tick
+            else:
+                self._given_up.pop(key, None)
+                self._parked.discard(key)
+                self._add_fresh(key, self._rank(life, hint))
+        self._repredicted_seen = len(repredicted)
 
     def _walk(self, now: float) -> Iterator[bytes]:
         queued: list[tuple[tuple[bool, float, int, bool], bytes]] = []
@@ -191,12 +227,11 @@ class PredictivePolicy:
         if key in self._parked and not self._has_children(key):
             self._parked.discard(key)
             life = self.lives.lives[key]
-            bisect.insort(self._fresh, (self._rank(life, self._hints.get(key, self._clock())), key))
+            self._add_fresh(key, self._rank(life, self._hints.get(key, self._clock())))
 
     def _valid(self, entry: tuple[_Rank, bytes]) -> bool:
-        """The entry is the key's latest: resident and not touched since it was made."""
-        key = entry[1]
-        return key in self._resident and -entry[0][5] == self.lives.lives[key].tick
+        """The entry is the key's latest: resident, not touched or ranked again since."""
+        return self._entry.get(entry[1]) is entry[0]
 
 
 def hint_class(hint: Hint | None, now: float, stale: bool) -> int:

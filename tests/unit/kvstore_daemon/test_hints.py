@@ -131,3 +131,15 @@ def test_evict_first_keys_are_the_live_evict_first_hints() -> None:
     book.forget([b"e1"])
     book.apply(NS_A, [([b"e2"], PREFETCH, 0)], replace=False, ttl_seconds=10, now=1)
     assert book.evict_first_keys(now=1) == []
+
+
+def test_only_a_replace_of_predictions_starts_a_generation_and_many_additions_count_as_one() -> None:
+    book = HintBook()
+    keys = [bytes([i]) * 8 for i in range(64)]
+    book.apply(NS_A, [(keys, HintAction.PREDICT, 0, 30.0)], replace=True, ttl_seconds=10, now=0)
+    assert book.prediction_generation == 1 and book.repredicted == []
+    book.apply(NS_A, [(keys[:2], HintAction.PREDICT, 0, 1.0)], replace=False, ttl_seconds=10, now=1)
+    assert book.prediction_generation == 1 and book.repredicted == keys[:2]  # re-ranked alone
+    assert book.last_prediction_at == 0  # an addition passes over no other key
+    book.apply(NS_A, [(keys[2:40], HintAction.PREDICT, 0, 5.0)], replace=False, ttl_seconds=10, now=2)
+    assert book.prediction_generation == 2 and book.repredicted == []  # more than 1/8 of them: a new sort

@@ -168,3 +168,15 @@ def test_evictions_put_given_up_keys_first_queued_last_and_children_before_paren
     for child, up in parent.items():  # the last chain naming a child sets its parent
         if up in resident and not gives_up[up] and not queued[child]:
             assert order.index(child) < order.index(up), (child, up)
+
+
+def test_an_added_prediction_reranks_its_keys_without_a_new_generation() -> None:
+    policy, hints, _ = _policy([b"a", b"b", b"c"])
+    hints.apply(NS, [HintSpec([b"a"], PREDICT, 0, 300.0), HintSpec([b"b"], PREDICT, 0, 30.0),
+                     HintSpec([b"c"], PREDICT, 0, 100.0)], replace=True, ttl_seconds=60, now=1.0)
+    assert next(policy.victims()) == b"a"
+    generation = hints.prediction_generation
+    # The scheduler's next push adds only the session that changed: a is needed soon now.
+    hints.apply(NS, [HintSpec([b"a"], PREDICT, 0, 10.0)], replace=False, ttl_seconds=60, now=1.0)
+    assert hints.prediction_generation == generation and hints.repredicted == [b"a"]
+    assert _evictions(policy) == [b"c", b"b", b"a"]
