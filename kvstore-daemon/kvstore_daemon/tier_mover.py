@@ -180,7 +180,9 @@ class TierMover:
 
     def start_persist(self, chunk: Chunk) -> asyncio.Task[bool]:
         task = chunk.persist_task
-        if task is None or (task.done() and (task.cancelled() or task.exception() or not task.result())):
+        # A finished write counts while its copy lasts: the SSD may have evicted the copy since,
+        # the chunk staying in DRAM, and its DRAM eviction must then write it again, not drop it.
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None or not chunk.on_ssd)):
             task = chunk.persist_task = asyncio.get_running_loop().create_task(self._persist(chunk))
             self._persisting.add(task)
             task.add_done_callback(self._persisting.discard)

@@ -181,3 +181,27 @@ def test_background_ssd_writes_do_not_make_dram_refuse_work(
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 4)) == [
             chunks.data(i) for i in range(4)
         ]
+
+
+def test_a_chunk_whose_ssd_copy_was_evicted_is_written_again_when_dram_evicts_it(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
+    """FIFO on both tiers: chunk 0, read back into DRAM, is the SSD's oldest and loses its
+    SSD copy while DRAM holds it. When DRAM later evicts it, it must be written to SSD
+    again; before, its first (finished) write was taken for the new one and the chunk left
+    the store while the demotions metric counted a demotion."""
+    daemon = daemon_factory(
+        **SMALL_DRAM, **NO_WATERMARK, DRAM_CAPACITY_BYTES=8 * MiB, SSD_CAPACITY_BYTES=12 * 900 * KiB,
+        SSD_RESERVED_BYTES=0, EVICTION_POLICY="fifo",
+    )  # fmt: skip
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        for index in range(12):  # durable: every chunk on SSD (12 slots); DRAM holds 4..11
+            assert len(client.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True).stored) == 1
+        assert chunks.tiers(client, [0]) == [Tier.SSD]
+        assert client.get_whole_chunks(chunks.namespace, [chunks.key(0)]) == [chunks.data(0)]  # into DRAM
+        for index in range(12, 21):  # SSD writes evict chunk 0's copy first, then DRAM evicts chunk 0
+            assert len(client.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True).stored) == 1
+        assert chunks.tiers(client, [0]) == [Tier.SSD]  # written again, not dropped
+        assert client.get_whole_chunks(chunks.namespace, [chunks.key(0)]) == [chunks.data(0)]
