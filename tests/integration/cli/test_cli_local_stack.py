@@ -79,6 +79,16 @@ def _running_up(
             up.wait()
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_reaches_up() -> Iterator[None]:
+    """`up` stops on Ctrl-C (SIGINT). A run started as a background job inherits SIGINT
+    ignored, and an ignored signal stays ignored across exec (a handler does not): with a
+    handler here, `up` starts with SIGINT at its default, as from a terminal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _wait_for_state(up: subprocess.Popen[bytes], log: Path) -> StackState:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while (state := StackState.read()) is None:
