@@ -334,6 +334,20 @@ async def measure(
     return rows, bench.costs
 
 
+def device_problem(device: str) -> str | None:
+    """Why the benchmark cannot run its model on `device` (None: it can)."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        return f"--device {device}: not a torch device ({exc})"
+    if kind == "cuda" and not torch.cuda.is_available():
+        built = torch.version.cuda or "none: a CPU-only build"
+        return f"--device {device}: CUDA is not available on this machine (torch's CUDA version: {built}); use --device cpu"
+    if kind not in ("cpu", "cuda"):
+        return f"--device {device}: only cpu and cuda are supported"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one 1k history")
@@ -354,8 +368,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recompute-repeats", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if (problem := device_problem(args.device)) is not None:
+        parser.error(problem)
     if args.quick:
         args.histories = [1024]
+    results = "restore-quick" if args.quick else "restore"  # a quick run keeps the full run's files
     started, load_before = time.monotonic(), os.getloadavg()
     model = build_model(args.layers, args.hidden).to(args.device)
     compute = profile_compute(model)
@@ -402,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     save_results(
-        "restore",
+        results,
         {
             "config": config,
             "machine": machine,
@@ -413,6 +430,6 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": time.monotonic() - started,
         },
     )
-    plot(rows, tiers, RESULTS_DIR / "restore.png")
+    plot(rows, tiers, RESULTS_DIR / f"{results}.png")
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     print_report(format_table(rows), verdicts, summary)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from attnstore.chunks.format import decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from bench.restore.report import plot, summarize, throttled_tier
+from bench.restore.run import device_problem, main
 from bench.restore.tiers import FileTier
 from inference_worker.kv_codec import encode_chunks
 
@@ -73,3 +75,22 @@ def test_the_figure_is_written(tmp_path: Path) -> None:
     table = rows("dram", 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.0})
     plot(table, ["dram"], tmp_path / "restore.png")
     assert (tmp_path / "restore.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("nonsense", "not a torch device"), ("mps", "only cpu and cuda")]
+    + ([] if torch.cuda.is_available() else [("cuda", "CUDA is not available on this machine")]),
+)
+def test_a_device_it_cannot_use_ends_the_run_with_a_readable_message(
+    device: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--device", device, "--quick"])  # refused before any model or daemon starts
+    assert exited.value.code == 2
+    assert f"--device {device}: {message}" in capsys.readouterr().err
+
+
+def test_cpu_and_cuda_where_present_are_usable() -> None:
+    assert device_problem("cpu") is None
+    assert (device_problem("cuda") is None) == torch.cuda.is_available()
