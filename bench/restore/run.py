@@ -280,8 +280,10 @@ class Bench:
                     restore_seconds(costs, tier, tokens, 0, 0, self.layers) / chosen.estimated_seconds, 3
                 ),
                 # Hidden+KV mixes at best 1 + (hidden read)/(projection) x KV loading (many
-                # layers, reads and projections overlapping): the rate at which that is the
+                # layers, reads and projections overlapping; 2 when the projection is
+                # cheaper than the read): that ceiling, and the rate at which it is the
                 # target, at this run's projection cost.
+                "mix_ceiling_vs_kv": round(1 + min(io.hidden_seconds / costs.project_seconds, 1.0), 3),
                 "gbps_for_throttled_target": round(
                     self.hidden
                     * ELEMENT_BYTES
