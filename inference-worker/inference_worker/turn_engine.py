@@ -208,8 +208,7 @@ class TurnEngine:
                 yield event
             return
         history_tokens = turn.history_tokens
-        if self.restore is not None:  # restore chunks: untruncated turns, no tails (restore/turns.py)
-            source = source if truncation == NO_TRUNCATION else None
+        if self.restore is not None:  # restore chunks: no tails (restore/turns.py)
             history_tokens = 0
         pending = await self.prefiller.start(prompt, source, truncation, history_tokens)
         seq = self._decoding(pending.seq, turn.sampling)
@@ -321,11 +320,15 @@ class TurnEngine:
         if prefill.sink_chunk_missing:  # chunk 0 whole, at its own positions: the next turns' sinks
             sinks = await self.prefiller.prefill(prompt[:chunk_tokens], None)
             if sinks.kv is not None:
-                runs.append(ChunkRun(keys[:1], sinks.kv, 0))
+                sink_form = None
+                if self.restore is not None and sinks.hidden is not None:
+                    sink_form = self.restore.form(sinks.hidden, 0, chunk_tokens)
+                runs.append(ChunkRun(keys[:1], sinks.kv, 0, sink_form))
         first = prefill.save_from_chunk
         captured = self.restore.take(seq) if self.restore is not None else None
         if captured is not None:  # only chunks whose every token this turn computed
-            first = min(max(first, -(-captured.first // chunk_tokens)), len(keys))
+            first_computed = captured.first + dropped  # in original tokens
+            first = min(max(first, -(-first_computed // chunk_tokens)), len(keys))
         start = first * chunk_tokens - dropped  # where chunk `first` sits in the kept sequence
         stop = len(keys) * chunk_tokens - dropped
         with_tail = bool(tail) and prefill.truncation == NO_TRUNCATION

@@ -113,7 +113,9 @@ class TurnRestore:
         prefix: PrefixKV,
         plan: RestorePlan,
         token_ids: Sequence[int],
+        head_tokens: int | None = None,
     ) -> RestoreStats:
+        """`token_ids`: the kept tokens, from position 0; `head_tokens`: restore_prefix's."""
         return await restore_prefix(
             client,
             namespace,
@@ -125,6 +127,7 @@ class TurnRestore:
             token_ids=token_ids,
             compute=self._compute,
             shift=self.shift,
+            head_tokens=head_tokens,
         )
 
     def settled(self, loader: asyncio.Task[Any]) -> RestoreStats | None:

@@ -155,25 +155,58 @@ def test_the_default_policy_keeps_kv(tiny_model: LoadedModel, mha_model: LoadedM
     assert worker_policy(mha_model.model, RestoreSettings(hidden_states="off"), 4) is None
 
 
-async def test_a_truncated_turn_neither_reads_nor_saves_restore_chunks(
+async def truncated_turn(
+    engine: TurnEngine, prompt: list[int], source: KVSource | None, truncated_tokens: int
+) -> tuple[list[int], TurnStats]:
+    turn = TurnInput(prompt, SamplingParams(max_tokens=8), truncated_tokens=truncated_tokens)
+    events = [event async for event in engine.run_turn(turn, source)]
+    stats = events.pop()
+    assert isinstance(stats, TurnStats)
+    return [event.token_id for event in events if isinstance(event, TokenEvent)], stats
+
+
+async def test_truncated_turns_restore_their_sinks_and_kept_chunks(
     mha_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
-    """Restore works from position 0: a truncated turn of a hidden-state worker runs without
-    the store (no sinks chunk stored as KV in the namespace, no chunks at shifted positions)."""
-    settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, max_context_tokens=128, attention_sink_tokens=4)
+    """A 96-token window, 4 sinks, chunks of 16. Turn 1 (90 + 8 tokens) drops 12 tokens and
+    saves chunk 0 whole for its sinks and its kept chunks 1-5 (at positions 4..) as restore
+    chunks. Turn 2, truncated alike, restores the sinks and chunks 1-5 with the mixed plan:
+    the same logits (1e-4) and greedy tokens as recomputing its kept tokens. Turn 3 drops
+    more: its kept chunks are restored 32 positions earlier (hidden states projected there,
+    KV rotated there)."""
+    settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, max_context_tokens=96, attention_sink_tokens=4)
     async with AsyncKVStoreClient(daemon.address) as client:
         engine = TurnEngine(mha_model, client, settings, RestorePolicy(COSTS, STORAGE))
         try:
-            source = await engine.namespace_for(b"tenant-a")
-            prompt = random_tokens(120, seed=4)
-            turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), truncated_tokens=28)
-            events = [event async for event in engine.run_turn(turn, source)]
-            stats = events.pop()
-            assert isinstance(stats, TurnStats) and stats.truncated_tokens >= 28
-            assert stats.saved_chunks == stats.reused_tokens == 0 and stats.namespace == b""
+            source = await engine.namespace_for(b"truncated")
+            first = random_tokens(90, seed=5)
+            answer, stats = await truncated_turn(engine, first, source, 0)
+            assert stats.truncated_tokens == 12 and stats.reused_tokens == 0
             await engine.drain_saves()
-            keys = chunk_key_chain(source.namespace, prompt, CHUNK_TOKENS)
-            assert (await client.lookup(source.namespace, keys)).prefix_length == 0
+            keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)
+            found = await client.lookup(source.namespace, keys)
+            assert found.prefix_length == 6  # chunk 0 for the sinks, the kept chunks 1-5
+            async for piece in client.iter_layers(source.namespace, keys[:2]):
+                assert piece.layout.header.layer_forms == STORAGE.forms  # restore chunks, the sinks' too
+                assert piece.layout.header.base_position == (0, 4)[piece.chunk_index]
+
+            prompt = first + answer + random_tokens(2, seed=6)
+            truncation = engine.window.plan(len(prompt), 8, 12)
+            assert truncation.dropped_tokens == 12
+            cached = await engine.prefiller.prefill(prompt, source, truncation)
+            recomputed = await engine.prefiller.prefill(prompt, None, truncation)
+            assert cached.fallback is None and cached.restore_plan == "r1h1k1"
+            assert cached.reused_tokens == 4 + 5 * CHUNK_TOKENS
+            assert (cached.logits - recomputed.logits).abs().max().item() <= 1e-4
+            tokens, stats = await truncated_turn(engine, prompt, source, 12)
+            assert tokens == (await truncated_turn(engine, prompt, None, 12))[0]
+            assert stats.restore_plan == "r1h1k1" and stats.reused_tokens == 4 + 5 * CHUNK_TOKENS
+
+            third = prompt + tokens + random_tokens(20, seed=7)
+            _, stats = await truncated_turn(engine, third, source, 12)
+            assert stats.truncated_tokens == 44  # chunks 1 and 2 dropped: 3-5 move 32 positions back
+            assert stats.fallback is None and stats.restore_plan == "r1h1k1"
+            assert stats.reused_tokens == 4 + 3 * CHUNK_TOKENS
         finally:
             await engine.close()
 
