@@ -213,15 +213,23 @@ class Prefiller:
         prompt: list[int],
         truncation: Truncation = NO_TRUNCATION,
     ) -> tuple[PrefixKV, asyncio.Task[RestoreStats], RestorePlan]:
-        """Restores the hit's full chunks (no tail, from position 0) as planned: after a
-        truncation chunk 0's sinks, then the kept chunks at their kept positions."""
+        """Restores the hit's chunks (from position 0) as planned: after a truncation chunk
+        0's sinks, then the kept chunks at their kept positions; a history's partial last
+        chunk's hidden states go to the capture when it is done (`finish`)."""
         head_tokens = truncation.sink_tokens or source.chunk_tokens  # what the first hit chunk gives
-        tokens = head_tokens + (len(hit.chunks) - 1) * source.chunk_tokens
-        prefix = PrefixKV(self.engine.runner.geometry.num_layers, tokens)
+        full_tokens = head_tokens + (len(hit.chunks) - 1) * source.chunk_tokens if hit.chunks else 0
+        prefix = PrefixKV(self.engine.runner.geometry.num_layers, full_tokens + hit.tail_tokens)
         plan = restore.plan(hit.tiers, prefix.prefix_tokens)
         loader = asyncio.create_task(
             restore.restore(
-                client, source.namespace, hit.keys, prefix, plan, truncation.kept(prompt), head_tokens
+                client,
+                source.namespace,
+                hit.keys,
+                prefix,
+                plan,
+                truncation.kept(prompt),
+                head_tokens,
+                hit.tail_tokens,
             )
         )
         return prefix, loader, plan
@@ -260,6 +268,7 @@ class Prefiller:
         seq, hit, source, truncation = pending.seq, pending.hit, pending.source, pending.truncation
         load_seconds = 0.0
         restore_seconds: dict[str, float] = {}
+        stats: RestoreStats | None = None
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
@@ -268,6 +277,8 @@ class Prefiller:
         prefix_tokens = 0
         fallback = pending.fallback
         failure = seq.load_failure
+        if self.restore is not None and stats is not None and failure is None:
+            self.restore.seed(seq, stats)  # a restored tail's hidden states: its chunk is saved whole
         if failure is not None:
             fallback = classify_failure(failure)
             load_seconds = seq.load_wait_seconds  # the failed attempt delayed the turn this long

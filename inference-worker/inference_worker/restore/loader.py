@@ -54,6 +54,8 @@ class RestoreStats:
     bytes_read: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"recompute": 0.0, "hidden": 0.0, "kv": 0.0})
     timeline: Timeline = field(default_factory=Timeline)  # per layer: reads vs compute
+    # per HIDDEN layer, the input hidden states [tail tokens, hidden] of a partial last chunk
+    tail_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 async def restore_prefix(
@@ -69,6 +71,7 @@ async def restore_prefix(
     compute: Executor,
     shift: RotaryShift | None = None,
     head_tokens: int | None = None,
+    tail_tokens: int = 0,
 ) -> RestoreStats:
     """Fills `prefix` (its tokens: `token_ids[:prefix.prefix_tokens]`, at positions 0..)
     from the restore chunks `keys` stored under `storage`, as `plan` says; fails it on any
@@ -76,8 +79,10 @@ async def restore_prefix(
     stored at other positions (None: an error); hidden states are projected where the
     tokens sit, so they never need it. `head_tokens`: only the first so many tokens of
     chunk 0 (a truncated turn's attention sinks; None: all of it), the other chunks after
-    them."""
-    restore = _Restore(model, prefix, storage, plan, token_ids, compute, shift, head_tokens)
+    them. `tail_tokens`: the last chunk is a partial one of that many tokens, whose hidden
+    states of the HIDDEN layers (read or recomputed) go to `RestoreStats.tail_hidden`: the
+    turn that computes the rest of that chunk saves it whole with them."""
+    restore = _Restore(model, prefix, storage, plan, token_ids, compute, shift, head_tokens, tail_tokens)
     try:
         if plan.recompute_layers:
             restore.submit("recompute", 0, restore.recompute)
@@ -112,9 +117,15 @@ class _Restore:
         compute: Executor,
         shift: RotaryShift | None,
         head_tokens: int | None,
+        tail_tokens: int,
     ) -> None:
         self.model, self.prefix, self.storage, self.plan = model, prefix, storage, plan
-        self.compute, self.shift, self.head_tokens = compute, shift, head_tokens
+        self.compute, self.shift, self.head_tokens, self.tail_tokens = (
+            compute,
+            shift,
+            head_tokens,
+            tail_tokens,
+        )
         self.stats = RestoreStats(plan, prefix.prefix_tokens)
         self.computing: list[asyncio.Future[None]] = []
         self.device = next(model.parameters()).device
@@ -141,8 +152,15 @@ class _Restore:
         self.stats.timeline.add(_COMPUTE_PART[method], first_layer, started, ended)
 
     def recompute(self) -> list[LayerKV]:
-        kv, _ = recompute_layers(self.model, self.ids, self.positions, self.plan.recompute_layers)
+        kv, _ = recompute_layers(
+            self.model, self.ids, self.positions, self.plan.recompute_layers, self.keep_tail
+        )
         return list(enumerate(kv))
+
+    def keep_tail(self, layer: int, states: torch.Tensor) -> None:
+        """Keeps the tail's rows of `states` [tokens, hidden], a HIDDEN layer's input."""
+        if self.tail_tokens and self.storage.forms[layer] is LayerForm.HIDDEN:
+            self.stats.tail_hidden[layer] = states[-self.tail_tokens :].clone()
 
     def project(self, layer: int, start: int, states: torch.Tensor) -> list[LayerKV]:
         """K and V of one chunk's tokens [start, start + n) of `layer` from its hidden states
@@ -185,6 +203,8 @@ class _Restore:
             used = self.used_tokens(piece)
             if self.storage.forms[layer] is LayerForm.HIDDEN:  # projected chunk by chunk (module docstring)
                 states = hidden_from_pieces([piece], self.device)[:used]  # [used tokens, hidden]
+                if piece.chunk_index == chunks - 1:
+                    self.keep_tail(layer, states)
                 self.submit("hidden", layer, functools.partial(self.project, layer, row_tokens, states))
             row_tokens += used
             if len(row) < chunks:

@@ -91,6 +91,13 @@ class TurnRestore:
         first, layers = (self._capture.peek if keep_watching else self._capture.take)(seq)
         return CapturedHidden(first, layers)
 
+    def seed(self, seq: EngineSequence, stats: RestoreStats) -> None:
+        """Hands a restored partial chunk's hidden states to `seq`'s capture, so the chunk it
+        completes is saved whole (`restore_prefix`'s `tail_tokens`)."""
+        if self._capture is not None and stats.tail_hidden:
+            tail = next(iter(stats.tail_hidden.values())).shape[0]
+            self._capture.seed(seq, stats.tokens - tail, stats.tail_hidden)
+
     def forget(self, seq: EngineSequence) -> None:
         if self._capture is not None:
             self._capture.forget(seq)
@@ -114,8 +121,10 @@ class TurnRestore:
         plan: RestorePlan,
         token_ids: Sequence[int],
         head_tokens: int | None = None,
+        tail_tokens: int = 0,
     ) -> RestoreStats:
-        """`token_ids`: the kept tokens, from position 0; `head_tokens`: restore_prefix's."""
+        """`token_ids`: the kept tokens, from position 0; `head_tokens`, `tail_tokens`:
+        restore_prefix's."""
         return await restore_prefix(
             client,
             namespace,
@@ -128,6 +137,7 @@ class TurnRestore:
             compute=self._compute,
             shift=self.shift,
             head_tokens=head_tokens,
+            tail_tokens=tail_tokens,
         )
 
     def settled(self, loader: asyncio.Task[Any]) -> RestoreStats | None:

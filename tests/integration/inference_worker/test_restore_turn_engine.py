@@ -39,7 +39,7 @@ CHUNK_TOKENS = 16
 FIRST_PROMPT_TOKENS = 40
 ANSWER_TOKENS = 32
 NEW_TOKENS = 20
-SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS  # no partial chunk here
+SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS  # full ones; a partial one follows
 LAYERS = 3
 STORAGE = StoragePlan(LAYERS, recompute_layers=1, hidden_layers=1)  # NONE, HIDDEN, KV
 # Reading and projecting are nearly free, recomputing is dear: the planner recomputes only
@@ -108,8 +108,10 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             answer, stats = await run_turn(engine, first, source)
             assert stats.saved_chunks == SAVED_CHUNKS and stats.reused_tokens == 0 and not stats.restore_plan
             await engine.drain_saves()
-            # r1h1k1 stores per token 0 + hidden + 2 x hidden values instead of 3 x 2 x hidden
-            saved_bytes = SAVED_CHUNKS * CHUNK_TOKENS * 3 * MHA_LLAMA["hidden_size"] * 4
+            # r1h1k1 stores per token 0 + hidden + 2 x hidden values instead of 3 x 2 x hidden,
+            # for the full chunks and the partial one after them (all but the last token)
+            saved_tokens = FIRST_PROMPT_TOKENS + len(answer) - 1
+            saved_bytes = saved_tokens * 3 * MHA_LLAMA["hidden_size"] * 4
             assert REGISTRY.get_sample_value(SAVED_METRIC) - saved_before == saved_bytes
             keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)[:SAVED_CHUNKS]
             async for piece in client.iter_layers(source.namespace, keys[:1]):
@@ -140,9 +142,8 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             assert not reference_stats.restore_seconds
             await engine.drain_saves()
             third, third_stats = await run_turn(engine, prompt + tokens, source)
-            assert (
-                third_stats.reused_tokens == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS * CHUNK_TOKENS
-            )
+            # its full chunks and the partial one after them: all of its history but the last token
+            assert third_stats.reused_tokens == len(prompt) + ANSWER_TOKENS - 1
             assert third_stats.restore_plan == "r1h1k1" and third_stats.fallback is None
             assert third == (await run_turn(engine, prompt + tokens, None))[0]
         finally:
@@ -153,6 +154,52 @@ def test_the_default_policy_keeps_kv(tiny_model: LoadedModel, mha_model: LoadedM
     """Grouped-query models (auto) and `off` build no policy, so turns store KV as before."""
     assert worker_policy(tiny_model.model, RestoreSettings(), 4) is None
     assert worker_policy(mha_model.model, RestoreSettings(hidden_states="off"), 4) is None
+
+
+async def test_a_history_ending_inside_a_chunk_is_restored_and_that_chunk_saved_whole(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """Turn 1 saves its full chunks and the partial chunk after them as restore chunks.
+    Turn 2, told where the history ends, restores all of it with the mixed plan (the logits
+    (1e-4) and greedy tokens of recomputation) and saves the chunk holding the old tail
+    whole, the tail's restored hidden states with what it computed; turn 3 restores that
+    chunk to recomputation's logits too."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(
+            mha_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS), RestorePolicy(COSTS, STORAGE)
+        )
+        try:
+            source = await engine.namespace_for(b"tails")
+            prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=8)
+            answer, _ = await run_turn(engine, prompt, source)
+            for seed in (9, 10):  # turns 2 and 3
+                await engine.drain_saves()
+                history = len(prompt) + len(answer)
+                prompt = prompt + answer + random_tokens(NEW_TOKENS, seed=seed)
+                answer = await restored_turn(engine, prompt, source, history)
+        finally:
+            await engine.close()
+
+
+async def restored_turn(engine: TurnEngine, prompt: list[int], source: KVSource, history: int) -> list[int]:
+    """A turn whose `history` tokens end inside a chunk: every one but the last (never
+    computed) restored, as recomputation gives; it saves every full chunk from the one
+    holding the tail on. Its greedy tokens."""
+    assert (history - 1) % CHUNK_TOKENS  # the history's last chunk is partial
+    cached = await engine.prefiller.prefill(prompt, source, history_tokens=history)
+    recomputed = await engine.prefiller.prefill(prompt, None)
+    assert cached.fallback is None and cached.restore_plan == "r1h1k1"
+    assert cached.reused_tokens == history - 1
+    assert (cached.logits - recomputed.logits).abs().max().item() <= 1e-4
+    turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=history)
+    events = [event async for event in engine.run_turn(turn, source)]
+    stats = events.pop()
+    assert isinstance(stats, TurnStats) and stats.reused_tokens == history - 1
+    tokens = [event.token_id for event in events if isinstance(event, TokenEvent)]
+    assert tokens == (await run_turn(engine, prompt, None))[0]
+    saved_tokens = len(prompt) + len(tokens) - 1
+    assert stats.saved_chunks == saved_tokens // CHUNK_TOKENS - (history - 1) // CHUNK_TOKENS
+    return tokens
 
 
 async def truncated_turn(

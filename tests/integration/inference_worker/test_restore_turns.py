@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from attnstore.chunks.format import decode_layout
+from attnstore.chunks.format import LayerForm, decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.engine.attention import PagedKV
@@ -148,6 +148,7 @@ async def check_restore(
                     plan=plan,
                     token_ids=tokens,
                     compute=compute,
+                    tail_tokens=CHUNK,  # as if the last chunk were a history's partial one
                 )
             )
             seq = Sequence.of(tokens, max_new_tokens=STEPS, prefix=prefix)
@@ -180,3 +181,9 @@ async def check_restore(
         torch.testing.assert_close(k, kv[layer][0], atol=1e-4, rtol=0)
         torch.testing.assert_close(v, kv[layer][1], atol=1e-4, rtol=0)
     assert [span.layer for span in spans if span.part == "recompute"] == ([0] if recompute else [])
+    # the last chunk's hidden states of every HIDDEN layer, read or recomputed (for the capture)
+    assert sorted(stats.tail_hidden) == [
+        layer for layer, form in enumerate(storage.forms) if form is LayerForm.HIDDEN
+    ]
+    for layer, states in stats.tail_hidden.items():
+        torch.testing.assert_close(states, hidden[layer][-CHUNK:], atol=1e-4, rtol=0)
