@@ -7,15 +7,22 @@ and load KV exactly as before.
              ──ChunkRun(restore=RestoreForm)──> ChunkSaver ──encode_restore_chunks──> daemon
     turn 2   lookup hit ──start(plan = policy.plan(tier, tokens))──> restore_prefix ──> PrefixKV
 
-Decisions (what such a worker refuses rather than does half right):
-- Truncated turns neither read nor save chunks: restore projects and recomputes at the
-  tokens' positions from 0, and a truncated turn's chunk 0 (attention sinks) and kept chunks
-  sit elsewhere.
+Decisions:
+- Truncated turns restore too: chunk 0's first S tokens (the sinks), then the kept chunks
+  at their kept positions. Hidden states carry no rotation, so projecting them there is
+  exact; KV layers are rotated as the KV loader does; recomputed first layers run over the
+  kept tokens. Under the same truncation as the turn that saved the chunks, that is what
+  recomputing the kept tokens gives; after a further truncation, recomputed layers see the
+  new context while stored ones keep the one they were computed in (as re-positioned KV
+  does). A missing sinks chunk is computed whole and saved in the storage plan's forms.
 - A preempted sequence's snapshot is saved as restore chunks (the chunks it computed whole,
   with the hidden states captured so far) and restored from position 0 when it resumes.
-- No partial last chunk (tail) is saved or read: the turn that reads a tail would save the
-  full chunk over it, whose first tokens' hidden states it never computed.
-- A turn saves only the chunks whose every token it computed (and so captured): chunks
+- Partial last chunks (tails) are saved and read as on the KV path. The turn reading one
+  completes its chunk, whose first tokens it did not compute: the restore keeps the tail's
+  hidden states of the HIDDEN layers (read, or the inputs of recomputed ones) and `seed`s
+  the capture with them, so that chunk is saved whole. A tail whose first tokens the
+  capture lacks anyway is not saved (the next turn recomputes it).
+- A turn saves only the chunks whose every token it computed or was seeded with: chunks
   whose KV came from the pool or the store are not saved again.
 - The pool's cached chunks are not skipped in the lookup (restore starts at position 0),
   and every chunk is read through the own daemon (which fetches those placed on pool peers).
