@@ -80,14 +80,21 @@ def restore_plans_counted() -> float:
     )
 
 
-async def run_turn(
-    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+async def execute(
+    engine: TurnEngine, turn: TurnInput, source: KVSource | None
 ) -> tuple[list[int], TurnStats]:
-    turn = TurnInput(list(prompt), SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=len(prompt))
+    """The turn's tokens and stats."""
     events = [event async for event in engine.run_turn(turn, source)]
     stats = events.pop()
     assert isinstance(stats, TurnStats)
     return [event.token_id for event in events if isinstance(event, TokenEvent)], stats
+
+
+async def run_turn(
+    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+) -> tuple[list[int], TurnStats]:
+    turn = TurnInput(list(prompt), SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=len(prompt))
+    return await execute(engine, turn, source)
 
 
 async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
@@ -192,10 +199,8 @@ async def restored_turn(engine: TurnEngine, prompt: list[int], source: KVSource,
     assert cached.reused_tokens == history - 1
     assert (cached.logits - recomputed.logits).abs().max().item() <= 1e-4
     turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=history)
-    events = [event async for event in engine.run_turn(turn, source)]
-    stats = events.pop()
-    assert isinstance(stats, TurnStats) and stats.reused_tokens == history - 1
-    tokens = [event.token_id for event in events if isinstance(event, TokenEvent)]
+    tokens, stats = await execute(engine, turn, source)
+    assert stats.reused_tokens == history - 1
     assert tokens == (await run_turn(engine, prompt, None))[0]
     saved_tokens = len(prompt) + len(tokens) - 1
     assert stats.saved_chunks == saved_tokens // CHUNK_TOKENS - (history - 1) // CHUNK_TOKENS
@@ -206,10 +211,7 @@ async def truncated_turn(
     engine: TurnEngine, prompt: list[int], source: KVSource | None, truncated_tokens: int
 ) -> tuple[list[int], TurnStats]:
     turn = TurnInput(prompt, SamplingParams(max_tokens=8), truncated_tokens=truncated_tokens)
-    events = [event async for event in engine.run_turn(turn, source)]
-    stats = events.pop()
-    assert isinstance(stats, TurnStats)
-    return [event.token_id for event in events if isinstance(event, TokenEvent)], stats
+    return await execute(engine, turn, source)
 
 
 async def test_truncated_turns_restore_their_sinks_and_kept_chunks(
