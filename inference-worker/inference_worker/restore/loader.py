@@ -120,12 +120,8 @@ class _Restore:
         tail_tokens: int,
     ) -> None:
         self.model, self.prefix, self.storage, self.plan = model, prefix, storage, plan
-        self.compute, self.shift, self.head_tokens, self.tail_tokens = (
-            compute,
-            shift,
-            head_tokens,
-            tail_tokens,
-        )
+        self.compute, self.shift = compute, shift
+        self.head_tokens, self.tail_tokens = head_tokens, tail_tokens
         self.stats = RestoreStats(plan, prefix.prefix_tokens)
         self.computing: list[asyncio.Future[None]] = []
         self.device = next(model.parameters()).device
@@ -214,7 +210,7 @@ class _Restore:
             if row_tokens != self.prefix.prefix_tokens:
                 raise KVShapeError(f"layer {layer}: {row_tokens} tokens read for {self.prefix.prefix_tokens}")
             if self.storage.forms[layer] is not LayerForm.HIDDEN:
-                chunk_tokens = row[0].layout.header.tokens  # restore chunks are whole
+                chunk_tokens = row[0].layout.header.tokens  # chunk 0 is whole (or the only one)
                 k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
                 k, v = keep_head(k, v, self.used_tokens(row[0]), chunk_tokens)
                 k = reposition_keys(k, row, chunk_tokens, self.used_tokens(row[0]), self.shift, 0)
