@@ -10,11 +10,10 @@ import uvloop
 
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.security import SecurityConfigError
-from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
-from attnstore.server.logging import configure_logging
-from attnstore.settings import load_settings_or_exit, run_or_exit
+from attnstore.server.startup import start_service
+from attnstore.settings import run_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.data_plane import DataPlaneServer
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
@@ -95,10 +94,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
 
 
 def main() -> None:
-    settings = load_settings_or_exit(DaemonSettings, "attnstore-kvstore-daemon")
-    configure_logging(settings.log_level, settings.log_json)
-    if not keep_large_buffers():
-        log.info("allocator_not_tuned", reason="not glibc")
+    settings = start_service(DaemonSettings, "attnstore-kvstore-daemon", large_buffers=True)
     startup_errors = (ArenaError, SecurityConfigError)
     run_or_exit("attnstore-kvstore-daemon", uvloop.run, run_daemon(settings), startup_errors)
 
