@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.kvstore_client.limits import MAX_KEYS_PER_REQUEST
 from attnstore.prompt_modules import DEFAULT_LIMITS, PmlLimits
 from attnstore.security import ChannelSecurity
 from attnstore.server.ports import DAEMON_PORT, SCHEDULER_PORT, WORKER_PORT
@@ -39,7 +40,7 @@ class HintSettings(BaseModel, frozen=True):
         60.0, gt=0, description="chunks of an ended or moved session are hinted EVICT_FIRST this long"
     )
     max_keys_per_call: int = Field(
-        4096, ge=1, description="keys per Hint call; at most the daemons' max_keys_per_request"
+        MAX_KEYS_PER_REQUEST, ge=1, description="keys per Hint call; at most the daemons' max_keys_per_request"
     )
     policy: Literal["lookahead", "predictive"] = Field(
         "lookahead",
