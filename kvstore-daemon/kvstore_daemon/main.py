@@ -47,10 +47,15 @@ async def run_daemon(settings: DaemonSettings) -> None:
     removed = remove_stale_arenas(settings.shm_dir)
     dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
     ssd = SsdTier(
-        settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads, reserve_bytes=settings.ssd_reserved_bytes
+        settings.ssd_dirs,
+        settings.ssd_capacity_bytes,
+        settings.io_threads,
+        reserve_bytes=settings.ssd_reserved_bytes,
     )
     namespaces = NamespaceRegistry(
-        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes,
+        settings.ssd_dirs[0] / "namespaces.msgpack",
+        settings.max_namespaces,
+        settings.max_chunk_bytes,
         settings.namespace_idle_seconds,
     )
     member = PoolMember(settings, [dram, ssd]) if settings.pool_redis_url is not None else None
@@ -59,7 +64,9 @@ async def run_daemon(settings: DaemonSettings) -> None:
     peer = make_peer_tier(settings, namespaces, find_peers) if pooled else None
     store = ChunkStore(settings, dram, ssd, namespaces, peer=peer)
     await store.start()
-    log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
+    log.info(
+        "daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy
+    )
     maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
     data_plane = DataPlaneServer(store, settings, asyncio.get_running_loop())
     data_plane_port = data_plane.start() if settings.data_plane_port else 0

@@ -136,8 +136,14 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
     )
     activity = SessionActivity() if settings.hints.policy == "predictive" else None
     protection = SchemaProtection()
-    hints = HintPusher(queue, registry.hint_targets, settings.hints, activity=activity,
-                       source=settings.hints.source or socket.gethostname(), protection=protection)
+    hints = HintPusher(
+        queue,
+        registry.hint_targets,
+        settings.hints,
+        activity=activity,
+        source=settings.hints.source or socket.gethostname(),
+        protection=protection,
+    )
     sessions = Sessions(
         store,
         registry,

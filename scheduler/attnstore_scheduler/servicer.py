@@ -65,7 +65,9 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         ttl_seconds = check_ttl(request.ttl_seconds, self._limits)
         if system_prompt:
             await self._turns.check_system_prompt(system_prompt)
-        expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
+        expectation = check_expectation(
+            request.expected_next_turn_seconds, request.conversation_over, self._limits
+        )
         record = await self._sessions.create(tenant, system_prompt, ttl_seconds)
         self._sessions.expect(tenant, record.session_id, expectation)
         return api.CreateSessionResponse(session=session_message(record, with_messages=True))
@@ -76,7 +78,9 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         started = time.monotonic()
         tenant = self._caller(context).tenant
         session_id = check_session_id(request.session_id)
-        expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
+        expectation = check_expectation(
+            request.expected_next_turn_seconds, request.conversation_over, self._limits
+        )
         if request.pml:
             if request.message:
                 raise InvalidArgument("give message or pml, not both")

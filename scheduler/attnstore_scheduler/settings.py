@@ -35,12 +35,16 @@ class HintSettings(BaseModel, frozen=True):
     refresh_seconds: float = Field(
         15.0, gt=0, description="pushed again this often without changes; keep it under the daemons' hint TTL"
     )
-    ttl_seconds: int = Field(0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default")
+    ttl_seconds: int = Field(
+        0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default"
+    )
     release_seconds: float = Field(
         60.0, gt=0, description="chunks of an ended or moved session are hinted EVICT_FIRST this long"
     )
     max_keys_per_call: int = Field(
-        MAX_KEYS_PER_REQUEST, ge=1, description="keys per Hint call; at most the daemons' max_keys_per_request"
+        MAX_KEYS_PER_REQUEST,
+        ge=1,
+        description="keys per Hint call; at most the daemons' max_keys_per_request",
     )
     policy: Literal["lookahead", "predictive"] = Field(
         "lookahead",
@@ -48,10 +52,14 @@ class HintSettings(BaseModel, frozen=True):
         "(pair it with the daemons' eviction_policy=predictive)",
     )
     predict_interval_seconds: float = Field(
-        5.0, gt=0, description="predictive: the predictions of every live session are pushed at most this often"
+        5.0,
+        gt=0,
+        description="predictive: the predictions of every live session are pushed at most this often",
     )
     source: str = Field(
-        "", max_length=128, description="this replica's name in its hints; empty = the host name (unique per pod)"
+        "",
+        max_length=128,
+        description="this replica's name in its hints; empty = the host name (unique per pod)",
     )
 
 

@@ -94,8 +94,7 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         chunk_keys=tuple(stats.chunk_keys),
         namespace_refused=stats.namespace_refused,
         samples=tuple(
-            SampleStats(sample.generated_tokens, _finish(sample.finish_reason))
-            for sample in stats.samples
+            SampleStats(sample.generated_tokens, _finish(sample.finish_reason)) for sample in stats.samples
         )
         or (SampleStats(stats.generated_tokens, _finish(stats.finish_reason)),),
         module_tokens=stats.module_tokens,

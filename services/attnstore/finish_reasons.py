@@ -27,7 +27,7 @@ class Sample(Protocol):
 
 
 def finish_reason_to_proto(name: str) -> pb.FinishReason.ValueType:
-    """"" is UNSPECIFIED; a name the enum lacks is too (a reason this build cannot name)."""
+    """ "" is UNSPECIFIED; a name the enum lacks is too (a reason this build cannot name)."""
     try:
         return pb.FinishReason.Value(_PREFIX + name.upper()) if name else pb.FINISH_REASON_UNSPECIFIED
     except ValueError:

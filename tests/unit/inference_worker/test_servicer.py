@@ -244,7 +244,9 @@ async def test_chat_template_failures_name_the_problem(
 def test_every_fallback_and_finish_reason_has_a_proto_value() -> None:
     assert set(_FALLBACK) == {None, *Fallback}
     assert len(set(_FALLBACK.values())) == len(_FALLBACK)
-    reasons = {finish_reason_to_proto(name) for name in ("stop", "stop_string", "length")}  # TurnStats' values
+    reasons = {
+        finish_reason_to_proto(name) for name in ("stop", "stop_string", "length")
+    }  # TurnStats' values
     assert len(reasons) == 3 and pb.FINISH_REASON_UNSPECIFIED not in reasons
 
 

@@ -13,11 +13,23 @@ from attnstore_scheduler.turn_types import FinishReason, TurnOutcome, stats_from
 
 
 def _outcome(**worker_stats: object) -> TurnOutcome:
-    fields = {"prompt_tokens": 40, "reused_tokens": 0, "generated_tokens": 4, "finish_reason": worker_pb2.FINISH_REASON_LENGTH}
+    fields = {
+        "prompt_tokens": 40,
+        "reused_tokens": 0,
+        "generated_tokens": 4,
+        "finish_reason": worker_pb2.FINISH_REASON_LENGTH,
+    }
     stats = worker_pb2.TurnStats(**{**fields, **worker_stats})
     return TurnOutcome(
-        stats=stats_from_worker(stats), prompt_token_ids=tuple(range(40)), token_ids=(1, 2, 3, 4), text="abcd",
-        node="node-a", attempts=1, queue_wait_seconds=0.0, session_saved=True, closing_tokens=2,
+        stats=stats_from_worker(stats),
+        prompt_token_ids=tuple(range(40)),
+        token_ids=(1, 2, 3, 4),
+        text="abcd",
+        node="node-a",
+        attempts=1,
+        queue_wait_seconds=0.0,
+        session_saved=True,
+        closing_tokens=2,
     )
 
 

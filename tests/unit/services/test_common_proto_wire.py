@@ -12,7 +12,9 @@ from attnstore.worker.v1 import worker_pb2 as worker
 
 
 def _sampled_stats(module):  # a TurnStats with a finish reason and one SampleStats
-    sample = module.SampleStats(sample_index=1, generated_tokens=300, finish_reason=module.FINISH_REASON_LENGTH)
+    sample = module.SampleStats(
+        sample_index=1, generated_tokens=300, finish_reason=module.FINISH_REASON_LENGTH
+    )
     return module.TurnStats(finish_reason=module.FINISH_REASON_STOP_STRING, samples=[sample])
 
 
