@@ -147,9 +147,12 @@ async def test_a_turn_right_after_the_first_waits_for_its_saves(
     tiny_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
     """No drain between the turns: the second turn's lookup waits for the first turn's saves
-    in flight instead of missing them and recomputing."""
+    in flight instead of missing them and recomputing. The wait is bounded by
+    `layer_timeout_seconds` (2 s by default, which a save on a machine at load 14 outlasted):
+    generous here, since the property is that the lookup waits at all."""
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS))
+        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, layer_timeout_seconds=120.0)
+        engine = TurnEngine(tiny_model, client, settings)
         source = await engine.namespace_for(b"tenant-a")
         prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=1)
         answer, first = await run_turn(engine, prompt, source)
