@@ -127,7 +127,7 @@ class CaseRunner:
         for fraction in REPAIR_FRACTIONS:
             for method in REPAIR_METHODS:
                 laid_out = compact if method == COMPACT_DEVIATION else served
-                prompt = self._select(replace(laid_out.prompt, repair_fraction=fraction), method)
+                prompt = await self._select(replace(laid_out.prompt, repair_fraction=fraction), method)
                 repaired = lay_out(prompt).repaired_tokens
                 curve.append(
                     RepairPoint(method, fraction, repaired, await self._module_perplexity(prompt, reference))
@@ -145,12 +145,13 @@ class CaseRunner:
             * await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source)),
         )
 
-    def _select(self, first: ModulePrompt, method: str) -> ModulePrompt:
-        """`first` (its first tokens repaired) with `method`'s choice of as many tokens."""
+    async def _select(self, first: ModulePrompt, method: str) -> ModulePrompt:
+        """`first` (its first tokens repaired) with `method`'s choice of as many tokens (in a
+        thread: it waits for module layers the event loop reads)."""
         if method == RepairMethod.FIRST:
             return first
         layer = DEEP_DEVIATION_LAYER if method == DEEP_DEVIATION else None
-        return select_by_deviation(first, self.engine.loaded.model, layer=layer)
+        return await asyncio.to_thread(select_by_deviation, first, self.engine.loaded.model, layer=layer)
 
     @staticmethod
     def _turn(
