@@ -32,7 +32,7 @@ class ModuleTurns:
         shift: RotaryShift | None,
         stop_ids: frozenset[int],
         max_context_tokens: int,
-        repair_method: RepairMethod = RepairMethod.FIRST,
+        repair_method: RepairMethod,
     ) -> None:
         """`max_context_tokens`: the worker's context window; a module prompt's positions
         (gaps included) and its answer must fit in it (module prompts are never truncated).
