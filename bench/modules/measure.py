@@ -91,12 +91,14 @@ class CaseRunner:
         async for _ in server.encode(self.source, case.schema):  # eager: the store holds every module
             pass
         await server.store.drain()
-        served = await server.serve(self.source, case.schema, case.prompt, 0)
-        server.compact_positions = True
+        default = server.compact_positions
         try:
+            server.compact_positions = False  # the paper's layout, whatever the worker's default
+            served = await server.serve(self.source, case.schema, case.prompt, 0)
+            server.compact_positions = True
             compact = await server.serve(self.source, case.schema, case.prompt, 0)
         finally:
-            server.compact_positions = False
+            server.compact_positions = default
         layout = lay_out(served.prompt)
         full_ids = list(layout.tokens_by_position)
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
