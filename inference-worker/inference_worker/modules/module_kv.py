@@ -12,7 +12,6 @@ import asyncio
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
 
 import blake3
 import torch
@@ -29,9 +28,9 @@ _LAYOUT_DOMAIN = b"attnstore/module-layout/v1\0"
 class LayerFeed(Sequence[tuple[torch.Tensor, torch.Tensor]]):
     """A stored module's KV as the daemon's read delivers it, layer by layer (layer-wise
     loading: a prompt's first layers are computed while its modules' later layers are still
-    being read). The reader puts each layer; indexing a layer waits for it, so it is read
-    from threads other than the event loop's (the engine's, a selection's `to_thread`): the
-    reader runs there. Raises PrefixLoadFailed when the read failed or a layer is late."""
+    being read). The reader (a task on the event loop) puts each layer; indexing a layer
+    waits for it, so only other threads index it (the engine's, a selection's `to_thread`).
+    Indexing raises PrefixLoadFailed when the read failed or a layer is late."""
 
     def __init__(self, num_layers: int, tokens: int, timeout_seconds: float) -> None:
         self._layers = PrefixKV(num_layers, tokens)
@@ -47,15 +46,8 @@ class LayerFeed(Sequence[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return self._layers.num_layers
 
-    @overload
-    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-    @overload
-    def __getitem__(self, layer: slice) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
-    def __getitem__(
-        self, layer: int | slice
-    ) -> tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]:
-        if isinstance(layer, slice):
-            return [self[index] for index in range(len(self))[layer]]
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """Layer `layer`'s K, V (negative: from the last); layers only, no slices."""
         if not -len(self) <= layer < len(self):
             raise IndexError(f"layer {layer} of a module KV of {len(self)} layers")
         return self._layers.wait_layer(layer % len(self), self.timeout_seconds)
