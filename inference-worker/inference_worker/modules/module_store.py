@@ -76,20 +76,34 @@ class ModuleStore:
         """The module's KV: stored (its read goes on in the background, layer by layer: a
         LayerFeed), else encoded and saved (in the background)."""
         keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
-        if self.kvstore is not None:
-            try:
-                stored = await asyncio.wait_for(
-                    self._stored(self.kvstore, source, keys), self.timeout_seconds
-                )
-            except Exception as exc:  # noqa: BLE001 -- a store failure means encode, never a failed turn
-                log.warning("looking a module up failed; encoding it", error=repr(exc))
-                stored = False
-            if stored:
-                layers = self.engine.runner.geometry.num_layers
-                feed = LayerFeed(layers, len(spec.token_ids), self.timeout_seconds)
-                self._background(self._read(self.kvstore, source, keys, feed))
-                self._background(self._protect(source, keys))
-                return ModuleKV(spec.token_ids, spec.positions, feed), Origin.STORED
+        if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
+            feed = LayerFeed(
+                self.engine.runner.geometry.num_layers, len(spec.token_ids), self.timeout_seconds
+            )
+            self._background(self._read(self.kvstore, source, keys, feed))
+            self._background(self._protect(source, keys))
+            return ModuleKV(spec.token_ids, spec.positions, feed), Origin.STORED
+        return await self._encode(source, spec, keys), Origin.ENCODED
+
+    async def ensure(self, source: KVSource, spec: ModuleSpec) -> Origin:
+        """Makes the module stored, as `get` does, without reading it when it is (eager
+        encoding and re-protection of a registered schema need no KV)."""
+        keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
+        if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
+            self._background(self._protect(source, keys))
+            return Origin.STORED
+        await self._encode(source, spec, keys)
+        return Origin.ENCODED
+
+    async def _is_stored(self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes]) -> bool:
+        try:
+            return await asyncio.wait_for(self._stored(client, source, keys), self.timeout_seconds)
+        except Exception as exc:  # noqa: BLE001 -- a store failure means encode, never a failed turn
+            log.warning("looking a module up failed; encoding it", error=repr(exc))
+            return False
+
+    async def _encode(self, source: KVSource, spec: ModuleSpec, keys: Sequence[bytes]) -> ModuleKV:
+        """The module encoded now, its save (and protection) started."""
         module = await encode_module(
             self.engine,
             spec.token_ids,
@@ -104,7 +118,7 @@ class ModuleStore:
                 before_put=lambda: self.namespaces.ensure_registered(source),
             )
             self._background(self._protect(source, keys))
-        return module, Origin.ENCODED
+        return module
 
     def _background(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

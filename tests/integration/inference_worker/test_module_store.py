@@ -146,6 +146,8 @@ async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daem
     async with AsyncKVStoreClient(daemon.address) as client:
         engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
         source = await engine.namespace_for(b"tenant-a")
+        again = [step.origin async for step in engine.modules.server.encode(source, SCHEMA)]
+        assert again == [Origin.STORED] * 3  # found, neither read nor encoded
         tokens, stats = await run(engine, source)
         assert stats.encoded_modules == 0 and tokens == first
 
