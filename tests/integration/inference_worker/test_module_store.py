@@ -15,8 +15,8 @@ import torch
 
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore_client import AsyncKVStoreClient
-from inference_worker.model_store import LoadedModel
 from inference_worker.kv_saver import ChunkRun
+from inference_worker.model_store import LoadedModel
 from inference_worker.modules.module_kv import LayerFeed, encode_module
 from inference_worker.modules.module_prompt import lay_out
 from inference_worker.modules.module_store import Origin
