@@ -116,7 +116,10 @@ async def bench(args: argparse.Namespace) -> None:
     try:
         async with AsyncKVStoreClient(daemon.address) as client:
             settings = WorkerSettings(
-                chunk_tokens=256, kv_memory_bytes=2048 * MiB, module_read_timeout_seconds=30
+                chunk_tokens=256,
+                kv_memory_bytes=2048 * MiB,
+                module_read_timeout_seconds=30,
+                layer_timeout_seconds=30,  # a late module layer would recompute the prompt: not what is timed
             )
             engine = TurnEngine(loaded, client, settings)
             source = await engine.namespace_for(b"bench-modules")

@@ -117,8 +117,8 @@ class WorkerSettings(ServiceSettings):
         5.0,
         gt=0,
         description="longest wait for the daemon's lookup of one prompt module's KV before encoding it "
-        "again, and for each layer of its read (layer-wise, during the forward pass) before computing "
-        "the prompt's module tokens instead",
+        "again, and for a layer of its read that deviation repair selects with (the forward pass "
+        "waits for a module's layer at most layer_timeout_seconds, then computes the module tokens)",
     )
     # Compact by default: with gaps even a full recompute is off the full prefill (-4.3..+2.8%
     # perplexity on the bench's quick prompts) and repairing next to a gap can hurt (+14.9% vs

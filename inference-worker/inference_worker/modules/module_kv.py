@@ -50,7 +50,11 @@ class LayerFeed(Sequence[tuple[torch.Tensor, torch.Tensor]]):
         """Layer `layer`'s K, V (negative: from the last); layers only, no slices."""
         if not -len(self) <= layer < len(self):
             raise IndexError(f"layer {layer} of a module KV of {len(self)} layers")
-        return self._layers.wait_layer(layer % len(self), self.timeout_seconds)
+        return self.wait(layer % len(self), self.timeout_seconds)
+
+    def wait(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s K, V, waiting at most `timeout_seconds` (the forward pass's own bound)."""
+        return self._layers.wait_layer(layer, timeout_seconds)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import torch
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.kv_saver import KV
 from inference_worker.layerwise_cache import PrefixKV
-from inference_worker.modules.module_kv import ModuleKV, layout_namespace
+from inference_worker.modules.module_kv import LayerFeed, ModuleKV, layout_namespace
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 
 
@@ -243,7 +243,7 @@ class ModulePrefix(PrefixKV):
         self.spans, self.shift, self.device = spans, shift, device
 
     def wait_layer(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`timeout_seconds` is each module's own (LayerFeed.timeout_seconds) instead."""
+        """`timeout_seconds`: the longest wait for each module's layer still being read."""
         keys, values = [], []
         for span in self.spans:
             if layer < len(span.part.exact_layers):
@@ -251,7 +251,9 @@ class ModulePrefix(PrefixKV):
                 keys.append(k[:, span.start : span.stop].to(self.device))
                 values.append(v[:, span.start : span.stop].to(self.device))
                 continue
-            k, v = span.part.module.kv[layer]  # [kv_heads, module tokens, D]
+            kv = span.part.module.kv
+            # [kv_heads, module tokens, D]
+            k, v = kv.wait(layer, timeout_seconds) if isinstance(kv, LayerFeed) else kv[layer]
             first, last = span.part.offset + span.start, span.part.offset + span.stop
             k, v = k[:, first:last].to(self.device), v[:, first:last].to(self.device)
             keys.append(self.shift.shift_keys(k, span.part.delta) if self.shift is not None else k)

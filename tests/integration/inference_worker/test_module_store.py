@@ -39,6 +39,8 @@ CHUNK_TOKENS = 16
 # A read that outlasts this re-encodes the module (by design) and changes the counts these
 # tests check; on a loaded machine one read once took longer than the 5 s default.
 READ_TIMEOUT = 60.0
+# The same bound for a layer the forward pass waits for (a late one recomputes the prompt).
+TIMEOUTS = {"module_read_timeout_seconds": READ_TIMEOUT, "layer_timeout_seconds": READ_TIMEOUT}
 SCHEMA = """<schema name="library">
 Reference desk notes.
 <module name="doc">The lighthouse on the northern headland was built in 1871 after three ships
@@ -60,7 +62,7 @@ async def test_modules_are_encoded_once_then_read_and_re_encoded_when_evicted(
     tiny_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         first, stats = await run(engine, source)
         assert stats.encoded_modules == 3  # the root's text, doc, style
@@ -94,7 +96,7 @@ async def test_a_stored_module_that_cannot_be_read_is_computed_and_encoded_again
     deviation's selection, which reads a module layer, gives up too), and deletes the
     module's chunks so that the next prompt encodes it again."""
     async with AsyncKVStoreClient(daemon.address) as client:
-        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT)
+        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS)
         engine = TurnEngine(tiny_model, client, settings)
         known = await engine.namespace_for(b"tenant-a")
         first, _ = await run(engine, known)
@@ -135,7 +137,7 @@ async def test_a_stored_module_that_cannot_be_read_is_computed_and_encoded_again
 
 async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         progress = [step async for step in engine.modules.server.encode(source, SCHEMA)]
         assert [(p.done, p.total, p.origin) for p in progress] == [(i, 3, Origin.ENCODED) for i in (1, 2, 3)]
@@ -144,7 +146,7 @@ async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daem
     daemon.stop()
     daemon.start()
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         again = [step.origin async for step in engine.modules.server.encode(source, SCHEMA)]
         assert again == [Origin.STORED] * 3  # found, neither read nor encoded
@@ -201,7 +203,7 @@ async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
     """A prompt importing every module of a scaffold, in schema order, is served the
     scaffold's KV: one attention span, so the same answer as prefilling its tokens whole."""
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         progress = [p async for p in engine.modules.server.encode(source, SCAFFOLDED)]
         assert [p.path for p in progress] == ["(root)", "doc", "style", "scaffold:both"]
