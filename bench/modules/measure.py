@@ -91,12 +91,14 @@ class CaseRunner:
         async for _ in server.encode(self.source, case.schema):  # eager: the store holds every module
             pass
         await server.store.drain()
-        served = await server.serve(self.source, case.schema, case.prompt, 0)
-        server.compact_positions = True
+        default = server.compact_positions
         try:
+            server.compact_positions = False  # the paper's layout, whatever the worker's default
+            served = await server.serve(self.source, case.schema, case.prompt, 0)
+            server.compact_positions = True
             compact = await server.serve(self.source, case.schema, case.prompt, 0)
         finally:
-            server.compact_positions = False
+            server.compact_positions = default
         layout = lay_out(served.prompt)
         full_ids = list(layout.tokens_by_position)
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
@@ -127,7 +129,7 @@ class CaseRunner:
         for fraction in REPAIR_FRACTIONS:
             for method in REPAIR_METHODS:
                 laid_out = compact if method == COMPACT_DEVIATION else served
-                prompt = self._select(replace(laid_out.prompt, repair_fraction=fraction), method)
+                prompt = await self._select(replace(laid_out.prompt, repair_fraction=fraction), method)
                 repaired = lay_out(prompt).repaired_tokens
                 curve.append(
                     RepairPoint(method, fraction, repaired, await self._module_perplexity(prompt, reference))
@@ -145,12 +147,13 @@ class CaseRunner:
             * await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source)),
         )
 
-    def _select(self, first: ModulePrompt, method: str) -> ModulePrompt:
-        """`first` (its first tokens repaired) with `method`'s choice of as many tokens."""
+    async def _select(self, first: ModulePrompt, method: str) -> ModulePrompt:
+        """`first` (its first tokens repaired) with `method`'s choice of as many tokens (in a
+        thread: it waits for module layers the event loop reads)."""
         if method == RepairMethod.FIRST:
             return first
         layer = DEEP_DEVIATION_LAYER if method == DEEP_DEVIATION else None
-        return select_by_deviation(first, self.engine.loaded.model, layer=layer)
+        return await asyncio.to_thread(select_by_deviation, first, self.engine.loaded.model, layer=layer)
 
     @staticmethod
     def _turn(

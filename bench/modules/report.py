@@ -88,8 +88,9 @@ def _median_speedup(rows: list[CaseResult], workload: str) -> float | None:
 
 def summarize(rows: list[CaseResult]) -> dict[str, Any]:
     """Speedups; perplexity deltas over the prompts of several modules (a single module at
-    position 0 is exact: `ppl_delta_single_module`); with repair, the better method at the
-    largest budget, and the whole curve."""
+    position 0 is exact: `ppl_delta_single_module`); with repair, the best configuration
+    the worker serves (first or deviation at schema positions, deviation at compact ones)
+    at the largest budget, and the whole curve."""
     sweep = {int(r.label): r for r in rows if r.workload == "length"}
     joined = [r for r in rows if r.workload in MULTI_MODULE]
     repairable = _repairable(rows)
@@ -103,9 +104,9 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         if repairable
         else {}
     )
-    served = [
-        curve[m.value][f"{largest:.2f}"] for m in RepairMethod if m.value in curve
-    ]  # not bench variants
+    served = [  # the worker's configurations (method x positions), not bench variants
+        curve[m][f"{largest:.2f}"] for m in (*(m.value for m in RepairMethod), COMPACT_DEVIATION) if m in curve
+    ]
     with_repair = min(served, default=None)
     qa = [r for r in rows if r.workload == "doc_qa"]
     return {

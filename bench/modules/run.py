@@ -62,7 +62,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--lengths",
         help="comma-separated module lengths of the sweep (default 256,1024 with --quick, else 256 to 4096)",
     )
-    parser.add_argument("--results", default="modules", help="bench/results/<name>.json and .png")
+    parser.add_argument(
+        "--results",
+        help="bench/results/<name>.json and .png (default modules; modules-quick with --quick, which git "
+        "ignores: a quick run never replaces the committed full run's files)",
+    )
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -70,6 +74,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="report the rows of earlier runs' results instead of running",
     )
     args = parser.parse_args(argv)
+    args.results = args.results or ("modules-quick" if args.quick else "modules")
     args.only = set(args.only.split(","))
     if not args.only <= set(WORKLOADS):
         parser.error(f"--only takes workloads of {', '.join(WORKLOADS)}")
@@ -111,7 +116,10 @@ async def bench(args: argparse.Namespace) -> None:
     try:
         async with AsyncKVStoreClient(daemon.address) as client:
             settings = WorkerSettings(
-                chunk_tokens=256, kv_memory_bytes=2048 * MiB, module_read_timeout_seconds=30
+                chunk_tokens=256,
+                kv_memory_bytes=2048 * MiB,
+                module_read_timeout_seconds=30,
+                layer_timeout_seconds=30,  # a late module layer would recompute the prompt: not what is timed
             )
             engine = TurnEngine(loaded, client, settings)
             source = await engine.namespace_for(b"bench-modules")

@@ -14,19 +14,54 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import blake3
+import torch
 
 from attnstore.chunks.keys import NAMESPACE_BYTES
 from inference_worker.engine.engine import Engine
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.kv_saver import KV
+from inference_worker.layerwise_cache import PrefixKV
 
 _LAYOUT_DOMAIN = b"attnstore/module-layout/v1\0"
+
+
+class LayerFeed(Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    """A stored module's KV as the daemon's read delivers it, layer by layer (layer-wise
+    loading: a prompt's first layers are computed while its modules' later layers are still
+    being read). The reader (a task on the event loop) puts each layer; indexing a layer
+    waits for it, so only other threads index it (the engine's, a selection's `to_thread`).
+    Indexing raises PrefixLoadFailed when the read failed or a layer is late."""
+
+    def __init__(self, num_layers: int, tokens: int, timeout_seconds: float) -> None:
+        self._layers = PrefixKV(num_layers, tokens)
+        self.timeout_seconds = timeout_seconds  # the longest wait for one layer
+
+    def put(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """K, V [kv_heads, tokens, head_dim] of `layer`. Raises ValueError for another shape."""
+        self._layers.put_layer(layer, k, v)
+
+    def fail(self, exc: BaseException) -> None:
+        self._layers.fail(exc)
+
+    def __len__(self) -> int:
+        return self._layers.num_layers
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """Layer `layer`'s K, V (negative: from the last); layers only, no slices."""
+        if not -len(self) <= layer < len(self):
+            raise IndexError(f"layer {layer} of a module KV of {len(self)} layers")
+        return self.wait(layer % len(self), self.timeout_seconds)
+
+    def wait(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s K, V, waiting at most `timeout_seconds` (the forward pass's own bound)."""
+        return self._layers.wait_layer(layer, timeout_seconds)
 
 
 @dataclass(frozen=True)
 class ModuleKV:
     """The KV of one module: per layer K, V [kv_heads, tokens, head_dim], keys rotated for
-    `positions` (increasing; the first is the module's base position)."""
+    `positions` (increasing; the first is the module's base position); a LayerFeed while
+    it is being read from the store."""
 
     token_ids: tuple[int, ...]
     positions: tuple[int, ...]
@@ -39,7 +74,8 @@ class ModuleKV:
             )
         if any(b <= a for a, b in zip(self.positions, self.positions[1:], strict=False)):
             raise ValueError("a module's positions must increase")
-        if any(k.shape[1] != len(self.token_ids) for k, _ in self.kv):
+        # A LayerFeed checks each layer's shape as it arrives.
+        if not isinstance(self.kv, LayerFeed) and any(k.shape[1] != len(self.token_ids) for k, _ in self.kv):
             raise ValueError(f"the module's KV does not hold its {len(self.token_ids)} tokens")
 
     def __len__(self) -> int:

@@ -30,7 +30,7 @@ import torch
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.kv_saver import KV
 from inference_worker.layerwise_cache import PrefixKV
-from inference_worker.modules.module_kv import ModuleKV, layout_namespace
+from inference_worker.modules.module_kv import LayerFeed, ModuleKV, layout_namespace
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 
 
@@ -206,8 +206,9 @@ def _cached_runs(part: CachedPiece, repaired: list[int]) -> list[CachedSpan]:
 def module_sequence(
     prompt: ModulePrompt, namespace: bytes, num_layers: int, shift: RotaryShift | None, device: torch.device
 ) -> tuple[EngineSequence, ServedLayout]:
-    """The engine sequence of a module prompt, its cached spans' KV ready in `seq.prefix`
-    (keys re-positioned). Raises ModuleLayoutError, PositionShiftUnsupported."""
+    """The engine sequence of a module prompt, its cached spans' KV in `seq.prefix` (keys
+    re-positioned, layer by layer as the forward pass asks). Raises ModuleLayoutError,
+    PositionShiftUnsupported."""
     layout = lay_out(prompt)
     seq = EngineSequence.of(
         layout.token_ids,
@@ -215,30 +216,46 @@ def module_sequence(
         positions=layout.positions,
     )
     if layout.cached_tokens:
-        seq.prefix = _prefix(layout.spans, layout.cached_tokens, num_layers, shift, device)
+        seq.prefix = ModulePrefix(layout.spans, layout.cached_tokens, num_layers, shift, device)
     return seq, layout
 
 
-def _prefix(
-    spans: Sequence[CachedSpan], tokens: int, num_layers: int, shift: RotaryShift | None, device: torch.device
-) -> PrefixKV:
-    if shift is None and any(span.part.delta for span in spans):
-        raise PositionShiftUnsupported(
-            "a module is served at another position and keys cannot be re-positioned"
-        )
-    prefix = PrefixKV(num_layers, tokens)
-    for layer in range(num_layers):
+class ModulePrefix(PrefixKV):
+    """The cached spans' KV, assembled for each layer when the forward pass reaches it: each
+    span's module layer (waited for while a stored module is still being read: layer-wise
+    loading), keys re-positioned, in slot order [kv_heads, tokens, head_dim]. Raises
+    PrefixLoadFailed when a module's read failed or was late (the engine then computes the
+    tokens)."""
+
+    def __init__(
+        self,
+        spans: Sequence[CachedSpan],
+        tokens: int,
+        num_layers: int,
+        shift: RotaryShift | None,
+        device: torch.device,
+    ) -> None:
+        if shift is None and any(span.part.delta for span in spans):
+            raise PositionShiftUnsupported(
+                "a module is served at another position and keys cannot be re-positioned"
+            )
+        super().__init__(num_layers, tokens)
+        self.spans, self.shift, self.device = spans, shift, device
+
+    def wait_layer(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`timeout_seconds`: the longest wait for each module's layer still being read."""
         keys, values = [], []
-        for span in spans:
+        for span in self.spans:
             if layer < len(span.part.exact_layers):
                 k, v = span.part.exact_layers[layer]  # [kv_heads, piece tokens, D], served positions
-                keys.append(k[:, span.start : span.stop].to(device))
-                values.append(v[:, span.start : span.stop].to(device))
+                keys.append(k[:, span.start : span.stop].to(self.device))
+                values.append(v[:, span.start : span.stop].to(self.device))
                 continue
-            k, v = span.part.module.kv[layer]  # [kv_heads, module tokens, D]
+            kv = span.part.module.kv
+            # [kv_heads, module tokens, D]
+            k, v = kv.wait(layer, timeout_seconds) if isinstance(kv, LayerFeed) else kv[layer]
             first, last = span.part.offset + span.start, span.part.offset + span.stop
-            k, v = k[:, first:last].to(device), v[:, first:last].to(device)
-            keys.append(shift.shift_keys(k, span.part.delta) if shift is not None else k)
+            k, v = k[:, first:last].to(self.device), v[:, first:last].to(self.device)
+            keys.append(self.shift.shift_keys(k, span.part.delta) if self.shift is not None else k)
             values.append(v)
-        prefix.put_layer(layer, torch.cat(keys, dim=1), torch.cat(values, dim=1))  # [kv_heads, tokens, D]
-    return prefix
+        return torch.cat(keys, dim=1), torch.cat(values, dim=1)

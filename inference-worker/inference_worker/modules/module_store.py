@@ -3,7 +3,10 @@ namespace, keyed from the module's key (tenant namespace, schema digest, module 
 attnstore.prompt_modules.identity), so it lives in the same DRAM and SSD tiers and is
 evicted by the same policies. A module whose chunks are not all stored is encoded (a
 forward pass over its tokens alone) and saved again: eviction costs a recompute, never a
-failed request.
+failed request. A stored module is read layer by layer while the prompt is computed
+(layer-wise loading, as turns load their prefix KV); a read that fails after the lookup
+found every chunk makes the turn compute the modules' tokens instead (engine recompute),
+and deletes the module's chunks, so that its next use encodes and saves it again.
 
 Protection: every module served or encoded is hinted PROTECT (replace=false) for the
 daemon's hint TTL, so under the `lookahead` policy a schema in use outlives unhinted
@@ -15,19 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import structlog
-import torch
 
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, LayerPiece
 from attnstore.prompt_modules import module_chunk_keys
 from inference_worker.engine.engine import Engine
 from inference_worker.kv_codec import KVShapeError, layer_from_pieces
 from inference_worker.kv_saver import ChunkRun, ChunkSaver
-from inference_worker.modules.module_kv import ModuleKV, encode_module
+from inference_worker.layerwise_cache import PrefixLoadFailed
+from inference_worker.modules.module_kv import LayerFeed, ModuleKV, encode_module
 from inference_worker.namespaces import Namespaces
 from inference_worker.turn_types import KVSource
 
@@ -70,17 +73,37 @@ class ModuleStore:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def get(self, source: KVSource, spec: ModuleSpec) -> tuple[ModuleKV, Origin]:
-        """The module's KV: stored, else encoded and saved (in the background)."""
+        """The module's KV: stored (its read goes on in the background, layer by layer: a
+        LayerFeed), else encoded and saved (in the background)."""
         keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
-        if self.kvstore is not None:
-            try:
-                stored = await asyncio.wait_for(self._read(self.kvstore, source, keys), self.timeout_seconds)
-            except Exception as exc:  # noqa: BLE001 -- a store failure means encode, never a failed turn
-                log.warning("reading a module failed; encoding it", error=repr(exc))
-                stored = None
-            if stored is not None:
-                await self._protect(source, keys)
-                return ModuleKV(spec.token_ids, spec.positions, stored), Origin.STORED
+        if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
+            feed = LayerFeed(
+                self.engine.runner.geometry.num_layers, len(spec.token_ids), self.timeout_seconds
+            )
+            self._background(self._read(self.kvstore, source, keys, feed))
+            self._background(self._protect(source, keys))
+            return ModuleKV(spec.token_ids, spec.positions, feed), Origin.STORED
+        return await self._encode(source, spec, keys), Origin.ENCODED
+
+    async def ensure(self, source: KVSource, spec: ModuleSpec) -> Origin:
+        """Makes the module stored, as `get` does, without reading it when it is (eager
+        encoding and re-protection of a registered schema need no KV)."""
+        keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
+        if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
+            self._background(self._protect(source, keys))
+            return Origin.STORED
+        await self._encode(source, spec, keys)
+        return Origin.ENCODED
+
+    async def _is_stored(self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes]) -> bool:
+        try:
+            return await asyncio.wait_for(self._stored(client, source, keys), self.timeout_seconds)
+        except Exception as exc:  # noqa: BLE001 -- a store failure means encode, never a failed turn
+            log.warning("looking a module up failed; encoding it", error=repr(exc))
+            return False
+
+    async def _encode(self, source: KVSource, spec: ModuleSpec, keys: Sequence[bytes]) -> ModuleKV:
+        """The module encoded now, its save (and protection) started."""
         module = await encode_module(
             self.engine,
             spec.token_ids,
@@ -94,10 +117,13 @@ class ModuleStore:
                 [ChunkRun(keys, module.kv, spec.positions[0])],
                 before_put=lambda: self.namespaces.ensure_registered(source),
             )
-            task = asyncio.get_running_loop().create_task(self._protect(source, keys))
-            self._tasks.add(task)  # the loop holds tasks weakly
-            task.add_done_callback(self._tasks.discard)
-        return module, Origin.ENCODED
+            self._background(self._protect(source, keys))
+        return module
+
+    def _background(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)  # the loop holds tasks weakly
+        task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
         """Waits for the saves (and their protection hints) started so far."""
@@ -105,29 +131,40 @@ class ModuleStore:
             await self.saver.drain()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _read(
-        self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes]
-    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Every layer's K, V of the module's chunks; None when one is not stored."""
+    async def _stored(self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes]) -> bool:
+        """Whether every chunk of the module is stored (its saves settled first)."""
         if not await self.namespaces.ensure_registered(source):
-            return None
+            return False
         if self.saver is not None:
             await self.saver.settle(source.namespace, keys, self.timeout_seconds)
         found = await client.lookup(source.namespace, keys)
-        if found.prefix_length < len(keys):
-            return None
-        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        return found.prefix_length == len(keys)
+
+    async def _read(
+        self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes], feed: LayerFeed
+    ) -> None:
+        """Puts every layer of the module's chunks into `feed` as it arrives; fails it (never
+        raises) on any error: the turn then computes the module's tokens instead."""
         row: list[LayerPiece] = []
-        device = self.engine.runner.device
-        async with contextlib.aclosing(client.iter_layers(source.namespace, keys)) as pieces:
-            async for piece in pieces:
-                row.append(piece)
-                if len(row) == len(keys):
-                    layers.append(layer_from_pieces(row, device=device, verify=True))  # [kv_heads, tokens, D]
-                    row = []
-        if len(layers) != self.engine.runner.geometry.num_layers:
-            raise KVShapeError(f"a module's chunks hold {len(layers)} layers")
-        return layers
+        layer = 0
+        try:
+            async with contextlib.aclosing(client.iter_layers(source.namespace, keys)) as pieces:
+                async for piece in pieces:
+                    row.append(piece)
+                    if len(row) == len(keys):
+                        k, v = layer_from_pieces(row, device=self.engine.runner.device, verify=True)
+                        feed.put(layer, k, v)  # [kv_heads, tokens, D]
+                        row, layer = [], layer + 1
+            if layer != len(feed):
+                raise KVShapeError(f"a module's chunks hold {layer} layers")
+        except asyncio.CancelledError:
+            feed.fail(PrefixLoadFailed("the module's read was cancelled"))
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.warning("reading a module failed; its tokens are computed", error=repr(exc))
+            feed.fail(exc)
+            with contextlib.suppress(Exception):  # so that the next use encodes it and saves it again
+                await client.delete(source.namespace, keys)
 
     async def _protect(self, source: KVSource, keys: Sequence[bytes]) -> None:
         """Hints the module's chunks PROTECT (once a save of them lands); a failure only

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from attnstore.errors import InvalidArgument
 from inference_worker.decoding import IncrementalDetokenizer, StopStrings, check_sampling
 from inference_worker.engine.engine import Engine
+from inference_worker.layerwise_cache import PrefixLoadFailed
 from inference_worker.modules.module_prompt import ModuleLayoutError, module_sequence
 from inference_worker.modules.pml_server import PmlServer
 from inference_worker.modules.repair_selection import RepairMethod, select_by_deviation
@@ -31,7 +32,7 @@ class ModuleTurns:
         shift: RotaryShift | None,
         stop_ids: frozenset[int],
         max_context_tokens: int,
-        repair_method: RepairMethod = RepairMethod.FIRST,
+        repair_method: RepairMethod,
     ) -> None:
         """`max_context_tokens`: the worker's context window; a module prompt's positions
         (gaps included) and its answer must fit in it (module prompts are never truncated).
@@ -56,7 +57,8 @@ class ModuleTurns:
         prompt = served.prompt
         method = self.repair_method if turn.repair_method is None else RepairMethod(turn.repair_method)
         if method is RepairMethod.DEVIATION and (prompt.repair_tokens or prompt.repair_fraction):
-            prompt = await asyncio.to_thread(select_by_deviation, prompt, paged.model)
+            with contextlib.suppress(PrefixLoadFailed):  # a module's read failed: its tokens are computed
+                prompt = await asyncio.to_thread(select_by_deviation, prompt, paged.model)
         try:
             seq, layout = module_sequence(
                 prompt, source.namespace, paged.geometry.num_layers, self.shift, paged.device
@@ -86,7 +88,7 @@ class ModuleTurns:
         ttft = (first_token_at or time.perf_counter()) - started
         yield TurnStats(
             prompt_tokens=len(layout.token_ids),
-            reused_tokens=layout.cached_tokens,
+            reused_tokens=0 if seq.load_failure else layout.cached_tokens,
             reused_dram_chunks=0,
             reused_ssd_chunks=0,
             generated_tokens=len(seq.generated),

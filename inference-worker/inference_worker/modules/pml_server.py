@@ -146,14 +146,14 @@ class PmlServer:
         )
 
     async def encode(self, source: KVSource, schema_document: str) -> AsyncIterator[EncodeProgress]:
-        """Makes every module's KV (and every scaffold's) stored: read if it is, else
+        """Makes every module's KV (and every scaffold's) stored: found (not read), else
         encoded and saved; one progress report per module."""
         layout = self.schema(schema_document)
         ids: list[_KVId] = [(path, None) for path, module in layout.modules.items() if module.token_ids]
         ids += [((), scaffold.name) for scaffold in layout.schema.scaffolds]
         for done, kv_id in enumerate(ids, start=1):
             spec = self._spec(source, layout, *kv_id)
-            _, origin = await self.store.get(source, spec)
+            origin = await self.store.ensure(source, spec)
             name = f"scaffold:{kv_id[1]}" if kv_id[1] else ".".join(kv_id[0]) or "(root)"
             keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
             yield EncodeProgress(done, len(ids), name, origin, tuple(keys))

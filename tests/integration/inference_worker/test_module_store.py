@@ -1,19 +1,23 @@
 """Prompt modules through a real daemon on the tiny model: a module is encoded on first use
 and saved like any chunk, read back by the next prompt (same tokens as the first), re-encoded
-transparently when its chunks were evicted, still stored after a daemon restart (SSD tier),
+transparently when its chunks were evicted or cannot be read, still stored after a daemon
+restart (SSD tier),
 encoded eagerly with progress, never read by another tenant; a module is encoded after
 the text that precedes it in every prompt; a scaffold answers as a full
 prefill of its tokens; role tags and the generation prompt go through the chat template."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker.kv_saver import ChunkRun
 from inference_worker.model_store import LoadedModel
-from inference_worker.modules.module_kv import encode_module
+from inference_worker.modules.module_kv import LayerFeed, encode_module
 from inference_worker.modules.module_prompt import lay_out
 from inference_worker.modules.module_store import Origin
 from inference_worker.modules.pml_server import generation_prompt
@@ -35,6 +39,8 @@ CHUNK_TOKENS = 16
 # A read that outlasts this re-encodes the module (by design) and changes the counts these
 # tests check; on a loaded machine one read once took longer than the 5 s default.
 READ_TIMEOUT = 60.0
+# The same bound for a layer the forward pass waits for (a late one recomputes the prompt).
+TIMEOUTS = {"module_read_timeout_seconds": READ_TIMEOUT, "layer_timeout_seconds": READ_TIMEOUT}
 SCHEMA = """<schema name="library">
 Reference desk notes.
 <module name="doc">The lighthouse on the northern headland was built in 1871 after three ships
@@ -56,7 +62,7 @@ async def test_modules_are_encoded_once_then_read_and_re_encoded_when_evicted(
     tiny_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         first, stats = await run(engine, source)
         assert stats.encoded_modules == 3  # the root's text, doc, style
@@ -81,9 +87,57 @@ async def test_modules_are_encoded_once_then_read_and_re_encoded_when_evicted(
         await engine.modules.server.store.drain()
 
 
+async def test_a_stored_module_that_cannot_be_read_is_computed_and_encoded_again_next_time(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """Stored modules are read layer by layer while the prompt is computed: a read that fails
+    after the lookup found every chunk (here chunks of another length under style's keys)
+    makes the engine compute the modules' tokens (the full prefill's answer, nothing reused;
+    deviation's selection, which reads a module layer, gives up too), and deletes the
+    module's chunks so that the next prompt encodes it again."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS)
+        engine = TurnEngine(tiny_model, client, settings)
+        known = await engine.namespace_for(b"tenant-a")
+        first, _ = await run(engine, known)
+        served = await engine.modules.server.serve(known, SCHEMA, PROMPT, 0)
+        store = engine.modules.server.store
+        await store.drain()
+        style = next(p.module for p in served.prompt.pieces if "cite" in tiny_model.tokenizer.decode(p.token_ids))
+        assert isinstance(style.kv, LayerFeed)
+
+        source = await engine.namespace_for(b"tenant-b")  # nothing of it stored yet
+        keys = engine.modules.server.chunk_keys(source, SCHEMA)
+        style_keys = keys[-math.ceil(len(style) / CHUNK_TOKENS) :]  # the last module's chunks
+        short = await encode_module(engine.engine, style.token_ids[:-1], style.positions[:-1], source.namespace)
+        assert store.saver is not None and len(style) % CHUNK_TOKENS != 1  # as many chunks, one token short
+        store.saver.save(
+            source,
+            [ChunkRun(style_keys, short.kv, style.positions[0])],
+            before_put=lambda: engine.namespaces.ensure_registered(source),
+        )
+        await store.drain()
+
+        turn = ModuleTurnInput(
+            SCHEMA, PROMPT, SamplingParams(max_tokens=12), repair_fraction=0.5, repair_method="deviation"
+        )
+        events = [event async for event in engine.modules.run(turn, source)]
+        stats = events.pop()
+        assert isinstance(stats, TurnStats) and stats.encoded_modules == 2 and stats.reused_tokens == 0
+        full = engine.run_turn(TurnInput(list(stats.prompt_token_ids), SamplingParams(max_tokens=12)), None)
+        expected = [e.token_id async for e in full if isinstance(e, TokenEvent)]
+        assert [e.token_id for e in events if isinstance(e, TokenEvent)] == expected
+        await store.drain()
+        assert (await client.lookup(source.namespace, keys)).prefix_length == len(keys) - len(style_keys)
+
+        again, stats = await run(engine, source)
+        assert again == first and stats.encoded_modules == 1 and stats.reused_tokens == stats.module_tokens
+        await store.drain()
+
+
 async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daemon: DaemonProcess) -> None:
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         progress = [step async for step in engine.modules.server.encode(source, SCHEMA)]
         assert [(p.done, p.total, p.origin) for p in progress] == [(i, 3, Origin.ENCODED) for i in (1, 2, 3)]
@@ -92,8 +146,10 @@ async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daem
     daemon.stop()
     daemon.start()
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
+        again = [step.origin async for step in engine.modules.server.encode(source, SCHEMA)]
+        assert again == [Origin.STORED] * 3  # found, neither read nor encoded
         tokens, stats = await run(engine, source)
         assert stats.encoded_modules == 0 and tokens == first
 
@@ -147,7 +203,7 @@ async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
     """A prompt importing every module of a scaffold, in schema order, is served the
     scaffold's KV: one attention span, so the same answer as prefilling its tokens whole."""
     async with AsyncKVStoreClient(daemon.address) as client:
-        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_read_timeout_seconds=READ_TIMEOUT))
+        engine = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
         source = await engine.namespace_for(b"tenant-a")
         progress = [p async for p in engine.modules.server.encode(source, SCAFFOLDED)]
         assert [p.path for p in progress] == ["(root)", "doc", "style", "scaffold:both"]
