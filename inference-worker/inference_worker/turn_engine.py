@@ -125,6 +125,7 @@ class TurnEngine:
         self.long_turns = LongTurns(
             model,
             settings.long_context,
+            settings.micro_attention,
             local_tokens=self.engine.pool.num_blocks * settings.block_tokens,
             chunk_tokens=settings.max_batch_tokens,
         )

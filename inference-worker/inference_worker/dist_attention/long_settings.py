@@ -8,6 +8,17 @@ from pydantic import BaseModel, Field
 from attnstore.security import ChannelSecurity
 
 
+class DgfmSettings(BaseModel):
+    """Debt-graph defragmentation between workers (dgfm.py)."""
+
+    period_seconds: float = Field(
+        5.0, gt=0, description="how often a worker with live long turns looks for cycles of debts"
+    )
+    min_swap_bytes: int = Field(
+        4 << 20, ge=1, description="smallest debt worth a recall: smaller edges are left out of the search"
+    )
+
+
 class LongContextSettings(BaseModel):
     peers: list[str] = Field(
         default_factory=list,
@@ -28,6 +39,13 @@ class LongContextSettings(BaseModel):
     peer_timeout_seconds: float = Field(
         10.0, gt=0, description="longest wait for one call to a peer; past it the peer counts as lost"
     )
+    advertise_address: str = Field(
+        "",
+        description="host:port at which other workers reach this worker's MicroAttention (as they list it in "
+        "their peers): names this worker as the home of the KV it places, so DGFM can recall it; empty = "
+        "this worker takes no part in DGFM",
+    )
+    dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"
     )

@@ -31,6 +31,9 @@ from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.decoding import IncrementalDetokenizer, Sampler
 from inference_worker.dist_attention.context import LongContext
+from inference_worker.dist_attention.dgfm import DebtSwaps
+from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.dist_attention.placement import ContextTooLong
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
@@ -46,11 +49,18 @@ log = structlog.get_logger("dist_attention.long_turn")
 
 class LongTurns:
     def __init__(
-        self, model: LoadedModel, settings: LongContextSettings, *, local_tokens: int, chunk_tokens: int
+        self,
+        model: LoadedModel,
+        settings: LongContextSettings,
+        limits: MicroAttentionLimits,
+        *,
+        local_tokens: int,
+        chunk_tokens: int,
     ) -> None:
-        """`local_tokens`: the most KV tokens a long turn keeps here; `chunk_tokens`: tokens
-        per prefill forward. Reads the peer channel's credentials now (a bad file stops the
-        start)."""
+        """`limits`: what this worker lends (its MicroAttention's HeldKV, made here: DGFM
+        keeps recalled KV there too); `local_tokens`: the most KV tokens a long turn keeps
+        here; `chunk_tokens`: tokens per prefill forward. Reads the peer channel's
+        credentials now (a bad file stops the start)."""
         self.settings = settings
         self.local_tokens = local_tokens
         self.chunk_tokens = chunk_tokens
@@ -59,6 +69,9 @@ class LongTurns:
         self.channels: Mapping[str, grpc.Channel] = {
             address: peer_channel(address, credentials) for address in settings.peers
         }
+        self.held = HeldKV(limits, node=settings.advertise_address)
+        self.swaps = DebtSwaps(self.held, settings.dgfm, credentials, settings.peer_timeout_seconds)
+        self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn
         self._one_at_a_time = asyncio.Lock()
@@ -76,6 +89,9 @@ class LongTurns:
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
+        if self._dgfm is not None:
+            self._dgfm.cancel()
+        self.swaps.close()
         for channel in self.channels.values():
             channel.close()
 
@@ -115,30 +131,36 @@ class LongTurns:
             raise InvalidArgument(
                 f"n is {samples}: a turn longer than the KV pool ({self.local_tokens} tokens) runs one sample"
             )
+        if self.swaps.enabled and self._dgfm is None:
+            self._dgfm = asyncio.create_task(self.swaps.run_periodically(), name="dgfm")
         async with self._one_at_a_time:
             context = LongContext(
                 self.runner, self.channels, self.peer_room_tokens,
                 local_tokens=self.local_tokens, segment_tokens=self.settings.segment_tokens,
                 chunk_tokens=self.chunk_tokens, timeout_seconds=self.settings.peer_timeout_seconds,
+                home=self.settings.advertise_address,
             )  # fmt: skip
-            try:
-                logits = await asyncio.to_thread(context.prefill, list(seq.token_ids), seq.max_new_tokens)
-                first_token_at = time.perf_counter()
-                log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
-                         peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
-                sampler, detokenizer = (
-                    Sampler(seq.sampling),
-                    IncrementalDetokenizer(self.tokenizer, seq.token_ids),
-                )
-                while True:
-                    output = sample_next(seq, sampler, logits)
-                    if output.token is not None:
-                        yield TokenEvent(output.token, detokenizer.add(output.token, final=output.finished))
-                    if output.finished:
-                        break
-                    logits = await asyncio.to_thread(context.decode, output.token)  # type: ignore[arg-type]
-            finally:
-                await asyncio.to_thread(context.close)
+            with self.swaps.live(context):  # its remote segments may be recalled (DGFM)
+                try:
+                    logits = await asyncio.to_thread(context.prefill, list(seq.token_ids), seq.max_new_tokens)
+                    first_token_at = time.perf_counter()
+                    log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
+                             peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
+                    sampler, detokenizer = (
+                        Sampler(seq.sampling),
+                        IncrementalDetokenizer(self.tokenizer, seq.token_ids),
+                    )
+                    while True:
+                        output = sample_next(seq, sampler, logits)
+                        if output.token is not None:
+                            yield TokenEvent(
+                                output.token, detokenizer.add(output.token, final=output.finished)
+                            )
+                        if output.finished:
+                            break
+                        logits = await asyncio.to_thread(context.decode, output.token)  # type: ignore[arg-type]
+                finally:
+                    await asyncio.to_thread(context.close)
         generated = len(seq.generated)
         yield TurnStats(
             prompt_tokens=prompt_tokens, reused_tokens=0, reused_dram_chunks=0, reused_ssd_chunks=0,

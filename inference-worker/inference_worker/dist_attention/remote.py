@@ -70,10 +70,17 @@ class RemoteSegment:
 
     @classmethod
     def upload(
-        cls, address: str, channel: grpc.Channel, segment_id: str, local: LocalSegment, timeout_seconds: float
+        cls,
+        address: str,
+        channel: grpc.Channel,
+        segment_id: str,
+        local: LocalSegment,
+        timeout_seconds: float,
+        home: str = "",
     ) -> RemoteSegment:
-        """Appends `local`'s KV to the peer in pieces; the peer's segment. The upload's
-        throughput is the link bandwidth the cost model starts from."""
+        """Appends `local`'s KV to the peer in pieces, named as borrowed by `home` (this
+        worker's advertised address); the peer's segment. The upload's throughput is the
+        link bandwidth the cost model starts from."""
         stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
         layers, _, kv_heads, dim = local.k.shape
         per_token = 2 * layers * kv_heads * dim * local.k.element_size()
@@ -83,8 +90,9 @@ class RemoteSegment:
             k = local.k[:, offset : min(offset + piece, local.tokens)]
             v = local.v[:, offset : min(offset + piece, local.tokens)]
             request = pb.AppendKVRequest(
-                segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v)
-            )
+                segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v),
+                home=home,
+            )  # fmt: skip
             started = time.perf_counter()
             _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
             costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)
