@@ -205,7 +205,9 @@ class TurnEngine:
         pool = self.engine.pool
         if self.long_turns.enabled and pool.blocks_for(kept + turn.sampling.max_tokens) > pool.num_blocks:
             seq = self._decoding(EngineSequence.of(truncation.kept(prompt)), turn.sampling)
-            async for event in self.long_turns.run(len(prompt), truncation, seq, turn.sampling.n):
+            async for event in self.long_turns.run(
+                len(prompt), truncation, seq, turn.sampling.n, turn.long_context_peers
+            ):
                 yield event
             return
         history_tokens = turn.history_tokens

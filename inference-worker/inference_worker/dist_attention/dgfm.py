@@ -43,13 +43,11 @@ import torch
 
 from attnstore.debt_graph import Edge, plan_swaps
 from attnstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from attnstore.security import ClientCredentials
 from attnstore.worker.v1 import micro_attention_pb2 as pb
-from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.dist_attention.long_settings import DgfmSettings
-from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment, peer_channel
+from inference_worker.dist_attention.remote import PeerChannels, PlaceLost, RemoteSegment
 from inference_worker.dist_attention.segment import RecalledSegment
 
 log = structlog.get_logger("dist_attention.dgfm")
@@ -60,15 +58,14 @@ class DebtSwaps:
         self,
         held: HeldKV,
         settings: DgfmSettings,
-        credentials: ClientCredentials | None,
+        channels: PeerChannels,
         timeout_seconds: float,
     ) -> None:
         """`held.node` names this worker (empty: DGFM off)."""
         self.held = held
         self.settings = settings
-        self.credentials = credentials
+        self.channels = channels
         self.timeout_seconds = timeout_seconds
-        self._channels: dict[str, grpc.Channel] = {}
         self._live: set[LongContext] = set()
         self._lock = threading.Lock()
 
@@ -159,10 +156,6 @@ class DebtSwaps:
             if self._live:
                 await asyncio.to_thread(self.round)
 
-    def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-
     def _bring_home(self, place: RemoteSegment) -> RecalledSegment:
         """The segment's KV read layer by layer, held here; the old copy released only then."""
         layers = [place.read_layer(layer) for layer in range(place.layers)]
@@ -172,16 +165,11 @@ class DebtSwaps:
         place.release()
         return RecalledSegment(segment, lambda: self.held.release(place.segment_id))
 
-    def _stub(self, address: str) -> micro_attention_pb2_grpc.MicroAttentionStub:
-        if address not in self._channels:
-            self._channels[address] = peer_channel(address, self.credentials)
-        return micro_attention_pb2_grpc.MicroAttentionStub(self._channels[address])
-
     def _held_for(self, node: str) -> dict[str, int]:
         if node == self.node:
             return self.held.held_for()
         try:
-            lending = self._stub(node).DescribeLending(
+            lending = self.channels.stub(node).DescribeLending(
                 pb.DescribeLendingRequest(), timeout=self.timeout_seconds
             )
         except grpc.RpcError as exc:
@@ -192,7 +180,7 @@ class DebtSwaps:
     def _recall_at(self, owner: str, creditor: str, size: int) -> int:
         request = pb.RecallKVRequest(creditor=creditor, max_bytes=size)
         try:
-            return self._stub(owner).RecallKV(request, timeout=self.timeout_seconds).moved_bytes
+            return self.channels.stub(owner).RecallKV(request, timeout=self.timeout_seconds).moved_bytes
         except grpc.RpcError as exc:
             log.warning("dgfm_recall_failed", owner=owner, creditor=creditor,
                         error=f"{exc.code().name}: {exc.details()}")  # fmt: skip

@@ -25,6 +25,14 @@ class LongContextSettings(BaseModel):
         description="host:port of peer workers whose MicroAttention may hold the oldest KV of this worker's "
         "long turns; empty = a turn whose KV does not fit the pool is refused (RESOURCE_EXHAUSTED)",
     )
+    peers_from_scheduler: bool = Field(
+        False,
+        description="also place on the workers each turn names (ExecuteTurnRequest.long_context_peers: the "
+        "scheduler's other healthy workers), so long turns need no static peers list",
+    )
+    max_turn_peers: int = Field(
+        64, ge=0, description="most long_context_peers one turn may name; more is INVALID_ARGUMENT"
+    )
     max_context_tokens: int = Field(
         131072,
         ge=1,

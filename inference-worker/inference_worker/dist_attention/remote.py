@@ -7,8 +7,9 @@ attends without it.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,6 +43,35 @@ def peer_channel(address: str, credentials: ClientCredentials | None = None) -> 
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ]
     return sync_channel(address, credentials, options)
+
+
+class PeerChannels(Mapping[str, grpc.Channel]):
+    """Channels to peers' MicroAttention by address, made on first use and kept: the peers
+    come from the settings, from each turn (the scheduler's workers) and from DGFM's graph."""
+
+    def __init__(self, credentials: ClientCredentials | None) -> None:
+        self._credentials = credentials
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = peer_channel(address, self._credentials)
+            return self._channels[address]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._channels))
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def stub(self, address: str) -> micro_attention_pb2_grpc.MicroAttentionStub:
+        return micro_attention_pb2_grpc.MicroAttentionStub(self[address])
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
 
 
 @dataclass

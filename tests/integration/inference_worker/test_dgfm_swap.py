@@ -27,7 +27,7 @@ from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import DgfmSettings
-from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.segment import RecalledSegment
 from inference_worker.launcher import WorkerProcess
@@ -69,7 +69,7 @@ def test_recalled_segments_come_home_with_identical_answers(
     address = creditor.address
     channel = peer_channel(address)
     held = HeldKV(MicroAttentionLimits(), node="home")
-    swaps = DebtSwaps(held, DgfmSettings(), None, timeout_seconds=10)
+    swaps = DebtSwaps(held, DgfmSettings(), PeerChannels(None), timeout_seconds=10)
     context = LongContext(DistributedRunner(model), {address: channel}, lambda: {address: 400},
                           local_tokens=LOCAL_TOKENS, segment_tokens=40, chunk_tokens=16, home="home")  # fmt: skip
     prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -92,11 +92,13 @@ def test_recalled_segments_come_home_with_identical_answers(
 
 
 def test_recall_refuses_bad_input(creditor: WorkerProcess) -> None:
-    swaps = DebtSwaps(HeldKV(MicroAttentionLimits(), node="home"), DgfmSettings(), None, timeout_seconds=10)
+    swaps = DebtSwaps(
+        HeldKV(MicroAttentionLimits(), node="home"), DgfmSettings(), PeerChannels(None), timeout_seconds=10
+    )
     for creditor_name, max_bytes in (("", 1), ("home", 1), ("other:1", 0)):
         with pytest.raises(InvalidArgument):
             swaps.recall(creditor_name, max_bytes)
-    off = DebtSwaps(HeldKV(MicroAttentionLimits()), DgfmSettings(), None, timeout_seconds=10)
+    off = DebtSwaps(HeldKV(MicroAttentionLimits()), DgfmSettings(), PeerChannels(None), timeout_seconds=10)
     with pytest.raises(FailedPrecondition, match="advertise_address"):
         off.recall("other:1", 1)
     stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(creditor.address))
