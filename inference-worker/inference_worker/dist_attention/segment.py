@@ -124,7 +124,13 @@ class RecalledSegment:
     def partial(
         self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None
     ) -> Partial:
-        return self.segment.partial(layer, q, q_positions, scale=scale, window=window)
+        """Computed where the KV lies (HeldKV keeps it in host memory, the queries may be on
+        a GPU), returned on the queries' device."""
+        device = self.segment.k.device
+        part = self.segment.partial(
+            layer, q.to(device, self.segment.k.dtype), q_positions.to(device), scale=scale, window=window
+        )
+        return Partial(part.out.to(q.device), part.lse.to(q.device))
 
     def release(self) -> None:
         self._release()
