@@ -42,8 +42,9 @@ import structlog
 import torch
 
 from attnstore.debt_graph import Edge, plan_swaps
-from attnstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from attnstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceError
 from attnstore.worker.v1 import micro_attention_pb2 as pb
+from inference_worker import metrics
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.dist_attention.long_settings import DgfmSettings
@@ -117,6 +118,7 @@ class DebtSwaps:
                         )
                         return moved
                     moved += place.nbytes
+                    metrics.DGFM_RECALLED_BYTES.inc(place.nbytes)
         return moved
 
     def debts(self) -> dict[Edge, int]:
@@ -153,8 +155,13 @@ class DebtSwaps:
         so it has one); until cancelled."""
         while True:
             await asyncio.sleep(self.settings.period_seconds)
-            if self._live:
+            if not self._live:
+                continue
+            try:
                 await asyncio.to_thread(self.round)
+            except ServiceError as exc:  # a period lost, not the loop: the next one plans afresh
+                metrics.DGFM_ROUND_FAILURES.inc()
+                log.warning("dgfm_round_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _bring_home(self, place: RemoteSegment) -> RecalledSegment:
         """The segment's KV read layer by layer, held here; the old copy released only then."""

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
+from prometheus_client import REGISTRY
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -80,9 +81,11 @@ def test_recalled_segments_come_home_with_identical_answers(
     assert len(remote) == 3 and {(e.home, e.bytes) for e in lent.held_for} == {("home", debt)}
     assert lent.held_bytes == debt and lent.node == address
 
+    counted = REGISTRY.get_sample_value("attnstore_worker_dgfm_recalled_bytes_total") or 0.0
     with swaps.live(context):
         assert swaps.recall(address, remote[0].nbytes - 1) == 0  # the oldest segment does not fit
         assert swaps.recall(address, debt) == debt
+    assert REGISTRY.get_sample_value("attnstore_worker_dgfm_recalled_bytes_total") == counted + debt
     assert not any(isinstance(p, RemoteSegment) for p in context.places)
     assert sum(p.nbytes for p in context.places if isinstance(p, RecalledSegment)) == debt
     assert lending(channel).held_bytes == 0 and held.held_bytes == debt and held.held_for() == {}
