@@ -2,7 +2,8 @@
 (LongContext), instead of being refused.
 
     TurnEngine.run_turn ──kept prompt + max_tokens > pool──> LongTurns.run
-        ──> room asked of each peer (DescribeLending) ──> LongContext.prefill (oldest
+        ──> room asked of each peer (long_context.peers and, with peers_from_scheduler,
+            the workers the turn names; DescribeLending) ──> LongContext.prefill (oldest
             segments appended to peers) ──> sample / decode ... ──> release the segments
 
 Decisions:
