@@ -200,13 +200,14 @@ class TurnEngine:
         prompt = list(turn.prompt_token_ids)
         check_sampling(turn.sampling)
         self.runner.check_prompt(prompt)
+        peers = self.long_turns.check_peers(turn.long_context_peers)
         truncation = self.window.plan(len(prompt), turn.sampling.max_tokens, turn.truncated_tokens)
         kept = len(prompt) - truncation.dropped_tokens
         pool = self.engine.pool
         if self.long_turns.enabled and pool.blocks_for(kept + turn.sampling.max_tokens) > pool.num_blocks:
             seq = self._decoding(EngineSequence.of(truncation.kept(prompt)), turn.sampling)
             async for event in self.long_turns.run(
-                len(prompt), truncation, seq, turn.sampling.n, turn.long_context_peers
+                len(prompt), truncation, seq, turn.sampling.n, peers
             ):
                 yield event
             return

@@ -41,7 +41,7 @@ class TurnInput:
     # stored (saved by the previous turn). 0 = none.
     history_tokens: int = 0
     # Workers that may hold the oldest KV of a turn longer than the KV pool, beside
-    # long_context.peers (the scheduler's; LongTurns.check_peers).
+    # long_context.peers (the scheduler's; checked by LongTurns.check_peers).
     long_context_peers: tuple[str, ...] = ()
 
 

@@ -6,7 +6,8 @@ the workers' own records (DescribeLending.held_for, gathered backwards from itse
 asks each debtor to recall its KV (RecallKV, between two of its steps). While the turns
 run, a moment comes when every node holds only its own sequence's KV, as many bytes as it
 held for its borrower; the turns answer with the same greedy tokens as plain forwards of
-the whole sequence; afterwards nothing is held anywhere."""
+the whole sequence; afterwards nothing is held anywhere. With debts below the minimum
+swap size nothing moves."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from attnstore.server.ports import free_port
 from attnstore.worker.v1 import micro_attention_pb2 as mpb
 from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
 from attnstore.worker.v1 import worker_pb2 as pb
+from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 
 KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 16 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
@@ -35,9 +37,9 @@ REMOTE_BYTES = (PROMPT_TOKENS + NEW_TOKENS - POOL_TOKENS) * KV_BYTES_PER_TOKEN
 
 
 @contextmanager
-def ring(root: Path, model_dir: Path, size: int) -> Iterator[list[str]]:
+def ring(root: Path, model_dir: Path, size: int, min_swap_bytes: int) -> Iterator[list[WorkerProcess]]:
     """`size` workers, each with a KV pool of POOL_TOKENS and the next one as its only
-    peer; their addresses."""
+    peer."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
     settings = {
         f"node-{i}": {
@@ -47,13 +49,13 @@ def ring(root: Path, model_dir: Path, size: int) -> Iterator[list[str]]:
                 "peers": [addresses[(i + 1) % size]],
                 "advertise_address": address,
                 "segment_tokens": 64,
-                "dgfm": {"period_seconds": 0.05, "min_swap_bytes": KV_BYTES_PER_TOKEN},
+                "dgfm": {"period_seconds": 0.05, "min_swap_bytes": min_swap_bytes},
             },
         }
         for i, address in enumerate(addresses)
     }
-    with running_workers(root, model_dir, settings):
-        yield addresses
+    with running_workers(root, model_dir, settings) as started:
+        yield list(started.values())
 
 
 def greedy_turn(address: str, prompt: list[int]) -> list[int]:
@@ -85,15 +87,18 @@ def plain_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
     return generated
 
 
-@pytest.mark.parametrize("size", [2, 3], ids=["2-cycle", "3-cycle"])
-def test_a_cycle_of_debts_is_swapped_home_while_the_turns_answer_unchanged(
-    size: int, tmp_path: Path, tiny_model: LoadedModel
-) -> None:
+def run_turns_at_once(
+    size: int, root: Path, model_dir: Path, min_swap_bytes: int
+) -> tuple[bool, list[WorkerProcess]]:
+    """A long turn on every worker of a ring at once, checked against plain forwards;
+    whether a moment came when every node held only its own sequence's KV, as much as it
+    lent, and the workers (stopped)."""
     gen = torch.Generator().manual_seed(size)
     prompts = [torch.randint(0, 300, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(size)]
-    with ring(tmp_path, tiny_model.model_dir, size) as addresses, ThreadPoolExecutor(size) as pool:
+    with ring(root, model_dir, size, min_swap_bytes) as workers, ThreadPoolExecutor(size) as pool:
+        addresses = [worker.address for worker in workers]
         turns = [pool.submit(greedy_turn, address, prompt) for address, prompt in zip(addresses, prompts)]
-        swapped = False  # seen: every node holding only its own sequence's KV, as much as it lent
+        swapped = False
         while not all(turn.done() for turn in turns):
             states = [lending(address) for address in addresses]
             swapped |= all(
@@ -102,7 +107,20 @@ def test_a_cycle_of_debts_is_swapped_home_while_the_turns_answer_unchanged(
             )
             time.sleep(0.01)
         answers = [turn.result() for turn in turns]
-        assert swapped, "the cycle of debts was never swapped home"
         assert all(lending(address).held_bytes == 0 for address in addresses)
     for prompt, answer in zip(prompts, answers):
-        assert answer == plain_greedy(tiny_model.model_dir, prompt)
+        assert answer == plain_greedy(model_dir, prompt)
+    return swapped, workers
+
+
+@pytest.mark.parametrize("size", [2, 3], ids=["2-cycle", "3-cycle"])
+def test_a_cycle_of_debts_is_swapped_home_while_the_turns_answer_unchanged(
+    size: int, tmp_path: Path, tiny_model: LoadedModel
+) -> None:
+    swapped, _ = run_turns_at_once(size, tmp_path, tiny_model.model_dir, min_swap_bytes=KV_BYTES_PER_TOKEN)
+    assert swapped, "the cycle of debts was never swapped home"
+
+
+def test_debts_below_the_minimum_swap_stay_where_they_are(tmp_path: Path, tiny_model: LoadedModel) -> None:
+    swapped, workers = run_turns_at_once(2, tmp_path, tiny_model.model_dir, min_swap_bytes=REMOTE_BYTES + 1)
+    assert not swapped and not any("dgfm_swap" in worker.log_path.read_text() for worker in workers)
