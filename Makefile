@@ -60,8 +60,8 @@ bench-pool: venv redis ibverbs  ## data-plane Get/Put vs gRPC Get, Redis GET/SET
 
 bench-batch: venv  ## the engine's batching: ShareGPT sessions at 1/4/16/32 vs itself at batch 1 and vLLM CPU; KV waste and sharing
 	$(PY) -m bench batch
-bench-restore: venv  ## KV restored from hidden states (HCache): recompute / KV / hidden / planner from DRAM, disk, throttled
-	$(PY) -m bench restore
+bench-restore: venv  ## KV restored from hidden states (HCache): recompute / KV / hidden / planner from DRAM, disk, throttled (QUICK=1: one 1k history, into restore-quick.*)
+	$(PY) -m bench restore $(if $(QUICK),--quick)
 bench-longctx: venv  ## DistAttention: split/merge overhead, remote micro-attention vs pulling KV, longest context 1 vs 3 nodes
 	$(PY) -m bench longctx $(ARGS)
 

@@ -6,6 +6,7 @@ The stubs are committed; tests/unit/test_generated_stubs.py fails when they are 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from grpc_tools import protoc
 
 PROTO_ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = PROTO_ROOT.parent / "services"
+_SERVICE = re.compile(r"^service \w+", re.MULTILINE)
 
 
 def proto_files() -> list[Path]:
@@ -25,6 +27,8 @@ def generate(out_dir: Path) -> list[Path]:
     include = Path(protoc.__file__).parent / "_proto"
     for proto in proto_files():
         rel = proto.relative_to(PROTO_ROOT)
+        # A file of shared types only (common.proto) gets no *_pb2_grpc.py: it would be empty.
+        grpc_out = [f"--grpc_python_out={out_dir}"] if _SERVICE.search(proto.read_text()) else []
         code = protoc.main(
             [
                 "grpc_tools.protoc",
@@ -32,7 +36,7 @@ def generate(out_dir: Path) -> list[Path]:
                 f"-I{include}",
                 f"--python_out={out_dir}",
                 f"--pyi_out={out_dir}",
-                f"--grpc_python_out={out_dir}",
+                *grpc_out,
                 str(rel),
             ]
         )

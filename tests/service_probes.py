@@ -8,7 +8,10 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnstore.server.ports import free_port as free_port  # the test folders import it from here
+from attnstore.server.ports import free_port
+
+# free_port is here for the test folders to import with the other probes.
+__all__ = ["free_port", "is_serving", "scrape_metrics"]
 
 
 def scrape_metrics(port: int) -> dict[str, float]:

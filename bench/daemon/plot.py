@@ -8,35 +8,30 @@ from pathlib import Path
 import numpy as np
 
 from bench.common.plot_style import PALETTE, plt, save_figure
-from bench.daemon.report import (
-    GRPC,
-    GRPC_CEILING,
-    GRPC_VERIFY,
-    MEMCPY,
-    RAW,
-    REDIS_AIO,
-    REDIS_SYNC,
-    SHM,
-    SHM_BATCH,
-    SHM_LEASED,
-    SHM_VERIFY,
-    SSD_TIER,
-    Row,
-)
+from bench.daemon import report as P  # the path names
+from bench.daemon.report import Row
 
 _PANELS = {
     "Get / read": [
-        ((MEMCPY, "copy"), "memcpy (yardstick)"), ((SHM, "get"), "daemon shm"),
-        ((SHM_LEASED, "get"), "daemon shm, leased (1 round trip)"), ((SHM_VERIFY, "get"), "daemon shm +verify"), ((SHM_BATCH, "get"), "daemon shm, 4 keys/request"), ((GRPC, "get"), "daemon gRPC"),
-        ((GRPC_VERIFY, "get"), "daemon gRPC +verify"), ((GRPC_CEILING, "get"), "bare grpcio stream (no store)"),
-        ((REDIS_SYNC, "get"), "Redis GET (redis-py)"),
-        ((REDIS_AIO, "get"), "Redis GET (asyncio)"), ((RAW, "read"), "raw direct read, cold"),
-        ((SSD_TIER, "read"), "SSD tier read, cold"),
+        ((P.MEMCPY, "copy"), "memcpy (yardstick)"),
+        ((P.SHM, "get"), "daemon shm"),
+        ((P.SHM_LEASED, "get"), "daemon shm, leased (1 round trip)"),
+        ((P.SHM_VERIFY, "get"), "daemon shm +verify"),
+        ((P.SHM_BATCH, "get"), "daemon shm, 4 keys/request"),
+        ((P.GRPC, "get"), "daemon gRPC"),
+        ((P.GRPC_VERIFY, "get"), "daemon gRPC +verify"),
+        ((P.GRPC_CEILING, "get"), "bare grpcio stream (no store)"),
+        ((P.REDIS_SYNC, "get"), "Redis GET (redis-py)"),
+        ((P.REDIS_AIO, "get"), "Redis GET (asyncio)"),
+        ((P.RAW, "read"), "raw direct read, cold"),
+        ((P.SSD_TIER, "read"), "SSD tier read, cold"),
     ],
     "Put / write": [
-        ((MEMCPY, "copy"), "memcpy (yardstick)"), ((SHM, "put"), "daemon shm"),
-        ((GRPC, "put"), "daemon gRPC"), ((REDIS_SYNC, "set"), "Redis SET (redis-py)"),
-        ((REDIS_AIO, "set"), "Redis SET (asyncio)"),
+        ((P.MEMCPY, "copy"), "memcpy (yardstick)"),
+        ((P.SHM, "put"), "daemon shm"),
+        ((P.GRPC, "put"), "daemon gRPC"),
+        ((P.REDIS_SYNC, "set"), "Redis SET (redis-py)"),
+        ((P.REDIS_AIO, "set"), "Redis SET (asyncio)"),
     ],
 }
 
@@ -44,7 +39,20 @@ _PANELS = {
 def plot(rows: list[Row], sizes: list[str], title: str, out: Path, concurrency: int = 1) -> None:
     by = {(r["path"], r["op"], r["size"]): r["gbps"] for r in rows if r["concurrency"] == concurrency}
     fig, axes = plt.subplots(2, 1, figsize=(12, 9), constrained_layout=True)
-    paths = [MEMCPY, SHM, SHM_LEASED, SHM_VERIFY, SHM_BATCH, GRPC, GRPC_VERIFY, GRPC_CEILING, REDIS_SYNC, REDIS_AIO, RAW, SSD_TIER]
+    paths = [
+        P.MEMCPY,
+        P.SHM,
+        P.SHM_LEASED,
+        P.SHM_VERIFY,
+        P.SHM_BATCH,
+        P.GRPC,
+        P.GRPC_VERIFY,
+        P.GRPC_CEILING,
+        P.REDIS_SYNC,
+        P.REDIS_AIO,
+        P.RAW,
+        P.SSD_TIER,
+    ]
     colors = {path: PALETTE[index % len(PALETTE)] for index, path in enumerate(paths)}  # same in both panels
     for ax, (panel, series) in zip(axes, _PANELS.items(), strict=True):
         present = [(key, label) for key, label in series if any((*key, s) in by for s in sizes)]
@@ -52,8 +60,9 @@ def plot(rows: list[Row], sizes: list[str], title: str, out: Path, concurrency: 
         x = np.arange(len(sizes))
         for index, (key, label) in enumerate(present):
             values = [by.get((*key, size), 0.0) for size in sizes]
-            bars = ax.bar(x + (index - (len(present) - 1) / 2) * width, values, width, label=label,
-                          color=colors[key[0]])
+            bars = ax.bar(
+                x + (index - (len(present) - 1) / 2) * width, values, width, label=label, color=colors[key[0]]
+            )
             ax.bar_label(bars, fmt="%.2f", fontsize=7, rotation=90, padding=2)
         ax.set_xticks(x, [f"{size} chunk" for size in sizes])
         ax.set_ylabel("GB/s (higher is better)")

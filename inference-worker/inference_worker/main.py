@@ -22,11 +22,10 @@ import transformers
 from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import SecurityConfigError
-from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
-from attnstore.server.logging import configure_logging
-from attnstore.settings import load_settings_or_exit, run_or_exit
+from attnstore.server.startup import start_service
+from attnstore.settings import run_or_exit
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
@@ -154,11 +153,8 @@ async def run_worker(settings: WorkerSettings) -> None:
 
 
 def main() -> None:
-    settings = load_settings_or_exit(WorkerSettings, "attnstore-inference-worker")
-    configure_logging(settings.log_level, settings.log_json)
+    settings = start_service(WorkerSettings, "attnstore-inference-worker", large_buffers=True)
     transformers.utils.logging.disable_progress_bar()
-    if not keep_large_buffers():
-        log.info("allocator_not_tuned", reason="not glibc")
     startup_errors = (
         ModelStoreError,
         StartupError,

@@ -55,7 +55,7 @@ from inference_worker.namespaces import Namespaces
 from inference_worker.prefix_loader import classify_failure, load_prefix
 from inference_worker.restore.loader import RestoreStats
 from inference_worker.restore.planner import RestorePlan
-from inference_worker.restore.turns import TurnRestore
+from inference_worker.restore.turns import CapturedHidden, TurnRestore
 from inference_worker.rotary_shift import RotaryShift
 from inference_worker.truncation import NO_TRUNCATION, Truncation
 from inference_worker.turn_types import Fallback, KVSource
@@ -84,6 +84,7 @@ class Prefill:
     restore_seconds: dict[str, float] = field(default_factory=dict)  # RestoreStats.seconds of it
     logits: torch.Tensor | None = None  # [vocab] fp32 of the last prompt token (Prefiller.prefill)
     kv: KV | None = None  # per layer K, V of every kept prompt token (Prefiller.prefill)
+    hidden: CapturedHidden | None = None  # ... and its layer inputs, on a hidden-state worker
 
 
 @dataclass
@@ -195,20 +196,41 @@ class Prefiller:
         prefix = loader = plan = None
         if source is not None and hit is not None and hit.keys and self.kvstore is not None:
             if self.restore is not None:
-                prefix, loader, plan = self._start_restore(self.restore, self.kvstore, source, hit, prompt)
+                prefix, loader, plan = self._start_restore(
+                    self.restore, self.kvstore, source, hit, prompt, truncation
+                )
             else:
                 prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
             seq.prefix = prefix
         return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, started, plan)
 
     def _start_restore(
-        self, restore: TurnRestore, client: AsyncKVStoreClient, source: KVSource, hit: _Hit, prompt: list[int]
+        self,
+        restore: TurnRestore,
+        client: AsyncKVStoreClient,
+        source: KVSource,
+        hit: _Hit,
+        prompt: list[int],
+        truncation: Truncation = NO_TRUNCATION,
     ) -> tuple[PrefixKV, asyncio.Task[RestoreStats], RestorePlan]:
-        """Restores the hit's full chunks (untruncated, no tail, from position 0) as planned."""
-        prefix = PrefixKV(self.engine.runner.geometry.num_layers, len(hit.chunks) * source.chunk_tokens)
+        """Restores the hit's chunks (from position 0) as planned: after a truncation chunk
+        0's sinks, then the kept chunks at their kept positions; a history's partial last
+        chunk's hidden states go to the capture when it is done (`finish`)."""
+        head_tokens = truncation.sink_tokens or source.chunk_tokens  # what the first hit chunk gives
+        full_tokens = head_tokens + (len(hit.chunks) - 1) * source.chunk_tokens if hit.chunks else 0
+        prefix = PrefixKV(self.engine.runner.geometry.num_layers, full_tokens + hit.tail_tokens)
         plan = restore.plan(hit.tiers, prefix.prefix_tokens)
         loader = asyncio.create_task(
-            restore.restore(client, source.namespace, hit.keys, prefix, plan, prompt)
+            restore.restore(
+                client,
+                source.namespace,
+                hit.keys,
+                prefix,
+                plan,
+                truncation.kept(prompt),
+                head_tokens,
+                hit.tail_tokens,
+            )
         )
         return prefix, loader, plan
 
@@ -246,6 +268,7 @@ class Prefiller:
         seq, hit, source, truncation = pending.seq, pending.hit, pending.source, pending.truncation
         load_seconds = 0.0
         restore_seconds: dict[str, float] = {}
+        stats: RestoreStats | None = None
         if pending.loader is not None:
             pending.loader.cancel()  # done by now, unless the prefix was dropped (pool hit, failure)
             await asyncio.gather(pending.loader, return_exceptions=True)
@@ -254,6 +277,8 @@ class Prefiller:
         prefix_tokens = 0
         fallback = pending.fallback
         failure = seq.load_failure
+        if self.restore is not None and stats is not None and failure is None:
+            self.restore.seed(seq, stats)  # a restored tail's hidden states: its chunk is saved whole
         if failure is not None:
             fallback = classify_failure(failure)
             load_seconds = seq.load_wait_seconds  # the failed attempt delayed the turn this long
@@ -292,17 +317,23 @@ class Prefiller:
         history_tokens: int = 0,
     ) -> Prefill:
         """The prompt's prefill alone (no decoding): its stats, last-token logits and the
-        KV of every kept token (copied out of the pool, whose blocks are then freed)."""
+        KV of every kept token (copied out of the pool, whose blocks are then freed), and on
+        a hidden-state worker the layer inputs it computed."""
         pending = await self.start(prompt_token_ids, source, truncation, history_tokens)
         seq = pending.seq
         logits = None
+        if self.restore is not None:
+            self.restore.watch(seq)
         try:
             async for output in self.engine.generate(seq):
                 logits = output.logits
             prefill = await self.finish(pending, time.perf_counter())
             prefill.logits = logits
             prefill.kv = await asyncio.to_thread(self.engine.kv.span, seq.block_table, 0, len(seq))
+            prefill.hidden = self.restore.take(seq) if self.restore is not None else None
         finally:
+            if self.restore is not None:
+                self.restore.forget(seq)
             self.engine.release(seq)
         return prefill
 

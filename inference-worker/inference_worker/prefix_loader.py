@@ -64,12 +64,11 @@ async def load_prefix(
                 row.append(piece)
                 if len(row) == len(keys):
                     # each [kv_heads, chunks * C, head_dim]; checksums verified here, on the copies
-                    k, v = layer_from_pieces(row, device=device, verify=True)
-                    if head_tokens < chunk_tokens:  # chunk 0 gives only its sinks: drop the rest of it
-                        k = torch.cat((k[:, :head_tokens], k[:, chunk_tokens:]), dim=1)
-                        v = torch.cat((v[:, :head_tokens], v[:, chunk_tokens:]), dim=1)
+                    k, v = keep_head(
+                        *layer_from_pieces(row, device=device, verify=True), head_tokens, chunk_tokens
+                    )
                     # [kv_heads, prefix tokens, head_dim]
-                    k = _reposition(k, row, chunk_tokens, head_tokens, shift, start_position)
+                    k = reposition_keys(k, row, chunk_tokens, head_tokens, shift, start_position)
                     prefix.put_layer(layer, k, v)
                     row, layer = [], layer + 1
         if layer != prefix.num_layers:
@@ -91,7 +90,20 @@ def _check_piece(piece: LayerPiece, num_layers: int, tokens: int) -> None:
         raise KVShapeError(f"chunk {piece.chunk_index} holds {header.tokens} tokens, not {tokens}")
 
 
-def _reposition(
+def keep_head(
+    k: torch.Tensor, v: torch.Tensor, head_tokens: int, chunk_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [kv_heads, tokens, head_dim] of chunks laid end to end, with only the first
+    `head_tokens` tokens of chunk 0 (its attention sinks after a truncation)."""
+    if head_tokens >= chunk_tokens:
+        return k, v
+    return (
+        torch.cat((k[:, :head_tokens], k[:, chunk_tokens:]), dim=1),
+        torch.cat((v[:, :head_tokens], v[:, chunk_tokens:]), dim=1),
+    )
+
+
+def reposition_keys(
     k: torch.Tensor,
     pieces: Sequence[LayerPiece],
     chunk_tokens: int,

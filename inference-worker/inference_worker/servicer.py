@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from attnstore.errors import InvalidArgument
+from attnstore.finish_reasons import finish_reason_to_proto, samples_to_proto
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker import metrics
@@ -34,11 +35,6 @@ _FALLBACK = {
     Fallback.DAEMON_UNAVAILABLE: pb.FALLBACK_DAEMON_UNAVAILABLE,
     Fallback.DEADLINE: pb.FALLBACK_DEADLINE,
     Fallback.CHUNK_INVALID: pb.FALLBACK_CHUNK_INVALID,
-}
-_FINISH_REASON = {
-    "stop": pb.FINISH_REASON_STOP,
-    "stop_string": pb.FINISH_REASON_STOP_STRING,
-    "length": pb.FINISH_REASON_LENGTH,
 }
 
 
@@ -154,20 +150,13 @@ def stats_message(stats: TurnStats) -> pb.TurnStats:
         compute_ms=stats.compute_seconds * 1000,
         saved_chunks=stats.saved_chunks,
         fallback=_FALLBACK[stats.fallback],
-        finish_reason=_FINISH_REASON.get(stats.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+        finish_reason=finish_reason_to_proto(stats.finish_reason),
         truncated_tokens=stats.truncated_tokens,
         sink_tokens=stats.sink_tokens,
         namespace=stats.namespace,
         chunk_keys=stats.chunk_keys,
         namespace_refused=stats.namespace_refused,
-        samples=[
-            pb.SampleStats(
-                sample_index=index,
-                generated_tokens=sample.generated_tokens,
-                finish_reason=_FINISH_REASON.get(sample.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-            )
-            for index, sample in enumerate(stats.samples)
-        ],
+        samples=samples_to_proto(stats.samples),
         module_tokens=stats.module_tokens,
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,

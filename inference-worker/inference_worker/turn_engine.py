@@ -206,16 +206,10 @@ class TurnEngine:
         pool = self.engine.pool
         if self.long_turns.enabled and pool.blocks_for(kept + turn.sampling.max_tokens) > pool.num_blocks:
             seq = self._decoding(EngineSequence.of(truncation.kept(prompt)), turn.sampling)
-            async for event in self.long_turns.run(
-                len(prompt), truncation, seq, turn.sampling.n, peers
-            ):
+            async for event in self.long_turns.run(len(prompt), truncation, seq, turn.sampling.n, peers):
                 yield event
             return
-        history_tokens = turn.history_tokens
-        if self.restore is not None:  # restore chunks: untruncated turns, no tails (restore/turns.py)
-            source = source if truncation == NO_TRUNCATION else None
-            history_tokens = 0
-        pending = await self.prefiller.start(prompt, source, truncation, history_tokens)
+        pending = await self.prefiller.start(prompt, source, truncation, turn.history_tokens)
         seq = self._decoding(pending.seq, turn.sampling)
         # Parallel sampling: the other samples fork from seq once its prompt is computed.
         seq.forks = [
@@ -258,8 +252,7 @@ class TurnEngine:
             saved = 0
             if source is not None:
                 keys = extend_key_chain(source.namespace, prefill.prompt_keys, sequence, source.chunk_tokens)
-                with_tail = turn.save_generated and self.restore is None
-                tail = sequence[len(keys) * source.chunk_tokens :] if with_tail else []
+                tail = sequence[len(keys) * source.chunk_tokens :] if turn.save_generated else []
                 saved = await self._save(source, prompt, keys, tail, prefill, seq)
         finally:
             if prefill is None and pending.loader is not None:
@@ -325,14 +318,20 @@ class TurnEngine:
         if prefill.sink_chunk_missing:  # chunk 0 whole, at its own positions: the next turns' sinks
             sinks = await self.prefiller.prefill(prompt[:chunk_tokens], None)
             if sinks.kv is not None:
-                runs.append(ChunkRun(keys[:1], sinks.kv, 0))
+                sink_form = None
+                if self.restore is not None and sinks.hidden is not None:
+                    sink_form = self.restore.form(sinks.hidden, 0, chunk_tokens)
+                runs.append(ChunkRun(keys[:1], sinks.kv, 0, sink_form))
         first = prefill.save_from_chunk
         captured = self.restore.take(seq) if self.restore is not None else None
         if captured is not None:  # only chunks whose every token this turn computed
-            first = min(max(first, -(-captured.first // chunk_tokens)), len(keys))
+            first_computed = captured.first + dropped  # in original tokens
+            first = min(max(first, -(-first_computed // chunk_tokens)), len(keys))
         start = first * chunk_tokens - dropped  # where chunk `first` sits in the kept sequence
         stop = len(keys) * chunk_tokens - dropped
         with_tail = bool(tail) and prefill.truncation == NO_TRUNCATION
+        if captured is not None and captured.first > stop:  # a tail it did not compute: not saved
+            with_tail = False
         span_stop = stop + len(tail) if with_tail else stop
         kv = await asyncio.to_thread(self.engine.kv.span, seq.block_table, start, span_stop)
         if keys[first:]:
@@ -343,9 +342,11 @@ class TurnEngine:
             runs.append(ChunkRun(keys[first:], kept_kv, start, form))
         if with_tail:
             tail_kv = [(k[:, stop - start :], v[:, stop - start :]) for k, v in kv]
-            runs.append(
-                ChunkRun([chunk_key(source.namespace, keys[-1] if keys else None, tail)], tail_kv, stop)
-            )
+            tail_form = None
+            if captured is not None and self.restore is not None:
+                tail_form = self.restore.form(captured, stop, span_stop)
+            tail_key = chunk_key(source.namespace, keys[-1] if keys else None, tail)
+            runs.append(ChunkRun([tail_key], tail_kv, stop, tail_form))
         saved = self._saver.save(
             source,
             runs,

@@ -10,11 +10,10 @@ import uvloop
 
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.security import SecurityConfigError
-from attnstore.server.allocator import keep_large_buffers
 from attnstore.server.auth_interceptor import internal_auth_interceptors
 from attnstore.server.lifecycle import create_server, serve
-from attnstore.server.logging import configure_logging
-from attnstore.settings import load_settings_or_exit, run_or_exit
+from attnstore.server.startup import start_service
+from attnstore.settings import run_or_exit
 from kvstore_daemon.chunk_store import ChunkStore
 from kvstore_daemon.data_plane import DataPlaneServer
 from kvstore_daemon.dram_tier import ArenaError, DramTier, remove_stale_arenas
@@ -48,10 +47,15 @@ async def run_daemon(settings: DaemonSettings) -> None:
     removed = remove_stale_arenas(settings.shm_dir)
     dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
     ssd = SsdTier(
-        settings.ssd_dirs, settings.ssd_capacity_bytes, settings.io_threads, reserve_bytes=settings.ssd_reserved_bytes
+        settings.ssd_dirs,
+        settings.ssd_capacity_bytes,
+        settings.io_threads,
+        reserve_bytes=settings.ssd_reserved_bytes,
     )
     namespaces = NamespaceRegistry(
-        settings.ssd_dirs[0] / "namespaces.msgpack", settings.max_namespaces, settings.max_chunk_bytes,
+        settings.ssd_dirs[0] / "namespaces.msgpack",
+        settings.max_namespaces,
+        settings.max_chunk_bytes,
         settings.namespace_idle_seconds,
     )
     member = PoolMember(settings, [dram, ssd]) if settings.pool_redis_url is not None else None
@@ -60,7 +64,9 @@ async def run_daemon(settings: DaemonSettings) -> None:
     peer = make_peer_tier(settings, namespaces, find_peers) if pooled else None
     store = ChunkStore(settings, dram, ssd, namespaces, peer=peer)
     await store.start()
-    log.info("daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy)
+    log.info(
+        "daemon_starting", arena=str(dram.path), stale_arenas_removed=removed, policy=settings.eviction_policy
+    )
     maintenance = asyncio.get_running_loop().create_task(_maintain_forever(store))
     data_plane = DataPlaneServer(store, settings, asyncio.get_running_loop())
     data_plane_port = data_plane.start() if settings.data_plane_port else 0
@@ -95,10 +101,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
 
 
 def main() -> None:
-    settings = load_settings_or_exit(DaemonSettings, "attnstore-kvstore-daemon")
-    configure_logging(settings.log_level, settings.log_json)
-    if not keep_large_buffers():
-        log.info("allocator_not_tuned", reason="not glibc")
+    settings = start_service(DaemonSettings, "attnstore-kvstore-daemon", large_buffers=True)
     startup_errors = (ArenaError, SecurityConfigError)
     run_or_exit("attnstore-kvstore-daemon", uvloop.run, run_daemon(settings), startup_errors)
 

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.kvstore_client.limits import MAX_KEYS_PER_REQUEST
 from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
@@ -102,7 +103,9 @@ class DaemonSettings(ServiceSettings):
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")
-    max_keys_per_request: int = Field(4096, ge=1, description="keys (or write ids) one call may name")
+    max_keys_per_request: int = Field(
+        MAX_KEYS_PER_REQUEST, ge=1, description="keys (or write ids) one call may name"
+    )
     max_get_message_bytes: int = Field(4 * MiB, ge=64 * 1024, description="target size of one Get stream message")
     reservation_ttl_seconds: float = Field(30.0, gt=0, description="uncommitted writes are dropped after this")
     lease_ttl_seconds: float = Field(10.0, gt=0, description="default read-lease TTL")

@@ -58,7 +58,9 @@ async def chat_prompt(worker: WorkerHandle, record: SessionRecord, message: str)
             return ChatPrompt(extended, len(ran), closing_ids)
         ids = await tokenize(worker, conversation, add_generation_prompt=True)
     else:
-        closing_ids, ids = await asyncio.gather(closing, tokenize(worker, conversation, add_generation_prompt=True))
+        closing_ids, ids = await asyncio.gather(
+            closing, tokenize(worker, conversation, add_generation_prompt=True)
+        )
     return ChatPrompt(ids, len(ran) if tuple(ids[: len(ran)]) == ran else 0, closing_ids)
 
 

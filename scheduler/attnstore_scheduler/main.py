@@ -25,8 +25,8 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore.pool_ledger import PoolLedger
 from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
-from attnstore.server.logging import configure_logging
-from attnstore.settings import load_settings_or_exit, run_or_exit
+from attnstore.server.startup import start_service
+from attnstore.settings import run_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
@@ -137,8 +137,14 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
     )
     activity = SessionActivity() if settings.hints.policy == "predictive" else None
     protection = SchemaProtection()
-    hints = HintPusher(queue, registry.hint_targets, settings.hints, activity=activity,
-                       source=settings.hints.source or socket.gethostname(), protection=protection)
+    hints = HintPusher(
+        queue,
+        registry.hint_targets,
+        settings.hints,
+        activity=activity,
+        source=settings.hints.source or socket.gethostname(),
+        protection=protection,
+    )
     sessions = Sessions(
         store,
         registry,
@@ -207,8 +213,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
 
 
 def main() -> None:
-    settings = load_settings_or_exit(SchedulerSettings, "attnstore-scheduler")
-    configure_logging(settings.log_level, settings.log_json)
+    settings = start_service(SchedulerSettings, "attnstore-scheduler")
     startup_errors = (ApiKeysError, SecurityConfigError)
     run_or_exit("attnstore-scheduler", uvloop.run, run_scheduler(settings), startup_errors)
 

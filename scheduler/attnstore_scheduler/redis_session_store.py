@@ -69,7 +69,9 @@ end
 """
 # KEYS: record, tenant index, expiries, tokens. ARGV: id, expiry member. Returns the
 # record or false.
-_DELETE = _FORGET_TOKENS + """
+_DELETE = (
+    _FORGET_TOKENS
+    + """
 forget_tokens(KEYS[4], ARGV[1])
 local record = redis.call('GET', KEYS[1])
 redis.call('DEL', KEYS[1])
@@ -77,10 +79,14 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return record
 """
+)
 # KEYS: record, tenant index, expiries, turn leases, tokens. ARGV: id, expiry member, now.
 # Returns {0} when not claimable (refreshed, claimed by another, or in a turn), else
 # {1, record} (record "" when its key already expired on its own).
-_CLAIM = _FORGET_TOKENS + IN_TURN_LUA + """
+_CLAIM = (
+    _FORGET_TOKENS
+    + IN_TURN_LUA
+    + """
 local score = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if not score or tonumber(score) > tonumber(ARGV[3]) then return {0} end
 if in_turn(KEYS[4]) then return {0} end
@@ -91,6 +97,7 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return {1, record}
 """
+)
 
 
 def _record_key(tenant: str, session_id: str) -> str:

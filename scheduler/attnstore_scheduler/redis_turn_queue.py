@@ -42,25 +42,34 @@ _NOW_MS = """
 local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 """
+# Sets the ticket's lease to ARGV[2] ms from now and keeps both keys that long.
+_LEASE = """
+redis.call('HSET', KEYS[2], ARGV[1], now_ms + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+"""
 # KEYS: queue, leases. ARGV: ticket, lease ms. Joins at the back.
-_JOIN = _NOW_MS + """
+_JOIN = (
+    _NOW_MS
+    + """
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 local arrival = 0
 if last[2] then arrival = tonumber(last[2]) + 1 end
 redis.call('ZADD', KEYS[1], arrival, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], now_ms + tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
 """
+    + _LEASE
+    + "return 1"
+)
 # KEYS: queue, leases. ARGV: ticket, lease ms. Renews the ticket's lease and drops lapsed
 # tickets at the head. 0: the ticket is first (its turn runs); n > 0: n tickets are ahead
 # of it; -1: it is gone (its own lease lapsed and another turn dropped it).
-_RENEW = _NOW_MS + """
+_RENEW = (
+    _NOW_MS
+    + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return -1 end
-redis.call('HSET', KEYS[2], ARGV[1], now_ms + tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+"""
+    + _LEASE
+    + """
 while true do
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if head == ARGV[1] then return 0 end
@@ -71,6 +80,7 @@ while true do
   redis.call('HDEL', KEYS[2], head)
 end
 """
+)
 # KEYS: queue, leases. ARGV: ticket.
 _LEAVE = """
 redis.call('ZREM', KEYS[1], ARGV[1])
@@ -79,7 +89,9 @@ return 1
 """
 # Lua for other scripts: `in_turn(leases_key)` is true while a ticket's lease runs (a turn
 # runs or waits), e.g. to keep the session from expiring under it.
-IN_TURN_LUA = _NOW_MS + """
+IN_TURN_LUA = (
+    _NOW_MS
+    + """
 local function in_turn(leases_key)
   local leases = redis.call('HVALS', leases_key)
   for _, deadline in ipairs(leases) do
@@ -88,6 +100,7 @@ local function in_turn(leases_key)
   return false
 end
 """
+)
 
 
 def queue_key(tenant: str, session_id: str) -> str:

@@ -12,6 +12,7 @@ import grpc
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
 from attnstore.errors import InvalidArgument
+from attnstore.finish_reasons import finish_reason_to_proto, samples_to_proto
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
 from attnstore_scheduler.pml_requests import check_no_pml_options, pml_prompt
@@ -20,19 +21,13 @@ from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id
 from attnstore_scheduler.sessions import Sessions
-from attnstore_scheduler.turn_types import FinishReason, TurnOutcome
+from attnstore_scheduler.turn_types import TurnOutcome
 from attnstore_scheduler.turns import TurnEvent, Turns
 from attnstore_scheduler.validation import ApiLimits, check_expectation, check_page, check_text, check_ttl
 
 SERVICE_NAME = api.DESCRIPTOR.services_by_name["AttnStore"].full_name
 
 _ROLES = {"system": api.ROLE_SYSTEM, "user": api.ROLE_USER, "assistant": api.ROLE_ASSISTANT}
-_FINISH = {
-    FinishReason.UNSPECIFIED: api.FINISH_REASON_UNSPECIFIED,
-    FinishReason.STOP: api.FINISH_REASON_STOP,
-    FinishReason.STOP_STRING: api.FINISH_REASON_STOP_STRING,
-    FinishReason.LENGTH: api.FINISH_REASON_LENGTH,
-}
 
 
 class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
@@ -70,7 +65,9 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         ttl_seconds = check_ttl(request.ttl_seconds, self._limits)
         if system_prompt:
             await self._turns.check_system_prompt(system_prompt)
-        expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
+        expectation = check_expectation(
+            request.expected_next_turn_seconds, request.conversation_over, self._limits
+        )
         record = await self._sessions.create(tenant, system_prompt, ttl_seconds)
         self._sessions.expect(tenant, record.session_id, expectation)
         return api.CreateSessionResponse(session=session_message(record, with_messages=True))
@@ -81,7 +78,9 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         started = time.monotonic()
         tenant = self._caller(context).tenant
         session_id = check_session_id(request.session_id)
-        expectation = check_expectation(request.expected_next_turn_seconds, request.conversation_over, self._limits)
+        expectation = check_expectation(
+            request.expected_next_turn_seconds, request.conversation_over, self._limits
+        )
         if request.pml:
             if request.message:
                 raise InvalidArgument("give message or pml, not both")
@@ -213,7 +212,7 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         worker_ttft_ms=stats.ttft_ms,
         queue_wait_ms=outcome.queue_wait_seconds * 1000,
         truncated_tokens=stats.truncated_tokens,
-        finish_reason=_FINISH[stats.finish_reason],
+        finish_reason=finish_reason_to_proto(stats.finish_reason),
         attempts=outcome.attempts,
         node=outcome.node,
         history_tokens=len(prompt) + len(outcome.token_ids) + outcome.closing_tokens
@@ -221,14 +220,7 @@ def turn_stats(outcome: TurnOutcome, ttft_seconds: float) -> api.TurnStats:
         else 0,
         session_saved=outcome.session_saved,
         kv_unavailable_reason=stats.namespace_refused,
-        samples=[
-            api.SampleStats(
-                sample_index=index,
-                generated_tokens=sample.generated_tokens,
-                finish_reason=_FINISH[sample.finish_reason],
-            )
-            for index, sample in enumerate(stats.samples)
-        ],
+        samples=samples_to_proto(stats.samples),
         module_tokens=stats.module_tokens,
         computed_tokens=stats.prompt_tokens - stats.reused_tokens,
         repaired_tokens=stats.repaired_tokens,
@@ -244,7 +236,7 @@ def message_of(message: Message) -> api.Message:
     return api.Message(
         role=_ROLES[message.role],
         content=message.content,
-        finish_reason=_FINISH[message.finish_reason],
+        finish_reason=finish_reason_to_proto(message.finish_reason),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from attnstore.kvstore_client.limits import MAX_KEYS_PER_REQUEST
 from attnstore.prompt_modules import DEFAULT_LIMITS, PmlLimits
 from attnstore.security import ChannelSecurity
 from attnstore.server.ports import DAEMON_PORT, SCHEDULER_PORT, WORKER_PORT
@@ -34,12 +35,16 @@ class HintSettings(BaseModel, frozen=True):
     refresh_seconds: float = Field(
         15.0, gt=0, description="pushed again this often without changes; keep it under the daemons' hint TTL"
     )
-    ttl_seconds: int = Field(0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default")
+    ttl_seconds: int = Field(
+        0, ge=0, description="how long the daemons keep the hints; 0 = the daemon's default"
+    )
     release_seconds: float = Field(
         60.0, gt=0, description="chunks of an ended or moved session are hinted EVICT_FIRST this long"
     )
     max_keys_per_call: int = Field(
-        4096, ge=1, description="keys per Hint call; at most the daemons' max_keys_per_request"
+        MAX_KEYS_PER_REQUEST,
+        ge=1,
+        description="keys per Hint call; at most the daemons' max_keys_per_request",
     )
     policy: Literal["lookahead", "predictive"] = Field(
         "lookahead",
@@ -47,10 +52,14 @@ class HintSettings(BaseModel, frozen=True):
         "(pair it with the daemons' eviction_policy=predictive)",
     )
     predict_interval_seconds: float = Field(
-        5.0, gt=0, description="predictive: the predictions of every live session are pushed at most this often"
+        5.0,
+        gt=0,
+        description="predictive: the predictions of every live session are pushed at most this often",
     )
     source: str = Field(
-        "", max_length=128, description="this replica's name in its hints; empty = the host name (unique per pod)"
+        "",
+        max_length=128,
+        description="this replica's name in its hints; empty = the host name (unique per pod)",
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from attnstore.finish_reasons import finish_reason_from_proto
 from attnstore.worker.v1 import worker_pb2
 
 
@@ -72,11 +73,8 @@ class TurnOutcome:
     closing_tokens: int = 0  # Chat: the template's closing the session's history adds after the answer
 
 
-_FINISH = {
-    worker_pb2.FINISH_REASON_STOP: FinishReason.STOP,
-    worker_pb2.FINISH_REASON_STOP_STRING: FinishReason.STOP_STRING,
-    worker_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
-}
+def _finish(value: int) -> FinishReason:
+    return FinishReason(finish_reason_from_proto(value))
 
 
 def token_from_worker(token: worker_pb2.TokenChunk) -> Token:
@@ -91,15 +89,14 @@ def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
         ttft_ms=stats.ttft_ms,
         truncated_tokens=stats.truncated_tokens,
         sink_tokens=stats.sink_tokens,
-        finish_reason=_FINISH.get(stats.finish_reason, FinishReason.UNSPECIFIED),
+        finish_reason=_finish(stats.finish_reason),
         namespace=stats.namespace,
         chunk_keys=tuple(stats.chunk_keys),
         namespace_refused=stats.namespace_refused,
         samples=tuple(
-            SampleStats(sample.generated_tokens, _FINISH.get(sample.finish_reason, FinishReason.UNSPECIFIED))
-            for sample in stats.samples
+            SampleStats(sample.generated_tokens, _finish(sample.finish_reason)) for sample in stats.samples
         )
-        or (SampleStats(stats.generated_tokens, _FINISH.get(stats.finish_reason, FinishReason.UNSPECIFIED)),),
+        or (SampleStats(stats.generated_tokens, _finish(stats.finish_reason)),),
         module_tokens=stats.module_tokens,
         repaired_tokens=stats.repaired_tokens,
         encoded_modules=stats.encoded_modules,

@@ -77,7 +77,11 @@ class Turns:
         self._prefix_nodes: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     async def chat(
-        self, tenant: str, session_id: str, message: str, options: api.GenerationOptions,
+        self,
+        tenant: str,
+        session_id: str,
+        message: str,
+        options: api.GenerationOptions,
         expectation: Expectation | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """The answer's tokens, then the TurnOutcome (the session is stored by then).
@@ -136,7 +140,9 @@ class Turns:
             return prepare
 
         schema_node = self._prefix_nodes.get((tenant, _schema_affinity(schema.name)))
-        async for event in self._session_turn(tenant, session_id, prompt.prompt, preparer, expectation, schema_node):
+        async for event in self._session_turn(
+            tenant, session_id, prompt.prompt, preparer, expectation, schema_node
+        ):
             if isinstance(event, TurnOutcome):
                 self.remember_schema_node(tenant, schema.name, event.node)
             yield event
@@ -180,8 +186,14 @@ class Turns:
                         event = await self._store_turn(record, message, event, closings[-1])
                         if activity is not None and event.session_saved:
                             now = time.monotonic()
-                            activity.turn_ended(name, event.stats.chunk_keys, now, now + record.ttl_seconds,
-                                                event.node, event.stats.namespace)
+                            activity.turn_ended(
+                                name,
+                                event.stats.chunk_keys,
+                                now,
+                                now + record.ttl_seconds,
+                                event.node,
+                                event.stats.namespace,
+                            )
                             self._sessions.expect(tenant, session_id, expectation)
                         _observe("chat", event)
                     yield event

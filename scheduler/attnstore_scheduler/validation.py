@@ -54,7 +54,9 @@ def check_expectation(next_turn_seconds: float, over: bool, limits: ApiLimits) -
     if over and next_turn_seconds:
         raise InvalidArgument("conversation_over and expected_next_turn_seconds exclude each other")
     if not math.isfinite(next_turn_seconds) or next_turn_seconds < 0:
-        raise InvalidArgument(f"expected_next_turn_seconds must be finite and not negative, got {next_turn_seconds}")
+        raise InvalidArgument(
+            f"expected_next_turn_seconds must be finite and not negative, got {next_turn_seconds}"
+        )
     if next_turn_seconds > limits.max_session_ttl_seconds:
         raise InvalidArgument(
             f"expected_next_turn_seconds is {next_turn_seconds:g}; at most {limits.max_session_ttl_seconds} "

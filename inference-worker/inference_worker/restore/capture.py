@@ -8,6 +8,7 @@ step (prefill chunks, then one row per decode), and `take` joins them per layer.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import torch
 
@@ -42,6 +43,15 @@ class HiddenCapture:
             layers = [list(pieces) for pieces in self._rows[seq.seq_id]]
         return _first(layers), [_placed(pieces, _first(layers)) for pieces in layers]
 
+    def seed(self, seq: Sequence, start: int, layers: Mapping[int, torch.Tensor]) -> None:
+        """Adds rows [tokens, hidden] of some layers from position `start` that `seq` did not
+        compute (a restored partial chunk's), if it is watched."""
+        with self._lock:
+            watched = self._rows.get(seq.seq_id)
+            if watched is not None:
+                for layer, rows in layers.items():
+                    watched[layer].append((start, rows))
+
     def forget(self, seq: Sequence) -> None:
         """Stops watching `seq` if it still is, dropping what it captured."""
         with self._lock:
@@ -58,15 +68,17 @@ class HiddenCapture:
 
 
 def _first(layers: list[list[tuple[int, torch.Tensor]]]) -> int:
-    return min((start for start, _ in layers[0]), default=0)
+    return min((start for pieces in layers for start, _ in pieces), default=0)
 
 
 def _placed(pieces: list[tuple[int, torch.Tensor]], first: int) -> torch.Tensor:
-    """The pieces' rows at their positions from `first` (later pieces overwrite earlier ones)."""
+    """The pieces' rows at their positions from `first` (later pieces overwrite earlier ones;
+    zeros before a layer's first piece: only seeded layers start earlier, and the others'
+    rows there are never stored)."""
     if not pieces:
         return torch.empty(0)
     stop = max(start + len(rows) for start, rows in pieces)
-    out = pieces[0][1].new_empty((stop - first, pieces[0][1].shape[1]))
+    out = pieces[0][1].new_zeros((stop - first, pieces[0][1].shape[1]))
     for start, rows in pieces:
         out[start - first : start - first + len(rows)] = rows
     return out

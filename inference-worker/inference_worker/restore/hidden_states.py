@@ -18,6 +18,8 @@ Shapes: H [tokens, hidden]; positions [tokens]; K, V [kv_heads, tokens, head_dim
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -54,12 +56,16 @@ def project_kv(
 
 @torch.no_grad()
 def recompute_layers(
-    model: PreTrainedModel, token_ids: torch.Tensor, positions: torch.Tensor, count: int
+    model: PreTrainedModel,
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    count: int,
+    layer_input: Callable[[int, torch.Tensor], None] | None = None,
 ) -> tuple[KV, torch.Tensor]:
     """Runs the first `count` layers over `token_ids` [tokens] (a prefix starting at the
     sequence's first token, causal) at `positions` [tokens]: their K and V, and the input
     hidden states [tokens, hidden] of layer `count` (what a HIDDEN layer after them would
-    have stored)."""
+    have stored). `layer_input(layer, H)` sees each recomputed layer's input on the way."""
     decoder = model.model
     geometry = ModelGeometry.of(model.config)
     hidden = decoder.embed_tokens(token_ids)  # [tokens, hidden]
@@ -67,6 +73,8 @@ def recompute_layers(
     cos_sin = rotary_of(decoder, hidden, positions)
     kv: KV = []
     for index in range(count):
+        if layer_input is not None:
+            layer_input(index, hidden)
         layer = decoder.layers[index]
         attn = layer.self_attn
         q, k, v = project_qkv(attn, layer.input_layernorm(hidden), cos_sin, geometry)  # [tokens, *heads, D]

@@ -35,12 +35,13 @@ from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, La
 from inference_worker.engine.model_runner import rotary_of
 from inference_worker.kv_codec import KVShapeError, layer_from_pieces
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
+from inference_worker.prefix_loader import keep_head, reposition_keys
 from inference_worker.restore.codec import hidden_from_pieces
 from inference_worker.restore.hidden_states import project_kv, recompute_layers
 from inference_worker.restore.planner import RestorePlan
 from inference_worker.restore.storage_plan import StoragePlan
 from inference_worker.restore.timeline import Timeline
-from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
+from inference_worker.rotary_shift import RotaryShift
 
 
 @dataclass
@@ -53,6 +54,8 @@ class RestoreStats:
     bytes_read: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"recompute": 0.0, "hidden": 0.0, "kv": 0.0})
     timeline: Timeline = field(default_factory=Timeline)  # per layer: reads vs compute
+    # per HIDDEN layer, the input hidden states [tail tokens, hidden] of a partial last chunk
+    tail_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 async def restore_prefix(
@@ -67,13 +70,19 @@ async def restore_prefix(
     token_ids: Sequence[int],
     compute: Executor,
     shift: RotaryShift | None = None,
+    head_tokens: int | None = None,
+    tail_tokens: int = 0,
 ) -> RestoreStats:
     """Fills `prefix` (its tokens: `token_ids[:prefix.prefix_tokens]`, at positions 0..)
     from the restore chunks `keys` stored under `storage`, as `plan` says; fails it on any
     error. `compute`: a one-worker executor. `shift`: re-positions KV layers of chunks
     stored at other positions (None: an error); hidden states are projected where the
-    tokens sit, so they never need it."""
-    restore = _Restore(model, prefix, storage, plan, token_ids, compute, shift)
+    tokens sit, so they never need it. `head_tokens`: only the first so many tokens of
+    chunk 0 (a truncated turn's attention sinks; None: all of it), the other chunks after
+    them. `tail_tokens`: the last chunk is a partial one of that many tokens, whose hidden
+    states of the HIDDEN layers (read or recomputed) go to `RestoreStats.tail_hidden`: the
+    turn that computes the rest of that chunk saves it whole with them."""
+    restore = _Restore(model, prefix, storage, plan, token_ids, compute, shift, head_tokens, tail_tokens)
     try:
         if plan.recompute_layers:
             restore.submit("recompute", 0, restore.recompute)
@@ -107,9 +116,12 @@ class _Restore:
         token_ids: Sequence[int],
         compute: Executor,
         shift: RotaryShift | None,
+        head_tokens: int | None,
+        tail_tokens: int,
     ) -> None:
         self.model, self.prefix, self.storage, self.plan = model, prefix, storage, plan
         self.compute, self.shift = compute, shift
+        self.head_tokens, self.tail_tokens = head_tokens, tail_tokens
         self.stats = RestoreStats(plan, prefix.prefix_tokens)
         self.computing: list[asyncio.Future[None]] = []
         self.device = next(model.parameters()).device
@@ -136,8 +148,15 @@ class _Restore:
         self.stats.timeline.add(_COMPUTE_PART[method], first_layer, started, ended)
 
     def recompute(self) -> list[LayerKV]:
-        kv, _ = recompute_layers(self.model, self.ids, self.positions, self.plan.recompute_layers)
+        kv, _ = recompute_layers(
+            self.model, self.ids, self.positions, self.plan.recompute_layers, self.keep_tail
+        )
         return list(enumerate(kv))
+
+    def keep_tail(self, layer: int, states: torch.Tensor) -> None:
+        """Keeps the tail's rows of `states` [tokens, hidden], a HIDDEN layer's input."""
+        if self.tail_tokens and self.storage.forms[layer] is LayerForm.HIDDEN:
+            self.stats.tail_hidden[layer] = states[-self.tail_tokens :].clone()
 
     def project(self, layer: int, start: int, states: torch.Tensor) -> list[LayerKV]:
         """K and V of one chunk's tokens [start, start + n) of `layer` from its hidden states
@@ -154,6 +173,11 @@ class _Restore:
         layer_k, layer_v = self.projected
         layer_k[:, start:stop], layer_v[:, start:stop] = k, v
         return [(layer, self.projected)] if stop == self.prefix.prefix_tokens else []
+
+    def used_tokens(self, piece: LayerPiece) -> int:
+        """The tokens of `piece`'s chunk that the prefix takes: chunk 0's head, others whole."""
+        tokens = piece.layout.header.tokens
+        return min(tokens, self.head_tokens) if piece.chunk_index == 0 and self.head_tokens else tokens
 
     async def read(self, pieces: AsyncIterator[LayerPiece], chunks: int) -> None:
         """Takes layers [recompute_layers, L) of `chunks` chunks, layer-major."""
@@ -172,10 +196,13 @@ class _Restore:
                 raise KVShapeError(f"chunk {piece.chunk_index} was not stored under plan {self.storage.name}")
             row.append(piece)
             self.stats.bytes_read += len(piece.data)
+            used = self.used_tokens(piece)
             if self.storage.forms[layer] is LayerForm.HIDDEN:  # projected chunk by chunk (module docstring)
-                states = hidden_from_pieces([piece], self.device)  # [chunk tokens, hidden]
+                states = hidden_from_pieces([piece], self.device)[:used]  # [used tokens, hidden]
+                if piece.chunk_index == chunks - 1:
+                    self.keep_tail(layer, states)
                 self.submit("hidden", layer, functools.partial(self.project, layer, row_tokens, states))
-            row_tokens += piece.layout.header.tokens
+            row_tokens += used
             if len(row) < chunks:
                 continue
             arrived = time.perf_counter()
@@ -183,8 +210,11 @@ class _Restore:
             if row_tokens != self.prefix.prefix_tokens:
                 raise KVShapeError(f"layer {layer}: {row_tokens} tokens read for {self.prefix.prefix_tokens}")
             if self.storage.forms[layer] is not LayerForm.HIDDEN:
+                chunk_tokens = row[0].layout.header.tokens  # chunk 0 is whole (or the only one)
                 k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
-                self.prefix.put_layer(layer, _reposition(k, row, self.shift), v)
+                k, v = keep_head(k, v, self.used_tokens(row[0]), chunk_tokens)
+                k = reposition_keys(k, row, chunk_tokens, self.used_tokens(row[0]), self.shift, 0)
+                self.prefix.put_layer(layer, k, v)
             decoded = time.perf_counter()
             self.stats.timeline.add("decode", layer, arrived, decoded)
             if self.storage.forms[layer] is not LayerForm.HIDDEN:
@@ -193,18 +223,3 @@ class _Restore:
             row, layer, row_tokens = [], layer + 1, 0
         if layer != self.storage.num_layers:
             raise DaemonProtocolError(f"the read ended after layer {layer} of {self.storage.num_layers}")
-
-
-def _reposition(k: torch.Tensor, row: Sequence[LayerPiece], shift: RotaryShift | None) -> torch.Tensor:
-    """Keys [kv_heads, tokens, head_dim] of chunks stored at other positions, rotated to where
-    they sit now (chunk i at the sum of the earlier chunks' tokens)."""
-    start = 0
-    for piece in row:
-        header = piece.layout.header
-        delta = start - header.base_position
-        if delta:
-            if shift is None:
-                raise PositionShiftUnsupported(f"chunk {piece.chunk_index} must move by {delta} positions")
-            k[:, start : start + header.tokens] = shift.shift_keys(k[:, start : start + header.tokens], delta)
-        start += header.tokens
-    return k

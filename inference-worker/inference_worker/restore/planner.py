@@ -35,11 +35,14 @@ from inference_worker.restore.storage_plan import StoragePlan
 
 MIX_MARGIN = 0.05  # how much faster (modelled) a mix must be than the best single method
 # A mix must also stay no slower than the best single method with all compute this many
-# times dearer: a shared machine's projection cost moves 1.3-2x within minutes, and a mix
-# balanced on one cost runs compute-bound at a dearer one (bench-restore, costs the median of
-# the run's restores: planned at 36 us, a 1 GB/s mix projected at 45 us and took 1.23x KV
-# loading's time). 1.5, not 2: at 2 the 1k history's 0.1 GB/s mix would give up a fifth of
-# its modelled gain (1.60x -> 1.41x KV loading) for swings above the 1.25x that run showed.
+# times dearer, and with the projection this many times cheaper: a shared machine's
+# projection cost moves 1.3-2x within minutes either way. A mix balanced on one cost runs
+# compute-bound at a dearer one (bench-restore, costs the median of the run's restores:
+# planned at 36 us, a 1 GB/s mix projected at 45 us and took 1.23x KV loading's time) and
+# IO-bound at a cheaper one, where it reads more than hidden states alone (a 0.1 GB/s
+# `r0h11k1` took 1.08x hidden-only's time). 1.5, not 2: at 2 the 1k history's 0.1 GB/s mix
+# would give up a fifth of its modelled gain (1.60x -> 1.41x KV loading) for swings above
+# the 1.25x that run showed.
 COMPUTE_SWING = 1.5
 Candidate = TypeVar("Candidate")
 
@@ -75,11 +78,15 @@ class RestorePlan:
     hidden_layers: int
     kv_layers: int
     estimated_seconds: float
-    swung_seconds: float = 0.0  # estimated with the compute COMPUTE_SWING times dearer
+    swung_seconds: tuple[float, ...] = ()  # estimated with compute dearer, projection cheaper (_swings)
 
     @classmethod
     def of(
-        cls, storage: StoragePlan, recompute: int, estimated_seconds: float = 0.0, swung_seconds: float = 0.0
+        cls,
+        storage: StoragePlan,
+        recompute: int,
+        estimated_seconds: float = 0.0,
+        swung_seconds: tuple[float, ...] = (),
     ) -> RestorePlan:
         """Under `storage`, recompute layers [0, recompute) (at least its NONE layers); the
         rest as stored."""
@@ -137,30 +144,39 @@ def restore_seconds(
 
 
 def _robust(
-    timed: Sequence[tuple[float, float, str, Candidate]], margin: float
+    timed: Sequence[tuple[float, tuple[float, ...], str, Candidate]], margin: float
 ) -> list[tuple[float, Candidate]]:
-    """Of (modelled seconds, seconds with every compute cost swung, method, candidate): the
-    mixes that beat every single method by `margin` and, with the compute swung, are still
-    no slower than every single method is then, if any; else the single methods (module
+    """Of (modelled seconds, seconds under each swing of the costs, method, candidate): the
+    mixes that beat every single method by `margin` and, under each swing, are still no
+    slower than every single method is then, if any; else the single methods (module
     docstring)."""
-    singles = [(seconds, c) for seconds, _, method, c in timed if method != "mix"]
-    best = min((s for s, _ in singles), default=float("inf"))
-    best_swung = min((swung for _, swung, method, _ in timed if method != "mix"), default=float("inf"))
+    singles = [(seconds, swung, c) for seconds, swung, method, c in timed if method != "mix"]
+    best = min((seconds for seconds, _, _ in singles), default=float("inf"))
+    best_swung = [min(swung) for swung in zip(*(swung for _, swung, _ in singles), strict=True)]
     mixes = [
         (seconds, c)
         for seconds, swung, method, c in timed
-        if method == "mix" and seconds * (1 + margin) < best and swung <= best_swung
+        if method == "mix"
+        and seconds * (1 + margin) < best
+        and all(s <= b for s, b in zip(swung, best_swung, strict=True))
     ]
-    return mixes or singles
+    return mixes or [(seconds, c) for seconds, _, c in singles]
 
 
-def _swung(costs: RestoreCosts, swing: float) -> RestoreCosts:
-    return dataclasses.replace(
-        costs,
-        project_seconds=costs.project_seconds * swing,
-        recompute_seconds=costs.recompute_seconds * swing,
-        recompute_pair_seconds=costs.recompute_pair_seconds * swing,
-    )
+def _swings(costs: RestoreCosts, swing: float) -> list[RestoreCosts]:
+    """The costs a mix must also hold up under: all compute `swing` times dearer; the
+    projection `swing` times cheaper (recomputation kept: cheaper too, it would make full
+    recomputation beat the recomputation + hidden-state mixes of a slow-IO tier, where the
+    projection's cost does not decide)."""
+    return [
+        dataclasses.replace(
+            costs,
+            project_seconds=costs.project_seconds * swing,
+            recompute_seconds=costs.recompute_seconds * swing,
+            recompute_pair_seconds=costs.recompute_pair_seconds * swing,
+        ),
+        dataclasses.replace(costs, project_seconds=costs.project_seconds / swing),
+    ]
 
 
 def plan_restore(
@@ -176,17 +192,18 @@ def plan_restore(
     """The fastest restore of `tokens` stored tokens (in chunks of `chunk_tokens`, 0: one)
     under `storage`: recompute its NONE layers and possibly more (their stored forms are
     then not read), the rest as stored; a mix only if `margin` faster than the best single
-    method and no slower than it with its compute `compute_swing` times dearer."""
+    method and no slower than it with its compute `compute_swing` times dearer or its
+    projection that much cheaper."""
     timed = []
-    swung = _swung(costs, compute_swing)
+    variants = [costs, *_swings(costs, compute_swing)]
     for recompute in range(storage.recompute_layers, storage.num_layers + 1):
         plan = RestorePlan.of(storage, recompute)
-        seconds, swung_seconds = (
+        seconds, *swung = (
             restore_seconds(c, tier, tokens, recompute, plan.hidden_layers, plan.kv_layers, chunk_tokens)
-            for c in (costs, swung)
+            for c in variants
         )
         timed.append(
-            (seconds, swung_seconds, plan.method, RestorePlan.of(storage, recompute, seconds, swung_seconds))
+            (seconds, tuple(swung), plan.method, RestorePlan.of(storage, recompute, seconds, tuple(swung)))
         )
     candidates = _robust(timed, margin)
     return min(candidates, key=lambda c: c[0])[1]  # the first (least recomputation) of equals
@@ -207,7 +224,7 @@ def plan_storage(
     (a mix only if `margin` faster than the best single method); of plans within 1% of it,
     the one that stores the fewest bytes (hidden states and nothing before KV).
     `hidden_allowed` False (hidden states not smaller than KV): no HIDDEN layers."""
-    timed: list[tuple[float, float, str, StoragePlan]] = []
+    timed: list[tuple[float, tuple[float, ...], str, StoragePlan]] = []
     for recompute in range(num_layers + 1):
         for hidden in range(num_layers - recompute + 1 if hidden_allowed else 1):
             plan = StoragePlan(num_layers, recompute, hidden)

@@ -7,15 +7,22 @@ and load KV exactly as before.
              ──ChunkRun(restore=RestoreForm)──> ChunkSaver ──encode_restore_chunks──> daemon
     turn 2   lookup hit ──start(plan = policy.plan(tier, tokens))──> restore_prefix ──> PrefixKV
 
-Decisions (what such a worker refuses rather than does half right):
-- Truncated turns neither read nor save chunks: restore projects and recomputes at the
-  tokens' positions from 0, and a truncated turn's chunk 0 (attention sinks) and kept chunks
-  sit elsewhere.
+Decisions:
+- Truncated turns restore too: chunk 0's first S tokens (the sinks), then the kept chunks
+  at their kept positions. Hidden states carry no rotation, so projecting them there is
+  exact; KV layers are rotated as the KV loader does; recomputed first layers run over the
+  kept tokens. Under the same truncation as the turn that saved the chunks, that is what
+  recomputing the kept tokens gives; after a further truncation, recomputed layers see the
+  new context while stored ones keep the one they were computed in (as re-positioned KV
+  does). A missing sinks chunk is computed whole and saved in the storage plan's forms.
 - A preempted sequence's snapshot is saved as restore chunks (the chunks it computed whole,
   with the hidden states captured so far) and restored from position 0 when it resumes.
-- No partial last chunk (tail) is saved or read: the turn that reads a tail would save the
-  full chunk over it, whose first tokens' hidden states it never computed.
-- A turn saves only the chunks whose every token it computed (and so captured): chunks
+- Partial last chunks (tails) are saved and read as on the KV path. The turn reading one
+  completes its chunk, whose first tokens it did not compute: the restore keeps the tail's
+  hidden states of the HIDDEN layers (read, or the inputs of recomputed ones) and `seed`s
+  the capture with them, so that chunk is saved whole. A tail whose first tokens the
+  capture lacks anyway is not saved (the next turn recomputes it).
+- A turn saves only the chunks whose every token it computed or was seeded with: chunks
   whose KV came from the pool or the store are not saved again.
 - The pool's cached chunks are not skipped in the lookup (restore starts at position 0),
   and every chunk is read through the own daemon (which fetches those placed on pool peers).
@@ -91,6 +98,13 @@ class TurnRestore:
         first, layers = (self._capture.peek if keep_watching else self._capture.take)(seq)
         return CapturedHidden(first, layers)
 
+    def seed(self, seq: EngineSequence, stats: RestoreStats) -> None:
+        """Hands a restored partial chunk's hidden states to `seq`'s capture, so the chunk it
+        completes is saved whole (`restore_prefix`'s `tail_tokens`)."""
+        if self._capture is not None and stats.tail_hidden:
+            tail = next(iter(stats.tail_hidden.values())).shape[0]
+            self._capture.seed(seq, stats.tokens - tail, stats.tail_hidden)
+
     def forget(self, seq: EngineSequence) -> None:
         if self._capture is not None:
             self._capture.forget(seq)
@@ -113,7 +127,11 @@ class TurnRestore:
         prefix: PrefixKV,
         plan: RestorePlan,
         token_ids: Sequence[int],
+        head_tokens: int | None = None,
+        tail_tokens: int = 0,
     ) -> RestoreStats:
+        """`token_ids`: the kept tokens, from position 0; `head_tokens`, `tail_tokens`:
+        restore_prefix's."""
         return await restore_prefix(
             client,
             namespace,
@@ -125,6 +143,8 @@ class TurnRestore:
             token_ids=token_ids,
             compute=self._compute,
             shift=self.shift,
+            head_tokens=head_tokens,
+            tail_tokens=tail_tokens,
         )
 
     def settled(self, loader: asyncio.Task[Any]) -> RestoreStats | None:

@@ -101,6 +101,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
+    if settings.parent_watch_fd is not None:
+        _stop_when_parent_dies(loop, settings.parent_watch_fd, stop_requested)
     watcher: asyncio.Task[None] | None = None
     try:
         await _set_all(health_servicer, names, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -146,6 +148,20 @@ async def serve(
         if on_stop is not None:
             await on_stop()
         log.info("stopped")
+
+
+def _stop_when_parent_dies(loop: asyncio.AbstractEventLoop, fd: int, stop_requested: asyncio.Event) -> None:
+    """The parent holds the pipe's only write end: end of file means it is gone (a local
+    stack killed with SIGKILL would otherwise leave its services running as orphans)."""
+
+    def on_readable() -> None:
+        if os.read(fd, 4096):
+            return
+        loop.remove_reader(fd)
+        log.warning("parent_process_gone", fd=fd)
+        stop_requested.set()
+
+    loop.add_reader(fd, on_readable)
 
 
 def _health_only_server(health_servicer: health.aio.HealthServicer, address: str) -> grpc.aio.Server:

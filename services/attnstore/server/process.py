@@ -4,7 +4,8 @@ The child is `python -m <module>` configured only through its environment variab
 (`<env_prefix>*`; the parent's own ones with that prefix are dropped). Readiness is the
 ready file the service writes with its bound port once it serves, polled with a
 deadline (never a fixed sleep). The first start binds port 0; `restart()` reuses the
-bound port, so clients reconnect unchanged.
+bound port, so clients reconnect unchanged. The child watches a pipe whose only write
+end the parent holds, so it stops when the parent dies, however it died.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ServiceProcess(ChildProcess):
         self.ready_timeout_seconds = ready_timeout_seconds
         self._service_env = self._prefixed(service_env or {})
         self._settings = self._prefixed(settings or {})
+        self._watch_write_fd: int | None = None
 
     def _prefixed(self, settings: Mapping[str, object]) -> dict[str, str]:
         return {f"{self.env_prefix}{name.upper()}": _env_value(value) for name, value in settings.items()}
@@ -72,18 +74,27 @@ class ServiceProcess(ChildProcess):
     def start(self) -> None:
         self.ready_file.unlink(missing_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", self.module],
-                env=self._env(),
-                stdout=log,
-                stderr=log,
-                start_new_session=self.own_session,
-            )
+        self._close_watch()
+        # Both ends are non-inheritable: only this child gets the read end, no child the write end.
+        watch_read_fd, self._watch_write_fd = os.pipe()
+        env = {**self._env(), f"{self.env_prefix}PARENT_WATCH_FD": str(watch_read_fd)}
+        try:
+            with self.log_path.open("ab") as log:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", self.module],
+                    env=env,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(watch_read_fd,),
+                    start_new_session=self.own_session,
+                )
+        finally:
+            os.close(watch_read_fd)
         deadline = time.monotonic() + self.ready_timeout_seconds
         while not self.ready_file.exists():
             if self._process.poll() is not None:
                 code, self._process = self._process.returncode, None
+                self._close_watch()
                 raise RuntimeError(f"{self.module} exited with {code}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 self.kill9()
@@ -92,6 +103,21 @@ class ServiceProcess(ChildProcess):
                 )
             time.sleep(_POLL_SECONDS)
         self.port = int(self.ready_file.read_text())
+
+    def stop(self) -> int | None:
+        try:
+            return super().stop()
+        finally:
+            self._close_watch()
+
+    def kill9(self) -> None:
+        super().kill9()
+        self._close_watch()
+
+    def _close_watch(self) -> None:
+        if self._watch_write_fd is not None:
+            os.close(self._watch_write_fd)
+            self._watch_write_fd = None
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():

@@ -26,6 +26,12 @@ class ServiceSettings(FileBackedSettings):
     listen_address: ListenAddress
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port; unset = off")
     ready_file: Path | None = Field(None, description="written with the bound port once serving")
+    parent_watch_fd: int | None = Field(
+        None,
+        ge=0,
+        description="read end of a pipe from the process that started this one: its end of file "
+        "(that process died, even by SIGKILL) stops the service gracefully; unset = not watched",
+    )
     tls: ServerTLS = Field(
         default_factory=ServerTLS,
         description="TLS of the gRPC server (require_client_cert: mutual TLS); unset = plaintext",

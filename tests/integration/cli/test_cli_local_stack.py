@@ -121,7 +121,9 @@ def test_up_status_chat_and_ctrl_c(
         status = _attnstore(["status"], home)
         assert status.returncode == 0, status.stdout + status.stderr
         assert status.stdout.count("SERVING") == 3 and "DRAM" in status.stdout and "SSD" in status.stdout
-        assert "worker kernels" in status.stdout and "sdpa" in status.stdout  # the model's kernels, with reasons
+        assert (
+            "worker kernels" in status.stdout and "sdpa" in status.stdout
+        )  # the model's kernels, with reasons
 
         # The curl line it printed answers from the running stack.
         [curl] = [line for line in log.read_text().splitlines() if line.startswith("curl ")]

@@ -60,20 +60,29 @@ def test_a_service_that_cannot_start_stops_the_ones_before_it(tmp_path: Path) ->
     assert not any(daemon.shm_dir.exists() for daemon in stack.daemons)
 
 
-def test_daemons_named_as_nodes_join_one_pool_ledger_as_those_nodes(tmp_path: Path, redis_installed: None) -> None:
+def test_daemons_named_as_nodes_join_one_pool_ledger_as_those_nodes(
+    tmp_path: Path, redis_installed: None
+) -> None:
     redis_server = RedisProcess(tmp_path / "redis")
     redis_server.start()
     try:
         pooled = {**SMALL, "pool_redis_url": redis_server.url, "pool_heartbeat_seconds": 0.2}
         spec = StackSpec(
-            tmp_path, daemons=2, workers=(), scheduler=False, daemon_settings=pooled, daemon_nodes=("node-a", "node-b")
+            tmp_path,
+            daemons=2,
+            workers=(),
+            scheduler=False,
+            daemon_settings=pooled,
+            daemon_nodes=("node-a", "node-b"),
         )
         with LocalStack(spec) as stack:
 
             async def members() -> dict[str, str]:
                 client = aioredis.Redis.from_url(redis_server.url)
                 try:
-                    return {entry.grpc_address: entry.node for entry in await PoolLedger.reader(client).members()}
+                    return {
+                        entry.grpc_address: entry.node for entry in await PoolLedger.reader(client).members()
+                    }
                 finally:
                     await client.aclose()
 

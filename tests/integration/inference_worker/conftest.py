@@ -15,21 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from running_daemon import running_daemon
+from tiny_llama import TINY_LLAMA_SHAPE
 
 from inference_worker.model_store import LoadedModel, load_model
 from kvstore_daemon.launcher import DaemonProcess
 
 MiB = 1024 * 1024
-TINY_LLAMA = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,  # GQA, as in the real models
-    "max_position_embeddings": 1024,
-    # Larger than the default 0.02: peaked logits, so greedy tokens never hinge on a near tie.
-    "initializer_range": 0.2,
-}
+TINY_LLAMA = {**TINY_LLAMA_SHAPE, "max_position_embeddings": 1024}
 
 
 @pytest.fixture(scope="session")

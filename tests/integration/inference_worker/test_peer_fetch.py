@@ -15,7 +15,14 @@ import pytest
 from filler_chunks import write_filler
 from running_daemon import running_daemon
 from service_probes import free_port
-from test_turn_reuse import ANSWER_TOKENS, CHUNK_TOKENS, LOGITS_TOLERANCE, SAVED_CHUNKS, first_turn, run_turn
+from test_turn_reuse import (
+    CHUNK_TOKENS,
+    SAVED_CHUNKS,
+    first_turn,
+    prefill_matches_recompute,
+    run_turn,
+    turn_matches_recompute,
+)
 
 from attnstore.chunks.keys import chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient, Tier
@@ -88,20 +95,14 @@ async def test_the_worker_reads_peer_chunks_from_the_peer_and_matches_recompute(
         turn_keys = await push_to_peer(client, engine, source, prompt)
         assert (await client.lookup(source.namespace, turn_keys)).peers == [lender.address] * SAVED_CHUNKS
 
-        cached = await engine.prefiller.prefill(prompt, source)
-        recomputed = await engine.prefiller.prefill(prompt, None)
-        assert cached.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and cached.fallback is None
-        assert (cached.logits - recomputed.logits).abs().max().item() <= LOGITS_TOLERANCE
+        await prefill_matches_recompute(engine, prompt, source)
         stats = client.client_stats()
         assert stats.peers == {lender.address: "dataplane"} and stats.reads["peer"] >= 1
         # Read from the lender, not through the borrower: had the borrower served them, it
         # would have promoted them into its DRAM.
         assert (await client.lookup(source.namespace, turn_keys)).tiers == [Tier.PEER] * SAVED_CHUNKS
 
-        tokens, turn = await run_turn(engine, prompt, source)
-        reference, _ = await run_turn(engine, prompt, None)
-        assert tokens == reference and len(tokens) == ANSWER_TOKENS
-        assert turn.reused_tokens == SAVED_CHUNKS * CHUNK_TOKENS and turn.fallback is None
+        await turn_matches_recompute(engine, prompt, source)
         await engine.drain_saves()
 
 

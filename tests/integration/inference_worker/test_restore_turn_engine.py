@@ -39,7 +39,7 @@ CHUNK_TOKENS = 16
 FIRST_PROMPT_TOKENS = 40
 ANSWER_TOKENS = 32
 NEW_TOKENS = 20
-SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS  # no partial chunk here
+SAVED_CHUNKS = (FIRST_PROMPT_TOKENS + ANSWER_TOKENS - 1) // CHUNK_TOKENS  # full ones; a partial one follows
 LAYERS = 3
 STORAGE = StoragePlan(LAYERS, recompute_layers=1, hidden_layers=1)  # NONE, HIDDEN, KV
 # Reading and projecting are nearly free, recomputing is dear: the planner recomputes only
@@ -80,14 +80,21 @@ def restore_plans_counted() -> float:
     )
 
 
-async def run_turn(
-    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+async def execute(
+    engine: TurnEngine, turn: TurnInput, source: KVSource | None
 ) -> tuple[list[int], TurnStats]:
-    turn = TurnInput(list(prompt), SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=len(prompt))
+    """The turn's tokens and stats."""
     events = [event async for event in engine.run_turn(turn, source)]
     stats = events.pop()
     assert isinstance(stats, TurnStats)
     return [event.token_id for event in events if isinstance(event, TokenEvent)], stats
+
+
+async def run_turn(
+    engine: TurnEngine, prompt: Sequence[int], source: KVSource | None
+) -> tuple[list[int], TurnStats]:
+    turn = TurnInput(list(prompt), SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=len(prompt))
+    return await execute(engine, turn, source)
 
 
 async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
@@ -108,8 +115,10 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             answer, stats = await run_turn(engine, first, source)
             assert stats.saved_chunks == SAVED_CHUNKS and stats.reused_tokens == 0 and not stats.restore_plan
             await engine.drain_saves()
-            # r1h1k1 stores per token 0 + hidden + 2 x hidden values instead of 3 x 2 x hidden
-            saved_bytes = SAVED_CHUNKS * CHUNK_TOKENS * 3 * MHA_LLAMA["hidden_size"] * 4
+            # r1h1k1 stores per token 0 + hidden + 2 x hidden values instead of 3 x 2 x hidden,
+            # for the full chunks and the partial one after them (all but the last token)
+            saved_tokens = FIRST_PROMPT_TOKENS + len(answer) - 1
+            saved_bytes = saved_tokens * 3 * MHA_LLAMA["hidden_size"] * 4
             assert REGISTRY.get_sample_value(SAVED_METRIC) - saved_before == saved_bytes
             keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)[:SAVED_CHUNKS]
             async for piece in client.iter_layers(source.namespace, keys[:1]):
@@ -140,9 +149,8 @@ async def test_second_turn_restores_hidden_states_with_a_mixed_plan(
             assert not reference_stats.restore_seconds
             await engine.drain_saves()
             third, third_stats = await run_turn(engine, prompt + tokens, source)
-            assert (
-                third_stats.reused_tokens == (len(prompt) + ANSWER_TOKENS - 1) // CHUNK_TOKENS * CHUNK_TOKENS
-            )
+            # its full chunks and the partial one after them: all of its history but the last token
+            assert third_stats.reused_tokens == len(prompt) + ANSWER_TOKENS - 1
             assert third_stats.restore_plan == "r1h1k1" and third_stats.fallback is None
             assert third == (await run_turn(engine, prompt + tokens, None))[0]
         finally:
@@ -155,25 +163,99 @@ def test_the_default_policy_keeps_kv(tiny_model: LoadedModel, mha_model: LoadedM
     assert worker_policy(mha_model.model, RestoreSettings(hidden_states="off"), 4) is None
 
 
-async def test_a_truncated_turn_neither_reads_nor_saves_restore_chunks(
+async def test_a_history_ending_inside_a_chunk_is_restored_and_that_chunk_saved_whole(
     mha_model: LoadedModel, daemon: DaemonProcess
 ) -> None:
-    """Restore works from position 0: a truncated turn of a hidden-state worker runs without
-    the store (no sinks chunk stored as KV in the namespace, no chunks at shifted positions)."""
-    settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, max_context_tokens=128, attention_sink_tokens=4)
+    """Turn 1 saves its full chunks and the partial chunk after them as restore chunks.
+    Turn 2, told where the history ends, restores all of it with the mixed plan (the logits
+    (1e-4) and greedy tokens of recomputation) and saves the chunk holding the old tail
+    whole, the tail's restored hidden states with what it computed; turn 3 restores that
+    chunk to recomputation's logits too."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        engine = TurnEngine(
+            mha_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS), RestorePolicy(COSTS, STORAGE)
+        )
+        try:
+            source = await engine.namespace_for(b"tails")
+            prompt = random_tokens(FIRST_PROMPT_TOKENS, seed=8)
+            answer, _ = await run_turn(engine, prompt, source)
+            for seed in (9, 10):  # turns 2 and 3
+                await engine.drain_saves()
+                history = len(prompt) + len(answer)
+                prompt = prompt + answer + random_tokens(NEW_TOKENS, seed=seed)
+                answer = await restored_turn(engine, prompt, source, history)
+        finally:
+            await engine.close()
+
+
+async def restored_turn(engine: TurnEngine, prompt: list[int], source: KVSource, history: int) -> list[int]:
+    """A turn whose `history` tokens end inside a chunk: every one but the last (never
+    computed) restored, as recomputation gives; it saves every full chunk from the one
+    holding the tail on. Its greedy tokens."""
+    assert (history - 1) % CHUNK_TOKENS  # the history's last chunk is partial
+    cached = await engine.prefiller.prefill(prompt, source, history_tokens=history)
+    recomputed = await engine.prefiller.prefill(prompt, None)
+    assert cached.fallback is None and cached.restore_plan == "r1h1k1"
+    assert cached.reused_tokens == history - 1
+    assert (cached.logits - recomputed.logits).abs().max().item() <= 1e-4
+    turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), history_tokens=history)
+    tokens, stats = await execute(engine, turn, source)
+    assert stats.reused_tokens == history - 1
+    assert tokens == (await run_turn(engine, prompt, None))[0]
+    saved_tokens = len(prompt) + len(tokens) - 1
+    assert stats.saved_chunks == saved_tokens // CHUNK_TOKENS - (history - 1) // CHUNK_TOKENS
+    return tokens
+
+
+async def truncated_turn(
+    engine: TurnEngine, prompt: list[int], source: KVSource | None, truncated_tokens: int
+) -> tuple[list[int], TurnStats]:
+    turn = TurnInput(prompt, SamplingParams(max_tokens=8), truncated_tokens=truncated_tokens)
+    return await execute(engine, turn, source)
+
+
+async def test_truncated_turns_restore_their_sinks_and_kept_chunks(
+    mha_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """A 96-token window, 4 sinks, chunks of 16. Turn 1 (90 + 8 tokens) drops 12 tokens and
+    saves chunk 0 whole for its sinks and its kept chunks 1-5 (at positions 4..) as restore
+    chunks. Turn 2, truncated alike, restores the sinks and chunks 1-5 with the mixed plan:
+    the same logits (1e-4) and greedy tokens as recomputing its kept tokens. Turn 3 drops
+    more: its kept chunks are restored 32 positions earlier (hidden states projected there,
+    KV rotated there)."""
+    settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, max_context_tokens=96, attention_sink_tokens=4)
     async with AsyncKVStoreClient(daemon.address) as client:
         engine = TurnEngine(mha_model, client, settings, RestorePolicy(COSTS, STORAGE))
         try:
-            source = await engine.namespace_for(b"tenant-a")
-            prompt = random_tokens(120, seed=4)
-            turn = TurnInput(prompt, SamplingParams(max_tokens=ANSWER_TOKENS), truncated_tokens=28)
-            events = [event async for event in engine.run_turn(turn, source)]
-            stats = events.pop()
-            assert isinstance(stats, TurnStats) and stats.truncated_tokens >= 28
-            assert stats.saved_chunks == stats.reused_tokens == 0 and stats.namespace == b""
+            source = await engine.namespace_for(b"truncated")
+            first = random_tokens(90, seed=5)
+            answer, stats = await truncated_turn(engine, first, source, 0)
+            assert stats.truncated_tokens == 12 and stats.reused_tokens == 0
             await engine.drain_saves()
-            keys = chunk_key_chain(source.namespace, prompt, CHUNK_TOKENS)
-            assert (await client.lookup(source.namespace, keys)).prefix_length == 0
+            keys = chunk_key_chain(source.namespace, first + answer, CHUNK_TOKENS)
+            found = await client.lookup(source.namespace, keys)
+            assert found.prefix_length == 6  # chunk 0 for the sinks, the kept chunks 1-5
+            async for piece in client.iter_layers(source.namespace, keys[:2]):
+                assert piece.layout.header.layer_forms == STORAGE.forms  # restore chunks, the sinks' too
+                assert piece.layout.header.base_position == (0, 4)[piece.chunk_index]
+
+            prompt = first + answer + random_tokens(2, seed=6)
+            truncation = engine.window.plan(len(prompt), 8, 12)
+            assert truncation.dropped_tokens == 12
+            cached = await engine.prefiller.prefill(prompt, source, truncation)
+            recomputed = await engine.prefiller.prefill(prompt, None, truncation)
+            assert cached.fallback is None and cached.restore_plan == "r1h1k1"
+            assert cached.reused_tokens == 4 + 5 * CHUNK_TOKENS
+            assert (cached.logits - recomputed.logits).abs().max().item() <= 1e-4
+            tokens, stats = await truncated_turn(engine, prompt, source, 12)
+            assert tokens == (await truncated_turn(engine, prompt, None, 12))[0]
+            assert stats.restore_plan == "r1h1k1" and stats.reused_tokens == 4 + 5 * CHUNK_TOKENS
+
+            third = prompt + tokens + random_tokens(20, seed=7)
+            _, stats = await truncated_turn(engine, third, source, 12)
+            assert stats.truncated_tokens == 44  # chunks 1 and 2 dropped: 3-5 move 32 positions back
+            assert stats.fallback is None and stats.restore_plan == "r1h1k1"
+            assert stats.reused_tokens == 4 + 3 * CHUNK_TOKENS
         finally:
             await engine.close()
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from attnstore.chunks.format import decode_layout
+from attnstore.chunks.format import LayerForm, decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import AsyncKVStoreClient
 from inference_worker.engine.attention import PagedKV
@@ -53,7 +53,7 @@ def mha_model() -> PreTrainedModel:
 
 
 def make_engine(model: PreTrainedModel) -> Engine:
-    kv = PagedKV(ModelGeometry.of(model.config), 64, 4, torch.float32, torch.device("cpu"))
+    kv = PagedKV(ModelGeometry.of(model.config), 64, 4, torch.float32, model.device)
     return Engine(PagedModelRunner(model, kv), BlockPool(64, 4), max_batch_tokens=256, max_batch_sequences=4)
 
 
@@ -98,6 +98,22 @@ async def history_state(model: PreTrainedModel, tokens: list[int]):
 async def test_any_mix_gives_the_greedy_tokens_of_recomputation(
     mha_model: PreTrainedModel, daemon: DaemonProcess, storage: StoragePlan, recompute: int
 ) -> None:
+    await check_restore(mha_model, daemon, storage, recompute)
+
+
+@pytest.mark.gpu
+async def test_a_mix_of_all_three_restores_on_cuda(mha_model: PreTrainedModel, daemon: DaemonProcess) -> None:
+    """The CUDA path: pieces decoded onto the GPU, projections and recomputation there."""
+    cuda = LlamaForCausalLM(mha_model.config).to(torch.float32).eval()
+    cuda.load_state_dict(mha_model.state_dict())
+    await check_restore(cuda.to("cuda"), daemon, StoragePlan(LAYERS, 1, 1), 1)
+
+
+async def check_restore(
+    mha_model: PreTrainedModel, daemon: DaemonProcess, storage: StoragePlan, recompute: int
+) -> None:
+    """Restores the history under `storage` with `recompute` layers recomputed into a
+    sequence: its greedy tokens are recomputation's, its timeline and bytes what it did."""
     tokens = prompt()
     reference_engine = make_engine(mha_model)
     try:
@@ -132,6 +148,7 @@ async def test_any_mix_gives_the_greedy_tokens_of_recomputation(
                     plan=plan,
                     token_ids=tokens,
                     compute=compute,
+                    tail_tokens=CHUNK,  # as if the last chunk were a history's partial one
                 )
             )
             seq = Sequence.of(tokens, max_new_tokens=STEPS, prefix=prefix)
@@ -164,3 +181,9 @@ async def test_any_mix_gives_the_greedy_tokens_of_recomputation(
         torch.testing.assert_close(k, kv[layer][0], atol=1e-4, rtol=0)
         torch.testing.assert_close(v, kv[layer][1], atol=1e-4, rtol=0)
     assert [span.layer for span in spans if span.part == "recompute"] == ([0] if recompute else [])
+    # the last chunk's hidden states of every HIDDEN layer, read or recomputed (for the capture)
+    assert sorted(stats.tail_hidden) == [
+        layer for layer, form in enumerate(storage.forms) if form is LayerForm.HIDDEN
+    ]
+    for layer, states in stats.tail_hidden.items():
+        torch.testing.assert_close(states, hidden[layer][-CHUNK:], atol=1e-4, rtol=0)

@@ -111,7 +111,9 @@ class VllmEngine:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """A real daemon per test module (tests/running_daemon.py)."""
-    with running_daemon(tmp_path_factory.mktemp("daemon"), dram_bytes=64 * MiB, ssd_bytes=256 * MiB) as process:
+    with running_daemon(
+        tmp_path_factory.mktemp("daemon"), dram_bytes=64 * MiB, ssd_bytes=256 * MiB
+    ) as process:
         yield process
 
 

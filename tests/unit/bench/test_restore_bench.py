@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from attnstore.chunks.format import decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from bench.restore.report import plot, summarize, throttled_tier
+from bench.restore.run import device_problem, main
 from bench.restore.tiers import FileTier
 from inference_worker.kv_codec import encode_chunks
 
@@ -55,8 +57,8 @@ def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
         + rows(slow, 2, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.5})
     )
     costs = {
-        f"{slow}/1": {"modelled_best_vs_kv": 2.1, "gbps_for_throttled_target": 0.2},
-        f"{slow}/2": {"modelled_best_vs_kv": 1.7, "gbps_for_throttled_target": 0.3},
+        f"{slow}/1": {"modelled_best_vs_kv": 2.1, "gbps_for_throttled_target": 0.2, "mix_ceiling_vs_kv": 1.9},
+        f"{slow}/2": {"modelled_best_vs_kv": 1.7, "gbps_for_throttled_target": 0.3, "mix_ceiling_vs_kv": 1.8},
     }
     summary, verdicts = summarize(table, ["dram", slow], [1, 2], costs)
     assert slow == "throttled-0.1GBps"
@@ -64,6 +66,8 @@ def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
     assert summary["planner_vs_kv_load_throttled"] == {slow: 1.6}
     assert summary["modelled_best_vs_kv_load_throttled"] == {slow: 1.7}
     assert summary["throttled_gbps_for_target_at_measured_projection"] == {slow: 0.3}
+    assert summary["mix_ceiling_vs_kv_load_throttled"] == {slow: 1.8}
+    assert "ceiling on this machine, 1 + hidden read / projection: 1.80x" in verdicts[-2]
     assert summary["planner_timeline_throttled"][f"{slow}/2"]["compute_seconds"] == 1.25
     assert summary["hidden_vs_kv_bytes"] == 0.5
     assert [line.split()[0] for line in verdicts] == ["FAIL", "PASS", "PASS", "PASS"]
@@ -73,3 +77,22 @@ def test_the_figure_is_written(tmp_path: Path) -> None:
     table = rows("dram", 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.0})
     plot(table, ["dram"], tmp_path / "restore.png")
     assert (tmp_path / "restore.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("nonsense", "not a torch device"), ("mps", "only cpu and cuda")]
+    + ([] if torch.cuda.is_available() else [("cuda", "CUDA is not available on this machine")]),
+)
+def test_a_device_it_cannot_use_ends_the_run_with_a_readable_message(
+    device: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--device", device, "--quick"])  # refused before any model or daemon starts
+    assert exited.value.code == 2
+    assert f"--device {device}: {message}" in capsys.readouterr().err
+
+
+def test_cpu_and_cuda_where_present_are_usable() -> None:
+    assert device_problem("cpu") is None
+    assert (device_problem("cuda") is None) == torch.cuda.is_available()

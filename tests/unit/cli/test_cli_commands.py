@@ -56,7 +56,11 @@ def test_state_file_is_read_only_while_its_process_lives(
 
 
 def test_benchmark_suites_are_the_bench_folders_with_a_run_py(tmp_path: Path) -> None:
-    for folder, files in {"daemon": ["run.py"], "load": ["run.py", "stack.py"], "common": ["harness.py"]}.items():
+    for folder, files in {
+        "daemon": ["run.py"],
+        "load": ["run.py", "stack.py"],
+        "common": ["harness.py"],
+    }.items():
         (tmp_path / "bench" / folder).mkdir(parents=True)
         for name in files:
             (tmp_path / "bench" / folder / name).write_text("")

@@ -204,7 +204,9 @@ def check_settings_env(settings_cls: type[FileBackedSettings], env: Mapping[str,
     prefix = settings_cls.model_config["env_prefix"]
     names = {key for key in env if key.startswith(prefix)} - {config_file_variable(settings_cls)}
     unknown = sorted(
-        key for key in names if key.removeprefix(prefix).lower().split("__")[0] not in settings_cls.model_fields
+        key
+        for key in names
+        if key.removeprefix(prefix).lower().split("__")[0] not in settings_cls.model_fields
     )
     assert not unknown, f"{settings_cls.__name__} has no settings {unknown}"
     with only_env(prefix, env):

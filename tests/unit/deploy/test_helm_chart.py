@@ -345,17 +345,29 @@ def test_daemon_settings_pass_through_config(rendered: dict[str, list[dict]], se
 def test_the_eviction_policy_reaches_the_daemons_and_the_schedulers_hints(
     chart: helm.Chart, rendered: dict[str, list[dict]], settings_classes
 ) -> None:
-    docs = render(chart, {"eviction": {"policy": "predictive", "declinedAdmission": "ssd_only",
-                                       "predictIntervalSeconds": 2.5}})
-    daemon = check_settings_env(settings_classes["kvstore-daemon"],
-                                settings_env(one(docs, "DaemonSet", "kvstore-daemon"), "kvstore-daemon"))
-    scheduler = check_settings_env(settings_classes["scheduler"],
-                                   settings_env(one(docs, "Deployment", "scheduler"), "scheduler"))
+    docs = render(
+        chart,
+        {
+            "eviction": {
+                "policy": "predictive",
+                "declinedAdmission": "ssd_only",
+                "predictIntervalSeconds": 2.5,
+            }
+        },
+    )
+    daemon = check_settings_env(
+        settings_classes["kvstore-daemon"],
+        settings_env(one(docs, "DaemonSet", "kvstore-daemon"), "kvstore-daemon"),
+    )
+    scheduler = check_settings_env(
+        settings_classes["scheduler"], settings_env(one(docs, "Deployment", "scheduler"), "scheduler")
+    )
     assert (daemon.eviction_policy, daemon.declined_admission) == ("predictive", "ssd_only")
     assert (scheduler.hints.policy, scheduler.hints.predict_interval_seconds) == ("predictive", 2.5)
     defaults = one(rendered["defaults"], "Deployment", "scheduler")
-    assert check_settings_env(settings_classes["scheduler"], settings_env(defaults, "scheduler")).hints.policy == (
-        "lookahead")
+    assert check_settings_env(
+        settings_classes["scheduler"], settings_env(defaults, "scheduler")
+    ).hints.policy == ("lookahead")
 
 
 # ---- the scheduler, its secrets and Redis ----------------------------------------------------

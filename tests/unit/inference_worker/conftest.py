@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_llama import TINY_LLAMA_SHAPE
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -21,17 +22,7 @@ from transformers import (
 from attnstore.chunks.format import decode_layout
 from attnstore.kvstore_client.results import LayerPiece
 
-TINY_SHAPE: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,  # GQA, as in the real models
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    # Larger than the default 0.02: peaked logits, so greedy tokens never hinge on a near tie.
-    "initializer_range": 0.2,
-}
+TINY_SHAPE: dict[str, Any] = {**TINY_LLAMA_SHAPE, "vocab_size": 256, "max_position_embeddings": 512}
 
 
 def _build(model_class: type[PreTrainedModel], config: Any, attn_implementation: str) -> PreTrainedModel:

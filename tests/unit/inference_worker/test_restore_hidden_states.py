@@ -21,7 +21,8 @@ def reference(model: PreTrainedModel, ids: torch.Tensor, first_position: int):
     """The model's own per-layer K, V [kv_heads, tokens, D] and layer inputs [tokens, hidden]
     of `ids` [tokens] at positions first_position, first_position + 1, ..."""
     cache = DynamicCache()
-    positions = torch.arange(first_position, first_position + ids.shape[0]).unsqueeze(0)  # [1, tokens]
+    positions = torch.arange(first_position, first_position + ids.shape[0], device=ids.device)
+    positions = positions[None]  # [1, tokens]
     out = model(
         input_ids=ids[None], position_ids=positions, cache=cache, use_cache=True, output_hidden_states=True
     )
@@ -40,9 +41,9 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def check_projection(model: PreTrainedModel, tokens: int, first_position: int) -> None:
-    ids = prompt(tokens, model.config.vocab_size)
+    ids = prompt(tokens, model.config.vocab_size).to(model.device)
     kv, inputs = reference(model, ids, first_position)
-    positions = torch.arange(first_position, first_position + tokens)
+    positions = torch.arange(first_position, first_position + tokens, device=model.device)
     for layer, ((k, v), states) in enumerate(zip(kv, inputs, strict=True)):
         got_k, got_v = project_kv(model, layer, states, positions)
         assert_close(got_k, k)
@@ -81,6 +82,22 @@ def test_recomputed_first_layers_give_their_kv_and_the_next_input(model: PreTrai
         assert_close(v, want_v)
     if count < model.config.num_hidden_layers:
         assert_close(hidden, inputs[count])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first_position", [0, 37], ids=["original", "shifted"])
+def test_projected_and_recomputed_kv_on_cuda(tiny_llama_factory, first_position: int) -> None:
+    """The CUDA path: projections and the recomputed first layers on the GPU equal the
+    model's own forward there."""
+    model = tiny_llama_factory(num_key_value_heads=4).to("cuda")
+    check_projection(model, 40, first_position)
+    ids = prompt(33, model.config.vocab_size).to("cuda")
+    kv, inputs = reference(model, ids, 0)
+    got, hidden = recompute_layers(model, ids, torch.arange(33, device="cuda"), 2)
+    for (k, v), (want_k, want_v) in zip(got, kv, strict=False):
+        assert_close(k, want_k)
+        assert_close(v, want_v)
+    assert_close(hidden, inputs[2])
 
 
 def test_real_smollm2_weights() -> None:

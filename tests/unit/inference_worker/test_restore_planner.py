@@ -141,7 +141,7 @@ def test_a_mix_that_dearer_compute_would_make_slower_than_kv_loading_is_not_chos
     slow_io = costs(100.0, project_us=0.5, recompute_us=6.0)
     restore = plan_restore(slow_io, StoragePlan(LAYERS, hidden_layers=LAYERS), "tier", TOKENS)
     assert restore.method == "mix"
-    assert restore.swung_seconds < restore_seconds(
+    assert restore.swung_seconds[0] < restore_seconds(
         dataclasses.replace(slow_io, recompute_seconds=12e-6, project_seconds=1e-6),
         "tier",
         TOKENS,
@@ -149,3 +149,16 @@ def test_a_mix_that_dearer_compute_would_make_slower_than_kv_loading_is_not_chos
         0,
         0,
     )
+
+
+def test_a_mix_that_a_cheaper_projection_would_make_slower_than_hidden_states_is_not_chosen() -> None:
+    # bench-restore's 0.1 GB/s tier (2k history): a mix of 11 hidden layers and one KV layer,
+    # balanced on a 38 us projection, became IO-bound in a spell where projections were
+    # cheaper and took 1.08x the time of hidden states only, which read less. With the
+    # projection 1.5x cheaper it loses to hidden states only, so they are chosen.
+    c = costs(61.82, project_us=38.1, recompute_us=404.93)
+    hidden_only = StoragePlan(LAYERS, hidden_layers=LAYERS)
+    unguarded = plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True, compute_swing=1.0)
+    assert plan_restore(c, unguarded, "tier", TOKENS, compute_swing=1.0).method == "mix"
+    assert plan_storage(c, LAYERS, "tier", TOKENS, hidden_allowed=True) == hidden_only
+    assert plan_restore(c, hidden_only, "tier", TOKENS).method == "hidden"

@@ -15,9 +15,10 @@ from prometheus_client import REGISTRY
 from transformers import PreTrainedTokenizerFast
 
 from attnstore.errors import FailedPrecondition, InvalidArgument
+from attnstore.finish_reasons import finish_reason_to_proto
 from attnstore.worker.v1 import worker_pb2 as pb
 from inference_worker.chat_template import ChatTemplate
-from inference_worker.servicer import _FALLBACK, _FINISH_REASON, WorkerServicer
+from inference_worker.servicer import _FALLBACK, WorkerServicer
 from inference_worker.turn_types import Fallback, KVSource, TokenEvent, TurnInput, TurnStats
 from inference_worker.validation import RequestLimits
 
@@ -243,7 +244,10 @@ async def test_chat_template_failures_name_the_problem(
 def test_every_fallback_and_finish_reason_has_a_proto_value() -> None:
     assert set(_FALLBACK) == {None, *Fallback}
     assert len(set(_FALLBACK.values())) == len(_FALLBACK)
-    assert set(_FINISH_REASON) == {"stop", "stop_string", "length"}  # TurnStats.finish_reason's values
+    reasons = {
+        finish_reason_to_proto(name) for name in ("stop", "stop_string", "length")
+    }  # TurnStats' values
+    assert len(reasons) == 3 and pb.FINISH_REASON_UNSPECIFIED not in reasons
 
 
 async def test_tokenize_after_a_messages_content(tiny_tokenizer: PreTrainedTokenizerFast) -> None:

@@ -16,11 +16,20 @@ from attnstore_scheduler.job_queue import DuplicateJob, JobQueue, QueuedJob, Que
 _ids = itertools.count()
 
 
-def job(tenant: str = "t", priority: int = 0, session: str | None = None, node: str | None = None) -> QueuedJob:
+def job(
+    tenant: str = "t", priority: int = 0, session: str | None = None, node: str | None = None
+) -> QueuedJob:
     number = next(_ids)
     return QueuedJob(
-        job_id=f"{tenant}-{number}", tenant=tenant, session_id=session or f"s{number}", priority=priority,
-        chunk_keys=(), namespace=b"n" * 16, kv_bytes=0, node=node, enqueued_at=0.0,
+        job_id=f"{tenant}-{number}",
+        tenant=tenant,
+        session_id=session or f"s{number}",
+        priority=priority,
+        chunk_keys=(),
+        namespace=b"n" * 16,
+        kv_bytes=0,
+        node=node,
+        enqueued_at=0.0,
     )
 
 
@@ -77,7 +86,9 @@ async def test_predicted_order_is_the_service_order_and_is_fair(pushes: list[tup
         level = [j for j in served if j.priority == priority]
         # FIFO within a tenant
         for tenant in {j.tenant for j in level}:
-            assert [j for j in level if j.tenant == tenant] == [j for j in jobs if j.tenant == tenant and j in level]
+            assert [j for j in level if j.tenant == tenant] == [
+                j for j in jobs if j.tenant == tenant and j in level
+            ]
         # Fair: while two tenants both wait, their served counts differ by at most one.
         totals = Counter(j.tenant for j in level)
         counts: Counter[str] = Counter()

@@ -80,7 +80,7 @@ async def channel() -> AsyncIterator[grpc.aio.Channel]:
     """To a server with a daemon servicer behind internal auth."""
     server = create_server(
         ServingLimits(),
-        interceptors=[InternalAuthInterceptor(AUTH, client_cert_required=False, admin_methods=ADMIN_METHODS)]
+        interceptors=[InternalAuthInterceptor(AUTH, client_cert_required=False, admin_methods=ADMIN_METHODS)],
     )
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(TinyDaemon(), server)
     health_servicer = health.aio.HealthServicer()

@@ -29,8 +29,14 @@ def make_layers(num_layers: int, kv_heads: int, tokens: int, head_dim: int) -> l
 
 def encode(layers: list[tuple[bytes, bytes]], tokens: int = 8, base_position: int = 0) -> bytes:
     return encode_chunk(
-        namespace=NS, key=KEY, dtype="float16", kv_heads=2, tokens=tokens, head_dim=4,
-        base_position=base_position, layers=layers,
+        namespace=NS,
+        key=KEY,
+        dtype="float16",
+        kv_heads=2,
+        tokens=tokens,
+        head_dim=4,
+        base_position=base_position,
+        layers=layers,
     )
 
 

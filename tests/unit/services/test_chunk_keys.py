@@ -19,7 +19,11 @@ def test_key_chain_is_identical_in_a_separate_process() -> None:
         "print(','.join(k.hex() for k in chunk_key_chain(ns, list(range(1000, 1010)), 4, include_partial=True)))"
     )
     other = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "12345"}
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "12345"},
     ).stdout.strip()
     here = chunk_key_chain(SPEC.namespace_id(), TOKENS, 4, include_partial=True)
     assert other == ",".join(k.hex() for k in here)
@@ -50,7 +54,9 @@ def test_keys_are_chained_on_the_whole_prefix() -> None:
         NamespaceSpec(model_digest="other-model", dtype="bfloat16", chunk_tokens=4),
         NamespaceSpec(model_digest="smollm2-135m@abc", dtype="float32", chunk_tokens=4),
         NamespaceSpec(model_digest="smollm2-135m@abc", dtype="bfloat16", chunk_tokens=8),
-        NamespaceSpec(model_digest="smollm2-135m@abc", dtype="bfloat16", chunk_tokens=4, tenant_salt=b"tenant-b"),
+        NamespaceSpec(
+            model_digest="smollm2-135m@abc", dtype="bfloat16", chunk_tokens=4, tenant_salt=b"tenant-b"
+        ),
         NamespaceSpec(model_digest="smollm2-135m@abc", dtype="bfloat16", chunk_tokens=4, layout_version=2),
     ],
 )

@@ -1,11 +1,18 @@
+from attnstore.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from attnstore.common.v1.common_pb2 import SampleStats as SampleStats
+from attnstore.common.v1.common_pb2 import FinishReason as FinishReason
 
 DESCRIPTOR: _descriptor.FileDescriptor
+FINISH_REASON_UNSPECIFIED: _common_pb2.FinishReason
+FINISH_REASON_STOP: _common_pb2.FinishReason
+FINISH_REASON_LENGTH: _common_pb2.FinishReason
+FINISH_REASON_STOP_STRING: _common_pb2.FinishReason
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -13,13 +20,6 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_SYSTEM: _ClassVar[Role]
     ROLE_USER: _ClassVar[Role]
     ROLE_ASSISTANT: _ClassVar[Role]
-
-class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
-    FINISH_REASON_STOP: _ClassVar[FinishReason]
-    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
-    FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
 
 class RepairMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,10 +30,6 @@ ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
 ROLE_ASSISTANT: Role
-FINISH_REASON_UNSPECIFIED: FinishReason
-FINISH_REASON_STOP: FinishReason
-FINISH_REASON_LENGTH: FinishReason
-FINISH_REASON_STOP_STRING: FinishReason
 REPAIR_METHOD_UNSPECIFIED: RepairMethod
 REPAIR_METHOD_FIRST: RepairMethod
 REPAIR_METHOD_DEVIATION: RepairMethod
@@ -45,8 +41,8 @@ class Message(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     role: Role
     content: str
-    finish_reason: FinishReason
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
+    finish_reason: _common_pb2.FinishReason
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
 
 class GenerationOptions(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop", "n")
@@ -142,16 +138,6 @@ class TokenText(_message.Message):
     sample_index: int
     def __init__(self, text: _Optional[str] = ..., token_id: _Optional[int] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
-class SampleStats(_message.Message):
-    __slots__ = ("sample_index", "generated_tokens", "finish_reason")
-    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
-    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
-    sample_index: int
-    generated_tokens: int
-    finish_reason: FinishReason
-    def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
-
 class TurnStats(_message.Message):
     __slots__ = ("prompt_tokens", "reused_tokens", "generated_tokens", "ttft_ms", "worker_ttft_ms", "queue_wait_ms", "truncated_tokens", "finish_reason", "attempts", "node", "history_tokens", "session_saved", "kv_unavailable_reason", "samples", "module_tokens", "computed_tokens", "repaired_tokens", "encoded_modules", "restore_plan", "restore_recompute_ms", "restore_hidden_ms", "restore_kv_ms")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -183,13 +169,13 @@ class TurnStats(_message.Message):
     worker_ttft_ms: float
     queue_wait_ms: float
     truncated_tokens: int
-    finish_reason: FinishReason
+    finish_reason: _common_pb2.FinishReason
     attempts: int
     node: str
     history_tokens: int
     session_saved: bool
     kv_unavailable_reason: str
-    samples: _containers.RepeatedCompositeFieldContainer[SampleStats]
+    samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.SampleStats]
     module_tokens: int
     computed_tokens: int
     repaired_tokens: int
@@ -198,7 +184,7 @@ class TurnStats(_message.Message):
     restore_recompute_ms: float
     restore_hidden_ms: float
     restore_kv_ms: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., worker_ttft_ms: _Optional[float] = ..., queue_wait_ms: _Optional[float] = ..., truncated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., attempts: _Optional[int] = ..., node: _Optional[str] = ..., history_tokens: _Optional[int] = ..., session_saved: _Optional[bool] = ..., kv_unavailable_reason: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[_common_pb2.SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("token", "stats")

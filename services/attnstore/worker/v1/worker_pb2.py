@@ -22,55 +22,53 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from attnstore.common.v1 import common_pb2 as attnstore_dot_common_dot_v1_dot_common__pb2
 
+from attnstore.common.v1.common_pb2 import *
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n attnstore/worker/v1/worker.proto\x12\x13\x61ttnstore.worker.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"B\n\x0c\x43hatMessages\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .attnstore.worker.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xac\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\t\n\x01n\x18\x07 \x01(\rB\x08\n\x06_top_pB\x07\n\x05_seed\"\xec\x02\n\x12\x45xecuteTurnRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.attnstore.worker.v1.ChatMessagesH\x00\x12\x39\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x1d.attnstore.worker.v1.TokenIdsH\x00\x12-\n\x03pml\x18\x08 \x01(\x0b\x32\x1e.attnstore.worker.v1.PmlPromptH\x00\x12\x35\n\x08sampling\x18\x04 \x01(\x0b\x32#.attnstore.worker.v1.SamplingParams\x12\x18\n\x10truncated_tokens\x18\x05 \x01(\r\x12\x16\n\x0esave_generated\x18\x06 \x01(\x08\x12\x16\n\x0ehistory_tokens\x18\x07 \x01(\r\x12\x1a\n\x12long_context_peers\x18\t \x03(\tB\x08\n\x06prompt\"\x91\x01\n\tPmlPrompt\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x15\n\rrepair_tokens\x18\x03 \x01(\r\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08\x12\x15\n\rrepair_method\x18\x05 \x01(\t\x12\x17\n\x0frepair_fraction\x18\x06 \x01(\x02\"5\n\x13\x45ncodeSchemaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"{\n\x14\x45ncodeSchemaResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\r\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0e\n\x06module\x18\x03 \x01(\t\x12\x0f\n\x07\x65ncoded\x18\x04 \x01(\x08\x12\x11\n\tnamespace\x18\x05 \x01(\x0c\x12\x12\n\nchunk_keys\x18\x06 \x03(\x0c\"B\n\nTokenChunk\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\"w\n\x0bSampleStats\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x38\n\rfinish_reason\x18\x03 \x01(\x0e\x32!.attnstore.worker.v1.FinishReason\"\xcd\x05\n\tTurnStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x1a\n\x12reused_dram_chunks\x18\x03 \x01(\r\x12\x19\n\x11reused_ssd_chunks\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x06 \x01(\x01\x12\x12\n\nkv_load_ms\x18\x07 \x01(\x01\x12\x1a\n\x12kv_load_exposed_ms\x18\x08 \x01(\x01\x12\x12\n\ncompute_ms\x18\t \x01(\x01\x12\x14\n\x0csaved_chunks\x18\n \x01(\r\x12/\n\x08\x66\x61llback\x18\x0b \x01(\x0e\x32\x1d.attnstore.worker.v1.Fallback\x12\x38\n\rfinish_reason\x18\x0c \x01(\x0e\x32!.attnstore.worker.v1.FinishReason\x12\x18\n\x10truncated_tokens\x18\r \x01(\r\x12\x13\n\x0bsink_tokens\x18\x0e \x01(\r\x12\x11\n\tnamespace\x18\x0f \x01(\x0c\x12\x12\n\nchunk_keys\x18\x10 \x03(\x0c\x12\x19\n\x11namespace_refused\x18\x11 \x01(\t\x12\x31\n\x07samples\x18\x12 \x03(\x0b\x32 .attnstore.worker.v1.SampleStats\x12\x15\n\rmodule_tokens\x18\x13 \x01(\r\x12\x17\n\x0frepaired_tokens\x18\x14 \x01(\r\x12\x17\n\x0f\x65ncoded_modules\x18\x15 \x01(\r\x12\x14\n\x0crestore_plan\x18\x16 \x01(\t\x12\x1c\n\x14restore_recompute_ms\x18\x17 \x01(\x01\x12\x19\n\x11restore_hidden_ms\x18\x18 \x01(\x01\x12\x15\n\rrestore_kv_ms\x18\x19 \x01(\x01\x12\x18\n\x10prompt_token_ids\x18\x1a \x03(\r\"\x81\x01\n\x13\x45xecuteTurnResponse\x12\x30\n\x05token\x18\x01 \x01(\x0b\x32\x1f.attnstore.worker.v1.TokenChunkH\x00\x12/\n\x05stats\x18\x02 \x01(\x0b\x32\x1e.attnstore.worker.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"\x8a\x01\n\x0fTokenizeRequest\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .attnstore.worker.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\x0e\x61\x66ter_contents\x18\x04 \x01(\r\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x16\n\x14\x44\x65scribeModelRequest\"\xa7\x03\n\x15\x44\x65scribeModelResponse\x12\x13\n\x0bmodel_label\x18\x01 \x01(\t\x12\x14\n\x0cmodel_digest\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x10\n\x08kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x14\n\x0c\x63hunk_tokens\x18\x07 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\x08 \x01(\r\x12\x1a\n\x12kv_bytes_per_token\x18\t \x01(\x04\x12\x12\n\nvocab_size\x18\n \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x0b \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x0c \x01(\r\x12\x1d\n\x15\x61ttention_sink_tokens\x18\r \x01(\r\x12\x13\n\x0bmax_samples\x18\x0e \x01(\r\x12\x1f\n\x17max_turn_context_tokens\x18\x0f \x01(\r\x12\x32\n\x07kernels\x18\x14 \x01(\x0b\x32!.attnstore.worker.v1.KernelReport\".\n\x0cKernelChoice\x12\x0e\n\x06kernel\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x9f\x01\n\x0cKernelReport\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x16\n\x0e\x63pu_capability\x18\x02 \x01(\t\x12\x31\n\x06linear\x18\x03 \x01(\x0b\x32!.attnstore.worker.v1.KernelChoice\x12\x34\n\tattention\x18\x04 \x01(\x0b\x32!.attnstore.worker.v1.KernelChoice*\x8b\x01\n\x08\x46\x61llback\x12\x18\n\x14\x46\x41LLBACK_UNSPECIFIED\x10\x00\x12\x11\n\rFALLBACK_NONE\x10\x01\x12\x1f\n\x1b\x46\x41LLBACK_DAEMON_UNAVAILABLE\x10\x02\x12\x15\n\x11\x46\x41LLBACK_DEADLINE\x10\x03\x12\x1a\n\x16\x46\x41LLBACK_CHUNK_INVALID\x10\x04*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\x94\x03\n\x06Worker\x12\x62\n\x0b\x45xecuteTurn\x12\'.attnstore.worker.v1.ExecuteTurnRequest\x1a(.attnstore.worker.v1.ExecuteTurnResponse0\x01\x12W\n\x08Tokenize\x12$.attnstore.worker.v1.TokenizeRequest\x1a%.attnstore.worker.v1.TokenizeResponse\x12\x66\n\rDescribeModel\x12).attnstore.worker.v1.DescribeModelRequest\x1a*.attnstore.worker.v1.DescribeModelResponse\x12\x65\n\x0c\x45ncodeSchema\x12(.attnstore.worker.v1.EncodeSchemaRequest\x1a).attnstore.worker.v1.EncodeSchemaResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n attnstore/worker/v1/worker.proto\x12\x13\x61ttnstore.worker.v1\x1a attnstore/common/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"B\n\x0c\x43hatMessages\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .attnstore.worker.v1.ChatMessage\"\x1d\n\x08TokenIds\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xac\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\t\n\x01n\x18\x07 \x01(\rB\x08\n\x06_top_pB\x07\n\x05_seed\"\xec\x02\n\x12\x45xecuteTurnRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.attnstore.worker.v1.ChatMessagesH\x00\x12\x39\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x1d.attnstore.worker.v1.TokenIdsH\x00\x12-\n\x03pml\x18\x08 \x01(\x0b\x32\x1e.attnstore.worker.v1.PmlPromptH\x00\x12\x35\n\x08sampling\x18\x04 \x01(\x0b\x32#.attnstore.worker.v1.SamplingParams\x12\x18\n\x10truncated_tokens\x18\x05 \x01(\r\x12\x16\n\x0esave_generated\x18\x06 \x01(\x08\x12\x16\n\x0ehistory_tokens\x18\x07 \x01(\r\x12\x1a\n\x12long_context_peers\x18\t \x03(\tB\x08\n\x06prompt\"\x91\x01\n\tPmlPrompt\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x15\n\rrepair_tokens\x18\x03 \x01(\r\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08\x12\x15\n\rrepair_method\x18\x05 \x01(\t\x12\x17\n\x0frepair_fraction\x18\x06 \x01(\x02\"5\n\x13\x45ncodeSchemaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"{\n\x14\x45ncodeSchemaResponse\x12\x0c\n\x04\x64one\x18\x01 \x01(\r\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0e\n\x06module\x18\x03 \x01(\t\x12\x0f\n\x07\x65ncoded\x18\x04 \x01(\x08\x12\x11\n\tnamespace\x18\x05 \x01(\x0c\x12\x12\n\nchunk_keys\x18\x06 \x03(\x0c\"B\n\nTokenChunk\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\"\xcd\x05\n\tTurnStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rreused_tokens\x18\x02 \x01(\r\x12\x1a\n\x12reused_dram_chunks\x18\x03 \x01(\r\x12\x19\n\x11reused_ssd_chunks\x18\x04 \x01(\r\x12\x18\n\x10generated_tokens\x18\x05 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x06 \x01(\x01\x12\x12\n\nkv_load_ms\x18\x07 \x01(\x01\x12\x1a\n\x12kv_load_exposed_ms\x18\x08 \x01(\x01\x12\x12\n\ncompute_ms\x18\t \x01(\x01\x12\x14\n\x0csaved_chunks\x18\n \x01(\r\x12/\n\x08\x66\x61llback\x18\x0b \x01(\x0e\x32\x1d.attnstore.worker.v1.Fallback\x12\x38\n\rfinish_reason\x18\x0c \x01(\x0e\x32!.attnstore.common.v1.FinishReason\x12\x18\n\x10truncated_tokens\x18\r \x01(\r\x12\x13\n\x0bsink_tokens\x18\x0e \x01(\r\x12\x11\n\tnamespace\x18\x0f \x01(\x0c\x12\x12\n\nchunk_keys\x18\x10 \x03(\x0c\x12\x19\n\x11namespace_refused\x18\x11 \x01(\t\x12\x31\n\x07samples\x18\x12 \x03(\x0b\x32 .attnstore.common.v1.SampleStats\x12\x15\n\rmodule_tokens\x18\x13 \x01(\r\x12\x17\n\x0frepaired_tokens\x18\x14 \x01(\r\x12\x17\n\x0f\x65ncoded_modules\x18\x15 \x01(\r\x12\x14\n\x0crestore_plan\x18\x16 \x01(\t\x12\x1c\n\x14restore_recompute_ms\x18\x17 \x01(\x01\x12\x19\n\x11restore_hidden_ms\x18\x18 \x01(\x01\x12\x15\n\rrestore_kv_ms\x18\x19 \x01(\x01\x12\x18\n\x10prompt_token_ids\x18\x1a \x03(\r\"\x81\x01\n\x13\x45xecuteTurnResponse\x12\x30\n\x05token\x18\x01 \x01(\x0b\x32\x1f.attnstore.worker.v1.TokenChunkH\x00\x12/\n\x05stats\x18\x02 \x01(\x0b\x32\x1e.attnstore.worker.v1.TurnStatsH\x00\x42\x07\n\x05\x65vent\"\x8a\x01\n\x0fTokenizeRequest\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .attnstore.worker.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x16\n\x0e\x61\x66ter_contents\x18\x04 \x01(\r\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x16\n\x14\x44\x65scribeModelRequest\"\xa7\x03\n\x15\x44\x65scribeModelResponse\x12\x13\n\x0bmodel_label\x18\x01 \x01(\t\x12\x14\n\x0cmodel_digest\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x10\n\x08kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x14\n\x0c\x63hunk_tokens\x18\x07 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\x08 \x01(\r\x12\x1a\n\x12kv_bytes_per_token\x18\t \x01(\x04\x12\x12\n\nvocab_size\x18\n \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x0b \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x0c \x01(\r\x12\x1d\n\x15\x61ttention_sink_tokens\x18\r \x01(\r\x12\x13\n\x0bmax_samples\x18\x0e \x01(\r\x12\x1f\n\x17max_turn_context_tokens\x18\x0f \x01(\r\x12\x32\n\x07kernels\x18\x14 \x01(\x0b\x32!.attnstore.worker.v1.KernelReport\".\n\x0cKernelChoice\x12\x0e\n\x06kernel\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x9f\x01\n\x0cKernelReport\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x16\n\x0e\x63pu_capability\x18\x02 \x01(\t\x12\x31\n\x06linear\x18\x03 \x01(\x0b\x32!.attnstore.worker.v1.KernelChoice\x12\x34\n\tattention\x18\x04 \x01(\x0b\x32!.attnstore.worker.v1.KernelChoice*\x8b\x01\n\x08\x46\x61llback\x12\x18\n\x14\x46\x41LLBACK_UNSPECIFIED\x10\x00\x12\x11\n\rFALLBACK_NONE\x10\x01\x12\x1f\n\x1b\x46\x41LLBACK_DAEMON_UNAVAILABLE\x10\x02\x12\x15\n\x11\x46\x41LLBACK_DEADLINE\x10\x03\x12\x1a\n\x16\x46\x41LLBACK_CHUNK_INVALID\x10\x04\x32\x94\x03\n\x06Worker\x12\x62\n\x0b\x45xecuteTurn\x12\'.attnstore.worker.v1.ExecuteTurnRequest\x1a(.attnstore.worker.v1.ExecuteTurnResponse0\x01\x12W\n\x08Tokenize\x12$.attnstore.worker.v1.TokenizeRequest\x1a%.attnstore.worker.v1.TokenizeResponse\x12\x66\n\rDescribeModel\x12).attnstore.worker.v1.DescribeModelRequest\x1a*.attnstore.worker.v1.DescribeModelResponse\x12\x65\n\x0c\x45ncodeSchema\x12(.attnstore.worker.v1.EncodeSchemaRequest\x1a).attnstore.worker.v1.EncodeSchemaResponse0\x01P\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnstore.worker.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FALLBACK']._serialized_start=2954
-  _globals['_FALLBACK']._serialized_end=3093
-  _globals['_FINISHREASON']._serialized_start=3095
-  _globals['_FINISHREASON']._serialized_end=3221
-  _globals['_CHATMESSAGE']._serialized_start=57
-  _globals['_CHATMESSAGE']._serialized_end=101
-  _globals['_CHATMESSAGES']._serialized_start=103
-  _globals['_CHATMESSAGES']._serialized_end=169
-  _globals['_TOKENIDS']._serialized_start=171
-  _globals['_TOKENIDS']._serialized_end=200
-  _globals['_SAMPLINGPARAMS']._serialized_start=203
-  _globals['_SAMPLINGPARAMS']._serialized_end=375
-  _globals['_EXECUTETURNREQUEST']._serialized_start=378
-  _globals['_EXECUTETURNREQUEST']._serialized_end=742
-  _globals['_PMLPROMPT']._serialized_start=745
-  _globals['_PMLPROMPT']._serialized_end=890
-  _globals['_ENCODESCHEMAREQUEST']._serialized_start=892
-  _globals['_ENCODESCHEMAREQUEST']._serialized_end=945
-  _globals['_ENCODESCHEMARESPONSE']._serialized_start=947
-  _globals['_ENCODESCHEMARESPONSE']._serialized_end=1070
-  _globals['_TOKENCHUNK']._serialized_start=1072
-  _globals['_TOKENCHUNK']._serialized_end=1138
-  _globals['_SAMPLESTATS']._serialized_start=1140
-  _globals['_SAMPLESTATS']._serialized_end=1259
-  _globals['_TURNSTATS']._serialized_start=1262
-  _globals['_TURNSTATS']._serialized_end=1979
-  _globals['_EXECUTETURNRESPONSE']._serialized_start=1982
-  _globals['_EXECUTETURNRESPONSE']._serialized_end=2111
-  _globals['_TOKENIZEREQUEST']._serialized_start=2114
-  _globals['_TOKENIZEREQUEST']._serialized_end=2252
-  _globals['_TOKENIZERESPONSE']._serialized_start=2254
-  _globals['_TOKENIZERESPONSE']._serialized_end=2291
-  _globals['_DESCRIBEMODELREQUEST']._serialized_start=2293
-  _globals['_DESCRIBEMODELREQUEST']._serialized_end=2315
-  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=2318
-  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=2741
-  _globals['_KERNELCHOICE']._serialized_start=2743
-  _globals['_KERNELCHOICE']._serialized_end=2789
-  _globals['_KERNELREPORT']._serialized_start=2792
-  _globals['_KERNELREPORT']._serialized_end=2951
-  _globals['_WORKER']._serialized_start=3224
-  _globals['_WORKER']._serialized_end=3628
+  _globals['_FALLBACK']._serialized_start=2867
+  _globals['_FALLBACK']._serialized_end=3006
+  _globals['_CHATMESSAGE']._serialized_start=91
+  _globals['_CHATMESSAGE']._serialized_end=135
+  _globals['_CHATMESSAGES']._serialized_start=137
+  _globals['_CHATMESSAGES']._serialized_end=203
+  _globals['_TOKENIDS']._serialized_start=205
+  _globals['_TOKENIDS']._serialized_end=234
+  _globals['_SAMPLINGPARAMS']._serialized_start=237
+  _globals['_SAMPLINGPARAMS']._serialized_end=409
+  _globals['_EXECUTETURNREQUEST']._serialized_start=412
+  _globals['_EXECUTETURNREQUEST']._serialized_end=776
+  _globals['_PMLPROMPT']._serialized_start=779
+  _globals['_PMLPROMPT']._serialized_end=924
+  _globals['_ENCODESCHEMAREQUEST']._serialized_start=926
+  _globals['_ENCODESCHEMAREQUEST']._serialized_end=979
+  _globals['_ENCODESCHEMARESPONSE']._serialized_start=981
+  _globals['_ENCODESCHEMARESPONSE']._serialized_end=1104
+  _globals['_TOKENCHUNK']._serialized_start=1106
+  _globals['_TOKENCHUNK']._serialized_end=1172
+  _globals['_TURNSTATS']._serialized_start=1175
+  _globals['_TURNSTATS']._serialized_end=1892
+  _globals['_EXECUTETURNRESPONSE']._serialized_start=1895
+  _globals['_EXECUTETURNRESPONSE']._serialized_end=2024
+  _globals['_TOKENIZEREQUEST']._serialized_start=2027
+  _globals['_TOKENIZEREQUEST']._serialized_end=2165
+  _globals['_TOKENIZERESPONSE']._serialized_start=2167
+  _globals['_TOKENIZERESPONSE']._serialized_end=2204
+  _globals['_DESCRIBEMODELREQUEST']._serialized_start=2206
+  _globals['_DESCRIBEMODELREQUEST']._serialized_end=2228
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=2231
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=2654
+  _globals['_KERNELCHOICE']._serialized_start=2656
+  _globals['_KERNELCHOICE']._serialized_end=2702
+  _globals['_KERNELREPORT']._serialized_start=2705
+  _globals['_KERNELREPORT']._serialized_end=2864
+  _globals['_WORKER']._serialized_start=3009
+  _globals['_WORKER']._serialized_end=3413
 # @@protoc_insertion_point(module_scope)

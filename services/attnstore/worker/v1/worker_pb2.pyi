@@ -1,11 +1,18 @@
+from attnstore.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from attnstore.common.v1.common_pb2 import SampleStats as SampleStats
+from attnstore.common.v1.common_pb2 import FinishReason as FinishReason
 
 DESCRIPTOR: _descriptor.FileDescriptor
+FINISH_REASON_UNSPECIFIED: _common_pb2.FinishReason
+FINISH_REASON_STOP: _common_pb2.FinishReason
+FINISH_REASON_LENGTH: _common_pb2.FinishReason
+FINISH_REASON_STOP_STRING: _common_pb2.FinishReason
 
 class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -14,22 +21,11 @@ class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FALLBACK_DAEMON_UNAVAILABLE: _ClassVar[Fallback]
     FALLBACK_DEADLINE: _ClassVar[Fallback]
     FALLBACK_CHUNK_INVALID: _ClassVar[Fallback]
-
-class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
-    FINISH_REASON_STOP: _ClassVar[FinishReason]
-    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
-    FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
 FALLBACK_UNSPECIFIED: Fallback
 FALLBACK_NONE: Fallback
 FALLBACK_DAEMON_UNAVAILABLE: Fallback
 FALLBACK_DEADLINE: Fallback
 FALLBACK_CHUNK_INVALID: Fallback
-FINISH_REASON_UNSPECIFIED: FinishReason
-FINISH_REASON_STOP: FinishReason
-FINISH_REASON_LENGTH: FinishReason
-FINISH_REASON_STOP_STRING: FinishReason
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -141,16 +137,6 @@ class TokenChunk(_message.Message):
     sample_index: int
     def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
-class SampleStats(_message.Message):
-    __slots__ = ("sample_index", "generated_tokens", "finish_reason")
-    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
-    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
-    sample_index: int
-    generated_tokens: int
-    finish_reason: FinishReason
-    def __init__(self, sample_index: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
-
 class TurnStats(_message.Message):
     __slots__ = ("prompt_tokens", "reused_tokens", "reused_dram_chunks", "reused_ssd_chunks", "generated_tokens", "ttft_ms", "kv_load_ms", "kv_load_exposed_ms", "compute_ms", "saved_chunks", "fallback", "finish_reason", "truncated_tokens", "sink_tokens", "namespace", "chunk_keys", "namespace_refused", "samples", "module_tokens", "repaired_tokens", "encoded_modules", "restore_plan", "restore_recompute_ms", "restore_hidden_ms", "restore_kv_ms", "prompt_token_ids")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -190,13 +176,13 @@ class TurnStats(_message.Message):
     compute_ms: float
     saved_chunks: int
     fallback: Fallback
-    finish_reason: FinishReason
+    finish_reason: _common_pb2.FinishReason
     truncated_tokens: int
     sink_tokens: int
     namespace: bytes
     chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespace_refused: str
-    samples: _containers.RepeatedCompositeFieldContainer[SampleStats]
+    samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.SampleStats]
     module_tokens: int
     repaired_tokens: int
     encoded_modules: int
@@ -205,7 +191,7 @@ class TurnStats(_message.Message):
     restore_hidden_ms: float
     restore_kv_ms: float
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., reused_dram_chunks: _Optional[int] = ..., reused_ssd_chunks: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., kv_load_ms: _Optional[float] = ..., kv_load_exposed_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., saved_chunks: _Optional[int] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., truncated_tokens: _Optional[int] = ..., sink_tokens: _Optional[int] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., namespace_refused: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[_common_pb2.SampleStats, _Mapping]]] = ..., module_tokens: _Optional[int] = ..., repaired_tokens: _Optional[int] = ..., encoded_modules: _Optional[int] = ..., restore_plan: _Optional[str] = ..., restore_recompute_ms: _Optional[float] = ..., restore_hidden_ms: _Optional[float] = ..., restore_kv_ms: _Optional[float] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExecuteTurnResponse(_message.Message):
     __slots__ = ("token", "stats")
