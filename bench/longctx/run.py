@@ -162,7 +162,7 @@ def blocks_in_one_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block:
 def bench_dgfm() -> dict[str, Any]:
     """The remote share of blocks per period in the drift simulation (dgfm_sim.py), without
     DGFM and with its swaps every 10 steps; the real swap is tested on worker processes
-    (tests/integration/inference_worker/test_dgfm_swap.py)."""
+    (tests/integration/inference_worker/test_dgfm_workers.py)."""
     without, with_dgfm = per_period(simulate(dgfm_every=None)), per_period(simulate(dgfm_every=10))
     return {"without": without, "with": with_dgfm, "forced": forced_share()}
 

@@ -30,7 +30,6 @@ from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
 from inference_worker.dist_attention import servicer as micro_attention
-from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.engine.memory import PoolTooSmall
 from inference_worker.kv_codec import DTYPE_NAMES, TORCH_DTYPES
 from inference_worker.model_card import describe_model, request_limits
@@ -139,7 +138,7 @@ async def run_worker(settings: WorkerSettings) -> None:
     template = ChatTemplate(loaded.tokenizer, settings.special_tokens_in_messages)
     servicer = WorkerServicer(engine, template, limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    micro_attention_service = micro_attention.add_to_server(HeldKV(settings.micro_attention), kvstore, server)
+    micro_attention_service = micro_attention.add_to_server(engine.long_turns.swaps, kvstore, server)
     await serve(
         server,
         settings,

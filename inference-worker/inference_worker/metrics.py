@@ -24,6 +24,12 @@ TRUNCATED_TOKENS = Counter(
 REUSED_TOKENS = Counter("attnstore_worker_reused_tokens_total", "Prompt tokens whose KV came from the store")
 GENERATED_TOKENS = Counter("attnstore_worker_generated_tokens_total", "Tokens generated")
 SAVED_CHUNKS = Counter("attnstore_worker_saved_chunks_total", "New full chunks handed to the daemon")
+DGFM_RECALLED_BYTES = Counter(
+    "attnstore_worker_dgfm_recalled_bytes_total", "KV of this worker's long turns brought home by DGFM swaps"
+)
+DGFM_ROUND_FAILURES = Counter(
+    "attnstore_worker_dgfm_round_failures_total", "DGFM periods that stopped on an error (logged)"
+)
 TTFT_SECONDS = Histogram("attnstore_worker_ttft_seconds", "Time to first token", buckets=_SECONDS_BUCKETS)
 REUSED_RATIO = Histogram(
     "attnstore_worker_reused_token_ratio",

@@ -109,6 +109,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             truncated_tokens=request.truncated_tokens,
             save_generated=request.save_generated,
             history_tokens=check_history_tokens(request.history_tokens, len(ids)),
+            long_context_peers=tuple(request.long_context_peers),
         )
         return turn
 

@@ -189,7 +189,11 @@ class WorkerSettings(ServiceSettings):
             )
         check_server_security(self.tls, self.internal_auth)
         secure = self.tls.enabled or self.internal_auth.enabled
-        if self.long_context.peers and secure and not self.long_context.peer_channel.tls:
+        if (
+            (self.long_context.peers or self.long_context.peers_from_scheduler)
+            and secure
+            and not self.long_context.peer_channel.tls
+        ):
             raise ValueError(
                 "the peers of a worker with tls or internal_auth need long_context.peer_channel.tls to be called"
             )

@@ -125,6 +125,7 @@ class TurnEngine:
         self.long_turns = LongTurns(
             model,
             settings.long_context,
+            settings.micro_attention,
             local_tokens=self.engine.pool.num_blocks * settings.block_tokens,
             chunk_tokens=settings.max_batch_tokens,
         )
@@ -199,12 +200,13 @@ class TurnEngine:
         prompt = list(turn.prompt_token_ids)
         check_sampling(turn.sampling)
         self.runner.check_prompt(prompt)
+        peers = self.long_turns.check_peers(turn.long_context_peers)
         truncation = self.window.plan(len(prompt), turn.sampling.max_tokens, turn.truncated_tokens)
         kept = len(prompt) - truncation.dropped_tokens
         pool = self.engine.pool
         if self.long_turns.enabled and pool.blocks_for(kept + turn.sampling.max_tokens) > pool.num_blocks:
             seq = self._decoding(EngineSequence.of(truncation.kept(prompt)), turn.sampling)
-            async for event in self.long_turns.run(len(prompt), truncation, seq, turn.sampling.n):
+            async for event in self.long_turns.run(len(prompt), truncation, seq, turn.sampling.n, peers):
                 yield event
             return
         pending = await self.prefiller.start(prompt, source, truncation, turn.history_tokens)

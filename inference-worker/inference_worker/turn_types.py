@@ -40,6 +40,9 @@ class TurnInput:
     # Leading prompt tokens the session's earlier turns ran; their partial last chunk may be
     # stored (saved by the previous turn). 0 = none.
     history_tokens: int = 0
+    # Workers that may hold the oldest KV of a turn longer than the KV pool, beside
+    # long_context.peers (the scheduler's; checked by LongTurns.check_peers).
+    long_context_peers: tuple[str, ...] = ()
 
 
 class Fallback(Enum):

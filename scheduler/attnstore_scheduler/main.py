@@ -125,6 +125,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         registry,
         retry_attempts=settings.turn_retry_attempts,
         attempt_timeout_seconds=settings.turn_timeout_seconds,
+        long_context_peers=settings.long_context_peers,
     )
     limits = ApiLimits(
         max_message_chars=settings.max_message_chars,

@@ -186,6 +186,13 @@ class SchedulerSettings(ServiceSettings):
     )
     turn_timeout_seconds: float = Field(300.0, gt=0, description="longest one worker attempt may take")
     max_turns_per_worker: int = Field(4, ge=1, description="turns one worker runs at once")
+    long_context_peers: int = Field(
+        16,
+        ge=0,
+        description="most other healthy workers named to a worker with each turn (ExecuteTurnRequest."
+        "long_context_peers), the least busy first: where a worker with long_context.peers_from_scheduler "
+        "may place the oldest KV of a turn longer than its KV pool; 0 = none",
+    )
     worker_health_interval_seconds: float = Field(
         2.0, gt=0, description="period of the health check of every worker"
     )

@@ -93,11 +93,14 @@ class TurnRunner:
         *,
         retry_attempts: int,
         attempt_timeout_seconds: float,
+        long_context_peers: int = 0,
     ) -> None:
+        """`long_context_peers`: most other workers named to the worker with each turn."""
         self._dispatcher = dispatcher
         self._registry = registry
         self._retry_attempts = retry_attempts
         self._timeout_seconds = attempt_timeout_seconds
+        self._long_context_peers = long_context_peers
         self._job_ids = itertools.count()  # unique within the one queue this runner feeds
 
     async def run(self, spec: TurnSpec) -> AsyncIterator[Token | TurnOutcome]:
@@ -153,6 +156,7 @@ class TurnRunner:
         call: grpc.aio.UnaryStreamCall | None = None
         try:
             request = await spec.prepare(worker)
+            request.long_context_peers.extend(self._registry.peer_addresses(worker, self._long_context_peers))
             produced: dict[int, list[Token]] = {}
             call = worker.stub.ExecuteTurn(request, timeout=self._timeout_seconds)
             async for reply in call:

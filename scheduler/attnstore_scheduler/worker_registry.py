@@ -185,6 +185,12 @@ class WorkerRegistry:
     def workers(self) -> list[WorkerHandle]:
         return list(self._workers.values())
 
+    def peer_addresses(self, worker: WorkerHandle, count: int) -> list[str]:
+        """Up to `count` healthy workers other than `worker`, the least busy first: where
+        it may place the oldest KV of a turn longer than its KV pool (DistAttention)."""
+        others = [w for w in self._workers.values() if w.healthy and w is not worker]
+        return [w.address for w in sorted(others, key=lambda w: (w.in_flight, w.address))[:count]]
+
     def model(self) -> worker_pb2.DescribeModelResponse | None:
         """The model card of a healthy worker (every worker runs the same model)."""
         return next((w.model for w in self._workers.values() if w.healthy and w.model is not None), None)

@@ -184,6 +184,7 @@ def _valid_requests(keys: list[bytes], sizes: list[int], session_id: str) -> dic
         ),
         "MicroAttention.ReleaseKV": micro_pb.ReleaseKVRequest(segment_id="fuzz"),
         "MicroAttention.DescribeLending": micro_pb.DescribeLendingRequest(),
+        "MicroAttention.RecallKV": micro_pb.RecallKVRequest(creditor="127.0.0.1:1", max_bytes=1),
         "AttnStore.CreateSession": api.CreateSessionRequest(system_prompt="be brief", ttl_seconds=60),
         "AttnStore.Chat": api.ChatRequest(session_id=session_id, message="hello world", options=options),
         "AttnStore.Generate": api.GenerateRequest(

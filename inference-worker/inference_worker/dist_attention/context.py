@@ -14,6 +14,7 @@ answer computed without part of the context.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 
@@ -25,7 +26,7 @@ from attnstore.errors import InvalidArgument, Unavailable
 from inference_worker.dist_attention.placement import ContextTooLong, SegmentPlan, plan_segments
 from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
 from inference_worker.dist_attention.runner import DistributedRunner
-from inference_worker.dist_attention.segment import KVPlace, LocalSegment
+from inference_worker.dist_attention.segment import KVPlace, LocalSegment, RecalledSegment
 
 log = structlog.get_logger("dist_attention")
 
@@ -45,9 +46,11 @@ class LongContext:
         segment_tokens: int,
         chunk_tokens: int,
         timeout_seconds: float = 5.0,
+        home: str = "",
     ) -> None:
         """`peer_room_tokens`: tokens each live peer may hold now (the pool's ledger).
-        `local_tokens`: the most tokens of this sequence kept here, decoded ones included."""
+        `local_tokens`: the most tokens of this sequence kept here, decoded ones included.
+        `home`: this worker's advertised address, named to the peers as the borrower."""
         self.runner = runner
         self.channels = channels
         self.peer_room_tokens = peer_room_tokens
@@ -55,6 +58,8 @@ class LongContext:
         self.segment_tokens = segment_tokens
         self.chunk_tokens = chunk_tokens
         self.timeout_seconds = timeout_seconds
+        self.home = home
+        self.frozen = threading.RLock()  # held by each step; DGFM moves segments only between steps
         self.name = uuid.uuid4().hex  # its segments' ids on peers that many workers borrow from
         self.token_ids: list[int] = []
         self.places: list[KVPlace] = []
@@ -72,8 +77,9 @@ class LongContext:
         if not token_ids or max_new_tokens >= self.local_tokens:
             raise InvalidArgument(f"{len(token_ids)} prompt tokens and {max_new_tokens} new ones with "
                                   f"{self.local_tokens} held here: need a prompt and fewer new tokens")  # fmt: skip
-        self.token_ids, self.new_tokens_left = list(token_ids), max_new_tokens
-        return self._with_recovery(lambda: self._prefill(len(self.token_ids)))
+        with self.frozen:
+            self.token_ids, self.new_tokens_left = list(token_ids), max_new_tokens
+            return self._with_recovery(lambda: self._prefill(len(self.token_ids)))
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Appends a token; the logits [vocab] after it."""
@@ -88,13 +94,15 @@ class LongContext:
                 self._prefill(position)
             return self.runner.forward([token_id], position, self.places, self.tail)
 
-        return self._with_recovery(step)
+        with self.frozen:
+            return self._with_recovery(step)
 
     def close(self) -> None:
-        for place in self.places:
-            if isinstance(place, RemoteSegment):
-                place.release()
-        self.places = []
+        with self.frozen:
+            for place in self.places:
+                if isinstance(place, (RemoteSegment, RecalledSegment)):
+                    place.release()
+            self.places = []
 
     def _with_recovery(self, step: Callable[[], torch.Tensor]) -> torch.Tensor:
         while True:
@@ -133,6 +141,7 @@ class LongContext:
             self.places.append(segment)
         else:
             self.places.append(RemoteSegment.upload(
-                plan.peer, self.channels[plan.peer], f"{self.name}-{index}", segment, self.timeout_seconds
+                plan.peer, self.channels[plan.peer], f"{self.name}-{index}", segment, self.timeout_seconds,
+                self.home,
             ))  # fmt: skip
         return logits

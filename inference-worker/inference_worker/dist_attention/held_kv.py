@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,10 +41,16 @@ class LentPartial:
 
 
 class HeldKV:
-    def __init__(self, limits: MicroAttentionLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, limits: MicroAttentionLimits, node: str = "", clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`node`: this worker's advertised address; segments whose home it is are this
+        worker's own KV recalled by DGFM (never dropped as idle: released by their sequence)."""
         self.limits = limits
+        self.node = node
         self._clock = clock
         self._segments: dict[str, LocalSegment] = {}
+        self._homes: dict[str, str] = {}
         self._touched: dict[str, float] = {}
         self._held_bytes = 0
         self._inflight_key_tokens = 0
@@ -53,8 +60,20 @@ class HeldKV:
     def held_bytes(self) -> int:
         return self._held_bytes
 
-    def append(self, segment_id: str, start_position: int, k: torch.Tensor, v: torch.Tensor) -> LocalSegment:
-        """k, v [L, n, KVH, D] at positions [start_position, +n) of `segment_id`."""
+    def held_for(self) -> dict[str, int]:
+        """Bytes held per named borrower (its home), this worker's own KV left out."""
+        owed: dict[str, int] = defaultdict(int)
+        with self._lock:
+            for segment_id, home in self._homes.items():
+                if home and home != self.node:
+                    owed[home] += self._segments[segment_id].nbytes
+        return dict(owed)
+
+    def append(
+        self, segment_id: str, start_position: int, k: torch.Tensor, v: torch.Tensor, home: str = ""
+    ) -> LocalSegment:
+        """k, v [L, n, KVH, D] at positions [start_position, +n) of `segment_id`, whose
+        borrower is `home` (fixed by the first append)."""
         if not segment_id:
             raise InvalidArgument("segment_id is empty")
         if k.shape != v.shape or k.dtype != v.dtype:
@@ -70,6 +89,10 @@ class HeldKV:
                 ) or segment.k.dtype != k.dtype:
                     raise InvalidArgument(f"segment {segment_id}: appended KV {list(k.shape)} {k.dtype} does not fit its "
                                           f"[{segment.k.shape[0]}, n, {segment.k.shape[2]}, {segment.k.shape[3]}] {segment.k.dtype}")  # fmt: skip
+                if home != self._homes[segment_id]:
+                    raise InvalidArgument(
+                        f"segment {segment_id} belongs to home {self._homes[segment_id]!r}, not {home!r}"
+                    )
                 if start_position != segment.stop:
                     raise InvalidArgument(
                         f"segment {segment_id} ends at position {segment.stop}, not {start_position}"
@@ -84,6 +107,7 @@ class HeldKV:
                 segment = LocalSegment(layers, kv_heads, dim, start=start_position, capacity_tokens=tokens,
                                        dtype=k.dtype, device=torch.device("cpu"))  # fmt: skip
                 self._segments[segment_id] = segment
+                self._homes[segment_id] = home
             segment.append(k, v)
             self._held_bytes += size
             self._touched[segment_id] = self._clock()
@@ -150,13 +174,15 @@ class HeldKV:
     def _drop(self, segment_id: str) -> bool:
         segment = self._segments.pop(segment_id, None)
         self._touched.pop(segment_id, None)
+        self._homes.pop(segment_id, None)
         if segment is not None:
             self._held_bytes -= segment.nbytes
         return segment is not None
 
     def _drop_idle(self) -> None:
         oldest = self._clock() - self.limits.segment_idle_ttl_seconds
-        for segment_id in [s for s, touched in self._touched.items() if touched < oldest]:
+        idle = [s for s, touched in self._touched.items() if touched < oldest]
+        for segment_id in [s for s in idle if not self.node or self._homes[s] != self.node]:
             self._drop(segment_id)
 
     def _segment(self, segment_id: str) -> LocalSegment:

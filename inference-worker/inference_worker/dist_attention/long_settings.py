@@ -8,11 +8,30 @@ from pydantic import BaseModel, Field
 from attnstore.security import ChannelSecurity
 
 
+class DgfmSettings(BaseModel):
+    """Debt-graph defragmentation between workers (dgfm.py)."""
+
+    period_seconds: float = Field(
+        5.0, gt=0, description="how often a worker with live long turns looks for cycles of debts"
+    )
+    min_swap_bytes: int = Field(
+        4 << 20, ge=1, description="smallest debt worth a recall: smaller edges are left out of the search"
+    )
+
+
 class LongContextSettings(BaseModel):
     peers: list[str] = Field(
         default_factory=list,
         description="host:port of peer workers whose MicroAttention may hold the oldest KV of this worker's "
         "long turns; empty = a turn whose KV does not fit the pool is refused (RESOURCE_EXHAUSTED)",
+    )
+    peers_from_scheduler: bool = Field(
+        False,
+        description="also place on the workers each turn names (ExecuteTurnRequest.long_context_peers: the "
+        "scheduler's other healthy workers), so long turns need no static peers list",
+    )
+    max_turn_peers: int = Field(
+        64, ge=0, description="most long_context_peers one turn may name; more is INVALID_ARGUMENT"
     )
     max_context_tokens: int = Field(
         131072,
@@ -28,6 +47,13 @@ class LongContextSettings(BaseModel):
     peer_timeout_seconds: float = Field(
         10.0, gt=0, description="longest wait for one call to a peer; past it the peer counts as lost"
     )
+    advertise_address: str = Field(
+        "",
+        description="host:port at which other workers reach this worker's MicroAttention (as they list it in "
+        "their peers): names this worker as the home of the KV it places, so DGFM can recall it; empty = "
+        "this worker takes no part in DGFM",
+    )
+    dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"
     )

@@ -2,7 +2,8 @@
 (LongContext), instead of being refused.
 
     TurnEngine.run_turn ──kept prompt + max_tokens > pool──> LongTurns.run
-        ──> room asked of each peer (DescribeLending) ──> LongContext.prefill (oldest
+        ──> room asked of each peer (long_context.peers and, with peers_from_scheduler,
+            the workers the turn names; DescribeLending) ──> LongContext.prefill (oldest
             segments appended to peers) ──> sample / decode ... ──> release the segments
 
 Decisions:
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable
 
 import grpc
 import structlog
@@ -28,12 +29,14 @@ from transformers import PreTrainedTokenizerBase
 
 from attnstore.errors import InvalidArgument
 from attnstore.worker.v1 import micro_attention_pb2 as pb
-from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.decoding import IncrementalDetokenizer, Sampler
 from inference_worker.dist_attention.context import LongContext
+from inference_worker.dist_attention.dgfm import DebtSwaps
+from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.dist_attention.placement import ContextTooLong
-from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.engine.engine import sample_next
 from inference_worker.engine.sequence import Sequence
@@ -43,29 +46,53 @@ from inference_worker.turn_types import SampleStats, TokenEvent, TurnStats
 
 log = structlog.get_logger("dist_attention.long_turn")
 
+_MAX_ADDRESS_CHARS = 255  # a DNS name is at most 253 characters, plus the port
+
 
 class LongTurns:
     def __init__(
-        self, model: LoadedModel, settings: LongContextSettings, *, local_tokens: int, chunk_tokens: int
+        self,
+        model: LoadedModel,
+        settings: LongContextSettings,
+        limits: MicroAttentionLimits,
+        *,
+        local_tokens: int,
+        chunk_tokens: int,
     ) -> None:
-        """`local_tokens`: the most KV tokens a long turn keeps here; `chunk_tokens`: tokens
-        per prefill forward. Reads the peer channel's credentials now (a bad file stops the
-        start)."""
+        """`limits`: what this worker lends (its MicroAttention's HeldKV, made here: DGFM
+        keeps recalled KV there too); `local_tokens`: the most KV tokens a long turn keeps
+        here; `chunk_tokens`: tokens per prefill forward. Reads the peer channel's
+        credentials now (a bad file stops the start)."""
         self.settings = settings
         self.local_tokens = local_tokens
         self.chunk_tokens = chunk_tokens
         self.tokenizer: PreTrainedTokenizerBase = model.tokenizer
-        credentials = settings.peer_channel.load("long_context.peer_channel")
-        self.channels: Mapping[str, grpc.Channel] = {
-            address: peer_channel(address, credentials) for address in settings.peers
-        }
+        self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
+        self.held = HeldKV(limits, node=settings.advertise_address)
+        self.swaps = DebtSwaps(self.held, settings.dgfm, self.channels, settings.peer_timeout_seconds)
+        self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn
         self._one_at_a_time = asyncio.Lock()
 
     @property
     def enabled(self) -> bool:
-        return bool(self.channels)
+        """Whether a turn longer than the pool may run here (over peers) at all."""
+        return bool(self.settings.peers) or self.settings.peers_from_scheduler
+
+    def check_peers(self, requested: Collection[str]) -> tuple[str, ...]:
+        """The peers a turn names (ExecuteTurnRequest.long_context_peers), checked; ignored
+        (none) unless long_context.peers_from_scheduler. Raises InvalidArgument."""
+        if not self.settings.peers_from_scheduler:
+            return ()
+        if len(requested) > self.settings.max_turn_peers:
+            raise InvalidArgument(
+                f"{len(requested)} long_context_peers, more than the {self.settings.max_turn_peers} allowed"
+            )
+        for address in requested:
+            if not address or len(address) > _MAX_ADDRESS_CHARS or any(c.isspace() for c in address):
+                raise InvalidArgument(f"long_context_peers entry {address[:80]!r} is not a gRPC target")
+        return tuple(requested)
 
     @property
     def runner(self) -> DistributedRunner:
@@ -76,16 +103,16 @@ class LongTurns:
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
-        for channel in self.channels.values():
-            channel.close()
+        if self._dgfm is not None:
+            self._dgfm.cancel()
+        self.channels.close()
 
-    def peer_room_tokens(self) -> dict[str, int]:
+    def peer_room_tokens(self, peers: Iterable[str]) -> dict[str, int]:
         """Tokens of KV each answering peer may take now."""
         room = {}
-        for address, channel in self.channels.items():
-            stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+        for address in peers:
             try:
-                lending = stub.DescribeLending(
+                lending = self.channels.stub(address).DescribeLending(
                     pb.DescribeLendingRequest(), timeout=self.settings.peer_timeout_seconds
                 )
             except grpc.RpcError as exc:
@@ -98,11 +125,17 @@ class LongTurns:
         return room
 
     async def run(
-        self, prompt_tokens: int, truncation: Truncation, seq: Sequence, samples: int
+        self,
+        prompt_tokens: int,
+        truncation: Truncation,
+        seq: Sequence,
+        samples: int,
+        peers: Iterable[str] = (),
     ) -> AsyncIterator[TokenEvent | TurnStats]:
-        """`seq`: the kept prompt, set up to decode (TurnEngine._decoding). Streams a
-        TokenEvent per token, then the TurnStats. Raises ContextTooLong (RESOURCE_EXHAUSTED)
-        beyond max_context_tokens or the peers' room, InvalidArgument for n > 1."""
+        """`seq`: the kept prompt, set up to decode (TurnEngine._decoding); `peers`: the
+        turn's own (check_peers), beside long_context.peers. Streams a TokenEvent per
+        token, then the TurnStats. Raises ContextTooLong (RESOURCE_EXHAUSTED) beyond
+        max_context_tokens or the peers' room, InvalidArgument for n > 1."""
         started = time.perf_counter()
         context_tokens = len(seq) + seq.max_new_tokens
         if context_tokens > self.settings.max_context_tokens:
@@ -115,30 +148,37 @@ class LongTurns:
             raise InvalidArgument(
                 f"n is {samples}: a turn longer than the KV pool ({self.local_tokens} tokens) runs one sample"
             )
+        if self.swaps.enabled and self._dgfm is None:
+            self._dgfm = asyncio.create_task(self.swaps.run_periodically(), name="dgfm")
+        turn_peers = sorted({*self.settings.peers, *peers} - {self.settings.advertise_address})
         async with self._one_at_a_time:
             context = LongContext(
-                self.runner, self.channels, self.peer_room_tokens,
+                self.runner, self.channels, lambda: self.peer_room_tokens(turn_peers),
                 local_tokens=self.local_tokens, segment_tokens=self.settings.segment_tokens,
                 chunk_tokens=self.chunk_tokens, timeout_seconds=self.settings.peer_timeout_seconds,
+                home=self.settings.advertise_address,
             )  # fmt: skip
-            try:
-                logits = await asyncio.to_thread(context.prefill, list(seq.token_ids), seq.max_new_tokens)
-                first_token_at = time.perf_counter()
-                log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
-                         peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
-                sampler, detokenizer = (
-                    Sampler(seq.sampling),
-                    IncrementalDetokenizer(self.tokenizer, seq.token_ids),
-                )
-                while True:
-                    output = sample_next(seq, sampler, logits)
-                    if output.token is not None:
-                        yield TokenEvent(output.token, detokenizer.add(output.token, final=output.finished))
-                    if output.finished:
-                        break
-                    logits = await asyncio.to_thread(context.decode, output.token)  # type: ignore[arg-type]
-            finally:
-                await asyncio.to_thread(context.close)
+            with self.swaps.live(context):  # its remote segments may be recalled (DGFM)
+                try:
+                    logits = await asyncio.to_thread(context.prefill, list(seq.token_ids), seq.max_new_tokens)
+                    first_token_at = time.perf_counter()
+                    log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
+                             peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
+                    sampler, detokenizer = (
+                        Sampler(seq.sampling),
+                        IncrementalDetokenizer(self.tokenizer, seq.token_ids),
+                    )
+                    while True:
+                        output = sample_next(seq, sampler, logits)
+                        if output.token is not None:
+                            yield TokenEvent(
+                                output.token, detokenizer.add(output.token, final=output.finished)
+                            )
+                        if output.finished:
+                            break
+                        logits = await asyncio.to_thread(context.decode, output.token)  # type: ignore[arg-type]
+                finally:
+                    await asyncio.to_thread(context.close)
         generated = len(seq.generated)
         yield TurnStats(
             prompt_tokens=prompt_tokens, reused_tokens=0, reused_dram_chunks=0, reused_ssd_chunks=0,

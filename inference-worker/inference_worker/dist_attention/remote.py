@@ -7,8 +7,9 @@ attends without it.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -44,6 +45,35 @@ def peer_channel(address: str, credentials: ClientCredentials | None = None) -> 
     return sync_channel(address, credentials, options)
 
 
+class PeerChannels(Mapping[str, grpc.Channel]):
+    """Channels to peers' MicroAttention by address, made on first use and kept: the peers
+    come from the settings, from each turn (the scheduler's workers) and from DGFM's graph."""
+
+    def __init__(self, credentials: ClientCredentials | None) -> None:
+        self._credentials = credentials
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = peer_channel(address, self._credentials)
+            return self._channels[address]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._channels))
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def stub(self, address: str) -> micro_attention_pb2_grpc.MicroAttentionStub:
+        return micro_attention_pb2_grpc.MicroAttentionStub(self[address])
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+
 @dataclass
 class Traffic:
     """Bytes on the wire for this segment's attention (not its upload)."""
@@ -70,10 +100,17 @@ class RemoteSegment:
 
     @classmethod
     def upload(
-        cls, address: str, channel: grpc.Channel, segment_id: str, local: LocalSegment, timeout_seconds: float
+        cls,
+        address: str,
+        channel: grpc.Channel,
+        segment_id: str,
+        local: LocalSegment,
+        timeout_seconds: float,
+        home: str = "",
     ) -> RemoteSegment:
-        """Appends `local`'s KV to the peer in pieces; the peer's segment. The upload's
-        throughput is the link bandwidth the cost model starts from."""
+        """Appends `local`'s KV to the peer in pieces, named as borrowed by `home` (this
+        worker's advertised address); the peer's segment. The upload's throughput is the
+        link bandwidth the cost model starts from."""
         stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
         layers, _, kv_heads, dim = local.k.shape
         per_token = 2 * layers * kv_heads * dim * local.k.element_size()
@@ -83,8 +120,9 @@ class RemoteSegment:
             k = local.k[:, offset : min(offset + piece, local.tokens)]
             v = local.v[:, offset : min(offset + piece, local.tokens)]
             request = pb.AppendKVRequest(
-                segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v)
-            )
+                segment_id=segment_id, start_position=local.start + offset, keys=to_wire(k), values=to_wire(v),
+                home=home,
+            )  # fmt: skip
             started = time.perf_counter()
             _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
             costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)

@@ -9,6 +9,7 @@ The buffers grow by doubling (preallocated otherwise), so appends copy amortised
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -97,3 +98,39 @@ def _grown(buffer: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
     )
     grown[:, :used] = buffer[:, :used]
     return grown
+
+
+class RecalledSegment:
+    """A segment of this worker's own sequence brought home by DGFM (dgfm.py): its KV is
+    kept in the memory this worker lends (HeldKV, so it counts against max_held_bytes as
+    the debtor's KV it replaced did) and attended here; `release` frees it there."""
+
+    def __init__(self, segment: LocalSegment, release: Callable[[], object]) -> None:
+        self.segment = segment
+        self._release = release
+
+    @property
+    def start(self) -> int:
+        return self.segment.start
+
+    @property
+    def tokens(self) -> int:
+        return self.segment.tokens
+
+    @property
+    def nbytes(self) -> int:
+        return self.segment.nbytes
+
+    def partial(
+        self, layer: int, q: torch.Tensor, q_positions: torch.Tensor, *, scale: float, window: int | None
+    ) -> Partial:
+        """Computed where the KV lies (HeldKV keeps it in host memory, the queries may be on
+        a GPU), returned on the queries' device."""
+        device = self.segment.k.device
+        part = self.segment.partial(
+            layer, q.to(device, self.segment.k.dtype), q_positions.to(device), scale=scale, window=window
+        )
+        return Partial(part.out.to(q.device), part.lse.to(q.device))
+
+    def release(self) -> None:
+        self._release()

@@ -16,15 +16,16 @@ from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.daemon_source import read_chunks
-from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.wire import from_wire, to_wire
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
 
 
 class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
-    def __init__(self, held: HeldKV, kvstore: AsyncKVStoreClient | None) -> None:
-        self._held = held
+    def __init__(self, swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None) -> None:
+        self._swaps = swaps
+        self._held = swaps.held
         self._kvstore = kvstore
 
     async def AppendKV(
@@ -32,7 +33,9 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     ) -> pb.AppendKVResponse:
         k = from_wire(request.keys, "keys", 4)
         v = from_wire(request.values, "values", 4)
-        segment = await asyncio.to_thread(self._held.append, request.segment_id, request.start_position, k, v)
+        segment = await asyncio.to_thread(
+            self._held.append, request.segment_id, request.start_position, k, v, request.home
+        )
         return pb.AppendKVResponse(segment_tokens=segment.tokens, held_bytes=self._held.held_bytes)
 
     async def PartialAttention(
@@ -78,14 +81,23 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     async def DescribeLending(
         self, request: pb.DescribeLendingRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeLendingResponse:
+        held_for = [pb.HeldFor(home=home, bytes=size) for home, size in sorted(self._held.held_for().items())]
         return pb.DescribeLendingResponse(
-            held_bytes=self._held.held_bytes, max_held_bytes=self._held.limits.max_held_bytes
-        )
+            held_bytes=self._held.held_bytes, max_held_bytes=self._held.limits.max_held_bytes,
+            node=self._held.node, held_for=held_for,
+        )  # fmt: skip
+
+    async def RecallKV(
+        self, request: pb.RecallKVRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecallKVResponse:
+        moved = await asyncio.to_thread(self._swaps.recall, request.creditor, request.max_bytes)
+        return pb.RecallKVResponse(moved_bytes=moved)
 
 
-def add_to_server(held: HeldKV, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server) -> str:
-    """Registers the service; its name, for the health service."""
+def add_to_server(swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server) -> str:
+    """Registers the service (what `swaps.held` lends, DGFM's recalls); its name, for the
+    health service."""
     micro_attention_pb2_grpc.add_MicroAttentionServicer_to_server(
-        MicroAttentionServicer(held, kvstore), server
+        MicroAttentionServicer(swaps, kvstore), server
     )
     return SERVICE_NAME

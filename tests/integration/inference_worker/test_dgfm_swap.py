@@ -1,10 +1,12 @@
-"""DGFM swaps on real segments: two worker processes on loopback stand for nodes A and B;
-sequence X (home A) keeps its oldest KV on B and sequence Y (home B) on A, so the debts
-form the cycle A -> B -> A. The swap planned from those debts moves each sequence's
-segments home (ReadKV, AppendKV, ReleaseKV between steps): afterwards A holds only X's KV
-and B only Y's, each node holds as many bytes as before, no debt is left, and both
-sequences go on decoding with logits within 1e-4 of the plain forward. A debt below the
-minimum swap size plans no swap."""
+"""DGFM's recall on real segments, logits checked: a sequence whose home is this test
+process (its own HeldKV and DebtSwaps, named "home") keeps its oldest KV on a worker
+process; the worker reports the debt by borrower (DescribeLending.held_for, from
+AppendKV.home). Recalling it (ReadKV every layer, kept at home, released at the worker)
+leaves the worker holding nothing and home holding as many bytes as the worker held, and
+the sequence goes on decoding with logits within 1e-4 of the plain forward. A budget
+smaller than the oldest segment moves nothing. RecallKV answers bad input with
+INVALID_ARGUMENT, and FAILED_PRECONDITION on a worker with no advertised address; a
+creditor nobody owes anything moves 0 bytes."""
 
 from __future__ import annotations
 
@@ -13,34 +15,42 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
+from prometheus_client import REGISTRY
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from attnstore.debt_graph import plan_swaps
+from attnstore.errors import FailedPrecondition, InvalidArgument
+from attnstore.server.ports import free_port
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.context import LongContext
-from inference_worker.dist_attention.dgfm_swap import debts_of, execute_swap
-from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.dgfm import DebtSwaps
+from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.limits import MicroAttentionLimits
+from inference_worker.dist_attention.long_settings import DgfmSettings
+from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.dist_attention.segment import RecalledSegment
 from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 
 TOLERANCE = 1e-4
-PROMPT_TOKENS, NEW_TOKENS = 150, 6
+PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS = 150, 6, 48
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel) -> Iterator[list[WorkerProcess]]:
+def creditor(tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel) -> Iterator[WorkerProcess]:
+    address = f"127.0.0.1:{free_port()}"
+    settings = {"listen_address": address, "long_context": {"advertise_address": address}}
     with running_workers(
-        tmp_path_factory.mktemp("dgfm"), tiny_model.model_dir, {"node-a": {}, "node-b": {}}
+        tmp_path_factory.mktemp("dgfm"), tiny_model.model_dir, {"node": settings}
     ) as started:
-        yield list(started.values())
+        yield started["node"]
 
 
-def held_bytes(channel: grpc.Channel) -> int:
+def lending(channel: grpc.Channel) -> pb.DescribeLendingResponse:
     stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
-    return stub.DescribeLending(pb.DescribeLendingRequest(), timeout=10).held_bytes
+    return stub.DescribeLending(pb.DescribeLendingRequest(), timeout=10)
 
 
 def decode(model: PreTrainedModel, context: LongContext, logits: torch.Tensor, steps: int) -> torch.Tensor:
@@ -53,41 +63,53 @@ def decode(model: PreTrainedModel, context: LongContext, logits: torch.Tensor, s
     return logits
 
 
-def test_a_swap_brings_each_sequence_home_with_identical_answers(
-    nodes: list[WorkerProcess], tiny_model: LoadedModel
+def test_recalled_segments_come_home_with_identical_answers(
+    creditor: WorkerProcess, tiny_model: LoadedModel
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
-    a, b = (node.address for node in nodes)
-    channels = {address: peer_channel(address) for address in (a, b)}
+    address = creditor.address
+    channel = peer_channel(address)
+    held = HeldKV(MicroAttentionLimits(), node="home")
+    swaps = DebtSwaps(held, DgfmSettings(), PeerChannels(None), timeout_seconds=10)
+    context = LongContext(DistributedRunner(model), {address: channel}, lambda: {address: 400},
+                          local_tokens=LOCAL_TOKENS, segment_tokens=40, chunk_tokens=16, home="home")  # fmt: skip
+    prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(3)).tolist()
+    logits = decode(model, context, context.prefill(prompt, NEW_TOKENS), steps=2)
+    remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+    lent = lending(channel)
+    debt = (PROMPT_TOKENS + NEW_TOKENS - LOCAL_TOKENS) * model.config.num_hidden_layers * 2 * 2 * 16 * 4
+    assert len(remote) == 3 and {(e.home, e.bytes) for e in lent.held_for} == {("home", debt)}
+    assert lent.held_bytes == debt and lent.node == address
 
-    def sequence(peer: str) -> LongContext:  # runs at the other node, its oldest KV on `peer`
-        return LongContext(DistributedRunner(model), {peer: channels[peer]}, lambda: {peer: 400},
-                           local_tokens=48, segment_tokens=40, chunk_tokens=16)  # fmt: skip
+    counted = REGISTRY.get_sample_value("attnstore_worker_dgfm_recalled_bytes_total") or 0.0
+    with swaps.live(context):
+        assert swaps.recall(address, remote[0].nbytes - 1) == 0  # the oldest segment does not fit
+        assert swaps.recall(address, debt) == debt
+    assert REGISTRY.get_sample_value("attnstore_worker_dgfm_recalled_bytes_total") == counted + debt
+    assert not any(isinstance(p, RemoteSegment) for p in context.places)
+    assert sum(p.nbytes for p in context.places if isinstance(p, RecalledSegment)) == debt
+    assert lending(channel).held_bytes == 0 and held.held_bytes == debt and held.held_for() == {}
+    decode(model, context, logits, steps=3)
+    context.close()
+    assert held.held_bytes == 0
 
-    x, y = sequence(b), sequence(a)
-    gen = torch.Generator().manual_seed(3)
-    last = {}
-    for context in (x, y):
-        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=gen).tolist()
-        last[id(context)] = decode(model, context, context.prefill(prompt, NEW_TOKENS), steps=2)
-    homes = {a: [x], b: [y]}
-    debts = debts_of(homes)
-    remote_tokens = PROMPT_TOKENS + NEW_TOKENS - 48
-    assert set(debts) == {(a, b), (b, a)} and debts[(a, b)] == debts[(b, a)] > 0
-    before = {address: held_bytes(channel) for address, channel in channels.items()}
-    assert before[a] == before[b] == debts[(a, b)]
-    assert plan_swaps(debts, min_swap_bytes=debts[(a, b)] + 1) == []  # not worth a recall
 
-    swaps = plan_swaps(debts, min_swap_bytes=1)
-    assert len(swaps) == 1 and set(swaps[0].cycle) == {a, b}
-    assert execute_swap(swaps[0], homes, channels) == 2 * debts[(a, b)]
-
-    for context, home in ((x, a), (y, b)):
-        remote = [p for p in context.places if isinstance(p, RemoteSegment)]
-        assert {p.address for p in remote} == {home} and sum(p.tokens for p in remote) == remote_tokens
-    assert debts_of(homes) == {}
-    assert {address: held_bytes(channel) for address, channel in channels.items()} == before
-    for context in (x, y):
-        decode(model, context, last[id(context)], steps=3)
-        context.close()
-    assert held_bytes(channels[a]) == held_bytes(channels[b]) == 0
+def test_recall_refuses_bad_input(creditor: WorkerProcess) -> None:
+    swaps = DebtSwaps(
+        HeldKV(MicroAttentionLimits(), node="home"), DgfmSettings(), PeerChannels(None), timeout_seconds=10
+    )
+    for creditor_name, max_bytes in (("", 1), ("home", 1), ("other:1", 0)):
+        with pytest.raises(InvalidArgument):
+            swaps.recall(creditor_name, max_bytes)
+    off = DebtSwaps(HeldKV(MicroAttentionLimits()), DgfmSettings(), PeerChannels(None), timeout_seconds=10)
+    with pytest.raises(FailedPrecondition, match="advertise_address"):
+        off.recall("other:1", 1)
+    stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(creditor.address))
+    for creditor_name, max_bytes, says in (
+        ("", 1, "not another worker"), (creditor.address, 1, "not another worker"), ("other:1", 0, "max_bytes"),
+    ):  # fmt: skip
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RecallKV(pb.RecallKVRequest(creditor=creditor_name, max_bytes=max_bytes), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT and says in refused.value.details()
+    no_debt = stub.RecallKV(pb.RecallKVRequest(creditor="other:1", max_bytes=1), timeout=10)
+    assert no_debt.moved_bytes == 0  # no live sequence there has KV on it

@@ -4,7 +4,9 @@ two peer workers, answers a 200-token prompt with the same greedy tokens as a wo
 pool holds it all (and as plain forwards of the whole sequence), its oldest KV placed on both peers and
 released there afterwards; past long_context.max_context_tokens it refuses with
 RESOURCE_EXHAUSTED naming the setting; n > 1 is INVALID_ARGUMENT. Without peers the same
-small pool refuses the turn (RESOURCE_EXHAUSTED) as before."""
+small pool refuses the turn (RESOURCE_EXHAUSTED) as before. A worker with no peers list
+but long_context.peers_from_scheduler places on the peers the turn names (as the
+scheduler does) and answers the same; the turn's peers are checked (INVALID_ARGUMENT)."""
 
 from __future__ import annotations
 
@@ -40,20 +42,25 @@ def workers(
             "peers": [peers["peer-a"].address, peers["peer-b"].address],
             "max_context_tokens": MAX_CONTEXT_TOKENS, "segment_tokens": 40,
         }  # fmt: skip
+        scheduled = {"peers_from_scheduler": True, "max_context_tokens": MAX_CONTEXT_TOKENS,
+                     "segment_tokens": 40, "max_turn_peers": 2}  # fmt: skip
         with running_workers(
-            root, model_dir, {"home": {**small, "long_context": long_context}, "alone": small}
-        ) as homes:
+            root, model_dir,
+            {"home": {**small, "long_context": long_context}, "alone": small,
+             "scheduled": {**small, "long_context": scheduled}},
+        ) as homes:  # fmt: skip
             yield peers | homes
 
 
 def greedy_turn(
-    address: str, prompt: list[int], max_tokens: int, **sampling: object
+    address: str, prompt: list[int], max_tokens: int, peers: tuple[str, ...] = (), **sampling: object
 ) -> tuple[list[int], pb.TurnStats]:
     with grpc.insecure_channel(address) as channel:
         request = pb.ExecuteTurnRequest(
             tenant="t",
             prompt_token_ids=pb.TokenIds(token_ids=prompt),
             sampling=pb.SamplingParams(max_tokens=max_tokens, **sampling),
+            long_context_peers=peers,
         )
         replies = list(worker_pb2_grpc.WorkerStub(channel).ExecuteTurn(request, timeout=120))
     return [r.token.token_id for r in replies[:-1]], replies[-1].stats
@@ -104,3 +111,31 @@ def test_parallel_samples_of_a_long_turn_are_invalid(workers: dict[str, WorkerPr
         greedy_turn(workers["home"].address, list(range(200)), max_tokens=8, n=2)
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "one sample" in (refused.value.details() or "")
+
+
+def test_peers_named_by_the_turn_serve_a_worker_without_a_peers_list(
+    workers: dict[str, WorkerProcess],
+) -> None:
+    """The scheduler names its other workers in each turn (long_context_peers); a worker
+    with long_context.peers_from_scheduler places on them, one without ignores them."""
+    prompt = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(7)).tolist()
+    peers = (workers["peer-a"].address, workers["peer-b"].address)
+    scheduled = workers["scheduled"].address
+    with grpc.insecure_channel(scheduled) as channel:
+        card = worker_pb2_grpc.WorkerStub(channel).DescribeModel(pb.DescribeModelRequest(), timeout=10)
+    assert card.max_turn_context_tokens == MAX_CONTEXT_TOKENS  # what the scheduler admits up to
+    tokens, stats = greedy_turn(scheduled, prompt, max_tokens=8, peers=peers)
+    big, _ = greedy_turn(workers["peer-a"].address, prompt, max_tokens=8)
+    assert tokens == big and stats.generated_tokens == 8
+    assert held_bytes(peers[0]) == held_bytes(peers[1]) == 0  # released
+    refusals = [
+        (scheduled, (), grpc.StatusCode.RESOURCE_EXHAUSTED, "peers have room for 0"),
+        (workers["alone"].address, peers, grpc.StatusCode.RESOURCE_EXHAUSTED, "KV pool"),
+        (scheduled, (*peers, peers[0]), grpc.StatusCode.INVALID_ARGUMENT, "more than the 2 allowed"),
+        (scheduled, ("a b:1",), grpc.StatusCode.INVALID_ARGUMENT, "not a gRPC target"),
+        (scheduled, ("",), grpc.StatusCode.INVALID_ARGUMENT, "not a gRPC target"),
+    ]
+    for address, named, code, says in refusals:
+        with pytest.raises(grpc.RpcError) as refused:
+            greedy_turn(address, prompt, max_tokens=8, peers=named)
+        assert refused.value.code() is code and says in (refused.value.details() or ""), named

@@ -99,6 +99,24 @@ def test_idle_segments_are_dropped() -> None:
     assert held.held_bytes == 2 * KV_BYTES
 
 
+def test_debts_are_kept_by_borrower_and_own_recalled_kv_is_never_idle() -> None:
+    clock = Clock()
+    held = HeldKV(MicroAttentionLimits(segment_idle_ttl_seconds=10), node="me:1", clock=clock)
+    k, v = kv(8)
+    held.append("a", 0, k[:, :4], v[:, :4], home="a:1")
+    with pytest.raises(InvalidArgument, match="belongs to home 'a:1', not 'b:1'"):
+        held.append("a", 4, k[:, 4:], v[:, 4:], home="b:1")
+    held.append("a", 4, k[:, 4:], v[:, 4:], home="a:1")
+    held.append("b", 0, *kv(4), home="b:1")
+    held.append("unnamed", 0, *kv(4))
+    held.append("mine", 0, *kv(4), home="me:1")  # recalled by DGFM: not a debt
+    assert held.held_for() == {"a:1": 2 * KV_BYTES, "b:1": KV_BYTES}
+    clock.now = 15
+    held.append("new", 0, *kv(4), home="b:1")  # drops the idle ones, never this worker's own
+    assert held.held_for() == {"b:1": KV_BYTES} and held.held_bytes == 2 * KV_BYTES
+    held.partial(["mine"], 0, torch.randn(1, 4, 8), torch.tensor([9]), scale=1.0, window=None)
+
+
 def test_cost_model_starts_remote_pulls_when_cheaper_and_after_a_refusal() -> None:
     costs = CostModel(refusal_backoff_calls=2)
     assert costs.choose(kv_bytes=10**6) is Mode.REMOTE  # nothing measured

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inference_worker.dist_attention.partial import Partial, merge, partial_attention
+from inference_worker.dist_attention.segment import LocalSegment, RecalledSegment
 
 TOLERANCE = 1e-4
 
@@ -111,3 +112,32 @@ def test_cuda_partials_match_cpu() -> None:
              for s in (slice(0, 150), slice(150, 300))]  # fmt: skip
     expected = monolithic(q, k, v, q_pos, k_pos, 0.2, 100)
     assert (merge(parts).out.cpu() - expected).abs().max() <= TOLERANCE
+
+
+def recalled_and_local(device: str) -> tuple[Partial, Partial]:
+    """The partial of a recalled segment (KV in host memory, as HeldKV keeps it) for queries
+    on `device`, and the same segment's partial computed on the host."""
+    q, k, v = random_qkv(3, queries=4, heads=6, tokens=40, kv_heads=2, dim=32)
+    local = LocalSegment(
+        1, 2, 32, start=100, capacity_tokens=40, dtype=torch.float32, device=torch.device("cpu")
+    )
+    local.append(k[None], v[None])
+    released: list[bool] = []
+    recalled = RecalledSegment(local, lambda: released.append(True))
+    positions = torch.arange(136, 140)
+    got = recalled.partial(0, q.to(device), positions.to(device), scale=0.2, window=None)
+    recalled.release()
+    assert released == [True] and got.out.device.type == device
+    return got, local.partial(0, q, positions, scale=0.2, window=None)
+
+
+def test_a_recalled_segment_attends_like_a_local_one() -> None:
+    got, expected = recalled_and_local("cpu")
+    assert torch.equal(got.out, expected.out) and torch.equal(got.lse, expected.lse)
+
+
+@pytest.mark.gpu
+def test_a_recalled_segment_answers_cuda_queries_on_the_gpu() -> None:
+    got, expected = recalled_and_local("cuda")
+    assert (got.out.cpu() - expected.out).abs().max() <= TOLERANCE
+    assert (got.lse.cpu() - expected.lse).abs().max() <= TOLERANCE

@@ -17,16 +17,18 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class AppendKVRequest(_message.Message):
-    __slots__ = ("segment_id", "start_position", "keys", "values")
+    __slots__ = ("segment_id", "start_position", "keys", "values", "home")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     start_position: int
     keys: Tensor
     values: Tensor
-    def __init__(self, segment_id: _Optional[str] = ..., start_position: _Optional[int] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    home: str
+    def __init__(self, segment_id: _Optional[str] = ..., start_position: _Optional[int] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., home: _Optional[str] = ...) -> None: ...
 
 class AppendKVResponse(_message.Message):
     __slots__ = ("segment_tokens", "held_bytes")
@@ -123,9 +125,35 @@ class DescribeLendingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeLendingResponse(_message.Message):
-    __slots__ = ("held_bytes", "max_held_bytes")
+    __slots__ = ("held_bytes", "max_held_bytes", "node", "held_for")
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FOR_FIELD_NUMBER: _ClassVar[int]
     held_bytes: int
     max_held_bytes: int
-    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ...) -> None: ...
+    node: str
+    held_for: _containers.RepeatedCompositeFieldContainer[HeldFor]
+    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ..., node: _Optional[str] = ..., held_for: _Optional[_Iterable[_Union[HeldFor, _Mapping]]] = ...) -> None: ...
+
+class HeldFor(_message.Message):
+    __slots__ = ("home", "bytes")
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    home: str
+    bytes: int
+    def __init__(self, home: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class RecallKVRequest(_message.Message):
+    __slots__ = ("creditor", "max_bytes")
+    CREDITOR_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    creditor: str
+    max_bytes: int
+    def __init__(self, creditor: _Optional[str] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class RecallKVResponse(_message.Message):
+    __slots__ = ("moved_bytes",)
+    MOVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    moved_bytes: int
+    def __init__(self, moved_bytes: _Optional[int] = ...) -> None: ...

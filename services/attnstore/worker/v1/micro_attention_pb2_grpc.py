@@ -64,6 +64,11 @@ class MicroAttentionStub:
                 request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingRequest.SerializeToString,
                 response_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingResponse.FromString,
                 _registered_method=True)
+        self.RecallKV = channel.unary_unary(
+                '/attnstore.worker.v1.MicroAttention/RecallKV',
+                request_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.RecallKVRequest.SerializeToString,
+                response_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.RecallKVResponse.FromString,
+                _registered_method=True)
 
 
 class MicroAttentionServicer:
@@ -113,6 +118,14 @@ class MicroAttentionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecallKV(self, request, context):
+        """Moves up to max_bytes of this worker's own sequences' KV held by `creditor` back
+        here (DGFM: the worker that finds a cycle of debts asks each debtor around it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MicroAttentionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_MicroAttentionServicer_to_server(servicer, server):
                     servicer.DescribeLending,
                     request_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingRequest.FromString,
                     response_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingResponse.SerializeToString,
+            ),
+            'RecallKV': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecallKV,
+                    request_deserializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.RecallKVRequest.FromString,
+                    response_serializer=attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.RecallKVResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +327,33 @@ class MicroAttention:
             '/attnstore.worker.v1.MicroAttention/DescribeLending',
             attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingRequest.SerializeToString,
             attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.DescribeLendingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecallKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnstore.worker.v1.MicroAttention/RecallKV',
+            attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.RecallKVRequest.SerializeToString,
+            attnstore_dot_worker_dot_v1_dot_micro__attention__pb2.RecallKVResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,7 +66,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop_strings: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ...) -> None: ...
 
 class ExecuteTurnRequest(_message.Message):
-    __slots__ = ("tenant", "messages", "prompt_token_ids", "pml", "sampling", "truncated_tokens", "save_generated", "history_tokens")
+    __slots__ = ("tenant", "messages", "prompt_token_ids", "pml", "sampling", "truncated_tokens", "save_generated", "history_tokens", "long_context_peers")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class ExecuteTurnRequest(_message.Message):
     TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAVE_GENERATED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LONG_CONTEXT_PEERS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     messages: ChatMessages
     prompt_token_ids: TokenIds
@@ -83,7 +84,8 @@ class ExecuteTurnRequest(_message.Message):
     truncated_tokens: int
     save_generated: bool
     history_tokens: int
-    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., pml: _Optional[_Union[PmlPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ...) -> None: ...
+    long_context_peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., pml: _Optional[_Union[PmlPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., truncated_tokens: _Optional[int] = ..., save_generated: _Optional[bool] = ..., history_tokens: _Optional[int] = ..., long_context_peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PmlPrompt(_message.Message):
     __slots__ = ("schema", "prompt", "repair_tokens", "add_generation_prompt", "repair_method", "repair_fraction")
