@@ -23,6 +23,7 @@ flat and prefill is as fast: compiling a kernel costs far less than the GEMM it 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Literal
 
 import structlog
@@ -42,10 +43,62 @@ UNAVAILABLE_VARIABLE = "ATTNSTORE_ONEDNN_UNAVAILABLE"
 
 
 class OneDnnLinear(nn.Linear):
-    """nn.Linear whose forward is oneDNN's; parameters (and weight tying) are untouched."""
+    """nn.Linear whose forward is oneDNN's; parameters (and weight tying) are untouched.
+
+    From two rows on, oneDNN reads a copy of the weight packed once in its blocked layout
+    (packed on the first such call: a linear the engine runs fused (`FusedProjection`) is
+    never packed twice). Inference only: the copy does not follow later changes to the
+    weight."""
+
+    packed: torch.Tensor | None = None  # the weight in oneDNN's layout (an mkldnn tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if _one_row(x):
+            return _onednn(x, self.weight, self.bias)
+        if self.packed is None:
+            self.packed = _pack(self.weight)
+        return _onednn(x, self.packed, self.bias)
+
+
+class FusedProjection:
+    """Linear layers that read the same input (a layer's q, k, v; an MLP's gate and up) as
+    one oneDNN GEMM over their weights concatenated and packed once: one call and one pass
+    over the input instead of one per layer. Each output is bitwise what its own layer
+    computes (oneDNN splits the work by output column; checked for SmolLM2's shapes from 2
+    to 640 rows); one row runs the layers themselves (`OneDnnLinear`'s matrix-vector case).
+    Not an nn.Module: no parameters of its own, nothing in the model's state dict."""
+
+    def __init__(self, linears: Sequence[nn.Linear]) -> None:
+        self.linears = tuple(linears)
+        self.packed = _pack(torch.cat([linear.weight for linear in linears]))
+        # Qwen2's q, k, v have biases, Llama's none: a layer without one adds zeros
+        biases = [
+            linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
+            for linear in linears
+        ]
+        self.bias = None if all(linear.bias is None for linear in linears) else torch.cat(biases).detach()
+        self.sizes = [linear.out_features for linear in linears]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [.., in] -> each layer's output [.., out_i] (views of one result)."""
+        if _one_row(x):
+            return tuple(linear(x) for linear in self.linears)
+        return _onednn(x, self.packed, self.bias).split(self.sizes, dim=-1)
+
+
+def _one_row(x: torch.Tensor) -> bool:
+    # One row runs oneDNN's matrix-vector kernel on the plain weight; the packed weight would
+    # run it through the matrix kernel, rounded differently. From two rows on, plain and
+    # packed weights give bitwise the same result (every SmolLM2 shape, 2 to 640 rows).
+    return x.numel() == x.shape[-1]
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
@@ -60,6 +113,10 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDnnLinear
+    for layer in getattr(getattr(model, "model", None), "layers", ()):
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.fused_qkv = FusedProjection((attn.q_proj, attn.k_proj, attn.v_proj))
+        mlp.fused_gate_up = FusedProjection((mlp.gate_proj, mlp.up_proj))
     return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear")
 
 
@@ -67,14 +124,16 @@ def _onednn_unavailable(dtype: torch.dtype) -> str | None:
     """Why oneDNN cannot run this model's linears, or None when it can."""
     if os.environ.get(UNAVAILABLE_VARIABLE) == "1":
         return f"{UNAVAILABLE_VARIABLE}=1"
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if not torch.backends.mkldnn.is_available() or not all(
+        hasattr(torch.ops.mkldnn, op) for op in ("_linear_pointwise", "_reorder_linear_weight")
+    ):
         return "torch built without oneDNN linear"
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 64, generator=generator).to(dtype)  # [batch, tokens, in]
     weight = torch.randn(48, 64, generator=generator).to(dtype)  # [out, in]
     bias = torch.randn(48, generator=generator).to(dtype)
     try:
-        got = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        got = _onednn(x, _pack(weight), bias)  # six rows: the packed weight's case
     except RuntimeError as exc:  # e.g. no bf16 inner product on a CPU without AVX-512
         return str(exc).splitlines()[0]
     expected = nn.functional.linear(x.float(), weight.float(), bias.float())  # [batch, tokens, out]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from inference_worker.cpu_linear import FusedProjection
 from inference_worker.engine.attention import DecodeTables, PagedKV, SequenceSlice, paged_attention, slots_of
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.sequence import Sequence
@@ -194,7 +195,7 @@ class PagedModelRunner:
                     scale=attn.scaling, window=self.windows[index],
                 )  # fmt: skip
             hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
 
@@ -224,10 +225,21 @@ def project_qkv(
     """The layer's q [tokens, heads, D], k, v [tokens, kv_heads, D] of the normed rows x,
     rotary embedding applied to q and k."""
     tokens, (cos, sin) = x.shape[0], rotary
-    q = attn.q_proj(x).view(tokens, geometry.heads, geometry.head_dim)
-    k = attn.k_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
-    v = attn.v_proj(x).view(tokens, geometry.kv_heads, geometry.head_dim)
+    fused: FusedProjection | None = getattr(attn, "fused_qkv", None)
+    q, k, v = fused(x) if fused is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+    q = q.view(tokens, geometry.heads, geometry.head_dim)
+    k = k.view(tokens, geometry.kv_heads, geometry.head_dim)
+    v = v.view(tokens, geometry.kv_heads, geometry.head_dim)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+
+def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden]."""
+    fused: FusedProjection | None = getattr(module, "fused_gate_up", None)
+    if fused is None:
+        return module(x)
+    gate, up = fused(x)
+    return module.down_proj(module.act_fn(gate) * up)
 
 
 def sliding_window(config: object, attn: object) -> int | None:

@@ -16,6 +16,8 @@ from deploy_support import (
     requirement_name,
 )
 
+from inference_worker.engine.decode_kernel import CACHE_VARIABLE
+
 # Project directory -> (settings env prefix, console script the image runs).
 SERVICES = {
     "kvstore-daemon": ("ATTNSTORE_DAEMON_", "attnstore-kvstore-daemon"),
@@ -130,6 +132,15 @@ def test_worker_takes_its_torch_variant_as_a_build_arg(dockerfiles: dict[str, Do
     assert dockerfile.pip_installs.index(torch_install) < next(
         i for i, args in enumerate(dockerfile.pip_installs) if "./inference-worker" in args
     )
+
+
+def test_worker_image_can_build_its_decode_kernel(dockerfiles: dict[str, Dockerfile]) -> None:
+    """The engine compiles engine/paged_decode.c at first use; without a compiler, or with
+    its cache under the user's nonexistent home, it falls back to torch's slower path."""
+    final = dockerfiles["inference-worker"].final
+    installs = " ".join(run for run in final.runs if "apt-get install" in run).split()
+    assert "gcc" in installs and "libc6-dev" in installs  # the compiler and the C headers
+    assert final.env[CACHE_VARIABLE].startswith("/tmp/")  # writable: helm mounts /tmp under a read-only root
 
 
 def test_worker_installs_the_default_model_without_its_dependencies(

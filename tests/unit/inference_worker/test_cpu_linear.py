@@ -13,7 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from inference_worker.cpu_linear import UNAVAILABLE_VARIABLE, OneDnnLinear, _onednn_unavailable
+from inference_worker.cpu_linear import (
+    UNAVAILABLE_VARIABLE,
+    FusedProjection,
+    OneDnnLinear,
+    _onednn_unavailable,
+)
 from inference_worker.model_card import kernels_message
 from inference_worker.model_store import load_model
 
@@ -80,3 +85,25 @@ def test_the_kernel_report_names_the_cpu_and_every_choice(tiny_model_dir: Callab
     assert kernels.attention.kernel.startswith("sdpa") and kernels.attention.reason
     message = kernels_message(kernels)
     assert message.linear.kernel == "torch" and message.cpu_capability == kernels.cpu_capability
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q, k, v with biases
+def test_fused_projections_give_bitwise_each_layers_output(
+    tiny_model_dir: Callable[..., Path], family: str
+) -> None:
+    model = load_model(tiny_model_dir(family), torch.float32, "cpu", cpu_linear="onednn").model
+    if _onednn_unavailable(torch.float32) is not None:
+        pytest.skip("oneDNN's fp32 inner product is unavailable on this CPU: no fused projections")
+    layer = model.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    assert isinstance(attn.fused_qkv, FusedProjection) and isinstance(mlp.fused_gate_up, FusedProjection)
+    assert family != "qwen2" or attn.fused_qkv.bias is not None
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for rows in (1, 2, 7, 64):  # one row: the layers' own matrix-vector kernel
+            x = torch.randn(rows, model.config.hidden_size, generator=generator)
+            for fused, linears in ((attn.fused_qkv, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                                   (mlp.fused_gate_up, (mlp.gate_proj, mlp.up_proj))):  # fmt: skip
+                for got, linear in zip(fused(x), linears, strict=True):
+                    assert torch.equal(got, linear(x))
+                    assert (got - nn.functional.linear(x, linear.weight, linear.bias)).abs().max() <= 1e-5
