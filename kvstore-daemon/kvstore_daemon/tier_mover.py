@@ -59,7 +59,8 @@ class TierMover:
         self.ssd = ssd
         self.peer = peer
         self.hints = hints
-        self.dram_policy, self.ssd_policy = make_tier_policies(settings.eviction_policy, hints, clock)
+        self.dram_policy, self.ssd_policy = make_tier_policies(
+            settings.eviction_policy, hints, clock, settings.predictive_lru_learning_rate)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
@@ -86,8 +87,8 @@ class TierMover:
 
     def chained(self, keys: Sequence[bytes]) -> None:
         """`keys` were read as one chain, root first (a lookup's stored prefix)."""
-        if isinstance(self.ssd_policy, PredictivePolicy):  # the tiers share what they learn
-            self.ssd_policy.on_chain(keys)
+        if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
+            self.dram_policy.on_chain(keys)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""
