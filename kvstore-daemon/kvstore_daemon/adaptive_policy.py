@@ -29,6 +29,8 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from sortedcontainers import SortedList
+
 from kvstore_daemon import metrics
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
@@ -46,7 +48,10 @@ class AdaptivePolicy:
         self._rate = learning_rate
         self._random = random.Random(seed)
         self.weight = 0.5  # of the predictive order
-        self._lru: OrderedDict[bytes, None] = OrderedDict()  # resident keys, least recently used first
+        # Resident keys by their last use in the store (a chunk DRAM demoted keeps its place:
+        # ordered by its arrival on SSD instead, LRU ranked DRAM's demotion order, not recency).
+        self._used_at: dict[bytes, int] = {}  # key -> tick of its last write or read
+        self._lru = SortedList()  # (tick, key), least recently used first
         self._ghosts = (OrderedDict[bytes, int](), OrderedDict[bytes, int]())  # per order: key -> tick at eviction
         self._last: tuple[bytes, int] | None = None  # the key the latest walk yielded last, and its order
         self._lives.born.append(self._stored)
@@ -54,31 +59,39 @@ class AdaptivePolicy:
 
     def on_insert(self, key: bytes) -> None:
         self._predictive.on_insert(key)
-        self._lru[key] = None
-        self._lru.move_to_end(key)
+        self._used(key)
 
     def on_access(self, key: bytes) -> None:
         self._predictive.on_access(key)
-        if key in self._lru:
-            self._lru.move_to_end(key)
+        if key in self._used_at:
+            self._used(key)
+
+    def _used(self, key: bytes) -> None:
+        tick = self._used_at.get(key)
+        if tick is not None:
+            self._lru.remove((tick, key))
+        tick = self._used_at[key] = self._lives.lives[key].tick
+        self._lru.add((tick, key))
 
     def on_remove(self, key: bytes) -> None:
         self._predictive.on_remove(key)
-        if self._lru.pop(key, False) is False:
+        tick = self._used_at.pop(key, None)
+        if tick is None:
             return
+        self._lru.remove((tick, key))
         if self._last is not None and self._last[0] == key:  # the walk's victim
             order, self._last = self._last[1], None
             if key not in self._lives.lives:  # it left the store
                 ghosts = self._ghosts[order]
                 ghosts[key] = self._lives.tick
-                while len(ghosts) > max(len(self._lru), 1):
+                while len(ghosts) > max(len(self._used_at), 1):
                     ghosts.popitem(last=False)
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._used_at)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._lru
+        return key in self._used_at
 
     def victims(self) -> Iterator[bytes]:
         if self._random.random() < self.weight:
@@ -87,7 +100,7 @@ class AdaptivePolicy:
 
     def _lru_walk(self) -> Iterator[bytes]:
         yield from self._predictive.given_up(self._predictive.refresh())
-        yield from self._lru  # the tier stops walking before it removes its victim
+        yield from (key for _, key in self._lru)  # the tier stops walking before it removes its victim
 
     def _tagged(self, order: int, keys: Iterator[bytes]) -> Iterator[bytes]:
         for key in keys:

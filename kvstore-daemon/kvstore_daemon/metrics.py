@@ -39,6 +39,10 @@ ORDER_REGRETS = Counter(
     ["order"],
 )
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
+PREFETCH_MOVES = Counter(
+    "attnstore_kvstore_prefetch_moves_total",
+    "predictive: predicted chunks moved from SSD to DRAM (their SSD copy dropped; persist_on_commit off)",
+)
 PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
 PEER_COPIES_FORGOTTEN = Counter(
     "attnstore_kvstore_peer_copies_forgotten_total", "Placements forgotten because their lender said it evicted them"
