@@ -109,7 +109,6 @@ def test_a_predictive_order_gone_wrong_costs_little_against_lru() -> None:
     lru = _hits(stream, _tier("lru"))
     predictive = _hits(stream, _tier("predictive", rate=0, learner=_read_late_only()))
     adaptive = _hits(stream, _tier("predictive", learner=_read_late_only()))
-    print(lru, predictive, adaptive)
     assert predictive < 0.85 * lru  # the order does mislead
     assert adaptive >= 0.95 * lru
 
@@ -119,7 +118,6 @@ def test_right_predictions_keep_most_of_their_gain_over_lru() -> None:
     lru = _hits(stream, _tier("lru"))
     predictive = _hits(stream, _tier("predictive", rate=0), _right(stream))
     adaptive = _hits(stream, _tier("predictive"), _right(stream))
-    print(lru, predictive, adaptive)
     assert predictive > lru + 0.3 * len(stream)  # a loop larger than the store: LRU hits nothing
     assert adaptive - lru >= 0.8 * (predictive - lru)
 
