@@ -1,6 +1,6 @@
-"""The SSD tier's online choice between the predictive order and LRU: on a stream where
-the scheduler's predictions are wrong it must do about as well as LRU, on one where they
-are right it must keep most of what they gain."""
+"""The SSD tier's online choice between the predictive order and LRU: where the predictive
+order is wrong (it learned another workload) it must do about as well as LRU, where it is
+right (the scheduler's predictions are) it must keep most of what it gains."""
 
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ CAPACITY = 40
 PUSH_EVERY = 20  # requests between two full prediction pushes
 
 Stream = list[bytes]
-# (the stream, the request index of a key's last use) -> that use's next one, in requests
-Predictor = Callable[[Stream, int], int]
 NEVER = 10**6
 
 
