@@ -77,7 +77,8 @@ def run_one(workload: Workload, policy: str, fractions: tuple[float, float], slo
     ssd = max(MiB, int(working_set * fractions[1]))
     run_dir = Path(tempfile.mkdtemp(prefix="attnstore-hitrate-", dir=work_dir))
     daemon = DaemonProcess(run_dir / "ssd", run_dir, run_dir / "daemon.log", {
-        **DAEMON_SETTINGS, "dram_capacity_bytes": dram, "ssd_capacity_bytes": ssd, "eviction_policy": policy,
+        **DAEMON_SETTINGS, **args.daemon_setting, "dram_capacity_bytes": dram, "ssd_capacity_bytes": ssd,
+        "eviction_policy": policy,
     })
     label = f"{workload.name} {policy} {fractions[0] * 100:g}%/{fractions[1] * 100:g}%"
     try:
@@ -113,7 +114,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="DRAM/SSD fractions of the working set, e.g. 0.01/0.1 (default: headline + sweep)")
     parser.add_argument("--workloads", nargs="+", choices=("mooncake", "sharegpt", "sharegpt-end", "sharegpt-over"),
                         default=["mooncake", "sharegpt", "sharegpt-end", "sharegpt-over"])
+    parser.add_argument("--daemon-setting", action="append", type=_setting, default=[], metavar="NAME=VALUE",
+                        help="a further daemon setting of every run, e.g. predictive_lru_learning_rate=0")
     args = parser.parse_args(argv)
+    args.daemon_setting = dict(args.daemon_setting)
     started, load_before = time.monotonic(), os.getloadavg()
     sharegpt = (args.sharegpt_conversations, SHAREGPT["sessions_per_s"], SHAREGPT["think_s"], SHAREGPT["seed"])
     loaders = {"mooncake": lambda: load_mooncake(args.mooncake_minutes, args.mooncake_trace),
@@ -144,6 +148,13 @@ def _capacity_point(text: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(f"expected DRAM/SSD fractions such as 0.01/0.1, got {text!r}") from None
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str, Any],
                   args: argparse.Namespace, seconds: float) -> None:
     summary, verdicts = summarize(rows, HEADLINE)
@@ -155,7 +166,8 @@ def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str,
         "workloads": {w.name: {**w.notes, "turns": w.turns, "working_set_chunks": w.working_set_bytes // CHUNK_BYTES,
                                "mean_service_demand_slots": round(w.mean_service_demand(), 1)} for w in workloads},
         "headline_fractions": HEADLINE, "sweep_dram_fractions": SWEEP_DRAM, "load": args.load,
-        "hint_interval_s": args.hint_interval, "chunk_bytes": CHUNK_BYTES, "daemon_settings": DAEMON_SETTINGS,
+        "hint_interval_s": args.hint_interval, "chunk_bytes": CHUNK_BYTES,
+        "daemon_settings": {**DAEMON_SETTINGS, **args.daemon_setting},
         "hit_rate": "prompt chunks found in the stored prefix at the turn's start / prompt chunks looked up",
         "dram_share_of_hits": "hit chunks Lookup found in DRAM / hit chunks",
         "waited_dram_share_of_hits": "the same over the turns that waited a hint interval or more in the queue",

@@ -63,6 +63,7 @@ class ChunkLives:
         self.children: dict[bytes, set[bytes]] = {}  # key -> its children alive in the store
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
         self.lost_child: list[Callable[[bytes], None]] = []  # called with a parent when a child leaves the store
+        self.born: list[Callable[[bytes], None]] = []  # called with a key when it enters the store
 
     def copied(self, key: bytes) -> Life:
         """A tier took a copy: a new life unless another tier holds one."""
@@ -75,6 +76,8 @@ class ChunkLives:
                 self.learner.hit(cls, self.tick - tick)
             life = self.lives[key] = Life(self.tick, self._clock())
             self._advance()
+            for listener in self.born:
+                listener(key)
         life.copies += 1
         return life
 

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
+from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_lives import ChunkLives
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.predictive_policy import PredictivePolicy
@@ -171,13 +172,16 @@ class LookaheadPolicy:
 
 
 def make_tier_policies(
-    name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic
+    name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic, lru_learning_rate: float = 0.0
 ) -> tuple[EvictionPolicy, EvictionPolicy]:
     """DRAM's and SSD's instances of the named policy; predictive's share what they learn
-    (a chunk moving between the tiers keeps its age and its reads)."""
+    (a chunk moving between the tiers keeps its age and its reads), and with a positive
+    `lru_learning_rate` the SSD's weighs the predictive order against LRU (adaptive_policy.py)."""
     if name == "predictive":
         lives = ChunkLives(clock)
-        return PredictivePolicy(hints, clock, lives, lowest_tier=False), PredictivePolicy(hints, clock, lives)
+        ssd = PredictivePolicy(hints, clock, lives)
+        return (PredictivePolicy(hints, clock, lives, lowest_tier=False),
+                AdaptivePolicy(ssd, lru_learning_rate) if lru_learning_rate > 0 else ssd)
     return make_policy(name, hints, clock), make_policy(name, hints, clock)
 
 

@@ -29,7 +29,20 @@ NEXT_USE_ERROR = Histogram(
     "Read time minus predicted use time, per read of a PREDICT-hinted key (negative = earlier than predicted)",
     buckets=(-600, -120, -30, -10, -1, 1, 10, 30, 120, 600),
 )
+PREDICTIVE_WEIGHT = Gauge(
+    "attnstore_kvstore_predictive_order_weight",
+    "predictive: share of SSD evictions that follow the predictive order rather than LRU (learned online)",
+)
+ORDER_REGRETS = Counter(
+    "attnstore_kvstore_order_regrets_total",
+    "predictive: chunks stored again soon after an order (predictive, lru) evicted them from the store",
+    ["order"],
+)
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
+PREFETCH_MOVES = Counter(
+    "attnstore_kvstore_prefetch_moves_total",
+    "predictive: predicted chunks moved from SSD to DRAM (their SSD copy dropped; persist_on_commit off)",
+)
 PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
 PEER_COPIES_FORGOTTEN = Counter(
     "attnstore_kvstore_peer_copies_forgotten_total", "Placements forgotten because their lender said it evicted them"

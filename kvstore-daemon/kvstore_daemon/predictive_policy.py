@@ -100,6 +100,10 @@ class PredictivePolicy:
         return key in self._resident
 
     def victims(self) -> Iterator[bytes]:
+        return self._walk(self.refresh())
+
+    def refresh(self) -> float:
+        """Takes in the hints and touches since the last walk; returns the time it did."""
         now = self._clock()
         self._hints.expire(now)
         if (self._hints.prediction_generation != self._sorted_for
@@ -107,7 +111,7 @@ class PredictivePolicy:
             self._sort(now)
         else:
             self._rank_repredicted(now)
-        return self._walk(now)
+        return now
 
     # ---- ranking ---------------------------------------------------------------
 
@@ -177,12 +181,17 @@ class PredictivePolicy:
                 self._add_fresh(key, self._rank(life, hint))
         self._repredicted_seen = len(repredicted)
 
-    def _walk(self, now: float) -> Iterator[bytes]:
-        queued: list[tuple[tuple[bool, float, int, bool], bytes]] = []
+    def given_up(self, now: float) -> Iterator[bytes]:
+        """Resident keys hinted EVICT_FIRST or DECLINE (at the last sort and still), least
+        recently used first."""
         for key in list(self._given_up):
             hint = self._hints.get(key, now)
             if hint is not None and hint.action.gives_up:
                 yield key
+
+    def _walk(self, now: float) -> Iterator[bytes]:
+        queued: list[tuple[tuple[bool, float, int, bool], bytes]] = []
+        yield from self.given_up(now)
         ranked = self._ranked
         while self._start < len(ranked) and (not self._valid(ranked[self._start])
                                              or self._park(ranked[self._start][1])):

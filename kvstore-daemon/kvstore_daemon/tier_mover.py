@@ -59,7 +59,8 @@ class TierMover:
         self.ssd = ssd
         self.peer = peer
         self.hints = hints
-        self.dram_policy, self.ssd_policy = make_tier_policies(settings.eviction_policy, hints, clock)
+        self.dram_policy, self.ssd_policy = make_tier_policies(
+            settings.eviction_policy, hints, clock, settings.predictive_lru_learning_rate)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
@@ -86,8 +87,8 @@ class TierMover:
 
     def chained(self, keys: Sequence[bytes]) -> None:
         """`keys` were read as one chain, root first (a lookup's stored prefix)."""
-        if isinstance(self.ssd_policy, PredictivePolicy):  # the tiers share what they learn
-            self.ssd_policy.on_chain(keys)
+        if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
+            self.dram_policy.on_chain(keys)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""
@@ -387,9 +388,28 @@ class TierMover:
             if budget < 0:
                 break
             if chunk.tier is TierName.SSD and chunk.promote_task is None:
-                self.spawn(self.promote_quietly(chunk, self._needed_after(next_use_at, now)))
+                self.spawn(self._move_to_dram(chunk, self._needed_after(next_use_at, now)))
                 started += 1
         return started
+
+    async def _move_to_dram(self, chunk: Chunk, may_evict: VictimFilter) -> None:
+        """A predicted chunk's promotion, as a move where the store keeps no SSD copy of what
+        DRAM holds (persist_on_commit off): a copy on both tiers is a chunk's room less in the
+        store (in a model of the daemon, Mooncake's 10 minutes at 1% / 10%: 6.1% of the gap
+        with the copies kept, 9.6% as moves). DRAM's eviction writes it back (start_persist).
+        The copy stays while anyone reads or writes it, or a borrower counts on it."""
+        await self.promote_quietly(chunk, may_evict)
+        if (self.settings.persist_on_commit or chunk.blocks is None or not chunk.on_ssd or chunk.readers
+                or chunk.deleted or chunk.borrower or not self._chunks.holds(chunk)
+                or (chunk.persist_task is not None and not chunk.persist_task.done())
+                or (chunk.promote_task is not None and not chunk.promote_task.done())):
+            return
+        self.ssd_policy.on_remove(chunk.key)
+        chunk.on_ssd = False
+        metrics.PREFETCH_MOVES.inc()
+        unlinking = self.ssd.discard(chunk)
+        if unlinking is not None:
+            await asyncio.shield(unlinking)
 
     def _needed_after(self, next_use_at: float, now: float) -> VictimFilter:
         def later(victim: Chunk) -> bool:

@@ -90,6 +90,34 @@ def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
     assert chunks.tiers(client, range(5)) == [DRAM, DRAM, SSD, DRAM, DRAM]
 
 
+def test_a_moved_up_chunk_drops_its_ssd_copy_and_is_written_back_when_dram_evicts_it_surviving_a_crash(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        ns = chunks.namespace
+        client.put_chunks(ns, chunks.items(0, 4))
+        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
+        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+        client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
+                    + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
+        poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
+        # A move: only chunk 2, which DRAM demoted for it, is on SSD (persist_on_commit is off).
+        poll_until(lambda: client.stats().ssd.chunks == 1, what="chunk 3's SSD copy dropped")
+        # Now chunk 3 is expected last: the next write takes its DRAM room, and it goes back to SSD.
+        client.hint(ns, [([chunks.key(3)], PREDICT, 0, 900.0)]
+                    + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in (0, 1, 2, 4)], replace=True)
+        client.put_chunks(ns, chunks.items(5, 6))
+        poll_until(lambda: chunks.tiers(client, [3]) == [SSD], what="chunk 3 written back to SSD")
+        assert client.get_whole_chunks(ns, [chunks.key(3)]) == [chunks.data(3)]
+    daemon.kill9()
+    daemon.start()
+    with KVStoreClient(daemon.address) as client:
+        assert client.get_whole_chunks(ns, [chunks.key(3)]) == [chunks.data(3)]  # from its SSD file
+
+
 def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
