@@ -24,6 +24,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import structlog
 
@@ -36,6 +37,7 @@ from attnstore.chunks.format import (
 )
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
 from attnstore.pool_ledger import LendingLimits
+from attnstore.shm_arena import Extent, seqlock_reads_supported
 from attnstore.token_buckets import TokenBuckets
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import (
@@ -62,6 +64,18 @@ from kvstore_daemon.ssd_tier import SsdTier
 from kvstore_daemon.tier_mover import TierMover
 
 log = structlog.get_logger("kvstore_daemon.store")
+
+
+@dataclass(frozen=True)
+class UnheldCopy:
+    """Where a DRAM chunk's bytes lay when a data-plane thread looked, without a reader on
+    it: bytes copied from `extents` are the chunk's if its blocks still have `versions`
+    after the copy (`ChunkStore.unheld_copies_valid`)."""
+
+    layout: ChunkLayout
+    extents: list[Extent]
+    blocks: tuple[int, ...]
+    versions: tuple[int, ...]
 
 
 class ChunkStore:
@@ -344,23 +358,51 @@ class ChunkStore:
             if size != reservation.size_bytes:
                 raise InvalidArgument(f"write id {write_id} reserved {reservation.size_bytes} bytes, not {size}")
 
-    def note_lease_free_reads(self, namespace: bytes, keys: Sequence[bytes]) -> None:
-        """Chunks a client copied from the arena on its own (version-checked, no lease):
-        hits and recency as for a leased read. Chunks gone meanwhile are ignored."""
+    def note_lease_free_reads(
+        self, namespace: bytes, keys: Sequence[bytes], bytes_transport: str | None = "shm"
+    ) -> None:
+        """Chunks copied from the arena without a lease (version-checked: a worker's copy,
+        or a data-plane thread's unheld send): hits and recency as for a leased read, and
+        their bytes out under `bytes_transport` (None: the caller counted them). Chunks
+        gone meanwhile are ignored."""
         self.namespaces.get(namespace)
         chunks = [c for c in (self._visible(namespace, key) for key in keys) if c is not None and c.blocks is not None]
         self._count_hits([chunk.tier for chunk in chunks], misses=0)
         for chunk in chunks:
             self._mover.touch(chunk)
-        metrics.BYTES_OUT.labels("shm").inc(sum(chunk.size_bytes for chunk in chunks))
+        if bytes_transport is not None:
+            metrics.BYTES_OUT.labels(bytes_transport).inc(sum(chunk.size_bytes for chunk in chunks))
 
-    def layer_views(self, chunk: Chunk, layer_start: int, layer_end: int) -> list[memoryview]:
-        """Zero-copy views of layers [layer_start, layer_end) of a chunk held by a reader."""
+    def unheld_copies(self, namespace: bytes, keys: Sequence[bytes]) -> list[UnheldCopy] | None:
+        """From a data-plane thread, off the event loop: where each chunk lies in DRAM, with
+        its blocks' versions; None unless every one is visible, parsed and in DRAM (the
+        caller then holds them on the loop, which promotes or says NotFound). Dict and
+        attribute reads only: the GIL makes each atomic, and the DRAM tier's discard lock
+        makes a chunk's blocks and versions agree."""
+        if not seqlock_reads_supported():
+            return None
+        copies = []
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            layout = chunk.layout if chunk is not None else None
+            placed = self.dram.versioned_extents(chunk) if chunk is not None and layout is not None else None
+            if layout is None or placed is None:
+                return None
+            copies.append(UnheldCopy(layout, *placed))
+        return copies
+
+    def unheld_copies_valid(self, copies: Sequence[UnheldCopy]) -> bool:
+        """No chunk of `copies` has left its blocks since they were taken (any thread)."""
+        return all(self.dram.unchanged(copy.blocks, copy.versions) for copy in copies)
+
+    def layer_views(self, chunk: Chunk | UnheldCopy, layer_start: int, layer_end: int) -> list[memoryview]:
+        """Zero-copy views of layers [layer_start, layer_end) of a chunk held by a reader
+        (or of an unheld copy, checked after use)."""
         assert chunk.layout is not None and chunk.extents is not None  # guaranteed by _acquire
         start, end = chunk.layout.layer_span(layer_start, layer_end)
         return self.dram.arena.views(chunk.extents, start, end)
 
-    def header_bytes(self, chunk: Chunk) -> bytes:
+    def header_bytes(self, chunk: Chunk | UnheldCopy) -> bytes:
         assert chunk.layout is not None and chunk.extents is not None
         return bytes(self.dram.arena.read(chunk.extents, 0, chunk.layout.data_offset))
 
