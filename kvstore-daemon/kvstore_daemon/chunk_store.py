@@ -36,7 +36,6 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
-from attnstore.pool_ledger import LendingLimits
 from attnstore.shm_arena import Extent, seqlock_reads_supported
 from attnstore.token_buckets import TokenBuckets
 from kvstore_daemon import metrics
@@ -108,7 +107,7 @@ class ChunkStore:
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
         self._peer = peer
-        self._lending = LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction)
+        self._lending = settings.lending_limits
         self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
@@ -221,15 +220,15 @@ class ChunkStore:
                 raise InvalidArgument(f"chunk {key.hex()} of {size} bytes is outside 1..{limit} bytes for this namespace")
         results = []
         for key, size in items:
-            if self._visible(namespace, key) is not None:
-                results.append(ReserveResult(key, ReserveStatus.ALREADY_STORED))
-                continue
-            if key in self._reserved_keys or key in self._chunks:
-                results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
-                continue
-            if borrower and not self._may_lend(size):
-                metrics.LENDING_REFUSED.inc()
-                results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
+            status = self._reserved_status(namespace, key)
+            if status is None and borrower:
+                if await self._make_lending_room(size):
+                    status = self._reserved_status(namespace, key)  # another reserve may have come meanwhile
+                else:
+                    metrics.LENDING_REFUSED.inc()
+                    status = ReserveStatus.NO_SPACE
+            if status is not None:
+                results.append(ReserveResult(key, status))
                 continue
             if self._admission and self.hints.declines(key, self._clock()):  # the scheduler expects no reader
                 metrics.ADMISSIONS_DECLINED.inc()
@@ -252,6 +251,14 @@ class ChunkStore:
             results.append(ReserveResult(key, ReserveStatus.RESERVED, write_id, tuple(extents)))
         self._update_gauges()
         return results
+
+    def _reserved_status(self, namespace: bytes, key: bytes) -> ReserveStatus | None:
+        """ALREADY_STORED or IN_PROGRESS when `key` cannot be reserved now, else None."""
+        if self._visible(namespace, key) is not None:
+            return ReserveStatus.ALREADY_STORED
+        if key in self._reserved_keys or key in self._chunks:
+            return ReserveStatus.IN_PROGRESS
+        return None
 
     def write(self, write_id: int, offset: int, data: bytes | memoryview) -> None:
         reservation = self._reservation(write_id)
@@ -456,6 +463,15 @@ class ChunkStore:
         metrics.PEER_COPIES_FORGOTTEN.inc(forgotten)
         self._update_gauges()
         return forgotten
+
+    async def _make_lending_room(self, size_bytes: int) -> bool:
+        """Whether a borrowed chunk of `size_bytes` fits the lending limits; a lender that
+        replaces borrowed chunks (pool_replace_borrowed) first evicts what it holds for
+        borrowers, least recently placed or read first, until it fits or none is left."""
+        while not self._may_lend(size_bytes):
+            if not self._lending.replace_borrowed or not await self._mover.evict_borrowed():
+                return False
+        return True
 
     def _may_lend(self, size_bytes: int) -> bool:
         """Whether a borrowed chunk fits the lending limits (pool_ledger.py's LendingLimits:

@@ -44,7 +44,7 @@ def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_
     daemon_factory: DaemonFactory, chunks: ChunkSet
 ) -> None:
     port = free_port()
-    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+    lender = daemon_factory(**LENDER, METRICS_PORT=port, POOL_REPLACE_BORROWED=False)
 
     async def borrow(indices: range) -> list[bytes]:  # as a peer's PeerTier places its evictions
         stored = []
@@ -69,6 +69,42 @@ def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_
 
         client.delete(chunks.namespace, lent_keys)  # given back: nothing lent
         assert scrape_metrics(port).get(LENT, 0.0) == 0.0
+
+
+def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_placed_or_read(
+    daemon_factory: DaemonFactory, chunks: ChunkSet
+) -> None:
+    """pool_replace_borrowed (the default): past its limits a lender evicts borrowed chunks
+    to take newer ones, as one LRU over the pool would, never its own; a borrowed chunk its
+    borrower read goes after the ones placed since."""
+    port = free_port()
+    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+    first = OWN
+
+    async def borrow_reading_the_first_once(indices: range) -> list[bytes]:
+        stored = []
+        async with AsyncKVStoreClient(lender.address) as peer:
+            for index in indices:
+                placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
+                                               borrower="node-b")  # fmt: skip
+                stored += placed.stored
+                if index == OWN + BORROWED // 2:  # about when the lender reaches its limits
+                    assert await peer.get_whole_chunks(chunks.namespace, [chunks.key(first)]) == [chunks.data(first)]
+        return stored
+
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, OWN))
+        assert len(asyncio.run(borrow_reading_the_first_once(range(OWN, OWN + BORROWED)))) == BORROWED
+
+        samples = scrape_metrics(port)
+        assert samples.get("attnstore_kvstore_lending_refused_total", 0.0) == 0.0
+        assert samples[LENT] <= 2.5 * MiB  # the ceiling holds
+        where = chunks.tiers(client, range(OWN + BORROWED))
+        assert None not in where[:OWN], "an own chunk was dropped for borrowed ones"
+        assert where[first] is not None and where[-1] is not None  # placed first but read; the newest
+        assert where[first + 1] is None  # placed early, never read: replaced
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
 
 
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
