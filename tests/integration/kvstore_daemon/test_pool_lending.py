@@ -40,25 +40,31 @@ def chunks(chunk_set: type[ChunkSet]) -> ChunkSet:
     return chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=5)  # 68 KiB each
 
 
+async def _borrow(address: str, chunks: ChunkSet, indices: range, read_first_after: int = -1) -> list[bytes]:
+    """Places chunks `indices` as a peer's PeerTier places its evictions; the keys stored.
+    The borrower reads the first of them back once `read_first_after` more are placed."""
+    stored = []
+    async with AsyncKVStoreClient(address) as peer:
+        for index in indices:
+            placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
+                                           borrower="node-b")  # fmt: skip
+            stored += placed.stored
+            if index == indices[0] + read_first_after:
+                first = indices[0]
+                assert await peer.get_whole_chunks(chunks.namespace, [chunks.key(first)]) == [chunks.data(first)]
+    return stored
+
+
 def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_limits(
     daemon_factory: DaemonFactory, chunks: ChunkSet
 ) -> None:
     port = free_port()
     lender = daemon_factory(**LENDER, METRICS_PORT=port, POOL_REPLACE_BORROWED=False)
 
-    async def borrow(indices: range) -> list[bytes]:  # as a peer's PeerTier places its evictions
-        stored = []
-        async with AsyncKVStoreClient(lender.address) as peer:
-            for index in indices:
-                placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
-                                               borrower="node-b")  # fmt: skip
-                stored += placed.stored
-        return stored
-
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, OWN))
-        lent_keys = asyncio.run(borrow(range(OWN, OWN + BORROWED)))
+        lent_keys = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED)))
 
         samples = scrape_metrics(port)
         assert 0 < len(lent_keys) < BORROWED  # it lent, then the limits refused the rest
@@ -80,22 +86,12 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
     port = free_port()
     lender = daemon_factory(**LENDER, METRICS_PORT=port)
     first = OWN
-
-    async def borrow_reading_the_first_once(indices: range) -> list[bytes]:
-        stored = []
-        async with AsyncKVStoreClient(lender.address) as peer:
-            for index in indices:
-                placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
-                                               borrower="node-b")  # fmt: skip
-                stored += placed.stored
-                if index == OWN + BORROWED // 2:  # about when the lender reaches its limits
-                    assert await peer.get_whole_chunks(chunks.namespace, [chunks.key(first)]) == [chunks.data(first)]
-        return stored
-
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, OWN))
-        assert len(asyncio.run(borrow_reading_the_first_once(range(OWN, OWN + BORROWED)))) == BORROWED
+        # the first borrowed chunk is read once, about when the lender reaches its limits
+        placed = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED), read_first_after=BORROWED // 2))
+        assert len(placed) == BORROWED
 
         samples = scrape_metrics(port)
         assert samples.get("attnstore_kvstore_lending_refused_total", 0.0) == 0.0
