@@ -21,6 +21,7 @@ from attnstore.data_plane_wire import pack_frame, recv_exactly_into, recv_frame
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
+from attnstore.kvstore_client.data_plane import TcpDataPlane
 
 if TYPE_CHECKING:
     from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
@@ -284,3 +285,36 @@ def test_an_unheld_read_says_after_its_bytes_whether_they_stayed_put(
         _recv_chunk_layers(sock, reply["headers"][0])
         assert recv_frame(sock, 1 << 20) == {"ok": True, "valid": False}
         assert client.lookup(huge.namespace, huge.keys(0, 1)).prefix_length == 0
+
+
+def test_a_read_whose_chunk_moves_under_its_unheld_send_is_asked_again_held(
+    daemon: DaemonProcess, stub: kvstore_pb2_grpc.KVStoreStub, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """The client's side of the trailer: while its buffers are being picked (the send of
+    12.6 MB stalls meanwhile), the chunk is deleted and stored again in other blocks; the
+    unheld send says invalid, and the client's second, held read places the bytes again."""
+    moved = chunk_set(b"data-plane-move!", num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=6)
+    data = moved.data(0)
+    out = bytearray(len(data))
+    placed: list[list[bytes]] = []
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        moved.register(client)
+        client.put_chunks(moved.namespace, moved.items(0, 1))
+
+        def place(headers: list[bytes]) -> list[memoryview]:
+            if not placed:  # the first, unheld send: its chunk moves under it
+                assert client.delete(moved.namespace, moved.keys(0, 1)) == 1
+                # stored again once the deleted copy's last reader (its SSD write) is done
+                poll_until(lambda: client.put_chunks(moved.namespace, moved.items(0, 1)).stored, what="stored again")
+            placed.append(headers)
+            return [memoryview(out)[decode_layout(headers[0]).data_offset :]]
+
+        plane = TcpDataPlane("127.0.0.1", _port(stub), ssl_context=None, server_hostname=None, token=None,
+                             timeout_seconds=10)  # fmt: skip
+        try:
+            plane.read_into_blocking(moved.namespace, moved.keys(0, 1), 0, 0, place)
+        finally:
+            plane.close()
+    layout = decode_layout(data)
+    assert len(placed) == 2
+    assert out[layout.data_offset :] == data[layout.data_offset :]
