@@ -7,9 +7,10 @@ its sessions need). Every node: DRAM 1 MiB, the rest SSD.
 
   islands       the three daemons, no ledger: a node's SSD evictions are deleted
   pooled        the same three in one ledger (a private Redis, heartbeats every 0.2 s,
-                lenders keep a 10% floor and lend up to 80%): SSD evictions go to a peer
-                with room above its floor, Lookup finds them there (TIER_PEER) and a read fetches
-                them back over the peer's data plane
+                lenders keep a 10% floor and lend up to 80%, then replace their least
+                recently placed or read borrowed chunks: the daemons' defaults): SSD
+                evictions go to a peer, Lookup finds them there (TIER_PEER) and a read
+                fetches them back over the peer's data plane
   one_big       one daemon with the three nodes' capacity serving every session
 
 At each turn's arrival its node looks up the prompt's chunks and reads the found prefix

@@ -47,6 +47,9 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
             lines.append(f"{verdict}  {what}: {summary[key]} (target >= {target})")
     by_size = summary["dataplane_get_vs_redis_get_every_size"]
     lines.append(f"note  data-plane Get vs Redis GET by chunk size (worst reader count): {by_size}")
+    blocking = summary["dataplane_get_blocking_vs_redis_get_every_size"]
+    lines.append(f"note  the blocking client's data-plane Get vs Redis GET by chunk size (worst reader count): {blocking}")
+    lines.append(f"note  the blocking client's data-plane Get vs LMCache: {summary['dataplane_get_blocking_vs_lmcache']}")
     return lines
 
 

@@ -6,7 +6,9 @@ ones. Every path moves the same bytes between two processes on loopback:
 
   dataplane_get           the SDK without shared memory: GetShm lease over gRPC, bytes over
                           the data plane into a preallocated buffer (checksums not verified)
-  dataplane_get_verified  the same, every layer's xxh3 verified (what a worker does)
+  dataplane_get_blocking  the SDK's blocking client (KVStoreClient) read by threads, as redis-py's
+                          rows are (no hop between an event loop and the client's threads)
+  dataplane_get_verified  the same as dataplane_get, every layer's xxh3 verified (what a worker does)
   dataplane_put           ReservePut, bytes over the data plane, CommitPut (the daemon
                           verifies every layer); an untimed Delete between puts
   grpc_get                the SDK's Get stream (the fallback), into the same buffers
@@ -46,7 +48,7 @@ import redis
 
 from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import chunk_key
-from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
 from attnstore.security import ClientCredentials
 from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
@@ -120,6 +122,9 @@ class Run:
         buffers = [memoryview(bytearray(item_bytes)) for _ in range(max(self.concurrencies))]
         keys = [key for key, _ in chunks]
         for path in paths:
+            if path == "dataplane_get_blocking":
+                self.blocking_reads(client_for(path).address, namespace, size, keys, buffers, item_bytes)
+                continue
             client = client_for(path)
             for c in self.concurrencies:
                 if path.endswith("put"):
@@ -137,6 +142,17 @@ class Run:
                     cell = await run_tasks(op, c, self.seconds, item_bytes)
                 self.record(path, size, c, cell)
             assert client.client_stats().transport == ("grpc" if path == "grpc_get" else "dataplane"), path
+
+    def blocking_reads(
+        self, address: str, namespace: bytes, size: str, keys: list[bytes], buffers: list[memoryview], item_bytes: int
+    ) -> None:  # fmt: skip
+        """The SDK's blocking client read by threads, as redis-py's rows are."""
+        with KVStoreClient(address, use_shm=False, verify_checksums=False) as client:
+            for c in self.concurrencies:
+                self.record("dataplane_get_blocking", size, c, run_threads(
+                    lambda w, n: client.get_chunks_into(namespace, [keys[(w + n) % len(keys)]], [buffers[w]]),
+                    c, self.seconds, item_bytes))  # fmt: skip
+            assert client.client_stats().transport == "dataplane"
 
     def redis_paths(self, url: str, size: str, chunks: list[tuple[bytes, bytes]]) -> None:
         item_bytes = len(chunks[0][1])
@@ -186,6 +202,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "dataplane_get_vs_redis_get_every_size": {
             size: _ratio(rows, "dataplane_get", "redis_get", size).get("min") for size in SIZES
         },
+        "dataplane_get_blocking_vs_redis_get_every_size": {
+            size: _ratio(rows, "dataplane_get_blocking", "redis_get", size).get("min") for size in SIZES
+        },
+        "dataplane_get_blocking_vs_lmcache": _ratio(rows, "dataplane_get_blocking", "lmcache_get", HEADLINE),
     }
     return summary
 
@@ -253,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     run = Run(sorted(args.concurrency), args.seconds or (0.5 if args.quick else 2.0))
     count = max(16, max(run.concurrencies))  # a chunk per put worker; readers spread over them
-    daemon_paths = ["dataplane_get", "dataplane_get_verified", "grpc_get", "dataplane_put"]
+    daemon_paths = ["dataplane_get", "dataplane_get_blocking", "dataplane_get_verified", "grpc_get", "dataplane_put"]
     with tempfile.TemporaryDirectory(prefix="attnstore-bench-pool-") as tmp:
         root = Path(tmp)
         redis_server = RedisProcess(root / "redis")

@@ -24,7 +24,7 @@ class ChunkIndex:
         self._chunks: dict[bytes, Chunk] = {}
         self._per_namespace: Counter[bytes] = Counter()
         self._lent: Counter[str] = Counter()  # bytes per borrower node
-        self._borrowed: dict[bytes, None] = {}  # keys held for borrowers, oldest first
+        self._borrowed: dict[bytes, None] = {}  # keys held for borrowers, least recently placed or read first
         # (borrower node, key) of borrowed chunks evicted (not deleted); bounded: without a
         # ledger to drain it, the oldest are forgotten.
         self._dropped_borrowed: deque[tuple[str, bytes]] = deque(maxlen=_MAX_DROPS_KEPT)
@@ -69,8 +69,13 @@ class ChunkIndex:
                 self._dropped_borrowed.append((chunk.borrower, chunk.key))
 
     def borrowed_keys(self) -> Iterator[bytes]:
-        """Keys held for pool borrowers, the oldest placement first."""
+        """Keys held for pool borrowers, least recently placed or read first."""
         return iter(self._borrowed)
+
+    def note_borrowed_read(self, key: bytes) -> None:
+        """A borrowed chunk was read: it goes last among the borrowed."""
+        if self._borrowed.pop(key, 0) is None:
+            self._borrowed[key] = None
 
     def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
         """(borrower node, key) of borrowed chunks evicted since the last call (not deleted

@@ -24,6 +24,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import structlog
 
@@ -35,7 +36,7 @@ from attnstore.chunks.format import (
     verify_layers,
 )
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
-from attnstore.pool_ledger import LendingLimits
+from attnstore.shm_arena import Extent, seqlock_reads_supported
 from attnstore.token_buckets import TokenBuckets
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import (
@@ -62,6 +63,18 @@ from kvstore_daemon.ssd_tier import SsdTier
 from kvstore_daemon.tier_mover import TierMover
 
 log = structlog.get_logger("kvstore_daemon.store")
+
+
+@dataclass(frozen=True)
+class UnheldCopy:
+    """Where a DRAM chunk's bytes lay when a data-plane thread looked, without a reader on
+    it: bytes copied from `extents` are the chunk's if its blocks still have `versions`
+    after the copy (`ChunkStore.unheld_copies_valid`)."""
+
+    layout: ChunkLayout
+    extents: list[Extent]
+    blocks: tuple[int, ...]
+    versions: tuple[int, ...]
 
 
 class ChunkStore:
@@ -94,7 +107,7 @@ class ChunkStore:
             settings.namespace_registrations_per_second, settings.namespace_registration_burst, clock
         )
         self._peer = peer
-        self._lending = LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction)
+        self._lending = settings.lending_limits
         self._mover = TierMover(settings, dram, ssd, self._chunks, namespaces, self.hints, clock, peer)
 
     # ---- start and stop ----------------------------------------------------------
@@ -207,15 +220,15 @@ class ChunkStore:
                 raise InvalidArgument(f"chunk {key.hex()} of {size} bytes is outside 1..{limit} bytes for this namespace")
         results = []
         for key, size in items:
-            if self._visible(namespace, key) is not None:
-                results.append(ReserveResult(key, ReserveStatus.ALREADY_STORED))
-                continue
-            if key in self._reserved_keys or key in self._chunks:
-                results.append(ReserveResult(key, ReserveStatus.IN_PROGRESS))
-                continue
-            if borrower and not self._may_lend(size):
-                metrics.LENDING_REFUSED.inc()
-                results.append(ReserveResult(key, ReserveStatus.NO_SPACE))
+            status = self._reserved_status(namespace, key)
+            if status is None and borrower:
+                if await self._make_lending_room(size):
+                    status = self._reserved_status(namespace, key)  # another reserve may have come meanwhile
+                else:
+                    metrics.LENDING_REFUSED.inc()
+                    status = ReserveStatus.NO_SPACE
+            if status is not None:
+                results.append(ReserveResult(key, status))
                 continue
             if self._admission and self.hints.declines(key, self._clock()):  # the scheduler expects no reader
                 metrics.ADMISSIONS_DECLINED.inc()
@@ -238,6 +251,14 @@ class ChunkStore:
             results.append(ReserveResult(key, ReserveStatus.RESERVED, write_id, tuple(extents)))
         self._update_gauges()
         return results
+
+    def _reserved_status(self, namespace: bytes, key: bytes) -> ReserveStatus | None:
+        """ALREADY_STORED or IN_PROGRESS when `key` cannot be reserved now, else None."""
+        if self._visible(namespace, key) is not None:
+            return ReserveStatus.ALREADY_STORED
+        if key in self._reserved_keys or key in self._chunks:
+            return ReserveStatus.IN_PROGRESS
+        return None
 
     def write(self, write_id: int, offset: int, data: bytes | memoryview) -> None:
         reservation = self._reservation(write_id)
@@ -264,7 +285,10 @@ class ChunkStore:
             self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
-            if reservation.key in self._ssd_only:
+            # A borrowed chunk goes to SSD and leaves DRAM, as a declined one: it is put durable,
+            # so a DRAM copy would take the lender's DRAM from its own node's chunks twice over
+            # (bench-pool's replay: lenders' DRAM went to copies of what their SSD held).
+            if reservation.key in self._ssd_only or reservation.borrower:
                 self._ssd_only.discard(reservation.key)
                 self._mover.spawn(self._mover.demote(chunk))
             elif self.settings.persist_on_commit or durable:
@@ -344,23 +368,51 @@ class ChunkStore:
             if size != reservation.size_bytes:
                 raise InvalidArgument(f"write id {write_id} reserved {reservation.size_bytes} bytes, not {size}")
 
-    def note_lease_free_reads(self, namespace: bytes, keys: Sequence[bytes]) -> None:
-        """Chunks a client copied from the arena on its own (version-checked, no lease):
-        hits and recency as for a leased read. Chunks gone meanwhile are ignored."""
+    def note_lease_free_reads(
+        self, namespace: bytes, keys: Sequence[bytes], bytes_transport: str | None = "shm"
+    ) -> None:
+        """Chunks copied from the arena without a lease (version-checked: a worker's copy,
+        or a data-plane thread's unheld send): hits and recency as for a leased read, and
+        their bytes out under `bytes_transport` (None: the caller counted them). Chunks
+        gone meanwhile are ignored."""
         self.namespaces.get(namespace)
         chunks = [c for c in (self._visible(namespace, key) for key in keys) if c is not None and c.blocks is not None]
         self._count_hits([chunk.tier for chunk in chunks], misses=0)
         for chunk in chunks:
             self._mover.touch(chunk)
-        metrics.BYTES_OUT.labels("shm").inc(sum(chunk.size_bytes for chunk in chunks))
+        if bytes_transport is not None:
+            metrics.BYTES_OUT.labels(bytes_transport).inc(sum(chunk.size_bytes for chunk in chunks))
 
-    def layer_views(self, chunk: Chunk, layer_start: int, layer_end: int) -> list[memoryview]:
-        """Zero-copy views of layers [layer_start, layer_end) of a chunk held by a reader."""
+    def unheld_copies(self, namespace: bytes, keys: Sequence[bytes]) -> list[UnheldCopy] | None:
+        """From a data-plane thread, off the event loop: where each chunk lies in DRAM, with
+        its blocks' versions; None unless every one is visible, parsed and in DRAM (the
+        caller then holds them on the loop, which promotes or says NotFound). Dict and
+        attribute reads only: the GIL makes each atomic, and the DRAM tier's discard lock
+        makes a chunk's blocks and versions agree."""
+        if not seqlock_reads_supported():
+            return None
+        copies = []
+        for key in keys:
+            chunk = self._visible(namespace, key)
+            layout = chunk.layout if chunk is not None else None
+            placed = self.dram.versioned_extents(chunk) if chunk is not None and layout is not None else None
+            if layout is None or placed is None:
+                return None
+            copies.append(UnheldCopy(layout, *placed))
+        return copies
+
+    def unheld_copies_valid(self, copies: Sequence[UnheldCopy]) -> bool:
+        """No chunk of `copies` has left its blocks since they were taken (any thread)."""
+        return all(self.dram.unchanged(copy.blocks, copy.versions) for copy in copies)
+
+    def layer_views(self, chunk: Chunk | UnheldCopy, layer_start: int, layer_end: int) -> list[memoryview]:
+        """Zero-copy views of layers [layer_start, layer_end) of a chunk held by a reader
+        (or of an unheld copy, checked after use)."""
         assert chunk.layout is not None and chunk.extents is not None  # guaranteed by _acquire
         start, end = chunk.layout.layer_span(layer_start, layer_end)
         return self.dram.arena.views(chunk.extents, start, end)
 
-    def header_bytes(self, chunk: Chunk) -> bytes:
+    def header_bytes(self, chunk: Chunk | UnheldCopy) -> bytes:
         assert chunk.layout is not None and chunk.extents is not None
         return bytes(self.dram.arena.read(chunk.extents, 0, chunk.layout.data_offset))
 
@@ -414,6 +466,15 @@ class ChunkStore:
         metrics.PEER_COPIES_FORGOTTEN.inc(forgotten)
         self._update_gauges()
         return forgotten
+
+    async def _make_lending_room(self, size_bytes: int) -> bool:
+        """Whether a borrowed chunk of `size_bytes` fits the lending limits; a lender that
+        replaces borrowed chunks (pool_replace_borrowed) first evicts what it holds for
+        borrowers, least recently placed or read first, until it fits or none is left."""
+        while not self._may_lend(size_bytes):
+            if not self._lending.replace_borrowed or not await self._mover.evict_borrowed():
+                return False
+        return True
 
     def _may_lend(self, size_bytes: int) -> bool:
         """Whether a borrowed chunk fits the lending limits (pool_ledger.py's LendingLimits:

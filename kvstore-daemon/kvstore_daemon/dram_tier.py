@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -61,6 +62,10 @@ class DramTier:
             os.close(self._lock_fd)
             raise
         self._closed = False
+        # Held while a chunk's blocks are freed and forgotten (`discard`) and while another
+        # thread reads a chunk's blocks with their versions (`versioned_extents`): a block
+        # then cannot be seen as the chunk's after its version was bumped.
+        self._discard_lock = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -126,8 +131,23 @@ class DramTier:
 
     def discard(self, chunk: Chunk) -> None:
         if chunk.blocks is not None:
-            self.free(chunk.blocks)
-            chunk.blocks = chunk.extents = None
+            with self._discard_lock:
+                self.free(chunk.blocks)
+                chunk.blocks = chunk.extents = None
+
+    def versioned_extents(self, chunk: Chunk) -> tuple[list[Extent], tuple[int, ...], tuple[int, ...]] | None:
+        """From any thread: the chunk's extents, blocks and their versions, read together; None
+        when it has no DRAM copy. Bytes copied from the extents are the chunk's if
+        `unchanged(blocks, versions)` after the copy (a seqlock read, as a worker's lease-free
+        copy of the arena: `shm_arena.BlockVersions`)."""
+        with self._discard_lock:
+            blocks, extents = chunk.blocks, chunk.extents
+            if blocks is None or extents is None:
+                return None
+            return extents, tuple(blocks), self._versions.read(blocks)
+
+    def unchanged(self, blocks: Sequence[int], versions: tuple[int, ...]) -> bool:
+        return self._versions.read(blocks) == versions
 
     def blocks_for(self, size_bytes: int) -> int:
         if size_bytes < 0:

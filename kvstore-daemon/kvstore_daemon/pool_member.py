@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from attnstore.pool_ledger import DaemonEntry, LendingLimits, PoolLedger
+from attnstore.pool_ledger import DaemonEntry, PoolLedger
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.tier import Tier
 
@@ -55,7 +55,7 @@ class PoolMember:
         self._ledger = PoolLedger(
             self._redis,
             settings.pool_heartbeat_seconds * _MISSED_HEARTBEATS,
-            LendingLimits(settings.pool_own_floor_fraction, settings.pool_max_lent_fraction),
+            settings.lending_limits,
         )
         self._grpc_address = ""  # known once the server is bound (`start`)
         self._store: PoolStore | None = None

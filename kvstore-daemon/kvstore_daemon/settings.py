@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from attnstore.kvstore_client.limits import MAX_KEYS_PER_REQUEST
+from attnstore.pool_ledger import LendingLimits
 from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
@@ -61,6 +62,11 @@ class DaemonSettings(ServiceSettings):
         0.2, ge=0, le=1, description="share of its capacity a daemon keeps free for its own node (lends none of it)"
     )
     pool_max_lent_fraction: float = Field(0.5, ge=0, le=1, description="share of its capacity a daemon may lend")
+    pool_replace_borrowed: bool = Field(
+        True,
+        description="a lender at its limits evicts what it holds for borrowers (least recently placed or read "
+        "first) to take newer borrowed chunks, as one LRU over the pool would; false = it refuses them",
+    )
     pool_capacity_bytes: int = Field(0, ge=0, description="bytes this daemon may place on peers in all; 0 = off")
     pool_place_dram_evictions: bool = Field(
         False,
@@ -134,6 +140,10 @@ class DaemonSettings(ServiceSettings):
     )
     shutdown_grace_seconds: float = Field(10.0, ge=0, description="in-flight calls and SSD writes get this long on SIGTERM")
 
+
+    @property
+    def lending_limits(self) -> LendingLimits:
+        return LendingLimits(self.pool_own_floor_fraction, self.pool_max_lent_fraction, self.pool_replace_borrowed)
 
     @property
     def pool_node_name(self) -> str:

@@ -16,7 +16,7 @@ import asyncio
 import errno
 import heapq
 import itertools
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 import structlog
@@ -77,6 +77,8 @@ class TierMover:
             task.cancel()
 
     def touch(self, chunk: Chunk) -> None:
+        if chunk.borrower:  # read by its borrower: the last of the lender's borrowed chunks to go
+            self._chunks.note_borrowed_read(chunk.key)
         hint = self.hints.get(chunk.key, now := self._clock())
         if hint is not None and hint.action is HintAction.PREDICT:
             metrics.NEXT_USE_ERROR.observe(now - hint.next_use_at)
@@ -140,17 +142,30 @@ class TierMover:
         durable, so they nearly all sit there and the walk stops at the first of them. One
         still in DRAM is skipped (dropping its SSD copy frees nothing of the node's; its
         demotion would write it back)."""
+        borrowed = self._borrowed_on(policy) if borrowed_first else ()
+        return self._first_evictable(itertools.chain(borrowed, policy.victims()), may_evict)
+
+    def _borrowed_on(self, policy: EvictionPolicy) -> Iterator[bytes]:
+        """Keys held for pool borrowers in `policy`'s tier and no other, least recently
+        placed or read first."""
+        return (key for key in self._chunks.borrowed_keys() if key in policy and self._chunks[key].blocks is None)
+
+    def _first_evictable(self, keys: Iterable[bytes], may_evict: VictimFilter | None) -> Chunk | None:
         now = self._clock()
-        borrowed = (
-            (key for key in self._chunks.borrowed_keys() if key in policy and self._chunks[key].blocks is None)
-            if borrowed_first
-            else ()
-        )
-        for key in itertools.chain(borrowed, policy.victims()):
+        for key in keys:
             chunk = self._chunks[key]
             if chunk.readers == 0 and chunk.pinned_until <= now and (may_evict is None or may_evict(chunk)):
                 return chunk
         return None
+
+    async def evict_borrowed(self) -> bool:
+        """Evicts the SSD chunk held for a pool borrower that goes first (its borrower is
+        told through the ledger), making room for a newer one; False if none can go."""
+        victim = self._first_evictable(self._borrowed_on(self.ssd_policy), None)
+        if victim is None:
+            return False
+        await self._evict_from_ssd(victim)
+        return True
 
     async def _evict_from_dram(self, chunk: Chunk) -> None:
         if self.settings.pool_place_dram_evictions and not chunk.on_ssd:

@@ -8,12 +8,18 @@ A connection carries frames and raw payloads on one TCP (or TLS) stream:
 Client                                   Daemon
   {"op": "hello", "token": t|None}   ->
                                      <-  {"ok": true}
-  {"op": "get", "namespace", "lease",
-   "chunks": [i...], "layer_start",
-   "layer_end"}                      ->
-                                     <-  {"ok": true, "headers": [bytes...]}
+  {"op": "get", "namespace", "keys": [k...] | "lease", "chunks": [i...],
+   "layer_start", "layer_end",
+   "unheld": bool (keys only)}       ->
+                                     <-  {"ok": true, "headers": [bytes...], "trailer": bool}
                                      <-  payload: layer start of each named chunk, then
                                          the next layer... (layer-major)
+                                     <-  with "trailer": {"ok": true, "valid": bool}
+
+`unheld`: the reader accepts chunks sent from the daemon's DRAM without a reader taken
+on them (no hop to its event loop); the daemon then answers "trailer" and, after the
+payload, whether the chunks stayed in their blocks while they were sent (a seqlock read).
+`valid` false: the payload is not the chunks'; the reader asks again without `unheld`.
   {"op": "put", "namespace",
    "writes": [[write_id, bytes]...]} ->
   payload: each write's bytes        ->

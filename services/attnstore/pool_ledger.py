@@ -57,16 +57,22 @@ class DaemonEntry:
 class LendingLimits:
     own_floor_fraction: float = 0.2  # of capacity kept free for its own node's chunks
     max_lent_fraction: float = 0.5  # of capacity it may hold for other daemons
+    # A lender at its limits makes room for a newer borrowed chunk by evicting older ones
+    # (their borrowers are told): the room lent turns over as one LRU over the pool would,
+    # instead of keeping the first chunks placed and refusing every later one.
+    replace_borrowed: bool = False
 
     def lendable_bytes(self, entry: DaemonEntry) -> int:
-        return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes)
+        return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes, self.replace_borrowed)
 
-    def more_lendable_bytes(self, capacity_bytes: int, free_bytes: int, lent_bytes: int) -> int:
+    def more_lendable_bytes(self, capacity_bytes: int, free_bytes: int, lent_bytes: int, replacing: bool = False) -> int:
         """What a daemon may take for others on top of what it lends: its free room above
-        its floor, up to its ceiling. The ledger ranks lenders by it; the lender checks a
-        borrowed chunk against it (ChunkStore.reserve)."""
-        above_floor = free_bytes - int(capacity_bytes * self.own_floor_fraction)
-        below_ceiling = int(capacity_bytes * self.max_lent_fraction) - lent_bytes
+        its floor, up to its ceiling; `replacing`, the room of what it lends counts too. The
+        ledger ranks lenders by it; the lender checks a borrowed chunk against it without
+        `replacing`, after evicting borrowed chunks if it replaces (ChunkStore.reserve)."""
+        replaceable = lent_bytes if replacing else 0
+        above_floor = free_bytes + replaceable - int(capacity_bytes * self.own_floor_fraction)
+        below_ceiling = int(capacity_bytes * self.max_lent_fraction) - lent_bytes + replaceable
         return max(0, min(above_floor, below_ceiling))
 
 
@@ -161,7 +167,13 @@ class PoolLedger:
             (live if entry is not None else stale).append(entry or daemon_id)
         if stale:
             await self._redis.zrem(_LENDABLE, *stale)
-        live.sort(key=lambda e: (e.node != requester.node, -self._limits.lendable_bytes(e)))
+        # Free room before room that evicting borrowed chunks would make.
+        limits = self._limits
+        live.sort(key=lambda e: (
+            e.node != requester.node,
+            -limits.more_lendable_bytes(e.capacity_bytes, e.free_bytes, e.lent_bytes),
+            -limits.more_lendable_bytes(e.capacity_bytes, e.free_bytes, e.lent_bytes, replacing=True),
+        ))  # fmt: skip
         return live[:count]
 
 

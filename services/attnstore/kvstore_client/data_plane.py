@@ -147,25 +147,37 @@ class TcpDataPlane:
     def read_into_blocking(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
     ) -> None:
-        read = self._open_read(_get_request(namespace, keys, layer_start, layer_end), len(keys))
+        # Unheld first: the daemon sends chunks in its DRAM without holding them on its event
+        # loop and says after the bytes whether they stayed put; a read that raced an
+        # eviction (rare) is asked again, held, and `place` is called again.
+        request = _get_request(namespace, keys, layer_start, layer_end)
+        if not self._read_whole({**request, "unheld": True}, len(keys), place):
+            self._read_whole(request, len(keys), place)
+
+    def _read_whole(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> bool:
+        """One whole read; whether its bytes are the chunks'."""
+        read = self._open_read(request, chunk_count)
         complete = False
         try:
             read.recv_all(place(read.headers))
+            valid = read.recv_trailer()
             complete = True
         finally:
             read.close(complete)
+        return valid
 
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
         sock = self.connect()
         try:
             send_frame(sock, request)
-            headers = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES)).get("headers")
+            reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
+            headers = reply.get("headers")
             if not isinstance(headers, list) or len(headers) != chunk_count:
                 raise DaemonProtocolError(f"the data plane sent headers for {chunk_count} chunks wrongly")
         except BaseException:
             sock.close()
             raise
-        return _TcpRead(self, sock, headers)
+        return _TcpRead(self, sock, headers, trailer=reply.get("trailer") is True)
 
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
         return await self.in_thread(self._write, namespace, writes)
@@ -197,10 +209,12 @@ def _get_request(namespace: bytes, keys: Sequence[bytes], layer_start: int, laye
 
 
 class _TcpRead:
-    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes]) -> None:
+    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes], *, trailer: bool) -> None:
+        """`trailer`: an unheld send, whose validity follows the payload."""
         self._plane = plane
         self._sock: socket.socket | None = sock
         self.headers = headers
+        self._trailer = trailer
 
     async def recv_into(self, views: Sequence[memoryview]) -> None:
         await self._plane.in_thread(self.recv_all, views)
@@ -209,6 +223,17 @@ class _TcpRead:
         if self._sock is None:
             raise DaemonProtocolError("the data-plane read is closed")
         recv_views(self._sock, views)
+
+    def recv_trailer(self) -> bool:
+        """Whether the bytes received are the chunks' (an unheld send's trailer says)."""
+        if not self._trailer:
+            return True
+        if self._sock is None:
+            raise DaemonProtocolError("the data-plane read is closed")
+        valid = raise_for_reply(recv_frame(self._sock, _MAX_REPLY_FRAME_BYTES)).get("valid")
+        if not isinstance(valid, bool):
+            raise DaemonProtocolError("the data plane's trailer lacks valid")
+        return valid
 
     def close(self, complete: bool) -> None:
         sock, self._sock = self._sock, None

@@ -259,6 +259,9 @@ class _DataPlaneRead(ChunkRead):
     def stream_views(self, outs: Sequence[memoryview], bases: Sequence[int]) -> list[memoryview]:
         """The slices of `outs` the layer-major stream fills, in its order; neighbours in
         one buffer are one slice (a single chunk's layers are one: a receive, not 30)."""
+        if len(self.layouts) == 1:  # no walk over the layers (60 us of a 0.5 MB read's Python)
+            start, end = self.layouts[0].layer_span(self.layer_start, self.layer_end)
+            return [outs[0][start - bases[0] : end - bases[0]]]
         spans: list[list[int]] = []  # [chunk index, first byte, end] in that chunk's buffer
         for layer in range(self.layer_start, self.layer_end):
             for index, layout in enumerate(self.layouts):
@@ -315,7 +318,7 @@ async def read_data_plane_into(
     2 cores; throughput moved within the noise)."""
     found: list[tuple[ChunkRead, Outs]] = []
     await plane.read_into(namespace, keys, layer_start, layer_end, _placer(layer_start, layer_end, outs_for, found))
-    return found[0]
+    return found[-1]  # a read asked again (data_plane.py) placed twice
 
 
 def read_data_plane_into_blocking(
@@ -326,7 +329,7 @@ def read_data_plane_into_blocking(
     blocking client's reads)."""
     found: list[tuple[ChunkRead, Outs]] = []
     plane.read_into_blocking(namespace, keys, layer_start, layer_end, _placer(layer_start, layer_end, outs_for, found))
-    return found[0]
+    return found[-1]  # a read asked again (data_plane.py) placed twice
 
 
 def _placer(

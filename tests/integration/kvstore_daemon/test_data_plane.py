@@ -17,10 +17,11 @@ import pytest
 from service_probes import free_port
 
 from attnstore.chunks.format import decode_layout
-from attnstore.data_plane_wire import pack_frame, recv_frame
+from attnstore.data_plane_wire import pack_frame, recv_exactly_into, recv_frame
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
+from attnstore.kvstore_client.data_plane import TcpDataPlane
 
 if TYPE_CHECKING:
     from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
@@ -130,8 +131,13 @@ def test_without_a_data_plane_the_client_uses_grpc(daemon_factory: DaemonFactory
 # ---- raw connections ---------------------------------------------------------------------------
 
 
-def _connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+def _connect(port: int, receive_buffer_bytes: int = 0) -> socket.socket:
+    """`receive_buffer_bytes`: a small window, so the daemon's send stalls until read."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    if receive_buffer_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+    sock.connect(("127.0.0.1", port))
     sock.sendall(pack_frame({"op": "hello", "token": None}))
     assert recv_frame(sock, 1 << 20) == {"ok": True}
     return sock
@@ -235,3 +241,80 @@ def test_a_writer_cut_mid_payload_stores_nothing(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert stub.AbortPut(kvstore_pb2.AbortPutRequest(write_ids=[write_id])).aborted_count == 1
     assert stub.Lookup(kvstore_pb2.LookupRequest(namespace=NAMESPACE, keys=[made.key(20)])).prefix_length == 0
+
+
+def _recv_chunk_layers(sock: socket.socket, header: bytes) -> bytes:
+    """The payload of a whole-chunk read that sent `header`: every layer."""
+    layout = decode_layout(header)
+    payload = bytearray(layout.total_bytes - layout.data_offset)
+    recv_exactly_into(sock, memoryview(payload))
+    return bytes(payload)
+
+
+def test_an_unheld_read_says_after_its_bytes_whether_they_stayed_put(
+    daemon: DaemonProcess, stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, chunk_set: type[ChunkSet]
+) -> None:
+    """`unheld`: the daemon sends DRAM chunks without holding them and a trailer says whether
+    they kept their blocks. A chunk deleted while its bytes are in flight (the reader holds
+    back, so the send of 12.6 MB stalls beyond both socket buffers) is reported invalid."""
+    port = _port(stub)
+    sock = _connect(port)
+    request = {"op": "get", "namespace": NAMESPACE, "keys": chunks.keys(0, 1), "layer_start": 0, "layer_end": 0}
+    sock.sendall(pack_frame(request | {"unheld": True}))
+    reply = recv_frame(sock, 1 << 20)
+    assert reply["trailer"] is True
+    data = chunks.data(0)
+    assert _recv_chunk_layers(sock, reply["headers"][0]) == data[decode_layout(data).data_offset :]
+    assert recv_frame(sock, 1 << 20) == {"ok": True, "valid": True}
+    sock.sendall(pack_frame(request))  # the same connection serves on; held, without a trailer
+    reply = recv_frame(sock, 1 << 20)
+    assert "trailer" not in reply and _recv_chunk_layers(sock, reply["headers"][0]) == data[4096:]
+    sock.sendall(pack_frame(request | {"unheld": 1}))
+    assert recv_frame(sock, 1 << 20)["code"] == "InvalidArgument"
+    assert sock.recv(1) == b""
+
+    huge = chunk_set(b"data-plane-huge!", num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=5)
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        huge.register(client)
+        client.put_chunks(huge.namespace, huge.items(0, 1))
+        sock = _connect(port, receive_buffer_bytes=4096)
+        sock.sendall(pack_frame(request | {"namespace": huge.namespace, "keys": huge.keys(0, 1), "unheld": True}))
+        reply = recv_frame(sock, 1 << 20)
+        assert reply["trailer"] is True
+        assert client.delete(huge.namespace, huge.keys(0, 1)) == 1  # while the send is stalled
+        _recv_chunk_layers(sock, reply["headers"][0])
+        assert recv_frame(sock, 1 << 20) == {"ok": True, "valid": False}
+        assert client.lookup(huge.namespace, huge.keys(0, 1)).prefix_length == 0
+
+
+def test_a_read_whose_chunk_moves_under_its_unheld_send_is_asked_again_held(
+    daemon: DaemonProcess, stub: kvstore_pb2_grpc.KVStoreStub, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """The client's side of the trailer: while its buffers are being picked (the send of
+    12.6 MB stalls meanwhile), the chunk is deleted and stored again in other blocks; the
+    unheld send says invalid, and the client's second, held read places the bytes again."""
+    moved = chunk_set(b"data-plane-move!", num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=6)
+    data = moved.data(0)
+    out = bytearray(len(data))
+    placed: list[list[bytes]] = []
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        moved.register(client)
+        client.put_chunks(moved.namespace, moved.items(0, 1))
+
+        def place(headers: list[bytes]) -> list[memoryview]:
+            if not placed:  # the first, unheld send: its chunk moves under it
+                assert client.delete(moved.namespace, moved.keys(0, 1)) == 1
+                # stored again once the deleted copy's last reader (its SSD write) is done
+                poll_until(lambda: client.put_chunks(moved.namespace, moved.items(0, 1)).stored, what="stored again")
+            placed.append(headers)
+            return [memoryview(out)[decode_layout(headers[0]).data_offset :]]
+
+        plane = TcpDataPlane("127.0.0.1", _port(stub), ssl_context=None, server_hostname=None, token=None,
+                             timeout_seconds=10)  # fmt: skip
+        try:
+            plane.read_into_blocking(moved.namespace, moved.keys(0, 1), 0, 0, place)
+        finally:
+            plane.close()
+    layout = decode_layout(data)
+    assert len(placed) == 2
+    assert out[layout.data_offset :] == data[layout.data_offset :]

@@ -15,10 +15,10 @@ import pytest
 from service_probes import free_port, scrape_metrics
 
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
+from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient, Tier
 
 if TYPE_CHECKING:
-    from conftest import ChunkSet, DaemonFactory
+    from conftest import ChunkSet, DaemonFactory, PollUntil
 
     from kvstore_daemon.launcher import DaemonProcess
 
@@ -40,25 +40,31 @@ def chunks(chunk_set: type[ChunkSet]) -> ChunkSet:
     return chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=5)  # 68 KiB each
 
 
+async def _borrow(address: str, chunks: ChunkSet, indices: range, read_first_after: int = -1) -> list[bytes]:
+    """Places chunks `indices` as a peer's PeerTier places its evictions; the keys stored.
+    The borrower reads the first of them back once `read_first_after` more are placed."""
+    stored = []
+    async with AsyncKVStoreClient(address) as peer:
+        for index in indices:
+            placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
+                                           borrower="node-b")  # fmt: skip
+            stored += placed.stored
+            if index == indices[0] + read_first_after:
+                first = indices[0]
+                assert await peer.get_whole_chunks(chunks.namespace, [chunks.key(first)]) == [chunks.data(first)]
+    return stored
+
+
 def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_limits(
     daemon_factory: DaemonFactory, chunks: ChunkSet
 ) -> None:
     port = free_port()
-    lender = daemon_factory(**LENDER, METRICS_PORT=port)
-
-    async def borrow(indices: range) -> list[bytes]:  # as a peer's PeerTier places its evictions
-        stored = []
-        async with AsyncKVStoreClient(lender.address) as peer:
-            for index in indices:
-                placed = await peer.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True,
-                                               borrower="node-b")  # fmt: skip
-                stored += placed.stored
-        return stored
+    lender = daemon_factory(**LENDER, METRICS_PORT=port, POOL_REPLACE_BORROWED=False)
 
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, OWN))
-        lent_keys = asyncio.run(borrow(range(OWN, OWN + BORROWED)))
+        lent_keys = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED)))
 
         samples = scrape_metrics(port)
         assert 0 < len(lent_keys) < BORROWED  # it lent, then the limits refused the rest
@@ -69,6 +75,44 @@ def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_
 
         client.delete(chunks.namespace, lent_keys)  # given back: nothing lent
         assert scrape_metrics(port).get(LENT, 0.0) == 0.0
+
+
+def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_placed_or_read(
+    daemon_factory: DaemonFactory, chunks: ChunkSet
+) -> None:
+    """pool_replace_borrowed (the default): past its limits a lender evicts borrowed chunks
+    to take newer ones, as one LRU over the pool would, never its own; a borrowed chunk its
+    borrower read goes after the ones placed since."""
+    port = free_port()
+    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+    first = OWN
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, OWN))
+        # the first borrowed chunk is read once, about when the lender reaches its limits
+        placed = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED), read_first_after=BORROWED // 2))
+        assert len(placed) == BORROWED
+
+        samples = scrape_metrics(port)
+        assert samples.get("attnstore_kvstore_lending_refused_total", 0.0) == 0.0
+        assert samples[LENT] <= 2.5 * MiB  # the ceiling holds
+        where = chunks.tiers(client, range(OWN + BORROWED))
+        assert None not in where[:OWN], "an own chunk was dropped for borrowed ones"
+        assert where[first] is not None and where[-1] is not None  # placed first but read; the newest
+        assert where[first + 1] is None  # placed early, never read: replaced
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
+
+
+def test_a_borrowed_chunk_lives_on_the_lenders_ssd_and_leaves_its_dram_to_its_own_node(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    lender = daemon_factory(**LENDER)
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1))  # its own: stays in DRAM
+        assert asyncio.run(_borrow(lender.address, chunks, range(1, 2))) == [chunks.key(1)]
+        poll_until(lambda: chunks.tiers(client, range(2)) == [Tier.DRAM, Tier.SSD], what="the borrowed chunk left DRAM")
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 2)) == [chunks.data(0), chunks.data(1)]
 
 
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(

@@ -30,10 +30,13 @@ MiB = 1024 * KiB
 NODES = ("node-a", "node-b")
 # Each node's tiers hold 2 MiB (the lender lends up to 1 MiB); the tiny model's chunks are
 # 8 KiB, the filler's 68 KiB: 48 of them push a first turn's chunks off its node's SSD.
+# The filler overflows what the lender may lend too: a lender that replaces borrowed
+# chunks (the default) would drop the turn's, placed first, as one LRU over the pool would;
+# this test is about routing, so its lender keeps what it took and refuses the rest.
 DAEMON_SETTINGS = {
     "dram_capacity_bytes": MiB, "dram_block_bytes": 64 * KiB, "ssd_capacity_bytes": MiB, "ssd_reserved_bytes": 0,
     "max_chunk_bytes": 512 * KiB, "eviction_policy": "lru", "pool_capacity_bytes": 64 * MiB,
-    "pool_heartbeat_seconds": 0.3, "pool_peer_timeout_seconds": 60,
+    "pool_heartbeat_seconds": 0.3, "pool_peer_timeout_seconds": 60, "pool_replace_borrowed": False,
 }  # fmt: skip
 FILLER = {"num_layers": 8, "kv_heads": 2, "head_dim": 64, "chunk_tokens": 16, "dtype": "float16"}
 FILLER_CHUNKS = 48
