@@ -63,11 +63,12 @@ def test_summary_and_verdicts() -> None:
     assert summary["ppl_delta_no_repair"] == pytest.approx((0.1 + 0.03 + 0) / 3, abs=1e-4)  # doc-QA only
     assert summary["ppl_delta_no_repair_compact"] == pytest.approx((0.06 + 0.03 + 0) / 3, abs=1e-4)
     assert summary["ppl_delta_with_repair_compact"] == pytest.approx(0.001 / 3, abs=1e-4)
-    assert summary["ppl_delta_with_repair"] == summary["ppl_delta_with_repair_first"]  # served layout only
+    # deviation at compact positions (the worker's default) is a served configuration, the best here
+    assert summary["ppl_delta_with_repair"] == summary["ppl_delta_with_repair_compact"]
     assert summary["ppl_delta_single_module"] == 0.0
     assert summary["ppl_delta_with_repair_first"] == pytest.approx(0.005 / 3, abs=1e-4)  # rounded to 4 places
     assert summary["ppl_delta_with_repair_deviation"] == pytest.approx(0.02 / 3, abs=1e-4)
-    assert summary["ppl_delta_with_repair"] == summary["ppl_delta_with_repair_first"]  # the better served method
+    assert summary["ppl_delta_with_repair_first"] < summary["ppl_delta_with_repair_deviation"]
     assert summary["ppl_delta_curve"]["first"][f"{REPAIR_FRACTIONS[0]:.2f}"] == pytest.approx(0.1)
     assert summary["greedy_agreement_with_repair_deviation"] == 0.75
     assert summary["ttft_speedup_doc_qa_repair_deviation"] == 15.0  # its TTFT twice the plain one
@@ -75,7 +76,7 @@ def test_summary_and_verdicts() -> None:
     lines = verdicts(summary)
     assert lines[0].startswith("PASS") and lines[1].startswith("n/a")
     assert lines[2].startswith("PASS")  # +4.3% <= 5%
-    assert lines[3].startswith("PASS")  # 0.17% <= 1% at 15% of module tokens
+    assert lines[3].startswith("PASS")  # 0.03% <= 1% at 15% of module tokens
     assert verdicts({**summary, "ppl_delta_with_repair": 0.02})[3].startswith("FAIL")
     assert verdicts({**summary, "repair_budget_fraction": 0.2})[3].startswith("FAIL")
     assert verdicts({**summary, "ppl_delta_no_repair": 0.2})[2].startswith("FAIL")
