@@ -285,10 +285,7 @@ class ChunkStore:
             self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
-            # A borrowed chunk goes to SSD and leaves DRAM, as a declined one: it is put durable,
-            # so a DRAM copy would take the lender's DRAM from its own node's chunks twice over
-            # (bench-pool's replay: lenders' DRAM went to copies of what their SSD held).
-            if reservation.key in self._ssd_only or reservation.borrower:
+            if reservation.key in self._ssd_only:
                 self._ssd_only.discard(reservation.key)
                 self._mover.spawn(self._mover.demote(chunk))
             elif self.settings.persist_on_commit or durable:

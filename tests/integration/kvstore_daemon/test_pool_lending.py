@@ -15,10 +15,10 @@ import pytest
 from service_probes import free_port, scrape_metrics
 
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient, Tier
+from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
 
 if TYPE_CHECKING:
-    from conftest import ChunkSet, DaemonFactory, PollUntil
+    from conftest import ChunkSet, DaemonFactory
 
     from kvstore_daemon.launcher import DaemonProcess
 
@@ -101,18 +101,6 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
         assert where[first] is not None and where[-1] is not None  # placed first but read; the newest
         assert where[first + 1] is None  # placed early, never read: replaced
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
-
-
-def test_a_borrowed_chunk_lives_on_the_lenders_ssd_and_leaves_its_dram_to_its_own_node(
-    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
-) -> None:
-    lender = daemon_factory(**LENDER)
-    with KVStoreClient(lender.address) as client:
-        chunks.register(client)
-        client.put_chunks(chunks.namespace, chunks.items(0, 1))  # its own: stays in DRAM
-        assert asyncio.run(_borrow(lender.address, chunks, range(1, 2))) == [chunks.key(1)]
-        poll_until(lambda: chunks.tiers(client, range(2)) == [Tier.DRAM, Tier.SSD], what="the borrowed chunk left DRAM")
-        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 2)) == [chunks.data(0), chunks.data(1)]
 
 
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
