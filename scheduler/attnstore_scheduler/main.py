@@ -23,6 +23,7 @@ import uvloop
 
 from attnstore.api.v1 import api_pb2_grpc
 from attnstore.pool_ledger import PoolLedger
+from attnstore.same_named import same_named
 from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.startup import start_service
@@ -127,14 +128,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         attempt_timeout_seconds=settings.turn_timeout_seconds,
         long_context_peers=settings.long_context_peers,
     )
-    limits = ApiLimits(
-        max_message_chars=settings.max_message_chars,
-        max_session_tokens=settings.max_session_tokens,
-        default_max_tokens=settings.default_max_tokens,
-        max_samples=settings.max_samples,
-        session_ttl_seconds=settings.session_ttl_seconds,
-        max_session_ttl_seconds=settings.max_session_ttl_seconds,
-    )
+    limits = same_named(ApiLimits, settings)
     activity = SessionActivity() if settings.hints.policy == "predictive" else None
     protection = SchemaProtection()
     hints = HintPusher(
