@@ -29,7 +29,9 @@ MiB = 1024 * 1024
 # No write-through to SSD: the store's bytes stay in DRAM and no background disk writes
 # share the 2 cores with the measurements (each conversation's chunks are deleted after it).
 DAEMON_SETTINGS = {
-    "dram_capacity_bytes": 2048 * MiB, "ssd_capacity_bytes": 256 * MiB, "max_chunk_bytes": 32 * MiB,
+    "dram_capacity_bytes": 2048 * MiB,
+    "ssd_capacity_bytes": 256 * MiB,
+    "max_chunk_bytes": 32 * MiB,
     "persist_on_commit": False,
 }
 WORKER_SETTINGS = {"health_check_interval_seconds": 0, "dtype": "float32"}
@@ -77,7 +79,9 @@ def reuse_stack(work_dir: Path, model_dir: Path, device: str, paths: list[ServeP
         WorkerSpec(
             path.key,
             daemon=0 if path.reuses else None,
-            settings={"chunk_tokens": path.chunk_tokens, "kvstore_use_shm": path.use_shm} if path.reuses else {},
+            settings={"chunk_tokens": path.chunk_tokens, "kvstore_use_shm": path.use_shm}
+            if path.reuses
+            else {},
         )
         for path in paths
     )
