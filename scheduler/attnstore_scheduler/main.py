@@ -29,6 +29,7 @@ from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.startup import start_service
 from attnstore.settings import run_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
+from attnstore_scheduler.callers import Callers
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue
@@ -158,9 +159,9 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         remember_node=turns.remember_schema_node,
         protection=protection,
     )
-    rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
-    servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits, schemas)
-    http = open_http_api(settings, ApiContext(turns, sessions, registry, api_keys, rate_limiter, limits))
+    callers = Callers(api_keys, RateLimiter(settings.requests_per_second, settings.requests_burst))
+    servicer = AttnStoreServicer(sessions, turns, callers, limits, schemas)
+    http = open_http_api(settings, ApiContext(turns, sessions, registry, callers, limits))
     discovery = topology_source(settings, registry)
     await registry.check_all()  # route from the first call on when workers are already up
     loop = asyncio.get_running_loop()
