@@ -94,12 +94,7 @@ class SessionRecord:
         """A session created now: a fresh id (ordered by time), created and updated now."""
         now = time.time()
         return cls(
-            tenant=tenant,
-            session_id=new_session_id(now),
-            ttl_seconds=ttl_seconds,
-            created_at=now,
-            updated_at=now,
-            messages=messages,
+            tenant, new_session_id(now), ttl_seconds, created_at=now, updated_at=now, messages=messages
         )
 
     @property
