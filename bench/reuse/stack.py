@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.same_named import same_named
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from attnstore_cli.local_stack import LocalStack
@@ -28,7 +29,9 @@ MiB = 1024 * 1024
 # No write-through to SSD: the store's bytes stay in DRAM and no background disk writes
 # share the 2 cores with the measurements (each conversation's chunks are deleted after it).
 DAEMON_SETTINGS = {
-    "dram_capacity_bytes": 2048 * MiB, "ssd_capacity_bytes": 256 * MiB, "max_chunk_bytes": 32 * MiB,
+    "dram_capacity_bytes": 2048 * MiB,
+    "ssd_capacity_bytes": 256 * MiB,
+    "max_chunk_bytes": 32 * MiB,
     "persist_on_commit": False,
 }
 WORKER_SETTINGS = {"health_check_interval_seconds": 0, "dtype": "float32"}
@@ -76,7 +79,9 @@ def reuse_stack(work_dir: Path, model_dir: Path, device: str, paths: list[ServeP
         WorkerSpec(
             path.key,
             daemon=0 if path.reuses else None,
-            settings={"chunk_tokens": path.chunk_tokens, "kvstore_use_shm": path.use_shm} if path.reuses else {},
+            settings={"chunk_tokens": path.chunk_tokens, "kvstore_use_shm": path.use_shm}
+            if path.reuses
+            else {},
         )
         for path in paths
     )
@@ -127,15 +132,7 @@ class Clients:
         if stats is None or first_token_at is None:
             raise RuntimeError(f"{path.key}: the turn ended without a token and its stats")
         fallback = None if stats.fallback == pb.FALLBACK_NONE else pb.Fallback.Name(stats.fallback)
-        return Timing(
-            ttft_ms=stats.ttft_ms,
-            reused_tokens=stats.reused_tokens,
-            compute_ms=stats.compute_ms,
-            kv_load_ms=stats.kv_load_ms,
-            kv_load_exposed_ms=stats.kv_load_exposed_ms,
-            client_ttft_ms=(first_token_at - started) * 1000,
-            fallback=fallback,
-        )
+        return same_named(Timing, stats, client_ttft_ms=(first_token_at - started) * 1000, fallback=fallback)
 
     async def wait_stored(self, namespace: bytes, keys: list[bytes]) -> bool:
         """Waits for a worker's background save of `keys`, so that it neither shares the CPU

@@ -37,6 +37,7 @@ import transformers
 
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.shm_arena import arena_root
+from attnstore_vllm.settings import ConnectorSettings, kv_transfer_config
 from bench.common.cpu_quiet import wait_until_idle
 from bench.common.results import RESULTS_DIR, print_report, save_results
 from bench.peers.run import usable_cores_bind
@@ -217,21 +218,15 @@ def main(argv: list[str]) -> dict[str, Any]:
         settings={"DRAM_CAPACITY_BYTES": kv_bytes, "SSD_CAPACITY_BYTES": 16 * kv_bytes},
     )
     daemon.shm_dir.mkdir()
-    connector = {
-        "kv_connector": "AttnStoreConnector",
-        "kv_connector_module_path": "attnstore_vllm.connector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "daemon": "",
-            "chunk_tokens": args.chunk_tokens,
-            "model_digest": model_digest(model_dir),
-        },
-    }
     servers: dict[str, BenchServer] = {}
     started = time.monotonic()
     try:
         daemon.start()
-        connector["kv_connector_extra_config"]["daemon"] = daemon.address
+        connector = kv_transfer_config(
+            ConnectorSettings(
+                daemon=daemon.address, chunk_tokens=args.chunk_tokens, model_digest=model_digest(model_dir)
+            )
+        )
         for side, config in ((ALONE, None), (WITH, connector)):
             servers[side] = BenchServer(
                 peer,
@@ -265,8 +260,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     }
     if not args.quick:
         save_results("vllm", result)
-        plot(records, f"vLLM CPU {peer.version} alone vs with AttnStoreConnector (SmolLM2-135M)",
-             RESULTS_DIR / "vllm.png")
+        plot(
+            records,
+            f"vLLM CPU {peer.version} alone vs with AttnStoreConnector (SmolLM2-135M)",
+            RESULTS_DIR / "vllm.png",
+        )
     print_report(format_table(summary), verdicts(summary), summary)
     return summary
 

@@ -4,6 +4,7 @@ limits that follow from the settings and the model."""
 from __future__ import annotations
 
 from attnstore.chunks.format import DTYPE_BYTES
+from attnstore.same_named import same_named
 from attnstore.worker.v1 import worker_pb2 as pb
 from inference_worker.kernels import KernelReport
 from inference_worker.kv_codec import DTYPE_NAMES
@@ -16,13 +17,11 @@ from inference_worker.validation import RequestLimits
 
 def request_limits(loaded: LoadedModel, settings: WorkerSettings, window: ContextWindow) -> RequestLimits:
     """The settings' limits; max_tokens capped so that every prompt fits the window once truncated."""
-    return RequestLimits(
+    return same_named(
+        RequestLimits,
+        settings,
         vocab_size=ModelGeometry.of(loaded.config).vocab_size,
-        max_prompt_tokens=settings.max_prompt_tokens,
         max_new_tokens=min(settings.max_new_tokens, window.max_new_tokens),
-        max_samples=settings.max_samples,
-        max_message_chars=settings.max_message_chars,
-        max_messages=settings.max_messages,
     )
 
 
@@ -56,9 +55,9 @@ def describe_model(
 
 
 def kernels_message(kernels: KernelReport) -> pb.KernelReport:
-    return pb.KernelReport(
-        device=kernels.device,
-        cpu_capability=kernels.cpu_capability,
-        linear=pb.KernelChoice(kernel=kernels.linear.kernel, reason=kernels.linear.reason),
-        attention=pb.KernelChoice(kernel=kernels.attention.kernel, reason=kernels.attention.reason),
+    return same_named(
+        pb.KernelReport,
+        kernels,
+        linear=same_named(pb.KernelChoice, kernels.linear),
+        attention=same_named(pb.KernelChoice, kernels.attention),
     )

@@ -10,6 +10,7 @@ import grpc
 
 from attnstore.errors import InvalidArgument
 from attnstore.finish_reasons import finish_reason_to_proto, samples_to_proto
+from attnstore.same_named import same_named
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker import metrics
@@ -138,31 +139,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def stats_message(stats: TurnStats) -> pb.TurnStats:
-    return pb.TurnStats(
-        prompt_tokens=stats.prompt_tokens,
-        reused_tokens=stats.reused_tokens,
-        reused_dram_chunks=stats.reused_dram_chunks,
-        reused_ssd_chunks=stats.reused_ssd_chunks,
-        generated_tokens=stats.generated_tokens,
+    return same_named(
+        pb.TurnStats,
+        stats,
         ttft_ms=stats.ttft_seconds * 1000,
         kv_load_ms=stats.kv_load_seconds * 1000,
         kv_load_exposed_ms=stats.kv_load_exposed_seconds * 1000,
         compute_ms=stats.compute_seconds * 1000,
-        saved_chunks=stats.saved_chunks,
         fallback=_FALLBACK[stats.fallback],
         finish_reason=finish_reason_to_proto(stats.finish_reason),
-        truncated_tokens=stats.truncated_tokens,
-        sink_tokens=stats.sink_tokens,
-        namespace=stats.namespace,
-        chunk_keys=stats.chunk_keys,
-        namespace_refused=stats.namespace_refused,
         samples=samples_to_proto(stats.samples),
-        module_tokens=stats.module_tokens,
-        repaired_tokens=stats.repaired_tokens,
-        encoded_modules=stats.encoded_modules,
-        restore_plan=stats.restore_plan,
         restore_recompute_ms=stats.restore_seconds.get("recompute", 0.0) * 1000,
         restore_hidden_ms=stats.restore_seconds.get("hidden", 0.0) * 1000,
         restore_kv_ms=stats.restore_seconds.get("kv", 0.0) * 1000,
-        prompt_token_ids=stats.prompt_token_ids,
     )

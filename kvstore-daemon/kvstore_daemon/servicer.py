@@ -10,6 +10,7 @@ import grpc
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
+from attnstore.same_named import same_named
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import ReserveStatus, TierName
 from kvstore_daemon.chunk_store import ChunkStore
@@ -71,17 +72,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.aio.ServicerContext) -> pb.RegisterNamespaceResponse:
         if not request.HasField("layout"):
             raise InvalidArgument("layout is required")
-        layout = request.layout
         max_bytes = self._store.register_namespace(
             check_namespace(request.namespace),
-            NamespaceLayout(
-                num_layers=layout.num_layers,
-                kv_heads=layout.kv_heads,
-                head_dim=layout.head_dim,
-                chunk_tokens=layout.chunk_tokens,
-                dtype=layout.dtype,
-                model_label=layout.model_label,
-            ),
+            same_named(NamespaceLayout, request.layout),
             _caller(context.peer()),
         )
         return pb.RegisterNamespaceResponse(max_chunk_bytes=max_bytes)
@@ -250,7 +243,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
         s = self._store.stats()
-        return pb.StatsResponse(
+        return same_named(
+            pb.StatsResponse,
+            s,
             dram=pb.TierStats(
                 capacity_bytes=s.dram_capacity_bytes, used_bytes=s.dram_used_bytes, chunks=s.dram_chunks,
                 hits=s.hits[TierName.DRAM], evictions=s.evictions[TierName.DRAM],
@@ -259,17 +254,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                 capacity_bytes=s.ssd_capacity_bytes, used_bytes=s.ssd_used_bytes, chunks=s.ssd_chunks,
                 hits=s.hits[TierName.SSD], evictions=s.evictions[TierName.SSD],
             ),
-            misses=s.misses,
             eviction_policy=self._settings.eviction_policy,
-            namespaces=s.namespaces,
-            reservations=s.reservations,
-            leases=s.leases,
-            pinned_chunks=s.pinned_chunks,
-            promotions=s.promotions,
-            demotions=s.demotions,
-            max_namespaces=s.max_namespaces,
             namespaces_refused_table_full=s.namespaces_refused["table_full"],
             namespaces_refused_rate_limited=s.namespaces_refused["rate_limited"],
-            namespaces_reclaimed=s.namespaces_reclaimed,
-            admissions_declined=s.admissions_declined,
         )

@@ -23,11 +23,13 @@ import uvloop
 
 from attnstore.api.v1 import api_pb2_grpc
 from attnstore.pool_ledger import PoolLedger
+from attnstore.same_named import same_named
 from attnstore.security import SecurityConfigError
 from attnstore.server.lifecycle import create_server, serve
 from attnstore.server.startup import start_service
 from attnstore.settings import run_or_exit
 from attnstore_scheduler.auth import ApiKeys, ApiKeysError
+from attnstore_scheduler.callers import Callers
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.hint_pusher import HintPusher
 from attnstore_scheduler.job_queue import JobQueue
@@ -127,14 +129,7 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         attempt_timeout_seconds=settings.turn_timeout_seconds,
         long_context_peers=settings.long_context_peers,
     )
-    limits = ApiLimits(
-        max_message_chars=settings.max_message_chars,
-        max_session_tokens=settings.max_session_tokens,
-        default_max_tokens=settings.default_max_tokens,
-        max_samples=settings.max_samples,
-        session_ttl_seconds=settings.session_ttl_seconds,
-        max_session_ttl_seconds=settings.max_session_ttl_seconds,
-    )
+    limits = same_named(ApiLimits, settings)
     activity = SessionActivity() if settings.hints.policy == "predictive" else None
     protection = SchemaProtection()
     hints = HintPusher(
@@ -164,9 +159,9 @@ async def run_scheduler(settings: SchedulerSettings) -> None:
         remember_node=turns.remember_schema_node,
         protection=protection,
     )
-    rate_limiter = RateLimiter(settings.requests_per_second, settings.requests_burst)
-    servicer = AttnStoreServicer(sessions, turns, api_keys, rate_limiter, limits, schemas)
-    http = open_http_api(settings, ApiContext(turns, sessions, registry, api_keys, rate_limiter, limits))
+    callers = Callers(api_keys, RateLimiter(settings.requests_per_second, settings.requests_burst))
+    servicer = AttnStoreServicer(sessions, turns, callers, limits, schemas)
+    http = open_http_api(settings, ApiContext(turns, sessions, registry, callers, limits))
     discovery = topology_source(settings, registry)
     await registry.check_all()  # route from the first call on when workers are already up
     loop = asyncio.get_running_loop()

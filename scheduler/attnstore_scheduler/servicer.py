@@ -14,9 +14,9 @@ from attnstore.api.v1 import api_pb2_grpc
 from attnstore.errors import InvalidArgument
 from attnstore.finish_reasons import finish_reason_to_proto, samples_to_proto
 from attnstore_scheduler import metrics
-from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
+from attnstore_scheduler.auth import Principal
+from attnstore_scheduler.callers import Callers
 from attnstore_scheduler.pml_requests import check_no_pml_options, pml_prompt
-from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id
@@ -35,27 +35,18 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
         self,
         sessions: Sessions,
         turns: Turns,
-        api_keys: ApiKeys | None,
-        rate_limiter: RateLimiter,
+        callers: Callers,
         limits: ApiLimits,
         schemas: Schemas,
     ) -> None:
-        """`api_keys` None: authentication is off and every caller is tenant 'default'."""
         self._schemas = schemas
         self._sessions = sessions
         self._turns = turns
-        self._api_keys = api_keys
-        self._rate_limiter = rate_limiter
+        self._callers = callers
         self._limits = limits
 
     def _caller(self, context: grpc.aio.ServicerContext) -> Principal:
-        principal = (
-            Principal(DEV_TENANT)
-            if self._api_keys is None
-            else self._api_keys.authenticate(context.invocation_metadata())
-        )
-        self._rate_limiter.check(principal.tenant)
-        return principal
+        return self._callers.admit(context.invocation_metadata() or ())
 
     async def CreateSession(
         self, request: api.CreateSessionRequest, context: grpc.aio.ServicerContext

@@ -89,6 +89,14 @@ class SessionRecord:
     chunk_keys: tuple[bytes, ...] = ()  # chain keys of the conversation's saved full chunks
     node: str = ""  # the node whose daemon holds the KV; "" before the first turn
 
+    @classmethod
+    def new(cls, tenant: str, ttl_seconds: int, messages: tuple[Message, ...] = ()) -> SessionRecord:
+        """A session created now: a fresh id (ordered by time), created and updated now."""
+        now = time.time()
+        return cls(
+            tenant, new_session_id(now), ttl_seconds, created_at=now, updated_at=now, messages=messages
+        )
+
     @property
     def expires_at(self) -> float:
         return self.updated_at + self.ttl_seconds

@@ -29,7 +29,7 @@ import structlog
 from attnstore.errors import NotFound, ResourceExhausted
 from attnstore_scheduler import metrics
 from attnstore_scheduler.session_activity import Expectation, SessionActivity
-from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord
 from attnstore_scheduler.session_store import SessionStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
 
@@ -65,14 +65,8 @@ class Sessions:
         self._max_kv_bytes_per_tenant = max_kv_bytes_per_tenant
 
     async def create(self, tenant: str, system_prompt: str, ttl_seconds: int) -> SessionRecord:
-        now = time.time()
-        record = SessionRecord(
-            tenant=tenant,
-            session_id=new_session_id(now),
-            ttl_seconds=ttl_seconds,
-            created_at=now,
-            updated_at=now,
-            messages=(Message("system", system_prompt),) if system_prompt else (),
+        record = SessionRecord.new(
+            tenant, ttl_seconds, (Message("system", system_prompt),) if system_prompt else ()
         )
         await self.store.create(record, self._max_sessions_per_tenant)
         metrics.SESSIONS_CREATED.inc()

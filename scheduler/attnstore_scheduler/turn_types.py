@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass
 
 from attnstore.finish_reasons import finish_reason_from_proto
+from attnstore.same_named import same_named
 from attnstore.worker.v1 import worker_pb2
 
 
@@ -82,25 +83,15 @@ def token_from_worker(token: worker_pb2.TokenChunk) -> Token:
 
 
 def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
-    return WorkerStats(
-        prompt_tokens=stats.prompt_tokens,
-        reused_tokens=stats.reused_tokens,
-        generated_tokens=stats.generated_tokens,
-        ttft_ms=stats.ttft_ms,
-        truncated_tokens=stats.truncated_tokens,
-        sink_tokens=stats.sink_tokens,
+    return same_named(
+        WorkerStats,
+        stats,
         finish_reason=_finish(stats.finish_reason),
-        namespace=stats.namespace,
         chunk_keys=tuple(stats.chunk_keys),
-        namespace_refused=stats.namespace_refused,
         samples=tuple(
             SampleStats(sample.generated_tokens, _finish(sample.finish_reason)) for sample in stats.samples
         )
         or (SampleStats(stats.generated_tokens, _finish(stats.finish_reason)),),
-        module_tokens=stats.module_tokens,
-        repaired_tokens=stats.repaired_tokens,
-        encoded_modules=stats.encoded_modules,
-        restore_plan=stats.restore_plan,
         restore_ms=(stats.restore_recompute_ms, stats.restore_hidden_ms, stats.restore_kv_ms),
         prompt_token_ids=tuple(stats.prompt_token_ids),
     )

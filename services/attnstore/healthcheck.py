@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from attnstore.same_named import same_named
 from attnstore.security.credentials import ClientCredentials, SecurityConfigError, sync_channel
 from attnstore.security.tls import ChannelSecurity
 from attnstore.server.ports import DAEMON_PORT
@@ -54,13 +55,7 @@ def check(
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
-        security = ChannelSecurity(
-            tls=args.tls,
-            ca_file=args.ca_file,
-            cert_file=args.cert_file,
-            key_file=args.key_file,
-            server_name=args.server_name,
-        )
+        security = same_named(ChannelSecurity, args, token_file=None)  # health needs no token
         credentials = security.load("healthcheck")
     except (ValueError, SecurityConfigError) as exc:  # pydantic's ValidationError is a ValueError
         print(f"attnstore-healthcheck: {exc}", file=sys.stderr)

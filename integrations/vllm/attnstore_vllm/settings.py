@@ -37,3 +37,14 @@ class ConnectorSettings(BaseModel):
 
 
 TENANT_PARAM = "attnstore_tenant"  # a request's kv_transfer_params key naming its tenant
+
+
+def kv_transfer_config(settings: ConnectorSettings) -> dict[str, Any]:
+    """vLLM's `kv_transfer_config` that loads this connector with the fields set on
+    `settings` (validated here, not first in vLLM's processes)."""
+    return {
+        "kv_connector": "AttnStoreConnector",
+        "kv_connector_module_path": "attnstore_vllm.connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": settings.model_dump(exclude_unset=True),
+    }

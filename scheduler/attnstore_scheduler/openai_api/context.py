@@ -1,5 +1,6 @@
 """What the HTTP routes share with the gRPC API: the turn path, sessions, the workers'
-model, API keys, the per-tenant rate limit and the API limits (one of each per scheduler)."""
+model, the callers' gate (API keys, per-tenant rate) and the API limits (one of each per
+scheduler)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from attnstore_scheduler.auth import DEV_TENANT, ApiKeys, Principal
+from attnstore_scheduler.callers import Callers
 from attnstore_scheduler.openai_api.errors import ApiError
-from attnstore_scheduler.rate_limit import RateLimiter
 from attnstore_scheduler.sessions import Sessions
 from attnstore_scheduler.turns import Turns
 from attnstore_scheduler.validation import ApiLimits, require_model
@@ -21,20 +21,13 @@ class ApiContext:
     turns: Turns
     sessions: Sessions
     registry: WorkerRegistry
-    api_keys: ApiKeys | None  # None: authentication off, every caller is tenant 'default'
-    rate_limiter: RateLimiter
+    callers: Callers
     limits: ApiLimits
 
     def tenant(self, request: Request) -> str:
         """The caller's tenant (`Authorization: Bearer <key>` or `x-api-key`), one call
         taken from its rate."""
-        principal = (
-            Principal(DEV_TENANT)
-            if self.api_keys is None
-            else self.api_keys.authenticate(list(request.headers.items()))
-        )
-        self.rate_limiter.check(principal.tenant)
-        return principal.tenant
+        return self.callers.admit(list(request.headers.items())).tenant
 
     def model_name(self) -> str:
         """The served model's name (its directory's name); 503 before a worker registered."""

@@ -8,8 +8,6 @@ serve the whole module."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,12 +19,12 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from running_daemon import running_daemon
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.server.ports import free_port
-from attnstore.shm_arena import arena_root
 from attnstore.worker.v1 import worker_pb2 as pb
 from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.launcher import WorkerProcess
@@ -67,16 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[.
     root = tmp_path_factory.mktemp("stack")
     # Peaked logits (initializer_range 0.2): greedy tokens never hinge on a near tie.
     model_dir = tiny_model_saver(root / "model", max_position_embeddings=512, initializer_range=0.2)
-    shm_root = arena_root(root)
-    shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-test-", dir=shm_root))
-    daemon = DaemonProcess(
-        root / "ssd",
-        shm_dir,
-        root / "daemon.log",
-        {"dram_capacity_bytes": 64 * MiB, "ssd_capacity_bytes": 256 * MiB, "max_chunk_bytes": 16 * MiB},
-    )
-    daemon.start()
-    try:
+    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=256 * MiB) as daemon:
         metrics_port = free_port()
         worker = WorkerProcess(
             root / "worker.log",
@@ -91,9 +80,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[.
         finally:
             channel.close()
             assert worker.stop() == 0, worker.log_tail()
-    finally:
-        daemon.stop()
-        shutil.rmtree(shm_dir, ignore_errors=True)
 
 
 def sampling(max_tokens: int = 8, **fields: Any) -> pb.SamplingParams:

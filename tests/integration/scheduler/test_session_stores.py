@@ -17,7 +17,7 @@ from scheduler_stack import RedisFactory, redis_store
 from attnstore.errors import ResourceExhausted, Unavailable
 from attnstore_scheduler.redis_schema_store import RedisSchemaStore
 from attnstore_scheduler.redis_turn_queue import queue_key
-from attnstore_scheduler.session_record import Message, SessionRecord, new_session_id
+from attnstore_scheduler.session_record import Message, SessionRecord
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 
 LOCK_WAIT_SECONDS = 1.0
@@ -36,15 +36,7 @@ async def store(request: pytest.FixtureRequest, redis_factory: RedisFactory) -> 
 
 
 def record(tenant: str = "acme", ttl_seconds: int = 60, **fields: object) -> SessionRecord:
-    now = time.time()
-    return SessionRecord(
-        tenant=tenant,
-        session_id=new_session_id(now),
-        ttl_seconds=ttl_seconds,
-        created_at=now,
-        updated_at=now,
-        **fields,  # type: ignore[arg-type]
-    )
+    return replace(SessionRecord.new(tenant, ttl_seconds), **fields)  # type: ignore[arg-type]
 
 
 async def test_a_session_round_trips_and_is_invisible_to_other_tenants(store: SessionStore) -> None:

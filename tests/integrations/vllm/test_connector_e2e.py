@@ -22,6 +22,7 @@ from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.shm_arena import SharedArena
+from attnstore_vllm.settings import ConnectorSettings, kv_transfer_config
 from inference_worker.model_store import model_digest
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -54,18 +55,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callab
 def engines(vllm_engine: Callable[..., Any], model_dir: Path, daemon: DaemonProcess) -> tuple[Any, Any]:
     """(vLLM with the connector, vLLM alone), started together."""
     options = {"block_size": BLOCK_TOKENS, "kv_cache_bytes": 64 * MiB}
-    connector_config = {
-        "kv_connector": "AttnStoreConnector",
-        "kv_connector_module_path": "attnstore_vllm.connector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "daemon": daemon.address,
-            "chunk_tokens": CHUNK_TOKENS,
-            "model_digest": model_digest(model_dir),  # the attnstore worker's: they share chunks
-            "lookup_timeout_seconds": 2.0,
-            "rpc_timeout_seconds": 2.0,
-        },
-    }
+    connector_config = kv_transfer_config(
+        ConnectorSettings(
+            daemon=daemon.address,
+            chunk_tokens=CHUNK_TOKENS,
+            model_digest=model_digest(model_dir),  # the attnstore worker's: they share chunks
+            lookup_timeout_seconds=2.0,
+            rpc_timeout_seconds=2.0,
+        )
+    )
     with_store = vllm_engine(model_dir, "with-connector", kv_transfer_config=connector_config, **options)
     alone = vllm_engine(model_dir, "alone", **options)
     with_store.wait_ready()

@@ -3,6 +3,8 @@ which chunks a truncated session still reads."""
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 
@@ -97,3 +99,19 @@ def test_truncation_leaves_the_dropped_chunks_unread(
         truncated_tokens=truncated_tokens,
     )
     assert record.readable_chunk_keys(chunk_tokens=16) == tuple(letter.encode() * 32 for letter in readable)
+
+
+def test_a_new_record_is_created_and_updated_now_with_a_fresh_id() -> None:
+    before = time.time()
+    first, second = (
+        SessionRecord.new("acme", 60),
+        SessionRecord.new("acme", 60, (Message("system", "be brief"),)),
+    )
+    assert before <= first.created_at == first.updated_at <= time.time()
+    assert check_session_id(first.session_id) and first.session_id < second.session_id
+    assert (first.tenant, first.ttl_seconds, first.messages, second.messages) == (
+        "acme",
+        60,
+        (),
+        (Message("system", "be brief"),),
+    )

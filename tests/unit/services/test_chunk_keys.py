@@ -1,9 +1,7 @@
-import subprocess
-import sys
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from other_interpreter import output_of
 
 from attnstore.chunks.keys import KEY_BYTES, NamespaceSpec, chunk_key, chunk_key_chain
 
@@ -18,13 +16,7 @@ def test_key_chain_is_identical_in_a_separate_process() -> None:
         "ns = NamespaceSpec(model_digest='smollm2-135m@abc', dtype='bfloat16', chunk_tokens=4).namespace_id();"
         "print(','.join(k.hex() for k in chunk_key_chain(ns, list(range(1000, 1010)), 4, include_partial=True)))"
     )
-    other = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONHASHSEED": "12345"},
-    ).stdout.strip()
+    other = output_of(script, hash_seed=12345)
     here = chunk_key_chain(SPEC.namespace_id(), TOKENS, 4, include_partial=True)
     assert other == ",".join(k.hex() for k in here)
 

@@ -1,9 +1,7 @@
 """Schema digests and module keys: stable, chunk-key sized, and different wherever KV differs."""
 
-import subprocess
-import sys
-
 import pytest
+from other_interpreter import output_of
 
 from attnstore.chunks.keys import KEY_BYTES, NamespaceSpec, chunk_key
 from attnstore.prompt_modules import (
@@ -48,13 +46,7 @@ def test_keys_do_not_depend_on_the_process() -> None:
         's = parse_schema(\'<schema name="s"><module name="a">x<module name="b">y</module></module></schema>\');'
         "print(module_key(ns, schema_digest(s), ('a', 'b')).hex())"
     )
-    other = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONHASHSEED": "7"},
-    ).stdout.strip()
+    other = output_of(script, hash_seed=7)
     assert other == module_key(TENANT_A, DIGEST, ("a", "b")).hex()
 
 
