@@ -114,7 +114,9 @@ class Bench:
             "ssd": files,
             **{throttled_tier(gbps): ThrottledReads(client, gbps * 1e9) for gbps in args.throttled_gbps},
         }
-        self.costs: dict[str, dict[str, float]] = {}  # per tier and history: measured per token and layer
+        self.costs: dict[
+            str, dict[str, float | str]
+        ] = {}  # per tier and history: measured per token and layer
         self.compute = ThreadPoolExecutor(1)
         self.stored: dict[str, tuple[bytes, list[bytes]]] = {}  # plan name -> namespace, keys
         self.projections: list[float] = []  # seconds per token and layer, this history's restores
@@ -273,6 +275,27 @@ class Bench:
             storage = plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True, chunk_tokens=chunk)
             await self.store(storage, token_ids, kv, hidden)
             chosen = plan_restore(costs, storage, tier, tokens, chunk_tokens=chunk)
+            # The best any plan can do on these costs as modelled (recomputation included):
+            # the planner's search without the mix margin and the swing checks.
+            ceiling = plan_restore(
+                costs,
+                plan_storage(
+                    costs,
+                    self.layers,
+                    tier,
+                    tokens,
+                    hidden_allowed=True,
+                    margin=0.0,
+                    chunk_tokens=chunk,
+                    compute_swing=1.0,
+                ),
+                tier,
+                tokens,
+                margin=0.0,
+                chunk_tokens=chunk,
+                compute_swing=1.0,
+            )
+            kv_modelled = restore_seconds(costs, tier, tokens, 0, 0, self.layers)
             self.costs[f"{tier}/{tokens}"] = {
                 **{
                     f"{name}_us_per_token_layer": round(seconds * 1e6, 2)
@@ -283,9 +306,9 @@ class Bench:
                         ("recompute", costs.recompute_seconds),
                     )
                 },
-                "modelled_best_vs_kv": round(
-                    restore_seconds(costs, tier, tokens, 0, 0, self.layers) / chosen.estimated_seconds, 3
-                ),
+                "modelled_best_vs_kv": round(kv_modelled / chosen.estimated_seconds, 3),
+                "predicted_ceiling_vs_kv": round(kv_modelled / ceiling.estimated_seconds, 3),
+                "predicted_ceiling_plan": ceiling.name,
                 # Hidden+KV mixes at best 1 + (hidden read)/(projection) x KV loading (many
                 # layers, reads and projections overlapping; 2 when the projection is
                 # cheaper than the read): that ceiling, and the rate at which it is the
@@ -332,7 +355,7 @@ class Bench:
 
 async def measure(
     args: argparse.Namespace, address: str, model: PreTrainedModel
-) -> tuple[list[Row], dict[str, dict[str, float]]]:
+) -> tuple[list[Row], dict[str, dict[str, float | str]]]:
     rows: list[Row] = []
     async with AsyncKVStoreClient(address, timeout_seconds=120.0) as client:
         bench = Bench(model, client, FileTier(WORK_DIR / "files"), args)
@@ -419,7 +442,9 @@ def main(argv: list[str] | None = None) -> None:
         **vars(args),
         "device": args.device,
         "dtype": "float32",
-        "linears": type(model.model.layers[0].self_attn.k_proj).__name__,  # OneDnnLinear where oneDNN runs them
+        "linears": type(
+            model.model.layers[0].self_attn.k_proj
+        ).__name__,  # OneDnnLinear where oneDNN runs them
         "startup_profile": dict(
             zip(
                 ("project_per_token_layer", "recompute_per_token_layer", "recompute_per_pair_layer"),
