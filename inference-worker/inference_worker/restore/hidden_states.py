@@ -15,8 +15,9 @@ equal the forward's bit for bit in fp32 on the same device. Where the model's li
 on oneDNN (cpu_linear.py, the worker's default on a CPU), K and V come from one GEMM over
 [W_k | W_v] (`FusedProjection`, each output bitwise its own linear's): the GEMM is 85-90%
 of a projection (12 x 768 MHA Llama, 256-token chunks, load 7: 38 of 42-44 us per token
-and layer; the norm and RoPE about 1 us each), and oneDNN's packed GEMM ran it 1.3-1.4x
-faster than torch's default (F.linear, 42 us -> 30 us, same run).
+and layer; the norm and RoPE about 1 us each), and the whole projection ran 1.12-1.17x
+faster than on torch's default linears (interleaved, load 6: best 24.0-24.5 us against
+27.7-28.2, median 46.9-56.6 against 54.0-63.2).
 
 Shapes: H [tokens, hidden]; positions [tokens]; K, V [kv_heads, tokens, head_dim].
 """
