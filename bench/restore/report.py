@@ -15,6 +15,7 @@ THROTTLED_SPEEDUP_TARGET = 1.5  # planner vs KV loading on the throttled tier
 HIDDEN_BYTES_TARGET = 0.55  # stored bytes per token of hidden states vs KV (MHA)
 
 Row = dict[str, Any]  # tier, history_tokens, method, seconds, plan, bytes_per_token, read_bytes
+Costs = dict[str, dict[str, float | str]]  # per "tier/history": the planner's measured costs (run.py)
 THROTTLED = "throttled"
 
 
@@ -49,7 +50,7 @@ def _seconds(rows: list[Row], tier: str, tokens: int, method: str) -> float:
 
 
 def summarize(
-    rows: list[Row], tiers: list[str], histories: list[int], costs: dict[str, dict[str, float | str]]
+    rows: list[Row], tiers: list[str], histories: list[int], costs: Costs
 ) -> tuple[dict[str, Any], list[str]]:
     """The worst case over histories of each ratio; PASS/FAIL lines for the issue's targets.
     `costs`: the planner's measured costs per "tier/history" (run.py)."""
@@ -125,7 +126,7 @@ def summarize(
 
 
 def _over_histories(
-    costs: dict[str, dict[str, float | str]],
+    costs: Costs,
     tiers: list[str],
     histories: list[int],
     name: str,

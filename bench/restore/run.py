@@ -41,6 +41,7 @@ from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
 from bench.restore.report import (
     THROTTLED_SPEEDUP_TARGET,
+    Costs,
     Row,
     format_table,
     plot,
@@ -114,9 +115,7 @@ class Bench:
             "ssd": files,
             **{throttled_tier(gbps): ThrottledReads(client, gbps * 1e9) for gbps in args.throttled_gbps},
         }
-        self.costs: dict[
-            str, dict[str, float | str]
-        ] = {}  # per tier and history: measured per token and layer
+        self.costs: Costs = {}  # per tier and history: measured per token and layer
         self.compute = ThreadPoolExecutor(1)
         self.stored: dict[str, tuple[bytes, list[bytes]]] = {}  # plan name -> namespace, keys
         self.projections: list[float] = []  # seconds per token and layer, this history's restores
@@ -353,9 +352,7 @@ class Bench:
         return rows
 
 
-async def measure(
-    args: argparse.Namespace, address: str, model: PreTrainedModel
-) -> tuple[list[Row], dict[str, dict[str, float | str]]]:
+async def measure(args: argparse.Namespace, address: str, model: PreTrainedModel) -> tuple[list[Row], Costs]:
     rows: list[Row] = []
     async with AsyncKVStoreClient(address, timeout_seconds=120.0) as client:
         bench = Bench(model, client, FileTier(WORK_DIR / "files"), args)
@@ -442,9 +439,8 @@ def main(argv: list[str] | None = None) -> None:
         **vars(args),
         "device": args.device,
         "dtype": "float32",
-        "linears": type(
-            model.model.layers[0].self_attn.k_proj
-        ).__name__,  # OneDnnLinear where oneDNN runs them
+        # OneDnnLinear where oneDNN runs them
+        "linears": type(model.model.layers[0].self_attn.k_proj).__name__,
         "startup_profile": dict(
             zip(
                 ("project_per_token_layer", "recompute_per_token_layer", "recompute_per_pair_layer"),
