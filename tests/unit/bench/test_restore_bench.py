@@ -57,8 +57,17 @@ def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
         + rows(slow, 2, {"recompute": 9.0, "kv": 4.0, "hidden": 3.0, "planner": 2.5})
     )
     costs = {
-        f"{slow}/1": {"modelled_best_vs_kv": 2.1, "gbps_for_throttled_target": 0.2, "mix_ceiling_vs_kv": 1.9},
-        f"{slow}/2": {"modelled_best_vs_kv": 1.7, "gbps_for_throttled_target": 0.3, "mix_ceiling_vs_kv": 1.8},
+        f"{slow}/{n}": {
+            "modelled_best_vs_kv": modelled,
+            "gbps_for_throttled_target": gbps,
+            "mix_ceiling_vs_kv": mix,
+            "predicted_ceiling_vs_kv": predicted,
+            "predicted_ceiling_plan": plan,
+        }
+        for n, modelled, gbps, mix, predicted, plan in [
+            (1, 2.1, 0.2, 1.9, 2.0, "r0h12k0"),
+            (2, 1.7, 0.3, 1.8, 1.75, "r0h10k2"),
+        ]
     }
     summary, verdicts = summarize(table, ["dram", slow], [1, 2], costs)
     assert slow == "throttled-0.1GBps"
@@ -68,6 +77,13 @@ def test_the_summary_takes_the_worst_history_and_judges_the_targets() -> None:
     assert summary["throttled_gbps_for_target_at_measured_projection"] == {slow: 0.3}
     assert summary["mix_ceiling_vs_kv_load_throttled"] == {slow: 1.8}
     assert "ceiling on this machine, 1 + hidden read / projection: 1.80x" in verdicts[-2]
+    assert "the best plan modelled on the run's costs: 1.75x" in verdicts[-2]
+    assert summary["predicted_vs_measured_throttled"][f"{slow}/2"] == {
+        "predicted_ceiling_vs_kv": 1.75,
+        "predicted_ceiling_plan": "r0h10k2",
+        "mix_ceiling_vs_kv": 1.8,
+        "measured_vs_kv": 1.6,
+    }
     assert summary["planner_timeline_throttled"][f"{slow}/2"]["compute_seconds"] == 1.25
     assert summary["hidden_vs_kv_bytes"] == 0.5
     assert [line.split()[0] for line in verdicts] == ["FAIL", "PASS", "PASS", "PASS"]

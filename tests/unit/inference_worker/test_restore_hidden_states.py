@@ -2,7 +2,8 @@
 1e-4), at the positions they were computed at and at shifted ones; recomputing the first
 layers gives their K and V and the next layer's input. A random multi-head Llama, the tiny
 grouped-query Llama, and the real SmolLM2 weights (GQA: the projection works whatever the
-shapes; only storing hidden states does not pay there)."""
+shapes; only storing hidden states does not pay there); each also with its linears on
+oneDNN, as the worker runs them, where K and V come from one fused GEMM."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from inference_worker.cpu_linear import OneDnnLinear, use_onednn_linears
 from inference_worker.model_store import default_model_dir, load_model
 from inference_worker.restore.hidden_states import project_kv, recompute_layers
 
@@ -48,12 +50,26 @@ def check_projection(model: PreTrainedModel, tokens: int, first_position: int) -
         got_k, got_v = project_kv(model, layer, states, positions)
         assert_close(got_k, k)
         assert_close(got_v, v)
+    fused = [hasattr(layer.self_attn, "fused_kv") for layer in model.model.layers]
+    assert fused == [on_onednn(model)] * len(fused)  # the fused GEMM ran exactly where oneDNN runs
 
 
-@pytest.fixture(params=["mha", "gqa"])
+def on_onednn(model: PreTrainedModel) -> bool:
+    return isinstance(model.model.layers[0].self_attn.k_proj, OneDnnLinear)
+
+
+def with_linears(model: PreTrainedModel, linears: str) -> PreTrainedModel:
+    """`model` with its linears on oneDNN (`onednn`, as the worker runs them) or torch's."""
+    if linears == "onednn":
+        assert use_onednn_linears(model, torch.float32).kernel == "onednn"
+    return model
+
+
+@pytest.fixture(params=["mha-torch", "gqa-torch", "mha-onednn", "gqa-onednn"])
 def model(request: pytest.FixtureRequest, tiny_llama_factory) -> PreTrainedModel:
-    heads = 4 if request.param == "mha" else 2
-    return tiny_llama_factory(num_key_value_heads=heads)
+    attention, linears = request.param.split("-")
+    heads = 4 if attention == "mha" else 2
+    return with_linears(tiny_llama_factory(num_key_value_heads=heads), linears)
 
 
 @pytest.mark.parametrize("first_position", [0, 37], ids=["original", "shifted"])
@@ -100,7 +116,17 @@ def test_projected_and_recomputed_kv_on_cuda(tiny_llama_factory, first_position:
     assert_close(hidden, inputs[2])
 
 
-def test_real_smollm2_weights() -> None:
-    model = load_model(default_model_dir(), torch.float32, "cpu").model
+@pytest.mark.parametrize("linears", ["torch", "onednn"])
+def test_biased_projections(tiny_qwen2_factory, linears: str) -> None:
+    """Qwen2's k and v have biases: the fused GEMM adds them as the linears do."""
+    model = with_linears(tiny_qwen2_factory(num_key_value_heads=4), linears)
+    check_projection(model, 40, 0)
+    check_projection(model, 40, 37)
+
+
+@pytest.mark.parametrize("linears", ["torch", "onednn"])
+def test_real_smollm2_weights(linears: str) -> None:
+    model = load_model(default_model_dir(), torch.float32, "cpu", cpu_linear=linears).model
+    assert on_onednn(model) == (linears == "onednn")
     check_projection(model, 24, 0)
     check_projection(model, 24, 100)
