@@ -25,21 +25,26 @@ ROLES = ("system", "user", "assistant")
 
 
 _RANDOM_BITS = 80
-_last_id_lock = threading.Lock()
-_last_id = (0, 0)  # (millis, random part) of the latest id this process made
 
 
-def new_session_id(now_seconds: float | None = None) -> str:
-    global _last_id
-    millis = int((time.time() if now_seconds is None else now_seconds) * 1000)
-    with _last_id_lock:
-        last_millis, last_random = _last_id
-        if millis == last_millis and last_random + 1 < 1 << _RANDOM_BITS:
-            random_part = last_random + 1
-        else:
-            random_part = secrets.randbits(_RANDOM_BITS)
-        _last_id = (millis, random_part)
-    return f"{millis:012x}{random_part:020x}"
+class SessionIds:
+    """Makes session ids. Remembers the latest id it made, so one instance (one per
+    `Sessions`) counts the random part up within a millisecond."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = (0, 0)  # (millis, random part) of the latest id made
+
+    def new(self, now_seconds: float | None = None) -> str:
+        millis = int((time.time() if now_seconds is None else now_seconds) * 1000)
+        with self._lock:
+            last_millis, last_random = self._last
+            if millis == last_millis and last_random + 1 < 1 << _RANDOM_BITS:
+                random_part = last_random + 1
+            else:
+                random_part = secrets.randbits(_RANDOM_BITS)
+            self._last = (millis, random_part)
+        return f"{millis:012x}{random_part:020x}"
 
 
 def check_session_id(session_id: str, field_name: str = "session_id") -> str:
@@ -90,12 +95,12 @@ class SessionRecord:
     node: str = ""  # the node whose daemon holds the KV; "" before the first turn
 
     @classmethod
-    def new(cls, tenant: str, ttl_seconds: int, messages: tuple[Message, ...] = ()) -> SessionRecord:
-        """A session created now: a fresh id (ordered by time), created and updated now."""
+    def new(
+        cls, ids: SessionIds, tenant: str, ttl_seconds: int, messages: tuple[Message, ...] = ()
+    ) -> SessionRecord:
+        """A session created now: a fresh id from `ids` (ordered by time), created and updated now."""
         now = time.time()
-        return cls(
-            tenant, new_session_id(now), ttl_seconds, created_at=now, updated_at=now, messages=messages
-        )
+        return cls(tenant, ids.new(now), ttl_seconds, created_at=now, updated_at=now, messages=messages)
 
     @property
     def expires_at(self) -> float:

@@ -29,7 +29,7 @@ import structlog
 from attnstore.errors import NotFound, ResourceExhausted
 from attnstore_scheduler import metrics
 from attnstore_scheduler.session_activity import Expectation, SessionActivity
-from attnstore_scheduler.session_record import Message, SessionRecord
+from attnstore_scheduler.session_record import Message, SessionIds, SessionRecord
 from attnstore_scheduler.session_store import SessionStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
 
@@ -63,10 +63,11 @@ class Sessions:
         self._releaser = releaser
         self._max_sessions_per_tenant = max_sessions_per_tenant
         self._max_kv_bytes_per_tenant = max_kv_bytes_per_tenant
+        self._ids = SessionIds()
 
     async def create(self, tenant: str, system_prompt: str, ttl_seconds: int) -> SessionRecord:
         record = SessionRecord.new(
-            tenant, ttl_seconds, (Message("system", system_prompt),) if system_prompt else ()
+            self._ids, tenant, ttl_seconds, (Message("system", system_prompt),) if system_prompt else ()
         )
         await self.store.create(record, self._max_sessions_per_tenant)
         metrics.SESSIONS_CREATED.inc()

@@ -17,7 +17,7 @@ from scheduler_stack import RedisFactory, redis_store
 from attnstore.errors import ResourceExhausted, Unavailable
 from attnstore_scheduler.redis_schema_store import RedisSchemaStore
 from attnstore_scheduler.redis_turn_queue import queue_key
-from attnstore_scheduler.session_record import Message, SessionRecord
+from attnstore_scheduler.session_record import Message, SessionIds, SessionRecord
 from attnstore_scheduler.session_store import EmbeddedSessionStore, SessionStore
 
 LOCK_WAIT_SECONDS = 1.0
@@ -35,8 +35,11 @@ async def store(request: pytest.FixtureRequest, redis_factory: RedisFactory) -> 
         await made.close()
 
 
+IDS = SessionIds()  # one maker, so records made in one millisecond still sort by creation
+
+
 def record(tenant: str = "acme", ttl_seconds: int = 60, **fields: object) -> SessionRecord:
-    return replace(SessionRecord.new(tenant, ttl_seconds), **fields)  # type: ignore[arg-type]
+    return replace(SessionRecord.new(IDS, tenant, ttl_seconds), **fields)  # type: ignore[arg-type]
 
 
 async def test_a_session_round_trips_and_is_invisible_to_other_tenants(store: SessionStore) -> None:

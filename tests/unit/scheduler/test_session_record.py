@@ -9,11 +9,12 @@ import msgpack
 import pytest
 
 from attnstore.errors import InvalidArgument
-from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id, new_session_id
+from attnstore_scheduler.session_record import Message, SessionIds, SessionRecord, check_session_id
 from attnstore_scheduler.turn_types import FinishReason
 
 
 def test_ids_sort_by_creation_time_and_are_checked() -> None:
+    new_session_id = SessionIds().new
     ids = [new_session_id(1_700_000_000.0 + step) for step in range(3)]
     assert ids == sorted(ids) and len(set(ids)) == 3
     assert all(check_session_id(session_id) == session_id for session_id in ids)
@@ -27,7 +28,7 @@ def test_ids_sort_by_creation_time_and_are_checked() -> None:
 def test_a_record_round_trips_through_its_encoding() -> None:
     record = SessionRecord(
         tenant="acme",
-        session_id=new_session_id(),
+        session_id=SessionIds().new(),
         ttl_seconds=60,
         created_at=1.5,
         updated_at=2.5,
@@ -104,8 +105,8 @@ def test_truncation_leaves_the_dropped_chunks_unread(
 def test_a_new_record_is_created_and_updated_now_with_a_fresh_id() -> None:
     before = time.time()
     first, second = (
-        SessionRecord.new("acme", 60),
-        SessionRecord.new("acme", 60, (Message("system", "be brief"),)),
+        SessionRecord.new(SessionIds(), "acme", 60),
+        SessionRecord.new(SessionIds(), "acme", 60, (Message("system", "be brief"),)),
     )
     assert before <= first.created_at == first.updated_at <= time.time()
     assert check_session_id(first.session_id) and first.session_id < second.session_id
