@@ -18,6 +18,7 @@ import torch
 from attnstore.security import ClientCredentials, sync_channel
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
+from inference_worker.engine.far_kv import FarKVLost
 from inference_worker.dist_attention.cost_model import CostModel, Mode
 from inference_worker.dist_attention.partial import Partial, merge, partial_attention
 from inference_worker.dist_attention.segment import LocalSegment
@@ -27,7 +28,7 @@ _MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the servers' limit (attnstore.server.li
 _APPEND_PIECE_BYTES = 8 * 1024 * 1024
 
 
-class PlaceLost(Exception):
+class PlaceLost(FarKVLost):
     """A peer holding positions [start, stop) of the sequence is gone or lost them."""
 
     def __init__(self, address: str, start: int, stop: int, detail: str) -> None:
