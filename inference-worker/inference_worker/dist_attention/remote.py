@@ -18,11 +18,11 @@ import torch
 from attnstore.security import ClientCredentials, sync_channel
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
-from inference_worker.engine.far_kv import FarKVLost
 from inference_worker.dist_attention.cost_model import CostModel, Mode
 from inference_worker.dist_attention.partial import Partial, merge, partial_attention
 from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.dist_attention.wire import from_wire, to_wire
+from inference_worker.engine.far_kv import FarKVLost
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the servers' limit (attnstore.server.lifecycle)
 _APPEND_PIECE_BYTES = 8 * 1024 * 1024

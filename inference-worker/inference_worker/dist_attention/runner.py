@@ -71,7 +71,9 @@ class DistributedRunner:
             attn = layer.self_attn
             q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, g)
             tail.write(index, k, v)
-            out = self.start_attend(everywhere, index, q, positions, scale=attn.scaling, window=self.windows[index])()
+            out = self.start_attend(
+                everywhere, index, q, positions, scale=attn.scaling, window=self.windows[index]
+            )()
             hidden = hidden + attn.o_proj(out.out.to(hidden.dtype).reshape(n, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.model.lm_head(decoder.norm(hidden[-1:]))[0].float()  # [vocab]

@@ -212,8 +212,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [tokens, heads, D], the new k, v [tokens, kv_heads, D] (already in the pool) ->
     attention output [tokens, heads, D], each sequence over its own context, except the
-    rows of slices marked `kernel` or `far` (left for the decode kernel, far_kv.py). `gathered`: the blocks of
-    the other slices whose blocks are None, in their order (one copy per layer)."""
+    rows of slices marked `kernel` or `far` (left for the decode kernel, far_kv.py).
+    `gathered`: the blocks of the other slices whose blocks are None, in their order (one
+    copy per layer)."""
     out = torch.empty_like(q)
     if gathered is not None:
         gathered_k, gathered_v = kv.gather(layer, gathered)  # [kv_heads, blocks * B, D]

@@ -75,5 +75,7 @@ def attend_far(
     values = v_pool.view(kv_heads, -1, dim).index_select(1, part.slots).transpose(0, 1)  # [T, kv_heads, D]
     new = part.rows.stop - part.rows.start
     q_positions = part.positions[len(part.positions) - new :]
-    local = partial_attention(q[part.rows], keys, values, q_positions, part.positions, scale=scale, window=window)
+    local = partial_attention(
+        q[part.rows], keys, values, q_positions, part.positions, scale=scale, window=window
+    )
     out[part.rows] = merge([local, far()]).out.to(out.dtype)

@@ -147,7 +147,9 @@ class PagedModelRunner:
             if seq.far is not None:  # attended with its far partial (far_kv.py)
                 part.far = True
                 first = seq.positions_of(0, 1)[0]
-                context_slots = torch.tensor(slots_of(table, size, 0, stop), dtype=torch.long, device=self.device)
+                context_slots = torch.tensor(
+                    slots_of(table, size, 0, stop), dtype=torch.long, device=self.device
+                )
                 far.append(FarRows(seq, seq.far, rows, context_slots, range(first, first + stop)))
             elif self.decode_kernel is not None and part.is_decode:
                 part.kernel = True
@@ -236,7 +238,9 @@ class PagedModelRunner:
     ) -> Callable[[], Partial]:
         """The far partial of the part's rows, started (remote calls in flight)."""
         with _far_lost_as(part.seq):
-            return part.far.attend(layer, q[part.rows], positions[part.rows], scale=scale, window=self.windows[layer])
+            return part.far.attend(
+                layer, q[part.rows], positions[part.rows], scale=scale, window=self.windows[layer]
+            )
 
     def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor) -> None:
         started = time.perf_counter()

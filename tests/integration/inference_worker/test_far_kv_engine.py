@@ -60,10 +60,14 @@ def peers(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[list[WorkerProces
 
 def make_engine(model: PreTrainedModel, blocks: int) -> Engine:
     kv = PagedKV(ModelGeometry.of(model.config), blocks, BLOCK, torch.float32, torch.device("cpu"))
-    return Engine(PagedModelRunner(model, kv), BlockPool(blocks, BLOCK), max_batch_tokens=24, max_batch_sequences=8)
+    return Engine(
+        PagedModelRunner(model, kv), BlockPool(blocks, BLOCK), max_batch_tokens=24, max_batch_sequences=8
+    )
 
 
-def far_sequence(model: PreTrainedModel, peers: list[WorkerProcess], prompt: list[int], home: str = "") -> Sequence:
+def far_sequence(
+    model: PreTrainedModel, peers: list[WorkerProcess], prompt: list[int], home: str = ""
+) -> Sequence:
     """`prompt`'s oldest KV placed on `peers` (room for 80 tokens each, segments of 24: on
     both), its newest tokens as an engine sequence with that KV as its far part."""
     channels = {p.address: peer_channel(p.address) for p in peers}
