@@ -31,6 +31,7 @@ from inference_worker.dist_attention.placement import ContextTooLong, SegmentPla
 from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.segment import KVPlace, LocalSegment, RecalledSegment
+from inference_worker.engine.far_kv import FarKVLost
 
 log = structlog.get_logger("dist_attention")
 
@@ -97,7 +98,11 @@ class LongContext:
         self, layer: int, q: torch.Tensor, positions: torch.Tensor, *, scale: float, window: int | None
     ) -> Callable[[], Partial]:
         """The partial of q over this context's places, started (engine/far_kv.py's FarKV):
-        a lost peer is remembered (not placed on again) and raised (PlaceLost)."""
+        a lost peer is remembered (not placed on again) and raised (PlaceLost). Closed (an
+        aborted turn's step racing its release), FarKVLost: the engine abandons the step and
+        hands the sequence back, to an owner who is gone; nothing is attended without it."""
+        if not self.places:
+            raise FarKVLost(f"sequence {self.name}: its far KV was released")
         pending = self.runner.start_attend(self.places, layer, q, positions, scale=scale, window=window)
 
         def result() -> Partial:

@@ -5,7 +5,8 @@ other sequence's (the engine's batch metric), their attention merged with the pe
 partials. Both give the logits of a plain forward of their whole sequence (1e-4, fp32).
 A peer killed mid-decode: the engine hands the sequence back, its far KV is placed again
 on the peer left, and the logits stay those of the plain forward. DGFM recalling the far
-KV home between two engine steps changes no logit either."""
+KV home (before the near part's prefill, and between two decode steps) changes no logit
+either."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from inference_worker.dist_attention.context import LongContext
@@ -42,20 +44,20 @@ NEAR_TOKENS = 48  # what the far sequence keeps in the pool (room for its new to
 NEW_TOKENS = 6
 
 
+PEERS = {name: {"micro_attention": LIMITS} for name in ("peer-a", "peer-b")}
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel) -> Iterator[list[WorkerProcess]]:
+    with running_workers(tmp_path_factory.mktemp("peers"), tiny_model.model_dir, PEERS) as started:
+        yield list(started.values())
+
+
 @pytest.fixture
-def peers(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    try:
-        for name in ("peer-a", "peer-b"):
-            worker = WorkerProcess(tmp_path / f"{name}.log", model_dir=tiny_model.model_dir,
-                                   settings={"micro_attention": LIMITS, "listen_address": "127.0.0.1:0"})  # fmt: skip
-            worker.start()
-            started.append(worker)
-        yield started
-    finally:
-        for worker in started:
-            if worker.running:
-                worker.stop()
+def doomed_peers(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[list[WorkerProcess]]:
+    """Peers of one test, which kills one."""
+    with running_workers(tmp_path, tiny_model.model_dir, PEERS) as started:
+        yield list(started.values())
 
 
 def make_engine(model: PreTrainedModel, blocks: int) -> Engine:
@@ -137,8 +139,9 @@ async def test_far_and_plain_sequences_decode_in_one_step(
 
 
 async def test_a_killed_peer_hands_the_sequence_back_and_it_is_placed_again(
-    tiny_model: LoadedModel, peers: list[WorkerProcess]
+    tiny_model: LoadedModel, doomed_peers: list[WorkerProcess]
 ) -> None:
+    peers = doomed_peers
     model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
     prompt = torch.randint(0, 300, (100,), generator=torch.Generator().manual_seed(4)).tolist()
     far = far_sequence(model, peers, prompt)
@@ -170,11 +173,12 @@ async def test_far_kv_recalled_home_between_steps_changes_no_logit(
 
     def recall(outputs: int) -> None:  # waits for the engine's step to end (context.frozen)
         if outputs == 2:
-            moved.extend(swaps.recall(peer.address, 1 << 30) for peer in peers)
+            moved.append(swaps.recall(peers[1].address, 1 << 30))
 
     engine = make_engine(model, blocks=32)
     try:
         with swaps.live(context):
+            moved.append(swaps.recall(peers[0].address, 1 << 30))  # before the prefill: its queries too
             outputs = await generate(engine, far, on_output=recall)
         kinds = {type(p) for p in context.places}
     finally:
