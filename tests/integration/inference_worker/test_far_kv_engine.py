@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from plain_logits import assert_plain_logits
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -37,7 +38,6 @@ from inference_worker.launcher import WorkerProcess
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import LoadedModel
 
-TOLERANCE = 1e-4
 BLOCK = 4
 LIMITS = {"max_held_bytes": 4 << 20, "max_query_tokens": 64, "max_inflight_key_tokens": 4096}
 NEAR_TOKENS = 48  # what the far sequence keeps in the pool (room for its new tokens included)
@@ -101,17 +101,6 @@ async def generate(engine: Engine, seq: Sequence, on_output=None) -> list[StepOu
     return outputs
 
 
-def assert_plain_logits(model: PreTrainedModel, prompt: list[int], outputs: list[StepOutput]) -> None:
-    tokens = [*prompt, *(o.token for o in outputs)]
-    with torch.no_grad():
-        expected = model(input_ids=torch.tensor([tokens])).logits[0].float()
-    assert len(outputs) == NEW_TOKENS
-    for index, output in enumerate(outputs):
-        assert output.logits is not None
-        assert (output.logits - expected[len(prompt) - 1 + index]).abs().max() <= TOLERANCE
-        assert output.token == int(expected[len(prompt) - 1 + index].argmax())
-
-
 async def test_far_and_plain_sequences_decode_in_one_step(
     tiny_model: LoadedModel, peers: list[WorkerProcess]
 ) -> None:
@@ -131,8 +120,8 @@ async def test_far_and_plain_sequences_decode_in_one_step(
     finally:
         await engine.close()
         context.close()
-    assert_plain_logits(model, long_prompt, far_outputs)
-    assert_plain_logits(model, short_prompt, plain_outputs)
+    assert_plain_logits(model, long_prompt, far_outputs, NEW_TOKENS)
+    assert_plain_logits(model, short_prompt, plain_outputs, NEW_TOKENS)
     assert engine.stats.max_batch_sequences == 2  # they ran in the same forward passes
     assert all(p.traffic.remote_calls > 0 for p in remote)  # the peers computed their partials
     assert engine.pool.usage().used == 0
@@ -154,7 +143,7 @@ async def test_a_killed_peer_hands_the_sequence_back_and_it_is_placed_again(
     finally:
         await engine.close()
         context.close()
-    assert_plain_logits(model, prompt, outputs)
+    assert_plain_logits(model, prompt, outputs, NEW_TOKENS)
     assert context.lost == {peers[0].address} and context.recomputations == 1
     assert holders == {peers[1].address}
 
@@ -184,6 +173,6 @@ async def test_far_kv_recalled_home_between_steps_changes_no_logit(
     finally:
         await engine.close()
         context.close()
-    assert_plain_logits(model, prompt, outputs)
+    assert_plain_logits(model, prompt, outputs, NEW_TOKENS)
     assert sum(moved) == far_bytes and kinds == {RecalledSegment}
     assert held.held_bytes == 0  # released with the sequence

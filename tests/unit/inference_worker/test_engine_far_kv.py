@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from plain_logits import assert_plain_logits
 from transformers import PreTrainedModel
 
 from inference_worker.dist_attention.partial import Partial
@@ -26,7 +27,6 @@ from inference_worker.engine.model_runner import PagedModelRunner
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
 
-TOLERANCE = 1e-4
 BLOCK = 4
 NEW_TOKENS = 4
 
@@ -62,16 +62,6 @@ async def collect(engine: Engine, seq: Sequence) -> list[StepOutput]:
     return outputs
 
 
-def assert_plain_logits(model: PreTrainedModel, prompt: list[int], outputs: list[StepOutput]) -> None:
-    tokens = torch.tensor([[*prompt, *(o.token for o in outputs)]], device=model.device)
-    with torch.no_grad():
-        expected = model(input_ids=tokens).logits[0].float()
-    assert len(outputs) == NEW_TOKENS
-    for index, output in enumerate(outputs):
-        assert output.logits is not None
-        assert (output.logits - expected[len(prompt) - 1 + index]).abs().max() <= TOLERANCE
-
-
 async def run_split(model: PreTrainedModel, seed: int) -> None:
     draw = random.Random(seed)
     device = model.device
@@ -93,8 +83,8 @@ async def run_split(model: PreTrainedModel, seed: int) -> None:
     finally:
         await engine.close()
         runner.close()
-    assert_plain_logits(model, prompt, far_outputs)
-    assert_plain_logits(model, plain, plain_outputs)
+    assert_plain_logits(model, prompt, far_outputs, NEW_TOKENS)
+    assert_plain_logits(model, plain, plain_outputs, NEW_TOKENS)
     assert engine.stats.max_batch_sequences == 2 and far.calls > 0
 
 
