@@ -126,7 +126,7 @@ class TurnEngine:
             model,
             settings.long_context,
             settings.micro_attention,
-            local_tokens=self.engine.pool.num_blocks * settings.block_tokens,
+            self.engine,
             chunk_tokens=settings.max_batch_tokens,
         )
         self._saver = ChunkSaver(kvstore) if kvstore is not None else None

@@ -6,7 +6,9 @@
 
 Prefill runs here, chunk by chunk; a segment planned for a peer is computed into a local
 staging segment, then appended to the peer and dropped here. Decode appends to the local
-tail. When a peer is lost, the sequence forgets it, re-plans over the peers left and
+tail. Or, in a worker (long_turn.py), only the segments planned for peers are computed
+(`place_far`) and the engine runs the newest tokens in its pool, in its batched steps,
+attending this context's places as their far KV (`attend`, engine/far_kv.py). When a peer is lost, the sequence forgets it, re-plans over the peers left and
 recomputes every segment from its tokens (the KV of position p depends on all tokens
 before it), or raises ContextUnavailable when the context no longer fits: never an
 answer computed without part of the context.
@@ -17,18 +19,23 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import grpc
 import structlog
 import torch
 
 from attnstore.errors import InvalidArgument, Unavailable
+from inference_worker.dist_attention.partial import Partial
 from inference_worker.dist_attention.placement import ContextTooLong, SegmentPlan, plan_segments
 from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.segment import KVPlace, LocalSegment, RecalledSegment
+from inference_worker.engine.far_kv import FarKVLost
 
 log = structlog.get_logger("dist_attention")
+
+T = TypeVar("T")
 
 
 class ContextUnavailable(Unavailable):
@@ -74,12 +81,44 @@ class LongContext:
     def prefill(self, token_ids: list[int], max_new_tokens: int) -> torch.Tensor:
         """The logits [vocab] after the prompt; room is planned for `max_new_tokens` more
         (fewer than `local_tokens`: decoded tokens stay here)."""
+        with self.frozen:
+            self._start(token_ids, max_new_tokens)
+            return self._with_recovery(lambda: self._prefill(len(self.token_ids)))
+
+    def place_far(self, token_ids: list[int], max_new_tokens: int) -> int:
+        """Computes the KV of the prompt's positions planned on peers and appends it there
+        (nothing kept here); the position where the tokens planned here start. Called
+        again after a place was lost, it re-places them over the peers left (the same
+        split: it depends only on the context's length and `local_tokens`)."""
+        with self.frozen:
+            self._start(token_ids, max_new_tokens)
+            return self._with_recovery(self._place_far)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, positions: torch.Tensor, *, scale: float, window: int | None
+    ) -> Callable[[], Partial]:
+        """The partial of q over this context's places, started (engine/far_kv.py's FarKV):
+        a lost peer is remembered (not placed on again) and raised (PlaceLost). Closed (an
+        aborted turn's step racing its release), FarKVLost: the engine abandons the step and
+        hands the sequence back, to an owner who is gone; nothing is attended without it."""
+        if not self.places:
+            raise FarKVLost(f"sequence {self.name}: its far KV was released")
+        pending = self.runner.start_attend(self.places, layer, q, positions, scale=scale, window=window)
+
+        def result() -> Partial:
+            try:
+                return pending()
+            except PlaceLost as lost:
+                self._forget(lost)
+                raise
+
+        return result
+
+    def _start(self, token_ids: list[int], max_new_tokens: int) -> None:
         if not token_ids or max_new_tokens >= self.local_tokens:
             raise InvalidArgument(f"{len(token_ids)} prompt tokens and {max_new_tokens} new ones with "
                                   f"{self.local_tokens} held here: need a prompt and fewer new tokens")  # fmt: skip
-        with self.frozen:
-            self.token_ids, self.new_tokens_left = list(token_ids), max_new_tokens
-            return self._with_recovery(lambda: self._prefill(len(self.token_ids)))
+        self.token_ids, self.new_tokens_left = list(token_ids), max_new_tokens
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Appends a token; the logits [vocab] after it."""
@@ -104,18 +143,35 @@ class LongContext:
                     place.release()
             self.places = []
 
-    def _with_recovery(self, step: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _with_recovery(self, step: Callable[[], T]) -> T:
         while True:
             try:
                 return step()
             except PlaceLost as lost:
-                log.warning("dist_attention_peer_lost", sequence=self.name, error=str(lost))
-                self.lost.add(lost.address)
-                self.recomputations += 1
+                self._forget(lost)
                 self.close()
+
+    def _forget(self, lost: PlaceLost) -> None:
+        """Its segments are recomputed on the peers left (the caller's next step)."""
+        log.warning("dist_attention_peer_lost", sequence=self.name, error=str(lost))
+        self.lost.add(lost.address)
+        self.recomputations += 1
 
     def _prefill(self, upto: int) -> torch.Tensor:
         """Plans and computes positions [0, upto); the logits after the last one."""
+        logits = torch.empty(0)
+        for index, plan in enumerate(self._plan()):
+            logits = self._fill(index, plan, min(plan.start + plan.tokens, upto))
+        return logits
+
+    def _place_far(self) -> int:
+        *far, local = self._plan()
+        for index, plan in enumerate(far):
+            self._fill(index, plan, plan.start + plan.tokens)
+        return local.start
+
+    def _plan(self) -> list[SegmentPlan]:
+        """The segments of the whole context over the peers not lost (what was placed before released)."""
         self.close()
         room = {a: n for a, n in self.peer_room_tokens().items() if a not in self.lost}
         context = len(self.token_ids) + self.new_tokens_left
@@ -125,10 +181,7 @@ class LongContext:
             if self.lost:
                 raise ContextUnavailable(f"peers {sorted(self.lost)} were lost and {exc}") from exc
             raise
-        logits = torch.empty(0)
-        for index, plan in enumerate(plans):
-            logits = self._fill(index, plan, min(plan.start + plan.tokens, upto))
-        return logits
+        return plans
 
     def _fill(self, index: int, plan: SegmentPlan, stop: int) -> torch.Tensor:
         capacity = plan.tokens if plan.peer is not None else self.local_tokens

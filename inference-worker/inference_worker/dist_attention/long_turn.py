@@ -3,14 +3,20 @@
 
     TurnEngine.run_turn ──kept prompt + max_tokens > pool──> LongTurns.run
         ──> room asked of each peer (long_context.peers and, with peers_from_scheduler,
-            the workers the turn names; DescribeLending) ──> LongContext.prefill (oldest
-            segments appended to peers) ──> sample / decode ... ──> release the segments
+            the workers the turn names; DescribeLending) ──> LongContext.place_far (oldest
+            segments computed and appended to peers) ──> the engine prefills the newest
+            tokens and decodes, batched with the other turns, merging the far partials
+            (engine/far_kv.py) ──> release the segments
+        a peer lost mid-turn: the engine hands the sequence back ──> place_far again over
+            the peers left (or UNAVAILABLE) ──> resubmitted
 
 Decisions:
-- The newest `local_tokens` (the pool's capacity in tokens) stay here, in LongContext's own
-  buffer beside the pool, and one long turn runs at a time: a worker holds at most one
-  pool's worth of extra KV for them. The paged engine keeps serving the other turns
-  meanwhile (the long turn's forward runs on its own thread over the same weights).
+- The newest tokens (up to the pool's capacity, room for max_tokens included) run in the
+  engine's pool like any sequence's, in its batched steps: a long turn's decode is one
+  more row of the step, its attention a merge of the pool's partial (torch's flash
+  kernel with log-sum-exp; the C decode kernel returns none) and its peers'. The far part
+  is computed beside the engine on its own thread, one turn at a time (a lock): that
+  forward needs no pool memory, only a staging buffer of one segment.
 - One sample, no reuse: a long turn neither loads stored chunks nor saves its KV (its
   KV lives in several places; the next turn recomputes it), and n > 1 is refused.
 - The room on each peer is what its DescribeLending reports now (held vs max_held_bytes);
@@ -20,6 +26,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Collection, Iterable
 
@@ -27,9 +34,10 @@ import grpc
 import structlog
 from transformers import PreTrainedTokenizerBase
 
+from attnstore.chunks.keys import NAMESPACE_BYTES
 from attnstore.errors import InvalidArgument
 from attnstore.worker.v1 import micro_attention_pb2 as pb
-from inference_worker.decoding import IncrementalDetokenizer, Sampler
+from inference_worker.decoding import IncrementalDetokenizer
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.held_kv import HeldKV
@@ -38,7 +46,7 @@ from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.dist_attention.placement import ContextTooLong
 from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment
 from inference_worker.dist_attention.runner import DistributedRunner
-from inference_worker.engine.engine import sample_next
+from inference_worker.engine.engine import Engine
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_store import LoadedModel
 from inference_worker.truncation import Truncation
@@ -55,16 +63,17 @@ class LongTurns:
         model: LoadedModel,
         settings: LongContextSettings,
         limits: MicroAttentionLimits,
+        engine: Engine,
         *,
-        local_tokens: int,
         chunk_tokens: int,
     ) -> None:
         """`limits`: what this worker lends (its MicroAttention's HeldKV, made here: DGFM
-        keeps recalled KV there too); `local_tokens`: the most KV tokens a long turn keeps
-        here; `chunk_tokens`: tokens per prefill forward. Reads the peer channel's
-        credentials now (a bad file stops the start)."""
+        keeps recalled KV there too); `engine`: runs the turns' newest tokens (at most its
+        pool's capacity); `chunk_tokens`: tokens per prefill forward of the far part. Reads
+        the peer channel's credentials now (a bad file stops the start)."""
         self.settings = settings
-        self.local_tokens = local_tokens
+        self.engine = engine
+        self.local_tokens = engine.pool.num_blocks * engine.pool.block_tokens
         self.chunk_tokens = chunk_tokens
         self.tokenizer: PreTrainedTokenizerBase = model.tokenizer
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
@@ -135,7 +144,8 @@ class LongTurns:
         """`seq`: the kept prompt, set up to decode (TurnEngine._decoding); `peers`: the
         turn's own (check_peers), beside long_context.peers. Streams a TokenEvent per
         token, then the TurnStats. Raises ContextTooLong (RESOURCE_EXHAUSTED) beyond
-        max_context_tokens or the peers' room, InvalidArgument for n > 1."""
+        max_context_tokens or the peers' room, ContextUnavailable (UNAVAILABLE) when a
+        lost peer's part no longer fits, InvalidArgument for n > 1."""
         started = time.perf_counter()
         context_tokens = len(seq) + seq.max_new_tokens
         if context_tokens > self.settings.max_context_tokens:
@@ -151,39 +161,57 @@ class LongTurns:
         if self.swaps.enabled and self._dgfm is None:
             self._dgfm = asyncio.create_task(self.swaps.run_periodically(), name="dgfm")
         turn_peers = sorted({*self.settings.peers, *peers} - {self.settings.advertise_address})
-        async with self._one_at_a_time:
-            context = LongContext(
-                self.runner, self.channels, lambda: self.peer_room_tokens(turn_peers),
-                local_tokens=self.local_tokens, segment_tokens=self.settings.segment_tokens,
-                chunk_tokens=self.chunk_tokens, timeout_seconds=self.settings.peer_timeout_seconds,
-                home=self.settings.advertise_address,
-            )  # fmt: skip
-            with self.swaps.live(context):  # its remote segments may be recalled (DGFM)
-                try:
-                    logits = await asyncio.to_thread(context.prefill, list(seq.token_ids), seq.max_new_tokens)
-                    first_token_at = time.perf_counter()
-                    log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
-                             peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
-                    sampler, detokenizer = (
-                        Sampler(seq.sampling),
-                        IncrementalDetokenizer(self.tokenizer, seq.token_ids),
-                    )
-                    while True:
-                        output = sample_next(seq, sampler, logits)
-                        if output.token is not None:
-                            yield TokenEvent(
-                                output.token, detokenizer.add(output.token, final=output.finished)
-                            )
-                        if output.finished:
-                            break
-                        logits = await asyncio.to_thread(context.decode, output.token)  # type: ignore[arg-type]
-                finally:
-                    await asyncio.to_thread(context.close)
-        generated = len(seq.generated)
+        context = LongContext(
+            self.runner, self.channels, lambda: self.peer_room_tokens(turn_peers),
+            local_tokens=self.local_tokens, segment_tokens=self.settings.segment_tokens,
+            chunk_tokens=self.chunk_tokens, timeout_seconds=self.settings.peer_timeout_seconds,
+            home=self.settings.advertise_address,
+        )  # fmt: skip
+        first_token_at: float | None = None
+        local: Sequence | None = None
+        with self.swaps.live(context):  # its remote segments may be recalled (DGFM)
+            try:
+                local = self._near_part(seq, await self._place(context, seq), context)
+                log.info("long_context_turn", context_tokens=context_tokens, local_tokens=self.local_tokens,
+                         peers=sorted({p.address for p in context.places if isinstance(p, RemoteSegment)}))  # fmt: skip
+                detokenizer = IncrementalDetokenizer(self.tokenizer, seq.token_ids)
+                async with contextlib.aclosing(self.engine.generate(local)) as outputs:
+                    async for output in outputs:
+                        if output.preempted:  # a peer holding its far KV was lost
+                            await self._place(context, seq)  # the same split: `local` stays as it is
+                            self.engine.submit(local)
+                            continue
+                        if output.token is None:  # max_new_tokens >= 1: every other output carries one
+                            continue
+                        first_token_at = first_token_at or time.perf_counter()
+                        yield TokenEvent(output.token, detokenizer.add(output.token, final=output.finished))
+            finally:
+                if local is not None:
+                    self.engine.release(local)  # applied before the next step: none reads the far KV after
+                await asyncio.to_thread(context.close)
+        generated, reason = len(local.generated), local.finish_reason or "length"
+        first_token_at = first_token_at or time.perf_counter()
         yield TurnStats(
             prompt_tokens=prompt_tokens, reused_tokens=0, reused_dram_chunks=0, reused_ssd_chunks=0,
             generated_tokens=generated, ttft_seconds=first_token_at - started, kv_load_seconds=0.0,
             kv_load_exposed_seconds=0.0, compute_seconds=first_token_at - started, saved_chunks=0,
-            finish_reason=seq.finish_reason or "length", truncated_tokens=truncation.dropped_tokens,
-            sink_tokens=truncation.sink_tokens, samples=(SampleStats(generated, seq.finish_reason or "length"),),
+            finish_reason=reason, truncated_tokens=truncation.dropped_tokens,
+            sink_tokens=truncation.sink_tokens, samples=(SampleStats(generated, reason),),
+        )  # fmt: skip
+
+    async def _place(self, context: LongContext, seq: Sequence) -> int:
+        """The far part of `seq`'s prompt computed and placed on peers (one turn at a time:
+        this forward runs on its own thread beside the engine's); where the near part starts."""
+        async with self._one_at_a_time:
+            return await asyncio.to_thread(context.place_far, list(seq.token_ids), seq.max_new_tokens)
+
+    @staticmethod
+    def _near_part(seq: Sequence, start: int, context: LongContext) -> Sequence:
+        """The sequence the engine runs: `seq`'s tokens from position `start` on, at their
+        positions, with `context` as its far KV; in a namespace of its own, so no other
+        sequence shares its blocks (their keys name tokens, not positions)."""
+        return Sequence.of(
+            seq.token_ids[start:], bytes.fromhex(context.name)[:NAMESPACE_BYTES],
+            positions=list(range(start, len(seq))), far=context, sampling=seq.sampling, stops=seq.stops,
+            stop_text=seq.stop_text, max_new_tokens=seq.max_new_tokens,
         )  # fmt: skip

@@ -22,12 +22,13 @@ from inference_worker.dist_attention.cost_model import CostModel, Mode
 from inference_worker.dist_attention.partial import Partial, merge, partial_attention
 from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.dist_attention.wire import from_wire, to_wire
+from inference_worker.engine.far_kv import FarKVLost
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the servers' limit (attnstore.server.lifecycle)
 _APPEND_PIECE_BYTES = 8 * 1024 * 1024
 
 
-class PlaceLost(Exception):
+class PlaceLost(FarKVLost):
     """A peer holding positions [start, stop) of the sequence is gone or lost them."""
 
     def __init__(self, address: str, start: int, stop: int, detail: str) -> None:

@@ -11,7 +11,7 @@ needs other nodes' memory is not batched.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -71,12 +71,14 @@ class DistributedRunner:
             attn = layer.self_attn
             q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, g)
             tail.write(index, k, v)
-            out = self.attend(everywhere, index, q, positions, scale=attn.scaling, window=self.windows[index])
+            out = self.start_attend(
+                everywhere, index, q, positions, scale=attn.scaling, window=self.windows[index]
+            )()
             hidden = hidden + attn.o_proj(out.out.to(hidden.dtype).reshape(n, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.model.lm_head(decoder.norm(hidden[-1:]))[0].float()  # [vocab]
 
-    def attend(
+    def start_attend(
         self,
         places: Sequence[KVPlace],
         layer: int,
@@ -85,9 +87,10 @@ class DistributedRunner:
         *,
         scale: float,
         window: int | None,
-    ) -> Partial:
-        """The merged partial of q over every place: one call per peer (all the segments
-        it holds), in flight while the local places compute."""
+    ) -> Callable[[], Partial]:
+        """Starts the merged partial of q over every place: one call per peer (all the
+        segments it holds) in flight from now on; calling the result computes the local
+        places meanwhile, waits for the peers and merges."""
         peers: dict[str, list[RemoteSegment]] = defaultdict(list)
         for place in places:
             if isinstance(place, RemoteSegment):
@@ -96,9 +99,13 @@ class DistributedRunner:
             self._remote.submit(attend_on_peer, segments, layer, q, positions, scale=scale, window=window)
             for segments in peers.values()
         ]
-        local = [
-            p.partial(layer, q, positions, scale=scale, window=window)
-            for p in places
-            if not isinstance(p, RemoteSegment)
-        ]
-        return merge([*local, *(f.result() for f in remote)])
+
+        def result() -> Partial:
+            local = [
+                p.partial(layer, q, positions, scale=scale, window=window)
+                for p in places
+                if not isinstance(p, RemoteSegment)
+            ]
+            return merge([*local, *(f.result() for f in remote)])
+
+        return result

@@ -68,7 +68,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         if self._kvstore is None:
             raise FailedPrecondition("this worker has no KV-store daemon (kvstore_address is unset)")
         start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
-        segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v)
+        segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v, request.home)
         return pb.AttachChunksResponse(
             segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes
         )

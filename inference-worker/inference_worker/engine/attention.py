@@ -135,6 +135,7 @@ class SequenceSlice:
     positions: torch.Tensor | None = None
     gathered_at: int = 0
     kernel: bool = False  # its attention is the decode kernel's (`DecodeTables`), not an SDPA call
+    far: bool = False  # its attention is merged with its far KV's (far_kv.py), not an SDPA call
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -211,13 +212,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [tokens, heads, D], the new k, v [tokens, kv_heads, D] (already in the pool) ->
     attention output [tokens, heads, D], each sequence over its own context, except the
-    rows of slices marked `kernel` (left for the decode kernel). `gathered`: the blocks of
-    the other slices whose blocks are None, in their order (one copy per layer)."""
+    rows of slices marked `kernel` or `far` (left for the decode kernel, far_kv.py).
+    `gathered`: the blocks of the other slices whose blocks are None, in their order (one
+    copy per layer)."""
     out = torch.empty_like(q)
     if gathered is not None:
         gathered_k, gathered_v = kv.gather(layer, gathered)  # [kv_heads, blocks * B, D]
     for part in slices:
-        if part.kernel:
+        if part.kernel or part.far:
             continue
         query = q[part.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, new, D]
         if part.self_contained and (window is None or part.new_tokens <= window):

@@ -25,7 +25,7 @@ from inference_worker import metrics
 from inference_worker.decoding import Sampler
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
-from inference_worker.engine.model_runner import PagedModelRunner, SequencePrefixFailed
+from inference_worker.engine.model_runner import PagedModelRunner, SequenceFarLost, SequencePrefixFailed
 from inference_worker.engine.scheduler import Scheduler
 from inference_worker.engine.sequence import Sequence, Status
 
@@ -40,7 +40,8 @@ class StepOutput:
     token: int | None  # the sampled token; None when a prefill-only sequence finished or when preempted
     finished: bool
     logits: torch.Tensor | None  # [vocab] fp32 that `token` was sampled from
-    preempted: bool = False  # handed back to its owner (store_chunk_tokens): resume it with `submit`
+    # handed back to its owner (store_chunk_tokens, or its far KV lost): resume it with `submit`
+    preempted: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ class EngineStats:
 
 def sample_next(seq: Sequence, sampler: Sampler, logits: torch.Tensor) -> StepOutput:
     """Appends the token `sampler` draws from `logits` [vocab] to `seq` and says whether
-    it finished it (a stop token, a stop string, max_new_tokens). Also used by turns that
-    run outside the engine (dist_attention/long_turn.py)."""
+    it finished it (a stop token, a stop string, max_new_tokens)."""
     if seq.max_new_tokens == 0:
         seq.finish_reason = "length"
         return StepOutput(seq, None, True, logits)
@@ -119,6 +119,11 @@ class Engine:
             failed.load_failure, failed.prefix = exc.__cause__, None
             failed.computed_tokens = failed.prefix_skip
             return handed_back
+        except SequenceFarLost as exc:  # its owner places its far KV again and resubmits it
+            self.scheduler.remove(exc.seq)
+            self.pool.free(exc.seq)
+            exc.seq.status = Status.WAITING
+            return [*handed_back, StepOutput(exc.seq, None, False, None, preempted=True)]
         self._observe(len(plan.work))
         outputs = handed_back
         for row, item in enumerate(plan.work):

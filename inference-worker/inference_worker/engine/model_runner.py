@@ -13,8 +13,9 @@ last row only.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -22,8 +23,10 @@ import torch
 from transformers import PreTrainedModel
 
 from inference_worker.cpu_linear import FusedProjection
+from inference_worker.dist_attention.partial import Partial
 from inference_worker.engine.attention import DecodeTables, PagedKV, SequenceSlice, paged_attention, slots_of
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
+from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.sequence import Sequence
 from inference_worker.kernels import KernelChoice
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
@@ -35,6 +38,15 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
 class UnsupportedModel(ValueError):
     """The paged runner cannot run this model; the message says why."""
+
+
+class SequenceFarLost(Exception):
+    """Part of `seq`'s far KV (`Sequence.far`) is lost (FarKVLost as the cause): the forward
+    pass was abandoned; its owner must place that KV again."""
+
+    def __init__(self, seq: Sequence) -> None:
+        super().__init__(f"sequence {seq.seq_id}: part of its far KV is lost")
+        self.seq = seq
 
 
 class SequencePrefixFailed(Exception):
@@ -67,6 +79,7 @@ class Batch:
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
     prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
+    far: list[FarRows] = field(default_factory=list)  # the slices of sequences with far KV
 
 
 # (layer, its input hidden states [tokens, hidden], the batch): restore/capture.py saves them
@@ -113,6 +126,7 @@ class PagedModelRunner:
         gathered: list[int] = []
         decodes: list[tuple[int, list[int], int]] = []  # the kernel's: row, block table, context tokens
         prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]] = []
+        far: list[FarRows] = []
         size = self.kv.block_tokens
         for item in work:
             seq, start = item.seq, item.seq.computed_tokens
@@ -130,7 +144,14 @@ class PagedModelRunner:
                     seq.positions_of(0, stop), dtype=torch.long, device=self.device
                 )
             part = SequenceSlice(rows, start, _block_run(table), context_positions, len(gathered) * size)
-            if self.decode_kernel is not None and part.is_decode:
+            if seq.far is not None:  # attended with its far partial (far_kv.py)
+                part.far = True
+                first = seq.positions_of(0, 1)[0]
+                context_slots = torch.tensor(
+                    slots_of(table, size, 0, stop), dtype=torch.long, device=self.device
+                )
+                far.append(FarRows(seq, seq.far, rows, context_slots, range(first, first + stop)))
+            elif self.decode_kernel is not None and part.is_decode:
                 part.kernel = True
                 decodes.append((rows.start, table, stop))
             elif part.blocks is None and self._reads_pool(part):
@@ -152,6 +173,7 @@ class PagedModelRunner:
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
             prefixes=prefixes,
             seqs=[item.seq for item in work],
+            far=far,
         )
 
     def _reads_pool(self, part: SequenceSlice) -> bool:
@@ -163,7 +185,14 @@ class PagedModelRunner:
         """Writes the batch's K and V into the pool; the logits [sequences, vocab] (fp32)
         of each sequence's last token. A sequence's stored KV (`Sequence.prefix`) is written
         into its blocks layer by layer, each layer waited for only when the pass reaches it,
-        so loading layer l+1 overlaps computing layer l. Raises SequencePrefixFailed."""
+        so loading layer l+1 overlaps computing layer l. Raises SequencePrefixFailed,
+        SequenceFarLost."""
+        with contextlib.ExitStack() as frozen:
+            for part in batch.far:
+                frozen.enter_context(part.far.frozen)  # no far KV moves during the step (DGFM)
+            return self._forward(batch)
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
         decoder, geometry = self.model.model, self.geometry
         tokens = batch.input_ids.shape[0]
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
@@ -176,6 +205,7 @@ class PagedModelRunner:
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             self.kv.write(index, batch.slots, k, v)
+            far = [self._start_far(part, index, q, batch.positions, attn.scaling) for part in batch.far]
             out = paged_attention(
                 q,
                 k,
@@ -194,10 +224,23 @@ class PagedModelRunner:
                     q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
                     scale=attn.scaling, window=self.windows[index],
                 )  # fmt: skip
+            for part, partial in zip(batch.far, far, strict=True):
+                with _far_lost_as(part.seq):
+                    attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
+                               scale=attn.scaling, window=self.windows[index])  # fmt: skip
             hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
             hidden = hidden + mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _start_far(
+        self, part: FarRows, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float
+    ) -> Callable[[], Partial]:
+        """The far partial of the part's rows, started (remote calls in flight)."""
+        with _far_lost_as(part.seq):
+            return part.far.attend(
+                layer, q[part.rows], positions[part.rows], scale=scale, window=self.windows[layer]
+            )
 
     def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor) -> None:
         started = time.perf_counter()
@@ -209,6 +252,14 @@ class PagedModelRunner:
             seq.load_wait_seconds += time.perf_counter() - started
         skip = seq.prefix_skip - prefix.start_tokens  # the prefix's first tokens the pool already had
         self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
+
+
+@contextlib.contextmanager
+def _far_lost_as(seq: Sequence) -> Iterator[None]:
+    try:
+        yield
+    except FarKVLost as exc:
+        raise SequenceFarLost(seq) from exc
 
 
 def rotary_of(

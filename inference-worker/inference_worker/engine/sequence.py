@@ -24,6 +24,7 @@ from enum import Enum
 import torch
 
 from attnstore.chunks.keys import NAMESPACE_BYTES
+from inference_worker.engine.far_kv import FarKV
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.turn_types import SamplingParams
 
@@ -70,6 +71,9 @@ class Sequence:
     # whole chunks is copied out before its blocks are freed, and its owner resumes it --
     store_chunk_tokens: int = 0
     snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer K, V [kv_heads, tokens, D]
+    # -- DistAttention: the KV of the positions before its first token, held elsewhere
+    # (far_kv.py; its tokens then carry explicit `positions`, right after the far ones) --
+    far: FarKV | None = None
 
     @classmethod
     def of(cls, tokens: Tokens[int], namespace: bytes = bytes(NAMESPACE_BYTES), **fields: object) -> Sequence:

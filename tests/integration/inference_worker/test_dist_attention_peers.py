@@ -246,8 +246,10 @@ def test_real_model_context_across_workers(peers: list[WorkerProcess]) -> None:
 
 def test_segment_from_the_peers_daemon(tmp_path: Path, model_dir: Path, daemon: DaemonProcess) -> None:
     """Chunks the pool placed in a peer's daemon become a segment there (AttachChunks): its
-    partials equal the ones computed here over the same KV; a missing chunk is NOT_FOUND, a
-    worker without a daemon answers FAILED_PRECONDITION."""
+    partials equal the ones computed here over the same KV, its borrower (`home`) is
+    reported as owed those bytes (DGFM's graph) and an append naming another home is
+    INVALID_ARGUMENT; a missing chunk is NOT_FOUND, a worker without a daemon answers
+    FAILED_PRECONDITION."""
     namespace, chunk_tokens = bytes(range(16)), 8
     gen = torch.Generator().manual_seed(4)
     kv = [(torch.randn(2, 24, 16, generator=gen), torch.randn(2, 24, 16, generator=gen)) for _ in range(3)]
@@ -265,9 +267,18 @@ def test_segment_from_the_peers_daemon(tmp_path: Path, model_dir: Path, daemon: 
     try:
         stub = micro_attention_pb2_grpc.MicroAttentionStub(peer_channel(worker.address))
         attached = stub.AttachChunks(
-            pb.AttachChunksRequest(segment_id="d", namespace=namespace, chunk_keys=keys)
+            pb.AttachChunksRequest(segment_id="d", namespace=namespace, chunk_keys=keys, home="home:1")
         )
         assert (attached.segment_tokens, attached.start_position) == (24, 40)
+        held_for = stub.DescribeLending(pb.DescribeLendingRequest()).held_for
+        assert [(h.home, h.bytes) for h in held_for] == [("home:1", attached.held_bytes)]
+        assert attached.held_bytes == 2 * 3 * 24 * 2 * 16 * 4  # K, V x layers x tokens x kv_heads x D x fp32
+        with pytest.raises(grpc.RpcError) as caught:
+            more = to_wire(torch.zeros(3, 1, 2, 16))
+            stub.AppendKV(
+                pb.AppendKVRequest(segment_id="d", start_position=64, keys=more, values=more, home="other:2")
+            )
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "home:1" in caught.value.details()
         q, positions = torch.randn(2, 4, 16, generator=gen), torch.tensor([50, 70])
         reply = stub.PartialAttention(pb.PartialAttentionRequest(
             segment_id="d", layer=2, queries=to_wire(q), query_positions=positions.tolist(), scale=0.25

@@ -89,14 +89,16 @@ class ReadKVResponse(_message.Message):
     def __init__(self, start_position: _Optional[int] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class AttachChunksRequest(_message.Message):
-    __slots__ = ("segment_id", "namespace", "chunk_keys")
+    __slots__ = ("segment_id", "namespace", "chunk_keys", "home")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     namespace: bytes
     chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, segment_id: _Optional[str] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    home: str
+    def __init__(self, segment_id: _Optional[str] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., home: _Optional[str] = ...) -> None: ...
 
 class AttachChunksResponse(_message.Message):
     __slots__ = ("segment_tokens", "start_position", "held_bytes")

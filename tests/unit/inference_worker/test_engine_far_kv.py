@@ -1,0 +1,108 @@
+"""Sequences with far KV in the engine's batched steps, in one process: a prompt's oldest
+positions split at a random point into 1-3 segments computed by the distributed runner
+(what peers hold), its newest tokens run by the engine beside a plain sequence, prefilled
+in chunks of a random size and decoded in shared steps. Every logit of both sequences is
+within 1e-4 (fp32) of a plain forward of its whole sequence, for any split (seeded random
+draws), with sliding-window layers too, and on CUDA (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+from plain_logits import assert_plain_logits
+from transformers import PreTrainedModel
+
+from inference_worker.dist_attention.partial import Partial
+from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.dist_attention.segment import LocalSegment
+from inference_worker.engine.attention import PagedKV
+from inference_worker.engine.block_pool import BlockPool
+from inference_worker.engine.engine import Engine, StepOutput
+from inference_worker.engine.model_runner import PagedModelRunner
+from inference_worker.engine.sequence import Sequence
+from inference_worker.model_geometry import ModelGeometry
+
+BLOCK = 4
+NEW_TOKENS = 4
+
+
+class SegmentsFar:
+    """Far KV in this process: segments the distributed runner computed (FarKV)."""
+
+    def __init__(self, runner: DistributedRunner, segments: list[LocalSegment]) -> None:
+        self.runner, self.segments = runner, segments
+        self.frozen = threading.RLock()
+        self.calls = 0
+
+    def attend(
+        self, layer: int, q: torch.Tensor, positions: torch.Tensor, *, scale: float, window: int | None
+    ) -> Callable[[], Partial]:
+        self.calls += 1
+        return self.runner.start_attend(self.segments, layer, q, positions, scale=scale, window=window)
+
+
+def far_segments(runner: DistributedRunner, prompt: list[int], cuts: list[int]) -> list[LocalSegment]:
+    """The KV of prompt positions [0, cuts[-1]) in segments ending at each cut."""
+    segments: list[LocalSegment] = []
+    for start, stop in zip([0, *cuts[:-1]], cuts, strict=True):
+        segment = runner.new_segment(start, stop - start)
+        runner.forward(prompt[start:stop], start, [*segments, segment], segment)
+        segments.append(segment)
+    return segments
+
+
+async def collect(engine: Engine, seq: Sequence) -> list[StepOutput]:
+    outputs = [output async for output in engine.generate(seq)]
+    engine.release(seq)
+    return outputs
+
+
+async def run_split(model: PreTrainedModel, seed: int) -> None:
+    draw = random.Random(seed)
+    device = model.device
+    prompt = [draw.randrange(256) for _ in range(draw.randint(30, 120))]
+    plain = [draw.randrange(256) for _ in range(draw.randint(3, 30))]
+    split = draw.randint(1, len(prompt) - 1)
+    cuts = sorted({*draw.sample(range(1, split), min(split - 1, draw.randint(0, 2))), split})
+    runner = DistributedRunner(model)
+    far = SegmentsFar(runner, far_segments(runner, prompt, cuts))
+    near = Sequence.of(prompt[split:], bytes(16), positions=list(range(split, len(prompt))), far=far,
+                       max_new_tokens=NEW_TOKENS)  # fmt: skip
+    kv = PagedKV(ModelGeometry.of(model.config), 64, BLOCK, torch.float32, device)
+    engine = Engine(PagedModelRunner(model, kv), BlockPool(64, BLOCK),
+                    max_batch_tokens=draw.choice([5, 16, 48]), max_batch_sequences=4)  # fmt: skip
+    try:
+        far_outputs, plain_outputs = await asyncio.gather(
+            collect(engine, near), collect(engine, Sequence.of(plain, max_new_tokens=NEW_TOKENS))
+        )
+    finally:
+        await engine.close()
+        runner.close()
+    assert_plain_logits(model, prompt, far_outputs, NEW_TOKENS)
+    assert_plain_logits(model, plain, plain_outputs, NEW_TOKENS)
+    assert engine.stats.max_batch_sequences == 2 and far.calls > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_any_split_gives_plain_logits_in_shared_steps(tiny_llama: PreTrainedModel, seed: int) -> None:
+    await run_split(tiny_llama, seed)
+
+
+@pytest.mark.parametrize("seed", range(2))
+async def test_sliding_window_layers(tiny_mistral_factory: Callable[..., PreTrainedModel], seed: int) -> None:
+    await run_split(tiny_mistral_factory(sliding_window=24), seed)
+
+
+@pytest.mark.gpu
+async def test_on_cuda(tiny_llama_factory: Callable[..., PreTrainedModel]) -> None:
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # TF32 rounds far beyond 1e-4 on logits
+    try:
+        await run_split(tiny_llama_factory().to("cuda"), seed=0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
