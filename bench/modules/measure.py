@@ -65,10 +65,19 @@ class CaseResult:
     agree_repair_deviation: float | None = None
     ttft_repair_deviation_ms: float | None = None  # deviation's selection included
     ppl_modules_compact: float | None = None  # laid out without gaps, no repair
+    # Module KV stored in bf16 (module_kv_dtype=bfloat16), read into fp32: TTFT as served,
+    # perplexity at schema positions (beside ppl_modules: the format's own cost).
+    ttft_modules_bf16_ms: float | None = None
+    ppl_modules_bf16: float | None = None
+    agree_bf16: float | None = None  # greedy agreement with the full prefill, no repair
 
     @property
     def speedup(self) -> float:
         return self.ttft_full_ms / self.ttft_modules_ms
+
+    @property
+    def speedup_bf16(self) -> float | None:
+        return None if self.ttft_modules_bf16_ms is None else self.ttft_full_ms / self.ttft_modules_bf16_ms
 
     def point(self, method: str, fraction: float) -> RepairPoint | None:
         return next((p for p in self.curve if p.method == method and p.fraction == fraction), None)
@@ -123,6 +132,7 @@ class CaseRunner:
             agree_no_repair=_agreement(await self._answer(case), full_answer),
             ppl_modules_compact=await self._module_perplexity(compact.prompt, reference),
         )
+        result = await self._bf16_store(case, result, reference, full_answer)
         if not lay_out(replace(served.prompt, repair_fraction=1.0)).repaired_tokens:
             return result  # one module, first: nothing to repair (its KV is exact)
         curve = []
@@ -146,6 +156,27 @@ class CaseRunner:
             ttft_repair_deviation_ms=1000
             * await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source)),
         )
+
+    async def _bf16_store(
+        self, case: Case, result: CaseResult, reference: list[int], full_answer: list[int]
+    ) -> CaseResult:
+        """`result` with the TTFT and perplexity of module KV stored in bf16 (encoded into
+        that store first, as for the fp32 one)."""
+        server = self.engine.modules.server
+        default, compact = server.store.store_dtype, server.compact_positions
+        try:
+            server.store.store_dtype = torch.bfloat16
+            async for _ in server.encode(self.source, case.schema):
+                pass
+            await server.store.drain()
+            ttft = await self._ttft(lambda: self.engine.modules.run(self._turn(case, 1), self.source))
+            agree = _agreement(await self._answer(case), full_answer)
+            server.compact_positions = False  # as ppl_modules
+            served = await server.serve(self.source, case.schema, case.prompt, 0)
+            ppl = await self._module_perplexity(served.prompt, reference)
+        finally:
+            server.store.store_dtype, server.compact_positions = default, compact
+        return replace(result, ttft_modules_bf16_ms=ttft * 1000, ppl_modules_bf16=ppl, agree_bf16=agree)
 
     async def _select(self, first: ModulePrompt, method: str) -> ModulePrompt:
         """`first` (its first tokens repaired) with `method`'s choice of as many tokens (in a

@@ -23,7 +23,8 @@ def format_table(rows: list[CaseResult]) -> str:
     largest = REPAIR_FRACTIONS[-1]
     head = (
         f"{'workload':<8} {'case':<20} {'module':>6} {'prompt':>6} {'full ms':>9} {'modules ms':>10} {'x':>6} "
-        f"{'ppl full':>8} {'ppl mod':>8} {'ppl rep':>8} {'ppl dev':>8} {'agree':>5} {'agr rep':>7} {'agr dev':>7}"
+        f"{'ppl full':>8} {'ppl mod':>8} {'ppl rep':>8} {'ppl dev':>8} {'agree':>5} {'agr rep':>7} {'agr dev':>7} "
+        f"{'bf16 ms':>8} {'x bf16':>6} {'ppl bf16':>8}"
     )
     lines = [head, "-" * len(head), f"(repair: {largest:.0%} of each module but the first)"]
     for r in rows:
@@ -32,18 +33,38 @@ def format_table(rows: list[CaseResult]) -> str:
             f"{r.workload:<8} {r.label:<20} {r.module_tokens:>6} {r.prompt_tokens:>6} {r.ttft_full_ms:>9.1f} "
             f"{r.ttft_modules_ms:>10.1f} {r.speedup:>6.1f} {r.ppl_full:>8.2f} {r.ppl_modules:>8.2f} "
             f"{_num(first and first.ppl, 8, '.2f')} {_num(deviation and deviation.ppl, 8, '.2f')} "
-            f"{r.agree_no_repair:>5.2f} {_num(r.agree_repair, 7, '.2f')} {_num(r.agree_repair_deviation, 7, '.2f')}"
+            f"{r.agree_no_repair:>5.2f} {_num(r.agree_repair, 7, '.2f')} {_num(r.agree_repair_deviation, 7, '.2f')} "
+            f"{_num(r.ttft_modules_bf16_ms, 8, '.1f')} {_num(r.speedup_bf16, 6, '.1f')} "
+            f"{_num(r.ppl_modules_bf16, 8, '.2f')}"
         )
+    joined = [r for r in rows if r.workload in MULTI_MODULE]
+    if not joined:  # a run of the length sweep alone (--only length)
+        return "\n".join(lines)
     lines.append("")
     lines.append("perplexity from full prefill vs repair budget (prompts of several modules):")
-    joined = [r for r in rows if r.workload in MULTI_MODULE]
     for method in REPAIR_METHODS:
-        unrepaired = _ppl_delta(joined, _compact_ppl if method == COMPACT_DEVIATION else lambda r: r.ppl_modules)
+        unrepaired = _ppl_delta(
+            joined, _compact_ppl if method == COMPACT_DEVIATION else lambda r: r.ppl_modules
+        )
         cells = [f"0%: {unrepaired:.2%}"] + [
             f"{fraction:.0%}: {_curve_delta(rows, method, fraction):.2%}" for fraction in REPAIR_FRACTIONS
         ]
         lines.append(f"  {method:<17} " + "  ".join(cells))
     return "\n".join(lines)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.mean(values) if values else None  # rows of runs before a field was measured have none
+
+
+def _bf16_delta(rows: list[CaseResult]) -> float | None:
+    return _mean(
+        [abs(r.ppl_modules_bf16 / r.ppl_modules - 1) for r in rows if r.ppl_modules_bf16 is not None]
+    )
 
 
 def _num(value: float | None, width: int, spec: str) -> str:
@@ -105,12 +126,20 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         else {}
     )
     served = [  # the worker's configurations (method x positions), not bench variants
-        curve[m][f"{largest:.2f}"] for m in (*(m.value for m in RepairMethod), COMPACT_DEVIATION) if m in curve
+        curve[m][f"{largest:.2f}"]
+        for m in (*(m.value for m in RepairMethod), COMPACT_DEVIATION)
+        if m in curve
     ]
     with_repair = min(served, default=None)
     qa = [r for r in rows if r.workload == "doc_qa"]
     return {
         "ttft_speedup_4k_module": round(sweep[4096].speedup, 2) if 4096 in sweep else None,
+        "ttft_speedup_4k_module_bf16": _round(sweep[4096].speedup_bf16, 2) if 4096 in sweep else None,
+        # The bf16 store's own perplexity cost: its distance from the fp32 store's, every prompt.
+        "ppl_delta_bf16_store": _round(_bf16_delta(rows), 4),
+        "greedy_agreement_bf16_store": _round(
+            _mean([r.agree_bf16 for r in rows if r.agree_bf16 is not None]), 3
+        ),
         "ttft_speedup_largest_module": round(sweep[largest_module].speedup, 2) if largest_module else None,
         "largest_module_tokens": largest_module,
         "ttft_speedup_doc_qa": _median_speedup(rows, "doc_qa"),
@@ -192,6 +221,14 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
     ax.plot(
         x, [r.ttft_modules_ms for r in sweep], marker="s", color=PALETTE[1], label="module KV from the store"
     )
+    if any(r.ttft_modules_bf16_ms for r in sweep):
+        ax.plot(
+            x,
+            [r.ttft_modules_bf16_ms for r in sweep],
+            marker="^",
+            color=PALETTE[-1],
+            label="module KV from the store, bf16",
+        )
     if sweep:  # a run of other workloads only (--only) has no sweep to draw
         ax.set_xscale("log", base=2)
     finish_axes(ax, "module tokens (plus a short question)", "TTFT, ms (lower is better)", log_y=bool(sweep))
@@ -210,6 +247,9 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
                 label=f"repair: {method}",
             )
         curve_ax.axhline(TARGET_PPL_REPAIR * 100, color="grey", linestyle="--", label="target with repair")
-    finish_axes(curve_ax, "repair budget, % of each module's tokens (but the first module's)",
-                "perplexity from full prefill, % (lower is better)")
+    finish_axes(
+        curve_ax,
+        "repair budget, % of each module's tokens (but the first module's)",
+        "perplexity from full prefill, % (lower is better)",
+    )
     save_figure(fig, title, out)

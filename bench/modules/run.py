@@ -71,7 +71,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--merge",
         nargs="+",
         metavar="NAME",
-        help="report the rows of earlier runs' results instead of running",
+        help="report the rows of earlier runs' results instead of running (a later run's workloads replace "
+        "an earlier one's)",
     )
     args = parser.parse_args(argv)
     args.results = args.results or ("modules-quick" if args.quick else "modules")
@@ -157,14 +158,16 @@ def merge(args: argparse.Namespace) -> None:
     """One report from the rows of runs saved under other names (parts of one suite run in
     parallel processes: on a shared machine each gets its own share of the cores)."""
     parts = [json.loads((RESULTS_DIR / f"{name}.json").read_text()) for name in args.merge]
-    rows = [
-        CaseResult(
-            **{k: v for k, v in row.items() if k not in ("speedup", "curve")},
-            curve=tuple(RepairPoint(**point) for point in row["curve"]),
-        )
-        for part in parts
-        for row in part["rows"]
-    ]
+    rows: list[CaseResult] = []
+    for part in parts:  # a later part's workloads replace an earlier part's rows of them
+        rows = [row for row in rows if row.workload not in part["workloads"]]
+        rows += [
+            CaseResult(
+                **{k: v for k, v in row.items() if k not in ("speedup", "curve")},
+                curve=tuple(RepairPoint(**point) for point in row["curve"]),
+            )
+            for row in part["rows"]
+        ]
     workloads = sorted({w for part in parts for w in part["workloads"]})
     report(args, rows, {"workloads": workloads, "machine": parts[0]["machine"], "merged_from": args.merge})
 

@@ -112,10 +112,12 @@ def layer_from_pieces(
     device: torch.device | str | None = None,
     verify: bool = False,
     restore_chunks: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [kv_heads, sum of the chunks' tokens, head_dim] of one layer, from that layer's
     pieces of consecutive chunks in order. Each piece is copied once, straight from its
-    bytes into its token slice of `out` (allocated on `device` when not given). A restore
+    bytes into its token slice of `out` (allocated on `device` when not given), converted
+    to `dtype` in that copy when given (else the chunks' dtype). A restore
     chunk's layer (restore/) is taken only with `restore_chunks`, and only a KV layer.
 
     `verify` checks each piece against its layer checksum (ChunkCorruptError). Into host
@@ -138,7 +140,8 @@ def layer_from_pieces(
             raise KVShapeError(
                 f"chunk {piece.chunk_index}: {len(piece.data)} bytes for a {header.layer_bytes}-byte layer"
             )
-    dtype = TORCH_DTYPES[first.dtype]
+    stored = TORCH_DTYPES[first.dtype]
+    dtype = dtype or stored
     kv_heads, head_dim = first.kv_heads, first.head_dim
     total_tokens = sum(piece.layout.header.tokens for piece in pieces)
     shape = (kv_heads, total_tokens, head_dim)
@@ -161,7 +164,7 @@ def layer_from_pieces(
             verify_layer(piece.layout, piece.layer, piece.data)
         for target, offset in ((out_k, 0), (out_v, half)):
             # A read-only view of the piece's bytes: [kv_heads, tokens, head_dim]
-            src = _frombuffer(piece.data, offset, half).view(dtype).view(kv_heads, tokens, head_dim)
+            src = _frombuffer(piece.data, offset, half).view(stored).view(kv_heads, tokens, head_dim)
             target[:, start : start + tokens, :].copy_(src)
         if verify and on_host:
             verify_layer(piece.layout, piece.layer, piece.data)

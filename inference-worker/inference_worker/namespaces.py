@@ -83,7 +83,7 @@ class Namespaces:
                     kv_heads=geometry.kv_heads,
                     head_dim=geometry.head_dim,
                     chunk_tokens=source.chunk_tokens,
-                    dtype=runner.dtype_name,
+                    dtype=source.dtype or runner.dtype_name,
                     model_label=runner.loaded.model_dir.name,
                 ),
                 self.timeout_seconds,

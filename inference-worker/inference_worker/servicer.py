@@ -92,7 +92,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     total=step.total,
                     module=step.path,
                     encoded=step.origin is Origin.ENCODED,
-                    namespace=source.namespace,
+                    namespace=step.namespace,
                     chunk_keys=step.chunk_keys,
                 )
 

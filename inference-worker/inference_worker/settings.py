@@ -140,6 +140,16 @@ class WorkerSettings(ServiceSettings):
         "module): the first of each module, or as many chosen by KV deviation (CacheBlend)",
     )
 
+    # The model's dtype by default: exact (a module at position 0 gives the full prefill's
+    # logits within 1e-4). bfloat16 halves the bytes a module turn reads and verifies (188 MB
+    # of fp32 KV for a 4,096-token SmolLM2 module), at a perplexity cost measured in
+    # docs/prompt-modules.md ("Store format").
+    module_kv_dtype: Literal["model", "bfloat16", "float16"] = Field(
+        "model",
+        description="the format of prompt modules' KV in the store (converted to the model's dtype as it is "
+        "read): the model's dtype (exact) or a narrower one (half the bytes for an fp32 model)",
+    )
+
     # The prompt is a session's whole conversation (truncated to the context window by the
     # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.
     max_prompt_tokens: int = Field(

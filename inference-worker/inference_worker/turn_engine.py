@@ -54,7 +54,7 @@ from inference_worker.engine.engine import Engine
 from inference_worker.engine.memory import pool_blocks
 from inference_worker.engine.model_runner import PagedModelRunner
 from inference_worker.engine.sequence import Sequence as EngineSequence
-from inference_worker.kv_codec import DTYPE_NAMES
+from inference_worker.kv_codec import DTYPE_NAMES, TORCH_DTYPES
 from inference_worker.kv_saver import ChunkRun, ChunkSaver
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_runner import ModelRunner
@@ -147,6 +147,7 @@ class TurnEngine:
             self._saver,
             self.namespaces,
             timeout_seconds=settings.module_read_timeout_seconds,
+            store_dtype=TORCH_DTYPES.get(settings.module_kv_dtype),  # "model": None
         )
         pml = PmlServer(
             module_store,

@@ -26,6 +26,7 @@ class KVSource:
 
     namespace: bytes
     chunk_tokens: int
+    dtype: str = ""  # its chunks' dtype, registered with the daemon ("": the model's)
 
 
 @dataclass(frozen=True)

@@ -258,4 +258,6 @@ class ModulePrefix(PrefixKV):
             k, v = k[:, first:last].to(self.device), v[:, first:last].to(self.device)
             keys.append(self.shift.shift_keys(k, span.part.delta) if self.shift is not None else k)
             values.append(v)
+        if len(keys) == 1:  # a module served whole: its read's tensors, not a copy (188 MB at 4,096 tokens)
+            return keys[0], values[0]
         return torch.cat(keys, dim=1), torch.cat(values, dim=1)

@@ -8,6 +8,14 @@ failed request. A stored module is read layer by layer while the prompt is compu
 found every chunk makes the turn compute the modules' tokens instead (engine recompute),
 and deletes the module's chunks, so that its next use encodes and saves it again.
 
+Store format: the model's dtype (exact), or a narrower one (`store_dtype`, bf16: half the
+bytes a module turn reads from the daemon), converted to the model's in the read's one copy;
+a module encoded now is served rounded through that format too, so a prompt's tokens do
+not depend on whether its modules were read or encoded. A narrower format lives in a
+namespace of its own (the daemon checks each chunk's dtype against its namespace), derived
+from the tenant's: another tenant's never names it, and the model's dtype is never read
+as it.
+
 Protection: every module served or encoded is hinted PROTECT (replace=false) for the
 daemon's hint TTL, so under the `lookahead` policy a schema in use outlives unhinted
 chunks. The scheduler re-protects a registered schema's modules by encoding it again
@@ -22,12 +30,15 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import blake3
 import structlog
+import torch
 
+from attnstore.chunks.keys import NAMESPACE_BYTES
 from attnstore.kvstore_client import AsyncKVStoreClient, HintAction, LayerPiece
 from attnstore.prompt_modules import module_chunk_keys
 from inference_worker.engine.engine import Engine
-from inference_worker.kv_codec import KVShapeError, layer_from_pieces
+from inference_worker.kv_codec import DTYPE_NAMES, KVShapeError, layer_from_pieces
 from inference_worker.kv_saver import ChunkRun, ChunkSaver
 from inference_worker.layerwise_cache import PrefixLoadFailed
 from inference_worker.modules.module_kv import LayerFeed, ModuleKV, encode_module
@@ -35,6 +46,8 @@ from inference_worker.namespaces import Namespaces
 from inference_worker.turn_types import KVSource
 
 log = structlog.get_logger("inference_worker.modules.module_store")
+
+_FORMAT_DOMAIN = b"attnstore/module-format/v1\0"  # the namespace of module KV in a narrower dtype
 
 
 class Origin(Enum):
@@ -63,8 +76,11 @@ class ModuleStore:
         namespaces: Namespaces,
         *,
         timeout_seconds: float,
+        store_dtype: torch.dtype | None = None,
     ) -> None:
-        """`timeout_seconds`: the longest wait for the daemon's lookup or read of one module."""
+        """`timeout_seconds`: the longest wait for the daemon's lookup or read of one module.
+        `store_dtype`: the format of module KV in the store (None: the model's)."""
+        self.store_dtype = None if store_dtype == engine.kv.k.dtype else store_dtype
         self.engine = engine
         self.kvstore = kvstore
         self.saver = saver
@@ -72,10 +88,23 @@ class ModuleStore:
         self.timeout_seconds = timeout_seconds
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def stored_source(self, source: KVSource) -> KVSource:
+        """The namespace that holds the tenant's (`source`'s) module KV in this store's format."""
+        if self.store_dtype is None:
+            return source
+        name = DTYPE_NAMES[self.store_dtype]
+        namespace = blake3.blake3(_FORMAT_DOMAIN + source.namespace + name.encode()).digest(NAMESPACE_BYTES)
+        return KVSource(namespace, source.chunk_tokens, dtype=name)
+
+    def chunk_keys(self, source: KVSource, spec: ModuleSpec) -> list[bytes]:
+        """The store keys of the module's chunks, in `stored_source(source)`'s namespace."""
+        stored = self.stored_source(source)
+        return module_chunk_keys(stored.namespace, spec.key, spec.token_ids, stored.chunk_tokens)
+
     async def get(self, source: KVSource, spec: ModuleSpec) -> tuple[ModuleKV, Origin]:
         """The module's KV: stored (its read goes on in the background, layer by layer: a
         LayerFeed), else encoded and saved (in the background)."""
-        keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
+        keys, source = self.chunk_keys(source, spec), self.stored_source(source)
         if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
             feed = LayerFeed(
                 self.engine.runner.geometry.num_layers, len(spec.token_ids), self.timeout_seconds
@@ -88,7 +117,7 @@ class ModuleStore:
     async def ensure(self, source: KVSource, spec: ModuleSpec) -> Origin:
         """Makes the module stored, as `get` does, without reading it when it is (eager
         encoding and re-protection of a registered schema need no KV)."""
-        keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
+        keys, source = self.chunk_keys(source, spec), self.stored_source(source)
         if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
             self._background(self._protect(source, keys))
             return Origin.STORED
@@ -111,10 +140,17 @@ class ModuleStore:
             source.namespace,
             (spec.context_ids, spec.context_positions),
         )
+        stored = module.kv
+        if self.store_dtype is not None:
+            stored = [(k.to(self.store_dtype), v.to(self.store_dtype)) for k, v in module.kv]
+            dtype = self.engine.kv.k.dtype
+            module = ModuleKV(
+                module.token_ids, module.positions, [(k.to(dtype), v.to(dtype)) for k, v in stored]
+            )
         if self.saver is not None:
             self.saver.save(
                 source,
-                [ChunkRun(keys, module.kv, spec.positions[0])],
+                [ChunkRun(keys, stored, spec.positions[0])],
                 before_put=lambda: self.namespaces.ensure_registered(source),
             )
             self._background(self._protect(source, keys))
@@ -152,7 +188,9 @@ class ModuleStore:
                 async for piece in pieces:
                     row.append(piece)
                     if len(row) == len(keys):
-                        k, v = layer_from_pieces(row, device=self.engine.runner.device, verify=True)
+                        k, v = layer_from_pieces(
+                            row, device=self.engine.runner.device, verify=True, dtype=self.engine.kv.k.dtype
+                        )
                         feed.put(layer, k, v)  # [kv_heads, tokens, D]
                         row, layer = [], layer + 1
             if layer != len(feed):

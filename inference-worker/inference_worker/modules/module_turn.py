@@ -51,7 +51,12 @@ class ModuleTurns:
         started = time.perf_counter()
         check_sampling(turn.sampling)
         served = await self.server.serve(
-            source, turn.schema, turn.prompt, turn.repair_tokens, turn.add_generation_prompt, turn.repair_fraction
+            source,
+            turn.schema,
+            turn.prompt,
+            turn.repair_tokens,
+            turn.add_generation_prompt,
+            turn.repair_fraction,
         )
         paged = self.engine.runner
         prompt = served.prompt

@@ -30,7 +30,6 @@ from attnstore.prompt_modules import (
     layout_prompt,
     layout_schema,
     messages_renderer,
-    module_chunk_keys,
     module_key,
     parse_prompt,
     parse_schema,
@@ -57,7 +56,8 @@ class EncodeProgress:
     total: int
     path: str  # the module (or "scaffold:<name>") just done
     origin: Origin
-    chunk_keys: tuple[bytes, ...]  # its KV's chunks in the store (the source's namespace)
+    namespace: bytes  # where its KV's chunks are (the tenant's, or its module format's: ModuleStore)
+    chunk_keys: tuple[bytes, ...]  # its KV's chunks in the store
 
 
 _KVId = tuple[ModulePath, str | None]  # a module alone, or a scaffold's KV (path ())
@@ -79,7 +79,9 @@ class PmlServer:
         self.compact_positions = compact_positions
         self._generation_prompt = generation_prompt
         self.generation_prompt = (
-            tuple(tokenize(generation_prompt)) if isinstance(generation_prompt, str) and generation_prompt else ()
+            tuple(tokenize(generation_prompt))
+            if isinstance(generation_prompt, str) and generation_prompt
+            else ()
         )
         self.store = store
         self.tokenize = tokenize
@@ -155,8 +157,10 @@ class PmlServer:
             spec = self._spec(source, layout, *kv_id)
             origin = await self.store.ensure(source, spec)
             name = f"scaffold:{kv_id[1]}" if kv_id[1] else ".".join(kv_id[0]) or "(root)"
-            keys = module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
-            yield EncodeProgress(done, len(ids), name, origin, tuple(keys))
+            keys = tuple(self.store.chunk_keys(source, spec))
+            yield EncodeProgress(
+                done, len(ids), name, origin, self.store.stored_source(source).namespace, keys
+            )
 
     def chunk_keys(self, source: KVSource, schema_document: str) -> list[bytes]:
         """The store keys of the chunks of every module's KV of a schema (tests, tools)."""
@@ -166,11 +170,7 @@ class PmlServer:
             for path, module in layout.modules.items()
             if module.token_ids
         ]
-        return [
-            key
-            for spec in specs
-            for key in module_chunk_keys(source.namespace, spec.key, spec.token_ids, source.chunk_tokens)
-        ]
+        return [key for spec in specs for key in self.store.chunk_keys(source, spec)]
 
     @staticmethod
     def _spec(source: KVSource, layout: SchemaLayout, path: ModulePath, scaffold: str | None) -> ModuleSpec:

@@ -96,6 +96,8 @@ def _layer_values(
     [tokens, kv_heads * D]."""
     device = next(model.parameters()).device
     ids = torch.tensor(token_ids, device=device)
-    early, hidden = recompute_layers(model, ids, torch.tensor(positions, device=device), layer)  # layer's input
+    early, hidden = recompute_layers(
+        model, ids, torch.tensor(positions, device=device), layer
+    )  # layer's input
     target = model.model.layers[layer]
     return early, target.self_attn.v_proj(target.input_layernorm(hidden))

@@ -2,7 +2,7 @@
 and saved like any chunk, read back by the next prompt (same tokens as the first), re-encoded
 transparently when its chunks were evicted or cannot be read, still stored after a daemon
 restart (SSD tier),
-encoded eagerly with progress, never read by another tenant; a module is encoded after
+encoded eagerly with progress, never read by another tenant, stored in bf16 when asked; a module is encoded after
 the text that precedes it in every prompt; a scaffold answers as a full
 prefill of its tokens; role tags and the generation prompt go through the chat template."""
 
@@ -103,13 +103,17 @@ async def test_a_stored_module_that_cannot_be_read_is_computed_and_encoded_again
         served = await engine.modules.server.serve(known, SCHEMA, PROMPT, 0)
         store = engine.modules.server.store
         await store.drain()
-        style = next(p.module for p in served.prompt.pieces if "cite" in tiny_model.tokenizer.decode(p.token_ids))
+        style = next(
+            p.module for p in served.prompt.pieces if "cite" in tiny_model.tokenizer.decode(p.token_ids)
+        )
         assert isinstance(style.kv, LayerFeed)
 
         source = await engine.namespace_for(b"tenant-b")  # nothing of it stored yet
         keys = engine.modules.server.chunk_keys(source, SCHEMA)
         style_keys = keys[-math.ceil(len(style) / CHUNK_TOKENS) :]  # the last module's chunks
-        short = await encode_module(engine.engine, style.token_ids[:-1], style.positions[:-1], source.namespace)
+        short = await encode_module(
+            engine.engine, style.token_ids[:-1], style.positions[:-1], source.namespace
+        )
         assert store.saver is not None and len(style) % CHUNK_TOKENS != 1  # as many chunks, one token short
         store.saver.save(
             source,
@@ -154,6 +158,50 @@ async def test_module_kv_survives_a_daemon_restart(tiny_model: LoadedModel, daem
         assert stats.encoded_modules == 0 and tokens == first
 
 
+async def test_a_bfloat16_module_store_has_its_own_namespace_and_serves_what_it_encoded(
+    tiny_model: LoadedModel, daemon: DaemonProcess
+) -> None:
+    """module_kv_dtype=bfloat16: module KV is saved in bf16 under a namespace derived from
+    the tenant's (registered as bfloat16: the daemon refuses bf16 chunks in an fp32 one),
+    read back into the model's dtype, and equal to the fp32 encoding rounded to bf16; a
+    prompt answers the same whether its modules were just encoded or read (the encoded KV
+    is served rounded too); a worker storing the model's dtype finds none of it."""
+    async with AsyncKVStoreClient(daemon.address) as client:
+        settings = WorkerSettings(chunk_tokens=CHUNK_TOKENS, module_kv_dtype="bfloat16", **TIMEOUTS)
+        engine = TurnEngine(tiny_model, client, settings)
+        source = await engine.namespace_for(b"tenant-a")
+        store = engine.modules.server.store
+        stored = store.stored_source(source)
+        assert stored.namespace != source.namespace and stored.dtype == "bfloat16"
+        progress = [step async for step in engine.modules.server.encode(source, SCHEMA)]
+        assert {step.namespace for step in progress} == {stored.namespace}
+        await store.drain()
+        keys = engine.modules.server.chunk_keys(source, SCHEMA)
+        assert (await client.lookup(stored.namespace, keys)).prefix_length == len(keys)
+
+        read, stats = await run(engine, source)
+        assert stats.encoded_modules == 0 and stats.reused_tokens == stats.module_tokens
+        served = await engine.modules.server.serve(source, SCHEMA, PROMPT, 0)
+        doc = served.prompt.pieces[1].module
+        assert isinstance(doc.kv, LayerFeed)
+
+        exact = TurnEngine(tiny_model, client, WorkerSettings(chunk_tokens=CHUNK_TOKENS, **TIMEOUTS))
+        served = await exact.modules.server.serve(source, SCHEMA, PROMPT, 0)
+        assert served.encoded_modules == 3  # the fp32 store never reads the bf16 chunks
+        doc_fp32 = served.prompt.pieces[1].module
+        for (k, v), (k32, v32) in zip(doc.kv, doc_fp32.kv, strict=True):
+            assert k.dtype == v.dtype == torch.float32
+            torch.testing.assert_close(k, k32.bfloat16().float(), rtol=0, atol=1e-6)
+            torch.testing.assert_close(v, v32.bfloat16().float(), rtol=0, atol=1e-6)
+        assert any(not torch.equal(k, k32) for (k, _), (k32, _) in zip(doc.kv, doc_fp32.kv, strict=True))
+        await exact.modules.server.store.drain()
+
+        other = await engine.namespace_for(b"tenant-b")  # encoded now, served rounded
+        encoded, stats = await run(engine, other)
+        assert stats.encoded_modules == 3 and encoded == read
+        await store.drain()
+
+
 async def test_deviation_repair_recomputes_as_many_tokens_as_first_token_repair(
     tiny_model: LoadedModel,
 ) -> None:
@@ -164,7 +212,9 @@ async def test_deviation_repair_recomputes_as_many_tokens_as_first_token_repair(
     source = await engine.namespace_for(b"tenant-a")
     counts = {}
     for method in (None, "first", "deviation"):
-        turn = ModuleTurnInput(SCHEMA, PROMPT, SamplingParams(max_tokens=4), repair_tokens=3, repair_method=method)
+        turn = ModuleTurnInput(
+            SCHEMA, PROMPT, SamplingParams(max_tokens=4), repair_tokens=3, repair_method=method
+        )
         events = [event async for event in engine.modules.run(turn, source)]
         stats = events.pop()
         assert isinstance(stats, TurnStats) and stats.generated_tokens == len(events) > 0

@@ -78,6 +78,22 @@ def test_layer_from_pieces_fills_the_given_buffers(layer_major_pieces) -> None:
         layer_from_pieces(pieces, out=(out_k[:, :16], out_v[:, :16]))
 
 
+def test_layer_from_pieces_converts_to_the_dtype_asked_for_in_its_copy(layer_major_pieces) -> None:
+    """bf16 chunks read into fp32 (module KV stored narrow, served in the model's dtype)."""
+    kv = random_kv(40, torch.bfloat16)
+    namespace, keys = namespace_and_keys("bfloat16", 40, True)
+    pieces = layer_major_pieces(encode_chunks(namespace, keys, kv, CHUNK_TOKENS, 0, include_partial=True))[2]
+
+    k, v = layer_from_pieces(pieces, dtype=torch.float32)
+
+    assert k.dtype == v.dtype == torch.float32
+    assert torch.equal(k, kv[2][0].float()) and torch.equal(v, kv[2][1].float())
+    with pytest.raises(KVShapeError):  # buffers of another dtype than the one asked for
+        layer_from_pieces(
+            pieces, out=(torch.empty_like(k).bfloat16(), torch.empty_like(v).bfloat16()), dtype=torch.float32
+        )
+
+
 def test_verify_refuses_a_damaged_piece(layer_major_pieces) -> None:
     kv = random_kv(32, torch.float32)
     namespace, keys = namespace_and_keys("float32", 32, False)
