@@ -74,7 +74,9 @@ def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     return _decode_frame(body)
 
 
-async def recv_frame_on_loop(loop: asyncio.AbstractEventLoop, sock: socket.socket, max_bytes: int) -> dict[str, Any]:
+async def recv_frame_on_loop(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, max_bytes: int
+) -> dict[str, Any]:
     """`recv_frame` on the event loop, from a non-blocking plain socket."""
     prefix = bytearray(_LENGTH.size)
     await recv_exactly_on_loop(loop, sock, memoryview(prefix))
@@ -109,7 +111,9 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
         view = view[received:]
 
 
-async def recv_exactly_on_loop(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
+async def recv_exactly_on_loop(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
     """`recv_exactly_into` on the event loop: a recv that finds the bytes there waits for nothing."""
     while view.nbytes:
         received = await loop.sock_recv_into(sock, view)
