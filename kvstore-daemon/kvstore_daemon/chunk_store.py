@@ -285,7 +285,10 @@ class ChunkStore:
             self._chunks.add(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
-            if reservation.key in self._ssd_only:
+            # A borrowed chunk goes to SSD and leaves DRAM, as a declined one: it is put durable,
+            # so a DRAM copy would take the lender's DRAM from its own node's chunks twice over
+            # (bench-pool's replay: lenders' DRAM went to copies of what their SSD held).
+            if reservation.key in self._ssd_only or reservation.borrower:
                 self._ssd_only.discard(reservation.key)
                 self._mover.spawn(self._mover.demote(chunk))
             elif self.settings.persist_on_commit or durable:
@@ -475,11 +478,12 @@ class ChunkStore:
 
     def _may_lend(self, size_bytes: int) -> bool:
         """Whether a borrowed chunk fits the lending limits (pool_ledger.py's LendingLimits:
-        free room above the floor, lent bytes under the ceiling). The ledger ranks lenders
-        by the same numbers, but from heartbeats: this is the check that holds."""
-        capacity = self.dram.capacity_bytes + self.ssd.capacity_bytes
-        free = max(0, capacity - self.dram.used_bytes - self.ssd.used_bytes)
-        return size_bytes <= self._lending.more_lendable_bytes(capacity, free, self._chunks.lent_bytes)
+        free room above the floor, lent bytes under the ceiling) of the SSD tier, the only
+        one borrowed chunks take (`commit`): counted against DRAM + SSD, the borrowed chunks
+        then outgrew the SSD and evicted each other (test_pool_end_to_end reused nothing).
+        The ledger ranks lenders by the same numbers, but from heartbeats: this check holds."""
+        free = max(0, self.ssd.capacity_bytes - self.ssd.used_bytes)
+        return size_bytes <= self._lending.more_lendable_bytes(self.ssd.capacity_bytes, free, self._chunks.lent_bytes)
 
     def pin(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: float) -> int:
         self.namespaces.get(namespace)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hmac
 import socket
 import ssl
@@ -47,6 +48,7 @@ from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.validation import check_keys, check_layer_range, check_namespace
 
 log = structlog.get_logger("kvstore_daemon.data_plane")
+_READS_NOTED_EVERY_SECONDS = 0.005
 T = TypeVar("T")
 
 
@@ -78,6 +80,8 @@ class DataPlaneServer:
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
+        self._reads: list[tuple[bytes, list[bytes]]] = []  # unheld reads the loop has yet to note
+        self._reads_lock = threading.Lock()
 
     @property
     def tls(self) -> bool:
@@ -213,8 +217,25 @@ class DataPlaneServer:
         valid = self._store.unheld_copies_valid(copies)
         send_frame(sock, {"ok": True, "valid": valid})
         if valid:  # hits and recency as a held read's, without waiting for the loop
-            self._loop.call_soon_threadsafe(self._store.note_lease_free_reads, namespace, keys, None)
+            self._note_read(namespace, keys)
         return True
+
+    def _note_read(self, namespace: bytes, keys: list[bytes]) -> None:
+        """Queues an unheld read's hits and recency for the loop, which takes them every
+        `_READS_NOTED_EVERY_SECONDS`: waking the loop for each read took 50-70 us of a
+        0.5 MB Get's 240-310 (its thread and this one then share the GIL and 2 busy cores)."""
+        with self._reads_lock:
+            self._reads.append((namespace, keys))
+            if len(self._reads) > 1:  # a drain is already scheduled
+                return
+        self._loop.call_soon_threadsafe(self._loop.call_later, _READS_NOTED_EVERY_SECONDS, self._drain_reads)
+
+    def _drain_reads(self) -> None:
+        with self._reads_lock:
+            reads, self._reads = self._reads, []
+        for namespace, keys in reads:
+            with contextlib.suppress(errors.ServiceError):  # its namespace was dropped meanwhile
+                self._store.note_lease_free_reads(namespace, keys, None)
 
     def _send(
         self, sock: socket.socket, request: dict[str, Any], chunks: Sequence[Chunk | UnheldCopy],

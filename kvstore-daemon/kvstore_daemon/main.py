@@ -58,7 +58,7 @@ async def run_daemon(settings: DaemonSettings) -> None:
         settings.max_chunk_bytes,
         settings.namespace_idle_seconds,
     )
-    member = PoolMember(settings, [dram, ssd]) if settings.pool_redis_url is not None else None
+    member = PoolMember(settings, ssd) if settings.pool_redis_url is not None else None
     find_peers = member.find_peers if member is not None else static_peers(settings.pool_peers)
     pooled = settings.pool_capacity_bytes > 0 and (member is not None or settings.pool_peers)
     peer = make_peer_tier(settings, namespaces, find_peers) if pooled else None

@@ -46,11 +46,12 @@ class PoolStore(Protocol):
 
 
 class PoolMember:
-    def __init__(self, settings: DaemonSettings, tiers: Sequence[Tier]) -> None:
-        """`tiers`: the local tiers whose capacity and use it reports."""
+    def __init__(self, settings: DaemonSettings, lending_tier: Tier) -> None:
+        """`lending_tier`: the tier borrowed chunks take (the SSD), whose capacity and use
+        it reports: the ledger ranks lenders by the room a borrowed chunk may really take."""
         assert settings.pool_redis_url is not None
         self._settings = settings
-        self._tiers = tiers
+        self._lending_tier = lending_tier
         self._redis = aioredis.Redis.from_url(settings.pool_redis_url)
         self._ledger = PoolLedger(
             self._redis,
@@ -91,8 +92,7 @@ class PoolMember:
             return []
 
     def _entry(self) -> DaemonEntry:
-        capacity = sum(tier.capacity_bytes for tier in self._tiers)
-        used = sum(tier.used_bytes for tier in self._tiers)
+        capacity, used = self._lending_tier.capacity_bytes, self._lending_tier.used_bytes
         return DaemonEntry(
             daemon_id=self._grpc_address, node=self._settings.pool_node_name,
             grpc_address=self._grpc_address, data_plane_address=self._data_plane_address,

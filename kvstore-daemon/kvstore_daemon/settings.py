@@ -59,9 +59,9 @@ class DaemonSettings(ServiceSettings):
     )
     pool_heartbeat_seconds: float = Field(2.0, gt=0, description="ledger heartbeat period; 3 missed = forgotten")
     pool_own_floor_fraction: float = Field(
-        0.2, ge=0, le=1, description="share of its capacity a daemon keeps free for its own node (lends none of it)"
+        0.2, ge=0, le=1, description="share of its SSD tier a daemon keeps free for its own node (lends none of it)"
     )
-    pool_max_lent_fraction: float = Field(0.5, ge=0, le=1, description="share of its capacity a daemon may lend")
+    pool_max_lent_fraction: float = Field(0.5, ge=0, le=1, description="share of its SSD tier a daemon may lend")
     pool_replace_borrowed: bool = Field(
         True,
         description="a lender at its limits evicts what it holds for borrowers (least recently placed or read "

@@ -32,6 +32,7 @@ be resynchronised once a payload may be in flight, and reconnecting is cheap.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import struct
@@ -68,11 +69,30 @@ def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
     prefix = bytearray(_LENGTH.size)
     recv_exactly_into(sock, memoryview(prefix))
+    body = bytearray(_frame_length(prefix, max_bytes))
+    recv_exactly_into(sock, memoryview(body))
+    return _decode_frame(body)
+
+
+async def recv_frame_on_loop(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, max_bytes: int
+) -> dict[str, Any]:
+    """`recv_frame` on the event loop, from a non-blocking plain socket."""
+    prefix = bytearray(_LENGTH.size)
+    await recv_exactly_on_loop(loop, sock, memoryview(prefix))
+    body = bytearray(_frame_length(prefix, max_bytes))
+    await recv_exactly_on_loop(loop, sock, memoryview(body))
+    return _decode_frame(body)
+
+
+def _frame_length(prefix: bytearray, max_bytes: int) -> int:
     (length,) = _LENGTH.unpack(prefix)
     if length > max_bytes:
         raise FrameError(f"frame of {length} bytes exceeds the {max_bytes}-byte limit")
-    body = bytearray(length)
-    recv_exactly_into(sock, memoryview(body))
+    return int(length)
+
+
+def _decode_frame(body: bytearray) -> dict[str, Any]:
     try:
         message = msgpack.unpackb(body)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
@@ -86,6 +106,17 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
     """Fills `view` from the stream (recv_into: no intermediate copy)."""
     while view.nbytes:
         received = sock.recv_into(view)
+        if received == 0:
+            raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
+        view = view[received:]
+
+
+async def recv_exactly_on_loop(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
+    """`recv_exactly_into` on the event loop: a recv that finds the bytes there waits for nothing."""
+    while view.nbytes:
+        received = await loop.sock_recv_into(sock, view)
         if received == 0:
             raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
         view = view[received:]

@@ -48,7 +48,7 @@ class DaemonEntry:
     node: str
     grpc_address: str
     data_plane_address: str  # host:port of its data plane
-    capacity_bytes: int  # its DRAM + SSD tiers
+    capacity_bytes: int  # its SSD tier: the one borrowed chunks take
     free_bytes: int
     lent_bytes: int  # bytes it holds for other daemons
 

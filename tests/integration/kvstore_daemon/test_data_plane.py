@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from attnstore.data_plane_wire import pack_frame, recv_exactly_into, recv_frame
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
-from attnstore.kvstore_client.data_plane import TcpDataPlane
+from attnstore.kvstore_client.data_plane import PlaceStream, TcpDataPlane
 
 if TYPE_CHECKING:
     from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
@@ -107,6 +108,22 @@ def test_the_blocking_client_reads_into_buffers_in_its_callers_threads(daemon: D
         assert into(client, 2) == chunks.data(2)
         assert client.client_stats().reads == {"dataplane": 20}
         assert client.stats().leases == 0
+
+
+def test_unheld_reads_count_as_hits_once_the_daemon_notes_them(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """An unheld read's hits reach the event loop in batches (not one wake-up per read):
+    every read of a burst is counted, whichever batch took it."""
+    made = chunk_set(NAMESPACE, num_layers=2, seed=3)
+    with KVStoreClient(daemon_factory(DATA_PLANE_PORT=free_port()).address, use_shm=False) as client:
+        made.register(client)
+        client.put_chunks(NAMESPACE, made.items(0, 4))
+        before = client.stats().dram.hits
+        for round_ in range(25):
+            assert client.get_whole_chunks(NAMESPACE, made.keys(0, 4)) == [made.data(i) for i in range(4)], round_
+        poll_until(lambda: client.stats().dram.hits - before == 100, what="100 hits noted")
+        assert client.client_stats().reads == {"dataplane": 25}
 
 
 def test_a_missing_chunk_is_not_found_and_the_client_keeps_working(daemon: DaemonProcess, chunks: ChunkSet) -> None:
@@ -287,9 +304,24 @@ def test_an_unheld_read_says_after_its_bytes_whether_they_stayed_put(
         assert client.lookup(huge.namespace, huge.keys(0, 1)).prefix_length == 0
 
 
+def _read_blocking(plane: TcpDataPlane, namespace: bytes, keys: list[bytes], place: PlaceStream) -> None:
+    plane.read_into_blocking(namespace, keys, 0, 0, place)
+
+
+def _read_from_a_loop(plane: TcpDataPlane, namespace: bytes, keys: list[bytes], place: PlaceStream) -> None:
+    """The async client's whole reads: driven from the event loop (a payload over 4 MiB,
+    as here, is received in a thread)."""
+    asyncio.run(plane.read_into(namespace, keys, 0, 0, place))
+
+
+READS = {"blocking": _read_blocking, "from a loop": _read_from_a_loop}
+
+
+@pytest.mark.parametrize("read", list(READS.values()), ids=list(READS))
 def test_a_read_whose_chunk_moves_under_its_unheld_send_is_asked_again_held(
-    daemon: DaemonProcess, stub: kvstore_pb2_grpc.KVStoreStub, chunk_set: type[ChunkSet], poll_until: PollUntil
-) -> None:
+    daemon: DaemonProcess, stub: kvstore_pb2_grpc.KVStoreStub, chunk_set: type[ChunkSet], poll_until: PollUntil,
+    read: Callable[[TcpDataPlane, bytes, list[bytes], PlaceStream], None],
+) -> None:  # fmt: skip
     """The client's side of the trailer: while its buffers are being picked (the send of
     12.6 MB stalls meanwhile), the chunk is deleted and stored again in other blocks; the
     unheld send says invalid, and the client's second, held read places the bytes again."""
@@ -312,9 +344,40 @@ def test_a_read_whose_chunk_moves_under_its_unheld_send_is_asked_again_held(
         plane = TcpDataPlane("127.0.0.1", _port(stub), ssl_context=None, server_hostname=None, token=None,
                              timeout_seconds=10)  # fmt: skip
         try:
-            plane.read_into_blocking(moved.namespace, moved.keys(0, 1), 0, 0, place)
+            read(plane, moved.namespace, moved.keys(0, 1), place)
         finally:
             plane.close()
     layout = decode_layout(data)
     assert len(placed) == 2
     assert out[layout.data_offset :] == data[layout.data_offset :]
+
+
+@pytest.mark.parametrize("read", list(READS.values()), ids=list(READS))
+def test_a_data_plane_that_never_answers_a_read_costs_the_clients_timeout(
+    read: Callable[[TcpDataPlane, bytes, list[bytes], PlaceStream], None],
+) -> None:
+    """A partition after the hello (the peer takes the request, then nothing): the read
+    fails with a timeout, not a stuck turn, and its connection is not reused."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def hello_then_silence() -> None:
+            conn, _ = listener.accept()
+            recv_frame(conn, 1 << 20)
+            conn.sendall(pack_frame({"ok": True}))
+            conn.recv(1 << 16)  # the read's request, never answered
+            done.wait()
+            conn.close()
+
+        done = threading.Event()
+        server = threading.Thread(target=hello_then_silence, daemon=True)
+        server.start()
+        plane = TcpDataPlane("127.0.0.1", listener.getsockname()[1], ssl_context=None, server_hostname=None,
+                             token=None, timeout_seconds=0.5)  # fmt: skip
+        try:
+            with pytest.raises(TimeoutError):
+                read(plane, NAMESPACE, [b"\x01" * 32], lambda headers: [])
+            assert plane._take_idle() is None  # the timed-out connection was closed
+        finally:
+            done.set()
+            plane.close()
+            server.join()

@@ -15,17 +15,18 @@ import pytest
 from service_probes import free_port, scrape_metrics
 
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient
+from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient, Tier
 
 if TYPE_CHECKING:
-    from conftest import ChunkSet, DaemonFactory
+    from conftest import ChunkSet, DaemonFactory, PollUntil
 
     from kvstore_daemon.launcher import DaemonProcess
 
 KiB = 1024
 MiB = 1024 * KiB
-# Capacity 5 MiB: the floor keeps 1 MiB free, at most 2.5 MiB may be lent (the defaults,
-# 0.2 and 0.5); chunks are 68 KiB (a 128 KiB block in DRAM, and on SSD when durable).
+# The lending limits count the SSD tier alone (borrowed chunks live there only): of its
+# 4 MiB the floor keeps 0.8 MiB free, at most 2 MiB may be lent (the defaults, 0.2 and 0.5);
+# chunks are 68 KiB (a 128 KiB block in DRAM, and on SSD when durable).
 LENDER = {
     "DRAM_CAPACITY_BYTES": 1 * MiB, "DRAM_BLOCK_BYTES": 128 * KiB, "SSD_CAPACITY_BYTES": 4 * MiB,
     "SSD_RESERVED_BYTES": 0, "MAX_CHUNK_BYTES": 512 * KiB, "EVICTION_POLICY": "lru",
@@ -69,7 +70,7 @@ def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_
         samples = scrape_metrics(port)
         assert 0 < len(lent_keys) < BORROWED  # it lent, then the limits refused the rest
         assert samples["attnstore_kvstore_lending_refused_total"] == BORROWED - len(lent_keys)
-        assert samples[LENT] == len(lent_keys) * len(chunks.data(0)) <= 2.5 * MiB  # the ceiling: half its capacity
+        assert samples[LENT] == len(lent_keys) * len(chunks.data(0)) <= 2 * MiB  # the ceiling: half its SSD
         assert None not in chunks.tiers(client, range(OWN)), "an own chunk was dropped for borrowed ones"
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
 
@@ -89,18 +90,49 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, OWN))
-        # the first borrowed chunk is read once, about when the lender reaches its limits
-        placed = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED), read_first_after=BORROWED // 2))
+        # the first borrowed chunk is read once, before the lender reaches its limits (29 chunks)
+        placed = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED), read_first_after=BORROWED // 3))
         assert len(placed) == BORROWED
 
         samples = scrape_metrics(port)
         assert samples.get("attnstore_kvstore_lending_refused_total", 0.0) == 0.0
-        assert samples[LENT] <= 2.5 * MiB  # the ceiling holds
+        assert samples[LENT] <= 2 * MiB  # the ceiling holds
         where = chunks.tiers(client, range(OWN + BORROWED))
         assert None not in where[:OWN], "an own chunk was dropped for borrowed ones"
         assert where[first] is not None and where[-1] is not None  # placed first but read; the newest
         assert where[first + 1] is None  # placed early, never read: replaced
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
+
+
+def test_a_borrowed_chunk_lives_on_the_lenders_ssd_and_leaves_its_dram_to_its_own_node(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    lender = daemon_factory(**LENDER)
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 1))  # its own: stays in DRAM
+        assert asyncio.run(_borrow(lender.address, chunks, range(1, 2))) == [chunks.key(1)]
+        poll_until(lambda: chunks.tiers(client, range(2)) == [Tier.DRAM, Tier.SSD], what="the borrowed chunk left DRAM")
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 2)) == [chunks.data(0), chunks.data(1)]
+
+
+def test_the_lending_limits_count_only_the_ssd_room_borrowed_chunks_take(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    """At the boundary: a lender with 8 MiB of DRAM free and a 1 MiB SSD, no floor, half
+    lent, takes exactly the borrowed chunks that fit half its SSD, all on SSD and readable.
+    Counted against DRAM + SSD (4.5 MiB lendable) it took them all, and as they all went
+    to the SSD, the later ones evicted the earlier ones its borrower counted on."""
+    lender = daemon_factory(
+        **{**LENDER, "DRAM_CAPACITY_BYTES": 8 * MiB, "SSD_CAPACITY_BYTES": 1 * MiB},
+        POOL_OWN_FLOOR_FRACTION=0.0, POOL_MAX_LENT_FRACTION=0.5, POOL_REPLACE_BORROWED=False,
+    )  # fmt: skip
+    fits = (MiB // 2) // len(chunks.data(0))  # 7 chunks of 68 KiB in 512 KiB
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits + 2))) == chunks.keys(0, fits)
+        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, fits)) == [chunks.data(i) for i in range(fits)]
 
 
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(

@@ -521,6 +521,7 @@ def test_pooled_daemons_join_the_schedulers_ledger_by_pod_ip_under_tls(
         == f"{SAMPLE_POD_IP}:{port_number(container(daemon, 'kvstore-daemon'), 'grpc')}"
     )
     assert settings.pool_capacity_bytes == values["daemon"]["pool"]["capacityBytes"]
+    assert settings.pool_replace_borrowed is values["daemon"]["pool"]["replaceBorrowed"] is False
     channel, files = settings.pool_channel, mounted_files(daemon, "kvstore-daemon")
     assert channel.tls and channel.server_name == values["tls"]["serverName"]  # peers are dialed by IP
     assert files[channel.ca_file] == (values["tls"]["secretName"], "ca.crt")
