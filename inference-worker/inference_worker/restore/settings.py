@@ -31,5 +31,12 @@ class RestoreSettings(BaseModel):
         (256, 1024), description="the two history lengths a layer's recomputation is timed at, at start"
     )
 
+    probe_tokens: int = Field(
+        128, ge=1, description="tokens of the projection timed at plan time to rescale the compute costs"
+    )
+    probe_max_age_seconds: float = Field(
+        1.0, ge=0, description="a plan-time probe younger than this is reused instead of timed again"
+    )
+
     def tier_bytes_per_second(self) -> dict[str, float]:
         return {"dram": self.dram_read_bytes_per_second, "ssd": self.ssd_read_bytes_per_second}
