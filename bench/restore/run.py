@@ -14,8 +14,8 @@ hidden-state restore just before a tier's rounds (a tier's bandwidth from its KV
 projection from the compute thread's time, a layer's recomputation from the full one): on a
 machine shared by several engineers, the worker's start-up profile (profiler.py, recorded
 as `startup_profile`) taken minutes earlier was off by up to 5x. Each planner restore plans
-as a worker does: on those costs rescaled by a projection probe timed at plan time (its
-time counted in the restore's). Results: a table, bench/results/restore.json
+as a worker does, planning time counted in the restore's (with the worker's probe setting:
+restore/policy.py). Results: a table, bench/results/restore.json
 and the JSON summary as the last line; the issue's targets as PASS/FAIL (exit code 0).
 """
 
@@ -127,7 +127,7 @@ class Bench:
         self.compute = ThreadPoolExecutor(1)
         self.stored: dict[str, tuple[bytes, list[bytes]]] = {}  # plan name -> namespace, keys
         worker = RestoreSettings()  # the planner's probe as a worker runs it
-        self.probe = projection_probe(model, worker.probe_tokens)
+        self.probe = projection_probe(model, worker.probe_tokens) if worker.probe_tokens else None
         self.probe_max_age_seconds = worker.probe_max_age_seconds
 
     async def store(self, plan: StoragePlan, ids: list[int], kv, hidden) -> tuple[bytes, list[bytes]]:
@@ -263,9 +263,7 @@ class Bench:
             # just before the rounds (not counted in them): the tier's bandwidth from the KV
             # load; a projection and a layer's recomputation from the compute thread's own
             # time (not wall time: an IO-bound hidden-only run would overstate it). Each of
-            # the planner's restores then plans on them rescaled by its own probe, as a
-            # worker does (restore/policy.py): the projection swings 2.6x within minutes
-            # here (the fifth session's run planned on a 71 us median and projected at 27).
+            # the planner's restores then plans on them as a worker does (restore/policy.py).
             kv_probe, hidden_probe = await self.rounds(
                 [run(tier, *singles["kv"]), run(tier, *singles["hidden"])], 1
             )

@@ -15,9 +15,10 @@ Probe: a cost learnt from earlier restores is still minutes old, and the machine
 swings 2.6x within minutes (bench-restore, load 8.5: planned on a 71 us projection median,
 the restore then projected at 26-27 us and took 1.45x the best single method's time). So
 where the plan depends on the compute cost (the plans with all compute `PROBE_SWING` times
-dearer and cheaper differ), `plan` times one projection of `probe_tokens` tokens now
-(profiler.projection_probe, ~3 ms at 128 tokens of a 12 x 768 model) and plans on the costs
+dearer and cheaper differ), `plan` can time one projection of `probe_tokens` tokens now
+(profiler.projection_probe, ~4 ms at 128 tokens of a 12 x 768 model) and plan on the costs
 scaled to it; elsewhere (a fast tier: KV loading whatever the compute) it plans without.
+Off by default: on the shared 2-core CPU it made plans worse (docs/hidden-states.md).
 The restore itself cannot change course once its reads began: each stored layer has one
 form, and the reads start above the recomputed layers.
 """
@@ -70,7 +71,7 @@ class RestorePolicy:
         )
         if settings.hidden_states == "off" or not smaller:  # grouped-query models keep KV
             return cls(costs, StoragePlan.all_kv(geometry.num_layers), chunk_tokens)
-        probe = projection_probe(model, settings.probe_tokens)
+        probe = projection_probe(model, settings.probe_tokens) if settings.probe_tokens else None
         storage = plan_storage(
             costs,
             geometry.num_layers,
