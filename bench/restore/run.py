@@ -7,11 +7,15 @@ For each history length the history's KV and per-layer input hidden states are c
 once, stored under each storage plan (all KV; all hidden states; the planner's plan for
 each tier) and restored into a `PrefixKV` (what the paged forward consumes) with
 `restore_prefix`: the restore time is the wall time until every layer is ready, the best
-of `--repeats`. The planner's costs come from the same run's restores (a tier's bandwidth
-from its KV load, a projection from the median of the restores that projected, a layer's
-recomputation from the full one): on a machine shared by several engineers, the worker's
-start-up profile (profiler.py, recorded as `startup_profile`) taken minutes earlier was off
-by up to 5x. Results: a table, bench/results/restore.json
+of `--repeats` rounds, each round running KV loading, hidden states only and the planner
+(interleaved: the same samples in the same spells of the machine; recomputation, which
+reads nothing, once per history). The storage plan's costs come from one KV and one
+hidden-state restore just before a tier's rounds (a tier's bandwidth from its KV load, a
+projection from the compute thread's time, a layer's recomputation from the full one): on a
+machine shared by several engineers, the worker's start-up profile (profiler.py, recorded
+as `startup_profile`) taken minutes earlier was off by up to 5x. Each planner restore plans
+as a worker does, planning time counted in the restore's (with the worker's probe setting:
+restore/policy.py). Results: a table, bench/results/restore.json
 and the JSON summary as the last line; the issue's targets as PASS/FAIL (exit code 0).
 """
 
@@ -20,12 +24,13 @@ from __future__ import annotations
 import inference_worker.openmp_waiting  # noqa: F401  # isort: skip  -- before torch: measured as the worker runs
 
 import argparse
+import functools
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,7 +67,9 @@ from inference_worker.restore.planner import (
     plan_storage,
     restore_seconds,
 )
-from inference_worker.restore.profiler import profile_compute
+from inference_worker.restore.policy import RestorePolicy
+from inference_worker.restore.profiler import profile_compute, projection_probe
+from inference_worker.restore.settings import RestoreSettings
 from inference_worker.restore.storage_plan import StoragePlan
 from kvstore_daemon.launcher import DaemonProcess
 
@@ -71,6 +78,7 @@ MiB = 1024 * 1024
 ELEMENT_BYTES = 4  # fp32
 PUT_BATCH = 4  # chunks per put
 Measured = tuple[float, int, RestoreStats]  # wall seconds, bytes read, the restore's stats
+Run = Callable[[], Awaitable[Measured]]  # one restore, timed
 
 
 def build_model(layers: int, hidden: int, device: str = "cpu") -> PreTrainedModel:
@@ -118,7 +126,9 @@ class Bench:
         self.costs: Costs = {}  # per tier and history: measured per token and layer
         self.compute = ThreadPoolExecutor(1)
         self.stored: dict[str, tuple[bytes, list[bytes]]] = {}  # plan name -> namespace, keys
-        self.projections: list[float] = []  # seconds per token and layer, this history's restores
+        worker = RestoreSettings()  # the planner's probe as a worker runs it
+        self.probe = projection_probe(model, worker.probe_tokens) if worker.probe_tokens else None
+        self.probe_max_age_seconds = worker.probe_max_age_seconds
 
     async def store(self, plan: StoragePlan, ids: list[int], kv, hidden) -> tuple[bytes, list[bytes]]:
         if plan.name in self.stored:
@@ -178,21 +188,25 @@ class Bench:
         seconds = time.perf_counter() - started
         for layer in range(self.layers):
             prefix.wait_layer(layer, 0.0)  # raises if the restore failed
-        if projected := restore.hidden_layers * len(ids):
-            self.projections.append(stats.seconds["hidden"] / projected)
         return seconds, stats.bytes_read, stats
 
-    async def rounds(
-        self, tier: str, runs: list[tuple[StoragePlan, RestorePlan]], ids: list[int], repeats: int = 0
-    ) -> list[Measured]:
-        """The best of `--repeats` rounds of each run; each round runs them all, so a busy spell
+    async def planned(self, tier: str, policy: RestorePolicy, ids: list[int]) -> Measured:
+        """One restore as a worker runs it: planned now (probe included in its time), then run."""
+        started = time.perf_counter()
+        chosen = policy.plan(tier, len(ids))
+        planning = time.perf_counter() - started
+        seconds, read, stats = await self.restore(tier, policy.storage, chosen, ids)
+        return seconds + planning, read, stats
+
+    async def rounds(self, runs: list[Run], repeats: int) -> list[Measured]:
+        """The best of `repeats` rounds of each run; each round runs them all, so a busy spell
         of the machine hits every method alike, in an order rotated by one each round (a run
         right after a compute-heavy one finds the math library's threads still spinning)."""
         best: list[Measured | None] = [None] * len(runs)
-        for round_index in range(repeats or self.args.repeats):
+        for round_index in range(repeats):
             for step in range(len(runs)):
                 index = (step + round_index) % len(runs)
-                measured = await self.restore(tier, *runs[index], ids)
+                measured = await runs[index]()
                 if best[index] is None or measured[0] < best[index][0]:
                     best[index] = measured
         return best  # type: ignore[return-value]
@@ -201,22 +215,14 @@ class Bench:
         generator = torch.Generator().manual_seed(tokens)
         ids = torch.randint(0, int(self.model.config.vocab_size), (tokens,), generator=generator)
         kv, hidden = history_state(self.model, ids.to(self.model.device))
-        self.projections.clear()
         token_ids = ids.tolist()
         all_kv, all_hidden = StoragePlan.all_kv(self.layers), StoragePlan(self.layers, 0, self.layers)
         for plan in (all_kv, all_hidden):
             await self.store(plan, token_ids, kv, hidden)
         rows: list[Row] = []
 
-        def row(
-            tier: str,
-            method: str,
-            plan: StoragePlan,
-            restore: RestorePlan,
-            seconds: float,
-            read: int,
-            stats: RestoreStats,
-        ) -> Row:
+        def row(tier: str, method: str, plan: StoragePlan, measured: Measured) -> Row:
+            seconds, read, stats = measured
             per_token = (
                 0
                 if method == "recompute"
@@ -226,24 +232,25 @@ class Bench:
                 "tier": tier,
                 "history_tokens": tokens,
                 "method": method,
-                "plan": restore.name,
+                "plan": stats.plan.name,
                 "storage_plan": plan.name,
                 "seconds": seconds,
                 "read_bytes": read,
                 "bytes_per_token": per_token,
-                "estimated_seconds": restore.estimated_seconds,
+                "estimated_seconds": stats.plan.estimated_seconds,
                 "timeline": {k: round(v, 4) for k, v in stats.timeline.overlap().as_dict().items()},
             }
+
+        def run(tier: str, plan: StoragePlan, restore: RestorePlan) -> Run:
+            return lambda: self.restore(tier, plan, restore, token_ids)
 
         recompute = RestorePlan.of(all_kv, self.layers)
         await self.restore(
             "dram", all_hidden, RestorePlan.of(all_hidden, 1), token_ids
         )  # warm-up: every path once
         # Reads nothing, so the same on every tier; 10-100x the other methods, so timed once
-        # (`--recompute-repeats`): its spread changes no ratio.
-        ((recompute_seconds, _, recompute_stats),) = await self.rounds(
-            "dram", [(all_kv, recompute)], token_ids, self.args.recompute_repeats
-        )
+        # (`--recompute-repeats`) and not in every tier's rounds: its spread changes no ratio.
+        (recomputed,) = await self.rounds([run("dram", all_kv, recompute)], self.args.recompute_repeats)
         kv_token = 2 * self.geometry.kv_heads * self.geometry.head_dim * ELEMENT_BYTES
         singles = {
             "recompute": (all_kv, recompute),
@@ -252,97 +259,44 @@ class Bench:
         }
         layer_tokens = self.layers * tokens
         for tier in self.reads:
-            kv_run, hidden_run = await self.rounds(tier, [singles["kv"], singles["hidden"]], token_ids)
-            # The planner's costs, calibrated on these runs (what the executor really does):
-            # the tier's bandwidth from its KV load; a projection and a layer's recomputation
-            # from the compute thread's own time (not wall time: an IO-bound hidden-only run
-            # would overstate it). The projection's is the median of this history's restores
-            # so far, on any tier (the same computation): under other engineers' load it swings
-            # 2x between two rounds, and a plan fitted to a fast spell is compute-bound in a
-            # slow one (the fastest, tried in a full run at load 9-10: planned at 43 us, the
-            # 0.1 GB/s mix projected at 77 us and took 0.77x the time of KV loading), one
-            # fitted to a slow spell IO-bound in a fast one (a quick run: planned at 69 us, the
-            # mix took 1.28x the time of hidden states only, projected at 31 us).
-            io = TierCosts.from_bandwidth(kv_run[1] / kv_run[0], kv_token, self.hidden * ELEMENT_BYTES)
+            # The costs the storage plan is chosen on, from one KV and one hidden-state restore
+            # just before the rounds (not counted in them): the tier's bandwidth from the KV
+            # load; a projection and a layer's recomputation from the compute thread's own
+            # time (not wall time: an IO-bound hidden-only run would overstate it). Each of
+            # the planner's restores then plans on them as a worker does (restore/policy.py).
+            kv_probe, hidden_probe = await self.rounds(
+                [run(tier, *singles["kv"]), run(tier, *singles["hidden"])], 1
+            )
+            io = TierCosts.from_bandwidth(kv_probe[1] / kv_probe[0], kv_token, self.hidden * ELEMENT_BYTES)
             costs = RestoreCosts(
-                statistics.median(self.projections),
-                recompute_stats.seconds["recompute"] / layer_tokens,
+                hidden_probe[2].seconds["hidden"] / layer_tokens,
+                recomputed[2].seconds["recompute"] / layer_tokens,
                 0.0,
                 {tier: io},
             )
             chunk = self.args.chunk_tokens
             storage = plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True, chunk_tokens=chunk)
             await self.store(storage, token_ids, kv, hidden)
-            chosen = plan_restore(costs, storage, tier, tokens, chunk_tokens=chunk)
-            # The best any plan can do on these costs as modelled (recomputation included):
-            # the planner's search without the mix margin and the swing checks.
-            ceiling = plan_restore(
-                costs,
-                plan_storage(
-                    costs,
-                    self.layers,
-                    tier,
-                    tokens,
-                    hidden_allowed=True,
-                    margin=0.0,
-                    chunk_tokens=chunk,
-                    compute_swing=1.0,
-                ),
-                tier,
-                tokens,
-                margin=0.0,
-                chunk_tokens=chunk,
-                compute_swing=1.0,
+            policy = RestorePolicy(costs, storage, chunk, self.probe, self.probe_max_age_seconds)
+            self.costs[f"{tier}/{tokens}"] = self.modelled(costs, tier, tokens, storage)
+            # Every method in the same rounds, the planner included (same samples, same spells).
+            measured = dict(
+                zip(
+                    ("kv", "hidden", "planner"),
+                    await self.rounds(
+                        [
+                            run(tier, *singles["kv"]),
+                            run(tier, *singles["hidden"]),
+                            functools.partial(self.planned, tier, policy, token_ids),
+                        ],
+                        self.args.repeats,
+                    ),
+                    strict=True,
+                )
             )
-            kv_modelled = restore_seconds(costs, tier, tokens, 0, 0, self.layers)
-            self.costs[f"{tier}/{tokens}"] = {
-                **{
-                    f"{name}_us_per_token_layer": round(seconds * 1e6, 2)
-                    for name, seconds in (
-                        ("project", costs.project_seconds),
-                        ("kv_read", io.kv_seconds),
-                        ("hidden_read", io.hidden_seconds),
-                        ("recompute", costs.recompute_seconds),
-                    )
-                },
-                "modelled_best_vs_kv": round(kv_modelled / chosen.estimated_seconds, 3),
-                "predicted_ceiling_vs_kv": round(kv_modelled / ceiling.estimated_seconds, 3),
-                "predicted_ceiling_plan": ceiling.name,
-                # Hidden+KV mixes at best 1 + (hidden read)/(projection) x KV loading (many
-                # layers, reads and projections overlapping; 2 when the projection is
-                # cheaper than the read): that ceiling, and the rate at which it is the
-                # target, at this run's projection cost.
-                "mix_ceiling_vs_kv": round(1 + min(io.hidden_seconds / costs.project_seconds, 1.0), 3),
-                "gbps_for_throttled_target": round(
-                    self.hidden
-                    * ELEMENT_BYTES
-                    / ((THROTTLED_SPEEDUP_TARGET - 1) * costs.project_seconds)
-                    / 1e9,
-                    3,
-                ),
-            }
-            # The planner's plan may be one of the single methods': the same operation, measured once.
-            same = next((m for m, (p, r) in singles.items() if (p, r.name) == (storage, chosen.name)), None)
-            if chosen.recompute_layers == self.layers:  # reads nothing, whatever is stored
-                same = "recompute"
-            results = {
-                "recompute": (recompute_seconds, 0, recompute_stats),
-                "kv": kv_run,
-                "hidden": hidden_run,
-            }
-            if same is None:  # measured again beside the single methods (the same spell of the machine)
-                runs = [singles["kv"], singles["hidden"], (storage, chosen)]
-                again = await self.rounds(tier, runs, token_ids)
-                results = {
-                    **results,
-                    "kv": min(kv_run, again[0], key=lambda m: m[0]),
-                    "hidden": min(hidden_run, again[1], key=lambda m: m[0]),
-                }
-                results["planner"] = again[2]
-            else:
-                results["planner"] = results[same]
-            for method, (plan, restore) in [*singles.items(), ("planner", (storage, chosen))]:
-                rows.append({**row(tier, method, plan, restore, *results[method]), "same_as": same})
+            measured["recompute"] = recomputed
+            for method, plan in [*((m, p) for m, (p, _) in singles.items()), ("planner", storage)]:
+                rows.append(row(tier, method, plan, measured[method]))
             if storage not in (all_kv, all_hidden):  # one mix stored at a time: the DRAM tier's size
                 await self.client.delete(*self.stored.pop(storage.name))
         for namespace, keys in self.stored.values():
@@ -350,6 +304,47 @@ class Bench:
         shutil.rmtree(self.files.directory, ignore_errors=True)
         self.stored.clear()
         return rows
+
+    def modelled(
+        self, costs: RestoreCosts, tier: str, tokens: int, storage: StoragePlan
+    ) -> dict[str, float | str]:
+        """The costs planned on and what the planner's model predicts from them."""
+        io, chunk = costs.tiers[tier], self.args.chunk_tokens
+        chosen = plan_restore(costs, storage, tier, tokens, chunk_tokens=chunk)
+        # The best any plan can do on these costs as modelled (recomputation included):
+        # the planner's search without the mix margin and the swing checks.
+        unguarded = {"margin": 0.0, "chunk_tokens": chunk, "compute_swing": 1.0}
+        ceiling = plan_restore(
+            costs,
+            plan_storage(costs, self.layers, tier, tokens, hidden_allowed=True, **unguarded),  # type: ignore[arg-type]
+            tier,
+            tokens,
+            **unguarded,  # type: ignore[arg-type]
+        )
+        kv_modelled = restore_seconds(costs, tier, tokens, 0, 0, self.layers)
+        return {
+            **{
+                f"{name}_us_per_token_layer": round(seconds * 1e6, 2)
+                for name, seconds in (
+                    ("project", costs.project_seconds),
+                    ("kv_read", io.kv_seconds),
+                    ("hidden_read", io.hidden_seconds),
+                    ("recompute", costs.recompute_seconds),
+                )
+            },
+            "modelled_best_vs_kv": round(kv_modelled / chosen.estimated_seconds, 3),
+            "predicted_ceiling_vs_kv": round(kv_modelled / ceiling.estimated_seconds, 3),
+            "predicted_ceiling_plan": ceiling.name,
+            # Hidden+KV mixes at best 1 + (hidden read)/(projection) x KV loading (many
+            # layers, reads and projections overlapping; 2 when the projection is
+            # cheaper than the read): that ceiling, and the rate at which it is the
+            # target, at this run's projection cost.
+            "mix_ceiling_vs_kv": round(1 + min(io.hidden_seconds / costs.project_seconds, 1.0), 3),
+            "gbps_for_throttled_target": round(
+                self.hidden * ELEMENT_BYTES / ((THROTTLED_SPEEDUP_TARGET - 1) * costs.project_seconds) / 1e9,
+                3,
+            ),
+        }
 
 
 async def measure(args: argparse.Namespace, address: str, model: PreTrainedModel) -> tuple[list[Row], Costs]:

@@ -67,6 +67,15 @@ class RestoreCosts:
     recompute_pair_seconds: float  # ... the attention part, per (query, key) pair
     tiers: Mapping[str, TierCosts]
 
+    def compute_scaled(self, factor: float) -> RestoreCosts:
+        """These costs with all compute (projection and recomputation) `factor` times dearer."""
+        return dataclasses.replace(
+            self,
+            project_seconds=self.project_seconds * factor,
+            recompute_seconds=self.recompute_seconds * factor,
+            recompute_pair_seconds=self.recompute_pair_seconds * factor,
+        )
+
     def recompute_layer_seconds(self, tokens: int) -> float:
         """One layer over a causal prefix of `tokens` tokens."""
         return self.recompute_seconds * tokens + self.recompute_pair_seconds * tokens * (tokens + 1) / 2
@@ -169,12 +178,7 @@ def _swings(costs: RestoreCosts, swing: float) -> list[RestoreCosts]:
     recomputation beat the recomputation + hidden-state mixes of a slow-IO tier, where the
     projection's cost does not decide)."""
     return [
-        dataclasses.replace(
-            costs,
-            project_seconds=costs.project_seconds * swing,
-            recompute_seconds=costs.recompute_seconds * swing,
-            recompute_pair_seconds=costs.recompute_pair_seconds * swing,
-        ),
+        costs.compute_scaled(swing),
         dataclasses.replace(costs, project_seconds=costs.project_seconds / swing),
     ]
 

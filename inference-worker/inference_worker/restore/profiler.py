@@ -14,14 +14,18 @@ from collections.abc import Callable, Mapping
 import torch
 from transformers import PreTrainedModel
 
+from inference_worker.engine.model_runner import rotary_of
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.restore.hidden_states import project_kv, recompute_layers
 from inference_worker.restore.planner import RestoreCosts, TierCosts
 
 
-def _best_seconds(run: Callable[[], object], device: torch.device, repeats: int) -> float:
+def _best_seconds(
+    run: Callable[[], object], device: torch.device, repeats: int, warm_up: bool = True
+) -> float:
     """The fastest of `repeats` timed runs after one warm-up (the least disturbed one)."""
-    run()
+    if warm_up:
+        run()
     best = float("inf")
     for _ in range(repeats):
         if device.type == "cuda":
@@ -57,6 +61,28 @@ def profile_compute(
     pair = max((seconds[l] - seconds[s] * l / s) / (pairs[l] - pairs[s] * l / s), 0.0)
     linear = max((seconds[l] - pair * pairs[l]) / l, 0.0)
     return project, linear, pair
+
+
+def projection_probe(model: PreTrainedModel, tokens: int) -> Callable[[], float]:
+    """A probe of what a projection costs now: one `project_kv` of layer 0 over `tokens`
+    tokens (inputs allocated once), seconds per token per layer; the restore policy calls
+    it at plan time (policy.py)."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    generator = torch.Generator().manual_seed(0)
+    states = torch.randn(tokens, int(model.config.hidden_size), generator=generator).to(
+        device=device, dtype=dtype
+    )
+    positions = torch.arange(tokens, device=device)
+    cos_sin = rotary_of(model.model, states, positions)
+
+    def probe() -> float:
+        return (
+            _best_seconds(lambda: project_kv(model, 0, states, positions, cos_sin), device, 1, warm_up=False)
+            / tokens
+        )
+
+    return probe
 
 
 def measure_bandwidth(read: Callable[[], int], repeats: int = 3) -> float:

@@ -31,5 +31,16 @@ class RestoreSettings(BaseModel):
         (256, 1024), description="the two history lengths a layer's recomputation is timed at, at start"
     )
 
+    probe_tokens: int = Field(
+        0,
+        ge=0,
+        description="tokens of a projection timed at plan time to rescale the compute costs (0 = no probe: "
+        "on the shared 2-core CPU a probe on the event loop's thread slowed the next restore 1.2-2x and "
+        "one sample swung 70-307 us; docs/hidden-states.md)",
+    )
+    probe_max_age_seconds: float = Field(
+        1.0, ge=0, description="a plan-time probe younger than this is reused instead of timed again"
+    )
+
     def tier_bytes_per_second(self) -> dict[str, float]:
         return {"dram": self.dram_read_bytes_per_second, "ssd": self.ssd_read_bytes_per_second}
