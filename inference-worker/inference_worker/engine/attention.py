@@ -27,6 +27,9 @@ Decisions:
   padding adds half the keys there). What the calls cost before was the gathers, one a
   sequence (below, `PagedKV.gather`). A CUDA build would hand the tables to a paged kernel
   (flash-attn's `block_table`); the torch path below runs there too.
+- A prefill chunk after earlier KV on a CPU needs no mask: its queries over the earlier
+  keys plus its own keys causally, two flash calls merged by their log-sum-exps
+  (chunk_attention.py; one layer of 1,000 tokens on 2,000: 107 -> 81 ms).
 - Sliding-window layers (Mistral, some Qwen2) mask keys more than `window` positions back.
 """
 
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from inference_worker.engine.chunk_attention import prefix_then_chunk
 from inference_worker.model_geometry import ModelGeometry
 
 
@@ -155,6 +159,17 @@ class SequenceSlice:
         """No earlier KV and slot order is position order: causal attention over its own K, V."""
         return self.start == 0 and self.positions is None
 
+    def unmasked_split(self, window: int | None, device: torch.device) -> bool:
+        """Whether its attention runs as earlier keys + its own causally (chunk_attention.py):
+        a chunk after earlier KV, slot order being position order, within any window, on a CPU."""
+        return (
+            device.type == "cpu"
+            and self.new_tokens > 1
+            and self.start > 0
+            and self.positions is None
+            and (window is None or self.context_tokens <= window)
+        )
+
     def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
         """[new, context] True where a query may attend; None where no key needs masking."""
         if (
@@ -223,12 +238,17 @@ def paged_attention(
         if part.self_contained and (window is None or part.new_tokens <= window):
             keys, values = k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1)  # [kv_heads, new, D]
             mask, causal = None, part.new_tokens > 1
-        elif part.blocks is not None:
-            keys, values = kv.context(layer, part.blocks, part.context_tokens)  # [kv_heads, context, D]
-            mask, causal = part.mask(window, q.device), False
         else:
-            rows = slice(part.gathered_at, part.gathered_at + part.context_tokens)
-            keys, values = gathered_k[:, rows], gathered_v[:, rows]  # [kv_heads, context, D]
+            if part.blocks is not None:
+                keys, values = kv.context(layer, part.blocks, part.context_tokens)  # [kv_heads, context, D]
+            else:
+                rows = slice(part.gathered_at, part.gathered_at + part.context_tokens)
+                keys, values = gathered_k[:, rows], gathered_v[:, rows]  # [kv_heads, context, D]
+            if part.unmasked_split(window, q.device):
+                own = (k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1))  # [kv_heads, new, D]
+                earlier = (keys[:, : part.start], values[:, : part.start])
+                out[part.rows] = prefix_then_chunk(query, earlier, own, scale)[0].transpose(0, 1)
+                continue
             mask, causal = part.mask(window, q.device), False
         attended = F.scaled_dot_product_attention(
             query,
