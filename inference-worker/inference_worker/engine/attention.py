@@ -132,7 +132,7 @@ def _pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
         return torch.empty(shape, dtype=dtype, device=device)
     # Anonymous: no page is touched until written; the tensor keeps the mapping alive. The
     # advice is only that: "never" in /sys/kernel/mm/transparent_hugepage keeps 4 KB pages.
-    memory = mmap.mmap(-1, elements * dtype.itemsize)
+    memory = mmap.mmap(-1, elements * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     memory.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(memory, dtype=dtype, count=elements).view(shape)
 
