@@ -133,7 +133,10 @@ def _pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     # Anonymous: no page is touched until written; the tensor keeps the mapping alive. The
     # advice is only that: "never" in /sys/kernel/mm/transparent_hugepage keeps 4 KB pages.
     memory = mmap.mmap(-1, elements * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    memory.madvise(mmap.MADV_HUGEPAGE)
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # EINVAL on kernels built without transparent huge pages
+        pass
     return torch.frombuffer(memory, dtype=dtype, count=elements).view(shape)
 
 
