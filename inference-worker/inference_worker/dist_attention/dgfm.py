@@ -112,7 +112,7 @@ class DebtSwaps:
                         return moved
                     try:
                         context.places[index] = self._bring_home(place)
-                    except (ResourceExhausted, PlaceLost) as exc:  # full here, or the creditor is gone
+                    except (ResourceExhausted, PlaceLost) as exc:  # full; creditor gone or KV not ours
                         log.warning(
                             "dgfm_recall_stopped", creditor=creditor, moved_bytes=moved, error=str(exc)
                         )

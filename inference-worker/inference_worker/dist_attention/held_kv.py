@@ -12,7 +12,9 @@ tokens of one call, and the key tokens attended at once (`max_inflight_key_token
 compute lent: a call that would pass it is refused at once rather than queued, so a
 borrower's decode step never waits behind another's; the caller pulls the KV instead).
 A segment no call touched for `segment_idle_ttl_seconds` is dropped at the next append
-(a dead borrower cannot pin lent memory). Methods run on worker threads (torch releases
+(a dead borrower cannot pin lent memory). Each partial comes back with the digests of the
+layer's KV it attended (CRC-32 of each segment's keys and values, kept as they are
+appended): the segment's home checks them against what it uploaded. Methods run on worker threads (torch releases
 the GIL); one lock guards the tables.
 """
 
@@ -31,6 +33,7 @@ from attnstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExha
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.partial import Partial, merge
 from inference_worker.dist_attention.segment import LocalSegment
+from inference_worker.dist_attention.wire import crc, layer_digest
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class LentPartial:
     partial: Partial
     compute_seconds: float
     inflight_key_tokens: int  # the load when the call started
+    layer_digests: tuple[int, ...]  # per segment, of the layer attended (wire.layer_digest)
 
 
 class HeldKV:
@@ -51,6 +55,7 @@ class HeldKV:
         self._clock = clock
         self._segments: dict[str, LocalSegment] = {}
         self._homes: dict[str, str] = {}
+        self._crcs: dict[str, list[tuple[int, int]]] = {}  # per layer: CRC-32 of its K, V bytes so far
         self._touched: dict[str, float] = {}
         self._held_bytes = 0
         self._inflight_key_tokens = 0
@@ -108,7 +113,11 @@ class HeldKV:
                                        dtype=k.dtype, device=torch.device("cpu"))  # fmt: skip
                 self._segments[segment_id] = segment
                 self._homes[segment_id] = home
+                self._crcs[segment_id] = [(0, 0)] * layers
             segment.append(k, v)
+            crcs = self._crcs[segment_id]
+            for layer, (key_crc, value_crc) in enumerate(crcs):  # the appended rows follow those before
+                crcs[layer] = (crc(k[layer], key_crc), crc(v[layer], value_crc))
             self._held_bytes += size
             self._touched[segment_id] = self._clock()
             return segment
@@ -130,12 +139,16 @@ class HeldKV:
         segments = [self._segment(segment_id) for segment_id in segment_ids]
         for segment in segments:
             self._check_query(segment, layer, q, q_positions, scale)
+        with self._lock:  # the segments' KV attended below: appended before, never changed after
+            digests = tuple(layer_digest(*self._crcs[s][layer]) for s in segment_ids if s in self._crcs)
+        if len(digests) != len(segment_ids):
+            raise NotFound(f"a segment of {list(segment_ids)} was released meanwhile")
         with self._lent(sum(s.tokens for s in segments)) as load:
             started = time.perf_counter()
             part = merge([
                 s.partial(layer, q.to(s.k.dtype), q_positions, scale=scale, window=window) for s in segments
             ])  # fmt: skip
-            return LentPartial(part, time.perf_counter() - started, load)
+            return LentPartial(part, time.perf_counter() - started, load, digests)
 
     def _check_query(
         self, segment: LocalSegment, layer: int, q: torch.Tensor, q_positions: torch.Tensor, scale: float
@@ -175,6 +188,7 @@ class HeldKV:
         segment = self._segments.pop(segment_id, None)
         self._touched.pop(segment_id, None)
         self._homes.pop(segment_id, None)
+        self._crcs.pop(segment_id, None)
         if segment is not None:
             self._held_bytes -= segment.nbytes
         return segment is not None

@@ -54,6 +54,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
             lse=to_wire(lent.partial.lse),
             compute_ms=lent.compute_seconds * 1000,
             inflight_key_tokens=lent.inflight_key_tokens,
+            layer_digests=lent.layer_digests,
         )
 
     async def ReadKV(

@@ -4,7 +4,10 @@ process; the worker reports the debt by borrower (DescribeLending.held_for, from
 AppendKV.home). Recalling it (ReadKV every layer, kept at home, released at the worker)
 leaves the worker holding nothing and home holding as many bytes as the worker held, and
 the sequence goes on decoding with logits within 1e-4 of the plain forward. A budget
-smaller than the oldest segment moves nothing. RecallKV answers bad input with
+smaller than the oldest segment moves nothing. A segment whose KV on the worker is no
+longer the KV uploaded (re-created under its id) is never attended, pulled nor recalled:
+each read checks the upload's digests, and the sequence recomputes (here, with no other
+peer, fails UNAVAILABLE) instead of answering from it. RecallKV answers bad input with
 INVALID_ARGUMENT, and FAILED_PRECONDITION on a worker with no advertised address; a
 creditor nobody owes anything moves 0 bytes."""
 
@@ -23,14 +26,22 @@ from attnstore.errors import FailedPrecondition, InvalidArgument
 from attnstore.server.ports import free_port
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
-from inference_worker.dist_attention.context import LongContext
+from inference_worker.dist_attention.context import ContextUnavailable, LongContext
+from inference_worker.dist_attention.cost_model import Mode
 from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import DgfmSettings
-from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment, peer_channel
+from inference_worker.dist_attention.remote import (
+    PeerChannels,
+    PlaceLost,
+    RemoteSegment,
+    attend_on_peer,
+    peer_channel,
+)
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.segment import RecalledSegment
+from inference_worker.dist_attention.wire import to_wire
 from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 
@@ -92,6 +103,43 @@ def test_recalled_segments_come_home_with_identical_answers(
     decode(model, context, logits, steps=3)
     context.close()
     assert held.held_bytes == 0
+
+
+def test_kv_changed_on_the_creditor_is_never_read(creditor: WorkerProcess, tiny_model: LoadedModel) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    address = creditor.address
+    channel = peer_channel(address)
+    swaps = DebtSwaps(
+        HeldKV(MicroAttentionLimits(), node="home"), DgfmSettings(), PeerChannels(None), timeout_seconds=10
+    )
+    context = LongContext(DistributedRunner(model), {address: channel}, lambda: {address: 400},
+                          local_tokens=LOCAL_TOKENS, segment_tokens=40, chunk_tokens=16, home="home")  # fmt: skip
+    prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(4)).tolist()
+    logits = context.prefill(prompt, NEW_TOKENS)
+    oldest = context.places[0]
+    assert isinstance(oldest, RemoteSegment)
+    stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+    layers = [oldest.read_layer(layer) for layer in range(oldest.layers)]  # as uploaded: no complaint
+    stub.ReleaseKV(pb.ReleaseKVRequest(segment_id=oldest.segment_id), timeout=10)
+    other = torch.stack([k for k, _ in layers]) * 1.5  # the same shape and positions, other KV
+    stub.AppendKV(pb.AppendKVRequest(segment_id=oldest.segment_id, start_position=oldest.start,
+                                     keys=to_wire(other), values=to_wire(torch.stack([v for _, v in layers])),
+                                     home="home"), timeout=10)  # fmt: skip
+
+    with pytest.raises(PlaceLost, match="not the KV uploaded"):
+        oldest.read_layer(0)
+    q = torch.randn(1, model.config.num_attention_heads, layers[0][0].shape[-1])
+    for mode in Mode:
+        oldest.force = mode
+        with pytest.raises(PlaceLost, match="not the KV uploaded"):
+            attend_on_peer([oldest], 0, q, torch.tensor([PROMPT_TOKENS]), scale=0.25, window=None)
+    with swaps.live(context):
+        assert swaps.recall(address, 1 << 30) == 0  # the oldest segment stays where it is, unread
+    assert context.places[0] is oldest
+    with pytest.raises(ContextUnavailable):  # the only peer is lost: recomputing it does not fit
+        context.decode(int(torch.argmax(logits)))
+    context.close()
+    assert lending(channel).held_bytes == 0
 
 
 def test_recall_refuses_bad_input(creditor: WorkerProcess) -> None:

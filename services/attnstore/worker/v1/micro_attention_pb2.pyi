@@ -57,16 +57,18 @@ class PartialAttentionRequest(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., layer: _Optional[int] = ..., queries: _Optional[_Union[Tensor, _Mapping]] = ..., query_positions: _Optional[_Iterable[int]] = ..., scale: _Optional[float] = ..., window: _Optional[int] = ..., more_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PartialAttentionResponse(_message.Message):
-    __slots__ = ("output", "lse", "compute_ms", "inflight_key_tokens")
+    __slots__ = ("output", "lse", "compute_ms", "inflight_key_tokens", "layer_digests")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     LSE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_KEY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     output: Tensor
     lse: Tensor
     compute_ms: float
     inflight_key_tokens: int
-    def __init__(self, output: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., inflight_key_tokens: _Optional[int] = ...) -> None: ...
+    layer_digests: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, output: _Optional[_Union[Tensor, _Mapping]] = ..., lse: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., inflight_key_tokens: _Optional[int] = ..., layer_digests: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReadKVRequest(_message.Message):
     __slots__ = ("segment_id", "layer", "piece_tokens")
