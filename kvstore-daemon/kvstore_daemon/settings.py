@@ -112,6 +112,11 @@ class DaemonSettings(ServiceSettings):
         description="predictive: how fast the SSD tier shifts its evictions between the predictive order and LRU "
         "when one of them evicted a chunk that was stored again (LeCaR's rate; 0: always the predictive order)",
     )
+    predictive_demotion_admission: bool = Field(
+        True,
+        description="predictive: a chunk DRAM evicts while the SSD is in its eviction band (above ssd_low_watermark) "
+        "leaves the store instead of being demoted when its learned hit density is below the SSD's next victim's",
+    )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")
     max_keys_per_request: int = Field(
