@@ -205,9 +205,11 @@ class TierMover:
         worth more (learned hit density, predictive_policy.worth): what leaves the store is
         decided over both tiers, not among SSD chunks alone, as a single tier of the same
         room would. A chunk with children in the store stays (a chain loses its tail first).
-        In a model of the daemon on Mooncake's first 10 minutes without hints (DRAM/SSD
-        1% / 10% of the working set), 10.2% -> 10.9% of lookups hit (LRU 9.6%, optimum
-        28.1%); 6.8% -> 8.1% at 0.5% / 5%; ShareGPT 1,500 at 1% / 10% 68.9% -> 68.6% (LRU 67.7%)."""
+        Off by default: in a model of the daemon without the scheduler's predictions
+        (Mooncake's first 10 minutes, DRAM/SSD 1% / 10% of the working set) it raised the
+        hit rate from 10.2% to 10.9% (6.8% -> 8.1% at 0.5% / 5%), but with them, in the
+        daemon's own ChunkStore on the replay's clock, it lowered it from 10.4% to 9.4%
+        (docs/benchmarks.md, hitrate)."""
         if (not self.settings.predictive_demotion_admission or not isinstance(self.dram_policy, PredictivePolicy)
                 or chunk.on_ssd or chunk.on_peer or chunk.borrower or chunk.readers or chunk.blocks is None
                 or not self._chunks.holds(chunk) or (chunk.persist_task is not None and not chunk.persist_task.done())):
