@@ -43,7 +43,7 @@ DISCOUNT_AT_STORE_SIZE = 0.005  # LeCaR's discount of a regret found one store's
 class AdaptivePolicy:
     def __init__(self, predictive: PredictivePolicy, learning_rate: float, seed: int = 0) -> None:
         """`predictive` is the lowest tier's predictive order (its lives shared with DRAM's)."""
-        self.predictive = predictive
+        self._predictive = predictive
         self._lives = predictive.lives
         self._rate = learning_rate
         self._random = random.Random(seed)
@@ -58,11 +58,11 @@ class AdaptivePolicy:
         metrics.PREDICTIVE_WEIGHT.set(self.weight)
 
     def on_insert(self, key: bytes) -> None:
-        self.predictive.on_insert(key)
+        self._predictive.on_insert(key)
         self._used(key)
 
     def on_access(self, key: bytes) -> None:
-        self.predictive.on_access(key)
+        self._predictive.on_access(key)
         if key in self._used_at:
             self._used(key)
 
@@ -74,7 +74,7 @@ class AdaptivePolicy:
         self._lru.add((tick, key))
 
     def on_remove(self, key: bytes) -> None:
-        self.predictive.on_remove(key)
+        self._predictive.on_remove(key)
         tick = self._used_at.pop(key, None)
         if tick is None:
             return
@@ -95,11 +95,11 @@ class AdaptivePolicy:
 
     def victims(self) -> Iterator[bytes]:
         if self._random.random() < self.weight:
-            return self._tagged(PREDICTIVE, self.predictive.victims())
+            return self._tagged(PREDICTIVE, self._predictive.victims())
         return self._tagged(LRU, self._lru_walk())
 
     def _lru_walk(self) -> Iterator[bytes]:
-        yield from self.predictive.given_up(self.predictive.refresh())
+        yield from self._predictive.given_up(self._predictive.refresh())
         yield from (key for _, key in self._lru)  # the tier stops walking before it removes its victim
 
     def _tagged(self, order: int, keys: Iterator[bytes]) -> Iterator[bytes]:

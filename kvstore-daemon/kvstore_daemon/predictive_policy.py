@@ -181,18 +181,6 @@ class PredictivePolicy:
                 self._add_fresh(key, self._rank(life, hint))
         self._repredicted_seen = len(repredicted)
 
-    def worth(self, key: bytes, now: float) -> float:
-        """What keeping a resident key is worth now, comparable across the tiers (they share
-        the learner): its hit density; -1 when hinted EVICT_FIRST or DECLINE, inf when a
-        queued job needs it."""
-        hint = self._hints.get(key, now)
-        if hint is not None and hint.action.gives_up:
-            return -1.0
-        if hint is not None and hint.action in (HintAction.PREFETCH, HintAction.PROTECT):
-            return float("inf")
-        life = self.lives.lives[key]
-        return self.lives.learner.density(life.cls, self.lives.tick - life.tick)
-
     def given_up(self, now: float) -> Iterator[bytes]:
         """Resident keys hinted EVICT_FIRST or DECLINE (at the last sort and still), least
         recently used first."""

@@ -113,10 +113,9 @@ class DaemonSettings(ServiceSettings):
         "when one of them evicted a chunk that was stored again (LeCaR's rate; 0: always the predictive order)",
     )
     predictive_demotion_admission: bool = Field(
-        False,
-        description="predictive: a chunk DRAM evicts while the SSD is in its eviction band (above ssd_low_watermark) "
-        "leaves the store instead of being demoted when its learned hit density is below the SSD's next victim's "
-        "(off: it helped without scheduler predictions and cost hits with them, docs/benchmarks.md)",
+        True,
+        description="predictive, with declined_admission=refuse: a chunk hinted DECLINE or EVICT_FIRST that DRAM "
+        "evicts while the SSD is above ssd_low_watermark leaves the store instead of taking an SSD chunk's room",
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")

@@ -136,7 +136,7 @@ def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
 
 
 @pytest.mark.parametrize("admission", [True, False])
-def test_a_chunk_worth_less_than_the_ssds_next_victim_leaves_the_store_instead_of_being_demoted(
+def test_a_declined_chunk_dram_evicts_leaves_the_store_instead_of_taking_ssd_room(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], admission: bool
 ) -> None:
     # The SSD is always in its eviction band (above its low watermark): a demotion costs an SSD chunk.
@@ -152,12 +152,12 @@ def test_a_chunk_worth_less_than_the_ssds_next_victim_leaves_the_store_instead_o
                     + [([chunks.key(i)], PREDICT, 0, 5.0) for i in (1, 2, 3)], replace=True)
         client.put_chunks(ns, chunks.items(4, 5))  # chunk 0 is demoted to the empty SSD
         assert client.stats().ssd.chunks == 1
-        # Nothing read yet, so every density is 0: chunk 4, worth as much as chunk 0 on SSD, is demoted too.
+        # A predicted chunk is demoted although the SSD must make room for it.
         client.hint(ns, [([chunks.key(4)], PREDICT, 0, 300.0)]
                     + [([chunks.key(i)], PREDICT, 0, 5.0) for i in (1, 2, 3)], replace=True)
         client.put_chunks(ns, chunks.items(5, 6))
         assert client.stats().ssd.chunks == 2
-        # A declined chunk is worth less than any other: it leaves rather than take SSD room.
+        # A declined one leaves the store rather than push an SSD chunk out.
         client.hint(ns, [([chunks.key(1)], DECLINE, 0)]
                     + [([chunks.key(i)], PREDICT, 0, 5.0) for i in (2, 3, 5)], replace=True)
         client.put_chunks(ns, chunks.items(6, 7))
