@@ -52,10 +52,6 @@ LENDING_REFUSED = Counter(
     "attnstore_kvstore_lending_refused_total", "Chunks pool peers offered that the lending limits refused"
 )
 DEMOTIONS = Counter("attnstore_kvstore_demotions_total", "Chunks written to SSD because DRAM evicted them")
-DEMOTIONS_DECLINED = Counter(
-    "attnstore_kvstore_demotions_declined_total",
-    "predictive: declined chunks DRAM evicted that left the store instead of taking an SSD chunk's room",
-)
 CORRUPT = Counter("attnstore_kvstore_corrupt_chunks_total", "Chunks dropped because verification failed")
 SSD_WRITE_ERRORS = Counter("attnstore_kvstore_ssd_write_errors_total", "SSD writes the OS refused")
 EXPIRED = Counter("attnstore_kvstore_expired_total", "Reservations, leases and pins that timed out", ["kind"])

@@ -112,11 +112,6 @@ class DaemonSettings(ServiceSettings):
         description="predictive: how fast the SSD tier shifts its evictions between the predictive order and LRU "
         "when one of them evicted a chunk that was stored again (LeCaR's rate; 0: always the predictive order)",
     )
-    predictive_demotion_admission: bool = Field(
-        True,
-        description="predictive, with declined_admission=refuse: a chunk hinted DECLINE or EVICT_FIRST that DRAM "
-        "evicts while the SSD is above ssd_low_watermark leaves the store instead of taking an SSD chunk's room",
-    )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")
     max_keys_per_request: int = Field(

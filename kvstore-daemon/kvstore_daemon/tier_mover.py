@@ -126,7 +126,7 @@ class TierMover:
         while not self.dram.has_room(size_bytes):
             victim = self._next_victim(self.dram_policy, may_evict)
             if victim is not None:
-                await self._evict_from_dram(victim, may_leave=True)
+                await self._evict_from_dram(victim)
             elif self._persisting:
                 await asyncio.wait(list(self._persisting), return_when=asyncio.FIRST_COMPLETED)
             else:
@@ -167,18 +167,9 @@ class TierMover:
         await self._evict_from_ssd(victim)
         return True
 
-    async def _evict_from_dram(self, chunk: Chunk, may_leave: bool = False) -> None:
-        """`may_leave`: DRAM needs the room, and the chunk may leave the store rather than
-        take an SSD chunk's room (`_leaves_instead`)."""
+    async def _evict_from_dram(self, chunk: Chunk) -> None:
         if self.settings.pool_place_dram_evictions and not chunk.on_ssd:
             await self._place_on_peer(chunk)  # before the SSD: a peer's DRAM is the nearer tier
-        if may_leave and self._leaves_instead(chunk):
-            self.drop_dram_copy(chunk)
-            self._chunks.remove(chunk)
-            metrics.EVICTIONS.labels(TierName.DRAM.value).inc()
-            metrics.DEMOTIONS_DECLINED.inc()
-            self._count_reason(chunk, TierName.DRAM)
-            return
         if not chunk.on_ssd and not chunk.on_peer:  # a peer's copy is its lower tier already
             chunk.readers += 1  # holds the blocks while their bytes are written out
             try:
@@ -196,30 +187,6 @@ class TierMover:
         if not chunk.on_ssd and not chunk.on_peer:  # SSD refused it: the chunk is gone
             log.info("dram_eviction_dropped", key=chunk.key.hex(), reason="no SSD copy could be written")
             self._chunks.remove(chunk)
-
-    def _leaves_instead(self, chunk: Chunk) -> bool:
-        """predictive (`predictive_demotion_admission`, with `declined_admission=refuse`):
-        whether a chunk DRAM evicts leaves the store rather than being demoted: when the
-        scheduler gave it up (`DECLINE`, `EVICT_FIRST`: no live session needs it) and the
-        SSD is above its low watermark, so that the demotion would cost the SSD a chunk
-        still worth keeping. A chunk with children in the store stays (a chain loses its
-        tail first). Mooncake's first 4 minutes at DRAM/SSD 1% / 10% of the working set,
-        the daemon's ChunkStore on the replay's clock: 4.9% -> 5.4% of lookups hit (LRU
-        4.8%, optimum 17.8%); on the first 10 minutes 10.42% -> 10.46%. Comparing every
-        evicted chunk's learned hit density with the SSD's next victim's instead lost hits
-        with the scheduler's predictions (4.5%; docs/benchmarks.md, hitrate)."""
-        s = self.settings
-        if (not s.predictive_demotion_admission or s.declined_admission != "refuse"
-                or not isinstance(self.dram_policy, PredictivePolicy)
-                or chunk.on_ssd or chunk.on_peer or chunk.borrower or chunk.readers or chunk.blocks is None
-                or not self._chunks.holds(chunk) or (chunk.persist_task is not None and not chunk.persist_task.done())):
-            return False
-        hint = self.hints.get(chunk.key, self._clock())
-        if hint is None or not hint.action.gives_up:
-            return False
-        if self.ssd.used_bytes + chunk.size_bytes <= s.ssd_low_watermark * self.ssd.capacity_bytes:
-            return False  # the SSD has room to spare: demoting costs no SSD chunk
-        return not self.dram_policy.lives.children.get(chunk.key)
 
     async def demote(self, chunk: Chunk) -> None:
         """Moves a chunk to SSD now (a declined write, declined_admission=ssd_only); its

@@ -133,33 +133,3 @@ def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
         # The declined chunk leaves DRAM at once: DRAM keeps its room for what will be read.
         poll_until(lambda: chunks.tiers(client, [0]) == [SSD], what="the declined chunk demoted to SSD")
         assert chunks.tiers(client, [1]) == [DRAM]
-
-
-@pytest.mark.parametrize("admission", [True, False])
-def test_a_declined_chunk_dram_evicts_leaves_the_store_instead_of_taking_ssd_room(
-    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], admission: bool
-) -> None:
-    # The SSD is always in its eviction band (above its low watermark): a demotion costs an SSD chunk.
-    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, SSD_CAPACITY_BYTES=16 * 1024 * KiB,
-                            SSD_HIGH_WATERMARK=1.0, SSD_LOW_WATERMARK=0.01,
-                            PREDICTIVE_DEMOTION_ADMISSION=str(admission).lower())
-    chunks = chunk_set(**SHAPE)
-    with KVStoreClient(daemon.address) as client:
-        chunks.register(client)
-        ns = chunks.namespace
-        client.put_chunks(ns, chunks.items(0, 4))
-        client.hint(ns, [([chunks.key(0)], PREDICT, 0, 300.0)]
-                    + [([chunks.key(i)], PREDICT, 0, 5.0) for i in (1, 2, 3)], replace=True)
-        client.put_chunks(ns, chunks.items(4, 5))  # chunk 0 is demoted to the empty SSD
-        assert client.stats().ssd.chunks == 1
-        # A predicted chunk is demoted although the SSD must make room for it.
-        client.hint(ns, [([chunks.key(4)], PREDICT, 0, 300.0)]
-                    + [([chunks.key(i)], PREDICT, 0, 5.0) for i in (1, 2, 3)], replace=True)
-        client.put_chunks(ns, chunks.items(5, 6))
-        assert client.stats().ssd.chunks == 2
-        # A declined one leaves the store rather than push an SSD chunk out.
-        client.hint(ns, [([chunks.key(1)], DECLINE, 0)]
-                    + [([chunks.key(i)], PREDICT, 0, 5.0) for i in (2, 3, 5)], replace=True)
-        client.put_chunks(ns, chunks.items(6, 7))
-        assert client.stats().ssd.chunks == (2 if admission else 3)
-        assert chunks.tiers(client, [0, 1, 4]) == [SSD, None if admission else SSD, SSD]
