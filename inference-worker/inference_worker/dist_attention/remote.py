@@ -15,6 +15,7 @@ median, load 9, 2 cores) once at upload and per pull; a remote call compares 8-b
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,6 +35,26 @@ from inference_worker.engine.far_kv import FarKVLost
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the servers' limit (attnstore.server.lifecycle)
 _APPEND_PIECE_BYTES = 8 * 1024 * 1024
+# DescribeLending only reads, so gRPC may repeat it: under load (9+ on 2 cores) a fresh
+# channel's first handshake to a busy peer once failed UNAVAILABLE and the long turn was
+# refused for want of room. The backoffs outlast the channel's 1 s reconnect backoff; a dead
+# peer then costs about 3 s before it counts as silent.
+_RETRY_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "attnstore.worker.v1.MicroAttention", "method": "DescribeLending"}],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.5s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
 
 
 class PlaceLost(FarKVLost):
@@ -50,6 +71,7 @@ def peer_channel(address: str, credentials: ClientCredentials | None = None) -> 
     options = [
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.service_config", _RETRY_SERVICE_CONFIG),
     ]
     return sync_channel(address, credentials, options)
 
