@@ -35,8 +35,6 @@ Decisions:
 
 from __future__ import annotations
 
-import math
-import mmap
 from dataclasses import dataclass, field
 
 import torch
@@ -59,9 +57,10 @@ class PagedKV:
     ) -> None:
         shape = (geometry.num_layers, geometry.kv_heads, num_blocks, block_tokens, geometry.head_dim)
         # Uninitialized: a slot is always written before any query reads it, and pages a
-        # large CPU pool never uses are never touched.
-        self.k = _pool_tensor(shape, dtype, device)  # [L, kv_heads, blocks, B, D]
-        self.v = _pool_tensor(shape, dtype, device)  # [L, kv_heads, blocks, B, D]
+        # large CPU pool never uses are never touched. In 4 KB pages: transparent huge pages
+        # (MADV_HUGEPAGE) cost more than they gave (docs/inference-worker.md, fifth pass).
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, kv_heads, blocks, B, D]
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, kv_heads, blocks, B, D]
         self.block_tokens = block_tokens
         self.kv_heads = geometry.kv_heads
         self.head_dim = geometry.head_dim
@@ -119,25 +118,6 @@ class PagedKV:
         torch.index_select(self.v[layer].view(rows), 1, blocks, out=v_out)
         shape = (self.kv_heads, -1, self.head_dim)
         return k_out.view(shape), v_out.view(shape)
-
-
-def _pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialized pool tensor; on a CPU in transparent huge pages where Linux offers
-    them. Why: a sequence's blocks lie anywhere in the pool, a 4 KB page per block and head
-    at most (SmolLM2 fp32, 16 tokens), so decode attention took a TLB miss per block. 16
-    sequences of 300-1,050 tokens in random blocks, 30 layers of the decode kernel, one
-    thread, load 8: 71-85 -> 62-70 ms CPU (blocks in order: 47 ms)."""
-    elements = math.prod(shape)
-    if device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE") or not elements:
-        return torch.empty(shape, dtype=dtype, device=device)
-    # Anonymous: no page is touched until written; the tensor keeps the mapping alive. The
-    # advice is only that: "never" in /sys/kernel/mm/transparent_hugepage keeps 4 KB pages.
-    memory = mmap.mmap(-1, elements * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        memory.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:  # EINVAL on kernels built without transparent huge pages
-        pass
-    return torch.frombuffer(memory, dtype=dtype, count=elements).view(shape)
 
 
 def slots_of(table: list[int], block_tokens: int, start: int, stop: int) -> list[int]:
