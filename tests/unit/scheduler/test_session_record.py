@@ -104,9 +104,10 @@ def test_truncation_leaves_the_dropped_chunks_unread(
 
 def test_a_new_record_is_created_and_updated_now_with_a_fresh_id() -> None:
     before = time.time()
+    ids = SessionIds()  # ids sort by creation only within one maker (two could share a millisecond)
     first, second = (
-        SessionRecord.new(SessionIds(), "acme", 60),
-        SessionRecord.new(SessionIds(), "acme", 60, (Message("system", "be brief"),)),
+        SessionRecord.new(ids, "acme", 60),
+        SessionRecord.new(ids, "acme", 60, (Message("system", "be brief"),)),
     )
     assert before <= first.created_at == first.updated_at <= time.time()
     assert check_session_id(first.session_id) and first.session_id < second.session_id
