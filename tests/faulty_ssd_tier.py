@@ -13,13 +13,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvstore_daemon.ssd_tier import SsdTier
+from kvstore_daemon.ssd_tier import DEFAULT_IO_THREADS, SsdTier
 
 
 class FaultySsdTier(SsdTier):
     """Knobs are plain attributes; set them at any time."""
 
-    def __init__(self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = 4) -> None:
+    def __init__(
+        self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = DEFAULT_IO_THREADS
+    ) -> None:
         super().__init__(dirs, capacity_bytes, io_threads)
         self.fail_writes_with: int | None = None  # errno raised mid-write (ENOSPC, EROFS...)
         self.corrupt_next_reads = 0  # this many reads get one flipped byte before verification

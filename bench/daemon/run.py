@@ -81,7 +81,7 @@ async def run_all(
             finally:
                 await bench.close()
             rows += bench.rows
-        tier = SsdTier([WORK_DIR / "ssd-tier"], capacity_bytes=1024 * MiB, io_threads=4)
+        tier = SsdTier([WORK_DIR / "ssd-tier"], capacity_bytes=1024 * MiB)
         raw = RawReader(max_bytes)
         await tier.open()
         try:

@@ -36,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from attnstore.errors import FailedPrecondition, InvalidArgument
 
 SpecialTokensInMessages = Literal["text", "refuse"]
+DEFAULT_SPECIAL_TOKENS_IN_MESSAGES: SpecialTokensInMessages = "text"
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class _Piece:
 
 class ChatTemplate:
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, special_tokens_in_messages: SpecialTokensInMessages = "text"
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        special_tokens_in_messages: SpecialTokensInMessages = DEFAULT_SPECIAL_TOKENS_IN_MESSAGES,
     ) -> None:
         self._tokenizer = tokenizer
         self._special_mode = special_tokens_in_messages

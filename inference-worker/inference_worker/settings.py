@@ -13,11 +13,11 @@ from pydantic_settings import SettingsConfigDict
 from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import WORKER_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
-from inference_worker.chat_template import SpecialTokensInMessages
+from inference_worker.chat_template import DEFAULT_SPECIAL_TOKENS_IN_MESSAGES, SpecialTokensInMessages
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
-from inference_worker.model_store import DEFAULT_CACHE_DIR
+from inference_worker.model_store import DEFAULT_CACHE_DIR, DEFAULT_CPU_LINEAR
 from inference_worker.restore.settings import RestoreSettings
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
 
@@ -51,7 +51,7 @@ class WorkerSettings(ServiceSettings):
         description="auto (cuda when available, else cpu), cpu, cuda[:N]",
     )
     cpu_linear: CpuLinear = Field(
-        "onednn",
+        DEFAULT_CPU_LINEAR,
         description="kernel of the linear layers on a CPU: onednn (2.4x torch's default fp32 GEMM on the "
         "AMD development machine; torch's default where oneDNN is missing) or torch",
     )
@@ -167,7 +167,7 @@ class WorkerSettings(ServiceSettings):
     max_message_chars: int = Field(200_000, ge=1, description="longest chat message accepted, in characters")
     max_messages: int = Field(1024, ge=1, description="most chat messages in one request")
     special_tokens_in_messages: SpecialTokensInMessages = Field(
-        "text",
+        DEFAULT_SPECIAL_TOKENS_IN_MESSAGES,
         description="a message content that spells a control token (<|im_end|>): text = tokenize it as "
         "plain text, refuse = INVALID_ARGUMENT; never parsed as the control token (chat_template.py)",
     )

@@ -15,6 +15,7 @@ from attnstore.pool_ledger import LendingLimits
 from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
+from kvstore_daemon.ssd_tier import DEFAULT_IO_THREADS
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -95,7 +96,7 @@ class DaemonSettings(ServiceSettings):
     ssd_high_watermark: float = Field(0.95, gt=0, le=1, description="start deleting above this fill ratio")
     ssd_low_watermark: float = Field(0.90, gt=0, le=1, description="delete down to this fill ratio")
     persist_on_commit: bool = Field(True, description="write every committed chunk to SSD in the background")
-    io_threads: int = Field(4, ge=1, le=64, description="threads doing SSD file I/O")
+    io_threads: int = Field(DEFAULT_IO_THREADS, ge=1, le=64, description="threads doing SSD file I/O")
 
     eviction_policy: Literal["lru", "fifo", "lookahead", "predictive"] = Field(
         "lookahead",

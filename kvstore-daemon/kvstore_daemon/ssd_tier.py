@@ -46,6 +46,7 @@ _CHUNK_SUFFIX = ".chunk"
 _BORROWER_MARK = "@"
 _TMP_SUFFIX = ".tmp"
 _HEADER_PROBE_BYTES = 4096  # one page: holds every real header, so one pread usually suffices
+DEFAULT_IO_THREADS = 4  # the daemon setting io_threads defaults to this
 
 log = structlog.get_logger("attnstore.ssd_tier")
 
@@ -113,7 +114,12 @@ class SsdTier:
     """
 
     def __init__(
-        self, dirs: Sequence[Path], capacity_bytes: int, io_threads: int = 4, *, reserve_bytes: int = 0
+        self,
+        dirs: Sequence[Path],
+        capacity_bytes: int,
+        io_threads: int = DEFAULT_IO_THREADS,
+        *,
+        reserve_bytes: int = 0,
     ) -> None:
         """`capacity_bytes` is what the tier may use at most; the disks may hold less, see
         `recheck_room`. `reserve_bytes` are left free on the disks for other files (the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -13,6 +14,7 @@ from attnstore.api.v1 import api_pb2 as api
 from attnstore.api.v1 import api_pb2_grpc
 from attnstore.errors import InvalidArgument
 from attnstore.finish_reasons import finish_reason_to_proto, samples_to_proto
+from attnstore.same_named import same_named
 from attnstore_scheduler import metrics
 from attnstore_scheduler.auth import Principal
 from attnstore_scheduler.callers import Callers
@@ -21,7 +23,7 @@ from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.schemas import Schemas
 from attnstore_scheduler.session_record import Message, SessionRecord, check_session_id
 from attnstore_scheduler.sessions import Sessions
-from attnstore_scheduler.turn_types import TurnOutcome
+from attnstore_scheduler.turn_types import GenerationOptions, TurnOutcome
 from attnstore_scheduler.turns import TurnEvent, Turns
 from attnstore_scheduler.validation import ApiLimits, check_expectation, check_page, check_text, check_ttl
 
@@ -77,11 +79,13 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
                 raise InvalidArgument("give message or pml, not both")
             schema = await self._schemas.for_prompt(tenant, request.pml)
             prompt = pml_prompt(schema.document, request.pml, request, add_generation_prompt=True)
-            events = self._turns.chat_pml(tenant, session_id, schema, prompt, request.options, expectation)
+            events = self._turns.chat_pml(
+                tenant, session_id, schema, prompt, options_of(request.options), expectation
+            )
         else:
             check_no_pml_options(request)
             message = check_text(request.message, "message", self._limits, required=True)
-            events = self._turns.chat(tenant, session_id, message, request.options, expectation)
+            events = self._turns.chat(tenant, session_id, message, options_of(request.options), expectation)
         async for token, stats in _stream(events, started, "chat"):
             yield api.ChatResponse(token=token) if token is not None else api.ChatResponse(stats=stats)
 
@@ -97,12 +101,12 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
             prompt = pml_prompt(
                 schema.document, request.pml, request, add_generation_prompt=request.add_generation_prompt
             )
-            events = self._turns.generate_pml(tenant, schema, prompt, request.options)
+            events = self._turns.generate_pml(tenant, schema, prompt, options_of(request.options))
         else:
             check_no_pml_options(request, add_generation_prompt=request.add_generation_prompt)
             system_prompt = check_text(request.system_prompt, "system_prompt", self._limits, required=False)
             prompt = check_text(request.prompt, "prompt", self._limits, required=True)
-            events = self._turns.generate(tenant, system_prompt, prompt, request.options)
+            events = self._turns.generate(tenant, system_prompt, prompt, options_of(request.options))
         async for token, stats in _stream(events, started, "generate"):
             yield (
                 api.GenerateResponse(token=token) if token is not None else api.GenerateResponse(stats=stats)
@@ -160,6 +164,22 @@ class AttnStoreServicer(api_pb2_grpc.AttnStoreServicer):
     ) -> api.DeleteSchemaResponse:
         tenant = self._caller(context).tenant
         return api.DeleteSchemaResponse(deleted=await self._schemas.delete(tenant, request.name))
+
+
+def options_of(options: api.GenerationOptions) -> GenerationOptions:
+    """A request's options as the scheduler's: an absent optional field is None."""
+
+    def present(name: str) -> Any:
+        return getattr(options, name) if options.HasField(name) else None
+
+    return same_named(
+        GenerationOptions,
+        options,
+        temperature=present("temperature"),
+        top_p=present("top_p"),
+        seed=present("seed"),
+        stop=tuple(options.stop),
+    )
 
 
 def schema_message(record: SchemaRecord) -> api.SchemaInfo:

@@ -1,6 +1,6 @@
-"""What a turn produces, as the scheduler's own types: the worker's messages are mapped
-here once, where they arrive (turn_runner.py), and the public API's once, where they
-leave (servicer.py), so the rest of the scheduler depends on neither."""
+"""What a turn takes and produces, as the scheduler's own types: the worker's messages are
+mapped here once, where they arrive (turn_runner.py), and the public API's once, at its
+edge (servicer.py: the request's options in, the turn's events out)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,19 @@ from dataclasses import dataclass
 from attnstore.finish_reasons import finish_reason_from_proto
 from attnstore.same_named import same_named
 from attnstore.worker.v1 import worker_pb2
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How a request asks its answers to be drawn (the public API's GenerationOptions, an
+    OpenAI request's body), before validation.sampling checks it and fills in defaults."""
+
+    max_tokens: int = 0  # 0: the scheduler's default
+    temperature: float | None = None  # None: greedy
+    top_p: float | None = None  # None: no nucleus cut
+    seed: int | None = None  # None: one the scheduler picks (sampled decoding)
+    stop: tuple[str, ...] = ()
+    n: int = 0  # 0: one answer
 
 
 @dataclass(frozen=True)

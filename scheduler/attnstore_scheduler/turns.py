@@ -17,7 +17,6 @@ from dataclasses import replace
 import grpc
 import structlog
 
-from attnstore.api.v1 import api_pb2 as api
 from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError, Unavailable
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
@@ -34,7 +33,7 @@ from attnstore_scheduler.session_activity import Expectation
 from attnstore_scheduler.session_record import Message, SessionRecord
 from attnstore_scheduler.sessions import Sessions, activity_id
 from attnstore_scheduler.turn_runner import PrepareTurn, TurnRunner, TurnSpec
-from attnstore_scheduler.turn_types import Token, TurnOutcome
+from attnstore_scheduler.turn_types import GenerationOptions, Token, TurnOutcome
 from attnstore_scheduler.validation import (
     ApiLimits,
     check_session_tokens,
@@ -81,7 +80,7 @@ class Turns:
         tenant: str,
         session_id: str,
         message: str,
-        options: api.GenerationOptions,
+        options: GenerationOptions,
         expectation: Expectation | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """The answer's tokens, then the TurnOutcome (the session is stored by then).
@@ -118,7 +117,7 @@ class Turns:
         session_id: str,
         schema: SchemaRecord,
         prompt: worker_pb2.PmlPrompt,
-        options: api.GenerationOptions,
+        options: GenerationOptions,
         expectation: Expectation | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """The first turn of a session as a PML prompt (its modules' KV served; nothing
@@ -254,7 +253,7 @@ class Turns:
         check_system_prompt_tokens(len(ids), self._limits, model)
 
     async def generate(
-        self, tenant: str, system_prompt: str, prompt: str, options: api.GenerationOptions
+        self, tenant: str, system_prompt: str, prompt: str, options: GenerationOptions
     ) -> AsyncIterator[TurnEvent]:
         messages = [("system", system_prompt)] if system_prompt else []
         turn = self.complete(tenant, [*messages, ("user", prompt)], options, affinity=system_prompt)
@@ -265,7 +264,7 @@ class Turns:
         self,
         tenant: str,
         prompt: Sequence[tuple[str, str]] | str,
-        options: api.GenerationOptions,
+        options: GenerationOptions,
         *,
         affinity: str,
         kind: str = "generate",
@@ -295,7 +294,7 @@ class Turns:
             yield event
 
     async def generate_pml(
-        self, tenant: str, schema: SchemaRecord, prompt: worker_pb2.PmlPrompt, options: api.GenerationOptions
+        self, tenant: str, schema: SchemaRecord, prompt: worker_pb2.PmlPrompt, options: GenerationOptions
     ) -> AsyncIterator[TurnEvent]:
         """A one-off PML prompt against `schema`, sent where its modules were last encoded or
         served (the worker checks the prompt and encodes what its node's store lacks)."""

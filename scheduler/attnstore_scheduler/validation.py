@@ -12,6 +12,7 @@ from attnstore.errors import InvalidArgument, ResourceExhausted, Unavailable
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.session_activity import Expectation
 from attnstore_scheduler.session_record import check_session_id
+from attnstore_scheduler.turn_types import GenerationOptions
 
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 4  # as OpenAI's API
@@ -76,7 +77,7 @@ def check_page(request: api.ListSessionsRequest) -> tuple[int, str]:
 
 
 def sampling(
-    options: api.GenerationOptions,
+    options: GenerationOptions,
     limits: ApiLimits,
     model: worker_pb2.DescribeModelResponse,
     *,
@@ -90,13 +91,13 @@ def sampling(
         raise InvalidArgument(
             f"options.max_tokens is {max_tokens}; the model allows at most {model.max_new_tokens}"
         )
-    temperature = options.temperature if options.HasField("temperature") else 0.0
+    temperature = options.temperature if options.temperature is not None else 0.0
     if not math.isfinite(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
         raise InvalidArgument(
             f"options.temperature is {temperature}; expected a number in [0, {MAX_TEMPERATURE}]"
         )
     params = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=temperature)
-    if options.HasField("top_p"):
+    if options.top_p is not None:
         if not math.isfinite(options.top_p) or not 0.0 < options.top_p <= 1.0:
             raise InvalidArgument(f"options.top_p is {options.top_p}; expected a number in (0, 1]")
         params.top_p = options.top_p
@@ -107,7 +108,7 @@ def sampling(
     params.stop_strings.extend(options.stop)
     params.n = check_samples(options.n or 1, limits, model, session=session)
     if temperature > 0:
-        params.seed = options.seed if options.HasField("seed") else secrets.randbits(63)
+        params.seed = options.seed if options.seed is not None else secrets.randbits(63)
     return params
 
 

@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from attnstore import errors
-from attnstore.api.v1 import api_pb2 as api
 from attnstore_scheduler.openai_api.answers import Ending, Text, answer_events
 from attnstore_scheduler.openai_api.context import ApiContext
 from attnstore_scheduler.openai_api.errors import ApiError, from_service_error
@@ -39,6 +38,7 @@ from attnstore_scheduler.openai_api.streaming import (
     until_disconnected,
 )
 from attnstore_scheduler.session_record import check_session_id
+from attnstore_scheduler.turn_types import GenerationOptions
 from attnstore_scheduler.validation import check_text, require_model, sampling
 
 log = structlog.get_logger("attnstore_scheduler.openai_api")
@@ -113,16 +113,16 @@ def build_router(ctx: ApiContext) -> APIRouter:
     return router
 
 
-def options_of(body: GenerationRequest) -> api.GenerationOptions:
+def options_of(body: GenerationRequest) -> GenerationOptions:
     """The request's sampling as the scheduler's options (checked by validation.sampling)."""
-    options = api.GenerationOptions(max_tokens=body.token_limit or 0, stop=body.stop_texts(), n=body.n)
-    if body.temperature is not None:
-        options.temperature = body.temperature
-    if body.top_p is not None:
-        options.top_p = body.top_p
-    if body.seed is not None:
-        options.seed = body.seed
-    return options
+    return GenerationOptions(
+        max_tokens=body.token_limit or 0,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=tuple(body.stop_texts()),
+        n=body.n,
+    )
 
 
 async def _session_turn(
@@ -130,7 +130,7 @@ async def _session_turn(
     tenant: str,
     header: str,
     messages: Sequence[tuple[str, str]],
-    options: api.GenerationOptions,
+    options: GenerationOptions,
 ) -> tuple[str, str]:
     """(session id, new message) of a request with X-Attnstore-Session. The last message is
     the new one and must be a user message; the session's stored history stands for all

@@ -8,7 +8,7 @@ import sys
 import structlog
 
 
-def configure_logging(level: str = "INFO", json: bool = True) -> None:
+def configure_logging(level: str, json: bool) -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
