@@ -6,10 +6,12 @@ SSD tier's medium, page cache dropped) and from a throttled read path (<= 1 GB/s
 For each history length the history's KV and per-layer input hidden states are computed
 once, stored under each storage plan (all KV; all hidden states; the planner's plan for
 each tier) and restored into a `PrefixKV` (what the paged forward consumes) with
-`restore_prefix`: the restore time is the wall time until every layer is ready, the best
+`restore_prefix`: the restore time is the wall time until every layer is ready, the median
 of `--repeats` rounds, each round running KV loading, hidden states only and the planner
-(interleaved: the same samples in the same spells of the machine; recomputation, which
-reads nothing, once per history). The storage plan's costs come from one KV and one
+(interleaved: the same spells of the machine; each round in another order, every order in
+turn: samples.py; recomputation, which reads nothing, once per history). The disk tier
+drops the chunks' pages before every sample, of every method (tiers.py), and the run
+checks that dropping them makes a read slower (`ssd_read_check`). The storage plan's costs come from one KV and one
 hidden-state restore just before a tier's rounds (a tier's bandwidth from its KV load, a
 projection from the compute thread's time, a layer's recomputation from the full one): on a
 machine shared by several engineers, the worker's start-up profile (profiler.py, recorded
@@ -53,6 +55,7 @@ from bench.restore.report import (
     summarize,
     throttled_tier,
 )
+from bench.restore.samples import median_sample, round_orders
 from bench.restore.tiers import FileTier, ThrottledReads
 from inference_worker.cpu_linear import use_onednn_linears
 from inference_worker.layerwise_cache import PrefixKV
@@ -198,18 +201,14 @@ class Bench:
         seconds, read, stats = await self.restore(tier, policy.storage, chosen, ids)
         return seconds + planning, read, stats
 
-    async def rounds(self, runs: list[Run], repeats: int) -> list[Measured]:
-        """The best of `repeats` rounds of each run; each round runs them all, so a busy spell
-        of the machine hits every method alike, in an order rotated by one each round (a run
-        right after a compute-heavy one finds the math library's threads still spinning)."""
-        best: list[Measured | None] = [None] * len(runs)
-        for round_index in range(repeats):
-            for step in range(len(runs)):
-                index = (step + round_index) % len(runs)
-                measured = await runs[index]()
-                if best[index] is None or measured[0] < best[index][0]:
-                    best[index] = measured
-        return best  # type: ignore[return-value]
+    async def rounds(self, runs: list[Run], repeats: int) -> list[list[Measured]]:
+        """Every sample of `repeats` rounds of each run; each round runs them all, so a busy
+        spell of the machine hits every method alike, in the orders of `round_orders`."""
+        samples: list[list[Measured]] = [[] for _ in runs]
+        for order in round_orders(len(runs), repeats):
+            for index in order:
+                samples[index].append(await runs[index]())
+        return samples
 
     async def history(self, tokens: int) -> list[Row]:
         generator = torch.Generator().manual_seed(tokens)
@@ -221,8 +220,8 @@ class Bench:
             await self.store(plan, token_ids, kv, hidden)
         rows: list[Row] = []
 
-        def row(tier: str, method: str, plan: StoragePlan, measured: Measured) -> Row:
-            seconds, read, stats = measured
+        def row(tier: str, method: str, plan: StoragePlan, samples: list[Measured]) -> Row:
+            seconds, read, stats = median_sample(samples)
             per_token = (
                 0
                 if method == "recompute"
@@ -235,6 +234,7 @@ class Bench:
                 "plan": stats.plan.name,
                 "storage_plan": plan.name,
                 "seconds": seconds,
+                "samples_seconds": [round(sample[0], 5) for sample in samples],
                 "read_bytes": read,
                 "bytes_per_token": per_token,
                 "estimated_seconds": stats.plan.estimated_seconds,
@@ -251,6 +251,7 @@ class Bench:
         # Reads nothing, so the same on every tier; 10-100x the other methods, so timed once
         # (`--recompute-repeats`) and not in every tier's rounds: its spread changes no ratio.
         (recomputed,) = await self.rounds([run("dram", all_kv, recompute)], self.args.recompute_repeats)
+        recompute_seconds = median_sample(recomputed)[2].seconds["recompute"]
         kv_token = 2 * self.geometry.kv_heads * self.geometry.head_dim * ELEMENT_BYTES
         singles = {
             "recompute": (all_kv, recompute),
@@ -264,13 +265,13 @@ class Bench:
             # load; a projection and a layer's recomputation from the compute thread's own
             # time (not wall time: an IO-bound hidden-only run would overstate it). Each of
             # the planner's restores then plans on them as a worker does (restore/policy.py).
-            kv_probe, hidden_probe = await self.rounds(
+            (kv_probe,), (hidden_probe,) = await self.rounds(
                 [run(tier, *singles["kv"]), run(tier, *singles["hidden"])], 1
             )
             io = TierCosts.from_bandwidth(kv_probe[1] / kv_probe[0], kv_token, self.hidden * ELEMENT_BYTES)
             costs = RestoreCosts(
                 hidden_probe[2].seconds["hidden"] / layer_tokens,
-                recomputed[2].seconds["recompute"] / layer_tokens,
+                recompute_seconds / layer_tokens,
                 0.0,
                 {tier: io},
             )
@@ -347,15 +348,19 @@ class Bench:
         }
 
 
-async def measure(args: argparse.Namespace, address: str, model: PreTrainedModel) -> tuple[list[Row], Costs]:
+async def measure(
+    args: argparse.Namespace, address: str, model: PreTrainedModel
+) -> tuple[list[Row], Costs, dict[str, float]]:
     rows: list[Row] = []
     async with AsyncKVStoreClient(address, timeout_seconds=120.0) as client:
         bench = Bench(model, client, FileTier(WORK_DIR / "files"), args)
+        read_check = bench.files.read_check()
+        print(f"disk read, cached vs pages dropped: {read_check}", file=sys.stderr)
         for tokens in args.histories:
             print(f"history of {tokens} tokens ...", file=sys.stderr)
             rows += await bench.history(tokens)
         bench.compute.shutdown()
-    return rows, bench.costs
+    return rows, bench.costs, read_check
 
 
 def device_problem(device: str) -> str | None:
@@ -388,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
         default=[1.0, 0.1],
         help="bandwidths (GB/s) of the throttled tiers, one tier each",
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    # 6: every order of the three methods once (samples.py)
+    parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--recompute-repeats", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -422,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         daemon.start()
-        rows, costs = uvloop.run(measure(args, daemon.address, model))
+        rows, costs, read_check = uvloop.run(measure(args, daemon.address, model))
     finally:
         daemon.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -430,6 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     summary, verdicts = summarize(rows, tiers, args.histories, costs)
     machine = machine_info(WORK_DIR)
     machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
+    machine["ssd_read_check"] = read_check  # the page-cache drop really evicts: cold slower
     config: dict[str, Any] = {
         **vars(args),
         "device": args.device,

@@ -3,6 +3,8 @@ on; the summary takes the worst ratio over histories and judges the issue's targ
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from attnstore.chunks.format import decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from bench.restore.report import plot, summarize, throttled_tier
 from bench.restore.run import device_problem, main
+from bench.restore.samples import median_sample, paired_ratio, round_orders, spread
 from bench.restore.tiers import FileTier
 from inference_worker.kv_codec import encode_chunks
 
@@ -112,3 +115,50 @@ def test_a_device_it_cannot_use_ends_the_run_with_a_readable_message(
 def test_cpu_and_cuda_where_present_are_usable() -> None:
     assert device_problem("cpu") is None
     assert (device_problem("cuda") is None) == torch.cuda.is_available()
+
+
+def test_the_rounds_run_every_order_so_no_method_always_follows_the_same_one() -> None:
+    orders = round_orders(3, 6)
+    assert all(sorted(order) == [0, 1, 2] for order in orders)
+    assert len(set(orders)) == 6
+    followed = Counter(pair for order in orders for pair in itertools.pairwise(order))
+    assert followed == {pair: 2 for pair in itertools.permutations(range(3), 2)}
+    assert round_orders(3, 8)[6:] == orders[:2]
+    assert round_orders(1, 2) == [(0,), (0,)]
+
+
+def test_the_median_sample_is_a_measured_one_and_the_spread_is_slowest_over_fastest() -> None:
+    samples = [(3.0, "c"), (1.0, "a"), (4.0, "d"), (2.0, "b")]
+    assert median_sample(samples) == (2.0, "b")  # the lower middle of an even count
+    assert median_sample(samples[:3]) == (3.0, "c")
+    assert spread([2.0, 3.0, 2.5]) == 1.5
+    assert spread([2.0]) == 1.0
+
+
+def test_ratios_pair_the_samples_of_one_round() -> None:
+    assert paired_ratio([2.0, 4.0, 6.0], [1.0, 4.0, 3.0]) == 2.0  # median of 2, 1, 2
+    assert paired_ratio([10.0], [1.0, 2.0, 5.0]) == 5.0  # once-timed against every round
+    assert paired_ratio([1.0, 2.0, 5.0], [10.0]) == 0.2
+
+
+def test_the_summary_pairs_rounds_and_reports_each_tiers_sample_spread() -> None:
+    slow = throttled_tier(0.1)
+    samples = {"kv": [1.0, 3.0, 1.0], "planner": [1.1, 3.3, 0.9], "hidden": [2.0, 6.0, 2.2]}
+    table = rows("dram", 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.1})
+    table += rows(slow, 1, {"recompute": 9.0, "kv": 1.0, "hidden": 2.0, "planner": 1.1})
+    for row in table:
+        row["samples_seconds"] = samples.get(row["method"], [row["seconds"]])
+    summary, verdicts = summarize(table, ["dram", slow], [1], {})
+    # per round 1.1, 1.1, 0.9 of KV's time: the median 1.1, whatever the rounds' spells
+    assert summary["planner_vs_best_single_method"] == {"dram": 1.1, slow: 1.1}
+    assert summary["planner_vs_kv_load_throttled"] == {slow: round(1 / 1.1, 3)}
+    assert summary["sample_spread"] == {"dram": 3.667, slow: 3.667}  # planner: 3.3 / 0.9
+    assert verdicts[0].startswith("FAIL planner vs best single method on dram: 1.100x")
+    assert "samples of one method spread up to 3.67x on this tier" in verdicts[0]
+
+
+def test_the_read_check_times_a_cached_and_a_dropped_read_and_leaves_no_file(tmp_path: Path) -> None:
+    check = FileTier(tmp_path).read_check(1024 * 1024)
+    assert set(check) == {"warm_gbps", "cold_gbps"}
+    assert all(rate > 0 for rate in check.values())
+    assert list(tmp_path.iterdir()) == []
