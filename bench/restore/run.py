@@ -30,6 +30,7 @@ import argparse
 import functools
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -356,19 +357,24 @@ class Bench:
         }
 
 
+HistoryDone = Callable[[list[Row], Costs, dict[str, float], list[int]], None]
+
+
 async def measure(
-    args: argparse.Namespace, address: str, model: PreTrainedModel
-) -> tuple[list[Row], Costs, dict[str, float]]:
+    args: argparse.Namespace, address: str, model: PreTrainedModel, history_done: HistoryDone
+) -> None:
+    """Measures each history in turn; `history_done(rows, costs, read check, histories so
+    far)` after each."""
     rows: list[Row] = []
     async with AsyncKVStoreClient(address, timeout_seconds=120.0) as client:
         bench = Bench(model, client, FileTier(WORK_DIR / "files"), args)
         read_check = bench.files.read_check()
         print(f"disk read, cached vs pages dropped: {read_check}", file=sys.stderr)
-        for tokens in args.histories:
+        for index, tokens in enumerate(args.histories):
             print(f"history of {tokens} tokens ...", file=sys.stderr)
             rows += await bench.history(tokens)
+            history_done(rows, bench.costs, read_check, args.histories[: index + 1])
         bench.compute.shutdown()
-    return rows, bench.costs, read_check
 
 
 def device_problem(device: str) -> str | None:
@@ -434,17 +440,7 @@ def main(argv: list[str] | None = None) -> None:
             "persist_on_commit": False,
         },
     )
-    try:
-        daemon.start()
-        rows, costs, read_check = uvloop.run(measure(args, daemon.address, model))
-    finally:
-        daemon.stop()
-        shutil.rmtree(run_dir, ignore_errors=True)
     tiers = ["dram", "ssd", *(throttled_tier(gbps) for gbps in args.throttled_gbps)]
-    summary, verdicts = summarize(rows, tiers, args.histories, costs)
-    machine = machine_info(WORK_DIR)
-    machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
-    machine["ssd_read_check"] = read_check  # the page-cache drop really evicts: cold slower
     config: dict[str, Any] = {
         **vars(args),
         "device": args.device,
@@ -459,18 +455,45 @@ def main(argv: list[str] | None = None) -> None:
             )
         ),
     }
-    save_results(
-        results,
-        {
-            "config": config,
-            "machine": machine,
-            "rows": rows,
-            "measured_costs": costs,
-            "summary": summary,
-            "verdicts": verdicts,
-            "seconds": time.monotonic() - started,
-        },
-    )
+    report: list[Any] = []  # the last history's summary and verdicts
+
+    def history_done(rows: list[Row], costs: Costs, read_check: dict[str, float], done: list[int]) -> None:
+        """The results so far, after each history: a run cut short (a time limit on a busy
+        machine: the seventh session's full run at load 10-13 was stopped in its 8k history
+        after 13 minutes) keeps the histories it finished, in `<name>-partial.json`
+        (git-ignored) until the last history writes `<name>.json`."""
+        summary, verdicts = summarize(rows, tiers, done, costs)
+        machine = machine_info(WORK_DIR)
+        machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
+        machine["ssd_read_check"] = read_check  # the page-cache drop really evicts: cold slower
+        name = results if done == args.histories else f"{results}-partial"
+        save_results(
+            name,
+            {
+                "config": config,
+                "machine": machine,
+                "histories_done": done,
+                "rows": rows,
+                "measured_costs": costs,
+                "summary": summary,
+                "verdicts": verdicts,
+                "seconds": time.monotonic() - started,
+            },
+        )
+        report[:] = [rows, summary, verdicts]
+
+    # A time limit's SIGTERM (`timeout`) unwinds through the `finally`: the disk tier's
+    # chunk files (1.4 GB at 8k) and the arena do not outlive the run (the daemon's log does).
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    try:
+        daemon.start()
+        uvloop.run(measure(args, daemon.address, model, history_done))
+    finally:
+        daemon.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(WORK_DIR / "files", ignore_errors=True)
+    rows, summary, verdicts = report
+    (RESULTS_DIR / f"{results}-partial.json").unlink(missing_ok=True)
     plot(rows, tiers, RESULTS_DIR / f"{results}.png")
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     print_report(format_table(rows), verdicts, summary)

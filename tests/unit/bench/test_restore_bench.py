@@ -4,12 +4,15 @@ on; the summary takes the worst ratio over histories and judges the issue's targ
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
+import bench.common.results as bench_results
+import bench.restore.run as restore_run
 from attnstore.chunks.format import decode_layout
 from attnstore.chunks.keys import NamespaceSpec, chunk_key_chain
 from bench.restore.report import plot, summarize, throttled_tier
@@ -162,3 +165,60 @@ def test_the_read_check_times_a_cached_and_a_dropped_read_and_leaves_no_file(tmp
     assert set(check) == {"warm_gbps", "cold_gbps"}
     assert all(rate > 0 for rate in check.values())
     assert list(tmp_path.iterdir()) == []
+
+
+TINY_RUN = [
+    "--layers",
+    "2",
+    "--hidden",
+    "128",
+    "--chunk-tokens",
+    "32",
+    "--repeats",
+    "2",
+    "--throttled-gbps",
+    "0.5",
+]
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run's results and work directory under tmp_path (the committed results untouched)."""
+    results = tmp_path / "results"
+    monkeypatch.setattr(bench_results, "RESULTS_DIR", results)
+    monkeypatch.setattr(restore_run, "RESULTS_DIR", results)
+    monkeypatch.setattr(restore_run, "WORK_DIR", tmp_path / "work")
+    return results
+
+
+def test_a_whole_run_writes_its_results_and_no_partial_file(
+    results_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main([*TINY_RUN, "--histories", "64", "96"])
+    document = json.loads((results_dir / "restore.json").read_text())
+    assert document["histories_done"] == [64, 96]
+    assert {row["history_tokens"] for row in document["rows"]} == {64, 96}
+    assert len(document["rows"]) == 2 * 3 * 4  # histories x tiers (DRAM, disk, one throttled) x methods
+    assert not (results_dir / "restore-partial.json").exists()
+    assert (results_dir / "restore.png").exists()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == document["summary"]
+
+
+def test_a_run_cut_short_keeps_the_histories_it_finished(
+    results_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured = restore_run.Bench.history
+
+    async def cut_at_the_second(self: restore_run.Bench, tokens: int) -> list[dict]:
+        if tokens == 96:
+            raise SystemExit(143)  # as the SIGTERM handler does
+        return await measured(self, tokens)
+
+    monkeypatch.setattr(restore_run.Bench, "history", cut_at_the_second)
+    with pytest.raises(SystemExit):
+        main([*TINY_RUN, "--histories", "64", "96"])
+    document = json.loads((results_dir / "restore-partial.json").read_text())
+    assert document["histories_done"] == [64]
+    assert document["summary"]["hidden_vs_kv_bytes"] == 0.5
+    assert not (results_dir / "restore.json").exists()
+    assert not (tmp_path / "work" / "files").exists()  # the disk tier's chunk files
