@@ -7,19 +7,20 @@ For each history length the history's KV and per-layer input hidden states are c
 once, stored under each storage plan (all KV; all hidden states; the planner's plan for
 each tier) and restored into a `PrefixKV` (what the paged forward consumes) with
 `restore_prefix`: the restore time is the wall time until every layer is ready, the median
-of `--repeats` rounds, each round running KV loading, hidden states only and the planner
-(interleaved: the same spells of the machine; each round in another order, every order in
-turn: samples.py; recomputation, which reads nothing, once per history, and a single
-method far slower than the fastest on a tier once: `ROUNDS_WITHIN`). The disk tier
-drops the chunks' pages before every sample, of every method (tiers.py), and the run
-checks that dropping them makes a read slower (`ssd_read_check`). The storage plan's costs come from one KV and one
-hidden-state restore just before a tier's rounds (a tier's bandwidth from its KV load, a
-projection from the compute thread's time, a layer's recomputation from the full one): on a
-machine shared by several engineers, the worker's start-up profile (profiler.py, recorded
-as `startup_profile`) taken minutes earlier was off by up to 5x. Each planner restore plans
-as a worker does, planning time counted in the restore's (with the worker's probe setting:
-restore/policy.py). Results: a table, bench/results/restore.json
-and the JSON summary as the last line; the issue's targets as PASS/FAIL (exit code 0).
+of `--repeats` rounds, each round running the planner and the single methods that may be
+the best (interleaved: the same spells of the machine; each round in another order, every
+order in turn: samples.py; recomputation, which reads nothing, once per history, and a
+single method far slower than the fastest on a tier once: `ROUNDS_WITHIN`). The disk tier
+drops the chunks' pages before every sample of every method (tiers.py), and the run checks
+that dropping them makes a read slower (`ssd_read_check`). The storage plan's costs come
+from one KV and one hidden-state restore just before a tier's rounds (a tier's bandwidth
+from its KV load, a projection from the compute thread's time, a layer's recomputation from
+the full one): on a machine shared by several engineers, the worker's start-up profile
+(profiler.py, recorded as `startup_profile`) taken minutes earlier was off by up to 5x.
+Each planner restore plans as a worker does, planning time counted in the restore's (with
+the worker's probe setting: restore/policy.py). Results: a table, bench/results/restore.json
+(restore-partial.json after each history until the last) and the JSON summary as the last
+line; the issue's targets as PASS/FAIL (exit code 0).
 """
 
 from __future__ import annotations
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         ),
     }
-    report: list[Any] = []  # the last history's summary and verdicts
+    report: list[Any] = []  # rows, summary and verdicts after the last history
 
     def history_done(rows: list[Row], costs: Costs, read_check: dict[str, float], done: list[int]) -> None:
         """The results so far, after each history: a run cut short (a time limit on a busy
