@@ -21,6 +21,8 @@ from attnstore.chunks.format import decode_layout, header_bytes_needed
 from attnstore.kvstore_client import AsyncKVStoreClient, LayerPiece
 
 PREAMBLE_BYTES = 16
+READ_CHECK_BYTES = 64 * 1024 * 1024  # a read long enough to time: tens of ms from a disk
+READ_CHECK_BLOCK_BYTES = 8 * 1024 * 1024
 
 
 class FileTier:
@@ -43,11 +45,29 @@ class FileTier:
     def drop_cache(self, namespace: bytes, keys: Sequence[bytes]) -> None:
         """Evicts the chunks' pages from the page cache: the next read comes from the disk."""
         for key in keys:
-            fd = os.open(self._path(namespace, key), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            _drop_pages(self._path(namespace, key))
+
+    def read_check(self, size_bytes: int = READ_CHECK_BYTES) -> dict[str, float]:
+        """GB/s of reading one file whole from the page cache and again after its pages were
+        dropped: if the second is not the slower, dropping does not evict here and the disk
+        tier reads from memory."""
+        path = self.directory / "read-check"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as out:
+            out.write(os.urandom(size_bytes))
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            _read_whole(path)  # into the page cache
+            warm = _read_whole(path)
+            _drop_pages(path)
+            cold = _read_whole(path)
+        finally:
+            path.unlink()
+        return {
+            "warm_gbps": round(size_bytes / warm / 1e9, 3),
+            "cold_gbps": round(size_bytes / cold / 1e9, 3),
+        }
 
     async def iter_layers(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
@@ -64,6 +84,23 @@ class FileTier:
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+def _drop_pages(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _read_whole(path: Path) -> float:
+    """Seconds to read `path` whole, unbuffered, in 8 MiB reads."""
+    started = time.perf_counter()
+    with open(path, "rb", buffering=0) as source:
+        while source.read(READ_CHECK_BLOCK_BYTES):
+            pass
+    return time.perf_counter() - started
 
 
 def _read_header(fd: int) -> bytes:
