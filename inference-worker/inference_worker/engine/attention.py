@@ -70,9 +70,17 @@ class PagedKV:
     def bytes_per_block(geometry: ModelGeometry, block_tokens: int, element_bytes: int) -> int:
         return block_tokens * geometry.kv_bytes_per_token(element_bytes)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [tokens, kv_heads, D] into `slots` [tokens] of `layer`."""
+    def write(self, layer: int, slots: torch.Tensor | slice, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [tokens, kv_heads, D] into `slots` of `layer`: a tensor [tokens] of slots, or
+        a slice of consecutive ones (`slot_run`), written by a plain copy. K and V of a
+        4,096-token SmolLM2 prefix, all 30 layers (188 MB), one thread, median CPU time at
+        load 11-14: index_copy_ 22-23 ms, the copy 20-21 ms (both bound by memory; from a
+        source already in cache, one layer's K: 0.40 vs 0.10 ms)."""
         shape = (self.kv_heads, -1, self.head_dim)
+        if isinstance(slots, slice):
+            self.k[layer].view(shape)[:, slots].copy_(k.transpose(0, 1))
+            self.v[layer].view(shape)[:, slots].copy_(v.transpose(0, 1))
+            return
         self.k[layer].view(shape).index_copy_(1, slots, k.transpose(0, 1))
         self.v[layer].view(shape).index_copy_(1, slots, v.transpose(0, 1))
 
@@ -123,6 +131,14 @@ class PagedKV:
 def slots_of(table: list[int], block_tokens: int, start: int, stop: int) -> list[int]:
     """The pool slots of a sequence's tokens [start, stop), through its block table."""
     return [table[p // block_tokens] * block_tokens + p % block_tokens for p in range(start, stop)]
+
+
+def slot_run(slots: list[int], device: torch.device) -> torch.Tensor | slice:
+    """`slots` as a slice when they are consecutive (`PagedKV.write` copies them as one run),
+    else as a tensor."""
+    if slots and slots == list(range(slots[0], slots[0] + len(slots))):
+        return slice(slots[0], slots[0] + len(slots))
+    return torch.tensor(slots, dtype=torch.long, device=device)
 
 
 @dataclass

@@ -24,7 +24,14 @@ from transformers import PreTrainedModel
 
 from inference_worker.cpu_linear import FusedProjection
 from inference_worker.dist_attention.partial import Partial
-from inference_worker.engine.attention import DecodeTables, PagedKV, SequenceSlice, paged_attention, slots_of
+from inference_worker.engine.attention import (
+    DecodeTables,
+    PagedKV,
+    SequenceSlice,
+    paged_attention,
+    slot_run,
+    slots_of,
+)
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.sequence import Sequence
@@ -77,7 +84,7 @@ class Batch:
     gathered: torch.Tensor | None  # the blocks gathered for the slices without a run of their own
     decode: DecodeTables | None  # the decode tokens the kernel attends for (slices marked `kernel`)
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
-    prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]]  # stored KV to write first, its slots
+    prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]]  # stored KV to write first, its slots
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
     far: list[FarRows] = field(default_factory=list)  # the slices of sequences with far KV
 
@@ -125,7 +132,7 @@ class PagedModelRunner:
         slices: list[SequenceSlice] = []
         gathered: list[int] = []
         decodes: list[tuple[int, list[int], int]] = []  # the kernel's: row, block table, context tokens
-        prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor]] = []
+        prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]] = []
         far: list[FarRows] = []
         size = self.kv.block_tokens
         for item in work:
@@ -159,9 +166,7 @@ class PagedModelRunner:
             slices.append(part)
             if seq.prefix is not None:
                 prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)
-                prefixes.append(
-                    (seq, seq.prefix, torch.tensor(prefix_slots, dtype=torch.long, device=self.device))
-                )
+                prefixes.append((seq, seq.prefix, slot_run(prefix_slots, self.device)))
         device = self.device
         return Batch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=device),
@@ -242,7 +247,7 @@ class PagedModelRunner:
                 layer, q[part.rows], positions[part.rows], scale=scale, window=self.windows[layer]
             )
 
-    def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor) -> None:
+    def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor | slice) -> None:
         started = time.perf_counter()
         try:
             k, v = prefix.wait_layer(layer, self.layer_timeout_seconds)  # [kv_heads, P, D]
