@@ -65,7 +65,7 @@ def replay_waste(
     pool = BlockPool(num_blocks, block_tokens, keep_freed_prefixes=False)
     scheduler = Scheduler(pool, max_batch_tokens=max_batch_tokens, max_batch_sequences=concurrency)
     queue = iter(requests)
-    answers: dict[int, list[int]] = {}
+    answers: dict[EngineSequence, list[int]] = {}
     live: list[EngineSequence] = []
     samples: list[float] = []
 
@@ -73,7 +73,7 @@ def replay_waste(
         request = next(queue, None)
         if request is not None:
             seq = EngineSequence.of(request.prompt, max_new_tokens=len(request.answer))
-            answers[seq.seq_id] = request.answer
+            answers[seq] = request.answer
             scheduler.add(seq)
             live.append(seq)
 
@@ -88,7 +88,7 @@ def replay_waste(
             pool.commit(seq, seq.computed_tokens + item.tokens)
             if seq.pending_tokens:
                 continue
-            answer, generated = answers[seq.seq_id], len(seq.generated)
+            answer, generated = answers[seq], len(seq.generated)
             if generated < len(answer):  # sampled: its KV is computed by the next step
                 seq.token_ids.append(answer[generated])
                 generated += 1

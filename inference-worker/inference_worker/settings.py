@@ -17,6 +17,7 @@ from inference_worker.chat_template import DEFAULT_SPECIAL_TOKENS_IN_MESSAGES, S
 from inference_worker.cpu_linear import CpuLinear
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
+from inference_worker.engine.model_runner import DEFAULT_LAYER_TIMEOUT_SECONDS
 from inference_worker.model_store import DEFAULT_CACHE_DIR, DEFAULT_CPU_LINEAR
 from inference_worker.restore.settings import RestoreSettings
 from inference_worker.truncation import DEFAULT_SINK_TOKENS
@@ -103,7 +104,9 @@ class WorkerSettings(ServiceSettings):
         "as a cache level above the daemon); off, only live sequences share blocks",
     )
     layer_timeout_seconds: float = Field(
-        2.0, gt=0, description="longest wait for one layer of loaded KV before recomputing"
+        DEFAULT_LAYER_TIMEOUT_SECONDS,
+        gt=0,
+        description="longest wait for one layer of loaded KV before recomputing",
     )
     lookup_timeout_seconds: float = Field(
         0.5, gt=0, description="longest wait for the daemon's Lookup before recomputing"

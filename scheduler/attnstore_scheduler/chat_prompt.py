@@ -28,12 +28,10 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.session_record import Message, SessionRecord
 from attnstore_scheduler.turn_types import FinishReason
 from attnstore_scheduler.worker_registry import WorkerHandle
 
-TOKENIZE_TIMEOUT_SECONDS = 30.0
 # The answer is not known before the turn, and its closing is markup: any text stands in
 # (not an empty one, which a template may leave out).
 _ANSWER_STAND_IN = "answer"
@@ -105,10 +103,8 @@ async def tokenize(
     add_generation_prompt: bool,
     after_contents: int = 0,
 ) -> list[int]:
-    request = worker_pb2.TokenizeRequest(
-        messages=[worker_pb2.ChatMessage(role=message.role, content=message.content) for message in messages],
+    return await worker.client.tokenize(
+        tuple((message.role, message.content) for message in messages),
         add_generation_prompt=add_generation_prompt,
         after_contents=after_contents,
     )
-    reply = await worker.stub.Tokenize(request, timeout=TOKENIZE_TIMEOUT_SECONDS)
-    return list(reply.token_ids)

@@ -1,5 +1,5 @@
 """The PML options of Generate and Chat requests (boundary repair, the generation prompt),
-checked here and passed on as the worker's PmlPrompt. The repair budget per module
+checked here and passed on as a PmlPrompt for the worker. The repair budget per module
 (`repair_tokens`, at most the worker's limit) is checked by the worker, which knows it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Protocol
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.errors import InvalidArgument
-from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler.worker_types import PmlPrompt
 
 _METHODS = {
     api.REPAIR_METHOD_UNSPECIFIED: "",  # the worker's setting
@@ -44,7 +44,7 @@ def check_no_pml_options(request: RepairOptions, *, add_generation_prompt: bool 
 
 def pml_prompt(
     schema_document: str, document: str, request: RepairOptions, *, add_generation_prompt: bool
-) -> worker_pb2.PmlPrompt:
+) -> PmlPrompt:
     """The worker's PmlPrompt for `document` against the schema. Raises InvalidArgument."""
     fraction = request.repair_fraction
     if not (math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
@@ -58,7 +58,7 @@ def pml_prompt(
         )
     if request.repair_method != api.REPAIR_METHOD_UNSPECIFIED and not (request.repair_tokens or fraction):
         raise InvalidArgument("repair_method needs a repair budget: repair_tokens or repair_fraction")
-    return worker_pb2.PmlPrompt(
+    return PmlPrompt(
         schema=schema_document,
         prompt=document,
         repair_tokens=request.repair_tokens,

@@ -15,7 +15,6 @@ import structlog
 
 from attnstore.errors import InvalidArgument, NotFound
 from attnstore.prompt_modules import PmlLimits, module_paths, parse_prompt, parse_schema, schema_digest
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.schema_protection import SchemaProtection
 from attnstore_scheduler.schema_store import SchemaRecord, SchemaStore
 from attnstore_scheduler.worker_registry import WorkerRegistry
@@ -99,13 +98,15 @@ class Schemas:
         if worker is None:
             log.warning("no worker to encode the schema; its modules encode on first use", schema=record.name)
             return
-        request = worker_pb2.EncodeSchemaRequest(tenant=record.tenant, schema=record.document)
         namespace, keys = b"", []
+        steps = worker.client.encode_schema(
+            record.tenant, record.document, timeout_seconds=self._encode_timeout_seconds
+        )
         try:
-            async for reply in worker.stub.EncodeSchema(request, timeout=self._encode_timeout_seconds):
-                namespace = reply.namespace
-                keys += reply.chunk_keys
-                yield EncodeStep(reply.done, reply.total, reply.module, reply.encoded)
+            async for step in steps:
+                namespace = step.namespace
+                keys += step.chunk_keys
+                yield EncodeStep(step.done, step.total, step.module, step.encoded)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # the model cannot take it: refuse it
                 await self.store.delete(record.tenant, record.name)

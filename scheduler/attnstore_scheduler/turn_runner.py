@@ -24,18 +24,12 @@ import grpc
 import structlog
 
 from attnstore import errors
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.job_queue import QueuedJob
-from attnstore_scheduler.turn_types import (
-    Token,
-    TurnOutcome,
-    prompt_from_request,
-    stats_from_worker,
-    token_from_worker,
-)
+from attnstore_scheduler.turn_types import Token, TurnOutcome, WorkerStats
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
+from attnstore_scheduler.worker_types import TurnRequest
 
 log = structlog.get_logger("attnstore_scheduler.turns")
 
@@ -56,7 +50,7 @@ _PASSED_ON: dict[grpc.StatusCode, type[errors.ServiceError]] = {
 RETRY_PRIORITY_BOOST = 1  # a replay runs before new turns of the same priority
 
 # Builds the worker request on the worker that will run it (a chat turn tokenizes there).
-PrepareTurn = Callable[[WorkerHandle], Awaitable[worker_pb2.ExecuteTurnRequest]]
+PrepareTurn = Callable[[WorkerHandle], Awaitable[TurnRequest]]
 
 
 @dataclass(frozen=True)
@@ -72,8 +66,8 @@ class TurnSpec:
 
 
 class _Finished(NamedTuple):
-    request: worker_pb2.ExecuteTurnRequest
-    stats: worker_pb2.TurnStats
+    request: TurnRequest
+    stats: WorkerStats
     produced: dict[int, list[Token]]  # per answer
 
 
@@ -122,8 +116,8 @@ class TurnRunner:
                         request, stats, produced = event
                         first = produced.get(0, [])
                         yield TurnOutcome(
-                            stats=stats_from_worker(stats),
-                            prompt_token_ids=prompt_from_request(request),
+                            stats=stats,
+                            prompt_token_ids=request.prompt_token_ids(),
                             token_ids=tuple(token.token_id for token in first),
                             text="".join(token.text for token in first),
                             node=slot.worker.node,
@@ -153,34 +147,32 @@ class TurnRunner:
     ) -> AsyncIterator[Token | _Finished]:
         """One worker's run of the turn: the tokens the caller does not have yet (appended
         to `sent`), then what the worker ran and reported; _AttemptFailed to try another."""
-        call: grpc.aio.UnaryStreamCall | None = None
         try:
             request = await spec.prepare(worker)
-            request.long_context_peers.extend(self._registry.peer_addresses(worker, self._long_context_peers))
+            request.long_context_peers = tuple(
+                self._registry.peer_addresses(worker, self._long_context_peers)
+            )
             produced: dict[int, list[Token]] = {}
-            call = worker.stub.ExecuteTurn(request, timeout=self._timeout_seconds)
-            async for reply in call:
-                if reply.HasField("stats"):
-                    for sample, tokens in sent.items():
-                        _check_replay_covers(tokens, produced.get(sample, []))
-                    yield _Finished(request, reply.stats, produced)
-                    return
-                token = token_from_worker(reply.token)
-                answer, had = produced.setdefault(token.sample, []), sent.setdefault(token.sample, [])
-                answer.append(token)
-                if len(answer) <= len(had):  # a replay: the caller has this one
-                    _check_replayed(had, answer)
-                else:
-                    had.append(token)
-                    yield token
+            replies = worker.client.execute_turn(request, timeout_seconds=self._timeout_seconds)
+            async with contextlib.aclosing(replies):  # leaving early cancels the worker's call
+                async for event in replies:
+                    if isinstance(event, WorkerStats):
+                        for sample, tokens in sent.items():
+                            _check_replay_covers(tokens, produced.get(sample, []))
+                        yield _Finished(request, event, produced)
+                        return
+                    answer, had = produced.setdefault(event.sample, []), sent.setdefault(event.sample, [])
+                    answer.append(event)
+                    if len(answer) <= len(had):  # a replay: the caller has this one
+                        _check_replayed(had, answer)
+                    else:
+                        had.append(event)
+                        yield event
         except grpc.aio.AioRpcError as exc:
             passed_on = _PASSED_ON.get(exc.code())
             if passed_on is not None:
                 raise passed_on(f"the worker refused the turn: {exc.details()}") from exc
             raise _AttemptFailed(exc.code().name, exc.details() or "") from exc
-        finally:
-            if call is not None:
-                call.cancel()  # no-op when it ended; stops the worker when our caller left
         raise _AttemptFailed("INCOMPLETE", "the worker ended the stream without the turn's stats")
 
     def _job(self, spec: TurnSpec, attempt: int) -> QueuedJob:

@@ -1,15 +1,11 @@
 """What a turn takes and produces, as the scheduler's own types: the worker's messages are
-mapped here once, where they arrive (turn_runner.py), and the public API's once, at its
-edge (servicer.py: the request's options in, the turn's events out)."""
+mapped once, in its client (worker_client.py), and the public API's once, at its edge
+(servicer.py: the request's options in, the turn's events out)."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-
-from attnstore.finish_reasons import finish_reason_from_proto
-from attnstore.same_named import same_named
-from attnstore.worker.v1 import worker_pb2
 
 
 @dataclass(frozen=True)
@@ -85,32 +81,3 @@ class TurnOutcome:
     queue_wait_seconds: float
     session_saved: bool = False  # Chat: the turn was stored in its session (set by Turns)
     closing_tokens: int = 0  # Chat: the template's closing the session's history adds after the answer
-
-
-def _finish(value: int) -> FinishReason:
-    return FinishReason(finish_reason_from_proto(value))
-
-
-def token_from_worker(token: worker_pb2.TokenChunk) -> Token:
-    return Token(token.token_id, token.text, token.sample_index)
-
-
-def stats_from_worker(stats: worker_pb2.TurnStats) -> WorkerStats:
-    return same_named(
-        WorkerStats,
-        stats,
-        finish_reason=_finish(stats.finish_reason),
-        chunk_keys=tuple(stats.chunk_keys),
-        samples=tuple(
-            SampleStats(sample.generated_tokens, _finish(sample.finish_reason)) for sample in stats.samples
-        )
-        or (SampleStats(stats.generated_tokens, _finish(stats.finish_reason)),),
-        restore_ms=(stats.restore_recompute_ms, stats.restore_hidden_ms, stats.restore_kv_ms),
-        prompt_token_ids=tuple(stats.prompt_token_ids),
-    )
-
-
-def prompt_from_request(request: worker_pb2.ExecuteTurnRequest) -> tuple[int, ...] | None:
-    if not request.HasField("prompt_token_ids"):
-        return None
-    return tuple(request.prompt_token_ids.token_ids)

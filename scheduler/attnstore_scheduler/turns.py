@@ -18,15 +18,8 @@ import grpc
 import structlog
 
 from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError, Unavailable
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler import metrics
-from attnstore_scheduler.chat_prompt import (
-    TOKENIZE_TIMEOUT_SECONDS,
-    answer_closing,
-    chat_prompt,
-    closing_after,
-    tokenize,
-)
+from attnstore_scheduler.chat_prompt import answer_closing, chat_prompt, closing_after, tokenize
 from attnstore_scheduler.pool_routing import PoolRouting
 from attnstore_scheduler.schema_store import SchemaRecord
 from attnstore_scheduler.session_activity import Expectation
@@ -43,6 +36,7 @@ from attnstore_scheduler.validation import (
     sampling,
 )
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
+from attnstore_scheduler.worker_types import ChatMessages, PmlPrompt, TokenIds, TurnRequest
 
 log = structlog.get_logger("attnstore_scheduler.turns")
 
@@ -89,7 +83,7 @@ class Turns:
         params = sampling(options, self._limits, model, session=True)
 
         def preparer(record: SessionRecord, closings: list[list[int]]) -> PrepareTurn:
-            async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
+            async def prepare(worker: WorkerHandle) -> TurnRequest:
                 prompt = await chat_prompt(worker, record, message)
                 closings.append(prompt.answer_closing)
                 prompt_tokens = len(prompt.token_ids) + len(prompt.answer_closing)
@@ -97,9 +91,9 @@ class Turns:
                 check_turn_context(len(prompt.token_ids), params.max_tokens, model)
                 tokens_after = prompt_tokens + params.max_tokens
                 await self._sessions.check_kv_budget(record, tokens_after, model.kv_bytes_per_token)
-                return worker_pb2.ExecuteTurnRequest(
+                return TurnRequest(
                     tenant=tenant,
-                    prompt_token_ids=worker_pb2.TokenIds(token_ids=prompt.token_ids),
+                    prompt=TokenIds(tuple(prompt.token_ids)),
                     sampling=params,
                     truncated_tokens=record.truncated_tokens,
                     save_generated=True,
@@ -116,7 +110,7 @@ class Turns:
         tenant: str,
         session_id: str,
         schema: SchemaRecord,
-        prompt: worker_pb2.PmlPrompt,
+        prompt: PmlPrompt,
         options: GenerationOptions,
         expectation: Expectation | None = None,
     ) -> AsyncIterator[TurnEvent]:
@@ -132,9 +126,9 @@ class Turns:
                     "(a system prompt or earlier turns): write the system prompt in the PML prompt"
                 )
 
-            async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
+            async def prepare(worker: WorkerHandle) -> TurnRequest:
                 closings.append(await answer_closing(worker, Message("user", prompt.prompt)))
-                return worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params, pml=prompt)
+                return TurnRequest(tenant, prompt, params)
 
             return prepare
 
@@ -276,32 +270,25 @@ class Turns:
         model = require_model(self._registry.model())
         params = sampling(options, self._limits, model)
 
-        async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
-            request = worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params)
+        async def prepare(worker: WorkerHandle) -> TurnRequest:
             if isinstance(prompt, str):
-                reply = await worker.stub.Tokenize(
-                    worker_pb2.TokenizeRequest(text=prompt), timeout=TOKENIZE_TIMEOUT_SECONDS
-                )
-                check_turn_context(len(reply.token_ids), params.max_tokens, model)
-                request.prompt_token_ids.token_ids.extend(reply.token_ids)
-            else:
-                request.messages.messages.extend(
-                    worker_pb2.ChatMessage(role=role, content=content) for role, content in prompt
-                )
-            return request
+                token_ids = await worker.client.tokenize_text(prompt)
+                check_turn_context(len(token_ids), params.max_tokens, model)
+                return TurnRequest(tenant, TokenIds(tuple(token_ids)), params)
+            return TurnRequest(tenant, ChatMessages(tuple(prompt)), params)
 
         async for event in self._one_off(tenant, prepare, affinity, kind):
             yield event
 
     async def generate_pml(
-        self, tenant: str, schema: SchemaRecord, prompt: worker_pb2.PmlPrompt, options: GenerationOptions
+        self, tenant: str, schema: SchemaRecord, prompt: PmlPrompt, options: GenerationOptions
     ) -> AsyncIterator[TurnEvent]:
         """A one-off PML prompt against `schema`, sent where its modules were last encoded or
         served (the worker checks the prompt and encodes what its node's store lacks)."""
         params = sampling(options, self._limits, require_model(self._registry.model()))
 
-        async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
-            return worker_pb2.ExecuteTurnRequest(tenant=tenant, sampling=params, pml=prompt)
+        async def prepare(worker: WorkerHandle) -> TurnRequest:
+            return TurnRequest(tenant, prompt, params)
 
         async for event in self._one_off(tenant, prepare, _schema_affinity(schema.name), "generate_pml"):
             yield event

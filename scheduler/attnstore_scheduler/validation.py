@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from attnstore.api.v1 import api_pb2 as api
 from attnstore.errors import InvalidArgument, ResourceExhausted, Unavailable
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.session_activity import Expectation
 from attnstore_scheduler.session_record import check_session_id
 from attnstore_scheduler.turn_types import GenerationOptions
+from attnstore_scheduler.worker_types import ModelCard, SamplingParams
 
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 4  # as OpenAI's API
@@ -79,10 +79,10 @@ def check_page(request: api.ListSessionsRequest) -> tuple[int, str]:
 def sampling(
     options: GenerationOptions,
     limits: ApiLimits,
-    model: worker_pb2.DescribeModelResponse,
+    model: ModelCard,
     *,
     session: bool = False,
-) -> worker_pb2.SamplingParams:
+) -> SamplingParams:
     """The worker's sampling parameters. Sampled decoding always gets a seed, so a turn
     replayed on another worker after a failure produces the same tokens. A `session`
     turn keeps one answer, so it draws one."""
@@ -96,25 +96,20 @@ def sampling(
         raise InvalidArgument(
             f"options.temperature is {temperature}; expected a number in [0, {MAX_TEMPERATURE}]"
         )
-    params = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=temperature)
-    if options.top_p is not None:
-        if not math.isfinite(options.top_p) or not 0.0 < options.top_p <= 1.0:
-            raise InvalidArgument(f"options.top_p is {options.top_p}; expected a number in (0, 1]")
-        params.top_p = options.top_p
+    if options.top_p is not None and (not math.isfinite(options.top_p) or not 0.0 < options.top_p <= 1.0):
+        raise InvalidArgument(f"options.top_p is {options.top_p}; expected a number in (0, 1]")
     if len(options.stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in options.stop):
         raise InvalidArgument(
             f"options.stop: at most {MAX_STOP_STRINGS} texts of 1 to {MAX_STOP_CHARS} characters each"
         )
-    params.stop_strings.extend(options.stop)
-    params.n = check_samples(options.n or 1, limits, model, session=session)
+    n = check_samples(options.n or 1, limits, model, session=session)
+    seed = None
     if temperature > 0:
-        params.seed = options.seed if options.seed is not None else secrets.randbits(63)
-    return params
+        seed = options.seed if options.seed is not None else secrets.randbits(63)
+    return SamplingParams(max_tokens, temperature, options.top_p, seed, options.stop, n)
 
 
-def check_samples(
-    n: int, limits: ApiLimits, model: worker_pb2.DescribeModelResponse, *, session: bool
-) -> int:
+def check_samples(n: int, limits: ApiLimits, model: ModelCard, *, session: bool) -> int:
     if session and n > 1:
         raise InvalidArgument(
             f"options.n is {n}: a session's turn keeps one answer, so it draws one (ask Generate for n answers)"
@@ -137,7 +132,7 @@ def check_session_tokens(prompt_tokens: int, max_tokens: int, limits: ApiLimits)
         )
 
 
-def check_turn_context(prompt_tokens: int, max_tokens: int, model: worker_pb2.DescribeModelResponse) -> None:
+def check_turn_context(prompt_tokens: int, max_tokens: int, model: ModelCard) -> None:
     """Admits a turn up to the longest context a worker serves (its KV pool, or with peers
     for long turns its long_context.max_context_tokens); a prompt beyond the context window
     counts as truncated to it. A worker that reports no limit (0) decides itself."""
@@ -151,9 +146,7 @@ def check_turn_context(prompt_tokens: int, max_tokens: int, model: worker_pb2.De
         )
 
 
-def check_system_prompt_tokens(
-    tokens: int, limits: ApiLimits, model: worker_pb2.DescribeModelResponse
-) -> None:
+def check_system_prompt_tokens(tokens: int, limits: ApiLimits, model: ModelCard) -> None:
     """A session whose system prompt leaves no room for a message and an answer would fail
     every Chat: refused at creation (INVALID_ARGUMENT: the request itself can never pass)."""
     room = min(limits.max_session_tokens, model.max_prompt_tokens + 1) - 2  # a message token, an answer token
@@ -165,7 +158,7 @@ def check_system_prompt_tokens(
         )
 
 
-def require_model(model: worker_pb2.DescribeModelResponse | None) -> worker_pb2.DescribeModelResponse:
+def require_model(model: ModelCard | None) -> ModelCard:
     if model is None:
         raise Unavailable("no healthy worker is registered yet; retry later")
     return model

@@ -24,11 +24,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.security import ClientCredentials, aio_channel
-from attnstore.worker.v1 import worker_pb2, worker_pb2_grpc
 from attnstore_scheduler import metrics
 from attnstore_scheduler.hint_pusher import capacity_from_stats
 from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.settings import NodeSpec
+from attnstore_scheduler.worker_client import WorkerClient
+from attnstore_scheduler.worker_types import ModelCard
 
 log = structlog.get_logger("attnstore_scheduler.workers")
 
@@ -41,13 +42,14 @@ class WorkerHandle:
     address: str
     node: str
     channel: grpc.aio.Channel
-    stub: worker_pb2_grpc.WorkerStub
     healthy: bool = False
     in_flight: int = 0  # turns this scheduler runs on it now
-    model: worker_pb2.DescribeModelResponse | None = None
+    model: ModelCard | None = None
+    client: WorkerClient = field(init=False)
     health: health_pb2_grpc.HealthStub = field(init=False)
 
     def __post_init__(self) -> None:
+        self.client = WorkerClient(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
 
@@ -101,9 +103,7 @@ class WorkerRegistry:
                     self._worker_credentials,
                     options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)],
                 )
-                self._workers[address] = WorkerHandle(
-                    address, node, channel, worker_pb2_grpc.WorkerStub(channel)
-                )
+                self._workers[address] = WorkerHandle(address, node, channel)
         daemons = {node.name: node.daemon_address for node in nodes if node.daemon_address}
         for name in [n for n in self._daemons if daemons.get(n) != self._daemon_addresses.get(n)]:
             self._close_later(self._daemons.pop(name).close())
@@ -161,8 +161,8 @@ class WorkerRegistry:
             reply = await worker.health.Check(request, timeout=self._health_timeout_seconds)
             healthy = reply.status == health_pb2.HealthCheckResponse.SERVING
             if healthy and worker.model is None:
-                worker.model = await worker.stub.DescribeModel(
-                    worker_pb2.DescribeModelRequest(), timeout=self._health_timeout_seconds
+                worker.model = await worker.client.describe_model(
+                    timeout_seconds=self._health_timeout_seconds
                 )
         except grpc.aio.AioRpcError as exc:
             healthy = False
@@ -191,7 +191,7 @@ class WorkerRegistry:
         others = [w for w in self._workers.values() if w.healthy and w is not worker]
         return [w.address for w in sorted(others, key=lambda w: (w.in_flight, w.address))[:count]]
 
-    def model(self) -> worker_pb2.DescribeModelResponse | None:
+    def model(self) -> ModelCard | None:
         """The model card of a healthy worker (every worker runs the same model)."""
         return next((w.model for w in self._workers.values() if w.healthy and w.model is not None), None)
 

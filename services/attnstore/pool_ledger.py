@@ -55,12 +55,14 @@ class DaemonEntry:
 
 @dataclass(frozen=True)
 class LendingLimits:
-    own_floor_fraction: float = 0.2  # of capacity kept free for its own node's chunks
-    max_lent_fraction: float = 0.5  # of capacity it may hold for other daemons
+    """A daemon's lending, from its settings (DaemonSettings.lending_limits, the one source)."""
+
+    own_floor_fraction: float  # of capacity kept free for its own node's chunks
+    max_lent_fraction: float  # of capacity it may hold for other daemons
     # A lender at its limits makes room for a newer borrowed chunk by evicting older ones
     # (their borrowers are told): the room lent turns over as one LRU over the pool would,
     # instead of keeping the first chunks placed and refusing every later one.
-    replace_borrowed: bool = False
+    replace_borrowed: bool
 
     def lendable_bytes(self, entry: DaemonEntry) -> int:
         return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes, self.replace_borrowed)
@@ -77,7 +79,11 @@ class LendingLimits:
 
 
 class PoolLedger:
-    def __init__(self, client: aioredis.Redis, heartbeat_ttl_seconds: float, limits: LendingLimits) -> None:
+    def __init__(
+        self, client: aioredis.Redis, heartbeat_ttl_seconds: float, limits: LendingLimits | None
+    ) -> None:
+        """`limits`: the daemon's own, by which it scores itself and ranks lenders; None: a
+        reader, which does neither (each daemon's limits are its settings, not the reader's)."""
         self._redis = client
         self._ttl_ms = int(heartbeat_ttl_seconds * 1000)
         self._limits = limits
@@ -85,15 +91,21 @@ class PoolLedger:
     @classmethod
     def reader(cls, client: aioredis.Redis) -> PoolLedger:
         """A ledger that is only read (the scheduler's routing): it never heartbeats."""
-        return cls(client, heartbeat_ttl_seconds=0.0, limits=LendingLimits())
+        return cls(client, heartbeat_ttl_seconds=0.0, limits=None)
+
+    def _lending(self) -> LendingLimits:
+        if self._limits is None:
+            raise RuntimeError("a read-only ledger (PoolLedger.reader) neither heartbeats nor ranks lenders")
+        return self._limits
 
     async def heartbeat(self, entry: DaemonEntry) -> None:
         """Registers the daemon, or renews it with its current free space."""
         fields = {name: str(value) for name, value in asdict(entry).items()}
+        lendable = self._lending().lendable_bytes(entry)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(_daemon_key(entry.daemon_id), mapping=fields)
             pipe.pexpire(_daemon_key(entry.daemon_id), self._ttl_ms)
-            pipe.zadd(_LENDABLE, {entry.daemon_id: self._limits.lendable_bytes(entry)})
+            pipe.zadd(_LENDABLE, {entry.daemon_id: lendable})
             await pipe.execute()
 
     async def forget(self, daemon_id: str) -> None:
@@ -153,6 +165,7 @@ class PoolLedger:
     async def candidates(self, requester: DaemonEntry, size_bytes: int, count: int) -> list[DaemonEntry]:
         """Up to `count` live daemons other than `requester` that may lend `size_bytes`:
         another daemon on the same node first (no network hop), then by room."""
+        limits = self._lending()
         ids = await self._redis.zrevrangebyscore(
             _LENDABLE, "+inf", size_bytes, start=0, num=count * _CANDIDATE_SCAN
         )
@@ -168,7 +181,6 @@ class PoolLedger:
         if stale:
             await self._redis.zrem(_LENDABLE, *stale)
         # Free room before room that evicting borrowed chunks would make.
-        limits = self._limits
         live.sort(key=lambda e: (
             e.node != requester.node,
             -limits.more_lendable_bytes(e.capacity_bytes, e.free_bytes, e.lent_bytes),

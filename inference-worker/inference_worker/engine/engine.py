@@ -14,6 +14,7 @@ A finished sequence keeps its blocks until its owner `release`s it: the owner re
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class Engine:
             max_batch_sequences=max_batch_sequences,
             before_free=self._snapshot,
         )
+        self._seq_ids = itertools.count()  # this engine's names of its sequences
         self._samplers: dict[int, Sampler] = {}
         self._inbox: list[tuple[str, Sequence]] = []
         self._inbox_lock = threading.Lock()
@@ -217,6 +219,9 @@ class Engine:
                 f"{self.pool.num_blocks} blocks of {self.pool.block_tokens} tokens (kv_memory_bytes, "
                 "kv_memory_fraction)"
             )
+        for member in (seq, *seq.forks):
+            if member.seq_id < 0:  # a sequence generated again (a long turn's) keeps its id
+                member.seq_id = next(self._seq_ids)
         unfinished = {member.seq_id: member for member in (seq, *seq.forks)}
         queue: asyncio.Queue[StepOutput] = asyncio.Queue()
         for member in unfinished.values():

@@ -91,6 +91,7 @@ class Batch:
 
 # (layer, its input hidden states [tokens, hidden], the batch): restore/capture.py saves them
 LayerInputHook = Callable[[int, torch.Tensor, Batch], None]
+DEFAULT_LAYER_TIMEOUT_SECONDS = 2.0  # the worker setting layer_timeout_seconds defaults to this
 
 
 class PagedModelRunner:
@@ -99,7 +100,7 @@ class PagedModelRunner:
         model: PreTrainedModel,
         kv: PagedKV,
         *,
-        layer_timeout_seconds: float = 2.0,
+        layer_timeout_seconds: float = DEFAULT_LAYER_TIMEOUT_SECONDS,
         decode_kernel: bool = True,
     ) -> None:
         """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.

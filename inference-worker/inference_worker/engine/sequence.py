@@ -15,7 +15,6 @@ many of those tokens' KV is already computed (or loaded), and how it is sampled.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
@@ -28,8 +27,6 @@ from inference_worker.engine.far_kv import FarKV
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.turn_types import SamplingParams
 
-_ids = itertools.count()
-
 
 class Status(Enum):
     WAITING = "waiting"
@@ -41,7 +38,7 @@ class Status(Enum):
 class Sequence:
     token_ids: list[int]
     namespace: bytes = bytes(NAMESPACE_BYTES)  # its KV's namespace: who may share its blocks
-    seq_id: int = field(default_factory=lambda: next(_ids))
+    seq_id: int = -1  # its name in messages, numbered by the Engine that runs it (-1: none yet)
     block_table: list[int] = field(default_factory=list)  # pool block of tokens [iB, (i+1)B)
     computed_tokens: int = 0  # tokens [0, computed_tokens) have their KV in the blocks
     cached_tokens: int = 0  # of them, found in the pool's blocks when it was admitted

@@ -13,8 +13,10 @@ import redis.asyncio as aioredis
 
 from attnstore.pool_ledger import DROPPED_TTL_SECONDS, DaemonEntry, LendingLimits, PoolLedger
 from attnstore.server.redis_process import RedisProcess
+from kvstore_daemon.settings import DaemonSettings
 
 GB = 10**9
+LIMITS = LendingLimits(own_floor_fraction=0.2, max_lent_fraction=0.5, replace_borrowed=False)
 
 
 def entry(daemon_id: str, node: str, free_gb: float, *, lent_gb: float = 0, capacity_gb: float = 10) -> DaemonEntry:
@@ -25,7 +27,7 @@ def entry(daemon_id: str, node: str, free_gb: float, *, lent_gb: float = 0, capa
 
 
 def test_lendable_bytes_keep_the_floor_and_the_ceiling() -> None:
-    limits = LendingLimits(own_floor_fraction=0.2, max_lent_fraction=0.5)
+    limits = LIMITS
     assert limits.lendable_bytes(entry("a", "n", free_gb=6)) == 4 * GB  # 6 free - 2 floor
     assert limits.lendable_bytes(entry("a", "n", free_gb=9, lent_gb=4)) == 1 * GB  # 5 ceiling - 4 lent
     assert limits.lendable_bytes(entry("a", "n", free_gb=1)) == 0  # below its floor: lends nothing
@@ -46,7 +48,7 @@ def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_s
 
     async def scenario() -> None:
         client = aioredis.Redis.from_url(server.url)
-        ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LendingLimits())
+        ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LIMITS)
         me = entry("me", "node-a", free_gb=0)
         for peer in (me, entry("far-big", "node-b", 8), entry("far-small", "node-c", 4),
                      entry("near", "node-a", 3), entry("full", "node-d", 1)):  # fmt: skip
@@ -71,11 +73,38 @@ def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_s
     asyncio.run(scenario())
 
 
+def test_the_schedulers_reader_sees_what_the_daemons_wrote_and_ranks_nothing(
+    redis_server: RedisProcess,
+) -> None:
+    """The scheduler's ledger has no lending limits of its own to disagree with a daemon's:
+    it reads the entries the daemons wrote (with their own settings) and leaves ranking
+    lenders to them."""
+    daemon_limits = DaemonSettings().lending_limits
+
+    async def scenario() -> None:
+        daemon_client, reader_client = (aioredis.Redis.from_url(redis_server.url) for _ in range(2))
+        daemon = PoolLedger(daemon_client, 2.0, daemon_limits)
+        reader = PoolLedger.reader(reader_client)
+        written = [entry("a", "node-a", free_gb=6), entry("b", "node-b", free_gb=9, lent_gb=4)]
+        for member in written:
+            await daemon.heartbeat(member)
+        assert sorted(await reader.members(), key=lambda e: e.daemon_id) == written
+        assert await reader.entry("b") == await daemon.entry("b") == written[1]
+        with pytest.raises(RuntimeError, match="read-only ledger"):
+            await reader.candidates(written[0], 1, 1)
+        with pytest.raises(RuntimeError, match="read-only ledger"):
+            await reader.heartbeat(written[0])
+        await daemon_client.aclose()
+        await reader_client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_debts_add_up_per_edge_and_feed_the_debt_graph(redis_server: RedisProcess) -> None:
     from attnstore.debt_graph import plan_swaps
 
     async def scenario() -> None:
-        ledger = PoolLedger(aioredis.Redis.from_url(redis_server.url), heartbeat_ttl_seconds=2.0, limits=LendingLimits())
+        ledger = PoolLedger(aioredis.Redis.from_url(redis_server.url), heartbeat_ttl_seconds=2.0, limits=LIMITS)
         await ledger.record_debt("a", "b", 300)
         await ledger.record_debt("a", "b", 200)
         await ledger.record_debt("b", "a", 400)
@@ -91,7 +120,7 @@ def test_debts_add_up_per_edge_and_feed_the_debt_graph(redis_server: RedisProces
 def test_dropped_chunks_reach_their_borrower_node_once_and_expire(redis_server: RedisProcess) -> None:
     async def scenario() -> None:
         client = aioredis.Redis.from_url(redis_server.url)
-        ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LendingLimits())
+        ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LIMITS)
         await ledger.report_dropped("lender-1:50051", [("node-b", b"k1"), ("node-c", b"k2"), ("node-b", b"k3")])
         await ledger.report_dropped("lender-2:50051", [("node-b", b"k4")])
         assert await ledger.take_dropped("node-b") == [

@@ -88,6 +88,7 @@ async def test_a_shared_prefix_is_computed_once(tiny_llama: PreTrainedModel) -> 
             pass
         assert seqs[1].block_table[:5] == seqs[0].block_table[:5]  # the 21-token system prompt's full blocks
         assert engine.pool.usage().shared == 5
+        assert [seq.seq_id for seq in seqs] == [0, 1]  # numbered by the engine that runs them
     finally:
         await engine.close()
 

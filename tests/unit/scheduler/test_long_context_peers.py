@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from attnstore.errors import Unavailable
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.settings import NodeSpec
 from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
+from attnstore_scheduler.worker_types import ModelCard, SamplingParams, TokenIds, TurnRequest
 
 ADDRESSES = ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4")  # nothing listens there
 
@@ -28,7 +28,7 @@ async def registry() -> AsyncIterator[WorkerRegistry]:
     )
     made.set_topology([NodeSpec(name="a", worker_addresses=ADDRESSES)])
     for worker in made.workers():
-        worker.healthy, worker.model = True, worker_pb2.DescribeModelResponse(max_new_tokens=8)
+        worker.healthy, worker.model = True, ModelCard(max_new_tokens=8)
     yield made
     await made.close()
 
@@ -43,12 +43,10 @@ def test_peers_are_the_other_healthy_workers_least_busy_first(registry: WorkerRe
 
 
 async def test_each_attempt_names_the_peers_of_its_worker(registry: WorkerRegistry) -> None:
-    requests: list[tuple[WorkerHandle, worker_pb2.ExecuteTurnRequest]] = []
+    requests: list[tuple[WorkerHandle, TurnRequest]] = []
 
-    async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
-        request = worker_pb2.ExecuteTurnRequest(
-            tenant="t", prompt_token_ids=worker_pb2.TokenIds(token_ids=[1])
-        )
+    async def prepare(worker: WorkerHandle) -> TurnRequest:
+        request = TurnRequest("t", TokenIds((1,)), SamplingParams(max_tokens=1))
         requests.append((worker, request))
         return request
 

@@ -10,8 +10,9 @@ import pytest
 
 from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.openai_api.answers import Ending, Text, answer_events
-from attnstore_scheduler.turn_types import Token, TurnOutcome, stats_from_worker
+from attnstore_scheduler.turn_types import Token, TurnOutcome
 from attnstore_scheduler.turns import TurnEvent
+from attnstore_scheduler.worker_messages import worker_stats
 
 STOP = worker_pb2.FINISH_REASON_STOP
 LENGTH = worker_pb2.FINISH_REASON_LENGTH
@@ -23,7 +24,7 @@ async def turn(texts: Sequence[str], finish: int) -> AsyncIterator[TurnEvent]:
     stats = worker_pb2.TurnStats(
         prompt_tokens=40, reused_tokens=32, generated_tokens=len(texts), finish_reason=finish
     )
-    yield TurnOutcome(stats_from_worker(stats), None, tuple(range(len(texts))), "".join(texts), "n", 1, 0.0)
+    yield TurnOutcome(worker_stats(stats), None, tuple(range(len(texts))), "".join(texts), "n", 1, 0.0)
 
 
 def answer(texts: Sequence[str], stop: Sequence[str], finish: int = LENGTH) -> list[str | Ending]:
@@ -77,7 +78,7 @@ def test_each_of_n_answers_is_held_and_cut_on_its_own() -> None:
             worker_pb2.SampleStats(sample_index=1, generated_tokens=3, finish_reason=LENGTH),
         ]
         stats = worker_pb2.TurnStats(prompt_tokens=4, generated_tokens=5, finish_reason=STOP, samples=samples)
-        yield TurnOutcome(stats_from_worker(stats), None, (0, 0), "abc#", "n", 1, 0.0)
+        yield TurnOutcome(worker_stats(stats), None, (0, 0), "abc#", "n", 1, 0.0)
 
     async def collect() -> list[Text | Ending]:
         return [item async for item in answer_events(two_answers(), ["#"])]

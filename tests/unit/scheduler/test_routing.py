@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.job_queue import JobQueue, QueuedJob
 from attnstore_scheduler.settings import NodeSpec
 from attnstore_scheduler.worker_registry import WorkerRegistry
+from attnstore_scheduler.worker_types import ModelCard
 
 _ids = itertools.count()
 
@@ -33,7 +33,7 @@ async def registry() -> AsyncIterator[WorkerRegistry]:
         ]
     )
     for worker in made.workers():
-        worker.healthy, worker.model = True, worker_pb2.DescribeModelResponse(max_new_tokens=8)
+        worker.healthy, worker.model = True, ModelCard(max_new_tokens=8)
     try:
         yield made
     finally:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from attnstore.errors import ResourceExhausted
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.validation import check_turn_context
+from attnstore_scheduler.worker_types import ModelCard
 
-MODEL = worker_pb2.DescribeModelResponse(max_context_tokens=8192, max_turn_context_tokens=4096)
+MODEL = ModelCard(max_context_tokens=8192, max_turn_context_tokens=4096)
 
 
 def test_a_turn_up_to_the_longest_context_is_admitted() -> None:
@@ -25,11 +25,11 @@ def test_a_longer_turn_is_refused_by_name() -> None:
 
 
 def test_a_prompt_past_the_window_counts_as_truncated() -> None:
-    roomy = worker_pb2.DescribeModelResponse(max_context_tokens=8192, max_turn_context_tokens=8192)
+    roomy = ModelCard(max_context_tokens=8192, max_turn_context_tokens=8192)
     check_turn_context(100_000, 96, roomy)  # the worker truncates it to the window
     with pytest.raises(ResourceExhausted, match="8192 tokens"):
         check_turn_context(100_000, 96, MODEL)
 
 
 def test_a_worker_reporting_no_limit_decides_itself() -> None:
-    check_turn_context(100_000, 96, worker_pb2.DescribeModelResponse(max_context_tokens=8192))
+    check_turn_context(100_000, 96, ModelCard(max_context_tokens=8192))

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from attnstore.errors import Unavailable
-from attnstore.worker.v1 import worker_pb2
 from attnstore_scheduler.dispatcher import Dispatcher
 from attnstore_scheduler.job_queue import JobQueue
 from attnstore_scheduler.settings import NodeSpec
 from attnstore_scheduler.turn_runner import TurnRunner, TurnSpec
 from attnstore_scheduler.worker_registry import WorkerHandle, WorkerRegistry
+from attnstore_scheduler.worker_types import ModelCard, SamplingParams, TokenIds, TurnRequest
 
 
 @pytest.fixture
@@ -27,13 +27,13 @@ async def registry() -> AsyncIterator[WorkerRegistry]:
     )
     made.set_topology([NodeSpec(name="a", worker_addresses=("127.0.0.1:1",))])
     [worker] = made.workers()
-    worker.healthy, worker.model = True, worker_pb2.DescribeModelResponse(max_new_tokens=8)
+    worker.healthy, worker.model = True, ModelCard(max_new_tokens=8)
     yield made
     await made.close()
 
 
-async def prepare(worker: WorkerHandle) -> worker_pb2.ExecuteTurnRequest:
-    return worker_pb2.ExecuteTurnRequest(tenant="t", prompt_token_ids=worker_pb2.TokenIds(token_ids=[1]))
+async def prepare(worker: WorkerHandle) -> TurnRequest:
+    return TurnRequest("t", TokenIds((1,)), SamplingParams(max_tokens=1))
 
 
 async def test_a_failed_turn_with_no_other_worker_fails_at_once(registry: WorkerRegistry) -> None:

@@ -8,8 +8,9 @@ import pytest
 
 from attnstore.api.v1 import api_pb2
 from attnstore.worker.v1 import worker_pb2
+from attnstore_scheduler import worker_messages
 from attnstore_scheduler.servicer import turn_stats
-from attnstore_scheduler.turn_types import FinishReason, TurnOutcome, stats_from_worker
+from attnstore_scheduler.turn_types import FinishReason, TurnOutcome
 
 
 def _outcome(**worker_stats: object) -> TurnOutcome:
@@ -21,7 +22,7 @@ def _outcome(**worker_stats: object) -> TurnOutcome:
     }
     stats = worker_pb2.TurnStats(**{**fields, **worker_stats})
     return TurnOutcome(
-        stats=stats_from_worker(stats),
+        stats=worker_messages.worker_stats(stats),
         prompt_token_ids=tuple(range(40)),
         token_ids=(1, 2, 3, 4),
         text="abcd",
