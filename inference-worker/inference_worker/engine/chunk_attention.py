@@ -32,4 +32,5 @@ def prefix_then_chunk(
     before, before_lse = _flash(query, earlier[0][None], earlier[1][None], 0.0, False, scale=scale)
     after, after_lse = _flash(query, own[0][None], own[1][None], 0.0, True, scale=scale)
     # softmax over both = each part's softmax weighted by its share of the mass, e^lse
-    return merge_two(Partial(after.float(), after_lse), Partial(before.float(), before_lse)).out.to(query.dtype)
+    merged = merge_two(Partial(after.float(), after_lse), Partial(before.float(), before_lse))
+    return merged.out.to(query.dtype)

@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_worker.dist_attention.partial import Partial, merge, merge_stacked, merge_two, partial_attention
+from inference_worker.dist_attention.partial import (
+    Partial,
+    merge,
+    merge_stacked,
+    merge_two,
+    partial_attention,
+)
 from inference_worker.dist_attention.segment import LocalSegment, RecalledSegment
 
 TOLERANCE = 1e-4
