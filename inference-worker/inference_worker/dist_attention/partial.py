@@ -153,6 +153,8 @@ def merge(parts: Sequence[Partial]) -> Partial:
     """The exact partial over the union of `parts`' keys (any number, any order)."""
     if len(parts) == 1:
         return parts[0]
+    if len(parts) == 2:
+        return merge_two(*parts)
     return merge_stacked(torch.stack([p.out for p in parts]), torch.stack([p.lse for p in parts]))
 
 
@@ -166,3 +168,18 @@ def merge_stacked(out: torch.Tensor, lse: torch.Tensor) -> Partial:
     total = weights.sum(dim=0)  # [Q, H]
     weights /= total.clamp_min(torch.finfo(total.dtype).tiny)
     return Partial((weights.unsqueeze(-1) * out).sum(dim=0), peak + torch.log(total))  # [Q, H, D], [Q, H]
+
+
+def merge_two(first: Partial, second: Partial) -> Partial:
+    """The merge of two partials without stacking them: the second's share of the mass is
+    sigmoid(lse_2 - lse_1), and one fused lerp weighs the outputs. Any layout whose lse is
+    out's shape without the last dim (a prefill chunk's [1, H, Q, D] too). A row neither
+    part sees gives 0 and -inf, as merge_stacked does. A 1,000-query chunk of 9 heads: one
+    pass over the outputs instead of a stacked copy, a product and a sum."""
+    lse = torch.logaddexp(first.lse, second.lse)
+    share = torch.sigmoid(second.lse - first.lse)  # NaN where both are -inf: those rows are set next
+    out = torch.lerp(first.out, second.out, share.unsqueeze(-1))
+    unseen = lse.isneginf()
+    if bool(unseen.any()):
+        out = out.masked_fill(unseen.unsqueeze(-1), 0.0)
+    return Partial(out, lse)

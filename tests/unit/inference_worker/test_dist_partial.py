@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_worker.dist_attention.partial import Partial, merge, partial_attention
+from inference_worker.dist_attention.partial import (
+    Partial,
+    merge,
+    merge_stacked,
+    merge_two,
+    partial_attention,
+)
 from inference_worker.dist_attention.segment import LocalSegment, RecalledSegment
 
 TOLERANCE = 1e-4
@@ -95,6 +101,29 @@ def test_shapes_that_do_not_fit_are_refused() -> None:
     with pytest.raises(ValueError, match="shapes do not fit"):
         partial_attention(torch.zeros(1, 3, 8), torch.zeros(2, 2, 8), torch.zeros(2, 2, 8),
                           torch.tensor([2]), torch.arange(2), scale=1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["rows", "chunk"])
+def test_two_part_merge_is_the_stacked_merge_with_minus_inf_rows(layout: str) -> None:
+    """merge_two (no stacked copy) against merge_stacked: rows only one part sees, rows
+    neither sees (0 and -inf, never NaN), and a prefill chunk's [1, H, Q, D] layout."""
+    gen = torch.Generator().manual_seed(7)
+    shape = (5, 3) if layout == "rows" else (1, 3, 5)
+    outs = [torch.randn(*shape, 8, generator=gen) for _ in range(2)]
+    lses = [torch.randn(*shape, generator=gen) * 4 for _ in range(2)]
+    first_blind, second_blind = torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.bool)
+    first_blind.view(-1)[[0, 3, 7]] = True
+    second_blind.view(-1)[[3, 7, 9, 11]] = True  # 3 and 7: neither part sees a key
+    lses[0] = lses[0].masked_fill(first_blind, float("-inf"))
+    lses[1] = lses[1].masked_fill(second_blind, float("-inf"))
+    got = merge_two(Partial(outs[0], lses[0]), Partial(outs[1], lses[1]))
+    want = merge_stacked(torch.stack(outs), torch.stack(lses))
+    assert not got.out.isnan().any() and not got.lse.isnan().any()
+    torch.testing.assert_close(got.out, want.out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.lse, want.lse, atol=1e-6, rtol=0)
+    neither = first_blind & second_blind
+    assert torch.isneginf(got.lse[neither]).all() and (got.out[neither] == 0).all()
+    assert torch.equal(got.out[first_blind & ~neither], outs[1][first_blind & ~neither])
 
 
 def test_merge_is_stable_with_huge_scores() -> None:
