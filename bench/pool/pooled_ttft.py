@@ -13,8 +13,8 @@ DRAM or SSD, or a peer's data plane); a real model's prefill costs far more per 
 than this one's, so the gap is a floor of what it would be.
 
 Turns: a session's token ids are seeded random ids; turn i's prompt is the first
-256 * prompt_blocks + TAIL_TOKENS of them (the history of the hit-rate replay's turn; a
-session ends before its first turn over MAX_PROMPT_TOKENS), one greedy token, no generated KV saved: the next turn
+256 * prompt_blocks + TAIL_TOKENS of them (the history of the hit-rate replay's turn; the
+longest of 60 conversations is 2,624 tokens, under MAX_PROMPT_TOKENS), one greedy token, no generated KV saved: the next turn
 reuses the previous prompt's full chunks and recomputes the answer and its question (the
 chunk-level replay stores the answer's chunks too). Each worker turn runs at its
 arrival, and the replay waits until its new chunks are on the daemon before the next
@@ -26,8 +26,6 @@ prefill): sized the same way (pooled_workload.py).
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
 import random
 import statistics
@@ -41,7 +39,7 @@ from typing import Any
 
 import grpc
 
-from attnstore.chunks.format import encode_chunk
+from attnstore.chunks.format import encode_chunk, max_chunk_bytes
 from attnstore.chunks.keys import NamespaceSpec
 from attnstore.kvstore_client import KVStoreClient
 from attnstore.worker.v1 import worker_pb2 as pb
@@ -70,7 +68,8 @@ SAVE_TIMEOUT_SECONDS = 10.0
 
 
 def lender_chunks() -> tuple[StoreChunks, int]:
-    """The other nodes' chunks, shaped as the worker's (its geometry, fp32), and their size."""
+    """The other nodes' chunks, shaped as the worker's (its geometry, fp32), and the size of
+    the largest chunk of that shape (a DRAM block)."""
     layers, heads = int(MODEL["num_hidden_layers"]), int(MODEL["num_key_value_heads"])
     head_dim = int(MODEL["hidden_size"]) // int(MODEL["num_attention_heads"])
     tokens = SHAREGPT_CHUNK_TOKENS
@@ -82,7 +81,7 @@ def lender_chunks() -> tuple[StoreChunks, int]:
                             head_dim=head_dim, base_position=0, layers=[(half, half)] * layers)  # fmt: skip
 
     spec = {"num_layers": layers, "kv_heads": heads, "head_dim": head_dim, "chunk_tokens": tokens, "dtype": "float32"}
-    return StoreChunks(namespace, spec, encode), len(encode(bytes(16)))
+    return StoreChunks(namespace, spec, encode), max_chunk_bytes(**spec)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -139,18 +138,14 @@ def _prompt_tokens(turn: Turn) -> int:
     return turn.prompt_blocks * SHAREGPT_CHUNK_TOKENS + TAIL_TOKENS
 
 
-def _capped(workload: Workload) -> Workload:
-    """The sessions' turns up to the first whose prompt exceeds MAX_PROMPT_TOKENS."""
-    sessions = []
-    for session in workload.sessions:
-        turns = list(itertools.takewhile(lambda turn: _prompt_tokens(turn) <= MAX_PROMPT_TOKENS, session.turns))
-        sessions.append(dataclasses.replace(session, turns=tuple(turns)))
-    notes = workload.notes | {"max_prompt_tokens": MAX_PROMPT_TOKENS}
-    return dataclasses.replace(workload, sessions=[s for s in sessions if s.turns], notes=notes)
+def longest_prompt(workload: Workload) -> int:
+    return max(_prompt_tokens(turn) for session in workload.sessions for turn in session.turns)
 
 
 def run_pooled_ttft(root: Path, conversations: int) -> dict[str, Any]:
-    workload = _capped(load_sharegpt(**{**SHAREGPT, "conversations": conversations}))
+    workload = load_sharegpt(**{**SHAREGPT, "conversations": conversations})
+    if (longest := longest_prompt(workload)) > MAX_PROMPT_TOKENS:
+        raise ValueError(f"a prompt of {longest} tokens: over the model's and the nodes' DRAM's {MAX_PROMPT_TOKENS}")
     schedule = events(workload)
     sizing = size_nodes(workload, schedule)
     node_of = deal(workload, int(SHAREGPT["seed"]))
@@ -183,7 +178,7 @@ def run_pooled_ttft(root: Path, conversations: int) -> dict[str, Any]:
             print(f"pooled replay  {name:<8} busy node's worker: {busy[name]}", flush=True)
     return {
         "busy_node": busy,
-        "workload": workload.notes | {"sessions": len(workload.sessions), "turns": workload.turns},
+        "workload": workload.notes | {"turns": workload.turns, "longest_prompt_tokens": longest},
         "chunk_bytes": chunk_bytes,
         "working_set_chunks": sizing.working_set_chunks,
         "node_chunks": sizing.node_chunks,
