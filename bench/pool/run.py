@@ -22,8 +22,10 @@ ones. Every path moves the same bytes between two processes on loopback:
 LMCache and Mooncake run from their own cached venvs (bench/peers/install.py); one that
 cannot be installed or started is listed with the reason under the summary's `unavailable`.
 
-Then the three-node pooled replay (pooled.py): hit rates of ShareGPT sessions on three
-daemons as islands, as one pool (one ledger), and on one daemon with the three's capacity.
+Then the three-node pooled replays: hit rates of ShareGPT sessions on three daemons as
+islands, as one pool (one ledger), and on one daemon with the three's capacity (pooled.py),
+and the busy node's later-turn TTFT with its turns served by a real worker over the same
+three layouts (pooled_ttft.py). `--pooled-only` runs the replays alone.
 
 One summary JSON line comes last; `--results` writes the whole run as JSON.
 """
