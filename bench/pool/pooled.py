@@ -1,52 +1,37 @@
 """The three-node pooled replay (issue 21): ShareGPT sessions served by three daemons that
-stand for three nodes (each its own directories, gRPC and data-plane ports), as islands
-and as one pool, and by one daemon with the three nodes' capacity (the reference).
-Workload, routing and capacities: pooled_workload.py (the pool holds 1.1x the working set,
-each node a third of that; sessions dealt 8:1:1, so the busy node holds under half of what
-its sessions need). Every node: DRAM 1 MiB, the rest SSD.
-
-  islands       the three daemons, no ledger: a node's SSD evictions are deleted
-  pooled        the same three in one ledger (a private Redis, heartbeats every 0.2 s,
-                lenders keep a 10% floor and lend up to 80%, then replace their least
-                recently placed or read borrowed chunks: the daemons' defaults): SSD
-                evictions go to a peer, Lookup finds them there (TIER_PEER) and a read
-                fetches them back over the peer's data plane
-  one_big       one daemon with the three nodes' capacity serving every session
+stand for three nodes (each its own directories, gRPC and data-plane ports), as islands,
+as one pool and as one daemon with the three nodes' capacity (the reference): the layouts
+of pooled_layouts.py. Workload, routing and capacities: pooled_workload.py (the pool holds
+1.1x the working set, each node a third of that; sessions dealt 8:1:1, so the busy node
+holds under half of what its sessions need). Every node: DRAM 1 MiB, the rest SSD. In the
+pool, SSD evictions go to a peer, Lookup finds them there (TIER_PEER) and a read fetches
+them back over the peer's data plane.
 
 At each turn's arrival its node looks up the prompt's chunks and reads the found prefix
 back (Get; a chunk counts only if its bytes arrive, so a chunk a peer no longer holds is a
 miss); at its completion the node stores the turn's chunks it lacks. Hit rate = chunks
 read back / chunks an earlier turn of the session stored (what a store that never evicts
-would serve). Turns run one at a time in the clock's order: hit rates, not TTFT (three
-workers with a model on this 2-core machine are out of reach; docs/benchmarks.md).
+would serve). Turns run one at a time in the clock's order. This replay gives hit rates;
+later-turn TTFT comes from the worker replay (pooled_ttft.py), which runs the busy node's
+turns through a real worker over the same layouts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from attnstore.kvstore_client import KVStoreClient
-from attnstore.server.ports import free_port
-from attnstore.server.redis_process import RedisProcess
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, chunk_layout, encode, load_sharegpt
-from bench.pool.daemons import daemon
+from bench.pool.pooled_layouts import LAYOUTS, NODES, layout
 from bench.pool.pooled_workload import ARRIVAL, Event, deal, events, size_nodes, wanted_keys
 
-MiB = 1024 * 1024
-NODES = ("node-a", "node-b", "node-c")
-DRAM_BYTES = MiB  # the daemon's minimum arena
 SHAREGPT = {"conversations": 400, "sessions_per_s": 20.0, "think_s": 60.0, "seed": 0}
-BASE_SETTINGS = {"dram_block_bytes": CHUNK_BYTES, "max_chunk_bytes": CHUNK_BYTES, "persist_on_commit": False,
-                 "ssd_reserved_bytes": 0, "eviction_policy": "lru"}  # fmt: skip
-# The lenders' own sessions fill under a third of their room: they keep a tenth free for
-# their own node and may lend 80% (the defaults, 0.2 and 0.5, would cap what the busy
-# node can borrow below what it lacks: 2 x 0.5 of a node against its 0.8 of the pool).
-LEDGER_SETTINGS = {"pool_heartbeat_seconds": 0.2, "pool_own_floor_fraction": 0.1, "pool_max_lent_fraction": 0.8}
 
 
 @dataclass
@@ -57,6 +42,30 @@ class Tally:
     @property
     def hit_rate(self) -> float:
         return self.read_back / self.stored_before if self.stored_before else 0.0
+
+
+@dataclass(frozen=True)
+class StoreChunks:
+    """What the chunk-level replay stores: its namespace, RegisterNamespace's layout and
+    each key's serialized chunk."""
+
+    namespace: bytes
+    layout: dict[str, int | str]
+    encode: Callable[[bytes], bytes]
+
+
+def sharegpt_chunks(workload: Workload) -> StoreChunks:
+    """The hit-rate workload's own 8 KiB chunks."""
+    namespace, tokens = workload.namespace, workload.chunk_tokens
+    return StoreChunks(namespace, chunk_layout(tokens), lambda key: encode(namespace, key, tokens))
+
+
+class WorkerTurns(Protocol):
+    """The worker replay's hook: runs turn `index` of session `number` of `sessions`."""
+
+    sessions: frozenset[int]
+
+    def __call__(self, number: int, index: int) -> None: ...
 
 
 def _read_prefix(client: KVStoreClient, namespace: bytes, keys: tuple[bytes, ...]) -> int:
@@ -76,26 +85,33 @@ def _read_prefix(client: KVStoreClient, namespace: bytes, keys: tuple[bytes, ...
     return 0
 
 
-def replay(workload: Workload, schedule: list[Event], addresses: list[str], node_of: list[int]) -> list[Tally]:
+def replay(
+    workload: Workload, schedule: list[Event], addresses: list[str], node_of: list[int], chunks: StoreChunks,
+    worker: WorkerTurns | None = None,
+) -> list[Tally]:  # fmt: skip
     """Replays every session on its node (`node_of[session]` indexes `addresses`); a tally
-    per address."""
-    namespace = workload.namespace
+    per address. With `worker`, its sessions' turns run through it at their arrival (not
+    tallied) and the others' at the chunk level."""
+    namespace = chunks.namespace
     tallies = [Tally() for _ in addresses]
     with ExitStack() as stack:
         clients = [stack.enter_context(KVStoreClient(address)) for address in addresses]
         for client in clients:
-            client.register_namespace(namespace, **chunk_layout(workload.chunk_tokens))
+            client.register_namespace(namespace, **chunks.layout)
         for _, kind, number, index in schedule:
             node = node_of[number]
             turn, client = workload.sessions[number].turns[index], clients[node]
-            if kind == ARRIVAL:
+            if worker is not None and number in worker.sessions:
+                if kind == ARRIVAL:
+                    worker(number, index)
+            elif kind == ARRIVAL:
                 wanted = wanted_keys(workload, number, index)
                 tallies[node].stored_before += len(wanted)
                 tallies[node].read_back += _read_prefix(client, namespace, wanted) if wanted else 0
             else:
                 new = turn.keys[client.lookup(namespace, turn.keys).prefix_length :]
                 if new:  # a key stored meanwhile answers already_stored
-                    client.put_chunks(namespace, [(key, encode(namespace, key, workload.chunk_tokens)) for key in new])
+                    client.put_chunks(namespace, [(key, chunks.encode(key)) for key in new])
     return tallies
 
 
@@ -103,46 +119,20 @@ def _total(tallies: list[Tally]) -> Tally:
     return Tally(sum(t.stored_before for t in tallies), sum(t.read_back for t in tallies))
 
 
-def _node_settings(node_chunks: int, nodes: int) -> dict[str, object]:
-    total = node_chunks * CHUNK_BYTES * nodes
-    return {**BASE_SETTINGS, "dram_capacity_bytes": DRAM_BYTES * nodes, "ssd_capacity_bytes": total - DRAM_BYTES * nodes}
-
-
 def run_pooled(root: Path) -> dict[str, Any]:
     workload = load_sharegpt(**SHAREGPT)
     schedule = events(workload)
     sizing = size_nodes(workload, schedule)
     node_of = deal(workload, int(SHAREGPT["seed"]))
-    node = _node_settings(sizing.node_chunks, 1)
-    if int(str(node["ssd_capacity_bytes"])) < MiB:
-        raise ValueError(f"a node of {sizing.node_chunks} chunks leaves its SSD under the daemon's 1 MiB minimum")
     rates: dict[str, dict[str, float]] = {}
-
-    def record(name: str, tallies: list[Tally]) -> None:
+    for name in LAYOUTS:
+        with layout(root / "hits", name, sizing.node_chunks, CHUNK_BYTES) as addresses:
+            tallies = replay(workload, schedule, addresses, node_of if len(addresses) > 1 else [0] * len(node_of),
+                             sharegpt_chunks(workload))  # fmt: skip
         rates[name] = {"all": round(_total(tallies).hit_rate, 4)}
         if len(tallies) == len(NODES):
             rates[name] |= {NODES[i]: round(t.hit_rate, 4) for i, t in enumerate(tallies)}
         print(f"pooled replay  {name:<8} hit rate {rates[name]}", flush=True)
-
-    with ExitStack() as stack:
-        daemons = [stack.enter_context(daemon(root, f"island-{name}", node)) for name in NODES]
-        record("islands", replay(workload, schedule, [d.address for d in daemons], node_of))
-    with ExitStack() as stack:
-        redis_server = RedisProcess(root / "pool-redis")
-        redis_server.start()
-        stack.callback(redis_server.stop)
-        # A node may place on peers what the other two hold: its SSD's size (the budget
-        # before) capped the busy node's placements below what it lacks at 8:1:1.
-        lendable = (len(NODES) - 1) * sizing.node_chunks * CHUNK_BYTES
-        pooled = {**node, **LEDGER_SETTINGS, "pool_redis_url": redis_server.url, "pool_capacity_bytes": lendable}
-        daemons = [
-            stack.enter_context(daemon(root, f"pooled-{name}", {**pooled, "pool_node": name, "data_plane_port": free_port()}))
-            for name in NODES
-        ]  # fmt: skip
-        record("pooled", replay(workload, schedule, [d.address for d in daemons], node_of))
-    with ExitStack() as stack:
-        big = stack.enter_context(daemon(root, "one-big", _node_settings(sizing.node_chunks, len(NODES))))
-        record("one_big", replay(workload, schedule, [big.address], [0] * len(node_of)))
     return {
         "hit_rates": rates,
         "workload": workload.notes | {"chunks_stored": workload.working_set_bytes // CHUNK_BYTES, "turns": workload.turns},
@@ -154,11 +144,22 @@ def run_pooled(root: Path) -> dict[str, Any]:
 
 def pooled_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The summary's pooled keys: the pool against the islands (every node alone) and
-    against one daemon with the pool's capacity."""
+    against one daemon with the pool's capacity; with the worker replay, the busy node's
+    later-turn TTFT (median, mean) in each layout over the pool's (above 1: the pool is faster)."""
     rates = result["hit_rates"]
     pooled, islands, big = rates["pooled"]["all"], rates["islands"]["all"], rates["one_big"]["all"]
-    return {
+    summary = {
         "pooled_hit_rate_vs_single_node": round(pooled / max(islands, 1e-9), 3),
         "pooled_hit_rate_vs_whole_capacity": round(pooled / max(big, 1e-9), 3),
         "pooled_hit_rates": {"pooled": pooled, "islands": islands, "one_big": big},
     }
+    if busy := result.get("worker_replay", {}).get("busy_node"):
+        for stat in ("p50", "mean"):
+            ttft = {name: busy[name][f"ttft_ms_{stat}"] for name in busy}
+            summary |= {
+                f"later_turn_ttft_{stat}_islands_vs_pooled": round(ttft["islands"] / ttft["pooled"], 3),
+                f"later_turn_ttft_{stat}_one_big_vs_pooled": round(ttft["one_big"] / ttft["pooled"], 3),
+                f"later_turn_ttft_ms_{stat}": ttft,
+            }
+        summary["worker_hit_rates"] = {name: busy[name]["hit_rate"] for name in busy}
+    return summary

@@ -45,6 +45,9 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         if key in summary:
             verdict = "PASS" if summary[key] >= target else "FAIL"
             lines.append(f"{verdict}  {what}: {summary[key]} (target >= {target})")
+    if "later_turn_ttft_ms_p50" in summary:
+        lines.append(f"note  the busy node's later-turn TTFT p50 / mean ms by layout (worker replay): "
+                     f"{summary['later_turn_ttft_ms_p50']} / {summary['later_turn_ttft_ms_mean']}")  # fmt: skip
     by_size = summary["dataplane_get_vs_redis_get_every_size"]
     lines.append(f"note  data-plane Get vs Redis GET by chunk size (worst reader count): {by_size}")
     blocking = summary["dataplane_get_blocking_vs_redis_get_every_size"]

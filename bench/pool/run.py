@@ -22,8 +22,10 @@ ones. Every path moves the same bytes between two processes on loopback:
 LMCache and Mooncake run from their own cached venvs (bench/peers/install.py); one that
 cannot be installed or started is listed with the reason under the summary's `unavailable`.
 
-Then the three-node pooled replay (pooled.py): hit rates of ShareGPT sessions on three
-daemons as islands, as one pool (one ledger), and on one daemon with the three's capacity.
+Then the three-node pooled replays: hit rates of ShareGPT sessions on three daemons as
+islands, as one pool (one ledger), and on one daemon with the three's capacity (pooled.py),
+and the busy node's later-turn TTFT with its turns served by a real worker over the same
+three layouts (pooled_ttft.py). `--pooled-only` runs the replays alone.
 
 One summary JSON line comes last; `--results` writes the whole run as JSON.
 """
@@ -56,6 +58,7 @@ from bench.common.results import print_report
 from bench.pool.daemons import daemon
 from bench.pool.peer_rows import lmcache_rows, mooncake_rows
 from bench.pool.pooled import pooled_summary, run_pooled
+from bench.pool.pooled_ttft import QUICK_TTFT_CONVERSATIONS, TTFT_CONVERSATIONS, run_pooled_ttft
 from bench.pool.report import format_table, plot, verdicts
 from bench.pool.socket_limit import SocketLimitClient, SocketLimitServer
 from bench.pool.timing import Cell, run_tasks, run_threads
@@ -266,11 +269,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
-    parser.add_argument("--no-pooled", action="store_true", help="skip the pooled replay")
+    parser.add_argument("--no-pooled", action="store_true", help="skip the pooled replays")
+    parser.add_argument("--pooled-only", action="store_true", help="only the pooled replays")
     parser.add_argument("--no-lmcache", action="store_true", help="skip LMCache's rows")
     parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's Transfer Engine and Store rows")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the run's JSON goes")
     args = parser.parse_args(argv)
+    if args.pooled_only:
+        args.sizes, args.no_tls, args.no_lmcache, args.no_mooncake = [], True, True, True
     run = Run(sorted(args.concurrency), args.seconds or (0.5 if args.quick else 2.0))
     count = max(16, max(run.concurrencies))  # a chunk per put worker; readers spread over them
     daemon_paths = ["dataplane_get", "dataplane_get_blocking", "dataplane_get_verified", "grpc_get", "dataplane_put"]
@@ -299,7 +305,10 @@ def main(argv: list[str] | None = None) -> None:
                     ))  # fmt: skip
                     run.rows += [r | {"path": "dataplane_get_tls"} for r in tls_run.rows]
             unavailable, peers = _peer_rows(run, args, root)
-            pooled = {} if args.no_pooled else run_pooled(root)
+            pooled: dict[str, Any] = {}
+            if not args.no_pooled:
+                ttft_conversations = QUICK_TTFT_CONVERSATIONS if args.quick else TTFT_CONVERSATIONS
+                pooled = run_pooled(root) | {"worker_replay": run_pooled_ttft(root, ttft_conversations)}
         finally:
             limit.close()
             redis_server.stop()
@@ -309,8 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     args.results.write_text(json.dumps(
         {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_replay": pooled,
          "peer_versions": peers, "summary": summary}, indent=1) + "\n")  # fmt: skip
-    plot(run.rows, f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
-         args.results.with_suffix(".png"))
+    if run.rows:
+        plot(run.rows, f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
+             args.results.with_suffix(".png"))
     print_report(format_table(run.rows), verdicts(summary), summary)
 
 
