@@ -37,13 +37,6 @@ from kvstore_daemon.predictive_policy import PredictivePolicy
 PREDICTIVE, LRU = 0, 1
 ORDERS = ("predictive", "lru")
 MIN_WEIGHT = 0.01
-# The predictive order's weight at the start. At 0.5 the two orders split the evictions
-# until regrets move the weight, which on Mooncake they hardly do (mean 0.56 over its first
-# 4 minutes, LRU regretted twice as often): the coin-flip mix hit 4.9% at 1% / 10% where
-# the predictive order alone hit 6.7% (LRU 4.8%). Starting at 0.95: 6.3%, and on ShareGPT
-# 1,500 at 0.5% / 5%, where LRU beats the predictive order alone (45.9% vs 45.4%), 46.3%
-# (the weight learns its way to LRU there). In-process ChunkStore replays, issue 20.
-INITIAL_WEIGHT = 0.95
 DISCOUNT_AT_STORE_SIZE = 0.005  # LeCaR's discount of a regret found one store's worth of ticks late
 
 
@@ -54,7 +47,7 @@ class AdaptivePolicy:
         self._lives = predictive.lives
         self._rate = learning_rate
         self._random = random.Random(seed)
-        self.weight = INITIAL_WEIGHT  # of the predictive order
+        self.weight = 0.5  # of the predictive order
         # Resident keys by their last use in the store (a chunk DRAM demoted keeps its place:
         # ordered by its arrival on SSD instead, LRU ranked DRAM's demotion order, not recency).
         self._used_at: dict[bytes, int] = {}  # key -> tick of its last write or read
