@@ -174,6 +174,39 @@ async def test_a_killed_peer_hands_the_sequence_back_and_it_is_placed_again(
     assert holders == {peers[1].address}
 
 
+async def test_a_peer_killed_during_the_far_prefill_is_left_out(
+    tiny_model: LoadedModel, doomed_peers: list[WorkerProcess]
+) -> None:
+    """The peer holding the first segment dies while the engine prefills the second one
+    over it: the staging sequence is handed back and the far part placed again, all on
+    the peer left."""
+    peers = {p.address: p for p in doomed_peers}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    prompt = torch.randint(0, 300, (100,), generator=torch.Generator().manual_seed(6)).tolist()
+    engine = make_engine(model, blocks=16)
+    killed: list[str] = []
+
+    def kill_first_holder(layer: int, hidden: torch.Tensor, batch: Batch) -> None:
+        contexts = [seq.far for seq in batch.seqs if isinstance(seq.far, LongContext) and seq.far.places]
+        if layer == 0 and contexts and not killed:
+            killed.append(contexts[0].places[0].address)  # type: ignore[attr-defined]
+            peers[killed[0]].kill9()
+
+    engine.runner.layer_input_hook = kill_first_holder
+    try:
+        far = await far_sequence(engine, model, doomed_peers, prompt)
+        engine.runner.layer_input_hook = None
+        context: LongContext = far.far  # type: ignore[assignment]
+        holders = {p.address for p in context.places if isinstance(p, RemoteSegment)}
+        outputs = await generate(engine, far)
+    finally:
+        await engine.close()
+    context.close()
+    assert_plain_logits(model, prompt, outputs, NEW_TOKENS)
+    assert len(killed) == 1 and context.lost == set(killed) and context.recomputations == 1
+    assert holders == set(peers) - set(killed)
+
+
 async def test_far_kv_recalled_home_between_steps_changes_no_logit(
     tiny_model: LoadedModel, peers: list[WorkerProcess]
 ) -> None:
