@@ -5,6 +5,8 @@ over scattered block tables, ragged lengths, grouped heads and sliding windows."
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from test_decode_kernel import BLOCK_TOKENS, BLOCKS, kernel  # noqa: F401 (the fixture)
@@ -27,17 +29,20 @@ def reference_lse(
     return torch.logsumexp(scores, dim=-1).reshape(-1)
 
 
-@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 1e-4)])
-@pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (4, 4), (3, 1)])
+# (dtype, LSE tolerance) x sliding window x (query heads, KV heads)
+CASES = list(
+    itertools.product([(torch.float32, 1e-5), (torch.bfloat16, 1e-4)], [None, 7], [(6, 2), (4, 4), (3, 1)])
+)
+
+
+@pytest.mark.parametrize(("precision", "window", "grouping"), CASES)
 def test_lse_matches_torch_and_the_output_the_plain_entry_point(
     kernel: PagedDecodeKernel,  # noqa: F811
-    dtype: torch.dtype,
-    tolerance: float,
+    precision: tuple[torch.dtype, float],
     window: int | None,
-    heads: int,
-    kv_heads: int,
+    grouping: tuple[int, int],
 ) -> None:
+    (dtype, tolerance), (heads, kv_heads) = precision, grouping
     generator = torch.Generator().manual_seed(heads * 10 + kv_heads + 1)
     dim = 16
     k = (3 * torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator)).to(dtype)
