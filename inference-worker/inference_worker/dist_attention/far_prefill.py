@@ -66,7 +66,8 @@ async def _prefill(engine: Engine, context: LongContext, plan: SegmentPlan) -> L
                 if output.preempted:  # a far partial's peer was lost (the context forgot it)
                     raise FarKVLost(f"sequence {context.name}: a peer was lost while positions "
                                     f"[{plan.start}, {stop}) were prefilled")  # fmt: skip
-        return copy_out(engine.runner.kv, seq.block_table, plan.start, plan.tokens)
+        # on a thread: a 4k-token SmolLM2 segment is ~190 MB to copy, the loop serves other turns
+        return await asyncio.to_thread(copy_out, engine.runner.kv, seq.block_table, plan.start, plan.tokens)
     finally:
         engine.release(seq)
 

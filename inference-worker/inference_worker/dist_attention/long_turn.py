@@ -201,7 +201,7 @@ class LongTurns:
     @property
     def segment_tokens(self) -> int:
         """long_context.segment_tokens, at most what the pool stages (far_prefill.py)."""
-        return min(self.settings.segment_tokens, self.local_tokens - self.engine.pool.block_tokens)
+        return max(1, min(self.settings.segment_tokens, self.local_tokens - self.engine.pool.block_tokens))
 
     async def _place(self, context: LongContext, seq: Sequence) -> int:
         """The far part of `seq`'s prompt prefilled in the engine's steps and placed on
