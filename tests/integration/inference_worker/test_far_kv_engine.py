@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 from plain_logits import assert_plain_logits
@@ -78,6 +79,8 @@ async def far_sequence(
     80 tokens each, segments of 24: on both), its newest tokens as an engine sequence with
     that KV as its far part."""
     channels = {p.address: peer_channel(p.address) for p in peers}
+    for channel in channels.values():  # as a worker's first DescribeLending would: at load 14 a
+        grpc.channel_ready_future(channel).result(timeout=60)  # first AppendKV's handshake timed out
     context = LongContext(
         DistributedRunner(model), channels, lambda: dict.fromkeys(channels, 80),
         local_tokens=NEAR_TOKENS, segment_tokens=24, chunk_tokens=16, timeout_seconds=5.0, home=home,
