@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -58,6 +59,7 @@ LONG_LLAMA = {
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4
 SPLIT_BLOCKS = (1024, 4096)
 SPLIT_PLACES = 3  # the nodes of the capacity and decode runs
+_CONNECT_SECONDS = 120.0
 _EVICT_BYTES = 64 << 20  # written before each timed op: twice the L3 of the machine measured
 TARGETS = {
     "max_context_gain_3_nodes": 2.5,
@@ -178,11 +180,19 @@ def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> li
     return peers
 
 
+def ready_channel(address: str) -> grpc.Channel:
+    """A channel to a peer, connected: a peer busy at a load of 12 on 2 cores once let the
+    first AppendKV's connection time out before its handshake (UNAVAILABLE, the run lost)."""
+    channel = peer_channel(address)
+    grpc.channel_ready_future(channel).result(timeout=_CONNECT_SECONDS)
+    return channel
+
+
 def bench_decode(
     model: PreTrainedModel, peer: WorkerProcess, remote_tokens: list[int], steps: int
 ) -> dict[str, Any]:
     runner = DistributedRunner(model)
-    channel = peer_channel(peer.address)
+    channel = ready_channel(peer.address)
     rows = {}
     for remote in remote_tokens:
         staged = runner.new_segment(0, remote)  # random KV: decode cost does not depend on values
@@ -213,7 +223,7 @@ def bench_decode(
 def longest_context(model: PreTrainedModel, peers: list[WorkerProcess], node_tokens: int) -> dict[str, Any]:
     """The longest prompt served (4 new tokens) and checked against the plain forward, and
     the next length refused."""
-    channels = {p.address: peer_channel(p.address) for p in peers}
+    channels = {p.address: ready_channel(p.address) for p in peers}
     new_tokens = 4
     room = {a: node_tokens for a in channels}
 

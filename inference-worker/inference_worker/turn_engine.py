@@ -122,13 +122,7 @@ class TurnEngine:
             shift = None
         self.engine = _build_engine(model, geometry, settings)
         self.restore = TurnRestore(restore, self.engine.runner, shift) if restore is not None else None
-        self.long_turns = LongTurns(
-            model,
-            settings.long_context,
-            settings.micro_attention,
-            self.engine,
-            chunk_tokens=settings.max_batch_tokens,
-        )
+        self.long_turns = LongTurns(model, settings.long_context, settings.micro_attention, self.engine)
         self._saver = ChunkSaver(kvstore) if kvstore is not None else None
         self.prefiller = Prefiller(
             self.engine,

@@ -6,9 +6,10 @@
 
 Prefill runs here, chunk by chunk; a segment planned for a peer is computed into a local
 staging segment, then appended to the peer and dropped here. Decode appends to the local
-tail. Or, in a worker (long_turn.py), only the segments planned for peers are computed
-(`place_far`) and the engine runs the newest tokens in its pool, in its batched steps,
-attending this context's places as their far KV (`attend`, engine/far_kv.py). When a peer is lost, the sequence forgets it, re-plans over the peers left and
+tail. Or, in a worker (long_turn.py), the engine computes the segments planned for peers
+in its batched steps (`plan_far`, `add_far`: far_prefill.py) and runs the newest tokens in
+its pool, attending this context's places as their far KV (`attend`, engine/far_kv.py).
+When a peer is lost, the sequence forgets it, re-plans over the peers left and
 recomputes every segment from its tokens (the KV of position p depends on all tokens
 before it), or raises ContextUnavailable when the context no longer fits: never an
 answer computed without part of the context.
@@ -85,14 +86,27 @@ class LongContext:
             self._start(token_ids, max_new_tokens)
             return self._with_recovery(lambda: self._prefill(len(self.token_ids)))
 
-    def place_far(self, token_ids: list[int], max_new_tokens: int) -> int:
-        """Computes the KV of the prompt's positions planned on peers and appends it there
-        (nothing kept here); the position where the tokens planned here start. Called
-        again after a place was lost, it re-places them over the peers left (the same
-        split: it depends only on the context's length and `local_tokens`)."""
+    def plan_far(self, token_ids: list[int], max_new_tokens: int) -> tuple[list[SegmentPlan], int]:
+        """Releases what was placed and plans the prompt again over the peers not lost:
+        the segments planned on peers (computed by the caller, then `add_far`) and the
+        position where the tokens planned here start (the same split every time: it
+        depends only on the context's length and `local_tokens`). Raises ContextTooLong,
+        ContextUnavailable."""
         with self.frozen:
             self._start(token_ids, max_new_tokens)
-            return self._with_recovery(self._place_far)
+            *far, local = self._plan()
+            return far, local.start
+
+    def add_far(self, index: int, plan: SegmentPlan, segment: LocalSegment) -> None:
+        """Appends the computed KV of `plan` (the index-th of plan_far's) to its peer, as
+        the next place. Raises PlaceLost (the peer forgotten, every place released)."""
+        with self.frozen:
+            try:
+                self.places.append(self._upload(index, plan, segment))
+            except PlaceLost as lost:
+                self._forget(lost)
+                self.close()
+                raise
 
     def attend(
         self, layer: int, q: torch.Tensor, positions: torch.Tensor, *, scale: float, window: int | None
@@ -164,12 +178,6 @@ class LongContext:
             logits = self._fill(index, plan, min(plan.start + plan.tokens, upto))
         return logits
 
-    def _place_far(self) -> int:
-        *far, local = self._plan()
-        for index, plan in enumerate(far):
-            self._fill(index, plan, plan.start + plan.tokens)
-        return local.start
-
     def _plan(self) -> list[SegmentPlan]:
         """The segments of the whole context over the peers not lost (what was placed before released)."""
         self.close()
@@ -190,11 +198,16 @@ class LongContext:
         for begin in range(plan.start, stop, self.chunk_tokens):
             end = min(begin + self.chunk_tokens, stop)
             logits = self.runner.forward(self.token_ids[begin:end], begin, [*self.places, segment], segment)
-        if plan.peer is None:
-            self.places.append(segment)
-        else:
-            self.places.append(RemoteSegment.upload(
-                plan.peer, self.channels[plan.peer], f"{self.name}-{index}", segment, self.timeout_seconds,
-                self.home,
-            ))  # fmt: skip
+        self.places.append(segment if plan.peer is None else self._upload(index, plan, segment))
         return logits
+
+    def _upload(self, index: int, plan: SegmentPlan, segment: LocalSegment) -> RemoteSegment:
+        assert plan.peer is not None
+        return RemoteSegment.upload(
+            plan.peer,
+            self.channels[plan.peer],
+            f"{self.name}-{index}",
+            segment,
+            self.timeout_seconds,
+            self.home,
+        )

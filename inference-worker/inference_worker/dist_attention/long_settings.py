@@ -42,7 +42,8 @@ class LongContextSettings(BaseModel):
     segment_tokens: int = Field(
         4096,
         ge=1,
-        description="most tokens of one segment placed on a peer (one AppendKV series, one release)",
+        description="most tokens of one segment placed on a peer (one AppendKV series, one release); at most "
+        "the KV pool's tokens less one block (a segment is prefilled in the pool)",
     )
     peer_timeout_seconds: float = Field(
         10.0, gt=0, description="longest wait for one call to a peer; past it the peer counts as lost"

@@ -3,20 +3,21 @@
 
     TurnEngine.run_turn ──kept prompt + max_tokens > pool──> LongTurns.run
         ──> room asked of each peer (long_context.peers and, with peers_from_scheduler,
-            the workers the turn names; DescribeLending) ──> LongContext.place_far (oldest
-            segments computed and appended to peers) ──> the engine prefills the newest
-            tokens and decodes, batched with the other turns, merging the far partials
-            (engine/far_kv.py) ──> release the segments
+            the workers the turn names; DescribeLending) ──> far_prefill.place_far (the
+            oldest segments prefilled in the engine's steps and appended to peers) ──> the
+            engine prefills the newest tokens and decodes, batched with the other turns,
+            merging the far partials (engine/far_kv.py) ──> release the segments
         a peer lost mid-turn: the engine hands the sequence back ──> place_far again over
             the peers left (or UNAVAILABLE) ──> resubmitted
 
 Decisions:
 - The newest tokens (up to the pool's capacity, room for max_tokens included) run in the
   engine's pool like any sequence's, in its batched steps: a long turn's decode is one
-  more row of the step, its attention a merge of the pool's partial (torch's flash
-  kernel with log-sum-exp; the C decode kernel returns none) and its peers'. The far part
-  is computed beside the engine on its own thread, one turn at a time (a lock): that
-  forward needs no pool memory, only a staging buffer of one segment.
+  more row of the step, its attention a merge of the pool's partial (the C decode
+  kernel's entry point with log-sum-exp) and its peers'. The far part is prefilled in the
+  engine's steps too, one segment at a time staged in the pool (far_prefill.py), so long
+  turns' prefills interleave with the other turns' steps under the engine's token budget;
+  a segment is therefore at most the pool's capacity less one block.
 - One sample, no reuse: a long turn neither loads stored chunks nor saves its KV (its
   KV lives in several places; the next turn recomputes it), and n > 1 is refused.
 - The room on each peer is what its DescribeLending reports now (held vs max_held_bytes);
@@ -40,6 +41,7 @@ from attnstore.worker.v1 import micro_attention_pb2 as pb
 from inference_worker.decoding import IncrementalDetokenizer
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.dgfm import DebtSwaps
+from inference_worker.dist_attention.far_prefill import place_far
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
@@ -64,17 +66,14 @@ class LongTurns:
         settings: LongContextSettings,
         limits: MicroAttentionLimits,
         engine: Engine,
-        *,
-        chunk_tokens: int,
     ) -> None:
         """`limits`: what this worker lends (its MicroAttention's HeldKV, made here: DGFM
         keeps recalled KV there too); `engine`: runs the turns' newest tokens (at most its
-        pool's capacity); `chunk_tokens`: tokens per prefill forward of the far part. Reads
-        the peer channel's credentials now (a bad file stops the start)."""
+        pool's capacity; it prefills the far parts too, far_prefill.py). Reads the peer
+        channel's credentials now (a bad file stops the start)."""
         self.settings = settings
         self.engine = engine
         self.local_tokens = engine.pool.num_blocks * engine.pool.block_tokens
-        self.chunk_tokens = chunk_tokens
         self.tokenizer: PreTrainedTokenizerBase = model.tokenizer
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
         self.held = HeldKV(limits, node=settings.advertise_address)
@@ -82,7 +81,6 @@ class LongTurns:
         self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn
-        self._one_at_a_time = asyncio.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -163,8 +161,9 @@ class LongTurns:
         turn_peers = sorted({*self.settings.peers, *peers} - {self.settings.advertise_address})
         context = LongContext(
             self.runner, self.channels, lambda: self.peer_room_tokens(turn_peers),
-            local_tokens=self.local_tokens, segment_tokens=self.settings.segment_tokens,
-            chunk_tokens=self.chunk_tokens, timeout_seconds=self.settings.peer_timeout_seconds,
+            local_tokens=self.local_tokens, segment_tokens=self.segment_tokens,
+            chunk_tokens=self.segment_tokens,  # its own prefill's (LongContext.prefill): unused here
+            timeout_seconds=self.settings.peer_timeout_seconds,
             home=self.settings.advertise_address,
         )  # fmt: skip
         first_token_at: float | None = None
@@ -199,11 +198,15 @@ class LongTurns:
             sink_tokens=truncation.sink_tokens, samples=(SampleStats(generated, reason),),
         )  # fmt: skip
 
+    @property
+    def segment_tokens(self) -> int:
+        """long_context.segment_tokens, at most what the pool stages (far_prefill.py)."""
+        return max(1, min(self.settings.segment_tokens, self.local_tokens - self.engine.pool.block_tokens))
+
     async def _place(self, context: LongContext, seq: Sequence) -> int:
-        """The far part of `seq`'s prompt computed and placed on peers (one turn at a time:
-        this forward runs on its own thread beside the engine's); where the near part starts."""
-        async with self._one_at_a_time:
-            return await asyncio.to_thread(context.place_far, list(seq.token_ids), seq.max_new_tokens)
+        """The far part of `seq`'s prompt prefilled in the engine's steps and placed on
+        peers; where the near part starts."""
+        return await place_far(self.engine, context, list(seq.token_ids), seq.max_new_tokens)
 
     @staticmethod
     def _near_part(seq: Sequence, start: int, context: LongContext) -> Sequence:

@@ -55,11 +55,12 @@ class PagedDecodeKernel:
     """Decode attention for one layer: `__call__` fills the decode rows of `out`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._functions = {}
+        self._functions, self._lse_functions = {}, {}
         for dtype, name in _FUNCTIONS.items():
-            function = getattr(library, name)
+            function, with_lse = getattr(library, name), getattr(library, f"{name}_lse")
             function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
-            self._functions[dtype] = function
+            with_lse.argtypes, with_lse.restype = [*_ARGTYPES, _c_ptr], ctypes.c_int
+            self._functions[dtype], self._lse_functions[dtype] = function, with_lse
 
     def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
         return device.type == "cpu" and dtype in self._functions
@@ -76,19 +77,33 @@ class PagedDecodeKernel:
         *,
         scale: float,
         window: int | None,
+        lse: torch.Tensor | None = None,
     ) -> None:
         """q, out [tokens, heads, D] (contiguous); k, v one layer of the pool [kv_heads,
         blocks, B, D]; rows [sequences] int64 (each decode token's row), tables [sequences,
         max_blocks] int32, lens [sequences] int32 (context tokens, the decode token's own
-        included). Writes out[rows]; the other rows are left as they are."""
-        if not all(t.is_contiguous() for t in (q, k, v, out, rows, tables, lens)):
+        included). Writes out[rows]; the other rows are left as they are. `lse` [sequences,
+        heads] fp32, when given: each head's log-sum-exp of its scaled scores (a partial,
+        dist_attention/partial.py)."""
+        tensors = (
+            (q, k, v, out, rows, tables, lens) if lse is None else (q, k, v, out, rows, tables, lens, lse)
+        )
+        if not all(t.is_contiguous() for t in tensors):
             raise ValueError("the paged decode kernel reads contiguous tensors only")
+        if lse is not None and (lse.dtype != torch.float32 or lse.shape != (rows.shape[0], q.shape[1])):
+            raise ValueError(
+                f"lse must be fp32 [{rows.shape[0]}, {q.shape[1]}], not {lse.dtype} {list(lse.shape)}"
+            )
         kv_heads, blocks, block_tokens, head_dim = k.shape
-        status = self._functions[q.dtype](
+        arguments = (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows.data_ptr(),
             tables.data_ptr(), lens.data_ptr(), rows.shape[0], q.shape[1], kv_heads, head_dim,
             blocks, block_tokens, tables.shape[1], window or 0, torch.get_num_threads(), scale,
         )  # fmt: skip
+        if lse is None:
+            status = self._functions[q.dtype](*arguments)
+        else:
+            status = self._lse_functions[q.dtype](*arguments, lse.data_ptr())
         if status:
             raise RuntimeError(
                 f"paged decode kernel failed (status {status}: 1 unsupported heads, 2 no memory)"

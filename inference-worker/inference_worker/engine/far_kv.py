@@ -4,8 +4,9 @@ dist_attention/context.py), run in the engine's batched steps beside the others.
 Such a sequence's tokens in the engine are only its newest ones, at explicit positions
 after the far part; their KV is in the pool as any sequence's. Per layer, the far part's
 partial attention is started first (remote calls in flight), the pool's part is computed
-with the rest of the batch's attention, as a partial (output and log-sum-exp, the torch
-path: the C decode kernel returns no log-sum-exp), and the two merge exactly.
+with the rest of the batch's attention, as a partial (output and log-sum-exp: a decode
+row by the C decode kernel's entry point with log-sum-exp, prefill rows by torch's flash
+kernel over the gathered slots), and the two merge exactly.
 
     step: far.frozen held ──> per layer: far.attend(...) started ──> the batch's attention
           ──> pool partial of the far rows ──> merge with the far partial ──> out
@@ -53,8 +54,11 @@ class FarRows:
     seq: Sequence
     far: FarKV  # seq.far
     rows: slice  # its new tokens' rows in the flattened batch
-    slots: torch.Tensor  # [context] pool slots of its tokens so far, the new ones included
+    # [context] pool slots of its tokens so far, the new ones included; None when the decode
+    # kernel attends its one row (`decode_index`: its row in the step's DecodeTables)
+    slots: torch.Tensor | None
     positions: range  # their positions
+    decode_index: int | None = None
 
 
 def attend_far(
@@ -67,15 +71,36 @@ def attend_far(
     *,
     scale: float,
     window: int | None,
+    lse: torch.Tensor | None,
 ) -> None:
     """Writes out[part.rows]: q's rows over the pool's part (k_pool, v_pool one layer of
-    the pool [kv_heads, blocks, B, D]) merged with the far partial."""
+    the pool [kv_heads, blocks, B, D]) merged with the far partial. A part with a
+    `decode_index` has its pool part in out[part.rows] already, its log-sum-exp in
+    lse[decode_index] (the decode kernel's)."""
+    if part.decode_index is not None:
+        assert lse is not None
+        local = Partial(out[part.rows].float(), lse[part.decode_index : part.decode_index + 1])
+    else:
+        local = _pool_partial(q, k_pool, v_pool, part, scale=scale, window=window)
+    out[part.rows] = merge([local, far()]).out.to(out.dtype)
+
+
+def _pool_partial(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    part: FarRows,
+    *,
+    scale: float,
+    window: int | None,
+) -> Partial:
+    """q's rows over the part's pool slots, gathered (torch's flash kernel with log-sum-exp)."""
+    assert part.slots is not None
     kv_heads, dim = k_pool.shape[0], k_pool.shape[-1]
     keys = k_pool.view(kv_heads, -1, dim).index_select(1, part.slots).transpose(0, 1)  # [T, kv_heads, D]
     values = v_pool.view(kv_heads, -1, dim).index_select(1, part.slots).transpose(0, 1)  # [T, kv_heads, D]
     new = part.rows.stop - part.rows.start
     q_positions = part.positions[len(part.positions) - new :]
-    local = partial_attention(
+    return partial_attention(
         q[part.rows], keys, values, q_positions, part.positions, scale=scale, window=window
     )
-    out[part.rows] = merge([local, far()]).out.to(out.dtype)

@@ -87,6 +87,7 @@ class Batch:
     prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]]  # stored KV to write first, its slots
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
     far: list[FarRows] = field(default_factory=list)  # the slices of sequences with far KV
+    far_decode: DecodeTables | None = None  # the far rows the kernel attends, with log-sum-exp
 
 
 # (layer, its input hidden states [tokens, hidden], the batch): restore/capture.py saves them
@@ -135,6 +136,7 @@ class PagedModelRunner:
         decodes: list[tuple[int, list[int], int]] = []  # the kernel's: row, block table, context tokens
         prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]] = []
         far: list[FarRows] = []
+        far_decodes: list[tuple[int, list[int], int]] = []  # as `decodes`, of far sequences
         size = self.kv.block_tokens
         for item in work:
             seq, start = item.seq, item.seq.computed_tokens
@@ -155,10 +157,17 @@ class PagedModelRunner:
             if seq.far is not None:  # attended with its far partial (far_kv.py)
                 part.far = True
                 first = seq.positions_of(0, 1)[0]
-                context_slots = torch.tensor(
-                    slots_of(table, size, 0, stop), dtype=torch.long, device=self.device
-                )
-                far.append(FarRows(seq, seq.far, rows, context_slots, range(first, first + stop)))
+                if self.decode_kernel is not None and item.tokens == 1 and start > 0:
+                    # its positions follow its slots: the kernel's case, with log-sum-exp
+                    far.append(
+                        FarRows(seq, seq.far, rows, None, range(first, first + stop), len(far_decodes))
+                    )
+                    far_decodes.append((rows.start, table, stop))
+                else:
+                    context_slots = torch.tensor(
+                        slots_of(table, size, 0, stop), dtype=torch.long, device=self.device
+                    )
+                    far.append(FarRows(seq, seq.far, rows, context_slots, range(first, first + stop)))
             elif self.decode_kernel is not None and part.is_decode:
                 part.kernel = True
                 decodes.append((rows.start, table, stop))
@@ -180,6 +189,7 @@ class PagedModelRunner:
             prefixes=prefixes,
             seqs=[item.seq for item in work],
             far=far,
+            far_decode=DecodeTables.of(far_decodes, device) if far_decodes else None,
         )
 
     def _reads_pool(self, part: SequenceSlice) -> bool:
@@ -230,10 +240,19 @@ class PagedModelRunner:
                     q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
                     scale=attn.scaling, window=self.windows[index],
                 )  # fmt: skip
+            lse = None
+            if batch.far_decode is not None:
+                assert self.decode_kernel is not None  # only then does `prepare` fill it
+                decode = batch.far_decode
+                lse = torch.empty(decode.rows.shape[0], q.shape[1], device=q.device)
+                self.decode_kernel(
+                    q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
+                    scale=attn.scaling, window=self.windows[index], lse=lse,
+                )  # fmt: skip
             for part, partial in zip(batch.far, far, strict=True):
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
-                               scale=attn.scaling, window=self.windows[index])  # fmt: skip
+                               scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
             hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
             hidden = hidden + mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]

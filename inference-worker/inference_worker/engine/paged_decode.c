@@ -12,7 +12,9 @@
  * window > 0: only the last `window` keys are seen (sliding-window layers). threads: OpenMP
  * threads (torch's count: the calling thread may not be the one torch set it in).
  * Element types: float32 (f32) or bfloat16 (bf16, read as the upper half of a float32);
- * accumulation in float32. Softmax is exact (max, exp, sum), not online. */
+ * accumulation in float32. Softmax is exact (max, exp, sum), not online.
+ * paged_decode_lse_*: the same, also writing lse [sequences, heads] float32, the log-sum-exp
+ * of each head's scaled scores (DistAttention merges the pool's partial with the far KV's). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -71,10 +73,10 @@ static inline void prefetch_rows(const void *start, int bytes) {
                (t) % block_tokens) * head_dim)
 
 #define DEFINE_PAGED_DECODE(NAME, T, LOAD, STORE)                                                  \
-    int NAME(const T *q, const T *k, const T *v, T *out, const int64_t *rows,                     \
+    static int NAME##_any(const T *q, const T *k, const T *v, T *out, const int64_t *rows,        \
              const int32_t *tables, const int32_t *lens, int sequences, int heads, int kv_heads,   \
              int head_dim, int64_t blocks, int block_tokens, int max_blocks, int window,           \
-             int threads, float scale) {                                                           \
+             int threads, float scale, float *lse) {                                               \
         const int group = heads / kv_heads;                                                        \
         const int row_bytes = head_dim * (int)sizeof(T);                                           \
         if (group > MAX_GROUP || group * kv_heads != heads) return 1;                              \
@@ -138,6 +140,7 @@ static inline void prefetch_rows(const void *start, int bytes) {
                         sg[i] = exp_nonpositive(sg[i] - top);                                      \
                         sum += sg[i];                                                              \
                     }                                                                              \
+                    if (lse != NULL) lse[(int64_t)s * heads + h * group + g] = top + logf(sum);    \
                     const float inverse = 1.f / sum;                                               \
                     _Pragma("omp simd") for (int i = 0; i < n; i++) sg[i] *= inverse;              \
                 }                                                                                  \
@@ -171,6 +174,20 @@ static inline void prefetch_rows(const void *start, int bytes) {
             free(acc);                                                                             \
         }                                                                                          \
         return failed ? 2 : 0;                                                                     \
+    }                                                                                              \
+    int NAME(const T *q, const T *k, const T *v, T *out, const int64_t *rows,                     \
+             const int32_t *tables, const int32_t *lens, int sequences, int heads, int kv_heads,   \
+             int head_dim, int64_t blocks, int block_tokens, int max_blocks, int window,           \
+             int threads, float scale) {                                                           \
+        return NAME##_any(q, k, v, out, rows, tables, lens, sequences, heads, kv_heads, head_dim,  \
+                          blocks, block_tokens, max_blocks, window, threads, scale, NULL);         \
+    }                                                                                              \
+    int NAME##_lse(const T *q, const T *k, const T *v, T *out, const int64_t *rows,               \
+             const int32_t *tables, const int32_t *lens, int sequences, int heads, int kv_heads,   \
+             int head_dim, int64_t blocks, int block_tokens, int max_blocks, int window,           \
+             int threads, float scale, float *lse) {                                               \
+        return NAME##_any(q, k, v, out, rows, tables, lens, sequences, heads, kv_heads, head_dim,  \
+                          blocks, block_tokens, max_blocks, window, threads, scale, lse);          \
     }
 
 #define IDENTITY(x) (x)

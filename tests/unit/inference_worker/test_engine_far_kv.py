@@ -3,7 +3,8 @@ positions split at a random point into 1-3 segments computed by the distributed 
 (what peers hold), its newest tokens run by the engine beside a plain sequence, prefilled
 in chunks of a random size and decoded in shared steps. Every logit of both sequences is
 within 1e-4 (fp32) of a plain forward of its whole sequence, for any split (seeded random
-draws), with sliding-window layers too, and on CUDA (skipped without a GPU)."""
+draws), with sliding-window layers too, with the far decodes' pool part from the C decode
+kernel's log-sum-exp entry point or from torch, and on CUDA (skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
 from inference_worker.engine.engine import Engine, StepOutput
-from inference_worker.engine.model_runner import PagedModelRunner
+from inference_worker.engine.model_runner import Batch, PagedModelRunner, Work
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
 
@@ -62,7 +63,7 @@ async def collect(engine: Engine, seq: Sequence) -> list[StepOutput]:
     return outputs
 
 
-async def run_split(model: PreTrainedModel, seed: int) -> None:
+async def run_split(model: PreTrainedModel, seed: int, *, decode_kernel: bool = True) -> None:
     draw = random.Random(seed)
     device = model.device
     prompt = [draw.randrange(256) for _ in range(draw.randint(30, 120))]
@@ -74,8 +75,20 @@ async def run_split(model: PreTrainedModel, seed: int) -> None:
     near = Sequence.of(prompt[split:], bytes(16), positions=list(range(split, len(prompt))), far=far,
                        max_new_tokens=NEW_TOKENS)  # fmt: skip
     kv = PagedKV(ModelGeometry.of(model.config), 64, BLOCK, torch.float32, device)
-    engine = Engine(PagedModelRunner(model, kv), BlockPool(64, BLOCK),
-                    max_batch_tokens=draw.choice([5, 16, 48]), max_batch_sequences=4)  # fmt: skip
+    paged = PagedModelRunner(model, kv, decode_kernel=decode_kernel)
+    kernel_steps = 0  # steps whose far decode rows the C kernel attends (with log-sum-exp)
+    prepare = paged.prepare
+
+    def counted(work: list[Work]) -> Batch:
+        nonlocal kernel_steps
+        batch = prepare(work)
+        kernel_steps += batch.far_decode is not None
+        return batch
+
+    paged.prepare = counted  # type: ignore[method-assign]
+    engine = Engine(
+        paged, BlockPool(64, BLOCK), max_batch_tokens=draw.choice([5, 16, 48]), max_batch_sequences=4
+    )
     try:
         far_outputs, plain_outputs = await asyncio.gather(
             collect(engine, near), collect(engine, Sequence.of(plain, max_new_tokens=NEW_TOKENS))
@@ -86,11 +99,17 @@ async def run_split(model: PreTrainedModel, seed: int) -> None:
     assert_plain_logits(model, prompt, far_outputs, NEW_TOKENS)
     assert_plain_logits(model, plain, plain_outputs, NEW_TOKENS)
     assert engine.stats.max_batch_sequences == 2 and far.calls > 0
+    assert (kernel_steps > 0) == (decode_kernel and paged.decode_kernel is not None)
 
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_any_split_gives_plain_logits_in_shared_steps(tiny_llama: PreTrainedModel, seed: int) -> None:
     await run_split(tiny_llama, seed)
+
+
+@pytest.mark.parametrize("seed", range(2))
+async def test_far_decodes_through_torch_without_the_kernel(tiny_llama: PreTrainedModel, seed: int) -> None:
+    await run_split(tiny_llama, seed, decode_kernel=False)
 
 
 @pytest.mark.parametrize("seed", range(2))
