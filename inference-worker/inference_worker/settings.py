@@ -195,6 +195,10 @@ class WorkerSettings(ServiceSettings):
     def _check_consistency(self) -> WorkerSettings:
         if self.kvstore_address is None and self.kvstore_shm_dir is not None:
             raise ValueError("kvstore_shm_dir needs kvstore_address")
+        if self.kvstore_address is None and self.long_context.advertise_kvstore_address:
+            raise ValueError(
+                "long_context.advertise_kvstore_address needs kvstore_address (its daemon attaches)"
+            )
         if self.chunk_tokens % self.block_tokens:
             raise ValueError(
                 f"block_tokens ({self.block_tokens}) must divide chunk_tokens ({self.chunk_tokens}): a "

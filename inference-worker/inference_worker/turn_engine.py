@@ -47,6 +47,7 @@ from inference_worker.decoding import (
     sample_params,
     stop_token_ids,
 )
+from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.long_turn import LongTurns
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
@@ -122,7 +123,13 @@ class TurnEngine:
             shift = None
         self.engine = _build_engine(model, geometry, settings)
         self.restore = TurnRestore(restore, self.engine.runner, shift) if restore is not None else None
-        self.long_turns = LongTurns(model, settings.long_context, settings.micro_attention, self.engine)
+        attacher = ChunkAttacher(
+            settings.kvstore_channel.load("kvstore_channel"), settings.kvstore_channel.ssl_context(),
+            settings.chunk_tokens, settings.long_context.peer_timeout_seconds,
+        )  # fmt: skip
+        self.long_turns = LongTurns(
+            model, settings.long_context, settings.micro_attention, self.engine, attacher
+        )
         self._saver = ChunkSaver(kvstore) if kvstore is not None else None
         self.prefiller = Prefiller(
             self.engine,

@@ -26,7 +26,9 @@ import grpc
 import structlog
 import torch
 
+from attnstore.chunks.keys import NAMESPACE_BYTES
 from attnstore.errors import InvalidArgument, Unavailable
+from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.partial import Partial
 from inference_worker.dist_attention.placement import ContextTooLong, SegmentPlan, plan_segments
 from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
@@ -55,10 +57,13 @@ class LongContext:
         chunk_tokens: int,
         timeout_seconds: float = 5.0,
         home: str = "",
+        attacher: ChunkAttacher | None = None,
     ) -> None:
         """`peer_room_tokens`: tokens each live peer may hold now (the pool's ledger).
         `local_tokens`: the most tokens of this sequence kept here, decoded ones included.
-        `home`: this worker's advertised address, named to the peers as the borrower."""
+        `home`: this worker's advertised address, named to the peers as the borrower.
+        `attacher`: places segments through the peers' daemons (attach.py) where they have
+        one; without it, or where that fails, segments are appended (AppendKV)."""
         self.runner = runner
         self.channels = channels
         self.peer_room_tokens = peer_room_tokens
@@ -67,6 +72,8 @@ class LongContext:
         self.chunk_tokens = chunk_tokens
         self.timeout_seconds = timeout_seconds
         self.home = home
+        self.attacher = attacher
+        self.chunk_namespace = b""  # of its chunks in the peers' daemons, new with each plan (_plan)
         self.frozen = threading.RLock()  # held by each step; DGFM moves segments only between steps
         self.name = uuid.uuid4().hex  # its segments' ids on peers that many workers borrow from
         self.token_ids: list[int] = []
@@ -181,6 +188,9 @@ class LongContext:
     def _plan(self) -> list[SegmentPlan]:
         """The segments of the whole context over the peers not lost (what was placed before released)."""
         self.close()
+        # KV recomputed after a loss may differ in its last bits (other batches): its chunks
+        # must not meet the first computation's under the same keys.
+        self.chunk_namespace = uuid.uuid4().bytes[:NAMESPACE_BYTES]
         room = {a: n for a, n in self.peer_room_tokens().items() if a not in self.lost}
         context = len(self.token_ids) + self.new_tokens_left
         try:
@@ -203,11 +213,11 @@ class LongContext:
 
     def _upload(self, index: int, plan: SegmentPlan, segment: LocalSegment) -> RemoteSegment:
         assert plan.peer is not None
-        return RemoteSegment.upload(
-            plan.peer,
-            self.channels[plan.peer],
-            f"{self.name}-{index}",
-            segment,
-            self.timeout_seconds,
-            self.home,
-        )
+        segment_id, channel = f"{self.name}-{index}", self.channels[plan.peer]
+        if self.attacher is not None:
+            attached = self.attacher.attach(
+                plan.peer, channel, segment_id, segment, self.token_ids, self.chunk_namespace, self.home
+            )
+            if attached is not None:
+                return attached
+        return RemoteSegment.upload(plan.peer, channel, segment_id, segment, self.timeout_seconds, self.home)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from attnstore.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
+from inference_worker.dist_attention.address import check_address
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.partial import Partial, merge
 from inference_worker.dist_attention.segment import LocalSegment
@@ -81,6 +82,8 @@ class HeldKV:
         borrower is `home` (fixed by the first append)."""
         if not segment_id:
             raise InvalidArgument("segment_id is empty")
+        if home:
+            check_address(home, "home")
         if k.shape != v.shape or k.dtype != v.dtype:
             raise InvalidArgument(f"keys {list(k.shape)} and values {list(v.shape)} differ")
         size = 2 * k.numel() * k.element_size()
@@ -121,6 +124,14 @@ class HeldKV:
             self._held_bytes += size
             self._touched[segment_id] = self._clock()
             return segment
+
+    def layer_digests(self, segment_id: str) -> tuple[int, ...]:
+        """Per layer, the digest of the segment's KV (wire.layer_digest)."""
+        with self._lock:
+            crcs = self._crcs.get(segment_id)
+        if crcs is None:
+            raise NotFound(f"no segment {segment_id!r} here (released meanwhile)")
+        return tuple(layer_digest(*layer) for layer in crcs)
 
     def partial(
         self,

@@ -54,6 +54,13 @@ class LongContextSettings(BaseModel):
         "their peers): names this worker as the home of the KV it places, so DGFM can recall it; empty = "
         "this worker takes no part in DGFM",
     )
+    advertise_kvstore_address: str = Field(
+        "",
+        description="host:port at which other workers reach this worker's KV-store daemon (its kvstore_address "
+        "as seen from them), reported in DescribeLending: a long turn's home then puts the segments it places "
+        "here in that daemon and attaches them (AttachChunks) instead of appending them (AppendKV); empty = "
+        "homes append; needs kvstore_address",
+    )
     dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"

@@ -39,6 +39,8 @@ from attnstore.chunks.keys import NAMESPACE_BYTES
 from attnstore.errors import InvalidArgument
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from inference_worker.decoding import IncrementalDetokenizer
+from inference_worker.dist_attention.address import check_address
+from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.far_prefill import place_far
@@ -56,8 +58,6 @@ from inference_worker.turn_types import SampleStats, TokenEvent, TurnStats
 
 log = structlog.get_logger("dist_attention.long_turn")
 
-_MAX_ADDRESS_CHARS = 255  # a DNS name is at most 253 characters, plus the port
-
 
 class LongTurns:
     def __init__(
@@ -66,13 +66,16 @@ class LongTurns:
         settings: LongContextSettings,
         limits: MicroAttentionLimits,
         engine: Engine,
+        attacher: ChunkAttacher,
     ) -> None:
         """`limits`: what this worker lends (its MicroAttention's HeldKV, made here: DGFM
         keeps recalled KV there too); `engine`: runs the turns' newest tokens (at most its
-        pool's capacity; it prefills the far parts too, far_prefill.py). Reads the peer
-        channel's credentials now (a bad file stops the start)."""
+        pool's capacity; it prefills the far parts too, far_prefill.py); `attacher`: places
+        segments through the daemons the peers report (attach.py). Reads the peer channel's
+        credentials now (a bad file stops the start)."""
         self.settings = settings
         self.engine = engine
+        self.attacher = attacher
         self.local_tokens = engine.pool.num_blocks * engine.pool.block_tokens
         self.tokenizer: PreTrainedTokenizerBase = model.tokenizer
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
@@ -96,10 +99,7 @@ class LongTurns:
             raise InvalidArgument(
                 f"{len(requested)} long_context_peers, more than the {self.settings.max_turn_peers} allowed"
             )
-        for address in requested:
-            if not address or len(address) > _MAX_ADDRESS_CHARS or any(c.isspace() for c in address):
-                raise InvalidArgument(f"long_context_peers entry {address[:80]!r} is not a gRPC target")
-        return tuple(requested)
+        return tuple(check_address(address, "long_context_peers entry") for address in requested)
 
     @property
     def runner(self) -> DistributedRunner:
@@ -115,7 +115,7 @@ class LongTurns:
         self.channels.close()
 
     def peer_room_tokens(self, peers: Iterable[str]) -> dict[str, int]:
-        """Tokens of KV each answering peer may take now."""
+        """Tokens of KV each answering peer may take now (and its daemon, for the attacher)."""
         room = {}
         for address in peers:
             try:
@@ -127,6 +127,7 @@ class LongTurns:
                     "long_context_peer_silent", peer=address, error=f"{exc.code().name}: {exc.details()}"
                 )
                 continue
+            self.attacher.learn(address, lending)
             per_token = self.runner.geometry.kv_bytes_per_token(self.runner.dtype.itemsize)
             room[address] = max(0, lending.max_held_bytes - lending.held_bytes) // per_token
         return room
@@ -164,7 +165,7 @@ class LongTurns:
             local_tokens=self.local_tokens, segment_tokens=self.segment_tokens,
             chunk_tokens=self.segment_tokens,  # its own prefill's (LongContext.prefill): unused here
             timeout_seconds=self.settings.peer_timeout_seconds,
-            home=self.settings.advertise_address,
+            home=self.settings.advertise_address, attacher=self.attacher,
         )  # fmt: skip
         first_token_at: float | None = None
         local: Sequence | None = None

@@ -158,6 +158,22 @@ class RemoteSegment:
             started = time.perf_counter()
             _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
             costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)
+        return cls.placed(address, stub, segment_id, local, timeout_seconds, costs)
+
+    @classmethod
+    def placed(
+        cls,
+        address: str,
+        stub: micro_attention_pb2_grpc.MicroAttentionStub,
+        segment_id: str,
+        local: LocalSegment,
+        timeout_seconds: float,
+        costs: CostModel,
+    ) -> RemoteSegment:
+        """The peer's segment holding `local`'s KV (appended, or attached: attach.py), with
+        the digests of `local`'s layers that every later read must match."""
+        layers, _, kv_heads, dim = local.k.shape
+        per_token = 2 * layers * kv_heads * dim * local.k.element_size()
         digests = tuple(layer_digest(crc(k), crc(v)) for k, v in map(local.layer_kv, range(layers)))
         return cls(address, stub, segment_id, local.start, local.tokens, per_token * local.tokens // layers,
                    layers, timeout_seconds, digests, costs=costs)  # fmt: skip

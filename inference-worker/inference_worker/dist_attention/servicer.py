@@ -23,10 +23,15 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
 
 
 class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
-    def __init__(self, swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None) -> None:
+    def __init__(
+        self, swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None, kvstore_address: str = ""
+    ) -> None:
+        """`kvstore_address`: the daemon's address as other workers reach it, reported in
+        DescribeLending (long_context.advertise_kvstore_address; empty: none)."""
         self._swaps = swaps
         self._held = swaps.held
         self._kvstore = kvstore
+        self._kvstore_address = kvstore_address
 
     async def AppendKV(
         self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext
@@ -71,8 +76,9 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
         segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v, request.home)
         return pb.AttachChunksResponse(
-            segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes
-        )
+            segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes,
+            layer_digests=self._held.layer_digests(request.segment_id),
+        )  # fmt: skip
 
     async def ReleaseKV(
         self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext
@@ -85,7 +91,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         held_for = [pb.HeldFor(home=home, bytes=size) for home, size in sorted(self._held.held_for().items())]
         return pb.DescribeLendingResponse(
             held_bytes=self._held.held_bytes, max_held_bytes=self._held.limits.max_held_bytes,
-            node=self._held.node, held_for=held_for,
+            node=self._held.node, held_for=held_for, kvstore_address=self._kvstore_address,
         )  # fmt: skip
 
     async def RecallKV(
@@ -95,10 +101,12 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         return pb.RecallKVResponse(moved_bytes=moved)
 
 
-def add_to_server(swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server) -> str:
-    """Registers the service (what `swaps.held` lends, DGFM's recalls); its name, for the
-    health service."""
+def add_to_server(
+    swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server, kvstore_address: str = ""
+) -> str:
+    """Registers the service (what `swaps.held` lends, DGFM's recalls; `kvstore_address`
+    as in MicroAttentionServicer); its name, for the health service."""
     micro_attention_pb2_grpc.add_MicroAttentionServicer_to_server(
-        MicroAttentionServicer(swaps, kvstore), server
+        MicroAttentionServicer(swaps, kvstore, kvstore_address), server
     )
     return SERVICE_NAME

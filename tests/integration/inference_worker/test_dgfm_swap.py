@@ -7,7 +7,9 @@ the sequence goes on decoding with logits within 1e-4 of the plain forward. A bu
 smaller than the oldest segment moves nothing. A segment whose KV on the worker is no
 longer the KV uploaded (re-created under its id) is never attended, pulled nor recalled:
 each read checks the upload's digests, and the sequence recomputes (here, with no other
-peer, fails UNAVAILABLE) instead of answering from it. RecallKV answers bad input with
+peer, fails UNAVAILABLE) instead of answering from it. The same recall holds for
+segments attached through the worker's daemon (the home puts the chunks there, the worker
+attaches them, AttachChunks, and reports the digests the home checks). RecallKV answers bad input with
 INVALID_ARGUMENT, and FAILED_PRECONDITION on a worker with no advertised address; a
 creditor nobody owes anything moves 0 bytes."""
 
@@ -19,13 +21,16 @@ import grpc
 import pytest
 import torch
 from prometheus_client import REGISTRY
+from running_daemon import MiB, running_daemon
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from attnstore.errors import FailedPrecondition, InvalidArgument
+from attnstore.kvstore_client import KVStoreClient
 from attnstore.server.ports import free_port
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
+from inference_worker.dist_attention.attach import ChunkAttacher, segment_keys
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.cost_model import Mode
 from inference_worker.dist_attention.dgfm import DebtSwaps
@@ -44,9 +49,23 @@ from inference_worker.dist_attention.segment import RecalledSegment
 from inference_worker.dist_attention.wire import to_wire
 from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
+from kvstore_daemon.launcher import DaemonProcess
 
 TOLERANCE = 1e-4
 PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS = 150, 6, 48
+
+
+@pytest.fixture(scope="module")
+def attaching_creditor(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel
+) -> Iterator[tuple[WorkerProcess, DaemonProcess]]:
+    """A worker with a daemon it advertises (long_context.advertise_kvstore_address)."""
+    root, address = tmp_path_factory.mktemp("dgfm-attach"), f"127.0.0.1:{free_port()}"
+    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon:
+        settings = {"listen_address": address, "kvstore_address": daemon.address,
+                    "long_context": {"advertise_address": address, "advertise_kvstore_address": daemon.address}}  # fmt: skip
+        with running_workers(root, tiny_model.model_dir, {"node": settings}) as started:
+            yield started["node"], daemon
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +119,43 @@ def test_recalled_segments_come_home_with_identical_answers(
     assert not any(isinstance(p, RemoteSegment) for p in context.places)
     assert sum(p.nbytes for p in context.places if isinstance(p, RecalledSegment)) == debt
     assert lending(channel).held_bytes == 0 and held.held_bytes == debt and held.held_for() == {}
+    decode(model, context, logits, steps=3)
+    context.close()
+    assert held.held_bytes == 0
+
+
+def test_attached_segments_are_recalled_with_identical_answers(
+    attaching_creditor: tuple[WorkerProcess, DaemonProcess], tiny_model: LoadedModel
+) -> None:
+    """Every segment placed on a worker that advertises its daemon goes through it: its
+    chunks are in that daemon, the worker holds them for home, and DGFM's recall brings them
+    home between decode steps with the logits still within 1e-4 of the plain forward."""
+    worker, daemon = attaching_creditor
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    address, channel = worker.address, peer_channel(worker.address)
+    held = HeldKV(MicroAttentionLimits(), node="home")
+    swaps = DebtSwaps(held, DgfmSettings(), PeerChannels(None), timeout_seconds=10)
+    attacher = ChunkAttacher(None, None, chunk_tokens=16, timeout_seconds=10)
+    attacher.learn(address, lending(channel))
+    assert attacher.daemons == {address: daemon.address}
+    context = LongContext(DistributedRunner(model), {address: channel}, lambda: {address: 400},
+                          local_tokens=LOCAL_TOKENS, segment_tokens=40, chunk_tokens=16, home="home",
+                          attacher=attacher)  # fmt: skip
+    prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(5)).tolist()
+    logits = decode(model, context, context.prefill(prompt, NEW_TOKENS), steps=2)
+    remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+    assert len(remote) == 3
+    with KVStoreClient(daemon.address) as client:  # each segment's chunks, in the worker's daemon
+        for segment in remote:
+            keys = segment_keys(context.chunk_namespace, prompt, segment.start, segment.stop, 16)
+            assert client.lookup(context.chunk_namespace, keys).prefix_length == len(keys)
+    debt = sum(segment.nbytes for segment in remote)
+    assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
+
+    with swaps.live(context):
+        assert swaps.recall(address, debt) == debt  # read back through ReadKV, digests checked
+    assert not any(isinstance(p, RemoteSegment) for p in context.places)
+    assert lending(channel).held_bytes == 0 and held.held_bytes == debt
     decode(model, context, logits, steps=3)
     context.close()
     assert held.held_bytes == 0

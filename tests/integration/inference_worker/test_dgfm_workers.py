@@ -7,19 +7,22 @@ asks each debtor to recall its KV (RecallKV, between two of its steps). While th
 run, a moment comes when every node holds only its own sequence's KV, as many bytes as it
 held for its borrower; the turns answer with the same greedy tokens as plain forwards of
 the whole sequence; afterwards nothing is held anywhere. With debts below the minimum
-swap size nothing moves."""
+swap size nothing moves. With each worker advertising a daemon of its own, the turns'
+segments are attached through the peers' daemons (AttachChunks) instead of appended, and
+the same cycle is swapped home with the same answers."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
+from running_daemon import MiB, running_daemon
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM
 
@@ -37,25 +40,39 @@ REMOTE_BYTES = (PROMPT_TOKENS + NEW_TOKENS - POOL_TOKENS) * KV_BYTES_PER_TOKEN
 
 
 @contextmanager
-def ring(root: Path, model_dir: Path, size: int, min_swap_bytes: int) -> Iterator[list[WorkerProcess]]:
+def ring(
+    root: Path, model_dir: Path, size: int, min_swap_bytes: int, daemons: bool
+) -> Iterator[list[WorkerProcess]]:
     """`size` workers, each with a KV pool of POOL_TOKENS and the next one as its only
-    peer."""
+    peer; with `daemons`, each with a daemon of its own that it advertises."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
-    settings = {
-        f"node-{i}": {
-            "listen_address": address,
-            "kv_memory_bytes": POOL_TOKENS * KV_BYTES_PER_TOKEN,
-            "long_context": {
-                "peers": [addresses[(i + 1) % size]],
-                "advertise_address": address,
-                "segment_tokens": 64,
-                "dgfm": {"period_seconds": 0.05, "min_swap_bytes": min_swap_bytes},
-            },
+    with ExitStack() as stack:
+        stores = []
+        for i in range(size if daemons else 0):
+            (root / f"daemon-{i}").mkdir()
+            stores.append(
+                stack.enter_context(
+                    running_daemon(root / f"daemon-{i}", dram_bytes=64 * MiB, ssd_bytes=64 * MiB)
+                )
+            )
+        settings = {
+            f"node-{i}": {
+                "listen_address": address,
+                "kv_memory_bytes": POOL_TOKENS * KV_BYTES_PER_TOKEN,
+                "long_context": {
+                    "peers": [addresses[(i + 1) % size]],
+                    "advertise_address": address,
+                    "segment_tokens": 64,
+                    "dgfm": {"period_seconds": 0.05, "min_swap_bytes": min_swap_bytes},
+                },
+            }
+            for i, address in enumerate(addresses)
         }
-        for i, address in enumerate(addresses)
-    }
-    with running_workers(root, model_dir, settings) as started:
-        yield list(started.values())
+        for node, store in zip(settings.values(), stores):
+            node["kvstore_address"] = store.address
+            node["long_context"]["advertise_kvstore_address"] = store.address  # type: ignore[index]
+        with running_workers(root, model_dir, settings) as started:
+            yield list(started.values())
 
 
 def greedy_turn(address: str, prompt: list[int]) -> list[int]:
@@ -88,14 +105,14 @@ def plain_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
 
 
 def run_turns_at_once(
-    size: int, root: Path, model_dir: Path, min_swap_bytes: int
+    size: int, root: Path, model_dir: Path, min_swap_bytes: int, daemons: bool = False
 ) -> tuple[bool, list[WorkerProcess]]:
     """A long turn on every worker of a ring at once, checked against plain forwards;
     whether a moment came when every node held only its own sequence's KV, as much as it
     lent, and the workers (stopped)."""
     gen = torch.Generator().manual_seed(size)
     prompts = [torch.randint(0, 300, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(size)]
-    with ring(root, model_dir, size, min_swap_bytes) as workers, ThreadPoolExecutor(size) as pool:
+    with ring(root, model_dir, size, min_swap_bytes, daemons) as workers, ThreadPoolExecutor(size) as pool:
         addresses = [worker.address for worker in workers]
         turns = [pool.submit(greedy_turn, address, prompt) for address, prompt in zip(addresses, prompts)]
         swapped = False
@@ -124,3 +141,12 @@ def test_a_cycle_of_debts_is_swapped_home_while_the_turns_answer_unchanged(
 def test_debts_below_the_minimum_swap_stay_where_they_are(tmp_path: Path, tiny_model: LoadedModel) -> None:
     swapped, workers = run_turns_at_once(2, tmp_path, tiny_model.model_dir, min_swap_bytes=REMOTE_BYTES + 1)
     assert not swapped and not any("dgfm_swap" in worker.log_path.read_text() for worker in workers)
+
+
+def test_attached_segments_of_live_turns_are_swapped_home(tmp_path: Path, tiny_model: LoadedModel) -> None:
+    swapped, workers = run_turns_at_once(
+        2, tmp_path, tiny_model.model_dir, min_swap_bytes=KV_BYTES_PER_TOKEN, daemons=True
+    )
+    assert swapped, "the cycle of attached debts was never swapped home"
+    logs = [worker.log_path.read_text() for worker in workers]
+    assert all("far_segment_attached" in log and "far_segment_attach_failed" not in log for log in logs)

@@ -216,6 +216,11 @@ def test_service_statuses(peers: list[WorkerProcess]) -> None:
             with pytest.raises(grpc.RpcError) as caught:
                 stub.PartialAttention(request)
             assert caught.value.code() is code, caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:  # a borrower no worker could be reached by
+        stub.AppendKV(pb.AppendKVRequest(segment_id="s1", start_position=0, keys=kv, values=kv, home="a b:1"))
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "home 'a b:1' is not a gRPC target" in caught.value.details()
+    assert stub.DescribeLending(pb.DescribeLendingRequest()).kvstore_address == ""  # no daemon advertised
     big = to_wire(torch.zeros(3, 6000, 2, 16))  # K and V 4.6 MB: past the 4 MiB lent
     with pytest.raises(grpc.RpcError) as caught:
         stub.AppendKV(pb.AppendKVRequest(segment_id="s2", keys=big, values=big))

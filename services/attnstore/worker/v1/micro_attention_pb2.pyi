@@ -103,14 +103,16 @@ class AttachChunksRequest(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., home: _Optional[str] = ...) -> None: ...
 
 class AttachChunksResponse(_message.Message):
-    __slots__ = ("segment_tokens", "start_position", "held_bytes")
+    __slots__ = ("segment_tokens", "start_position", "held_bytes", "layer_digests")
     SEGMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYER_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     segment_tokens: int
     start_position: int
     held_bytes: int
-    def __init__(self, segment_tokens: _Optional[int] = ..., start_position: _Optional[int] = ..., held_bytes: _Optional[int] = ...) -> None: ...
+    layer_digests: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, segment_tokens: _Optional[int] = ..., start_position: _Optional[int] = ..., held_bytes: _Optional[int] = ..., layer_digests: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseKVRequest(_message.Message):
     __slots__ = ("segment_id",)
@@ -129,16 +131,18 @@ class DescribeLendingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeLendingResponse(_message.Message):
-    __slots__ = ("held_bytes", "max_held_bytes", "node", "held_for")
+    __slots__ = ("held_bytes", "max_held_bytes", "node", "held_for", "kvstore_address")
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     HELD_FOR_FIELD_NUMBER: _ClassVar[int]
+    KVSTORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     held_bytes: int
     max_held_bytes: int
     node: str
     held_for: _containers.RepeatedCompositeFieldContainer[HeldFor]
-    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ..., node: _Optional[str] = ..., held_for: _Optional[_Iterable[_Union[HeldFor, _Mapping]]] = ...) -> None: ...
+    kvstore_address: str
+    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ..., node: _Optional[str] = ..., held_for: _Optional[_Iterable[_Union[HeldFor, _Mapping]]] = ..., kvstore_address: _Optional[str] = ...) -> None: ...
 
 class HeldFor(_message.Message):
     __slots__ = ("home", "bytes")
