@@ -21,8 +21,9 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
               KV: one worker alone vs the same worker with two peers (placement.py), each
               checked against the plain forward's logits and one token beyond refused
 
-One summary JSON line comes last; `--results` writes the whole run as JSON and its figure
-(plot.py) as PNG.
+One summary JSON line comes last; the whole run goes to bench/results/longctx.json and its
+figure (plot.py) to longctx.png (`--results NAME` for another name; `--quick` writes
+longctx-quick.*, which git ignores).
 """
 
 from __future__ import annotations
@@ -253,8 +254,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench longctx", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a few minutes)")
     parser.add_argument("--node-tokens", type=int, default=None, help="KV tokens each node keeps")
-    parser.add_argument("--results", type=str, default=None, help="name under bench/results/ for the JSON")
+    parser.add_argument(
+        "--results",
+        help="bench/results/<name>.json and .png (default longctx; longctx-quick with --quick, which git "
+        "ignores: a quick run never replaces the committed full run's files)",
+    )
     args = parser.parse_args(argv)
+    args.results = args.results or ("longctx-quick" if args.quick else "longctx")
     # One thread: on a shared 2-core machine a 2-thread kernel waits on whichever core
     # another tenant holds (measured: the same op 3.5 to 48 ms from run to run).
     torch.set_num_threads(1)
@@ -296,9 +302,8 @@ def main(argv: list[str] | None = None) -> None:
         "dgfm_remote_share_last_period_with": document["dgfm"]["with"][-1],
     }
     document["summary"] = summary
-    if args.results:
-        saved = save_results(args.results, document)
-        plot_longctx(document, TARGETS["split_overhead"], saved.with_suffix(".png"))
+    saved = save_results(args.results, document)
+    plot_longctx(document, TARGETS["split_overhead"], saved.with_suffix(".png"))
     print_report(format_table(document), verdicts(summary), summary)
 
 
