@@ -21,6 +21,7 @@ prefix loaded: no pool prefix hit), on a CPU (the flash kernel that returns log-
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ def attends_in_place(
         return False
     rows = seq.positions_of(start, stop)
     loaded = seq.positions[:start]
-    if any(b <= a for a, b in zip(rows, rows[1:], strict=False)) or min(rows) <= max(loaded):
+    if any(b <= a for a, b in itertools.pairwise(rows)) or min(rows) <= max(loaded):
         return False  # interleaved (repaired module tokens): the masked path
     span = rows[-1] - min(loaded)
     return all(window is None or span < window for window in windows)

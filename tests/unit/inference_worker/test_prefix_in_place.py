@@ -34,7 +34,9 @@ FIRST, SECOND, QUESTION = list(range(10, 27)), list(range(40, 53)), list(range(9
 
 def make_engine(model: PreTrainedModel) -> Engine:
     kv = PagedKV(ModelGeometry.of(model.config), 64, BLOCK, torch.float32, torch.device("cpu"))
-    return Engine(PagedModelRunner(model, kv), BlockPool(64, BLOCK), max_batch_tokens=64, max_batch_sequences=4)
+    return Engine(
+        PagedModelRunner(model, kv), BlockPool(64, BLOCK), max_batch_tokens=64, max_batch_sequences=4
+    )
 
 
 async def two_modules_then_question(model: PreTrainedModel, engine: Engine) -> tuple[Sequence, ModulePrompt]:
@@ -55,7 +57,9 @@ def served_kv(prompt: ModulePrompt, shift: RotaryShift) -> KV:
     layers = []
     for layer in range(len(prompt.pieces[0].module.kv)):
         keys = [shift.shift_keys(p.module.kv[layer][0], p.delta) for p in prompt.pieces]
-        layers.append((torch.cat(keys, dim=1), torch.cat([p.module.kv[layer][1] for p in prompt.pieces], dim=1)))
+        layers.append(
+            (torch.cat(keys, dim=1), torch.cat([p.module.kv[layer][1] for p in prompt.pieces], dim=1))
+        )
     return layers
 
 
