@@ -212,8 +212,9 @@ class PagedModelRunner:
         """Writes the batch's K and V into the pool; the logits [sequences, vocab] (fp32)
         of each sequence's last token. A sequence's stored KV (`Sequence.prefix`) is written
         into its blocks layer by layer, each layer waited for only when the pass reaches it,
-        so loading layer l+1 overlaps computing layer l. Raises SequencePrefixFailed,
-        SequenceFarLost."""
+        so loading layer l+1 overlaps computing layer l (a module prompt's, when its computed
+        tokens all follow it, is attended in place and copied after the step:
+        prefix_in_place.py). Raises SequencePrefixFailed, SequenceFarLost."""
         with contextlib.ExitStack() as frozen:
             for part in batch.far:
                 frozen.enter_context(part.far.frozen)  # no far KV moves during the step (DGFM)
