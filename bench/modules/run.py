@@ -17,6 +17,8 @@ table, bench/results/modules.json and modules.png, and the JSON summary as the l
 
 from __future__ import annotations
 
+import inference_worker.openmp_waiting  # noqa: F401  # isort: skip  -- before torch: measured as the worker runs
+
 import argparse
 import asyncio
 import json

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from inference_worker.engine.chunk_attention import prefix_then_chunk
+from inference_worker.engine.prefix_in_place import DeferredWrites
 from inference_worker.model_geometry import ModelGeometry
 
 
@@ -65,6 +66,7 @@ class PagedKV:
         self.kv_heads = geometry.kv_heads
         self.head_dim = geometry.head_dim
         self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None  # `gather`'s K, V buffers
+        self.deferred = DeferredWrites(self.write)  # prefixes attended in place, not yet in their blocks
 
     @staticmethod
     def bytes_per_block(geometry: ModelGeometry, block_tokens: int, element_bytes: int) -> int:
@@ -92,6 +94,7 @@ class PagedKV:
     def span(self, table: list[int], start: int, stop: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of the KV of a sequence's tokens [start, stop): per layer K, V [kv_heads,
         stop - start, D] (what the chunk codec saves)."""
+        self.deferred.flush()  # a prefix attended in place is copied into its blocks first
         slots = torch.tensor(
             slots_of(table, self.block_tokens, start, stop), dtype=torch.long, device=self.k.device
         )
@@ -157,6 +160,7 @@ class SequenceSlice:
     gathered_at: int = 0
     kernel: bool = False  # its attention is the decode kernel's (`DecodeTables`), not an SDPA call
     far: bool = False  # its attention is merged with its far KV's (far_kv.py), not an SDPA call
+    in_place: bool = False  # it attends its stored prefix where it was read (prefix_in_place.py)
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -244,14 +248,15 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [tokens, heads, D], the new k, v [tokens, kv_heads, D] (already in the pool) ->
     attention output [tokens, heads, D], each sequence over its own context, except the
-    rows of slices marked `kernel` or `far` (left for the decode kernel, far_kv.py).
+    rows of slices marked `kernel`, `far` or `in_place` (left for the decode kernel,
+    far_kv.py, prefix_in_place.py).
     `gathered`: the blocks of the other slices whose blocks are None, in their order (one
     copy per layer)."""
     out = torch.empty_like(q)
     if gathered is not None:
         gathered_k, gathered_v = kv.gather(layer, gathered)  # [kv_heads, blocks * B, D]
     for part in slices:
-        if part.kernel or part.far:
+        if part.kernel or part.far or part.in_place:
             continue
         query = q[part.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, new, D]
         if part.self_contained and (window is None or part.new_tokens <= window):

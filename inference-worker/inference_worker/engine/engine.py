@@ -101,6 +101,7 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         self._apply_inbox()
+        self.kv.deferred.flush()  # prefixes the last step attended in place (prefix_in_place.py)
         plan = self.scheduler.schedule()
         self._preemptions += len(plan.preempted)
         metrics.PREEMPTIONS.inc(len(plan.preempted))
@@ -174,6 +175,8 @@ class Engine:
             if action == "add":
                 self.scheduler.add(seq)
             else:  # "release": finished and read, or aborted
+                if not self.pool.keep_freed_prefixes:
+                    self.kv.deferred.discard(seq.seq_id)  # its blocks are freed unread
                 self.scheduler.remove(seq)
                 self.pool.free(seq)
                 seq.status = Status.FINISHED

@@ -34,6 +34,7 @@ from inference_worker.engine.attention import (
 )
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
+from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
 from inference_worker.engine.sequence import Sequence
 from inference_worker.kernels import KernelChoice
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
@@ -88,6 +89,7 @@ class Batch:
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
     far: list[FarRows] = field(default_factory=list)  # the slices of sequences with far KV
     far_decode: DecodeTables | None = None  # the far rows the kernel attends, with log-sum-exp
+    in_place: list[InPlacePrefix] = field(default_factory=list)  # stored KV attended where it was read
 
 
 # (layer, its input hidden states [tokens, hidden], the batch): restore/capture.py saves them
@@ -137,6 +139,7 @@ class PagedModelRunner:
         prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]] = []
         far: list[FarRows] = []
         far_decodes: list[tuple[int, list[int], int]] = []  # as `decodes`, of far sequences
+        in_place: list[InPlacePrefix] = []
         size = self.kv.block_tokens
         for item in work:
             seq, start = item.seq, item.seq.computed_tokens
@@ -168,6 +171,8 @@ class PagedModelRunner:
                         slots_of(table, size, 0, stop), dtype=torch.long, device=self.device
                     )
                     far.append(FarRows(seq, seq.far, rows, context_slots, range(first, first + stop)))
+            elif attends_in_place(seq, start, stop, self.windows, self.device):
+                part.in_place = True
             elif self.decode_kernel is not None and part.is_decode:
                 part.kernel = True
                 decodes.append((rows.start, table, stop))
@@ -175,8 +180,13 @@ class PagedModelRunner:
                 gathered.extend(table)
             slices.append(part)
             if seq.prefix is not None:
-                prefix_slots = slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens)
-                prefixes.append((seq, seq.prefix, slot_run(prefix_slots, self.device)))
+                prefix_slots = slot_run(
+                    slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens), self.device
+                )
+                if part.in_place:
+                    in_place.append(InPlacePrefix(seq, seq.prefix, rows, prefix_slots))
+                else:
+                    prefixes.append((seq, seq.prefix, prefix_slots))
         device = self.device
         return Batch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=device),
@@ -190,6 +200,7 @@ class PagedModelRunner:
             seqs=[item.seq for item in work],
             far=far,
             far_decode=DecodeTables.of(far_decodes, device) if far_decodes else None,
+            in_place=in_place,
         )
 
     def _reads_pool(self, part: SequenceSlice) -> bool:
@@ -201,12 +212,16 @@ class PagedModelRunner:
         """Writes the batch's K and V into the pool; the logits [sequences, vocab] (fp32)
         of each sequence's last token. A sequence's stored KV (`Sequence.prefix`) is written
         into its blocks layer by layer, each layer waited for only when the pass reaches it,
-        so loading layer l+1 overlaps computing layer l. Raises SequencePrefixFailed,
-        SequenceFarLost."""
+        so loading layer l+1 overlaps computing layer l (a module prompt's, when its computed
+        tokens all follow it, is attended in place and copied after the step:
+        prefix_in_place.py). Raises SequencePrefixFailed, SequenceFarLost."""
         with contextlib.ExitStack() as frozen:
             for part in batch.far:
                 frozen.enter_context(part.far.frozen)  # no far KV moves during the step (DGFM)
-            return self._forward(batch)
+            logits = self._forward(batch)
+        for part in batch.in_place:  # copied into its blocks after the step's tokens are out
+            self.kv.deferred.add(part)
+        return logits
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         decoder, geometry = self.model.model, self.geometry
@@ -220,6 +235,8 @@ class PagedModelRunner:
             q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, geometry)
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
+            for part in batch.in_place:
+                part.layers.append(self._read_prefix(part.seq, part.prefix, index))
             self.kv.write(index, batch.slots, k, v)
             far = [self._start_far(part, index, q, batch.positions, attn.scaling) for part in batch.far]
             out = paged_attention(
@@ -249,6 +266,8 @@ class PagedModelRunner:
                     q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
                     scale=attn.scaling, window=self.windows[index], lse=lse,
                 )  # fmt: skip
+            for part in batch.in_place:
+                out[part.rows] = attend_in_place(q, k, v, part, attn.scaling)
             for part, partial in zip(batch.far, far, strict=True):
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
@@ -268,6 +287,11 @@ class PagedModelRunner:
             )
 
     def _write_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int, slots: torch.Tensor | slice) -> None:
+        k, v = self._read_prefix(seq, prefix, layer)
+        self.kv.write(layer, slots, k.transpose(0, 1), v.transpose(0, 1))
+
+    def _read_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [kv_heads, tokens, D] of the prefix's tokens the pool does not hold yet."""
         started = time.perf_counter()
         try:
             k, v = prefix.wait_layer(layer, self.layer_timeout_seconds)  # [kv_heads, P, D]
@@ -276,7 +300,7 @@ class PagedModelRunner:
         finally:
             seq.load_wait_seconds += time.perf_counter() - started
         skip = seq.prefix_skip - prefix.start_tokens  # the prefix's first tokens the pool already had
-        self.kv.write(layer, slots, k[:, skip:].transpose(0, 1), v[:, skip:].transpose(0, 1))
+        return k[:, skip:], v[:, skip:]
 
 
 @contextlib.contextmanager
