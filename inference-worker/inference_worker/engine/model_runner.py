@@ -234,21 +234,11 @@ class PagedModelRunner:
                 gathered=batch.gathered,
             )  # [tokens, heads, D]
             if batch.decode is not None:
-                assert self.decode_kernel is not None  # only then does `prepare` fill it
-                decode = batch.decode
-                self.decode_kernel(
-                    q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
-                    scale=attn.scaling, window=self.windows[index],
-                )  # fmt: skip
+                self._decode(q, index, out, batch.decode, attn.scaling)
             lse = None
-            if batch.far_decode is not None:
-                assert self.decode_kernel is not None  # only then does `prepare` fill it
-                decode = batch.far_decode
-                lse = torch.empty(decode.rows.shape[0], q.shape[1], device=q.device)
-                self.decode_kernel(
-                    q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
-                    scale=attn.scaling, window=self.windows[index], lse=lse,
-                )  # fmt: skip
+            if batch.far_decode is not None:  # far rows: with log-sum-exp, merged with their far partial
+                lse = torch.empty(batch.far_decode.rows.shape[0], q.shape[1], device=q.device)
+                self._decode(q, index, out, batch.far_decode, attn.scaling, lse)
             for part, partial in zip(batch.far, far, strict=True):
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
@@ -257,6 +247,22 @@ class PagedModelRunner:
             hidden = hidden + mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        layer: int,
+        out: torch.Tensor,
+        decode: DecodeTables,
+        scale: float,
+        lse: torch.Tensor | None = None,
+    ) -> None:
+        """The kernel's decode rows of `out` (and their log-sum-exp into `lse`, when given)."""
+        assert self.decode_kernel is not None  # only then does `prepare` fill decode tables
+        self.decode_kernel(
+            q, self.kv.k[layer], self.kv.v[layer], out, decode.rows, decode.tables, decode.lens,
+            scale=scale, window=self.windows[layer], lse=lse,
+        )  # fmt: skip
 
     def _start_far(
         self, part: FarRows, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float
