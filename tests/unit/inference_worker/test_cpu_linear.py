@@ -107,3 +107,25 @@ def test_fused_projections_give_bitwise_each_layers_output(
                 for got, linear in zip(fused(x), linears, strict=True):
                     assert torch.equal(got, linear(x))
                     assert (got - nn.functional.linear(x, linear.weight, linear.bias)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fused_weights_are_the_layers_weights_not_a_copy(tiny_model_dir: Callable[..., Path], family: str) -> None:
+    """The one-row kernel reads one concatenation that the layers' weights are views of; a
+    second fusion over consecutive layers (the restore's k, v) shares it too."""
+    model = load_model(tiny_model_dir(family), torch.float32, "cpu", cpu_linear="onednn").model
+    if _onednn_unavailable(torch.float32) is not None:
+        pytest.skip("oneDNN's fp32 inner product is unavailable on this CPU: no fused projections")
+    attn = model.model.layers[0].self_attn
+    plain = attn.fused_qkv.plain
+    offset = 0
+    for linear in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert linear.weight.untyped_storage().data_ptr() == plain.untyped_storage().data_ptr()
+        assert torch.equal(linear.weight, plain[offset : offset + linear.out_features])
+        offset += linear.out_features
+    kv = FusedProjection((attn.k_proj, attn.v_proj))
+    assert kv.plain.data_ptr() == attn.k_proj.weight.data_ptr()
+    assert torch.equal(kv.plain, torch.cat([attn.k_proj.weight, attn.v_proj.weight]))
+    x = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert all(torch.equal(got, linear(x)) for got, linear in zip(kv(x), (attn.k_proj, attn.v_proj), strict=True))
