@@ -54,11 +54,19 @@ class OneDnnLinear(nn.Linear):
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout (an mkldnn tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _onednn(x, self._weight_for(x), self.bias)
+
+    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """self(x) + residual [.., out] in one call: the add is the GEMM's post-op (bitwise
+        the separate add), so the output is written once instead of written, read and added."""
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._weight_for(x), self.bias, "add")
+
+    def _weight_for(self, x: torch.Tensor) -> torch.Tensor:
         if _one_row(x):
-            return _onednn(x, self.weight, self.bias)
+            return self.weight
         if self.packed is None:
             self.packed = _pack(self.weight)
-        return _onednn(x, self.packed, self.bias)
+        return self.packed
 
 
 class FusedProjection:
@@ -110,6 +118,14 @@ def _concatenated(linears: Sequence[nn.Linear]) -> torch.Tensor:
     for linear, part in zip(linears, joined.split([weight.shape[0] for weight in weights]), strict=True):
         linear.weight = nn.Parameter(part, requires_grad=False)
     return joined
+
+
+def linear_plus(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """linear(x) + residual: one oneDNN call where the layer runs on oneDNN (a residual
+    connection after a projection)."""
+    if isinstance(linear, OneDnnLinear):
+        return linear.plus(x, residual)
+    return residual + linear(x)
 
 
 def _one_row(x: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from inference_worker.cpu_linear import FusedProjection
+from inference_worker.cpu_linear import FusedProjection, linear_plus
 from inference_worker.dist_attention.partial import Partial
 from inference_worker.engine.attention import (
     DecodeTables,
@@ -243,8 +243,8 @@ class PagedModelRunner:
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
                                scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
-            hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
-            hidden = hidden + mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
+            hidden = mlp(layer.mlp, layer.post_attention_layernorm(hidden), residual=hidden)
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
 
@@ -315,13 +315,13 @@ def project_qkv(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
 
-def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden]."""
+def mlp(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + the layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden]."""
     fused: FusedProjection | None = getattr(module, "fused_gate_up", None)
     if fused is None:
-        return module(x)
+        return residual + module(x)
     gate, up = fused(x)
-    return module.down_proj(module.act_fn(gate) * up)
+    return linear_plus(module.down_proj, module.act_fn(gate).mul_(up), residual)  # in place: one [tokens, I] less
 
 
 def sliding_window(config: object, attn: object) -> int | None:

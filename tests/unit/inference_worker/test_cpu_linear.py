@@ -18,6 +18,7 @@ from inference_worker.cpu_linear import (
     FusedProjection,
     OneDnnLinear,
     _onednn_unavailable,
+    linear_plus,
 )
 from inference_worker.model_card import kernels_message
 from inference_worker.model_store import load_model
@@ -129,3 +130,17 @@ def test_fused_weights_are_the_layers_weights_not_a_copy(tiny_model_dir: Callabl
     x = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert all(torch.equal(got, linear(x)) for got, linear in zip(kv(x), (attn.k_proj, attn.v_proj), strict=True))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 9])  # one row: the plain weight's kernel; more: the packed one
+def test_linear_plus_is_bitwise_the_separate_add(tiny_model_dir: Callable[..., Path], rows: int, probe: str) -> None:
+    """The residual add as oneDNN's post-op gives bitwise the projection plus the residual;
+    where oneDNN is unavailable the layer stays nn.Linear and the add is torch's."""
+    model = load_model(tiny_model_dir("qwen2"), torch.float32, "cpu").model  # q_proj has a bias
+    generator = torch.Generator().manual_seed(4)
+    for linear in (model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.down_proj):
+        assert type(linear) is _expected_linear(torch.float32)
+        x = torch.randn(rows, linear.in_features, generator=generator)
+        residual = torch.randn(rows, linear.out_features, generator=generator)
+        with torch.no_grad():
+            assert torch.equal(linear_plus(linear, x, residual), residual + linear(x))
