@@ -321,7 +321,8 @@ def mlp(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     if fused is None:
         return residual + module(x)
     gate, up = fused(x)
-    return linear_plus(module.down_proj, module.act_fn(gate).mul_(up), residual)  # in place: one [tokens, I] less
+    hidden = module.act_fn(gate).mul_(up)  # in place: one [tokens, intermediate] allocation less
+    return linear_plus(module.down_proj, hidden, residual)
 
 
 def sliding_window(config: object, attn: object) -> int | None:

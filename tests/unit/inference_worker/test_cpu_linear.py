@@ -111,7 +111,9 @@ def test_fused_projections_give_bitwise_each_layers_output(
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_fused_weights_are_the_layers_weights_not_a_copy(tiny_model_dir: Callable[..., Path], family: str) -> None:
+def test_fused_weights_are_the_layers_weights_not_a_copy(
+    tiny_model_dir: Callable[..., Path], family: str
+) -> None:
     """The one-row kernel reads one concatenation that the layers' weights are views of; a
     second fusion over consecutive layers (the restore's k, v) shares it too."""
     model = load_model(tiny_model_dir(family), torch.float32, "cpu", cpu_linear="onednn").model
@@ -129,11 +131,15 @@ def test_fused_weights_are_the_layers_weights_not_a_copy(tiny_model_dir: Callabl
     assert torch.equal(kv.plain, torch.cat([attn.k_proj.weight, attn.v_proj.weight]))
     x = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        assert all(torch.equal(got, linear(x)) for got, linear in zip(kv(x), (attn.k_proj, attn.v_proj), strict=True))
+        assert all(
+            torch.equal(got, linear(x)) for got, linear in zip(kv(x), (attn.k_proj, attn.v_proj), strict=True)
+        )
 
 
 @pytest.mark.parametrize("rows", [1, 2, 9])  # one row: the plain weight's kernel; more: the packed one
-def test_linear_plus_is_bitwise_the_separate_add(tiny_model_dir: Callable[..., Path], rows: int, probe: str) -> None:
+def test_linear_plus_is_bitwise_the_separate_add(
+    tiny_model_dir: Callable[..., Path], rows: int, probe: str
+) -> None:
     """The residual add as oneDNN's post-op gives bitwise the projection plus the residual;
     where oneDNN is unavailable the layer stays nn.Linear and the add is torch's."""
     model = load_model(tiny_model_dir("qwen2"), torch.float32, "cpu").model  # q_proj has a bias
