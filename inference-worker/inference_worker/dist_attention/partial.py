@@ -170,15 +170,19 @@ def merge_stacked(out: torch.Tensor, lse: torch.Tensor) -> Partial:
     return Partial((weights.unsqueeze(-1) * out).sum(dim=0), peak + torch.log(total))  # [Q, H, D], [Q, H]
 
 
-def merge_two(first: Partial, second: Partial) -> Partial:
+def merge_two(first: Partial, second: Partial, *, every_row_seen: bool = False) -> Partial:
     """The merge of two partials without stacking them: the second's share of the mass is
     sigmoid(lse_2 - lse_1), and one fused lerp weighs the outputs. Any layout whose lse is
     out's shape without the last dim (a prefill chunk's [1, H, Q, D] too). A row neither
     part sees gives 0 and -inf, as merge_stacked does. A 1,000-query chunk of 9 heads: one
-    pass over the outputs instead of a stacked copy, a product and a sum."""
+    pass over the outputs instead of a stacked copy, a product and a sum.
+    `every_row_seen`: the caller knows some part sees every row (a causal chunk over its
+    own keys), so the test for unseen rows (a reduction, a device sync on CUDA) is skipped."""
     lse = torch.logaddexp(first.lse, second.lse)
     share = torch.sigmoid(second.lse - first.lse)  # NaN where both are -inf: those rows are set next
     out = torch.lerp(first.out, second.out, share.unsqueeze(-1))
+    if every_row_seen:
+        return Partial(out, lse)
     unseen = lse.isneginf()
     if bool(unseen.any()):
         out = out.masked_fill(unseen.unsqueeze(-1), 0.0)

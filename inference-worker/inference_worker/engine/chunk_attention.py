@@ -31,6 +31,9 @@ def prefix_then_chunk(
     `own` K, V [kv_heads, new, D] (the chunk's, seen causally) -> [1, heads, new, D]."""
     before, before_lse = _flash(query, earlier[0][None], earlier[1][None], 0.0, False, scale=scale)
     after, after_lse = _flash(query, own[0][None], own[1][None], 0.0, True, scale=scale)
-    # softmax over both = each part's softmax weighted by its share of the mass, e^lse
-    merged = merge_two(Partial(after.float(), after_lse), Partial(before.float(), before_lse))
+    # softmax over both = each part's softmax weighted by its share of the mass, e^lse; every
+    # query sees at least its own key
+    merged = merge_two(
+        Partial(after.float(), after_lse), Partial(before.float(), before_lse), every_row_seen=True
+    )
     return merged.out.to(query.dtype)

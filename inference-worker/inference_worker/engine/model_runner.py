@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from inference_worker.cpu_linear import FusedProjection
+from inference_worker.cpu_linear import FusedProjection, linear_plus
 from inference_worker.dist_attention.partial import Partial
 from inference_worker.engine.attention import (
     DecodeTables,
@@ -251,31 +251,37 @@ class PagedModelRunner:
                 gathered=batch.gathered,
             )  # [tokens, heads, D]
             if batch.decode is not None:
-                assert self.decode_kernel is not None  # only then does `prepare` fill it
-                decode = batch.decode
-                self.decode_kernel(
-                    q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
-                    scale=attn.scaling, window=self.windows[index],
-                )  # fmt: skip
+                self._decode(q, index, out, batch.decode, attn.scaling)
             lse = None
-            if batch.far_decode is not None:
-                assert self.decode_kernel is not None  # only then does `prepare` fill it
-                decode = batch.far_decode
-                lse = torch.empty(decode.rows.shape[0], q.shape[1], device=q.device)
-                self.decode_kernel(
-                    q, self.kv.k[index], self.kv.v[index], out, decode.rows, decode.tables, decode.lens,
-                    scale=attn.scaling, window=self.windows[index], lse=lse,
-                )  # fmt: skip
+            if batch.far_decode is not None:  # far rows: with log-sum-exp, merged with their far partial
+                lse = torch.empty(batch.far_decode.rows.shape[0], q.shape[1], device=q.device)
+                self._decode(q, index, out, batch.far_decode, attn.scaling, lse)
             for part in batch.in_place:
                 out[part.rows] = attend_in_place(q, k, v, part, attn.scaling)
             for part, partial in zip(batch.far, far, strict=True):
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
                                scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
-            hidden = hidden + attn.o_proj(out.reshape(tokens, -1))
-            hidden = hidden + mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
+            hidden = mlp(layer.mlp, layer.post_attention_layernorm(hidden), residual=hidden)
         last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        layer: int,
+        out: torch.Tensor,
+        decode: DecodeTables,
+        scale: float,
+        lse: torch.Tensor | None = None,
+    ) -> None:
+        """The kernel's decode rows of `out` (and their log-sum-exp into `lse`, when given)."""
+        assert self.decode_kernel is not None  # only then does `prepare` fill decode tables
+        self.decode_kernel(
+            q, self.kv.k[layer], self.kv.v[layer], out, decode.rows, decode.tables, decode.lens,
+            scale=scale, window=self.windows[layer], lse=lse,
+        )  # fmt: skip
 
     def _start_far(
         self, part: FarRows, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float
@@ -333,13 +339,14 @@ def project_qkv(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
 
-def mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden]."""
+def mlp(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + the layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden]."""
     fused: FusedProjection | None = getattr(module, "fused_gate_up", None)
     if fused is None:
-        return module(x)
+        return residual + module(x)
     gate, up = fused(x)
-    return module.down_proj(module.act_fn(gate) * up)
+    hidden = module.act_fn(gate).mul_(up)  # in place: one [tokens, intermediate] allocation less
+    return linear_plus(module.down_proj, hidden, residual)
 
 
 def sliding_window(config: object, attn: object) -> int | None:

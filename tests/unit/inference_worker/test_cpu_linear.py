@@ -18,6 +18,7 @@ from inference_worker.cpu_linear import (
     FusedProjection,
     OneDnnLinear,
     _onednn_unavailable,
+    linear_plus,
 )
 from inference_worker.model_card import kernels_message
 from inference_worker.model_store import load_model
@@ -107,3 +108,45 @@ def test_fused_projections_give_bitwise_each_layers_output(
                 for got, linear in zip(fused(x), linears, strict=True):
                     assert torch.equal(got, linear(x))
                     assert (got - nn.functional.linear(x, linear.weight, linear.bias)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fused_weights_are_the_layers_weights_not_a_copy(
+    tiny_model_dir: Callable[..., Path], family: str
+) -> None:
+    """The one-row kernel reads one concatenation that the layers' weights are views of; a
+    second fusion over consecutive layers (the restore's k, v) shares it too."""
+    model = load_model(tiny_model_dir(family), torch.float32, "cpu", cpu_linear="onednn").model
+    if _onednn_unavailable(torch.float32) is not None:
+        pytest.skip("oneDNN's fp32 inner product is unavailable on this CPU: no fused projections")
+    attn = model.model.layers[0].self_attn
+    plain = attn.fused_qkv.plain
+    offset = 0
+    for linear in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert linear.weight.untyped_storage().data_ptr() == plain.untyped_storage().data_ptr()
+        assert torch.equal(linear.weight, plain[offset : offset + linear.out_features])
+        offset += linear.out_features
+    kv = FusedProjection((attn.k_proj, attn.v_proj))
+    assert kv.plain.data_ptr() == attn.k_proj.weight.data_ptr()
+    assert torch.equal(kv.plain, torch.cat([attn.k_proj.weight, attn.v_proj.weight]))
+    x = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert all(
+            torch.equal(got, linear(x)) for got, linear in zip(kv(x), (attn.k_proj, attn.v_proj), strict=True)
+        )
+
+
+@pytest.mark.parametrize("rows", [1, 2, 9])  # one row: the plain weight's kernel; more: the packed one
+def test_linear_plus_is_bitwise_the_separate_add(
+    tiny_model_dir: Callable[..., Path], rows: int, probe: str
+) -> None:
+    """The residual add as oneDNN's post-op gives bitwise the projection plus the residual;
+    where oneDNN is unavailable the layer stays nn.Linear and the add is torch's."""
+    model = load_model(tiny_model_dir("qwen2"), torch.float32, "cpu").model  # q_proj has a bias
+    generator = torch.Generator().manual_seed(4)
+    for linear in (model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.down_proj):
+        assert type(linear) is _expected_linear(torch.float32)
+        x = torch.randn(rows, linear.in_features, generator=generator)
+        residual = torch.randn(rows, linear.out_features, generator=generator)
+        with torch.no_grad():
+            assert torch.equal(linear_plus(linear, x, residual), residual + linear(x))

@@ -126,6 +126,19 @@ def test_two_part_merge_is_the_stacked_merge_with_minus_inf_rows(layout: str) ->
     assert torch.equal(got.out[first_blind & ~neither], outs[1][first_blind & ~neither])
 
 
+def test_two_part_merge_told_every_row_is_seen_is_the_checked_merge() -> None:
+    """every_row_seen (chunk_attention's causal own part) skips only the unseen-row test:
+    with rows one part does not see, the result is bitwise the checked merge's."""
+    gen = torch.Generator().manual_seed(11)
+    outs = [torch.randn(1, 3, 5, 8, generator=gen) for _ in range(2)]
+    lses = [torch.randn(1, 3, 5, generator=gen) * 4 for _ in range(2)]
+    lses[1][0, :, 0] = float("-inf")  # the earlier part unseen by a row, as a window would
+    checked = merge_two(Partial(outs[0], lses[0]), Partial(outs[1], lses[1]))
+    trusted = merge_two(Partial(outs[0], lses[0]), Partial(outs[1], lses[1]), every_row_seen=True)
+    assert torch.equal(trusted.out, checked.out) and torch.equal(trusted.lse, checked.lse)
+    assert torch.equal(trusted.out[0, :, 0], outs[0][0, :, 0])
+
+
 def test_merge_is_stable_with_huge_scores() -> None:
     """lse of 1e4 in one part and -1e4 in another: no overflow, the big part wins."""
     out_a, out_b = torch.ones(1, 1, 2), torch.zeros(1, 1, 2)
