@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from service_probes import free_port, scrape_metrics
 
 from attnstore.kvstore_client import HintAction, KVStoreClient, Tier
 
@@ -24,6 +25,7 @@ PREDICTIVE_DRAM_OF_4_CHUNKS = {
 }
 PREDICT, DECLINE = HintAction.PREDICT, HintAction.DECLINE
 DRAM, SSD = Tier.DRAM, Tier.SSD
+SKIPPED_BY_PREFETCH = 'attnstore_kvstore_promotions_skipped_total{reason="prefetch_no_victim"}'
 
 
 Store = tuple[KVStoreClient, "ChunkSet"]
@@ -133,3 +135,31 @@ def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
         # The declined chunk leaves DRAM at once: DRAM keeps its room for what will be read.
         poll_until(lambda: chunks.tiers(client, [0]) == [SSD], what="the declined chunk demoted to SSD")
         assert chunks.tiers(client, [1]) == [DRAM]
+
+
+def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_once(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """Every DRAM chunk is queued (PROTECT): the predicted chunk on SSD may take none's room.
+    The skip names the prefetch's filter, not pinned or leased chunks, and repeated skips
+    are counted but logged once per interval (they flooded 10-minute replays' logs)."""
+    port = free_port()
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        ns = chunks.namespace
+        client.put_chunks(ns, chunks.items(0, 4))
+        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
+        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+        assert chunks.tiers(client, [3]) == [SSD]
+        for push in range(3):  # each push is a new prediction generation: a new try
+            client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0 + push)]
+                        + [([chunks.key(i)], HintAction.PROTECT, i) for i in (0, 1, 2, 4)], replace=True)
+            poll_until(lambda p=push: scrape_metrics(port).get(SKIPPED_BY_PREFETCH, 0) >= p + 1,
+                       what=f"prefetch {push} skipped")
+        assert chunks.tiers(client, range(5)) == [DRAM, DRAM, DRAM, SSD, DRAM]
+    samples = scrape_metrics(port)
+    assert samples.get('attnstore_kvstore_promotions_skipped_total{reason="no_evictable_chunk"}', 0) == 0
+    lines = [line for line in daemon.log_path.read_text().splitlines() if "promotions_skipped" in line]
+    assert len(lines) == 1 and "may make way for this prefetch" in lines[0] and "pinned or leased chunks" not in lines[0]
