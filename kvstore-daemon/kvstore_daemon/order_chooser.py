@@ -54,6 +54,8 @@ class OrderChooser:
         lives.born.append(self._requested)
         lives.reread.append(self._requested)
         metrics.ORDER_FOLLOWED.set(1)
+        for order in ORDERS:
+            metrics.SHADOW_HITS.labels(order)  # exported from the start, zeros included
 
     @property
     def predictive(self) -> bool:
