@@ -185,7 +185,7 @@ def make_tier_policies(
         dram = PredictivePolicy(hints, clock, lives, lowest_tier=False)
         if shadow_share <= 0:
             return dram, ssd
-        chooser = OrderChooser(lives, shadow_share, lambda: PredictivePolicy(hints, clock))
+        chooser = OrderChooser(lives, shadow_share, (PredictivePolicy(hints, clock), LruPolicy()))
         return dram, AdaptivePolicy(ssd, chooser)
     return make_policy(name, hints, clock), make_policy(name, hints, clock)
 

@@ -23,12 +23,13 @@ predictive order alone closes 3-5x more of the gap to the optimum (docs/benchmar
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_lives import ChunkLives
-from kvstore_daemon.predictive_policy import PredictivePolicy
+
+if TYPE_CHECKING:  # eviction.py builds the chooser
+    from kvstore_daemon.eviction import EvictionPolicy
 
 ORDERS = ("predictive", "lru")
 HALF_LIFE_TURNOVERS = 2  # score half-life, in shadow sizes of sampled requests
@@ -37,17 +38,16 @@ MIN_SHADOW_KEYS = 8
 
 
 class OrderChooser:
-    def __init__(self, lives: ChunkLives, sample_share: float,
-                 shadow_predictive: Callable[[], PredictivePolicy]) -> None:
-        """`lives` is the store's (its births and reads are the requests); `shadow_predictive`
-        makes the predictive order's shadow (its own lives: it learns from the sample)."""
+    def __init__(self, lives: ChunkLives, sample_share: float, shadows: tuple[EvictionPolicy, EvictionPolicy]) -> None:
+        """`lives` is the store's (its births and reads are the requests); `shadows` are empty
+        instances of the orders (ORDERS), the predictive one with lives of its own (it learns
+        from the sample)."""
         if not 0 < sample_share <= 1:
             raise ValueError("sample_share must be in (0, 1]")
         self._lives = lives
         self._share = sample_share
         self._below = int(sample_share * (1 << 64))
-        self._predictive = shadow_predictive()
-        self._lru: OrderedDict[bytes, None] = OrderedDict()
+        self._shadows = shadows
         self.scores = [0.0, 0.0]  # decayed shadow hits per order (ORDERS)
         self.requests = 0  # sampled requests seen
         self.follows = 0  # index into ORDERS
@@ -69,7 +69,7 @@ class OrderChooser:
             return
         size = max(MIN_SHADOW_KEYS, round(self._share * len(self._lives.lives)))
         decay = 0.5 ** (1 / (HALF_LIFE_TURNOVERS * size))
-        hits = (self._predictive_request(key, size), self._lru_request(key, size))
+        hits = [self._request(shadow, key, size) for shadow in self._shadows]
         for order, hit in enumerate(hits):
             self.scores[order] = self.scores[order] * decay + hit
             if hit:
@@ -81,22 +81,13 @@ class OrderChooser:
                 self.follows = other
                 metrics.ORDER_FOLLOWED.set(1 - other)
 
-    def _predictive_request(self, key: bytes, size: int) -> bool:
-        shadow = self._predictive
+    @staticmethod
+    def _request(shadow: EvictionPolicy, key: bytes, size: int) -> bool:
+        """One request to a shadow of `size` keys: whether it hit."""
         if key in shadow:
             shadow.on_access(key)
             return True
         while len(shadow) >= size:
             shadow.on_remove(next(shadow.victims()))
         shadow.on_insert(key)
-        return False
-
-    def _lru_request(self, key: bytes, size: int) -> bool:
-        shadow = self._lru
-        if key in shadow:
-            shadow.move_to_end(key)
-            return True
-        while len(shadow) >= size:
-            shadow.popitem(last=False)
-        shadow[key] = None
         return False

@@ -41,6 +41,15 @@ def store(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> Iterator[
         yield client, chunks
 
 
+def _put_five_chunk_3_on_ssd(client: KVStoreClient, chunks: ChunkSet) -> None:
+    """Chunks 0-4 into a DRAM of four, chunk i predicted in 100 (i + 1) s: chunk 3 goes to SSD."""
+    ns = chunks.namespace
+    client.put_chunks(ns, chunks.items(0, 4))
+    client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
+    client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+    assert chunks.tiers(client, [3]) == [SSD]
+
+
 def test_evicts_the_furthest_predicted_chunk_and_keeps_both_replicas_hints(store: Store) -> None:
     client, chunks = store
     ns = chunks.namespace
@@ -81,10 +90,7 @@ def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
 ) -> None:
     client, chunks = store
     ns = chunks.namespace
-    client.put_chunks(ns, chunks.items(0, 4))
-    client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
-    client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
-    assert chunks.tiers(client, [3]) == [SSD]
+    _put_five_chunk_3_on_ssd(client, chunks)
     # Now chunk 3 is expected in a second: it comes back to DRAM, in place of chunk 2 (300 s).
     client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
                 + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
@@ -100,9 +106,7 @@ def test_a_moved_up_chunk_drops_its_ssd_copy_and_is_written_back_when_dram_evict
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)
         ns = chunks.namespace
-        client.put_chunks(ns, chunks.items(0, 4))
-        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
-        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+        _put_five_chunk_3_on_ssd(client, chunks)
         client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
                     + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
         poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
@@ -149,10 +153,7 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)
         ns = chunks.namespace
-        client.put_chunks(ns, chunks.items(0, 4))
-        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
-        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
-        assert chunks.tiers(client, [3]) == [SSD]
+        _put_five_chunk_3_on_ssd(client, chunks)
         for push in range(3):  # each push is a new prediction generation: a new try
             client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0 + push)]
                         + [([chunks.key(i)], HintAction.PROTECT, i) for i in (0, 1, 2, 4)], replace=True)

@@ -15,7 +15,7 @@ from fake_clock import FakeClock
 
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_lives import HINT_CLASSES, REUSE_CLASSES, ChunkLives
-from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
+from kvstore_daemon.eviction import EvictionPolicy, LruPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
 from kvstore_daemon.order_chooser import OrderChooser
@@ -72,8 +72,8 @@ def _tier(name: str, share: float = 1.0, learner: HitDensity | None = None
     predictive = PredictivePolicy(hints, clock, ChunkLives(clock, copy.deepcopy(learner)))
     if not share:
         return predictive, hints, clock
-    chooser = OrderChooser(predictive.lives, share,
-                           lambda: PredictivePolicy(hints, clock, ChunkLives(clock, copy.deepcopy(learner))))
+    shadow = PredictivePolicy(hints, clock, ChunkLives(clock, copy.deepcopy(learner)))
+    chooser = OrderChooser(predictive.lives, share, (shadow, LruPolicy()))
     return AdaptivePolicy(predictive, chooser), hints, clock
 
 
@@ -165,4 +165,4 @@ def test_a_sample_of_the_keys_decides_alike() -> None:
 
 def test_the_sample_share_is_validated() -> None:
     with pytest.raises(ValueError, match="sample_share"):
-        OrderChooser(ChunkLives(FakeClock()), 1.5, lambda: PredictivePolicy(HintBook(), FakeClock()))
+        OrderChooser(ChunkLives(FakeClock()), 1.5, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()))
