@@ -26,6 +26,7 @@ from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.chunk_index import ChunkIndex
+from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.namespaces import NamespaceRegistry
@@ -90,10 +91,12 @@ class TierMover:
         if chunk.on_ssd:
             self.ssd_policy.on_access(chunk.key)
 
-    def chained(self, keys: Sequence[bytes]) -> None:
-        """`keys` were read as one chain, root first (a lookup's stored prefix)."""
+    def looked_up(self, keys: Sequence[bytes], found: int) -> None:
+        """A lookup asked for `keys` and found the first `found` stored."""
         if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
-            self.dram_policy.on_chain(keys)
+            self.dram_policy.on_chain(keys[:found])
+        if isinstance(self.ssd_policy, AdaptivePolicy):  # its shadows see every key asked for
+            self.ssd_policy.chooser.looked_up(keys)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""

@@ -164,3 +164,22 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
     assert samples.get('attnstore_kvstore_promotions_skipped_total{reason="no_evictable_chunk"}', 0) == 0
     lines = [line for line in daemon.log_path.read_text().splitlines() if "promotions_skipped" in line]
     assert len(lines) == 1 and "may make way for this prefetch" in lines[0] and "pinned or leased chunks" not in lines[0]
+
+
+def test_the_shadow_caches_count_what_lookups_ask_for(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+    """Every key sampled: the five stored chunks enter both shadows, a lookup of them and
+    of two never stored hits five times in each (misses are taken in, uncounted)."""
+    port = free_port()
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port, PREDICTIVE_SHADOW_SHARE=1.0)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 4))
+        client.put_chunks(chunks.namespace, chunks.items(4, 5))  # one of them goes to SSD
+        before = scrape_metrics(port)
+        assert client.lookup(chunks.namespace, chunks.keys(0, 7)).prefix_length == 5
+    samples = scrape_metrics(port)
+    for order in ("predictive", "lru"):
+        name = f'attnstore_kvstore_shadow_hits_total{{order="{order}"}}'
+        assert (before[name], samples[name]) == (0, 5)
+    assert samples["attnstore_kvstore_predictive_order_followed"] == 1

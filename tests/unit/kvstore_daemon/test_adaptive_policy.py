@@ -18,7 +18,7 @@ from kvstore_daemon.chunk_lives import HINT_CLASSES, REUSE_CLASSES, ChunkLives
 from kvstore_daemon.eviction import EvictionPolicy, LruPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
-from kvstore_daemon.order_chooser import OrderChooser
+from kvstore_daemon.order_chooser import ORDERS, OrderChooser
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 NS = b"n" * 16
@@ -89,6 +89,8 @@ def _hits(stream: Stream, tier: tuple[EvictionPolicy, HintBook, FakeClock],
         if predict is not None and index % PUSH_EVERY == 0:
             hints.apply(NS, [HintSpec([k], HintAction.PREDICT, 0, predict(last_use[k]) - index)
                              for k in last_use if k in policy], replace=True, ttl_seconds=NEVER, now=index)
+        if isinstance(policy, AdaptivePolicy):  # the store's lookup tells the shadows
+            policy.chooser.looked_up([key])
         if key in policy:
             hits += 1
             policy.on_access(key)
@@ -144,9 +146,11 @@ def test_the_chooser_follows_lru_on_a_recency_stream_the_predictive_order_misrea
     assert chooser.scores[1] > chooser.scores[0]
 
 
-def test_the_chooser_follows_the_predictive_order_on_a_scan_lru_loses() -> None:
+@pytest.mark.parametrize("start", ["predictive", "lru"])
+def test_the_chooser_follows_the_predictive_order_on_a_scan_lru_loses(start: str) -> None:
     stream = _cyclic()
     tier = _tier("predictive")
+    tier[0].chooser.follows = ORDERS.index(start)  # type: ignore[union-attr]
     _hits(stream, tier, _right(stream))
     assert _follows(tier) == "predictive"
     chooser = tier[0].chooser  # type: ignore[union-attr]
