@@ -24,9 +24,9 @@ import structlog
 from attnstore.chunks.format import Buffer, decode_layout
 from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
+from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.chunk_index import ChunkIndex
-from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.namespaces import NamespaceRegistry
@@ -96,7 +96,7 @@ class TierMover:
         if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
             self.dram_policy.on_chain(keys[:found])
         if isinstance(self.ssd_policy, AdaptivePolicy):  # its shadows see every key asked for
-            self.ssd_policy.chooser.looked_up(keys)
+            self.ssd_policy.chooser.looked_up(keys, found)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""

@@ -168,7 +168,7 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
 
 def test_the_shadow_caches_count_what_lookups_ask_for(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
     """Every key sampled: the five stored chunks enter both shadows, a lookup of them and
-    of two never stored hits five times in each (misses are taken in, uncounted)."""
+    of two never stored hits five times in each."""
     port = free_port()
     daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port, PREDICTIVE_SHADOW_SHARE=1.0)
     chunks = chunk_set(**SHAPE)
