@@ -2,18 +2,16 @@
 shadow caches on a sample of the keys (SHARDS, Waldspurger et al., FAST'15).
 
 A key is sampled when its hash falls below `sample_share` of the hash range, so the
-sample is the same whatever the order of requests. Each sampled key a lookup asks for is
-a request to two shadow caches that hold no data, one per order, each as large as
-`sample_share` of the chunks the store holds: a shadow that holds the key counts a hit;
-one that does not takes it in when the client stores it (it computes what the store
-missed), or at once if the store held it (then nothing is stored). The requests are what
-lookups ask for, not what the store held: fed by the store's own reads and new chunks,
-the shadows saw only the chains the store had kept whole, and in a one-tier model of
-Mooncake's 10 minutes at 1% / 10% a chooser started on LRU never left it (10.6% vs
-12.5%; fed by lookups, 12.6%). Taking a miss in at the lookup rather than at the store
-made an LRU shadow hit 8.0% instead of LRU's 10.2% there (a turn's service time ages
-its chunks). The shadows see one tier (DRAM and SSD together), the same for both, so
-what they compare is the orders, not the tiers' structure.
+sample is the same whatever the order of requests. Each sampled request (a read of a
+stored chunk, or a chunk entering the store: a write after a miss) goes to two shadow
+caches that hold no data, one per order, each as large as `sample_share` of the chunks
+the store holds: a shadow that holds the key counts a hit, one that does not takes it in
+and evicts by its own order. The shadows see one tier (DRAM and SSD together), the same
+for both, so what they compare is the orders, not the tiers' structure. The requests
+depend on what the store holds (a chain the store cut is not asked for again), so the
+shadows favour the order being followed: a switch must be clear. Fed every key lookups
+ask for instead, a chooser in process on Mooncake's trace switched to LRU on a 2.6% lead
+and lost 1.07 of 6.71 points in that spell (docs/benchmarks.md).
 
 Hit scores decay by half every `HALF_LIFE_TURNOVERS` times the shadows' size in sampled
 requests (a sliding window of about as many store turnovers). The tier follows the
@@ -29,7 +27,6 @@ predictive order alone closes 3-5x more of the gap to the optimum (docs/benchmar
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvstore_daemon import metrics
@@ -58,7 +55,8 @@ class OrderChooser:
         self.scores = [0.0, 0.0]  # decayed shadow hits per order (ORDERS)
         self.requests = 0  # sampled requests seen
         self.follows = 0  # index into ORDERS
-        lives.born.append(self._stored)
+        lives.born.append(self._requested)
+        lives.reread.append(self._requested)
         metrics.ORDER_FOLLOWED.set(1)
         for order in ORDERS:
             metrics.SHADOW_HITS.labels(order)  # exported from the start, zeros included
@@ -70,36 +68,16 @@ class OrderChooser:
     def _sampled(self, key: bytes) -> bool:
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") < self._below
 
-    def looked_up(self, keys: Sequence[bytes], found: int) -> None:
-        """A lookup asked for `keys`, root first, and the store held the first `found`."""
-        for index, key in enumerate(keys):
-            if self._sampled(key):
-                self._requested(key, take_in=index < found)
-
-    def _stored(self, key: bytes) -> None:
-        """`key` entered the store: shadows that lack it take it in."""
-        if self._sampled(key):
-            size = self._size()
-            for shadow in self._shadows:
-                if key not in shadow:
-                    self._take_in(shadow, key, size)
-
-    def _size(self) -> int:
-        return max(MIN_SHADOW_KEYS, round(self._share * len(self._lives.lives)))
-
-    def _requested(self, key: bytes, take_in: bool) -> None:
-        """One request; a shadow that misses takes the key in now if the store held it (the
-        client will not store it again), else when the client stores it (`_stored`)."""
-        size = self._size()
+    def _requested(self, key: bytes) -> None:
+        if not self._sampled(key):
+            return
+        size = max(MIN_SHADOW_KEYS, round(self._share * len(self._lives.lives)))
         decay = 0.5 ** (1 / (HALF_LIFE_TURNOVERS * size))
-        for order, shadow in enumerate(self._shadows):
-            hit = key in shadow
-            if hit:
-                shadow.on_access(key)
-                metrics.SHADOW_HITS.labels(ORDERS[order]).inc()
-            elif take_in:
-                self._take_in(shadow, key, size)
+        hits = [self._request(shadow, key, size) for shadow in self._shadows]
+        for order, hit in enumerate(hits):
             self.scores[order] = self.scores[order] * decay + hit
+            if hit:
+                metrics.SHADOW_HITS.labels(ORDERS[order]).inc()
         self.requests += 1
         if self.requests >= HALF_LIFE_TURNOVERS * size:
             other = 1 - self.follows
@@ -108,7 +86,12 @@ class OrderChooser:
                 metrics.ORDER_FOLLOWED.set(1 - other)
 
     @staticmethod
-    def _take_in(shadow: EvictionPolicy, key: bytes, size: int) -> None:
+    def _request(shadow: EvictionPolicy, key: bytes, size: int) -> bool:
+        """One request to a shadow of `size` keys: whether it hit."""
+        if key in shadow:
+            shadow.on_access(key)
+            return True
         while len(shadow) >= size:
             shadow.on_remove(next(shadow.victims()))
         shadow.on_insert(key)
+        return False

@@ -24,7 +24,6 @@ import structlog
 from attnstore.chunks.format import Buffer, decode_layout
 from attnstore.errors import DataLoss, InvalidArgument, ResourceExhausted
 from kvstore_daemon import metrics
-from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_entry import Chunk, TierName
 from kvstore_daemon.chunk_index import ChunkIndex
 from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
@@ -91,12 +90,10 @@ class TierMover:
         if chunk.on_ssd:
             self.ssd_policy.on_access(chunk.key)
 
-    def looked_up(self, keys: Sequence[bytes], found: int) -> None:
-        """A lookup asked for `keys` and found the first `found` stored."""
+    def chained(self, keys: Sequence[bytes]) -> None:
+        """`keys` were read as one chain, root first (a lookup's stored prefix)."""
         if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
-            self.dram_policy.on_chain(keys[:found])
-        if isinstance(self.ssd_policy, AdaptivePolicy):  # its shadows see every key asked for
-            self.ssd_policy.chooser.looked_up(keys, found)
+            self.dram_policy.on_chain(keys)
 
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""

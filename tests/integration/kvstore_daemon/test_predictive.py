@@ -166,9 +166,9 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
     assert len(lines) == 1 and "may make way for this prefetch" in lines[0] and "pinned or leased chunks" not in lines[0]
 
 
-def test_the_shadow_caches_count_what_lookups_ask_for(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
-    """Every key sampled: the five stored chunks enter both shadows, a lookup of them and
-    of two never stored hits five times in each."""
+def test_the_shadow_caches_count_the_stores_reads(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+    """Every key sampled: the five stored chunks enter both shadows, and a lookup that
+    reads them hits five times in each."""
     port = free_port()
     daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port, PREDICTIVE_SHADOW_SHARE=1.0)
     chunks = chunk_set(**SHAPE)

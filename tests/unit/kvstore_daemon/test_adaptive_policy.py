@@ -89,8 +89,6 @@ def _hits(stream: Stream, tier: tuple[EvictionPolicy, HintBook, FakeClock],
         if predict is not None and index % PUSH_EVERY == 0:
             hints.apply(NS, [HintSpec([k], HintAction.PREDICT, 0, predict(last_use[k]) - index)
                              for k in last_use if k in policy], replace=True, ttl_seconds=NEVER, now=index)
-        if isinstance(policy, AdaptivePolicy):  # the store's lookup tells the shadows
-            policy.chooser.looked_up([key], int(key in policy))
         if key in policy:
             hits += 1
             policy.on_access(key)
