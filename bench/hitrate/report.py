@@ -97,6 +97,8 @@ def summarize_predictive(rows: list[Row]) -> tuple[dict[str, dict[str, Any]], li
         label = f"{point[0] * 100:g}%/{point[1] * 100:g}%"
         suffix = ENDED.get(workload, "")
         entry.setdefault(f"predictive_gap_closed_by_capacity{suffix}", {})[label] = closed
+        if "chooser_follows" in predictive:  # the order the SSD tier followed at the end (shadow caches' choice)
+            entry.setdefault(f"predictive_order_followed_by_capacity{suffix}", {})[label] = predictive["chooser_follows"]
         below_lru = predictive["hit_rate"] < lru["hit_rate"]
         lines.append(f"{'FAIL' if below_lru else 'PASS'}  {workload} {label}: predictive {predictive['hit_rate']:.1%} "
                      f"vs LRU {lru['hit_rate']:.1%} (never below LRU), optimum {lru['optimal_hit_rate']:.1%}, "

@@ -32,12 +32,14 @@ import uvloop
 from tqdm import tqdm
 
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.server.ports import free_port
 from attnstore.shm_arena import arena_root
 from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results
+from bench.hitrate.daemon_metrics import chooser_summary
 from bench.hitrate.report import ENDED, POLICIES, Row, format_table, plot, summarize, summarize_predictive
 from bench.hitrate.sim import Replay
 from bench.hitrate.workloads import (
@@ -76,9 +78,10 @@ def run_one(workload: Workload, policy: str, fractions: tuple[float, float], slo
     dram = max(MiB, int(working_set * fractions[0]) // CHUNK_BYTES * CHUNK_BYTES)  # the daemon's minimum: 1 MiB
     ssd = max(MiB, int(working_set * fractions[1]))
     run_dir = Path(tempfile.mkdtemp(prefix="attnstore-hitrate-", dir=work_dir))
+    metrics_port = free_port()
     daemon = DaemonProcess(run_dir / "ssd", run_dir, run_dir / "daemon.log", {
         **DAEMON_SETTINGS, **args.daemon_setting, "dram_capacity_bytes": dram, "ssd_capacity_bytes": ssd,
-        "eviction_policy": policy,
+        "eviction_policy": policy, "metrics_port": metrics_port,
     })
     label = f"{workload.name} {policy} {fractions[0] * 100:g}%/{fractions[1] * 100:g}%"
     try:
@@ -86,6 +89,8 @@ def run_one(workload: Workload, policy: str, fractions: tuple[float, float], slo
         with tqdm(total=workload.turns, desc=label, unit="turn", leave=False, file=sys.stderr) as progress:
             summary = uvloop.run(replay(workload, daemon.address, NodeCapacity(dram, ssd), policy, slots, args,
                                         progress))
+        if policy == "predictive":
+            summary.update(chooser_summary(metrics_port))
     finally:
         daemon.stop()
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -64,6 +64,7 @@ class ChunkLives:
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
         self.lost_child: list[Callable[[bytes], None]] = []  # called with a parent when a child leaves the store
         self.born: list[Callable[[bytes], None]] = []  # called with a key when it enters the store
+        self.reread: list[Callable[[bytes], None]] = []  # called with a key when it is read (once per read)
 
     def copied(self, key: bytes) -> Life:
         """A tier took a copy: a new life unless another tier holds one."""
@@ -90,6 +91,8 @@ class ChunkLives:
         life.tick, life.touched_at, life.reads, life.hint_class = self.tick, self._clock(), life.reads + 1, 0
         self._advance()
         self._last_read = (key, self.tick)
+        for listener in self.reread:
+            listener(key)
         return life
 
     def dropped(self, key: bytes) -> None:

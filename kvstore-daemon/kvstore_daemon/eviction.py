@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_lives import ChunkLives
 from kvstore_daemon.hints import HintAction, HintBook
+from kvstore_daemon.order_chooser import OrderChooser
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 PolicyName = Literal["lru", "fifo", "lookahead", "predictive"]
@@ -172,16 +173,20 @@ class LookaheadPolicy:
 
 
 def make_tier_policies(
-    name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic, lru_learning_rate: float = 0.0
+    name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic, shadow_share: float = 0.0
 ) -> tuple[EvictionPolicy, EvictionPolicy]:
     """DRAM's and SSD's instances of the named policy; predictive's share what they learn
     (a chunk moving between the tiers keeps its age and its reads), and with a positive
-    `lru_learning_rate` the SSD's weighs the predictive order against LRU (adaptive_policy.py)."""
+    `shadow_share` the SSD's follows the predictive order or LRU, whichever the shadow
+    caches on that share of the keys say hits more (adaptive_policy.py)."""
     if name == "predictive":
         lives = ChunkLives(clock)
         ssd = PredictivePolicy(hints, clock, lives)
-        return (PredictivePolicy(hints, clock, lives, lowest_tier=False),
-                AdaptivePolicy(ssd, lru_learning_rate) if lru_learning_rate > 0 else ssd)
+        dram = PredictivePolicy(hints, clock, lives, lowest_tier=False)
+        if shadow_share <= 0:
+            return dram, ssd
+        chooser = OrderChooser(lives, shadow_share, (PredictivePolicy(hints, clock), LruPolicy()))
+        return dram, AdaptivePolicy(ssd, chooser)
     return make_policy(name, hints, clock), make_policy(name, hints, clock)
 
 

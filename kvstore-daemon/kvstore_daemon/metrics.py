@@ -29,16 +29,22 @@ NEXT_USE_ERROR = Histogram(
     "Read time minus predicted use time, per read of a PREDICT-hinted key (negative = earlier than predicted)",
     buckets=(-600, -120, -30, -10, -1, 1, 10, 30, 120, 600),
 )
-PREDICTIVE_WEIGHT = Gauge(
-    "attnstore_kvstore_predictive_order_weight",
-    "predictive: share of SSD evictions that follow the predictive order rather than LRU (learned online)",
+ORDER_FOLLOWED = Gauge(
+    "attnstore_kvstore_predictive_order_followed",
+    "predictive: 1 while the SSD tier follows the predictive order, 0 while it follows LRU (chosen by shadow caches)",
 )
-ORDER_REGRETS = Counter(
-    "attnstore_kvstore_order_regrets_total",
-    "predictive: chunks stored again soon after an order (predictive, lru) evicted them from the store",
+SHADOW_HITS = Counter(
+    "attnstore_kvstore_shadow_hits_total",
+    "predictive: hits of the shadow cache of each order (predictive, lru) on the sampled keys",
     ["order"],
 )
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
+PROMOTIONS_SKIPPED = Counter(
+    "attnstore_kvstore_promotions_skipped_total",
+    "Background promotions (read-ahead, prefetches) given up for want of DRAM room, by cause: no_evictable_chunk "
+    "(all pinned or leased), prefetch_no_victim (none the prefetch may evict: the rest is needed sooner)",
+    ["reason"],
+)
 PREFETCH_MOVES = Counter(
     "attnstore_kvstore_prefetch_moves_total",
     "predictive: predicted chunks moved from SSD to DRAM (their SSD copy dropped; persist_on_commit off)",

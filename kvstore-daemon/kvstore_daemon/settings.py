@@ -108,10 +108,10 @@ class DaemonSettings(ServiceSettings):
         description="predictive: a write of a chunk hinted DECLINE is refused, or stored on SSD only, first to go "
         "(for clients that may send an ended session's prefix again)",
     )
-    predictive_lru_learning_rate: float = Field(
-        0.45, ge=0,
-        description="predictive: how fast the SSD tier shifts its evictions between the predictive order and LRU "
-        "when one of them evicted a chunk that was stored again (LeCaR's rate; 0: always the predictive order)",
+    predictive_shadow_share: float = Field(
+        0.25, ge=0, le=1,
+        description="predictive: share of the keys (by hash) on which two shadow caches, one per order, decide "
+        "whether the SSD tier follows the predictive order or LRU (whichever hit more lately); 0: always predictive",
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")

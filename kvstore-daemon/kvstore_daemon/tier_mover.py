@@ -36,6 +36,7 @@ from kvstore_daemon.tier import Tier, TierCopyCorrupt, TierFull, TierWriteError
 # Of DRAM, what the soonest-predicted chunks may take when predictions arrive: the rest
 # stays for the queue's prefetches and the chunks turns write.
 PREDICTED_PREFETCH_SHARE = 0.5
+SKIP_LOG_INTERVAL_SECONDS = 10.0  # at most one promotions_skipped line per this (all counted in a metric)
 
 log = structlog.get_logger("kvstore_daemon.tiers")
 
@@ -60,13 +61,15 @@ class TierMover:
         self.peer = peer
         self.hints = hints
         self.dram_policy, self.ssd_policy = make_tier_policies(
-            settings.eviction_policy, hints, clock, settings.predictive_lru_learning_rate)
+            settings.eviction_policy, hints, clock, settings.predictive_shadow_share)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
         self._persisting: set[asyncio.Task[bool]] = set()
         self._prefetched_for = -1  # the prediction generation whose soonest chunks were last promoted
+        self._skip_logged_at = float("-inf")
+        self._skips_unlogged = 0  # promotions skipped for want of DRAM room since the last log line
 
     async def finish_persists(self, timeout_seconds: float) -> None:
         if self._persisting:
@@ -310,7 +313,7 @@ class TierMover:
         chunk.readers += 1
         try:
             if not await self.make_dram_room(chunk.size_bytes, may_evict):
-                raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
+                raise ResourceExhausted(_no_dram_room(may_evict))
             from_peer = chunk.on_peer and not chunk.on_ssd
             try:
                 data = await (self._load_from_peer(chunk) if from_peer else self.ssd.load(chunk))
@@ -328,7 +331,7 @@ class TierMover:
                 where = "its peer" if from_peer else "SSD"
                 raise DataLoss(f"chunk {chunk.key.hex()} failed verification on {where} and was dropped") from exc
             if not await self.make_dram_room(chunk.size_bytes, may_evict):  # others took it meanwhile
-                raise ResourceExhausted("DRAM is full of pinned or leased chunks; cannot load a chunk from SSD")
+                raise ResourceExhausted(_no_dram_room(may_evict))
             await self.dram.store(chunk, data)
             chunk.layout = chunk.layout or layout
             self.dram_policy.on_insert(chunk.key)
@@ -351,8 +354,18 @@ class TierMover:
         """Background promotion: failures are logged, never raised to a caller."""
         try:
             await self.promote(chunk, may_evict)
-        except (DataLoss, ResourceExhausted) as exc:
+        except DataLoss as exc:
             log.info("promotion_skipped", key=chunk.key.hex(), reason=str(exc))
+        except ResourceExhausted as exc:
+            # Counted, logged at most every SKIP_LOG_INTERVAL_SECONDS: a 10-minute replay's
+            # prefetches found no victim thousands of times (each a line before).
+            reason = "prefetch_no_victim" if may_evict is not None else "no_evictable_chunk"
+            metrics.PROMOTIONS_SKIPPED.labels(reason).inc()
+            self._skips_unlogged += 1
+            now = self._clock()
+            if now >= self._skip_logged_at + SKIP_LOG_INTERVAL_SECONDS:
+                log.info("promotions_skipped", count=self._skips_unlogged, last_key=chunk.key.hex(), reason=str(exc))
+                self._skip_logged_at, self._skips_unlogged = now, 0
 
     def _count_reason(self, chunk: Chunk, tier: TierName) -> None:
         """Evictions by the victim's hint: unhinted, evict_first, decline, predict..."""
@@ -459,3 +472,10 @@ class TierMover:
             if victim is None:
                 return
             await evict(victim)
+
+
+def _no_dram_room(may_evict: VictimFilter | None) -> str:
+    if may_evict is None:
+        return "DRAM is full of pinned or leased chunks; cannot load a chunk from SSD"
+    return ("no DRAM chunk may make way for this prefetch: every resident one is pinned, leased, being read or "
+            "predicted sooner")

@@ -4,12 +4,15 @@ declines the chunks of a session the scheduler says nobody will read again."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from service_probes import free_port, scrape_metrics
 
 from attnstore.kvstore_client import HintAction, KVStoreClient, Tier
+from kvstore_daemon.tier_mover import SKIP_LOG_INTERVAL_SECONDS
 
 if TYPE_CHECKING:  # the fixtures' types; conftest modules are not imported by name
     from conftest import ChunkSet, DaemonFactory, PollUntil
@@ -24,6 +27,7 @@ PREDICTIVE_DRAM_OF_4_CHUNKS = {
 }
 PREDICT, DECLINE = HintAction.PREDICT, HintAction.DECLINE
 DRAM, SSD = Tier.DRAM, Tier.SSD
+SKIPPED_BY_PREFETCH = 'attnstore_kvstore_promotions_skipped_total{reason="prefetch_no_victim"}'
 
 
 Store = tuple[KVStoreClient, "ChunkSet"]
@@ -37,6 +41,15 @@ def store(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> Iterator[
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)
         yield client, chunks
+
+
+def _put_five_chunk_3_on_ssd(client: KVStoreClient, chunks: ChunkSet) -> None:
+    """Chunks 0-4 into a DRAM of four, chunk i predicted in 100 (i + 1) s: chunk 3 goes to SSD."""
+    ns = chunks.namespace
+    client.put_chunks(ns, chunks.items(0, 4))
+    client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
+    client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+    assert chunks.tiers(client, [3]) == [SSD]
 
 
 def test_evicts_the_furthest_predicted_chunk_and_keeps_both_replicas_hints(store: Store) -> None:
@@ -79,10 +92,7 @@ def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
 ) -> None:
     client, chunks = store
     ns = chunks.namespace
-    client.put_chunks(ns, chunks.items(0, 4))
-    client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
-    client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
-    assert chunks.tiers(client, [3]) == [SSD]
+    _put_five_chunk_3_on_ssd(client, chunks)
     # Now chunk 3 is expected in a second: it comes back to DRAM, in place of chunk 2 (300 s).
     client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
                 + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
@@ -98,9 +108,7 @@ def test_a_moved_up_chunk_drops_its_ssd_copy_and_is_written_back_when_dram_evict
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)
         ns = chunks.namespace
-        client.put_chunks(ns, chunks.items(0, 4))
-        client.hint(ns, [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(4)], replace=True)
-        client.put_chunks(ns, chunks.items(4, 5))  # chunk 3, predicted last, goes to SSD
+        _put_five_chunk_3_on_ssd(client, chunks)
         client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
                     + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
         poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
@@ -133,3 +141,51 @@ def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
         # The declined chunk leaves DRAM at once: DRAM keeps its room for what will be read.
         poll_until(lambda: chunks.tiers(client, [0]) == [SSD], what="the declined chunk demoted to SSD")
         assert chunks.tiers(client, [1]) == [DRAM]
+
+
+def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_once(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """Every DRAM chunk is queued (PROTECT): the predicted chunk on SSD may take none's room.
+    The skip names the prefetch's filter, not pinned or leased chunks, and repeated skips
+    are counted but logged once per interval (they flooded 10-minute replays' logs)."""
+    port = free_port()
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        ns = chunks.namespace
+        _put_five_chunk_3_on_ssd(client, chunks)
+        started = time.monotonic()
+        for push in range(3):  # each push is a new prediction generation: a new try
+            client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0 + push)]
+                        + [([chunks.key(i)], HintAction.PROTECT, i) for i in (0, 1, 2, 4)], replace=True)
+            poll_until(lambda p=push: scrape_metrics(port).get(SKIPPED_BY_PREFETCH, 0) >= p + 1,
+                       what=f"prefetch {push} skipped")
+        seconds = time.monotonic() - started
+        assert chunks.tiers(client, range(5)) == [DRAM, DRAM, DRAM, SSD, DRAM]
+    samples = scrape_metrics(port)
+    assert samples.get('attnstore_kvstore_promotions_skipped_total{reason="no_evictable_chunk"}', 0) == 0
+    lines = [line for line in daemon.log_path.read_text().splitlines() if "promotions_skipped" in line]
+    # At most one line per interval begun: three skips within one interval make one line.
+    assert 1 <= len(lines) <= 1 + int(seconds // SKIP_LOG_INTERVAL_SECONDS)
+    assert all("may make way for this prefetch" in line and "pinned or leased" not in line for line in lines)
+
+
+def test_the_shadow_caches_count_the_stores_reads(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+    """Every key sampled: the five stored chunks enter both shadows, and a lookup that
+    reads them hits five times in each."""
+    port = free_port()
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port, PREDICTIVE_SHADOW_SHARE=1.0)
+    chunks = chunk_set(**SHAPE)
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        client.put_chunks(chunks.namespace, chunks.items(0, 4))
+        client.put_chunks(chunks.namespace, chunks.items(4, 5))  # one of them goes to SSD
+        before = scrape_metrics(port)
+        assert client.lookup(chunks.namespace, chunks.keys(0, 7)).prefix_length == 5
+    samples = scrape_metrics(port)
+    for order in ("predictive", "lru"):
+        name = f'attnstore_kvstore_shadow_hits_total{{order="{order}"}}'
+        assert (before[name], samples[name]) == (0, 5)
+    assert samples["attnstore_kvstore_predictive_order_followed"] == 1

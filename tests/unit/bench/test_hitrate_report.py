@@ -15,7 +15,7 @@ def test_ended_sharegpt_runs_are_reported_under_sharegpt_and_targets_are_checked
     rows = [_row(w, "lru", 0.1) for w in ("mooncake", "sharegpt", "sharegpt-end", "sharegpt-over")] + [
         _row("mooncake", "predictive", 0.2),  # closes 0.1 / 0.4 of the gap
         _row("sharegpt", "predictive", 0.05),  # below LRU
-        _row("sharegpt-end", "predictive", 0.3),
+        {**_row("sharegpt-end", "predictive", 0.3), "chooser_follows": "lru"},
         _row("sharegpt-over", "predictive", 0.4),
         _row("mooncake", "lru", 0.1, dram=0.005), _row("mooncake", "predictive", 0.3, dram=0.005),
     ]
@@ -25,6 +25,8 @@ def test_ended_sharegpt_runs_are_reported_under_sharegpt_and_targets_are_checked
     assert summary["sharegpt"]["predictive_gap_closed"] == -0.125
     assert summary["sharegpt"]["predictive_gap_closed_with_end_signals"] == 0.5
     assert summary["sharegpt"]["predictive_gap_closed_with_conversation_over"] == 0.75
+    assert summary["sharegpt"]["predictive_order_followed_by_capacity_with_end_signals"] == {"1%/10%": "lru"}
+    assert "predictive_order_followed_by_capacity" not in summary["mooncake"]  # no chooser in those rows
     assert "FAIL  mooncake 1%/10%: predictive closes 0.25 of the LRU-to-optimum gap (target >= 20%, stretch 30%)" \
         not in lines  # 0.25 passes the 20% target
     assert any(line.startswith("FAIL  sharegpt 1%/10%: predictive 5.0% vs LRU 10.0% (never below LRU)") for line in lines)

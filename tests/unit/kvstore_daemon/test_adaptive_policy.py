@@ -1,19 +1,24 @@
-"""The SSD tier's online choice between the predictive order and LRU: where the predictive
-order is wrong (it learned another workload) it must do about as well as LRU, where it is
-right (the scheduler's predictions are) it must keep most of what it gains."""
+"""The SSD tier's online choice between the predictive order and LRU (shadow caches on a
+sample of the keys): where the predictive order is wrong (it learned another workload) it
+must do about as well as LRU, where it is right (the scheduler's predictions are) it must
+keep most of what it gains; on a scan that LRU loses and on a recency stream that it
+wins, the chooser must end up following the winner."""
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable
 
+import pytest
 from fake_clock import FakeClock
 
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_lives import HINT_CLASSES, REUSE_CLASSES, ChunkLives
-from kvstore_daemon.eviction import EvictionPolicy, make_tier_policies
+from kvstore_daemon.eviction import EvictionPolicy, LruPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
+from kvstore_daemon.order_chooser import ORDERS, OrderChooser
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 NS = b"n" * 16
@@ -57,14 +62,19 @@ def _right(stream: Stream) -> Callable[[int], int]:
     return lambda last: after[last]
 
 
-def _tier(name: str, rate: float = 0.45, learner: HitDensity | None = None) -> tuple[EvictionPolicy, HintBook, FakeClock]:
-    """The SSD's instance of a policy (the store's last tier); `learner`: what the
-    predictive order learned before."""
+def _tier(name: str, share: float = 1.0, learner: HitDensity | None = None
+          ) -> tuple[EvictionPolicy, HintBook, FakeClock]:
+    """The SSD's instance of a policy (the store's last tier), shadows on `share` of the
+    keys; `learner`: what the predictive order (and its shadow) learned before."""
     hints, clock = HintBook(), FakeClock()
     if learner is None:
-        return make_tier_policies(name, hints, clock, rate)[1], hints, clock
-    predictive = PredictivePolicy(hints, clock, ChunkLives(clock, learner))
-    return (AdaptivePolicy(predictive, rate) if rate else predictive), hints, clock
+        return make_tier_policies(name, hints, clock, share)[1], hints, clock
+    predictive = PredictivePolicy(hints, clock, ChunkLives(clock, copy.deepcopy(learner)))
+    if not share:
+        return predictive, hints, clock
+    shadow = PredictivePolicy(hints, clock, ChunkLives(clock, copy.deepcopy(learner)))
+    chooser = OrderChooser(predictive.lives, share, (shadow, LruPolicy()))
+    return AdaptivePolicy(predictive, chooser), hints, clock
 
 
 def _hits(stream: Stream, tier: tuple[EvictionPolicy, HintBook, FakeClock],
@@ -105,7 +115,7 @@ def test_a_predictive_order_gone_wrong_costs_little_against_lru() -> None:
     old keys and evicts the fresh ones a recency-driven stream reads."""
     stream = _recent()
     lru = _hits(stream, _tier("lru"))
-    predictive = _hits(stream, _tier("predictive", rate=0, learner=_read_late_only()))
+    predictive = _hits(stream, _tier("predictive", share=0, learner=_read_late_only()))
     adaptive = _hits(stream, _tier("predictive", learner=_read_late_only()))
     assert predictive < 0.85 * lru  # the order does mislead
     assert adaptive >= 0.95 * lru
@@ -114,23 +124,47 @@ def test_a_predictive_order_gone_wrong_costs_little_against_lru() -> None:
 def test_right_predictions_keep_most_of_their_gain_over_lru() -> None:
     stream = _cyclic()
     lru = _hits(stream, _tier("lru"))
-    predictive = _hits(stream, _tier("predictive", rate=0), _right(stream))
+    predictive = _hits(stream, _tier("predictive", share=0), _right(stream))
     adaptive = _hits(stream, _tier("predictive"), _right(stream))
     assert predictive > lru + 0.3 * len(stream)  # a loop larger than the store: LRU hits nothing
     assert adaptive - lru >= 0.8 * (predictive - lru)
 
 
-def test_the_order_whose_victim_is_stored_again_loses_weight() -> None:
-    hints, clock = HintBook(), FakeClock()
-    _, policy = make_tier_policies("predictive", hints, clock, 0.45)
+def _follows(tier: tuple[EvictionPolicy, HintBook, FakeClock]) -> str:
+    policy = tier[0]
     assert isinstance(policy, AdaptivePolicy)
-    for clock.now, key in enumerate([b"far", b"soon"]):
-        policy.on_insert(key)
-    policy.on_access(b"far")  # LRU's victim: soon; the predictive order's: far
-    hints.apply(NS, [HintSpec([b"far"], HintAction.PREDICT, 0, 1000.0), HintSpec([b"soon"], HintAction.PREDICT, 0, 1.0)],
-                replace=True, ttl_seconds=60, now=clock.now)
-    before = policy.weight
-    victim = next(policy.victims())
-    policy.on_remove(victim)
-    policy.on_insert(victim)  # needed again: the order that chose it was wrong
-    assert (policy.weight < before) if victim == b"far" else (policy.weight > before)
+    return "predictive" if policy.chooser.predictive else "lru"
+
+
+def test_the_chooser_follows_lru_on_a_recency_stream_the_predictive_order_misreads() -> None:
+    tier = _tier("predictive", learner=_read_late_only())
+    _hits(_recent(), tier)
+    assert _follows(tier) == "lru"
+    chooser = tier[0].chooser  # type: ignore[union-attr]
+    assert chooser.scores[1] > chooser.scores[0]
+
+
+@pytest.mark.parametrize("start", ["predictive", "lru"])
+def test_the_chooser_follows_the_predictive_order_on_a_scan_lru_loses(start: str) -> None:
+    stream = _cyclic()
+    tier = _tier("predictive")
+    tier[0].chooser.follows = ORDERS.index(start)  # type: ignore[union-attr]
+    _hits(stream, tier, _right(stream))
+    assert _follows(tier) == "predictive"
+    chooser = tier[0].chooser  # type: ignore[union-attr]
+    assert chooser.scores[0] > chooser.scores[1] == 0  # LRU's shadow hits nothing on the loop
+
+
+def test_a_sample_of_the_keys_decides_alike() -> None:
+    """A quarter of the keys (by hash) in shadows a quarter as large picks the same orders."""
+    recent = _tier("predictive", share=0.25, learner=_read_late_only())
+    _hits(_recent(requests=9600), recent)
+    stream = _cyclic(rounds=160)
+    cyclic = _tier("predictive", share=0.25)
+    _hits(stream, cyclic, _right(stream))
+    assert (_follows(recent), _follows(cyclic)) == ("lru", "predictive")
+
+
+def test_the_sample_share_is_validated() -> None:
+    with pytest.raises(ValueError, match="sample_share"):
+        OrderChooser(ChunkLives(FakeClock()), 1.5, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()))
