@@ -9,15 +9,18 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+import structlog
 import torch
 
-from attnstore.errors import FailedPrecondition, InvalidArgument
+from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.daemon_source import read_chunks
 from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.wire import from_wire, to_wire
+
+log = structlog.get_logger("dist_attention.servicer")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
 
@@ -32,6 +35,9 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         self._held = swaps.held
         self._kvstore = kvstore
         self._kvstore_address = kvstore_address
+        # Attached segments' chunks (namespace, keys), deleted from the daemon with the segment:
+        # the daemon counts them as lent to the segment's home until then.
+        self._attached: dict[str, tuple[bytes, list[bytes]]] = {}
 
     async def AppendKV(
         self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext
@@ -75,6 +81,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
             raise FailedPrecondition("this worker has no KV-store daemon (kvstore_address is unset)")
         start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
         segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v, request.home)
+        self._attached[request.segment_id] = (request.namespace, list(request.chunk_keys))
         return pb.AttachChunksResponse(
             segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes,
             layer_digests=self._held.layer_digests(request.segment_id),
@@ -83,7 +90,14 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     async def ReleaseKV(
         self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseKVResponse:
-        return pb.ReleaseKVResponse(released=self._held.release(request.segment_id))
+        released = self._held.release(request.segment_id)
+        attached = self._attached.pop(request.segment_id, None)
+        if attached is not None and self._kvstore is not None:
+            try:
+                await self._kvstore.delete(*attached)
+            except (grpc.RpcError, ServiceError) as exc:  # the daemon's eviction reclaims them
+                log.info("attached_chunks_not_deleted", segment=request.segment_id, error=str(exc))
+        return pb.ReleaseKVResponse(released=released)
 
     async def DescribeLending(
         self, request: pb.DescribeLendingRequest, context: grpc.aio.ServicerContext
