@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
                 document["placing"] = bench_placing(
                     DistributedRunner(model), peers[0].address, ready_channel(peers[0].address),
                     [4096, 16384], repeats=2 if args.quick else 5,
-                )
+                )  # fmt: skip
                 document["capacity"] = {
                     "1_node": longest_context(model, [], node_tokens),
                     "3_nodes": longest_context(model, peers, node_tokens),

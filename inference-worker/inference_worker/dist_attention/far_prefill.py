@@ -20,7 +20,6 @@ import contextlib
 import uuid
 
 import structlog
-import torch
 
 from attnstore.chunks.keys import NAMESPACE_BYTES
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext

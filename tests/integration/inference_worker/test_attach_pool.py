@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
 import torch
+from far_kv_checks import decode, lending
+from polling import poll
 from running_daemon import MiB, running_daemon
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -32,9 +33,8 @@ from attnstore.kvstore_client import KVStoreClient
 from attnstore.pool_ledger import PoolLedger
 from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
-from attnstore.worker.v1 import micro_attention_pb2 as pb
-from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
 from attnstore.worker.v1 import worker_pb2 as wpb
+from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
@@ -43,18 +43,9 @@ from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 from kvstore_daemon.launcher import DaemonProcess
 
-TOLERANCE = 1e-4
 PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS, SEGMENT_TOKENS, CHUNK_TOKENS = 150, 8, 48, 40, 16
 KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 16 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
 CHUNK_HEADER_BYTES = 4096  # a generous bound on one chunk's bytes beyond its K and V
-
-
-def poll(condition: Callable[[], bool], what: str, timeout_seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def lent_bytes(redis_url: str, daemon: DaemonProcess) -> int:
@@ -71,21 +62,6 @@ def lent_bytes(redis_url: str, daemon: DaemonProcess) -> int:
     return asyncio.run(read())
 
 
-def lending(channel: grpc.Channel) -> pb.DescribeLendingResponse:
-    stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
-    return stub.DescribeLending(pb.DescribeLendingRequest(), timeout=10)
-
-
-def decode(model: PreTrainedModel, context: LongContext, logits: torch.Tensor, steps: int) -> torch.Tensor:
-    """`steps` greedy decode steps, each checked against the plain forward; the last logits."""
-    for _ in range(steps):
-        logits = context.decode(int(torch.argmax(logits)))
-        with torch.no_grad():
-            expected = model(input_ids=torch.tensor([context.token_ids])).logits[0, -1].float()
-        assert (logits - expected).abs().max() <= TOLERANCE
-    return logits
-
-
 @pytest.fixture
 def pool(tmp_path: Path, redis_installed: None) -> Iterator[tuple[str, Path]]:
     """The pool's ledger (a private Redis): its URL, and the test's folder."""
@@ -97,7 +73,7 @@ def pool(tmp_path: Path, redis_installed: None) -> Iterator[tuple[str, Path]]:
         redis_server.stop()
 
 
-def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess):  # noqa: ANN201
+def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess):
     address = f"127.0.0.1:{free_port()}"
     settings = {"listen_address": address, "kvstore_address": daemon.address,
                 "long_context": {"advertise_address": address, "advertise_kvstore_address": daemon.address}}  # fmt: skip
@@ -163,20 +139,22 @@ def test_a_lender_that_cannot_reattach_fails_unavailable_never_wrong(
     left the step fails UNAVAILABLE instead of answering without that KV."""
     _, root = pool
     model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
-    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon:
-        with attaching_lender(root, tiny_model, daemon) as started:
-            worker = started["lender"]
-            context = long_context(model, worker, daemon)
-            prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(8))
-            logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=1)
-            with KVStoreClient(daemon.address) as client:
-                for segment in context.places:
-                    if isinstance(segment, RemoteSegment) and segment.attached is not None:
-                        assert client.delete(context.chunk_namespace, segment.attached.keys) > 0
-            restart(worker, context.channels[worker.address])
-            with pytest.raises(ContextUnavailable):
-                context.decode(int(torch.argmax(logits)))
-            assert context.lost == {worker.address}
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
+        attaching_lender(root, tiny_model, daemon) as started,
+    ):
+        worker = started["lender"]
+        context = long_context(model, worker, daemon)
+        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(8))
+        logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=1)
+        with KVStoreClient(daemon.address) as client:
+            for segment in context.places:
+                if isinstance(segment, RemoteSegment) and segment.attached is not None:
+                    assert client.delete(context.chunk_namespace, segment.attached.keys) > 0
+        restart(worker, context.channels[worker.address])
+        with pytest.raises(ContextUnavailable):
+            context.decode(int(torch.argmax(logits)))
+        assert context.lost == {worker.address}
 
 
 def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
@@ -190,36 +168,38 @@ def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
     _, root = pool
     prompt = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(9)).tolist()
     max_tokens = 40
-    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon:
-        with attaching_lender(root, tiny_model, daemon) as lenders:
-            lender = lenders["lender"]
-            home = {"kv_memory_bytes": 64 * KV_BYTES_PER_TOKEN,
-                    "long_context": {"peers": [lender.address], "segment_tokens": SEGMENT_TOKENS,
-                                     "peer_timeout_seconds": 120}}  # fmt: skip
-            with running_workers(root, tiny_model.model_dir, {"home": home}) as homes:
-                outcome: dict[str, object] = {}
-                turn = threading.Thread(
-                    target=run_turn, args=(homes["home"].address, prompt, max_tokens, outcome)
-                )
-                turn.start()
-                channel = peer_channel(lender.address)
-                poll(lambda: lending(channel).held_bytes > 0, "the lender holding part of the turn's KV")
-                restart(lender, channel)
-                turn.join(timeout=300)
-                assert not turn.is_alive()
-            if "error" in outcome:
-                error = outcome["error"]
-                assert isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.UNAVAILABLE, error
-                return
-            model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
-            generated: list[int] = []
-            with torch.no_grad():  # greedy by plain forwards over the whole sequence
-                for _ in range(max_tokens):
-                    logits = model(input_ids=torch.tensor([prompt + generated])).logits[0, -1]
-                    generated.append(int(logits.argmax()))
-            assert outcome["tokens"] == generated
-            assert "far_segment_attached" in homes["home"].log_path.read_text()
-            assert lending(channel).held_bytes == 0  # released after the turn
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
+        attaching_lender(root, tiny_model, daemon) as lenders,
+    ):
+        lender = lenders["lender"]
+        home = {"kv_memory_bytes": 64 * KV_BYTES_PER_TOKEN,
+                "long_context": {"peers": [lender.address], "segment_tokens": SEGMENT_TOKENS,
+                                 "peer_timeout_seconds": 120}}  # fmt: skip
+        with running_workers(root, tiny_model.model_dir, {"home": home}) as homes:
+            outcome: dict[str, object] = {}
+            turn = threading.Thread(
+                target=run_turn, args=(homes["home"].address, prompt, max_tokens, outcome)
+            )
+            turn.start()
+            channel = peer_channel(lender.address)
+            poll(lambda: lending(channel).held_bytes > 0, "the lender holding part of the turn's KV")
+            restart(lender, channel)
+            turn.join(timeout=300)
+            assert not turn.is_alive()
+        if "error" in outcome:
+            error = outcome["error"]
+            assert isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.UNAVAILABLE, error
+            return
+        model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+        generated: list[int] = []
+        with torch.no_grad():  # greedy by plain forwards over the whole sequence
+            for _ in range(max_tokens):
+                logits = model(input_ids=torch.tensor([prompt + generated])).logits[0, -1]
+                generated.append(int(logits.argmax()))
+        assert outcome["tokens"] == generated
+        assert "far_segment_attached" in homes["home"].log_path.read_text()
+        assert lending(channel).held_bytes == 0  # released after the turn
 
 
 def run_turn(address: str, prompt: list[int], max_tokens: int, outcome: dict[str, object]) -> None:
