@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,12 +34,14 @@ from attnstore.kvstore_client import KVStoreClient
 from attnstore.pool_ledger import PoolLedger
 from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
+from attnstore.worker.v1 import micro_attention_pb2 as mpb
+from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
 from attnstore.worker.v1 import worker_pb2 as wpb
-from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.dist_attention.wire import to_wire
 from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 from kvstore_daemon.launcher import DaemonProcess
@@ -73,9 +76,10 @@ def pool(tmp_path: Path, redis_installed: None) -> Iterator[tuple[str, Path]]:
         redis_server.stop()
 
 
-def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess):
+def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess, **limits: object):
+    """A worker that advertises `daemon` for attaching (micro_attention `limits`)."""
     address = f"127.0.0.1:{free_port()}"
-    settings = {"listen_address": address, "kvstore_address": daemon.address,
+    settings = {"listen_address": address, "kvstore_address": daemon.address, "micro_attention": limits,
                 "long_context": {"advertise_address": address, "advertise_kvstore_address": daemon.address}}  # fmt: skip
     return running_workers(root, tiny_model.model_dir, {"lender": settings})
 
@@ -155,6 +159,39 @@ def test_a_lender_that_cannot_reattach_fails_unavailable_never_wrong(
         with pytest.raises(ContextUnavailable):
             context.decode(int(torch.argmax(logits)))
         assert context.lost == {worker.address}
+
+
+def test_the_chunks_of_a_silent_homes_segments_are_deleted_with_them(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    """A home that stops calling (died): its attached segments are dropped as idle at the
+    lender's next append, and their chunks deleted from the daemon, which stops counting
+    them as lent."""
+    _, root = pool
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    idle_seconds = 2.0
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
+        attaching_lender(root, tiny_model, daemon, segment_idle_ttl_seconds=idle_seconds) as started,
+        KVStoreClient(daemon.address) as client,
+    ):
+        worker = started["lender"]
+        context = long_context(model, worker, daemon)
+        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(10))
+        context.prefill(prompt.tolist(), NEW_TOKENS)
+        attached = [p.attached for p in context.places if isinstance(p, RemoteSegment) and p.attached]
+        assert len(attached) == 3
+        for chunks in attached:
+            assert client.lookup(context.chunk_namespace, chunks.keys).prefix_length == len(chunks.keys)
+        time.sleep(idle_seconds + 0.5)  # the home goes silent past the idle TTL
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(context.channels[worker.address])
+        kv = to_wire(torch.zeros(3, 1, 2, 16))
+        stub.AppendKV(
+            mpb.AppendKVRequest(segment_id="other", start_position=0, keys=kv, values=kv), timeout=10
+        )
+        assert lending(context.channels[worker.address]).held_bytes == 2 * 3 * 2 * 16 * 4  # only the new one
+        for chunks in attached:
+            assert client.lookup(context.chunk_namespace, chunks.keys).prefix_length == 0
 
 
 def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
