@@ -1,14 +1,17 @@
 """A far segment placed through its lender's KV-store daemon instead of appended to the
-lender worker: the pool's path (the chunks land in the daemon of the node that lends),
-and the segments DGFM then recalls like appended ones.
+lender worker: the pool's lending path (the chunks land in the daemon of the node that
+lends, counted as lent to the home), and the segments DGFM then recalls like appended ones.
 
     LongTurns.peer_room_tokens: each peer's DescribeLending.kvstore_address (checked) ──>
     LongContext.add_far, a segment planned on a peer with a daemon:
-        register the turn's namespace there ──> put the segment's chunks (the chunk
-        format; keys chained over the turn's tokens) ──> AttachChunks(home) on the peer
-        worker ──> its layer digests equal the home's of the KV put ──> RemoteSegment
-    the daemon or AttachChunks refuses or is silent: the segment is appended (AppendKV);
-    the digests differ: PlaceLost (the KV is never attended)
+        register the turn's namespace there ──> put the segment's chunks as lent to the
+        home (ReservePut.borrower, durable; the chunk format; keys chained over the turn's
+        tokens) ──> AttachChunks(home) on the peer worker ──> its layer digests equal the
+        home's of the KV put ──> RemoteSegment (it remembers the chunks: re-attached after
+        the lender worker restarts, remote.py)
+    the daemon refuses a chunk (its lending limits) or is silent, or AttachChunks fails:
+    the chunks deleted again, the segment appended (AppendKV); the digests differ:
+    PlaceLost (the KV is never attended)
 
 Decisions:
 - Keys chained over the turn's tokens: the segment's first key is chained to a key of all
@@ -17,8 +20,10 @@ Decisions:
 - A random namespace per long turn and plan (LongContext.chunk_namespace): two turns over
   the same tokens, or one turn's KV recomputed after a loss, may differ in the last bits
   (other batches), and a segment must attach the exact KV the home hashed.
-- The chunks stay in the daemon after the attach (the worker holds its own copy, read
-  once); the daemon's eviction reclaims them like any chunk's.
+- The chunks stay in the daemon while the segment lives (the worker holds its own copy,
+  read once; the chunks let it re-attach after a restart); the lender worker deletes them
+  when it no longer holds the segment (servicer.py), else the daemon's eviction reclaims
+  them (borrowed chunks first).
 """
 
 from __future__ import annotations
@@ -121,17 +126,17 @@ class ChunkAttacher:
                 # `borrower` (its lending limits, the ledger's lent_bytes) and keeps them on SSD.
                 put = client.put_chunks(namespace, list(zip(keys, chunks, strict=True)), durable=True,
                                         borrower=borrower_name(home))  # fmt: skip
-                if put.no_space or put.in_progress:
-                    raise _NotLent(f"{len(put.no_space)} of {len(keys)} chunks past its lending limits, "
-                                   f"{len(put.in_progress)} in progress")  # fmt: skip
-                costs = CostModel()
-                costs.observe_transfer(sum(map(len, chunks)), time.perf_counter() - started)
-                segment = RemoteSegment.placed(peer, stub, segment_id, local, self.timeout_seconds, costs,
-                                               AttachedChunks(namespace, keys, home))  # fmt: skip
                 try:
+                    if put.no_space or put.in_progress:
+                        raise _NotLent(f"{len(put.no_space)} of {len(keys)} chunks past its lending limits, "
+                                       f"{len(put.in_progress)} in progress")  # fmt: skip
+                    costs = CostModel()
+                    costs.observe_transfer(sum(map(len, chunks)), time.perf_counter() - started)
+                    segment = RemoteSegment.placed(peer, stub, segment_id, local, self.timeout_seconds, costs,
+                                                   AttachedChunks(namespace, keys, home))  # fmt: skip
                     segment.attach()
-                except grpc.RpcError:
-                    with contextlib.suppress(ServiceError, DaemonProtocolError, OSError):
+                except (grpc.RpcError, _NotLent):
+                    with contextlib.suppress(grpc.RpcError, ServiceError, DaemonProtocolError, OSError):
                         client.delete(namespace, keys)  # not lent after all
                     raise
         except (grpc.RpcError, ServiceError, DaemonProtocolError, OSError, _NotLent) as exc:

@@ -366,7 +366,7 @@ def _reattaching(segments: Sequence[RemoteSegment], call: Callable[[], T]) -> T:
     again, it waits for the peer: wait_for_ready in `_call`), or the peer no longer holds
     them (NOT_FOUND: each re-attached from its daemon first). At most twice more (cut
     off, then forgotten); any other error, or one on appended segments, is raised."""
-    retries = 2 if segments and all(segment.attached is not None for segment in segments) else 0
+    retries = 2 if _all_attached(segments) else 0
     while True:
         try:
             return call()
@@ -379,16 +379,20 @@ def _reattaching(segments: Sequence[RemoteSegment], call: Callable[[], T]) -> T:
             retries -= 1
 
 
+def _all_attached(segments: Sequence[RemoteSegment]) -> bool:
+    return bool(segments) and all(segment.attached is not None for segment in segments)
+
+
 def _call(method, request, timeout: float, address: str, start: int, stop: int,
           segments: Sequence[RemoteSegment] = ()):  # fmt: skip
     """`method(request)` with its failures as the caller sees them: PlaceLost, or _Refused
     for a PartialAttention past the peer's lending threshold; `segments` (those the call
     names) are re-attached and the call made again when the peer had forgotten them.
 
-    A call naming attached segments waits up to `timeout` for its peer to be reachable
+    A call naming only attached segments waits up to `timeout` for its peer to be reachable
     (wait_for_ready): a lender worker restarting meanwhile is re-attached, not lost (the
     context recomputed); one still down after `timeout` is lost, as any silent peer."""
-    ready = any(segment.attached is not None for segment in segments)
+    ready = _all_attached(segments)
     try:
         return _reattaching(segments, lambda: method(request, timeout=timeout, wait_for_ready=ready))
     except grpc.RpcError as exc:
