@@ -15,6 +15,9 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
   decode      one decode step of the model with R remote tokens on a peer (4k, 16k, 64k;
               --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
               partials computed on the peer vs its KV pulled each step
+  placing     placing a far segment of 4k and 16k tokens on a peer: appended to the
+              worker (AppendKV) vs attached through its daemon (placing.py): bytes moved
+              and time each way
   dgfm        the remote share of blocks per period in the drift simulation
               (dgfm_sim.py), without DGFM and with its swaps every 10 steps
   capacity    the longest context served when each node keeps `--node-tokens` tokens of
@@ -43,7 +46,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from bench.common.results import print_report, save_results
 from bench.load.model import save_load_model
 from bench.longctx.dgfm_sim import forced_share, per_period, simulate
+from bench.longctx.placing import bench_placing
 from bench.longctx.plot import plot_longctx
+from bench.pool.daemons import daemon
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.cost_model import Mode
 from inference_worker.dist_attention.partial import Partial, merge, merge_stacked, partial_attention
@@ -170,12 +175,20 @@ def bench_dgfm() -> dict[str, Any]:
     return {"without": without, "with": with_dgfm, "forced": forced_share()}
 
 
-def start_peers(root: Path, model_dir: Path, count: int, held_tokens: int) -> list[WorkerProcess]:
+def start_peers(
+    root: Path, model_dir: Path, count: int, held_tokens: int, kvstore_address: str
+) -> list[WorkerProcess]:
+    """Peer workers lending `held_tokens` of KV each, the first with the daemon at
+    `kvstore_address`, advertised for attaching (placing)."""
     limits = {"max_held_bytes": held_tokens * KV_BYTES_PER_TOKEN, "max_inflight_key_tokens": 1 << 24}
+    attaching = {
+        "kvstore_address": kvstore_address, "long_context": {"advertise_kvstore_address": kvstore_address}
+    }  # fmt: skip
     peers = []
     for index in range(count):
         peer = WorkerProcess(root / f"peer-{index}.log", model_dir=model_dir,
-                             settings={"micro_attention": limits, "listen_address": "127.0.0.1:0"})  # fmt: skip
+                             settings={"micro_attention": limits, "listen_address": "127.0.0.1:0",
+                                       **(attaching if index == 0 else {})})  # fmt: skip
         peer.start()
         peers.append(peer)
     return peers
@@ -276,16 +289,24 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(scratch)
         model_dir = save_load_model(root / "model", shape=LONG_LLAMA)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        peers = start_peers(root, model_dir, 2, held_tokens=max(max(remote), node_tokens) + 1024)
-        try:
-            document["decode"] = bench_decode(model, peers[0], remote, steps=3 if args.quick else 8)
-            document["capacity"] = {
-                "1_node": longest_context(model, [], node_tokens),
-                "3_nodes": longest_context(model, peers, node_tokens),
-            }
-        finally:
-            for peer in peers:
-                peer.stop()
+        # The first peer's daemon: its SSD lends the attached chunks (lending limits: half of it).
+        lender = daemon(root, "daemon", {"dram_capacity_bytes": 256 << 20, "ssd_capacity_bytes": 512 << 20})
+        with lender as lender_daemon:
+            held_tokens = max(max(remote), node_tokens) + 1024
+            peers = start_peers(root, model_dir, 2, held_tokens, lender_daemon.address)
+            try:
+                document["decode"] = bench_decode(model, peers[0], remote, steps=3 if args.quick else 8)
+                document["placing"] = bench_placing(
+                    DistributedRunner(model), peers[0].address, ready_channel(peers[0].address),
+                    [4096, 16384], repeats=2 if args.quick else 5,
+                )  # fmt: skip
+                document["capacity"] = {
+                    "1_node": longest_context(model, [], node_tokens),
+                    "3_nodes": longest_context(model, peers, node_tokens),
+                }
+            finally:
+                for peer in peers:
+                    peer.stop()
     capacity = document["capacity"]
     summary = {
         "max_context_gain_3_nodes": capacity["3_nodes"]["context_tokens"]
@@ -297,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         "split_overhead_decode_one_call": max(
             row["one_call_overhead"] for row in document["split"].values() if "one_call_overhead" in row
         ),
+        "place_time_ratio_attach_vs_append_16k": document["placing"]["16k"]["time_ratio_attach_vs_append"],
+        "place_bytes_ratio_attach_vs_append_16k": document["placing"]["16k"]["bytes_ratio_attach_vs_append"],
         "max_abs_logit_error_3_nodes": capacity["3_nodes"]["max_abs_logit_error"],
         "dgfm_remote_share_last_period_without": document["dgfm"]["without"][-1],
         "dgfm_remote_share_last_period_with": document["dgfm"]["with"][-1],
@@ -319,6 +342,11 @@ def format_table(document: dict[str, Any]) -> str:
         lines.append(f"  {name:>4} remote  {row['remote']['bytes_per_step'] / 1e3:10.1f} kB {row['remote']['step_ms']:8.1f} ms   "
                      f"pull {row['pull']['bytes_per_step'] / 1e6:9.1f} MB {row['pull']['step_ms']:8.1f} ms   "
                      f"bytes x{row['bytes_ratio_pull_vs_remote']:.0f}")  # fmt: skip
+    lines.append("placing a far segment on a peer: appended (AppendKV) vs attached through its daemon")
+    for name, row in document["placing"].items():
+        lines.append(f"  {name:>4} append {row['append']['bytes'] / 1e6:7.1f} MB {row['append']['ms']:8.1f} ms   "
+                     f"attach {row['attach']['bytes'] / 1e6:7.1f} MB {row['attach']['ms']:8.1f} ms   "
+                     f"time x{row['time_ratio_attach_vs_append']:.2f}")  # fmt: skip
     dgfm = document["dgfm"]
     lines.append(f"remote share of blocks per period (simulation, forced {dgfm['forced']:.3f}): "
                  f"without DGFM {dgfm['without']}, with {dgfm['with']}")  # fmt: skip

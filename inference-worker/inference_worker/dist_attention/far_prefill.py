@@ -20,13 +20,12 @@ import contextlib
 import uuid
 
 import structlog
-import torch
 
 from attnstore.chunks.keys import NAMESPACE_BYTES
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.placement import SegmentPlan
 from inference_worker.dist_attention.segment import LocalSegment
-from inference_worker.engine.attention import PagedKV, slots_of
+from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.engine import Engine
 from inference_worker.engine.far_kv import FarKVLost
 from inference_worker.engine.sequence import Sequence
@@ -77,12 +76,11 @@ def copy_out(kv: PagedKV, table: list[int], start: int, tokens: int) -> LocalSeg
     `start`. Read outside the engine's thread: the blocks are the finished sequence's until
     it is released, and nothing but the step writes the pool (no shared gather buffer)."""
     layers, kv_heads, _, _, dim = kv.k.shape
-    slots = torch.tensor(slots_of(table, kv.block_tokens, 0, tokens), dtype=torch.long, device=kv.k.device)
+    slots = kv.slot_tensor(table, 0, tokens)
     segment = LocalSegment(layers, kv_heads, dim, start=start, capacity_tokens=tokens, dtype=kv.k.dtype,
                            device=kv.k.device)  # fmt: skip
     segment.reserve(tokens)
-    for layer in range(layers):
-        k = kv.k[layer].view(kv_heads, -1, dim).index_select(1, slots).transpose(0, 1)  # [tokens, KVH, D]
-        v = kv.v[layer].view(kv_heads, -1, dim).index_select(1, slots).transpose(0, 1)
-        segment.write(layer, k, v)
+    for layer in range(layers):  # one layer's copy at a time
+        k, v = kv.layer_span(layer, slots)  # [KVH, tokens, D]
+        segment.write(layer, k.transpose(0, 1), v.transpose(0, 1))
     return segment

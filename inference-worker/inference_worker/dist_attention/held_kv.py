@@ -191,6 +191,10 @@ class HeldKV:
         for offset in range(0, segment.tokens, piece):
             yield segment.start + offset, k[offset : offset + piece], v[offset : offset + piece]
 
+    def holds(self, segment_id: str) -> bool:
+        with self._lock:
+            return segment_id in self._segments
+
     def release(self, segment_id: str) -> bool:
         with self._lock:
             return self._drop(segment_id)

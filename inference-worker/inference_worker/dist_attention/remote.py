@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
+import structlog
 import torch
 
 from attnstore.security import ClientCredentials, sync_channel
@@ -32,6 +34,10 @@ from inference_worker.dist_attention.partial import Partial, merge, partial_atte
 from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.dist_attention.wire import crc, from_wire, layer_digest, to_wire
 from inference_worker.engine.far_kv import FarKVLost
+
+log = structlog.get_logger("dist_attention.remote")
+
+T = TypeVar("T")
 
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the servers' limit (attnstore.server.lifecycle)
 _APPEND_PIECE_BYTES = 8 * 1024 * 1024
@@ -115,6 +121,16 @@ class Traffic:
     pulls: int = 0
 
 
+@dataclass(frozen=True)
+class AttachedChunks:
+    """Where an attached segment's KV lies in its peer's daemon (attach.py): what the peer
+    reads again to re-make the segment after it restarted."""
+
+    namespace: bytes
+    keys: list[bytes]
+    home: str
+
+
 @dataclass
 class RemoteSegment:
     address: str
@@ -127,6 +143,7 @@ class RemoteSegment:
     timeout_seconds: float
     digests: tuple[int, ...]  # per layer, of the KV uploaded (wire.layer_digest)
     force: Mode | None = None  # a fixed mode (benchmarks); None = the cost model decides
+    attached: AttachedChunks | None = None  # None: appended (AppendKV), lost with its peer's memory
     costs: CostModel = field(default_factory=CostModel)
     traffic: Traffic = field(default_factory=Traffic)
 
@@ -169,14 +186,15 @@ class RemoteSegment:
         local: LocalSegment,
         timeout_seconds: float,
         costs: CostModel,
+        attached: AttachedChunks | None = None,
     ) -> RemoteSegment:
-        """The peer's segment holding `local`'s KV (appended, or attached: attach.py), with
-        the digests of `local`'s layers that every later read must match."""
+        """The peer's segment holding `local`'s KV (appended, or `attached`: attach.py),
+        with the digests of `local`'s layers that every later read must match."""
         layers, _, kv_heads, dim = local.k.shape
         per_token = 2 * layers * kv_heads * dim * local.k.element_size()
         digests = tuple(layer_digest(crc(k), crc(v)) for k, v in map(local.layer_kv, range(layers)))
         return cls(address, stub, segment_id, local.start, local.tokens, per_token * local.tokens // layers,
-                   layers, timeout_seconds, digests, costs=costs)  # fmt: skip
+                   layers, timeout_seconds, digests, costs=costs, attached=attached)  # fmt: skip
 
     @property
     def stop(self) -> int:
@@ -200,6 +218,42 @@ class RemoteSegment:
             self.stub.ReleaseKV(pb.ReleaseKVRequest(segment_id=self.segment_id), timeout=self.timeout_seconds)
         except grpc.RpcError:
             pass
+
+    def attach(self) -> None:
+        """Makes the segment on its peer from its chunks in the peer's daemon
+        (AttachChunks), waiting up to the timeout for a peer that is down or restarting.
+        Raises grpc.RpcError when the peer refuses, PlaceLost when what it attached is not
+        the KV these digests name (then released there)."""
+        assert self.attached is not None
+        request = pb.AttachChunksRequest(
+            segment_id=self.segment_id, namespace=self.attached.namespace, chunk_keys=self.attached.keys,
+            home=self.attached.home,
+        )  # fmt: skip
+        try:
+            reply = self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                raise
+            # the peer died during the call: once more, waiting for it (a restart)
+            reply = self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=True)
+        if (reply.start_position, reply.segment_tokens, tuple(reply.layer_digests)) != (
+            self.start, self.tokens, self.digests
+        ):  # fmt: skip
+            self.release()
+            raise PlaceLost(
+                self.address, self.start, self.stop, "the KV it attached is not the KV put in its daemon"
+            )
+
+    def reattach(self) -> None:
+        """Makes the segment again from its chunks in the peer's daemon (the peer worker
+        restarted and forgot it; the chunks outlive it). Raises PlaceLost when that fails
+        (the daemon lost the chunks, the peer is down again, other KV)."""
+        try:
+            self.attach()
+        except grpc.RpcError as exc:
+            raise PlaceLost(self.address, self.start, self.stop, f"re-attaching: {exc.code().name}: "
+                            f"{exc.details()}") from exc  # fmt: skip
+        log.info("far_segment_reattached", peer=self.address, segment=self.segment_id, tokens=self.tokens)
 
     def pull(
         self, layer: int, q: torch.Tensor, positions: torch.Tensor, scale: float, window: int | None
@@ -225,12 +279,18 @@ class RemoteSegment:
     def read_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The segment's K, V [tokens, KVH, D] of `layer` (CPU), streamed from the peer."""
         request = pb.ReadKVRequest(segment_id=self.segment_id, layer=layer)
-        keys, values = [], []
-        try:
-            for piece in self.stub.ReadKV(request, timeout=self.timeout_seconds):
+
+        def stream() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            keys, values = [], []
+            ready = self.attached is not None  # waits for a restarting lender (_call)
+            for piece in self.stub.ReadKV(request, timeout=self.timeout_seconds, wait_for_ready=ready):
                 keys.append(from_wire(piece.keys, "keys", 3))
                 values.append(from_wire(piece.values, "values", 3))
                 self.traffic.received_bytes += piece.ByteSize()
+            return keys, values
+
+        try:
+            keys, values = _reattaching([self], stream)
         except grpc.RpcError as exc:
             raise PlaceLost(
                 self.address, self.start, self.stop, f"{exc.code().name}: {exc.details()}"
@@ -280,7 +340,7 @@ def _remote_partial(
     first = segments[0]
     started = time.perf_counter()
     reply = _call(first.stub.PartialAttention, request, first.timeout_seconds, first.address,
-                  min(s.start for s in segments), max(s.stop for s in segments))  # fmt: skip
+                  min(s.start for s in segments), max(s.stop for s in segments), segments)  # fmt: skip
     call_seconds, compute_seconds = time.perf_counter() - started, reply.compute_ms / 1000
     if list(reply.layer_digests) != [s.digests[request.layer] for s in segments]:
         raise PlaceLost(first.address, min(s.start for s in segments), max(s.stop for s in segments),
@@ -300,9 +360,41 @@ class _Refused(Exception):
     """The peer is over its lending threshold (RESOURCE_EXHAUSTED)."""
 
 
-def _call(method, request, timeout: float, address: str, start: int, stop: int):
+def _reattaching(segments: Sequence[RemoteSegment], call: Callable[[], T]) -> T:
+    """`call()`, for segments that are all attached made again when their peer failed in a
+    way a restart explains: the call cut off (UNAVAILABLE: the peer died during it; made
+    again, it waits for the peer: wait_for_ready in `_call`), or the peer no longer holds
+    them (NOT_FOUND: each re-attached from its daemon first). At most twice more (cut
+    off, then forgotten); any other error, or one on appended segments, is raised."""
+    retries = 2 if _all_attached(segments) else 0
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if not retries or exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
+                raise
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                for segment in segments:
+                    segment.reattach()
+            retries -= 1
+
+
+def _all_attached(segments: Sequence[RemoteSegment]) -> bool:
+    return bool(segments) and all(segment.attached is not None for segment in segments)
+
+
+def _call(method, request, timeout: float, address: str, start: int, stop: int,
+          segments: Sequence[RemoteSegment] = ()):  # fmt: skip
+    """`method(request)` with its failures as the caller sees them: PlaceLost, or _Refused
+    for a PartialAttention past the peer's lending threshold; `segments` (those the call
+    names) are re-attached and the call made again when the peer had forgotten them.
+
+    A call naming only attached segments waits up to `timeout` for its peer to be reachable
+    (wait_for_ready): a lender worker restarting meanwhile is re-attached, not lost (the
+    context recomputed); one still down after `timeout` is lost, as any silent peer."""
+    ready = _all_attached(segments)
     try:
-        return method(request, timeout=timeout)
+        return _reattaching(segments, lambda: method(request, timeout=timeout, wait_for_ready=ready))
     except grpc.RpcError as exc:
         if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(
             request, pb.PartialAttentionRequest

@@ -9,15 +9,18 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+import structlog
 import torch
 
-from attnstore.errors import FailedPrecondition, InvalidArgument
+from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.daemon_source import read_chunks
 from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.wire import from_wire, to_wire
+
+log = structlog.get_logger("dist_attention.servicer")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
 
@@ -32,6 +35,9 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         self._held = swaps.held
         self._kvstore = kvstore
         self._kvstore_address = kvstore_address
+        # Attached segments' chunks (namespace, keys), deleted from the daemon once the segment
+        # is gone (_delete_released_chunks): the daemon counts them as lent until then.
+        self._attached: dict[str, tuple[bytes, list[bytes]]] = {}
 
     async def AppendKV(
         self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext
@@ -41,6 +47,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         segment = await asyncio.to_thread(
             self._held.append, request.segment_id, request.start_position, k, v, request.home
         )
+        await self._delete_released_chunks()  # the append may have dropped idle segments
         return pb.AppendKVResponse(segment_tokens=segment.tokens, held_bytes=self._held.held_bytes)
 
     async def PartialAttention(
@@ -75,6 +82,8 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
             raise FailedPrecondition("this worker has no KV-store daemon (kvstore_address is unset)")
         start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
         segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v, request.home)
+        self._attached[request.segment_id] = (request.namespace, list(request.chunk_keys))
+        await self._delete_released_chunks()
         return pb.AttachChunksResponse(
             segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes,
             layer_digests=self._held.layer_digests(request.segment_id),
@@ -83,7 +92,22 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     async def ReleaseKV(
         self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseKVResponse:
-        return pb.ReleaseKVResponse(released=self._held.release(request.segment_id))
+        released = self._held.release(request.segment_id)
+        await self._delete_released_chunks()
+        return pb.ReleaseKVResponse(released=released)
+
+    async def _delete_released_chunks(self) -> None:
+        """Deletes from the daemon the chunks of attached segments no longer held here
+        (released, or dropped as idle: their home died), so it stops counting them as lent."""
+        for segment_id in [s for s in self._attached if not self._held.holds(s)]:
+            attached = self._attached.pop(segment_id, None)  # another call may have taken it meanwhile
+            if attached is None or self._kvstore is None:
+                continue
+            namespace, keys = attached
+            try:
+                await self._kvstore.delete(namespace, keys)
+            except (grpc.RpcError, ServiceError) as exc:  # the daemon's eviction reclaims them
+                log.info("attached_chunks_not_deleted", segment=segment_id, error=str(exc))
 
     async def DescribeLending(
         self, request: pb.DescribeLendingRequest, context: grpc.aio.ServicerContext

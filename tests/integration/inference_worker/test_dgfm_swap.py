@@ -20,10 +20,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 import torch
+from far_kv_checks import decode, lending
 from prometheus_client import REGISTRY
 from running_daemon import MiB, running_daemon
 from running_workers import running_workers
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM
 
 from attnstore.errors import FailedPrecondition, InvalidArgument
 from attnstore.kvstore_client import KVStoreClient
@@ -51,7 +52,6 @@ from inference_worker.launcher import WorkerProcess
 from inference_worker.model_store import LoadedModel
 from kvstore_daemon.launcher import DaemonProcess
 
-TOLERANCE = 1e-4
 PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS = 150, 6, 48
 
 
@@ -76,21 +76,6 @@ def creditor(tmp_path_factory: pytest.TempPathFactory, tiny_model: LoadedModel) 
         tmp_path_factory.mktemp("dgfm"), tiny_model.model_dir, {"node": settings}
     ) as started:
         yield started["node"]
-
-
-def lending(channel: grpc.Channel) -> pb.DescribeLendingResponse:
-    stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
-    return stub.DescribeLending(pb.DescribeLendingRequest(), timeout=10)
-
-
-def decode(model: PreTrainedModel, context: LongContext, logits: torch.Tensor, steps: int) -> torch.Tensor:
-    """`steps` greedy decode steps, each checked against the plain forward; the last logits."""
-    for _ in range(steps):
-        logits = context.decode(int(torch.argmax(logits)))
-        with torch.no_grad():
-            expected = model(input_ids=torch.tensor([context.token_ids])).logits[0, -1].float()
-        assert (logits - expected).abs().max() <= TOLERANCE
-    return logits
 
 
 def test_recalled_segments_come_home_with_identical_answers(

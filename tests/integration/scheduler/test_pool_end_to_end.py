@@ -8,13 +8,12 @@ conversation does in another session."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from filler_chunks import write_filler
+from polling import poll
 from scheduler_stack import API_KEYS, SCHEDULER_SETTINGS, WORKER_SETTINGS, RedisFactory
 
 from attnstore.api_client import AttnStoreClient
@@ -54,14 +53,6 @@ def _ledger(url: str) -> list[DaemonEntry]:
     return asyncio.run(members())
 
 
-def _poll(condition: Callable[[], bool], what: str, timeout_seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds}s waiting for {what}")
-        time.sleep(0.2)
-
-
 def test_a_turn_goes_to_the_node_whose_daemon_holds_its_placed_kv(
     tmp_path: Path, redis_factory: RedisFactory, scheduler_model_dir: Path
 ) -> None:
@@ -74,7 +65,7 @@ def test_a_turn_goes_to_the_node_whose_daemon_holds_its_placed_kv(
         scheduler_settings={**SCHEDULER_SETTINGS, "pool_routing_min_share": 0.5},
     )  # fmt: skip
     with LocalStack(spec) as stack, AttnStoreClient(stack.address, API_KEYS["acme"], timeout_seconds=300) as client:
-        _poll(lambda: {e.node for e in _ledger(redis.url)} == set(NODES), "both daemons in the ledger")
+        poll(lambda: {e.node for e in _ledger(redis.url)} == set(NODES), "both daemons in the ledger")
         reference = client.create_session().session_id  # the same conversation, in another session
         session = client.create_session().session_id
         first = client.chat(session, QUESTION, max_tokens=8)
@@ -88,7 +79,7 @@ def test_a_turn_goes_to_the_node_whose_daemon_holds_its_placed_kv(
                 await write_filler(daemon, b"pool-e2e-filler.", FILLER_CHUNKS, **FILLER)
 
         asyncio.run(fill())
-        _poll(
+        poll(
             lambda: any(e.grpc_address == lender.address and e.lent_bytes > 0 for e in _ledger(redis.url)),
             "the first turn's chunks placed on the other node, counted by its daemon",
         )

@@ -1,0 +1,252 @@
+"""Attached segments through the pool's lending path, and back after a lender restart.
+
+A sequence whose home is this test process ("home") keeps its oldest KV on a worker that
+advertises its daemon; that daemon is a member of the pool's ledger (a private Redis). The
+home puts each segment's chunks there as lent to it (ReservePut's borrower, durable): the
+ledger's entry for the daemon counts them in `lent_bytes`, the worker holds them for home
+(DescribeLending.held_for, DGFM's debt). The lender worker is killed (-9) and started
+again on its port, with the same daemon: the next decode steps find their segments gone
+(NOT_FOUND), re-attach them from the daemon (digests checked) and go on within 1e-4 of
+the plain forward, recomputing nothing. Releasing the sequence deletes the chunks: the
+ledger counts nothing lent. When the daemon lost the chunks meanwhile, a restarted lender
+cannot re-attach: the sequence recomputes, or (no other peer here) fails UNAVAILABLE;
+never a wrong token."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+import torch
+from far_kv_checks import decode, lending
+from polling import poll
+from running_daemon import MiB, running_daemon
+from running_workers import running_workers
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from attnstore.kvstore_client import KVStoreClient
+from attnstore.pool_ledger import PoolLedger
+from attnstore.server.ports import free_port
+from attnstore.server.redis_process import RedisProcess
+from attnstore.worker.v1 import micro_attention_pb2 as mpb
+from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
+from attnstore.worker.v1 import worker_pb2 as wpb
+from inference_worker.dist_attention.attach import ChunkAttacher
+from inference_worker.dist_attention.context import ContextUnavailable, LongContext
+from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
+from inference_worker.dist_attention.runner import DistributedRunner
+from inference_worker.dist_attention.wire import to_wire
+from inference_worker.launcher import WorkerProcess
+from inference_worker.model_store import LoadedModel
+from kvstore_daemon.launcher import DaemonProcess
+
+PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS, SEGMENT_TOKENS, CHUNK_TOKENS = 150, 8, 48, 40, 16
+KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 16 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
+CHUNK_HEADER_BYTES = 4096  # a generous bound on one chunk's bytes beyond its K and V
+
+
+def lent_bytes(redis_url: str, daemon: DaemonProcess) -> int:
+    """What the pool's ledger says `daemon` lends now."""
+
+    async def read() -> int:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            entries = {e.grpc_address: e for e in await PoolLedger.reader(client).members()}
+        finally:
+            await client.aclose()
+        return entries[daemon.address].lent_bytes if daemon.address in entries else -1
+
+    return asyncio.run(read())
+
+
+@pytest.fixture
+def pool(tmp_path: Path, redis_installed: None) -> Iterator[tuple[str, Path]]:
+    """The pool's ledger (a private Redis): its URL, and the test's folder."""
+    redis_server = RedisProcess(tmp_path / "redis")
+    redis_server.start()
+    try:
+        yield redis_server.url, tmp_path
+    finally:
+        redis_server.stop()
+
+
+def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess, **limits: object):
+    """A worker that advertises `daemon` for attaching (micro_attention `limits`)."""
+    address = f"127.0.0.1:{free_port()}"
+    settings = {"listen_address": address, "kvstore_address": daemon.address, "micro_attention": limits,
+                "long_context": {"advertise_address": address, "advertise_kvstore_address": daemon.address}}  # fmt: skip
+    return running_workers(root, tiny_model.model_dir, {"lender": settings})
+
+
+def long_context(model: PreTrainedModel, worker: WorkerProcess, daemon: DaemonProcess) -> LongContext:
+    channel = peer_channel(worker.address)
+    attacher = ChunkAttacher(None, None, chunk_tokens=CHUNK_TOKENS, timeout_seconds=10)
+    attacher.learn(worker.address, lending(channel))
+    assert attacher.daemons == {worker.address: daemon.address}
+    return LongContext(DistributedRunner(model), {worker.address: channel}, lambda: {worker.address: 400},
+                       local_tokens=LOCAL_TOKENS, segment_tokens=SEGMENT_TOKENS, chunk_tokens=CHUNK_TOKENS,
+                       home="home", attacher=attacher)  # fmt: skip
+
+
+def restart(worker: WorkerProcess, channel: grpc.Channel) -> None:
+    """kill -9, then started again on its port; back once the home's channel reconnects."""
+    worker.kill9()
+    worker.start()
+    grpc.channel_ready_future(channel).result(timeout=30)
+
+
+def test_attached_segments_are_lent_through_the_ledger_and_reattached_after_a_restart(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    redis_url, root = pool
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    ledger = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": 0.5}
+    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as daemon:
+        poll(lambda: lent_bytes(redis_url, daemon) == 0, "the daemon in the ledger, lending nothing")
+        with attaching_lender(root, tiny_model, daemon) as started:
+            worker = started["lender"]
+            context = long_context(model, worker, daemon)
+            prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(7))
+            logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=2)
+            remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+            assert len(remote) == 3 and all(p.attached is not None for p in remote)
+            debt = sum(p.nbytes for p in remote)
+            chunks = sum(len(p.attached.keys) for p in remote if p.attached is not None)
+            channel = context.channels[worker.address]
+            assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
+            # the ledger counts the chunks as lent: the KV, plus each chunk's header
+            poll(lambda: debt < lent_bytes(redis_url, daemon) <= debt + chunks * CHUNK_HEADER_BYTES,
+                 "the attached chunks counted as lent in the ledger")  # fmt: skip
+
+            restart(worker, channel)
+            assert lending(channel).held_bytes == 0  # it forgot them
+            logits = decode(model, context, logits, steps=3)  # re-attached at the first call
+            assert context.recomputations == 0 and context.lost == set()
+            assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
+
+            context.close()  # released: the lender deletes the chunks it was lent
+            assert lending(channel).held_bytes == 0
+            poll(lambda: lent_bytes(redis_url, daemon) == 0, "nothing lent once the segments are released")
+
+
+def test_a_lender_that_cannot_reattach_fails_unavailable_never_wrong(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    """The lender's daemon no longer has the chunks (evicted; here deleted) when the
+    restarted lender worker is asked to re-attach them: the peer is lost, and with no peer
+    left the step fails UNAVAILABLE instead of answering without that KV."""
+    _, root = pool
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
+        attaching_lender(root, tiny_model, daemon) as started,
+    ):
+        worker = started["lender"]
+        context = long_context(model, worker, daemon)
+        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(8))
+        logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=1)
+        with KVStoreClient(daemon.address) as client:
+            for segment in context.places:
+                if isinstance(segment, RemoteSegment) and segment.attached is not None:
+                    assert client.delete(context.chunk_namespace, segment.attached.keys) > 0
+        restart(worker, context.channels[worker.address])
+        with pytest.raises(ContextUnavailable):
+            context.decode(int(torch.argmax(logits)))
+        assert context.lost == {worker.address}
+
+
+def test_the_chunks_of_a_silent_homes_segments_are_deleted_with_them(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    """A home that stops calling (died): its attached segments are dropped as idle at the
+    lender's next append, and their chunks deleted from the daemon, which stops counting
+    them as lent."""
+    _, root = pool
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    idle_seconds = 2.0
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
+        attaching_lender(root, tiny_model, daemon, segment_idle_ttl_seconds=idle_seconds) as started,
+        KVStoreClient(daemon.address) as client,
+    ):
+        worker = started["lender"]
+        context = long_context(model, worker, daemon)
+        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(10))
+        context.prefill(prompt.tolist(), NEW_TOKENS)
+        attached = [p.attached for p in context.places if isinstance(p, RemoteSegment) and p.attached]
+        assert len(attached) == 3
+        for chunks in attached:
+            assert client.lookup(context.chunk_namespace, chunks.keys).prefix_length == len(chunks.keys)
+        time.sleep(idle_seconds + 0.5)  # the home goes silent past the idle TTL
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(context.channels[worker.address])
+        kv = to_wire(torch.zeros(3, 1, 2, 16))
+        stub.AppendKV(
+            mpb.AppendKVRequest(segment_id="other", start_position=0, keys=kv, values=kv), timeout=10
+        )
+        assert lending(context.channels[worker.address]).held_bytes == 2 * 3 * 2 * 16 * 4  # only the new one
+        for chunks in attached:
+            assert client.lookup(context.chunk_namespace, chunks.keys).prefix_length == 0
+
+
+def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    """Through ExecuteTurn: a worker whose pool holds 64 tokens places a 200-token prompt's
+    oldest KV on its only peer, attached through the peer's daemon. Once the peer holds
+    some, the peer worker is killed (-9) and started again on its port. The turn answers
+    with the greedy tokens of plain forwards (its calls wait for the restarting peer and
+    re-attach), or fails UNAVAILABLE; never other tokens."""
+    _, root = pool
+    prompt = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(9)).tolist()
+    max_tokens = 40
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
+        attaching_lender(root, tiny_model, daemon) as lenders,
+    ):
+        lender = lenders["lender"]
+        home = {"kv_memory_bytes": 64 * KV_BYTES_PER_TOKEN,
+                "long_context": {"peers": [lender.address], "segment_tokens": SEGMENT_TOKENS,
+                                 "peer_timeout_seconds": 120}}  # fmt: skip
+        with running_workers(root, tiny_model.model_dir, {"home": home}) as homes:
+            outcome: dict[str, object] = {}
+            turn = threading.Thread(
+                target=run_turn, args=(homes["home"].address, prompt, max_tokens, outcome)
+            )
+            turn.start()
+            channel = peer_channel(lender.address)
+            poll(lambda: lending(channel).held_bytes > 0, "the lender holding part of the turn's KV")
+            restart(lender, channel)
+            turn.join(timeout=300)
+            assert not turn.is_alive()
+        if "error" in outcome:
+            error = outcome["error"]
+            assert isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.UNAVAILABLE, error
+            return
+        model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+        generated: list[int] = []
+        with torch.no_grad():  # greedy by plain forwards over the whole sequence
+            for _ in range(max_tokens):
+                logits = model(input_ids=torch.tensor([prompt + generated])).logits[0, -1]
+                generated.append(int(logits.argmax()))
+        assert outcome["tokens"] == generated
+        assert "far_segment_attached" in homes["home"].log_path.read_text()
+        assert lending(channel).held_bytes == 0  # released after the turn
+
+
+def run_turn(address: str, prompt: list[int], max_tokens: int, outcome: dict[str, object]) -> None:
+    """A greedy ExecuteTurn; its tokens, or its error, in `outcome`."""
+    with grpc.insecure_channel(address) as channel:
+        request = wpb.ExecuteTurnRequest(tenant="t", prompt_token_ids=wpb.TokenIds(token_ids=prompt),
+                                         sampling=wpb.SamplingParams(max_tokens=max_tokens))  # fmt: skip
+        try:
+            replies = list(worker_pb2_grpc.WorkerStub(channel).ExecuteTurn(request, timeout=240))
+        except grpc.RpcError as exc:
+            outcome["error"] = exc
+            return
+    outcome["tokens"] = [r.token.token_id for r in replies[:-1]]
