@@ -65,7 +65,10 @@ class LMCacheCells:
         self._side = LMCacheSide(peer, list(self._pools.values()), work_dir, max(concurrencies))
         try:
             self._side.start()
-        except RuntimeError as exc:
+        except BaseException as exc:
+            self.close()  # whatever of it started
+            if not isinstance(exc, RuntimeError):
+                raise
             self.failure = f"LMCache's server did not start: {exc}"
 
     def record(self, record: Record, size: str) -> None:

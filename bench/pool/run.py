@@ -288,9 +288,10 @@ def main(argv: list[str] | None = None) -> None:
         redis_server = RedisProcess(root / "redis")
         redis_server.start()
         limit = SocketLimitServer(16 * MiB)
-        with_lmcache = not args.no_lmcache and args.sizes
-        lmcache = LMCacheCells(args.sizes, run.concurrencies, run.seconds, root) if with_lmcache else None
+        lmcache: LMCacheCells | None = None
         try:
+            if not args.no_lmcache and args.sizes:
+                lmcache = LMCacheCells(args.sizes, run.concurrencies, run.seconds, root)
             with _daemon(root, "daemon") as daemon:
                 for size in args.sizes:
                     chunks = _chunks(_namespace(size), SIZES[size], count, seed=SIZES[size])
