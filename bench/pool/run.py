@@ -15,7 +15,8 @@ ones. Every path moves the same bytes between two processes on loopback:
   redis_get, redis_set    redis-py on a private redis-server, one connection per worker
   socket_limit            an 8-byte request answered by the bytes from one buffer, recv_into
   dataplane_get_tls       dataplane_get on a daemon with TLS on (5.9 MB only)
-  lmcache_get, lmcache_put  LMCache's standalone server via its lm:// connector (peer_rows.py)
+  lmcache_get, lmcache_put  LMCache's standalone server via its lm:// connector (peer_rows.py),
+                          each size's cells right after the data plane's of that size
   mooncake_te_read        Mooncake's Transfer Engine over TCP, one chunk per transfer_sync_read
   mooncake_store_get      Mooncake Store (master, a store, a client) over TCP, get_into a buffer
 
@@ -56,7 +57,7 @@ from attnstore.server.ports import free_port
 from attnstore.server.redis_process import RedisProcess
 from bench.common.results import print_report
 from bench.pool.daemons import daemon
-from bench.pool.peer_rows import lmcache_rows, mooncake_rows
+from bench.pool.peer_rows import LMCacheCells, mooncake_rows
 from bench.pool.pooled import pooled_summary, run_pooled
 from bench.pool.pooled_ttft import QUICK_TTFT_CONVERSATIONS, TTFT_CONVERSATIONS, run_pooled_ttft
 from bench.pool.report import format_table, plot, verdicts
@@ -243,12 +244,14 @@ async def _measure_daemon(
             await client.close()
 
 
-def _peer_rows(run: Run, args: argparse.Namespace, root: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """LMCache's and Mooncake's rows: (why each that could not run did not, their versions)."""
+def _peer_rows(
+    run: Run, args: argparse.Namespace, root: Path, lmcache: LMCacheCells | None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Mooncake's rows: (why each peer that could not run did not, LMCache's included; their versions)."""
     unavailable: dict[str, str] = {}
     peers: dict[str, str] = {}
-    if not args.no_lmcache and (reason := lmcache_rows(run.record, args.sizes, run.concurrencies, run.seconds, root)):
-        unavailable["lmcache"] = reason
+    if lmcache is not None and lmcache.failure is not None:
+        unavailable["lmcache"] = lmcache.failure
     if not args.no_mooncake:
         sizes = {size: SIZES[size] for size in args.sizes}
         for name, store in (("mooncake_transfer_engine", False), ("mooncake_store", True)):
@@ -285,13 +288,18 @@ def main(argv: list[str] | None = None) -> None:
         redis_server = RedisProcess(root / "redis")
         redis_server.start()
         limit = SocketLimitServer(16 * MiB)
+        lmcache: LMCacheCells | None = None
         try:
+            if not args.no_lmcache and args.sizes:
+                lmcache = LMCacheCells(args.sizes, run.concurrencies, run.seconds, root)
             with _daemon(root, "daemon") as daemon:
                 for size in args.sizes:
                     chunks = _chunks(_namespace(size), SIZES[size], count, seed=SIZES[size])
                     asyncio.run(_measure_daemon(run, daemon, size, chunks, daemon_paths))
                     run.redis_paths(redis_server.url, size, chunks)
                     run.socket_limit(limit.port, size, len(chunks[0][1]))
+                    if lmcache is not None:
+                        lmcache.record(run.record, size)
             if not args.no_tls and HEADLINE in args.sizes:
                 cert, key = _self_signed(root)
                 context = ssl.create_default_context(cafile=str(cert))
@@ -304,12 +312,16 @@ def main(argv: list[str] | None = None) -> None:
                         credentials=credentials, data_plane_tls=context,
                     ))  # fmt: skip
                     run.rows += [r | {"path": "dataplane_get_tls"} for r in tls_run.rows]
-            unavailable, peers = _peer_rows(run, args, root)
+            if lmcache is not None:
+                lmcache.close()
+            unavailable, peers = _peer_rows(run, args, root, lmcache)
             pooled: dict[str, Any] = {}
             if not args.no_pooled:
                 ttft_conversations = QUICK_TTFT_CONVERSATIONS if args.quick else TTFT_CONVERSATIONS
                 pooled = run_pooled(root) | {"worker_replay": run_pooled_ttft(root, ttft_conversations)}
         finally:
+            if lmcache is not None:
+                lmcache.close()
             limit.close()
             redis_server.stop()
     summary = summarize(run.rows) | {"unavailable": unavailable} | (pooled_summary(pooled) if pooled else {})
