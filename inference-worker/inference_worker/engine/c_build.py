@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 import torch
@@ -22,18 +24,29 @@ CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
 # gnu11) also keeps floating-point contraction off: row_ops.c rounds each product as torch does.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 BUILD_TIMEOUT_SECONDS = 120
-LOAD_ERRORS = (OSError, subprocess.SubprocessError, RuntimeError)  # what `load_library` and a probe raise
+Kernel = TypeVar("Kernel")
 
 
-def load_library(source: Path) -> ctypes.CDLL:
-    """The compiled `source`, loaded. Raises one of LOAD_ERRORS."""
-    return ctypes.CDLL(str(build_library(source)))
-
-
-def reason(exc: BaseException) -> str:
-    """The first line of a build or load failure, for a KernelChoice."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def load_probed(
+    source: Path,
+    unavailable_variable: str,
+    wrap: Callable[[ctypes.CDLL], Kernel],
+    probe: Callable[[Kernel], str | None],
+) -> tuple[Kernel | None, str | None]:
+    """`source` built, loaded, wrapped and probed: the kernel and None, or None and why not
+    (`unavailable_variable`=1, no compiler, a failed build or load, the probe's objection)."""
+    if os.environ.get(unavailable_variable) == "1":
+        return None, f"{unavailable_variable}=1"
+    try:
+        kernel = wrap(ctypes.CDLL(str(build_library(source))))
+        error = probe(kernel)
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        text = str(exc).strip()
+        error = text.splitlines()[0] if text else type(exc).__name__
+    if error is not None:
+        log.warning("kernel_unavailable", source=source.name, reason=error)
+        return None, error
+    return kernel, None
 
 
 def build_library(source: Path) -> Path:

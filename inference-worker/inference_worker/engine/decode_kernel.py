@@ -24,17 +24,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
-import structlog
 import torch
 import torch.nn.functional as F
 
-from inference_worker.engine.c_build import LOAD_ERRORS, load_library, reason
+from inference_worker.engine.c_build import load_probed
 from inference_worker.kernels import KernelChoice
-
-log = structlog.get_logger("inference_worker.decode_kernel")
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_PAGED_DECODE_UNAVAILABLE"
@@ -106,15 +102,8 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode() -> tuple[PagedDecodeKernel | None, KernelChoice]:
     """The kernel, or None and why not (once per process)."""
-    if os.environ.get(UNAVAILABLE_VARIABLE) == "1":
-        return None, KernelChoice("torch", f"{UNAVAILABLE_VARIABLE}=1: gather + SDPA")
-    try:
-        kernel = PagedDecodeKernel(load_library(SOURCE))
-        error = _probe(kernel)
-    except LOAD_ERRORS as exc:
-        error = reason(exc)
-    if error is not None:
-        log.warning("paged_decode_unavailable", reason=error)
+    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, PagedDecodeKernel, _probe)
+    if kernel is None:
         return None, KernelChoice("torch", f"paged decode kernel unavailable ({error}): gather + SDPA")
     return kernel, KernelChoice("paged-decode-c", "decode attention in place over block tables (C, OpenMP)")
 

@@ -239,7 +239,9 @@ class PagedModelRunner:
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
-            q, k, v = project_qkv(attn, self._norm(layer.input_layernorm, hidden), rotary, geometry, self._rope)
+            q, k, v = project_qkv(
+                attn, self._norm(layer.input_layernorm, hidden), rotary, geometry, self._rope
+            )
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             for part in batch.in_place:

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
-import structlog
 import torch
 
-from inference_worker.engine.c_build import LOAD_ERRORS, load_library, reason
+from inference_worker.engine.c_build import load_probed
 from inference_worker.kernels import KernelChoice
 from inference_worker.rotary_shift import rotate_half
-
-log = structlog.get_logger("inference_worker.row_kernels")
 
 SOURCE = Path(__file__).with_name("row_ops.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_ROW_KERNELS_UNAVAILABLE"
@@ -70,15 +66,8 @@ class RowKernels:
 @functools.cache
 def load_row_kernels() -> tuple[RowKernels | None, KernelChoice]:
     """The kernels, or None and why not (once per process)."""
-    if os.environ.get(UNAVAILABLE_VARIABLE) == "1":
-        return None, KernelChoice("torch", f"{UNAVAILABLE_VARIABLE}=1: torch's RMSNorm and RoPE")
-    try:
-        kernels = RowKernels(load_library(SOURCE))
-        error = _probe(kernels)
-    except LOAD_ERRORS as exc:
-        error = reason(exc)
-    if error is not None:
-        log.warning("row_kernels_unavailable", reason=error)
+    kernels, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, RowKernels, _probe)
+    if kernels is None:
         return None, KernelChoice("torch", f"row kernels unavailable ({error}): torch's RMSNorm and RoPE")
     return kernels, KernelChoice("row-ops-c", "RMSNorm and RoPE in one C call each")
 
@@ -103,7 +92,11 @@ def _probe(kernels: RowKernels) -> str | None:
     (q, k), (cos, sin) = (qkv[:, :4], qkv[:, 4:6]), torch.randn(2, 3, 1, 8, generator=generator)
     errors = {
         "rms_norm": (kernels.rms_norm(x, weight, 1e-5) - torch_rms_norm(x, weight, 1e-5)).abs().max(),
-        "rope": max((a - b).abs().max() for a, b in zip(kernels.rope(q, k, cos, sin), torch_rope(q, k, cos, sin))),
+        "rope": max(
+            (a - b).abs().max() for a, b in zip(kernels.rope(q, k, cos, sin), torch_rope(q, k, cos, sin))
+        ),
     }
-    wrong = [f"{name} (max error {float(e):.3g})" for name, e in errors.items() if not float(e) <= _PROBE_TOLERANCE]
+    wrong = [
+        f"{name} (max error {float(e):.3g})" for name, e in errors.items() if not float(e) <= _PROBE_TOLERANCE
+    ]
     return f"disagrees with torch: {', '.join(wrong)}" if wrong else None
