@@ -24,27 +24,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
-import structlog
 import torch
 import torch.nn.functional as F
 
+from inference_worker.engine.c_build import load_probed
 from inference_worker.kernels import KernelChoice
-
-log = structlog.get_logger("inference_worker.decode_kernel")
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_PAGED_DECODE_UNAVAILABLE"
-CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
-# -march=native: the machine's vector width for the dot products (the cache key names the CPU).
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-BUILD_TIMEOUT_SECONDS = 120
 _PROBE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 _FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
 _c_int, _c_ptr = ctypes.c_int, ctypes.c_void_p
@@ -113,57 +102,10 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode() -> tuple[PagedDecodeKernel | None, KernelChoice]:
     """The kernel, or None and why not (once per process)."""
-    if os.environ.get(UNAVAILABLE_VARIABLE) == "1":
-        return None, KernelChoice("torch", f"{UNAVAILABLE_VARIABLE}=1: gather + SDPA")
-    try:
-        kernel = PagedDecodeKernel(ctypes.CDLL(str(_build())))
-        error = _probe(kernel)
-    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-        error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if error is not None:
-        log.warning("paged_decode_unavailable", reason=error)
+    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, PagedDecodeKernel, _probe)
+    if kernel is None:
         return None, KernelChoice("torch", f"paged decode kernel unavailable ({error}): gather + SDPA")
     return kernel, KernelChoice("paged-decode-c", "decode attention in place over block tables (C, OpenMP)")
-
-
-def _build() -> Path:
-    """The shared library, compiled unless this source, compiler and CPU already built one."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler (cc, gcc, $CC)")
-    source = SOURCE.read_bytes()
-    version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
-    digest = hashlib.sha256(source + version + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
-    cache = Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "attnstore" / "kernels")
-    target = cache / f"paged_decode-{digest}.so"
-    if target.is_file():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as scratch:  # renamed into place: builders may race
-        built = Path(scratch) / target.name
-        result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_SECONDS,
-            check=False,  # its stderr says why
-        )
-        if result.returncode:
-            errors = [line for line in result.stderr.splitlines() if "error" in line] or [result.stderr]
-            raise OSError(f"{compiler} failed: {errors[0].strip()}")
-        os.replace(built, target)
-    log.info("paged_decode_built", path=str(target))
-    return target
-
-
-def _cpu_flags() -> bytes:
-    """The CPU's feature flags (what -march=native compiled for), so a cache shared by
-    machines never hands one a library built for another."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return str(torch.backends.cpu.get_cpu_capability()).encode()
-    return next((line for line in lines if line.startswith("flags")), "").encode()
 
 
 def _probe(kernel: PagedDecodeKernel) -> str | None:

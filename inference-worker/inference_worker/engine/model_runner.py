@@ -35,11 +35,11 @@ from inference_worker.engine.attention import (
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
+from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
 from inference_worker.engine.sequence import Sequence
 from inference_worker.kernels import KernelChoice
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.model_geometry import ModelGeometry
-from inference_worker.rotary_shift import rotate_half
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -105,10 +105,12 @@ class PagedModelRunner:
         *,
         layer_timeout_seconds: float = DEFAULT_LAYER_TIMEOUT_SECONDS,
         decode_kernel: bool = True,
+        row_kernels: bool = True,
     ) -> None:
         """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.
         `decode_kernel`: decode tokens through the C kernel where it loads and runs the
-        pool's device and dtype (False: torch's gather + SDPA, as without a compiler)."""
+        pool's device and dtype (False: torch's gather + SDPA, as without a compiler).
+        `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py)."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(f"model type {config.model_type!r} has no paged forward")
@@ -127,6 +129,11 @@ class PagedModelRunner:
             kernel = None
             self.decode_choice = KernelChoice("torch", f"no decode kernel for {kv.k.dtype} on {kv.k.device}")
         self.decode_kernel: PagedDecodeKernel | None = kernel
+        self.row_kernels: RowKernels | None
+        self.row_choice: KernelChoice
+        self.row_kernels, self.row_choice = (
+            load_row_kernels() if row_kernels else (None, KernelChoice("torch", "row_kernels=False"))
+        )
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
@@ -232,7 +239,9 @@ class PagedModelRunner:
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
-            q, k, v = project_qkv(attn, layer.input_layernorm(hidden), rotary, geometry)
+            q, k, v = project_qkv(
+                attn, self._norm(layer.input_layernorm, hidden), rotary, geometry, self._rope
+            )
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             for part in batch.in_place:
@@ -263,9 +272,22 @@ class PagedModelRunner:
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
                                scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
             hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
-            hidden = mlp(layer.mlp, layer.post_attention_layernorm(hidden), residual=hidden)
-        last = decoder.norm(hidden[batch.last_rows])  # [sequences, hidden]
+            hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
+        last = self._norm(decoder.norm, hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _norm(self, norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The layer's RMSNorm of rows x, in C where it runs them."""
+        if self.row_kernels is None or not (RowKernels.supports(x) and RowKernels.supports(norm.weight)):
+            return norm(x)
+        return self.row_kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
+
+    def _rope(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.row_kernels is None or not (RowKernels.supports(q) and RowKernels.supports(cos)):
+            return torch_rope(q, k, cos, sin)
+        return self.row_kernels.rope(q, k, cos, sin)
 
     def _decode(
         self,
@@ -325,18 +347,26 @@ def rotary_of(
     return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
 
 
+Rope = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 def project_qkv(
-    attn: torch.nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], geometry: ModelGeometry
+    attn: torch.nn.Module,
+    x: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    geometry: ModelGeometry,
+    rope: Rope = torch_rope,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's q [tokens, heads, D], k, v [tokens, kv_heads, D] of the normed rows x,
-    rotary embedding applied to q and k."""
+    rotary embedding applied to q and k (by `rope`)."""
     tokens, (cos, sin) = x.shape[0], rotary
     fused: FusedProjection | None = getattr(attn, "fused_qkv", None)
     q, k, v = fused(x) if fused is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
     q = q.view(tokens, geometry.heads, geometry.head_dim)
     k = k.view(tokens, geometry.kv_heads, geometry.head_dim)
     v = v.view(tokens, geometry.kv_heads, geometry.head_dim)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+    q, k = rope(q, k, cos, sin)
+    return q, k, v
 
 
 def mlp(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

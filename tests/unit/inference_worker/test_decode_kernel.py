@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from inference_worker.engine.attention import DecodeTables
+from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.decode_kernel import (
-    CACHE_VARIABLE,
     UNAVAILABLE_VARIABLE,
     PagedDecodeKernel,
     load_paged_decode,

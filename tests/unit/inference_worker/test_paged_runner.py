@@ -30,10 +30,11 @@ def reference_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
 
 
 def runner_for(
-    model: PreTrainedModel, blocks: int = 64, *, decode_kernel: bool = True
+    model: PreTrainedModel, blocks: int = 64, *, decode_kernel: bool = True, row_kernels: bool = True
 ) -> tuple[PagedModelRunner, BlockPool]:
     kv = PagedKV(ModelGeometry.of(model.config), blocks, BLOCK, torch.float32, torch.device("cpu"))
-    runner = PagedModelRunner(model, kv, decode_kernel=decode_kernel)
+    runner = PagedModelRunner(model, kv, decode_kernel=decode_kernel, row_kernels=row_kernels)
+    assert runner.row_choice.kernel == ("row-ops-c" if row_kernels else "torch"), runner.row_choice.reason
     if decode_kernel:  # a machine without a C compiler must not pass for one with the kernel
         assert runner.decode_kernel is not None, load_paged_decode()[1].reason
     assert runner.decode_choice.kernel == ("paged-decode-c" if decode_kernel else "torch")
@@ -55,16 +56,18 @@ def assert_matches_reference(
             torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("row_kernels", [False, True])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_batched_chunked_prefill_and_decode_match_transformers(
     family: str,
+    row_kernels: bool,
     tiny_llama_factory: Callable[..., PreTrainedModel],
     tiny_qwen2_factory: Callable[..., PreTrainedModel],
     tiny_mistral_factory: Callable[..., PreTrainedModel],
 ) -> None:
     factories = {"llama": tiny_llama_factory, "qwen2": tiny_qwen2_factory, "mistral": tiny_mistral_factory}
     model = factories[family]()
-    runner, pool = runner_for(model)
+    runner, pool = runner_for(model, row_kernels=row_kernels)
     seqs = [Sequence.of(tokens) for tokens in prompts([1, 5, 13, 30])]
     logits = run_batch(runner, pool, seqs, chunk_tokens=7, decode_steps=6)  # decode fragments the tables
     assert_matches_reference(model, seqs, logits)

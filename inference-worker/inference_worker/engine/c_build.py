@@ -1,0 +1,89 @@
+"""Builds the engine's plain-C kernels (paged_decode.c, row_ops.c) with the machine's C
+compiler on first use, cached by source, compiler, flags and CPU (decode_kernel.py says why
+plain C through ctypes and not a torch extension)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+import torch
+
+log = structlog.get_logger("inference_worker.c_build")
+
+CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
+# -march=native: the machine's vector width (the cache key names the CPU). -std=c11 (not
+# gnu11) also keeps floating-point contraction off: row_ops.c rounds each product as torch does.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+BUILD_TIMEOUT_SECONDS = 120
+Kernel = TypeVar("Kernel")
+
+
+def load_probed(
+    source: Path,
+    unavailable_variable: str,
+    wrap: Callable[[ctypes.CDLL], Kernel],
+    probe: Callable[[Kernel], str | None],
+) -> tuple[Kernel | None, str | None]:
+    """`source` built, loaded, wrapped and probed: the kernel and None, or None and why not
+    (`unavailable_variable`=1, no compiler, a failed build or load, the probe's objection)."""
+    if os.environ.get(unavailable_variable) == "1":
+        return None, f"{unavailable_variable}=1"
+    try:
+        kernel = wrap(ctypes.CDLL(str(build_library(source))))
+        error = probe(kernel)
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        text = str(exc).strip()
+        error = text.splitlines()[0] if text else type(exc).__name__
+    if error is not None:
+        log.warning("kernel_unavailable", source=source.name, reason=error)
+        return None, error
+    return kernel, None
+
+
+def build_library(source: Path) -> Path:
+    """The shared library, compiled unless this source, compiler and CPU already built one."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler (cc, gcc, $CC)")
+    text = source.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
+    digest = hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
+    cache = Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "attnstore" / "kernels")
+    target = cache / f"{source.stem}-{digest}.so"
+    if target.is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:  # renamed into place: builders may race
+        built = Path(scratch) / target.name
+        result = subprocess.run(
+            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_SECONDS,
+            check=False,  # its stderr says why
+        )
+        if result.returncode:
+            errors = [line for line in result.stderr.splitlines() if "error" in line] or [result.stderr]
+            raise OSError(f"{compiler} failed: {errors[0].strip()}")
+        os.replace(built, target)
+    log.info("kernel_built", path=str(target))
+    return target
+
+
+def _cpu_flags() -> bytes:
+    """The CPU's feature flags (what -march=native compiled for), so a cache shared by
+    machines never hands one a library built for another."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return str(torch.backends.cpu.get_cpu_capability()).encode()
+    return next((line for line in lines if line.startswith("flags")), "").encode()

@@ -1,0 +1,102 @@
+"""RMSNorm and RoPE in one C call each (row_ops.c), for fp32 rows on a CPU, loaded like the
+decode kernel (c_build.py), probed against transformers' own ops.
+
+Why: after the linears, per-op dispatch was ~27% of a one-sequence SmolLM2 decode step
+(~40 small torch ops per layer; docs/inference-worker.md). Where the library does not build
+or load, or its probe disagrees with torch, the runner keeps the torch ops and says so;
+`ATTNSTORE_ROW_KERNELS_UNAVAILABLE=1` forces that path."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from inference_worker.engine.c_build import load_probed
+from inference_worker.kernels import KernelChoice
+from inference_worker.rotary_shift import rotate_half
+
+SOURCE = Path(__file__).with_name("row_ops.c")
+UNAVAILABLE_VARIABLE = "ATTNSTORE_ROW_KERNELS_UNAVAILABLE"
+_PROBE_TOLERANCE = 1e-6  # the ops round as torch's do: a probe off by more is a wrong build
+_c_int, _c_ptr, _c_int64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+
+
+class RowKernels:
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._rms_norm, self._rope = library.rms_norm_f32, library.rope_f32
+        self._rms_norm.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_ptr, _c_int64, _c_int, ctypes.c_float, _c_int]
+        self._rope.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_int64, *[_c_ptr] * 4, _c_int64, *[_c_int] * 4]
+        self._rms_norm.restype = self._rope.restype = _c_int
+
+    @staticmethod
+    def supports(x: torch.Tensor) -> bool:
+        return x.device.type == "cpu" and x.dtype == torch.float32
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / sqrt(mean(x^2) + eps) of rows x [rows, dim] (rows may be strided)."""
+        if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
+            raise ValueError("rms_norm reads rows [rows, dim] with contiguous elements")
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self._rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
+                       eps, torch.get_num_threads())  # fmt: skip
+        return out
+
+    def rope(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q * cos + rotate_half(q) * sin and the same of k, both contiguous: q [tokens,
+        heads, D], k [tokens, kv_heads, D] (heads contiguous in a row), cos, sin [tokens, 1, D]."""
+        tokens, heads, dim = q.shape
+        if any(t.stride(2) != 1 or t.stride(1) != dim for t in (q, k)) or not (
+            cos.is_contiguous() and sin.is_contiguous()
+        ):
+            raise ValueError("rope reads rows of contiguous heads and contiguous cos, sin")
+        q_out, k_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+        status = self._rope(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), cos.data_ptr(), sin.data_ptr(),
+                            q_out.data_ptr(), k_out.data_ptr(), tokens, heads, k.shape[1], dim,
+                            torch.get_num_threads())  # fmt: skip
+        if status:
+            raise ValueError(f"rope needs an even head dimension, not {dim}")
+        return q_out, k_out
+
+
+@functools.cache
+def load_row_kernels() -> tuple[RowKernels | None, KernelChoice]:
+    """The kernels, or None and why not (once per process)."""
+    kernels, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, RowKernels, _probe)
+    if kernels is None:
+        return None, KernelChoice("torch", f"row kernels unavailable ({error}): torch's RMSNorm and RoPE")
+    return kernels, KernelChoice("row-ops-c", "RMSNorm and RoPE in one C call each")
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm's arithmetic (fp32)."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def torch_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rotary_pos_emb's arithmetic."""
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _probe(kernels: RowKernels) -> str | None:
+    """Why the kernels disagree with torch's ops on a small case, or None."""
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(3, 40, generator=generator), torch.randn(40, generator=generator)
+    qkv = torch.randn(3, 7, 8, generator=generator)
+    (q, k), (cos, sin) = (qkv[:, :4], qkv[:, 4:6]), torch.randn(2, 3, 1, 8, generator=generator)
+    errors = {
+        "rms_norm": (kernels.rms_norm(x, weight, 1e-5) - torch_rms_norm(x, weight, 1e-5)).abs().max(),
+        "rope": max(
+            (a - b).abs().max() for a, b in zip(kernels.rope(q, k, cos, sin), torch_rope(q, k, cos, sin))
+        ),
+    }
+    wrong = [
+        f"{name} (max error {float(e):.3g})" for name, e in errors.items() if not float(e) <= _PROBE_TOLERANCE
+    ]
+    return f"disagrees with torch: {', '.join(wrong)}" if wrong else None
