@@ -12,7 +12,8 @@
  * window > 0: only the last `window` keys are seen (sliding-window layers). threads: OpenMP
  * threads (torch's count: the calling thread may not be the one torch set it in).
  * Element types: float32 (f32) or bfloat16 (bf16, read as the upper half of a float32);
- * accumulation in float32. Softmax is exact (max, exp, sum), not online.
+ * accumulation in float32. Softmax is exact (max, exp, sum), not online. q, k, v, out, lse
+ * must not overlap (they are `restrict`).
  * paged_decode_lse_*: the same, also writing lse [sequences, heads] float32, the log-sum-exp
  * of each head's scaled scores (DistAttention merges the pool's partial with the far KV's). */
 #include <math.h>
@@ -21,6 +22,15 @@
 #include <string.h>
 
 #define MAX_GROUP 16 /* query heads per KV head handled in one pass */
+
+/* a * b + c. -std=c11 turns floating-point contraction off (row_ops.c needs torch's
+ * rounding), which left every product here a multiply and an add: one fused instruction
+ * where the CPU has it (rounded once: no less exact), the plain expression elsewhere. */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define MULADD(a, b, c) fmaf(a, b, c)
+#else
+#define MULADD(a, b, c) ((a) * (b) + (c))
+#endif
 
 static inline float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -72,13 +82,104 @@ static inline void prefetch_rows(const void *start, int bytes) {
     ((pool) + (((int64_t)h * blocks + table[(t) / block_tokens]) * block_tokens +                  \
                (t) % block_tokens) * head_dim)
 
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* One sequence's query heads of KV head h (`group` of them, head_dim wide) against its
+ * context [first, len). Inlined into one copy per common (group, head_dim) below: with both
+ * known the dot products are unrolled, a key row is loaded once for the whole group, and
+ * no loop peels for a runtime length. */
+#define DEFINE_TASK(NAME, T, LOAD, STORE)                                                          \
+    static ALWAYS_INLINE void NAME##_task(                                                         \
+        const T *restrict q, const T *restrict k, const T *restrict v, T *restrict out,           \
+        const int32_t *restrict table, int h, int first, int len, int64_t row, int64_t blocks,    \
+        int block_tokens, float scale, float *restrict scores, float *restrict query,             \
+        float *restrict acc, float *restrict lse, int group, int head_dim) {                       \
+        const int n = len - first, row_bytes = head_dim * (int)sizeof(T);                         \
+        for (int i = 0; i < group * head_dim; i++) query[i] = LOAD(q[row + i]) * scale;           \
+        /* Four keys at a time: four independent sums per query head, not one chain. */            \
+        int t = first;                                                                             \
+        for (; t + 4 <= len; t += 4) {                                                             \
+            const T *k0 = ROW(k, t), *k1 = ROW(k, t + 1), *k2 = ROW(k, t + 2), *k3 = ROW(k, t + 3); \
+            if (t + AHEAD + 4 <= len) prefetch_rows(ROW(k, t + AHEAD), 4 * row_bytes);             \
+            for (int g = 0; g < group; g++) {                                                      \
+                const float *qg = query + g * head_dim;                                            \
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;                                      \
+                _Pragma("omp simd reduction(+ : a0, a1, a2, a3)") for (int d = 0; d < head_dim;    \
+                                                                     d++) {                        \
+                    a0 = MULADD(qg[d], LOAD(k0[d]), a0);                                           \
+                    a1 = MULADD(qg[d], LOAD(k1[d]), a1);                                           \
+                    a2 = MULADD(qg[d], LOAD(k2[d]), a2);                                           \
+                    a3 = MULADD(qg[d], LOAD(k3[d]), a3);                                           \
+                }                                                                                  \
+                float *sg = scores + g * n + t - first;                                            \
+                sg[0] = a0, sg[1] = a1, sg[2] = a2, sg[3] = a3;                                    \
+            }                                                                                      \
+        }                                                                                          \
+        for (; t < len; t++) {                                                                     \
+            const T *key = ROW(k, t);                                                              \
+            for (int g = 0; g < group; g++) {                                                      \
+                const float *qg = query + g * head_dim;                                            \
+                float dot = 0.f;                                                                   \
+                _Pragma("omp simd reduction(+ : dot)") for (int d = 0; d < head_dim; d++) dot =    \
+                    MULADD(qg[d], LOAD(key[d]), dot);                                              \
+                scores[g * n + t - first] = dot;                                                   \
+            }                                                                                      \
+        }                                                                                          \
+        for (int g = 0; g < group; g++) {                                                          \
+            float *sg = scores + g * n, top = -INFINITY, sum = 0.f;                                \
+            _Pragma("omp simd reduction(max : top)") for (int i = 0; i < n; i++) top =             \
+                sg[i] > top ? sg[i] : top;                                                         \
+            _Pragma("omp simd reduction(+ : sum)") for (int i = 0; i < n; i++) {                   \
+                sg[i] = exp_nonpositive(sg[i] - top);                                              \
+                sum += sg[i];                                                                      \
+            }                                                                                      \
+            if (lse != NULL) lse[g] = top + logf(sum);                                             \
+            const float inverse = 1.f / sum;                                                       \
+            _Pragma("omp simd") for (int i = 0; i < n; i++) sg[i] *= inverse;                      \
+        }                                                                                          \
+        memset(acc, 0, sizeof(float) * group * head_dim);                                          \
+        /* Four values at a time: each accumulator row loaded and stored once per four. */         \
+        for (t = first; t + 4 <= len; t += 4) {                                                    \
+            const T *v0 = ROW(v, t), *v1 = ROW(v, t + 1), *v2 = ROW(v, t + 2), *v3 = ROW(v, t + 3); \
+            if (t + AHEAD + 4 <= len) prefetch_rows(ROW(v, t + AHEAD), 4 * row_bytes);             \
+            for (int g = 0; g < group; g++) {                                                      \
+                const float *p = scores + g * n + t - first;                                       \
+                float *ag = acc + g * head_dim;                                                    \
+                _Pragma("omp simd") for (int d = 0; d < head_dim; d++) ag[d] = MULADD(             \
+                    p[3], LOAD(v3[d]),                                                             \
+                    MULADD(p[2], LOAD(v2[d]), MULADD(p[1], LOAD(v1[d]), MULADD(p[0], LOAD(v0[d]),  \
+                                                                             ag[d]))));            \
+            }                                                                                      \
+        }                                                                                          \
+        for (; t < len; t++) {                                                                     \
+            const T *value = ROW(v, t);                                                            \
+            for (int g = 0; g < group; g++) {                                                      \
+                const float p = scores[g * n + t - first];                                         \
+                float *ag = acc + g * head_dim;                                                    \
+                _Pragma("omp simd") for (int d = 0; d < head_dim; d++) ag[d] =                     \
+                    MULADD(p, LOAD(value[d]), ag[d]);                                              \
+            }                                                                                      \
+        }                                                                                          \
+        for (int i = 0; i < group * head_dim; i++) out[row + i] = STORE(acc[i]);                  \
+    }
+
+#define TASK_ARGUMENTS q, k, v, out, table, h, first, len, row, blocks, block_tokens, scale, scores, \
+                       query, acc, lse_row
+#define CALL_TASK(NAME, G, D)                                                                      \
+    if (group == (G) && head_dim == (D)) NAME##_task(TASK_ARGUMENTS, G, D);                       \
+    else
+
 #define DEFINE_PAGED_DECODE(NAME, T, LOAD, STORE)                                                  \
+    DEFINE_TASK(NAME, T, LOAD, STORE)                                                              \
     static int NAME##_any(const T *q, const T *k, const T *v, T *out, const int64_t *rows,        \
              const int32_t *tables, const int32_t *lens, int sequences, int heads, int kv_heads,   \
              int head_dim, int64_t blocks, int block_tokens, int max_blocks, int window,           \
              int threads, float scale, float *lse) {                                               \
         const int group = heads / kv_heads;                                                        \
-        const int row_bytes = head_dim * (int)sizeof(T);                                           \
         if (group > MAX_GROUP || group * kv_heads != heads) return 1;                              \
         int failed = 0;                                                                            \
         _Pragma("omp parallel num_threads(threads)") {                                             \
@@ -100,74 +201,9 @@ static inline void prefetch_rows(const void *start, int bytes) {
                     continue;                                                                      \
                 }                                                                                  \
                 const int64_t row = (rows[s] * heads + (int64_t)h * group) * head_dim;             \
-                for (int i = 0; i < group * head_dim; i++) query[i] = LOAD(q[row + i]) * scale;   \
                 const int32_t *table = tables + (int64_t)s * max_blocks;                           \
-                /* Four keys at a time: four independent sums per query head, not one chain. */    \
-                int t = first;                                                                     \
-                for (; t + 4 <= len; t += 4) {                                                     \
-                    const T *k0 = ROW(k, t), *k1 = ROW(k, t + 1), *k2 = ROW(k, t + 2),             \
-                            *k3 = ROW(k, t + 3);                                                   \
-                    if (t + AHEAD + 4 <= len) prefetch_rows(ROW(k, t + AHEAD), 4 * row_bytes);     \
-                    for (int g = 0; g < group; g++) {                                              \
-                        const float *qg = query + g * head_dim;                                    \
-                        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;                              \
-                        _Pragma("omp simd reduction(+ : a0, a1, a2, a3)") for (int d = 0;          \
-                                                                             d < head_dim; d++) {  \
-                            a0 += qg[d] * LOAD(k0[d]);                                             \
-                            a1 += qg[d] * LOAD(k1[d]);                                             \
-                            a2 += qg[d] * LOAD(k2[d]);                                             \
-                            a3 += qg[d] * LOAD(k3[d]);                                             \
-                        }                                                                          \
-                        float *sg = scores + g * n + t - first;                                    \
-                        sg[0] = a0, sg[1] = a1, sg[2] = a2, sg[3] = a3;                            \
-                    }                                                                              \
-                }                                                                                  \
-                for (; t < len; t++) {                                                             \
-                    const T *key = ROW(k, t);                                                      \
-                    for (int g = 0; g < group; g++) {                                              \
-                        const float *qg = query + g * head_dim;                                    \
-                        float dot = 0.f;                                                           \
-                        _Pragma("omp simd reduction(+ : dot)") for (int d = 0; d < head_dim; d++)  \
-                            dot += qg[d] * LOAD(key[d]);                                           \
-                        scores[g * n + t - first] = dot;                                           \
-                    }                                                                              \
-                }                                                                                  \
-                for (int g = 0; g < group; g++) {                                                  \
-                    float *sg = scores + g * n, top = -INFINITY, sum = 0.f;                        \
-                    _Pragma("omp simd reduction(max : top)") for (int i = 0; i < n; i++) top =     \
-                        sg[i] > top ? sg[i] : top;                                                 \
-                    _Pragma("omp simd reduction(+ : sum)") for (int i = 0; i < n; i++) {           \
-                        sg[i] = exp_nonpositive(sg[i] - top);                                      \
-                        sum += sg[i];                                                              \
-                    }                                                                              \
-                    if (lse != NULL) lse[(int64_t)s * heads + h * group + g] = top + logf(sum);    \
-                    const float inverse = 1.f / sum;                                               \
-                    _Pragma("omp simd") for (int i = 0; i < n; i++) sg[i] *= inverse;              \
-                }                                                                                  \
-                memset(acc, 0, sizeof(float) * group * head_dim);                                  \
-                /* Four values at a time: each accumulator row loaded and stored once per four. */ \
-                for (t = first; t + 4 <= len; t += 4) {                                            \
-                    const T *v0 = ROW(v, t), *v1 = ROW(v, t + 1), *v2 = ROW(v, t + 2),             \
-                            *v3 = ROW(v, t + 3);                                                   \
-                    if (t + AHEAD + 4 <= len) prefetch_rows(ROW(v, t + AHEAD), 4 * row_bytes);     \
-                    for (int g = 0; g < group; g++) {                                              \
-                        const float *p = scores + g * n + t - first;                               \
-                        float *ag = acc + g * head_dim;                                            \
-                        _Pragma("omp simd") for (int d = 0; d < head_dim; d++) ag[d] +=            \
-                            p[0] * LOAD(v0[d]) + p[1] * LOAD(v1[d]) + p[2] * LOAD(v2[d]) +         \
-                            p[3] * LOAD(v3[d]);                                                    \
-                    }                                                                              \
-                }                                                                                  \
-                for (; t < len; t++) {                                                             \
-                    const T *value = ROW(v, t);                                                    \
-                    for (int g = 0; g < group; g++) {                                              \
-                        const float p = scores[g * n + t - first];                                 \
-                        float *ag = acc + g * head_dim;                                            \
-                        _Pragma("omp simd") for (int d = 0; d < head_dim; d++) ag[d] +=            \
-                            p * LOAD(value[d]);                                                    \
-                    }                                                                              \
-                }                                                                                  \
-                for (int i = 0; i < group * head_dim; i++) out[row + i] = STORE(acc[i]);          \
+                float *lse_row = lse == NULL ? NULL : lse + (int64_t)s * heads + h * group;        \
+                SPECIALIZED_TASKS(NAME) NAME##_task(TASK_ARGUMENTS, group, head_dim);              \
             }                                                                                      \
             free(scores);                                                                          \
             free(query);                                                                           \
@@ -189,6 +225,13 @@ static inline void prefetch_rows(const void *start, int bytes) {
         return NAME##_any(q, k, v, out, rows, tables, lens, sequences, heads, kv_heads, head_dim,  \
                           blocks, block_tokens, max_blocks, window, threads, scale, lse);          \
     }
+
+/* The (group, head_dim) pairs of the supported families' common models: SmolLM2-135M and
+ * -360M (3, 64), SmolLM2-1.7B (1, 64), Qwen2-0.5B (7, 64), Qwen2-1.5B (6, 128), Llama 3 and
+ * Mistral 7-8B (4, 128). Others take the generic copy. */
+#define SPECIALIZED_TASKS(NAME)                                                                    \
+    CALL_TASK(NAME, 3, 64) CALL_TASK(NAME, 1, 64) CALL_TASK(NAME, 7, 64) CALL_TASK(NAME, 6, 128)  \
+    CALL_TASK(NAME, 4, 128)
 
 #define IDENTITY(x) (x)
 DEFINE_PAGED_DECODE(paged_decode_f32, float, IDENTITY, IDENTITY)

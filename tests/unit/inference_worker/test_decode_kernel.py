@@ -1,7 +1,8 @@
 """The C decode-attention kernel over block tables against torch's SDPA over the same
 context: scattered and padded tables, ragged lengths (block boundaries, lengths under and
 over its four-token steps), grouped heads, sliding windows, fp32 and bf16, decode rows in
-any order with the other rows untouched; and the fallback when it cannot be built."""
+any order with the other rows untouched, each (group, head_dim) copy the kernel specializes
+and the generic one; and the fallback when it cannot be built."""
 
 from __future__ import annotations
 
@@ -44,7 +45,21 @@ def reference(
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (4, 4), (3, 1)])
+# dim 16 and (group 3, 128): the generic copy; the others: paged_decode.c's SPECIALIZED_TASKS.
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [
+        (6, 2, 16),
+        (4, 4, 16),
+        (3, 1, 16),
+        (9, 3, 64),
+        (2, 2, 64),
+        (14, 2, 64),
+        (12, 2, 128),
+        (8, 2, 128),
+        (6, 2, 128),
+    ],
+)
 def test_kernel_matches_sdpa_over_the_gathered_context(
     kernel: PagedDecodeKernel,
     dtype: torch.dtype,
@@ -52,9 +67,9 @@ def test_kernel_matches_sdpa_over_the_gathered_context(
     window: int | None,
     heads: int,
     kv_heads: int,
+    dim: int,
 ) -> None:
     generator = torch.Generator().manual_seed(heads * 10 + kv_heads)
-    dim = 16
     k = torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator).to(dtype)
     v = torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator).to(dtype)
     lengths = [1, 3, 4, 5, 8, 13, 22, 37]
