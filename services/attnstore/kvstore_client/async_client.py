@@ -206,6 +206,10 @@ class AsyncKVStoreClient(AsyncClosable):
         return LookupResult(prefix_length=reply.prefix_length, tiers=[Tier(tier) for tier in reply.tiers], peers=peers)
 
     async def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
+        # This client's finished leases end first: the daemon keeps a deleted chunk that is
+        # still leased, and a put of its key right after (a corrupt chunk replaced) would find
+        # it in progress and store nothing (a race once seen in test_turn_reuse under load).
+        await self._releaser.settle()
         request = kvstore_pb2.DeleteRequest(namespace=namespace, keys=keys)
         return (await self._stub.Delete(request, timeout=self._timeout_seconds)).deleted_count
 

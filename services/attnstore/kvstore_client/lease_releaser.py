@@ -78,11 +78,16 @@ class LeaseReleaser:
                 request = kvstore_pb2.ReleaseLeaseRequest(lease_ids=lease_ids, lease_free_reads=reads)
                 await self._stub.ReleaseLease(request, timeout=self._timeout_seconds)
 
-    async def close(self) -> None:
+    async def settle(self) -> None:
+        """Returns once every lease released so far has ended at the daemon (flushed now or
+        by a flush in flight)."""
         while self._pending or self._reads:
             await self.flush()
+        if self._flushes:
+            await asyncio.wait(self._flushes)
+
+    async def close(self) -> None:
+        await self.settle()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._flushes:
-            await asyncio.wait(self._flushes)

@@ -113,6 +113,20 @@ async def test_async_layer_stream_and_early_close(daemon: DaemonProcess, use_shm
         assert (await client.stats()).leases == 0
 
 
+async def test_a_chunk_just_read_over_shm_is_deleted_and_put_again(daemon: DaemonProcess) -> None:
+    """A shared-memory read releases its lease lazily (lease_releaser.py); a delete right after
+    must not find the chunk still leased, or the put that replaces it stores nothing."""
+    chunks = make_chunks(2, seed=3)
+    keys = list(chunks)
+    async with AsyncKVStoreClient(daemon.address, use_shm=True) as client:
+        await client.register_namespace(NAMESPACE, **LAYOUT)
+        assert (await client.put_chunks(NAMESPACE, list(chunks.items()))).stored == keys
+        assert await client.get_whole_chunks(NAMESPACE, keys) == list(chunks.values())
+        assert await client.delete(NAMESPACE, keys) == len(keys)
+        assert (await client.put_chunks(NAMESPACE, list(chunks.items()))).stored == keys
+        assert (await client.lookup(NAMESPACE, keys)).prefix_length == len(keys)
+
+
 def test_restart_remaps_the_arena_and_serves_durable_chunks(daemon: DaemonProcess) -> None:
     chunks = make_chunks(2, seed=2)
     keys = list(chunks)
