@@ -110,6 +110,7 @@ class ChunkSaver:
             "saved chunks",
             stored=len(result.stored),
             already_stored=len(result.already_stored),
+            in_progress=len(result.in_progress),  # another writer's reservation: it stores them
             seconds=round(time.perf_counter() - started, 4),
         )
 

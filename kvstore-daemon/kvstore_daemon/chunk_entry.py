@@ -39,6 +39,7 @@ class Chunk:
     on_peer: bool = False  # a copy placed on another daemon (the mover's peer tier)
     borrower: str = ""  # the pool node that placed it here (ReservePut's borrower); "" = this node's own
     readers: int = 0  # leases and in-flight copies; a chunk with readers is never freed
+    client_readers: int = 0  # the part of `readers` that is clients' leases, Gets and sends
     pinned_until: float = 0.0
     deleted: bool = False  # hidden; freed when the last reader leaves
     persist_task: asyncio.Task[bool] | None = None

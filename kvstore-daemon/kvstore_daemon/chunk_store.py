@@ -220,6 +220,9 @@ class ChunkStore:
                 raise InvalidArgument(f"chunk {key.hex()} of {size} bytes is outside 1..{limit} bytes for this namespace")
         results = []
         for key, size in items:
+            deleted = self._chunks.get(key)
+            if deleted is not None and deleted.deleted:  # still indexed for a tier copy of it
+                await self._mover.settle_deleted(deleted)
             status = self._reserved_status(namespace, key)
             if status is None and borrower:
                 if await self._make_lending_room(size):
@@ -352,6 +355,7 @@ class ChunkStore:
         chunks = [lease.chunks[index] for index in indices]
         for chunk in chunks:
             chunk.readers += 1
+            chunk.client_readers += 1
         return chunks
 
     def unhold(self, chunks: Sequence[Chunk], release_lease_id: int | None) -> None:
@@ -428,7 +432,7 @@ class ChunkStore:
                 if chunk.blocks is not None:  # readers may hold it a while: stop lease-free reads now
                     self.dram.invalidate(chunk.blocks)
                 self.hints.forget([key])
-                self._mover.free_if_unread(chunk)
+                self._mover.drop_deleted(chunk)
                 deleted += 1
         self._update_gauges()
         return deleted
@@ -602,6 +606,7 @@ class ChunkStore:
         self._count_hits([c.tier for c in chunks], misses=0)
         for chunk in chunks:
             chunk.readers += 1
+            chunk.client_readers += 1
             self._mover.touch(chunk)
         try:
             for chunk in chunks:
@@ -614,6 +619,7 @@ class ChunkStore:
     def _release(self, chunks: Sequence[Chunk]) -> None:
         for chunk in chunks:
             chunk.readers -= 1
+            chunk.client_readers -= 1
             self._mover.free_if_unread(chunk)
 
     def _drop_reservation(self, reservation: Reservation) -> None:

@@ -95,12 +95,42 @@ class TierMover:
         if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
             self.dram_policy.on_chain(keys)
 
+    def drop_deleted(self, chunk: Chunk) -> None:
+        """Frees a chunk just marked deleted, or defers that to its last reader. A chunk read
+        only by clients (leases, Gets, sends: all from its DRAM copy) leaves the index, the
+        policies and its other tiers at once, so a put of its key is stored at once (a worker
+        replacing a corrupt chunk while another still reads it); its DRAM copy stays for
+        those readers. One that a tier copy still reads (a write to SSD or a peer, a
+        promotion) stays indexed until that ends: the copy would publish it again."""
+        if chunk.readers > chunk.client_readers or chunk.blocks is None or not self._chunks.holds(chunk):
+            self.free_if_unread(chunk)
+            return
+        self._chunks.remove(chunk)
+        self.dram_policy.on_remove(chunk.key)
+        self._drop_lower_copies(chunk)
+        self.free_if_unread(chunk)
+
+    async def settle_deleted(self, chunk: Chunk) -> None:
+        """Waits for the tier copies still reading a deleted chunk (its SSD write, its
+        promotion), then drops it as its delete would have, so a put of its key is stored,
+        not answered IN_PROGRESS (a copy to a peer has no task to wait for: that one is)."""
+        for task in (chunk.persist_task, chunk.promote_task):
+            if task is not None and not task.done():
+                await asyncio.wait([task])
+        self.drop_deleted(chunk)
+
     def free_if_unread(self, chunk: Chunk) -> None:
         """Completes a deferred delete once nobody reads the chunk."""
-        if not chunk.deleted or chunk.readers > 0 or not self._chunks.holds(chunk):
+        if not chunk.deleted or chunk.readers > 0:
+            return
+        if not self._chunks.holds(chunk):  # left the index at its delete (drop_deleted), or freed already
+            self.dram.discard(chunk)  # its policies may hold a newer chunk of its key: not touched
             return
         self._chunks.remove(chunk)
         self.drop_dram_copy(chunk)
+        self._drop_lower_copies(chunk)
+
+    def _drop_lower_copies(self, chunk: Chunk) -> None:
         if chunk.on_ssd:
             self.ssd_policy.on_remove(chunk.key)
             self.ssd.discard(chunk)

@@ -180,6 +180,35 @@ def test_an_uncommitted_reservation_expires_and_frees_its_blocks(
         assert client.put_chunks(ns, {key: data}).stored == [key]  # the key is free again
 
 
+def test_a_key_deleted_under_another_readers_lease_is_put_again_at_once(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], raw_stub: Callable[[DaemonProcess], KVStoreStub]
+) -> None:
+    """A worker replacing a chunk (delete, then put other bytes under the key) while another
+    client still leases the old one, its SSD write perhaps still running: the put is stored
+    at once, the lease keeps the old bytes, everyone else reads the new ones, down to SSD
+    and back."""
+    with four_chunk_daemon(daemon_factory, chunk_set, 1) as (daemon, chunks, client):
+        ns, key, old, new = chunks.namespace, chunks.key(0), chunks.data(0), chunks.data(0, version=1)
+        stub = raw_stub(daemon)
+        lease = stub.GetShm(pb.GetShmRequest(namespace=ns, keys=[key]))
+        assert client.delete(ns, [key]) == 1
+        assert client.put_chunks(ns, {key: new}).stored == [key]
+        assert client.get_whole_chunks(ns, [key]) == [new]
+        arena = map_arena(stub)
+        try:
+            assert arena.read(extents_of(lease.chunks[0]), 0, len(old)) == old  # the lease's bytes stay
+        finally:
+            arena.close()
+        assert client.stats().dram.used_bytes == 2 * MiB  # the old copy lasts as long as its lease
+
+        assert release(stub, lease.lease_id)
+        stats = client.stats()
+        assert stats.dram.used_bytes == MiB and stats.dram.chunks == 1
+        put_one_by_one(client, chunks, range(1, 9))  # evicts the new chunk 0 to SSD
+        assert chunks.tiers(client, [0]) == [Tier.SSD]
+        assert client.get_whole_chunks(ns, [key]) == [new]
+
+
 def test_a_pinned_chunk_stays_in_dram_until_unpinned(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
