@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -95,8 +96,9 @@ async def serve(
     if port == 0:
         raise OSError(f"could not bind gRPC address {address}")
     health_server = _health_only_server(health_servicer, health_address) if health_address else None
-    if metrics_port is not None:
-        start_http_server(metrics_port)
+    if metrics_port is not None:  # 0: any free port, the one bound goes to the log and the ready file
+        metrics_server, _ = start_http_server(metrics_port)
+        metrics_port = metrics_server.server_port
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -127,7 +129,7 @@ async def serve(
         )
         if on_started is not None:
             on_started(port)
-        write_ready_file(settings.ready_file, port)
+        write_ready_file(settings.ready_file, port, metrics_port)
         if health_probe is not None and health_probe_interval_seconds > 0:
             watcher = loop.create_task(
                 _watch_health(health_servicer, names, health_probe, health_probe_interval_seconds)
@@ -204,10 +206,10 @@ async def _watch_health(
         healthy = True
 
 
-def write_ready_file(path: Path | None, port: int) -> None:
-    """The service side of readiness: publishes the bound port atomically (no reader ever
-    sees an empty file)."""
+def write_ready_file(path: Path | None, port: int, metrics_port: int | None) -> None:
+    """The service side of readiness: publishes the bound gRPC and metrics ports atomically
+    (no reader ever sees an empty file), as JSON `{"port": ..., "metrics_port": ...}`."""
     if path is not None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(port))
+        tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port}))
         os.replace(tmp, path)

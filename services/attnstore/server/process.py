@@ -46,6 +46,7 @@ class ServiceProcess(ChildProcess):
         self.log_path = log_path
         self.ready_file = log_path.with_name(log_path.stem + ".ready")
         self.port = 0
+        self.metrics_port: int | None = None  # the bound one: a service told metrics_port=0 picks it
         self.ready_timeout_seconds = ready_timeout_seconds
         self._service_env = self._prefixed(service_env or {})
         self._settings = self._prefixed(settings or {})
@@ -69,6 +70,8 @@ class ServiceProcess(ChildProcess):
         )
         env.update(self._service_env)
         env.update(self._settings)
+        if self.metrics_port is not None:  # a restart keeps the metrics port bound first, as the gRPC one
+            env[f"{self.env_prefix}METRICS_PORT"] = str(self.metrics_port)
         return env
 
     def start(self) -> None:
@@ -102,7 +105,8 @@ class ServiceProcess(ChildProcess):
                     f"{self.module} not ready after {self.ready_timeout_seconds}s:\n{self.log_tail()}"
                 )
             time.sleep(_POLL_SECONDS)
-        self.port = int(self.ready_file.read_text())
+        ready = json.loads(self.ready_file.read_text())
+        self.port, self.metrics_port = int(ready["port"]), ready["metrics_port"]
 
     def stop(self) -> int | None:
         try:

@@ -66,17 +66,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[.
     # Peaked logits (initializer_range 0.2): greedy tokens never hinge on a near tie.
     model_dir = tiny_model_saver(root / "model", max_position_embeddings=512, initializer_range=0.2)
     with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=256 * MiB) as daemon:
-        metrics_port = free_port()
         worker = WorkerProcess(
             root / "worker.log",
             model_dir=model_dir,
             kvstore_address=daemon.address,
-            settings={**WORKER_SETTINGS, "metrics_port": metrics_port},
+            settings={**WORKER_SETTINGS, "metrics_port": 0},
         )
         worker.start()
+        assert worker.metrics_port is not None
         channel = grpc.insecure_channel(worker.address)
         try:
-            yield Stack(daemon, worker, model_dir, metrics_port, worker_pb2_grpc.WorkerStub(channel), channel)
+            yield Stack(daemon, worker, model_dir, worker.metrics_port, worker_pb2_grpc.WorkerStub(channel), channel)
         finally:
             channel.close()
             assert worker.stop() == 0, worker.log_tail()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 from machine import LEASE_FREE_READS, LEASE_FREE_READS_REASON
-from service_probes import free_port, scrape_metrics
+from service_probes import scrape_metrics
 from small_arena import FOUR_CHUNK_DRAM, SHAPE, MiB
 
 from attnstore.chunks.format import decode_layout
@@ -64,8 +64,8 @@ class DaemonCounters:
     """The daemon's GetShm calls and DRAM hits, from its Prometheus endpoint."""
 
     def __init__(self, daemon_factory: DaemonFactory, **settings: object) -> None:
-        self.port = free_port()
-        self.daemon = daemon_factory(METRICS_PORT=self.port, **settings)
+        self.daemon = daemon_factory(METRICS_PORT=0, **settings)
+        self.port = self.daemon.metrics_port
 
     def get_shm_calls(self) -> int:
         return int(scrape_metrics(self.port).get('attnstore_rpc_duration_seconds_count{code="OK",method="GetShm"}', 0))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
-from service_probes import free_port, scrape_metrics
+from service_probes import scrape_metrics
 
 from attnstore.kvstore_client import KVStoreClient, Tier
 
@@ -52,8 +52,8 @@ def known(client: KVStoreClient, namespace: bytes) -> bool:
 def test_a_full_table_reclaims_idle_empty_namespaces_lru_first_and_counts_refusals(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
 ) -> None:
-    port = free_port()
-    daemon = daemon_factory(MAX_NAMESPACES=4, NAMESPACE_IDLE_SECONDS=IDLE_SECONDS, METRICS_PORT=port)
+    daemon = daemon_factory(MAX_NAMESPACES=4, NAMESPACE_IDLE_SECONDS=IDLE_SECONDS, METRICS_PORT=0)
+    port = daemon.metrics_port
     chunks = chunk_set(ns(1))
     with KVStoreClient(daemon.address) as client:
         for index in (1, 2, 3, 4):

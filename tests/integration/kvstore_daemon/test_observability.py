@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from service_probes import free_port, scrape_metrics
+from service_probes import scrape_metrics
 
 from attnstore.kvstore_client import KVStoreClient
 
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 def test_metrics_endpoint_counts_hits_bytes_and_latency(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
 ) -> None:
-    port = free_port()
-    daemon = daemon_factory(METRICS_PORT=port)
+    daemon = daemon_factory(METRICS_PORT=0)
+    port = daemon.metrics_port
     chunks = chunk_set(num_layers=2, kv_heads=2, head_dim=8, chunk_tokens=16)
     keys = chunks.keys(0, 3)
     with KVStoreClient(daemon.address) as client:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
-from service_probes import free_port, scrape_metrics
+from service_probes import scrape_metrics
 
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from attnstore.kvstore_client import AsyncKVStoreClient, KVStoreClient, Tier
@@ -59,8 +59,8 @@ async def _borrow(address: str, chunks: ChunkSet, indices: range, read_first_aft
 def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_limits(
     daemon_factory: DaemonFactory, chunks: ChunkSet
 ) -> None:
-    port = free_port()
-    lender = daemon_factory(**LENDER, METRICS_PORT=port, POOL_REPLACE_BORROWED=False)
+    lender = daemon_factory(**LENDER, METRICS_PORT=0, POOL_REPLACE_BORROWED=False)
+    port = lender.metrics_port
 
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
@@ -84,8 +84,8 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
     """pool_replace_borrowed (the default): past its limits a lender evicts borrowed chunks
     to take newer ones, as one LRU over the pool would, never its own; a borrowed chunk its
     borrower read goes after the ones placed since."""
-    port = free_port()
-    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+    lender = daemon_factory(**LENDER, METRICS_PORT=0)
+    port = lender.metrics_port
     first = OWN
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
@@ -138,8 +138,8 @@ def test_the_lending_limits_count_only_the_ssd_room_borrowed_chunks_take(
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
     daemon_factory: DaemonFactory, chunks: ChunkSet
 ) -> None:
-    port = free_port()
-    lender = daemon_factory(**LENDER, METRICS_PORT=port)
+    lender = daemon_factory(**LENDER, METRICS_PORT=0)
+    port = lender.metrics_port
 
     async def borrow(borrower: str, index: int) -> None:
         async with AsyncKVStoreClient(lender.address) as peer:

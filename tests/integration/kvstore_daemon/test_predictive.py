@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from service_probes import free_port, scrape_metrics
+from service_probes import scrape_metrics
 
 from attnstore.kvstore_client import HintAction, KVStoreClient, Tier
 from kvstore_daemon.tier_mover import SKIP_LOG_INTERVAL_SECONDS
@@ -149,8 +149,8 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
     """Every DRAM chunk is queued (PROTECT): the predicted chunk on SSD may take none's room.
     The skip names the prefetch's filter, not pinned or leased chunks, and repeated skips
     are counted but logged once per interval (they flooded 10-minute replays' logs)."""
-    port = free_port()
-    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port)
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=0)
+    port = daemon.metrics_port
     chunks = chunk_set(**SHAPE)
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)
@@ -175,8 +175,8 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
 def test_the_shadow_caches_count_the_stores_reads(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
     """Every key sampled: the five stored chunks enter both shadows, and a lookup that
     reads them hits five times in each."""
-    port = free_port()
-    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=port, PREDICTIVE_SHADOW_SHARE=1.0)
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=0, PREDICTIVE_SHADOW_SHARE=1.0)
+    port = daemon.metrics_port
     chunks = chunk_set(**SHAPE)
     with KVStoreClient(daemon.address) as client:
         chunks.register(client)

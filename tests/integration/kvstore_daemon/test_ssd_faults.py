@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 import xxhash
-from service_probes import free_port, is_serving, scrape_metrics
+from service_probes import is_serving, scrape_metrics
 from ssd_chunk_files import verified_chunk_files
 
 from attnstore.chunks.format import FORMAT_VERSION, RESTORE_FORMAT_VERSION, decode_layout
@@ -161,10 +161,10 @@ def on_disk(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], tmpfs: Cal
     """`on_disk(size_bytes)`: a DiskDaemon on a fresh tmpfs of that size."""
 
     def start(size_bytes: int) -> DiskDaemon:
-        disk, port = tmpfs(size_bytes), free_port()
-        settings = {"METRICS_PORT": port, "SSD_RESERVED_BYTES": SSD_RESERVED, **SMALL_DRAM}
+        disk = tmpfs(size_bytes)
+        settings = {"METRICS_PORT": 0, "SSD_RESERVED_BYTES": SSD_RESERVED, **SMALL_DRAM}
         daemon = daemon_factory(ssd_dir=disk, **settings)
-        return DiskDaemon(daemon, port, disk, chunk_set())
+        return DiskDaemon(daemon, daemon.metrics_port, disk, chunk_set())
 
     return start
 
@@ -192,8 +192,8 @@ READ_DAMAGE = "flipped byte"  # found by recovery (headers only); caught by the 
 def test_bad_chunk_files_are_counted_reported_missed_and_never_served(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
 ) -> None:
-    port = free_port()
-    daemon = daemon_factory(METRICS_PORT=port, DRAM_BLOCK_BYTES=64 * KiB)
+    daemon = daemon_factory(METRICS_PORT=0, DRAM_BLOCK_BYTES=64 * KiB)
+    port = daemon.metrics_port
     chunks = chunk_set()
     damaged = [*DAMAGE, READ_DAMAGE]
     count = len(damaged) + 2  # two good chunks after the damaged ones
