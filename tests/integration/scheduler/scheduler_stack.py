@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TypeVar
 
 from process_factory import ProcessFactory
-from service_probes import free_port
 from stack_clients import StackClients
 
 from attnstore.api_client import AttnStoreClient
@@ -104,17 +103,11 @@ def start_stack(
     worker_settings: dict[str, object] | None = None,
 ) -> Stack:
     """`redis` None: the embedded session store. `worker_metrics`: each worker serves
-    /metrics on a free port (Stack.worker_metrics_ports). `worker_settings`: every worker's,
+    /metrics on a free port (Stack.worker_metrics_ports; the scheduler's, when its settings
+    name metrics_port 0, in Stack.metrics_port). `worker_settings`: every worker's,
     beside WORKER_SETTINGS."""
-    worker_metrics_ports = {node: free_port() for node in worker_nodes} if worker_metrics else {}
     workers = tuple(
-        WorkerSpec(
-            node,
-            settings={
-                **({"metrics_port": worker_metrics_ports[node]} if worker_metrics else {}),
-                **(worker_settings or {}),
-            },
-        )
+        WorkerSpec(node, settings={**({"metrics_port": 0} if worker_metrics else {}), **(worker_settings or {})})
         for node in worker_nodes
     )
     settings = {**SCHEDULER_SETTINGS, **(scheduler_settings or {})}
@@ -128,14 +121,9 @@ def start_stack(
         worker_settings=WORKER_SETTINGS,
         scheduler_settings=settings,
     )
-    metrics_port = settings.get("metrics_port")
-    return Stack(
-        LocalStack(spec).start(),
-        model_dir,
-        redis,
-        metrics_port if isinstance(metrics_port, int) else None,
-        worker_metrics_ports,
-    )
+    local = LocalStack(spec).start()
+    worker_metrics_ports = {node: port for node, worker in local.workers.items() if (port := worker.metrics_port)}
+    return Stack(local, model_dir, redis, local.scheduler.metrics_port, worker_metrics_ports)
 
 
 def wait_for(condition: Callable[[], T], *, what: str, timeout_seconds: float = 20.0) -> T:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scheduler_stack import start_stack, wait_for
-from service_probes import free_port, scrape_metrics
+from service_probes import scrape_metrics
 
 
 def predicted_within(metrics_port: int, seconds: float) -> float:
@@ -18,12 +18,13 @@ def predicted_within(metrics_port: int, seconds: float) -> float:
 def test_the_applications_expectation_reaches_the_daemon_as_a_prediction(
     tmp_path: Path, scheduler_model_dir: Path
 ) -> None:
-    metrics_port = free_port()
     stack = start_stack(
         tmp_path / "stack", scheduler_model_dir, redis=None, worker_nodes=("node-a",),
         scheduler_settings={"hints": {"policy": "predictive", "predict_interval_seconds": 0.2}},
-        daemon_settings={"eviction_policy": "predictive", "metrics_port": metrics_port},
+        daemon_settings={"eviction_policy": "predictive", "metrics_port": 0},
     )
+    metrics_port = stack.local.daemon.metrics_port
+    assert metrics_port is not None
     try:
         client = stack.client()
         session = client.create_session(system_prompt="be brief")

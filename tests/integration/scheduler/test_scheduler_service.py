@@ -22,7 +22,6 @@ from scheduler_stack import (
     CHUNK_TOKENS,
     Stack,
     StartStack,
-    free_port,
     redis_store,
     wait_for,
 )
@@ -51,7 +50,7 @@ SCHEDULER_SETTINGS = {
 
 @pytest.fixture(scope="module")
 def stack(module_stacks: StartStack, scheduler_model_dir: Path) -> Stack:
-    settings = {**SCHEDULER_SETTINGS, "metrics_port": free_port()}
+    settings = {**SCHEDULER_SETTINGS, "metrics_port": 0}
     return module_stacks(scheduler_model_dir, scheduler_settings=settings)
 
 
