@@ -15,17 +15,9 @@ and lost 1.07 of 6.71 points in that spell (docs/benchmarks.md).
 
 Hit scores decay by half every `HALF_LIFE_TURNOVERS` times the shadows' size in sampled
 requests (a sliding window of about as many store turnovers). The tier follows the
-other order once its score leads by more than the cost of a switch, after a warm-up of
-one window. A switch hands the store to an order that did not build it: the new order
-gives up first the keys only the followed order keeps, whose hits are lost at once,
-while the keys only it would keep are not in the store and pay only once requested
-again. So besides `MARGIN` of the followed order's score (hysteresis: near-equal orders
-do not flap) the lead must cover the followed shadow's exclusive hits (on keys the
-other shadow did not hold), decayed alike: the switch pays back within about a window.
-Orders that keep alike switch on a small lead; orders that tie on different keys stay.
-(In process on Mooncake's first 4 minutes, a switch to LRU on a 2.6% lead over a fixed
-2% margin cost 1.07 of 6.71 points, docs/benchmarks.md.) Nothing here reads the future:
-a shadow learns what a request hits only when it comes.
+order whose score leads by more than `MARGIN` (hysteresis: near-equal orders do not
+flap), after a warm-up of one window. Nothing here reads the future: a shadow learns
+what a request hits only when it comes.
 
 Why shadows, not regrets: LeCaR's regrets (a chunk stored again soon after an order
 evicted it) drove the weight to LRU on Mooncake's conversation trace, where the
@@ -61,7 +53,6 @@ class OrderChooser:
         self._below = int(sample_share * (1 << 64))
         self._shadows = shadows
         self.scores = [0.0, 0.0]  # decayed shadow hits per order (ORDERS)
-        self.exclusive = [0.0, 0.0]  # of them, hits on keys the other shadow did not hold
         self.requests = 0  # sampled requests seen
         self.follows = 0  # index into ORDERS
         lives.born.append(self._requested)
@@ -82,17 +73,15 @@ class OrderChooser:
             return
         size = max(MIN_SHADOW_KEYS, round(self._share * len(self._lives.lives)))
         decay = 0.5 ** (1 / (HALF_LIFE_TURNOVERS * size))
-        held = [key in shadow for shadow in self._shadows]
         hits = [self._request(shadow, key, size) for shadow in self._shadows]
         for order, hit in enumerate(hits):
             self.scores[order] = self.scores[order] * decay + hit
-            self.exclusive[order] = self.exclusive[order] * decay + (hit and not held[1 - order])
             if hit:
                 metrics.SHADOW_HITS.labels(ORDERS[order]).inc()
         self.requests += 1
         if self.requests >= HALF_LIFE_TURNOVERS * size:
             other = 1 - self.follows
-            if self.scores[other] > self.scores[self.follows] * (1 + MARGIN) + self.exclusive[self.follows]:
+            if self.scores[other] > self.scores[self.follows] * (1 + MARGIN):
                 self.follows = other
                 metrics.ORDER_FOLLOWED.set(1 - other)
 
