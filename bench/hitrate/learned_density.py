@@ -28,7 +28,7 @@ from collections.abc import Hashable
 
 Key = Hashable
 BIN_S = 5.0
-HORIZON_S = 300.0  # a spell unnamed this long counts as not reused (10% of Mooncake's reuses come later)
+HORIZON_S = 300.0  # a spell unnamed this long counts as not reused (6.3% of the reuses in Mooncake's 10 minutes come later; median 81 s)
 BINS = int(HORIZON_S / BIN_S)
 SAMPLES = 64
 RECOMPUTE_ENDS = 2000  # spells ended between two recomputations of the densities
