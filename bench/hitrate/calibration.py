@@ -10,7 +10,7 @@ LRU-to-optimum gap it closes, on two schedules of the same requests:
   slots in arrival order, look up when they start and store what they computed when
   they end (service time = prefill + decode).
 
-`python -m bench.hitrate.calibration` (about 3 minutes here): a table, the summary as the
+`python -m bench.hitrate.calibration` (45 s here at load 6): a table, the summary as the
 last line (JSON), and bench/results/<--results-name>.json. Nothing reads the future but
 the optimum: the policies see each request when it comes.
 """
