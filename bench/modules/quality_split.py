@@ -18,11 +18,11 @@ Variants (the name in the table):
   < L, the module's beyond; `band_A_B`: the full prefill's in layers [A, B) only;
   `exact_last`: the last module of the prompt exact in every layer (the one before the
   question), the others as served. `exact_30` is the full prefill (a check of the method).
-- repair curve: `first`, `deviation` (values at layer 2 after two exact layers: the
+- repair curve: `first` and the SELECTIONS below (`--selections`) at `--fractions` of
+  each module but the first: `deviation` (values at layer 2 after two exact layers: the
   worker's default), `cacheblend` (keys at layer 1 after one exact layer, as CacheBlend's
-  code selects), `oracle` (each token's deviation summed over every layer, each layer's
-  normalised by its mean; not servable: it needs the full prefill) at REPAIR_FRACTIONS of
-  each module but the first.
+  code selects), deeper layers, CacheBlend's gradual filtering, and oracles (deviation in
+  the late or every layer; not servable: they need the full prefill).
 
 Results: a table, bench/results/<results>.json, the JSON summary (mean delta per variant)
 last. Quality is not timed, but the run is long: run it under the bench lock.
@@ -36,7 +36,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -56,12 +56,34 @@ from inference_worker.turn_types import KVSource
 REPAIR_FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
 EXACT_LAYERS = (2, 8, 15, 22, 30)
 BANDS = ((0, 10), (10, 20), (20, 30))
-# Selections: (which of K/V, the layer compared, the layers computed in full before it);
-# layer None: every layer summed (oracle).
-SELECTIONS: dict[str, tuple[int, int | None, int]] = {
-    "deviation": (1, 2, 2),
-    "cacheblend": (0, 1, 1),
-    "oracle": (1, None, 2),
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which module tokens a repair budget recomputes: the largest deviation of K (0) or V
+    (1) from the full prefill's in `compared` layers (each normalised by its mean when
+    several), with the first `exact` layers loaded from the full prefill for every token
+    (what the selection pass computes in full). `narrowed`: first keep `narrowed` times the
+    budget by V at layer 2, then choose among those (CacheBlend's gradual filtering; here
+    scored with the full prefill's values, an upper bound of what the filter's recompute
+    would see)."""
+
+    which: int
+    compared: tuple[int, ...]
+    exact: int
+    narrowed: int = 0
+
+
+LATE = tuple(range(15, 30))
+SELECTIONS: dict[str, Selection] = {
+    "deviation": Selection(1, (2,), 2),  # the worker's
+    "cacheblend": Selection(0, (1,), 1),  # CacheBlend's code: keys at its check layer 1
+    "deviation-l4": Selection(1, (4,), 4),
+    "deviation-l8": Selection(1, (8,), 8),
+    "narrowed-l8": Selection(1, (8,), 2, narrowed=2),
+    "narrowed-late": Selection(1, LATE, 2, narrowed=2),
+    "oracle-late": Selection(1, LATE, 2),  # not servable: needs the full prefill's late layers
+    "oracle": Selection(1, tuple(range(1, 30)), 2),  # not servable
 }
 
 Exact = Callable[[int, int], bool]  # (piece index, layer) -> the full prefill's KV there
@@ -70,8 +92,10 @@ Exact = Callable[[int, int], bool]  # (piece index, layer) -> the full prefill's
 class Split:
     """The variants of one case's compact prompt, each measured against the full prefill."""
 
-    def __init__(self, runner: CaseRunner, engine: TurnEngine, source: KVSource) -> None:
-        self.runner, self.engine, self.source = runner, engine, source
+    def __init__(
+        self, runner: CaseRunner, engine: TurnEngine, source: KVSource, args: argparse.Namespace
+    ) -> None:
+        self.runner, self.engine, self.source, self.args = runner, engine, source, args
         self.model = engine.loaded.model
         self.layers = self.model.config.num_hidden_layers
 
@@ -101,6 +125,22 @@ class Split:
         row["module_tokens"] = prompt.module_tokens
         row["prompt_tokens"] = len(full_ids)
         variants: dict[str, ModulePrompt] = {"served": prompt}
+        if not self.args.curve_only:
+            await self._split(case, prompt, variants)
+        for name, variant in variants.items():
+            row[name] = await self._measure(variant)
+        repairable = sum(len(chosen) for chosen in replace(prompt, repair_fraction=1.0).repair_indices())
+        row["repairable_tokens"] = repairable
+        if repairable:
+            for fraction in self.args.fractions:
+                first = replace(prompt, repair_fraction=fraction)
+                budget = sum(len(chosen) for chosen in first.repair_indices())
+                for name in self.args.selections:
+                    selected = first if name == "first" else self._selected(prompt, name, budget)
+                    row[f"{name}@{fraction}"] = await self._measure(selected) | {"repaired": budget}
+        return row
+
+    async def _split(self, case: Case, prompt: ModulePrompt, variants: dict[str, ModulePrompt]) -> None:
         variants["positions"] = await self._reencoded(case, prompt, with_context=True)
         variants["no_context"] = await self._reencoded(case, prompt, with_context=False)
         for count in EXACT_LAYERS:
@@ -111,19 +151,6 @@ class Split:
             )
         last = max(range(len(prompt.pieces)), key=lambda i: prompt.pieces[i].position)
         variants["exact_last"] = self._hybrid(prompt, lambda index, _: index == last)
-        for name, variant in variants.items():
-            row[name] = await self._measure(variant)
-        repairable = sum(len(chosen) for chosen in replace(prompt, repair_fraction=1.0).repair_indices())
-        row["repairable_tokens"] = repairable
-        if repairable:
-            for fraction in REPAIR_FRACTIONS:
-                first = replace(prompt, repair_fraction=fraction)
-                budget = sum(len(chosen) for chosen in first.repair_indices())
-                row[f"first@{fraction}"] = await self._measure(first) | {"repaired": budget}
-                for name in SELECTIONS:
-                    selected = self._selected(prompt, name, budget)
-                    row[f"{name}@{fraction}"] = await self._measure(selected) | {"repaired": budget}
-        return row
 
     async def _measure(self, prompt: ModulePrompt) -> dict[str, float]:
         logits = await self.runner.module_logits(prompt, self.reference)
@@ -166,12 +193,32 @@ class Split:
     def _selected(self, prompt: ModulePrompt, name: str, budget: int) -> ModulePrompt:
         """`budget` tokens of the modules but the first, chosen by `name`'s deviation, with
         its exact layers loaded for every module token."""
-        which, layer, exact_layers = SELECTIONS[name]
+        selection = SELECTIONS[name]
         first = min(piece.position for piece in prompt.pieces)
         eligible = [i for i, piece in enumerate(prompt.pieces) if piece.position != first]
-        compared = range(1, self.layers) if layer is None else (layer,)
+        scores = self._deviation(prompt, eligible, selection.which, selection.compared)
+        if selection.narrowed:
+            kept = self._deviation(prompt, eligible, 1, (2,)).topk(
+                min(budget * selection.narrowed, scores.numel())
+            )
+            scores = torch.full_like(scores, -1.0).index_copy_(0, kept.indices, scores[kept.indices])
+        top = set(torch.topk(scores, min(budget, scores.numel())).indices.tolist())
+        repaired: list[tuple[int, ...]] = [() for _ in prompt.pieces]
+        start = 0
+        for index in eligible:
+            count = prompt.pieces[index].tokens
+            repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
+            start += count
+        hybrid = self._hybrid(prompt, lambda _, at: at < selection.exact)
+        return replace(hybrid, repaired=tuple(repaired))
+
+    def _deviation(
+        self, prompt: ModulePrompt, eligible: list[int], which: int, layers: tuple[int, ...]
+    ) -> torch.Tensor:
+        """Each eligible piece's tokens' squared distance of K or V to the full prefill's,
+        summed over `layers` (each normalised by its mean when several)."""
         scores = torch.zeros(sum(prompt.pieces[i].tokens for i in eligible))
-        for at in compared:
+        for at in layers:
             deviation = torch.cat(
                 [
                     (
@@ -186,16 +233,8 @@ class Split:
                     for i in eligible
                 ]
             )
-            scores += deviation / deviation.mean() if layer is None else deviation
-        top = set(torch.topk(scores, min(budget, scores.numel())).indices.tolist())
-        repaired: list[tuple[int, ...]] = [() for _ in prompt.pieces]
-        start = 0
-        for index in eligible:
-            count = prompt.pieces[index].tokens
-            repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
-            start += count
-        hybrid = self._hybrid(prompt, lambda _, at: at < exact_layers)
-        return replace(hybrid, repaired=tuple(repaired))
+            scores += deviation / deviation.mean() if len(layers) > 1 else deviation
+        return scores
 
     async def _reencoded(self, case: Case, prompt: ModulePrompt, *, with_context: bool) -> ModulePrompt:
         """Each module encoded again apart at the positions the prompt serves its tokens at,
@@ -253,6 +292,7 @@ CURVES = ("first", *SELECTIONS)
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The mean |delta| and mean KL of each variant over the rows that have it."""
     names = [*VARIANTS, *(f"{m}@{f}" for f in REPAIR_FRACTIONS for m in CURVES)]
+    names += [name for row in rows for name in row if "@" in name and name not in names]
     summary: dict[str, float] = {}
     for name in names:
         have = [row[name] for row in rows if name in row]
@@ -280,7 +320,7 @@ async def split(args: argparse.Namespace) -> None:
     rows = []
     async with serving(loaded, work_dir(args.results)) as (engine, source):
         runner = CaseRunner(engine, source, repeats=0, continuation_tokens=32, answer_tokens=0)
-        measure = Split(runner, engine, source)
+        measure = Split(runner, engine, source, args)
         for case in cases:
             rows.append(await measure.run(case))
             print(
@@ -297,9 +337,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="bench-modules' quick prompts (5)")
     parser.add_argument("--only", default="doc_qa,code,persona,travel", help="comma-separated workloads")
+    parser.add_argument(
+        "--fractions", default=",".join(map(str, REPAIR_FRACTIONS)), help="comma-separated repair budgets"
+    )
+    parser.add_argument(
+        "--selections",
+        default="first,deviation,cacheblend,oracle",
+        help=f"of {', '.join(CURVES)}",
+    )
+    parser.add_argument(
+        "--curve-only", action="store_true", help="the repair curve alone (no split variants)"
+    )
     parser.add_argument("--results", help="bench/results/<name>.json (default modules-split[-quick])")
     args = parser.parse_args(argv)
     args.only = set(args.only.split(","))
+    args.fractions = [float(f) for f in args.fractions.split(",")]
+    args.selections = args.selections.split(",")
+    if not set(args.selections) <= set(CURVES):
+        parser.error(f"--selections takes {', '.join(CURVES)}")
     args.results = args.results or ("modules-split-quick" if args.quick else "modules-split")
     asyncio.run(split(args))
 
