@@ -45,10 +45,13 @@ from bench.common.results import print_report, save_results, work_dir
 from bench.modules.measure import CaseRunner, perplexity
 from bench.modules.run import SEED, quality_workloads, serving
 from bench.modules.workload import Case
+from inference_worker.engine.model_runner import project_qkv, rotary_of
 from inference_worker.kv_saver import KV
+from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import default_model_dir, load_model
 from inference_worker.modules.module_kv import ModuleKV, encode_module
 from inference_worker.modules.module_prompt import CachedPiece, ModulePrompt, lay_out
+from inference_worker.modules.repair_selection import eligible_pieces, largest
 from inference_worker.restore.hidden_states import recompute_layers
 from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource
@@ -63,7 +66,9 @@ class Selection:
     """Which module tokens a repair budget recomputes: the largest deviation of K (0) or V
     (1) from the full prefill's in `compared` layers (each normalised by its mean when
     several), with the first `exact` layers loaded from the full prefill for every token
-    (what the selection pass computes in full). `narrowed`: first keep `narrowed` times the
+    (what the selection pass computes in full). `weighted`: the deviation times the share of
+    attention the prompt's computed text gives the token at layer `exact` (the question
+    asks which tokens it reads). `narrowed`: first keep `narrowed` times the
     budget by V at layer 2, then choose among those (CacheBlend's gradual filtering; here
     scored with the full prefill's values, an upper bound of what the filter's recompute
     would see)."""
@@ -72,6 +77,7 @@ class Selection:
     compared: tuple[int, ...]
     exact: int
     narrowed: int = 0
+    weighted: bool = False  # times the attention the uncached text pays the token at layer `exact`
 
 
 LATE = tuple(range(15, 30))
@@ -82,6 +88,8 @@ SELECTIONS: dict[str, Selection] = {
     "deviation-l8": Selection(1, (8,), 8),
     "narrowed-l8": Selection(1, (8,), 2, narrowed=2),
     "narrowed-late": Selection(1, LATE, 2, narrowed=2),
+    "attended": Selection(1, (2,), 2, weighted=True),
+    "attended-l4": Selection(1, (4,), 4, weighted=True),
     "oracle-late": Selection(1, LATE, 2),  # not servable: needs the full prefill's late layers
     "oracle": Selection(1, tuple(range(1, 30)), 2),  # not servable
 }
@@ -117,6 +125,7 @@ class Split:
         ]
         self.reference = reference
         self.full = self.runner.full_logits(full_ids, reference)
+        self.full_ids = full_ids
         with torch.no_grad():
             ids = torch.tensor(full_ids)
             self.full_kv, _ = recompute_layers(self.model, ids, torch.arange(len(full_ids)), self.layers)
@@ -194,23 +203,34 @@ class Split:
         """`budget` tokens of the modules but the first, chosen by `name`'s deviation, with
         its exact layers loaded for every module token."""
         selection = SELECTIONS[name]
-        first = min(piece.position for piece in prompt.pieces)
-        eligible = [i for i, piece in enumerate(prompt.pieces) if piece.position != first]
+        eligible = eligible_pieces(prompt)
         scores = self._deviation(prompt, eligible, selection.which, selection.compared)
+        if selection.weighted:
+            mass = self._attention_mass(prompt, selection.exact)
+            scores *= torch.cat([mass[prompt.pieces[i].positions] for i in eligible])
         if selection.narrowed:
             kept = self._deviation(prompt, eligible, 1, (2,)).topk(
                 min(budget * selection.narrowed, scores.numel())
             )
             scores = torch.full_like(scores, -1.0).index_copy_(0, kept.indices, scores[kept.indices])
-        top = set(torch.topk(scores, min(budget, scores.numel())).indices.tolist())
-        repaired: list[tuple[int, ...]] = [() for _ in prompt.pieces]
-        start = 0
-        for index in eligible:
-            count = prompt.pieces[index].tokens
-            repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
-            start += count
         hybrid = self._hybrid(prompt, lambda _, at: at < selection.exact)
-        return replace(hybrid, repaired=tuple(repaired))
+        return replace(hybrid, repaired=largest(prompt, eligible, scores, budget))
+
+    @torch.no_grad()
+    def _attention_mass(self, prompt: ModulePrompt, layer: int) -> torch.Tensor:
+        """[prompt tokens]: the mean attention weight the computed text's rows (every head)
+        give each position at `layer`, under full attention (compact: row = position)."""
+        positions = torch.arange(len(self.full_ids))
+        _, hidden = recompute_layers(self.model, torch.tensor(self.full_ids), positions, layer)
+        rows = torch.tensor([p for part in prompt.text for p in part.positions])
+        decoder, geometry = self.model.model, ModelGeometry.of(self.model.config)
+        attn = decoder.layers[layer].self_attn
+        x = decoder.layers[layer].input_layernorm(hidden[rows])
+        q, _, _ = project_qkv(attn, x, rotary_of(decoder, x, rows), geometry)  # [rows, heads, D]
+        keys = self.full_kv[layer][0].repeat_interleave(geometry.heads // geometry.kv_heads, dim=0)
+        scores = torch.einsum("rhd,htd->hrt", q, keys) * attn.scaling  # [heads, rows, tokens]
+        scores = scores.masked_fill(positions[None, None, :] > rows[None, :, None], float("-inf"))
+        return torch.softmax(scores, dim=-1).mean(dim=(0, 1))
 
     def _deviation(
         self, prompt: ModulePrompt, eligible: list[int], which: int, layers: tuple[int, ...]
