@@ -57,6 +57,8 @@ from inference_worker.turn_engine import TurnEngine
 from inference_worker.turn_types import KVSource
 
 REPAIR_FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
+# Layer choices for the default model, SmolLM2-135M-Instruct (30 layers; checked at start).
+MODEL_LAYERS = 30
 EXACT_LAYERS = (2, 8, 15, 22, 30)
 BANDS = ((0, 10), (10, 20), (20, 30))
 
@@ -80,7 +82,7 @@ class Selection:
     weighted: bool = False  # times the attention the uncached text pays the token at layer `exact`
 
 
-LATE = tuple(range(15, 30))
+LATE = tuple(range(MODEL_LAYERS // 2, MODEL_LAYERS))
 SELECTIONS: dict[str, Selection] = {
     "deviation": Selection(1, (2,), 2),  # the worker's
     "cacheblend": Selection(0, (1,), 1),  # CacheBlend's code: keys at its check layer 1
@@ -91,7 +93,7 @@ SELECTIONS: dict[str, Selection] = {
     "attended": Selection(1, (2,), 2, weighted=True),
     "attended-l4": Selection(1, (4,), 4, weighted=True),
     "oracle-late": Selection(1, LATE, 2),  # not servable: needs the full prefill's late layers
-    "oracle": Selection(1, tuple(range(1, 30)), 2),  # not servable
+    "oracle": Selection(1, tuple(range(1, MODEL_LAYERS)), 2),  # not servable
 }
 
 Exact = Callable[[int, int], bool]  # (piece index, layer) -> the full prefill's KV there
@@ -106,6 +108,10 @@ class Split:
         self.runner, self.engine, self.source, self.args = runner, engine, source, args
         self.model = engine.loaded.model
         self.layers = self.model.config.num_hidden_layers
+        if self.layers != MODEL_LAYERS:
+            raise SystemExit(
+                f"the variants' layers are chosen for {MODEL_LAYERS} layers; this model has {self.layers}"
+            )
 
     async def run(self, case: Case) -> dict[str, Any]:
         server = self.engine.modules.server
@@ -298,21 +304,14 @@ def _materialized(piece: CachedPiece) -> CachedPiece:
     return replace(piece, module=replace(module, kv=kv))
 
 
-VARIANTS = (
-    "served",
-    "positions",
-    "no_context",
-    *(f"exact_{c}" for c in EXACT_LAYERS),
-    *(f"band_{a}_{b}" for a, b in BANDS),
-    "exact_last",
-)
 CURVES = ("first", *SELECTIONS)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The mean |delta| and mean KL of each variant over the rows that have it."""
-    names = [*VARIANTS, *(f"{m}@{f}" for f in REPAIR_FRACTIONS for m in CURVES)]
-    names += [name for row in rows for name in row if "@" in name and name not in names]
+    names = list(
+        dict.fromkeys(name for row in rows for name, value in row.items() if isinstance(value, dict))
+    )
     summary: dict[str, float] = {}
     for name in names:
         have = [row[name] for row in rows if name in row]
