@@ -217,15 +217,22 @@ class CaseRunner:
     async def _tokens(events: AsyncIterator[TokenEvent | TurnStats]) -> list[int]:
         return [event.token_id async for event in events if isinstance(event, TokenEvent)]
 
-    @torch.no_grad()
     def _full_perplexity(self, prompt: list[int], reference: list[int]) -> float:
-        model = self.engine.loaded.model
-        ids = torch.tensor([prompt + reference])  # [1, prompt + reference]
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [reference, vocab]
-        return _perplexity(logits, reference)
+        return perplexity(self.full_logits(prompt, reference), reference)
 
     async def _module_perplexity(self, prompt: ModulePrompt, reference: list[int]) -> float:
-        """Teacher-forced: the prompt served from module KV by the engine (its last logits
+        return perplexity(await self.module_logits(prompt, reference), reference)
+
+    @torch.no_grad()
+    def full_logits(self, prompt: list[int], reference: list[int]) -> torch.Tensor:
+        """The logits [reference, vocab] predicting `reference` after `prompt` prefilled whole."""
+        model = self.engine.loaded.model
+        ids = torch.tensor([prompt + reference])  # [1, prompt + reference]
+        return model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+
+    async def module_logits(self, prompt: ModulePrompt, reference: list[int]) -> torch.Tensor:
+        """The logits [reference, vocab] predicting `reference`, teacher-forced: the prompt
+        served from module KV by the engine (its last logits
         predict the first reference token), then the reference after it in one pass of the
         model over the served sequence's KV (its keys at their served positions, in slot
         order: attention does not depend on the order of the keys, and every one of them
@@ -249,7 +256,7 @@ class CaseRunner:
             raise RuntimeError(f"the engine gave sequence {seq.seq_id} no logits")
         after = max(layout.positions) + 1
         rest = self._continue(kv, reference[:-1], after)  # [reference - 1, vocab]
-        return _perplexity(torch.cat([logits[None].float(), rest]), reference)
+        return torch.cat([logits[None].float(), rest])
 
     @torch.no_grad()
     def _continue(self, kv: KV, tokens: list[int], start: int) -> torch.Tensor:
@@ -262,7 +269,7 @@ class CaseRunner:
         return out.logits[0].float()
 
 
-def _perplexity(logits: torch.Tensor, reference: list[int]) -> float:
+def perplexity(logits: torch.Tensor, reference: list[int]) -> float:
     """logits [tokens, vocab] predicting `reference` [tokens]."""
     log_probs = torch.log_softmax(logits, dim=-1)[torch.arange(len(reference)), torch.tensor(reference)]
     return math.exp(-log_probs.mean().item())

@@ -24,11 +24,15 @@ import asyncio
 import json
 import shutil
 import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore.server.allocator import keep_large_buffers
@@ -38,10 +42,11 @@ from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
 from bench.modules.measure import REPAIR_FRACTIONS, CaseResult, CaseRunner, RepairPoint
 from bench.modules.report import format_table, plot, summarize, verdicts
-from bench.modules.workload import code_generation, doc_qa, length_sweep, personalization, travel
-from inference_worker.model_store import default_model_dir, load_model
+from bench.modules.workload import Case, code_generation, doc_qa, length_sweep, personalization, travel
+from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
+from inference_worker.turn_types import KVSource
 from kvstore_daemon.launcher import DaemonProcess
 
 WORKLOADS = ("length", "doc_qa", "code", "persona", "travel")
@@ -86,30 +91,55 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def bench(args: argparse.Namespace) -> None:
-    # The worker's malloc tuning (its entry point's start_service): without it this process
-    # page-faulted a stored 4,096-token module's 188 MB of read tensors in again every turn
-    # (83,000 minor faults a turn against 46,000, the rest the pool's first writes).
-    keep_large_buffers()
     loaded = load_model(default_model_dir(), torch.float32, "cpu")
     tokenizer = loaded.tokenizer
     if args.lengths:
         lengths = [int(length) for length in args.lengths.split(",")]
     else:
         lengths = [256, 1024] if args.quick else [256, 512, 1024, 2048, 4096]
-    paper = 1 if args.quick else 3  # prompts per schema
-    workloads = {
-        "length": lambda: length_sweep(tokenizer, lengths, SEED),
+    workloads = quality_workloads(tokenizer, args.quick)
+    workloads["length"] = lambda: length_sweep(tokenizer, lengths, SEED)
+    cases = [case for name in WORKLOADS if name in args.only for case in workloads[name]()]
+    work = work_dir(args.results)
+    async with serving(loaded, work) as (engine, source):
+        runner = CaseRunner(
+            engine,
+            source,
+            repeats=2 if args.quick else 3,
+            continuation_tokens=16 if args.quick else 32,
+            answer_tokens=16 if args.quick else 32,
+        )
+        rows = []
+        for case in cases:
+            rows.append(await runner.run(case))
+            log.info("case", workload=case.workload, label=case.label, speedup=round(rows[-1].speedup, 1))
+        machine = machine_info(work)
+    report(args, rows, {"workloads": sorted(args.only), "machine": machine})
+
+
+def quality_workloads(tokenizer: PreTrainedTokenizerBase, quick: bool) -> dict[str, Callable[[], list[Case]]]:
+    """The workloads of prompts with several modules (all but the length sweep), by name."""
+    paper = 1 if quick else 3  # prompts per schema
+    return {
         "doc_qa": lambda: doc_qa(
-            tokenizer, docs=4 if args.quick else 8, prompts=2 if args.quick else 6, per_prompt=3, seed=SEED
+            tokenizer, docs=4 if quick else 8, prompts=2 if quick else 6, per_prompt=3, seed=SEED
         ),
         "code": lambda: code_generation(
-            tokenizer, prompts=paper, file_tokens=200 if args.quick else 500, seed=SEED
+            tokenizer, prompts=paper, file_tokens=200 if quick else 500, seed=SEED
         ),
         "persona": lambda: personalization(tokenizer, prompts=paper, seed=SEED),
         "travel": lambda: travel(tokenizer, prompts=paper, seed=SEED),
     }
-    cases = [case for name in WORKLOADS if name in args.only for case in workloads[name]()]
-    work = work_dir(args.results)
+
+
+@asynccontextmanager
+async def serving(loaded: LoadedModel, work: Path) -> AsyncIterator[tuple[TurnEngine, KVSource]]:
+    """A turn engine of `loaded` beside a real daemon in `work` (emptied first, removed
+    after), and the bench's tenant source."""
+    # The worker's malloc tuning (its entry point's start_service): without it this process
+    # page-faulted a stored 4,096-token module's 188 MB of read tensors in again every turn
+    # (83,000 minor faults a turn against 46,000, the rest the pool's first writes).
+    keep_large_buffers()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     dram = 1024 * MiB
@@ -130,24 +160,14 @@ async def bench(args: argparse.Namespace) -> None:
                 layer_timeout_seconds=30,  # a late module layer would recompute the prompt: not what is timed
             )
             engine = TurnEngine(loaded, client, settings)
-            source = await engine.namespace_for(b"bench-modules")
-            runner = CaseRunner(
-                engine,
-                source,
-                repeats=2 if args.quick else 3,
-                continuation_tokens=16 if args.quick else 32,
-                answer_tokens=16 if args.quick else 32,
-            )
-            rows = []
-            for case in cases:
-                rows.append(await runner.run(case))
-                log.info("case", workload=case.workload, label=case.label, speedup=round(rows[-1].speedup, 1))
-            await engine.close()
+            try:
+                yield engine, await engine.namespace_for(b"bench-modules")
+            finally:
+                await engine.close()
     finally:
         daemon.stop()
         shutil.rmtree(shm_dir, ignore_errors=True)
-    report(args, rows, {"workloads": sorted(args.only), "machine": machine_info(work)})
-    shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def report(args: argparse.Namespace, rows: list[CaseResult], about: dict[str, Any]) -> None:

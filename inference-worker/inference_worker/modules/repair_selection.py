@@ -55,8 +55,7 @@ def select_by_deviation(
         raise ValueError(f"the deviation layer is {layer}; it must lie in [1, {layers}) for this model")
     if budget is None:
         budget = sum(len(chosen) for chosen in prompt.repair_indices())
-    first = min((part.position for part in prompt.pieces), default=None)
-    eligible = [i for i, part in enumerate(prompt.pieces) if part.position != first]
+    eligible = eligible_pieces(prompt)
     if budget <= 0 or not eligible:
         return replace(prompt, repaired=tuple(() for _ in prompt.pieces))
     tokens = [(t, p) for part in prompt.pieces for t, p in zip(part.token_ids, part.positions, strict=True)]
@@ -72,7 +71,27 @@ def select_by_deviation(
         cached = cached[:, part.offset : part.offset + part.tokens].transpose(0, 1).reshape(part.tokens, -1)
         full = values[[row[p] for p in part.positions]]
         deviations.append(((full.float() - cached.to(full.device).float()) ** 2).sum(dim=-1))
-    scores = torch.cat(deviations)
+    repaired = largest(prompt, eligible, torch.cat(deviations), budget)
+    pieces = tuple(
+        replace(part, exact_layers=[(k[:, rows], v[:, rows]) for k, v in early])
+        for part in prompt.pieces
+        for rows in [[row[p] for p in part.positions]]
+    )
+    return replace(prompt, pieces=pieces, repaired=repaired)
+
+
+def eligible_pieces(prompt: ModulePrompt) -> list[int]:
+    """The pieces repair may select from: all but those of the prompt's first module (nothing
+    precedes it, so its KV is already exact)."""
+    first = min((part.position for part in prompt.pieces), default=None)
+    return [i for i, part in enumerate(prompt.pieces) if part.position != first]
+
+
+def largest(
+    prompt: ModulePrompt, eligible: list[int], scores: torch.Tensor, budget: int
+) -> tuple[tuple[int, ...], ...]:
+    """Per piece, the indices of its tokens among the `budget` of largest `scores` (one per
+    token of the `eligible` pieces, in their order)."""
     top = set(torch.topk(scores, min(budget, scores.numel())).indices.tolist())
     repaired: list[tuple[int, ...]] = [() for _ in prompt.pieces]
     start = 0
@@ -80,12 +99,7 @@ def select_by_deviation(
         count = prompt.pieces[index].tokens
         repaired[index] = tuple(i - start for i in range(start, start + count) if i in top)
         start += count
-    pieces = tuple(
-        replace(part, exact_layers=[(k[:, rows], v[:, rows]) for k, v in early])
-        for part in prompt.pieces
-        for rows in [[row[p] for p in part.positions]]
-    )
-    return replace(prompt, pieces=pieces, repaired=tuple(repaired))
+    return tuple(repaired)
 
 
 def _layer_values(
