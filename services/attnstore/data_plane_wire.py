@@ -42,11 +42,18 @@ from typing import Any
 import msgpack
 
 from attnstore import errors
-from attnstore.data_plane_io import ConnectionClosed, FrameError, SocketLoops, socket_loops
 
 _LENGTH = struct.Struct("!I")
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOVECS = 1024
+
+
+class FrameError(errors.InvalidArgument):
+    """A frame that is not a msgpack map of the expected shape, or is too long."""
+
+
+class ConnectionClosed(errors.Unavailable):
+    """The peer closed the stream before a frame or payload was complete."""
 
 
 def pack_frame(message: dict[str, Any]) -> bytes:
@@ -55,14 +62,11 @@ def pack_frame(message: dict[str, Any]) -> bytes:
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    send_views(sock, [memoryview(pack_frame(message))])
+    sock.sendall(pack_frame(message))
 
 
 def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
-    loops = _c_loops(sock)
-    if loops is not None:
-        return _decode_frame(loops.recv_frame(sock, max_bytes))
     prefix = bytearray(_LENGTH.size)
     recv_exactly_into(sock, memoryview(prefix))
     body = bytearray(_frame_length(prefix, max_bytes))
@@ -81,20 +85,6 @@ async def recv_frame_on_loop(
     return _decode_frame(body)
 
 
-def exchange(sock: socket.socket, request: bytes, max_bytes: int) -> dict[str, Any]:
-    """Sends the packed frame `request` and answers the reply's map (one C call where it can)."""
-    loops = _c_loops(sock)
-    if loops is not None:
-        return _decode_frame(loops.exchange(sock, request, max_bytes))
-    sock.sendall(request)
-    return recv_frame(sock, max_bytes)
-
-
-def _c_loops(sock: socket.socket) -> SocketLoops | None:
-    """The C loops for a plain socket; None under TLS or where they are unavailable."""
-    return None if isinstance(sock, ssl.SSLSocket) else socket_loops()
-
-
 def _frame_length(prefix: bytearray, max_bytes: int) -> int:
     (length,) = _LENGTH.unpack(prefix)
     if length > max_bytes:
@@ -102,7 +92,7 @@ def _frame_length(prefix: bytearray, max_bytes: int) -> int:
     return int(length)
 
 
-def _decode_frame(body: bytearray | memoryview) -> dict[str, Any]:
+def _decode_frame(body: bytearray) -> dict[str, Any]:
     try:
         message = msgpack.unpackb(body)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
@@ -114,10 +104,6 @@ def _decode_frame(body: bytearray | memoryview) -> dict[str, Any]:
 
 def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
     """Fills `view` from the stream (recv_into: no intermediate copy)."""
-    loops = _c_loops(sock)
-    if loops is not None:
-        loops.recv(sock, [view])
-        return
     while view.nbytes:
         received = sock.recv_into(view)
         if received == 0:
@@ -165,9 +151,6 @@ def _advance(pending: list[memoryview], done: int) -> None:
 def send_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
     """Sends the views back to back without joining them: one sendmsg (gather write) per
     batch on a plain socket; TLS sockets have no sendmsg, so one sendall per view."""
-    loops = _c_loops(sock)
-    if loops is not None and loops.send(sock, views):
-        return
     if isinstance(sock, ssl.SSLSocket):
         for view in views:
             sock.sendall(view)

@@ -26,7 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 from attnstore.data_plane_wire import (
-    exchange,
     pack_frame,
     raise_for_reply,
     recv_exactly_on_loop,
@@ -129,7 +128,8 @@ class TcpDataPlane:
         try:
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._server_hostname)
-            raise_for_reply(exchange(sock, self._hello, _MAX_REPLY_FRAME_BYTES))
+            sock.sendall(self._hello)
+            raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
         except BaseException:
             sock.close()
             raise
@@ -225,7 +225,8 @@ class TcpDataPlane:
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
         sock = self.connect()
         try:
-            reply = raise_for_reply(exchange(sock, pack_frame(request), _MAX_REPLY_FRAME_BYTES))
+            send_frame(sock, request)
+            reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
             headers = _headers_of(reply, chunk_count)
         except BaseException:
             sock.close()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from inference_worker.engine.attention import DecodeTables
-from attnstore.c_build import CACHE_VARIABLE
+from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.decode_kernel import (
     UNAVAILABLE_VARIABLE,
     PagedDecodeKernel,

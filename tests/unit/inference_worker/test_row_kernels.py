@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from attnstore.c_build import CACHE_VARIABLE
+from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.row_kernels import UNAVAILABLE_VARIABLE, RowKernels, load_row_kernels
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 576, 9, 3, 64  # SmolLM2-135M's

@@ -1,15 +1,12 @@
-"""Builds the project's plain-C code with the machine's C compiler on first use, cached by
-source, compiler, flags and CPU: the engine's kernels (paged_decode.c, row_ops.c;
-inference_worker/engine/decode_kernel.py says why plain C through ctypes and not a torch
-extension) and the data plane's socket loops (data_plane_io.c). Here, in the package every
-service imports, so the daemon and the client SDK (no torch) build with the same code."""
+"""Builds the engine's plain-C kernels (paged_decode.c, row_ops.c) with the machine's C
+compiler on first use, cached by source, compiler, flags and CPU (decode_kernel.py says why
+plain C through ctypes and not a torch extension)."""
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -18,8 +15,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
+import torch
 
-log = structlog.get_logger("attnstore.c_build")
+log = structlog.get_logger("inference_worker.c_build")
 
 CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
 # -march=native: the machine's vector width (the cache key names the CPU). -std=c11 (not
@@ -87,5 +85,5 @@ def _cpu_flags() -> bytes:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return platform.processor().encode()
+        return str(torch.backends.cpu.get_cpu_capability()).encode()
     return next((line for line in lines if line.startswith("flags")), "").encode()
