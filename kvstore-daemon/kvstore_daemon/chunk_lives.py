@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvstore_daemon import metrics
 from kvstore_daemon.hit_density import HitDensity
 
 GHOST_KEYS_MAX = 1 << 17  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
@@ -76,7 +77,7 @@ class ChunkLives:
         """A tier took a copy: a new life unless another tier holds one."""
         life = self.lives.get(key)
         if life is None:
-            self._needed_again(key)
+            self._needed_again(key, "store")
             life = self.lives[key] = Life(self.tick, self._clock())
             self.tick += 1
             for listener in self.born:
@@ -101,12 +102,13 @@ class ChunkLives:
         """A lookup named `keys` beyond its stored prefix."""
         for key in keys:
             if key not in self.lives:
-                self._needed_again(key)
+                self._needed_again(key, "lookup")
 
-    def _needed_again(self, key: bytes) -> None:
+    def _needed_again(self, key: bytes, heard: str) -> None:
         """An evicted key was needed again: its unread end becomes a read at that age."""
         ghost = self._ghosts.pop(key, None)
         if ghost is not None:
+            metrics.EVICTED_NEEDED_AGAIN.labels(heard).inc()
             cls, tick = ghost
             self.learner.evicted(cls, undo=True)
             self.learner.hit(cls, self.tick - tick)
