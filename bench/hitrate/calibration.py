@@ -93,8 +93,8 @@ class _Store:
         if self._daemon is not None:
             for key in keys[:hit]:
                 self._daemon.on_access(key)
-            if hit:
-                self._daemon.on_chain(keys[:hit])  # as the daemon does with a lookup's stored prefix
+            self._daemon.on_chain(keys[:hit])  # as the daemon does with a lookup's stored prefix
+            self._daemon.on_miss(keys[hit:])  # and the keys it named beyond
         elif self._learned is None:
             for key in keys[:hit]:
                 self._lru.move_to_end(key)

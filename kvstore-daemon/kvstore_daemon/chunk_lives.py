@@ -9,12 +9,16 @@ a copy (the mover reports it to each). Ages are in ticks of store events (a new 
 a read), never the wall clock, so a replay on a simulated clock learns the same thing.
 
 Counts of lives must not be censored by the policy itself: a store that evicts at age
-100 would never see a read at age 200. So an evicted chunk is remembered as a ghost for
-`GHOST_HORIZON` times the resident count of ticks: stored again within that, it was
-needed again, and its unread end is taken back for a read at that age (LHD's
-exploration problem: in a single-tier replay of Mooncake's first 10 minutes, LHD's form
-without ghosts ranked below LRU at 5.5%, 11% and 22% of the working set, -1% to -22% of
-the LRU-to-optimum gap; with them it closed 2% and 9% at the first two).
+100 would never see a read at age 200. So an evicted chunk is remembered as a ghost (the
+latest `ghost_keys_max`): named again by a lookup beyond its stored prefix (`missed`) or
+stored again, it was needed again, and its unread end is taken back for a read at that
+age (LHD's exploration problem: in a single-tier replay of Mooncake's first 10 minutes,
+LHD's form without ghosts ranked below LRU at 5.5%, 11% and 22% of the working set, -1%
+to -22% of the LRU-to-optimum gap; with them it closed 2% and 9% at the first two). The
+lookups' misses are what lets ghosts last: heard only at a store again, a ghost kept for
+4 times the resident count of ticks did best, 16 times lost (the reuse it records comes a
+turn's service time late, and never for a chunk the store declines); heard at the miss,
+ghosts capped only by count do best (docs/benchmarks.md, "misses").
 
 The chains: a lookup's stored prefix and a hinted chain name keys root first, so each
 key's parent is known once either has been seen; `children` holds every key's children
@@ -28,9 +32,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvstore_daemon import metrics
 from kvstore_daemon.hit_density import HitDensity
 
-GHOST_HORIZON = 4
+GHOST_KEYS_MAX = 1 << 17  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
 REUSE_CLASSES = 4  # read 0, 1, 2, 3 or more times
 # What the scheduler said of an idle key: 0 nothing yet, 1 nothing although it predicted
 # others since (stale), then PREDICT buckets by seconds to the predicted use.
@@ -53,13 +58,15 @@ class Life:
 
 
 class ChunkLives:
-    def __init__(self, clock: Callable[[], float], learner: HitDensity | None = None) -> None:
+    def __init__(self, clock: Callable[[], float], learner: HitDensity | None = None,
+                 ghost_keys_max: int = GHOST_KEYS_MAX) -> None:
         self._clock = clock
         self.learner = learner or HitDensity(REUSE_CLASSES * HINT_CLASSES)
         self.tick = 0
         self.lives: dict[bytes, Life] = {}
         self._last_read: tuple[bytes, int] | None = None  # (key, tick after it): a second tier's report
         self._ghosts: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # evicted key -> (class, last tick)
+        self._ghosts_max = ghost_keys_max
         self.children: dict[bytes, set[bytes]] = {}  # key -> its children alive in the store
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
         self.lost_child: list[Callable[[bytes], None]] = []  # called with a parent when a child leaves the store
@@ -70,13 +77,9 @@ class ChunkLives:
         """A tier took a copy: a new life unless another tier holds one."""
         life = self.lives.get(key)
         if life is None:
-            ghost = self._ghosts.pop(key, None)
-            if ghost is not None:  # evicted, and needed again
-                cls, tick = ghost
-                self.learner.evicted(cls, undo=True)
-                self.learner.hit(cls, self.tick - tick)
+            self._needed_again(key, "store")
             life = self.lives[key] = Life(self.tick, self._clock())
-            self._advance()
+            self.tick += 1
             for listener in self.born:
                 listener(key)
         life.copies += 1
@@ -89,11 +92,26 @@ class ChunkLives:
             return life
         self.learner.hit(life.cls, self.tick - life.tick)
         life.tick, life.touched_at, life.reads, life.hint_class = self.tick, self._clock(), life.reads + 1, 0
-        self._advance()
+        self.tick += 1
         self._last_read = (key, self.tick)
         for listener in self.reread:
             listener(key)
         return life
+
+    def missed(self, keys: Sequence[bytes]) -> None:
+        """A lookup named `keys` beyond its stored prefix."""
+        for key in keys:
+            if key not in self.lives:
+                self._needed_again(key, "lookup")
+
+    def _needed_again(self, key: bytes, heard: str) -> None:
+        """An evicted key was needed again: its unread end becomes a read at that age."""
+        ghost = self._ghosts.pop(key, None)
+        if ghost is not None:
+            metrics.EVICTED_NEEDED_AGAIN.labels(heard).inc()
+            cls, tick = ghost
+            self.learner.evicted(cls, undo=True)
+            self.learner.hit(cls, self.tick - tick)
 
     def dropped(self, key: bytes) -> None:
         """A tier dropped its copy; with the last one the life ends unread."""
@@ -104,8 +122,10 @@ class ChunkLives:
         if life.copies > 0:
             return
         del self.lives[key]
-        self.learner.evicted(life.cls)  # taken back if it is stored again within the ghost horizon
+        self.learner.evicted(life.cls)  # taken back if it is needed again while a ghost
         self._ghosts[key] = (life.cls, life.tick)
+        if len(self._ghosts) > self._ghosts_max:
+            self._ghosts.popitem(last=False)  # the earliest evicted
         self._unlink(key)
 
     def chain(self, keys: Sequence[bytes]) -> None:
@@ -131,12 +151,3 @@ class ChunkLives:
                 del self.children[parent]
             for listener in self.lost_child:
                 listener(parent)
-
-    def _advance(self) -> None:
-        self.tick += 1
-        horizon = GHOST_HORIZON * len(self.lives)
-        while self._ghosts:  # roughly oldest first: evicted in the order the policy chose
-            _, tick = next(iter(self._ghosts.values()))
-            if self.tick - tick <= horizon and len(self._ghosts) <= horizon:
-                break
-            self._ghosts.popitem(last=False)

@@ -197,7 +197,7 @@ class ChunkStore:
             self._mover.touch(chunk)
             if promote and chunk.tier is TierName.SSD:
                 self._mover.spawn(self._mover.promote_quietly(chunk, None))
-        self._mover.chained(keys[: len(tiers)])
+        self._mover.looked_up(keys, len(tiers))
         self._count_hits(tiers, misses=len(keys) - len(tiers))
         return tiers
 

@@ -38,6 +38,12 @@ SHADOW_HITS = Counter(
     "predictive: hits of the shadow cache of each order (predictive, lru) on the sampled keys",
     ["order"],
 )
+EVICTED_NEEDED_AGAIN = Counter(
+    "attnstore_kvstore_evicted_needed_again_total",
+    "predictive: evicted or deleted chunks it still remembered (ghosts) that were needed again, learned as reads "
+    "at that age; by how it heard: a lookup naming the key beyond its stored prefix (lookup) or a store (store)",
+    ["heard"],
+)
 PROMOTIONS = Counter("attnstore_kvstore_promotions_total", "Chunks copied from SSD to DRAM")
 PROMOTIONS_SKIPPED = Counter(
     "attnstore_kvstore_promotions_skipped_total",

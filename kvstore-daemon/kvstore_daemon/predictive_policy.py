@@ -93,6 +93,10 @@ class PredictivePolicy:
         """`keys` are a chain, root first (a lookup's stored prefix)."""
         self.lives.chain(keys)
 
+    def on_miss(self, keys: Sequence[bytes]) -> None:
+        """A lookup named `keys` beyond its stored prefix (what it learns: chunk_lives.missed)."""
+        self.lives.missed(keys)
+
     def __len__(self) -> int:
         return len(self._resident)
 

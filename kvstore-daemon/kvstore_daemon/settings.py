@@ -15,6 +15,7 @@ from attnstore.pool_ledger import LendingLimits
 from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
+from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX
 from kvstore_daemon.ssd_tier import DEFAULT_IO_THREADS
 
 MiB = 1024 * 1024
@@ -112,6 +113,12 @@ class DaemonSettings(ServiceSettings):
         0.25, ge=0, le=1,
         description="predictive: share of the keys (by hash) on which two shadow caches, one per order, decide "
         "whether the SSD tier follows the predictive order or LRU (whichever hit more lately); 0: always predictive",
+    )
+
+    predictive_ghost_keys_max: int = Field(
+        GHOST_KEYS_MAX, ge=0,
+        description="predictive: evicted keys remembered so that a lookup naming one again, or a store, counts it "
+        "as read at that age in what the order learns (about 150 bytes each)",
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")

@@ -61,7 +61,8 @@ class TierMover:
         self.peer = peer
         self.hints = hints
         self.dram_policy, self.ssd_policy = make_tier_policies(
-            settings.eviction_policy, hints, clock, settings.predictive_shadow_share)
+            settings.eviction_policy, hints, clock, settings.predictive_shadow_share,
+            settings.predictive_ghost_keys_max)
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
@@ -90,10 +91,11 @@ class TierMover:
         if chunk.on_ssd:
             self.ssd_policy.on_access(chunk.key)
 
-    def chained(self, keys: Sequence[bytes]) -> None:
-        """`keys` were read as one chain, root first (a lookup's stored prefix)."""
+    def looked_up(self, keys: Sequence[bytes], stored: int) -> None:
+        """A lookup named `keys`, root first; the first `stored` were read as one chain."""
         if isinstance(self.dram_policy, PredictivePolicy):  # the tiers share what they learn
-            self.dram_policy.on_chain(keys)
+            self.dram_policy.on_chain(keys[:stored])
+            self.dram_policy.on_miss(keys[stored:])
 
     def drop_deleted(self, chunk: Chunk) -> None:
         """Frees a chunk just marked deleted, or defers that to its last reader. A chunk read

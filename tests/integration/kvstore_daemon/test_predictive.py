@@ -189,3 +189,24 @@ def test_the_shadow_caches_count_the_stores_reads(daemon_factory: DaemonFactory,
         name = f'attnstore_kvstore_shadow_hits_total{{order="{order}"}}'
         assert (before[name], samples[name]) == (0, 5)
     assert samples["attnstore_kvstore_predictive_order_followed"] == 1
+
+
+def test_a_lookup_naming_a_deleted_chunk_is_learned_as_needed_again(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
+    """The keys a lookup names beyond its stored prefix reach the predictive policy: a
+    chunk it still remembers after its deletion counts as needed again, once."""
+    daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=0)
+    port = daemon.metrics_port
+    chunks = chunk_set(**SHAPE)
+    name = 'attnstore_kvstore_evicted_needed_again_total{heard="lookup"}'
+    with KVStoreClient(daemon.address) as client:
+        chunks.register(client)
+        ns = chunks.namespace
+        client.put_chunks(ns, chunks.items(0, 3))
+        client.delete(ns, chunks.keys(2, 3))
+        assert scrape_metrics(port).get(name, 0) == 0
+        assert client.lookup(ns, chunks.keys(0, 4)).prefix_length == 2  # names 2 (remembered) and 3 (never stored)
+        assert scrape_metrics(port)[name] == 1
+        client.lookup(ns, chunks.keys(0, 4))  # its ghost is spent: learned once
+        assert scrape_metrics(port)[name] == 1
