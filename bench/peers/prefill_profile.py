@@ -1,0 +1,142 @@
+"""In-process profile of the prefill behind bench-peers' TTFT: one forward pass of the paged
+engine (real SmolLM2-135M-Instruct, fp32, CPU) over `new` tokens after `prefix` tokens already
+in the pool, at 1 and 2 torch threads taken in turns, wall and process CPU time, and the FLOP
+rate each reaches. `python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
+
+Why: the serving comparison's later turns are mostly this forward (the worker's CPU from
+Chat to first token is within ~10% of it), and its FLOP rate can be set beside vLLM's,
+derived from the same turns' TTFT in bench/results/peers.json (`docs/inference-worker.md`,
+"Prefill pass"). Run it on an idle machine: under other load only the CPU times mean anything.
+OpenMP waits as the worker's does (`OMP_WAIT_POLICY`, PASSIVE unless set); run it once more
+with `OMP_WAIT_POLICY=ACTIVE` to see what sleeping between parallel regions costs.
+Prints a table and a JSON line; writes no results file (it is a diagnosis, not a suite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads in `main`, after OpenMP's waiting is set (importing this sets nothing)
+    from torch import nn
+
+    from inference_worker.engine.model_runner import PagedModelRunner
+    from inference_worker.model_geometry import ModelGeometry
+
+# (prefix, new) of bench-peers' turns: a fresh first turn, and later turns of the fits phase
+DEFAULT_SHAPES = ("0x642", "800x250", "1250x480")
+BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Shape:
+    prefix: int  # tokens whose KV is already in the pool
+    new: int  # tokens the forward computes
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        prefix, new = (int(part) for part in text.split("x"))
+        if prefix < 0 or new < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: want PREFIXxNEW, NEW >= 1")
+        return cls(prefix, new)
+
+
+def prefill_flops(geometry: ModelGeometry, layer_weights: int, head_weights: int, shape: Shape) -> float:
+    """Multiply-adds x 2 of the forward: every layer linear for each new token, the LM head
+    for the last one, and attention (QK^T and PV) of each new token over the prefix and the
+    new tokens before it (causal)."""
+    linears = 2 * shape.new * layer_weights + 2 * head_weights
+    keys_seen = shape.new * shape.prefix + shape.new * (shape.new + 1) / 2
+    attention = 4 * geometry.num_layers * geometry.heads * geometry.head_dim * keys_seen
+    return linears + attention
+
+
+def _weights(modules: list[nn.Module]) -> int:
+    from torch import nn
+
+    return sum(m.weight.numel() for layer in modules for m in layer.modules() if isinstance(m, nn.Linear))
+
+
+def _forward_seconds(
+    runner: PagedModelRunner, ids: list[int], shape: Shape, threads: int
+) -> tuple[float, float]:
+    """(wall, process CPU) of the forward over the shape's new tokens, its prefix computed first."""
+    import torch
+
+    from inference_worker.engine.block_pool import BlockPool
+    from inference_worker.engine.model_runner import Work
+    from inference_worker.engine.sequence import Sequence
+
+    torch.set_num_threads(threads)
+    seq, pool = Sequence.of(ids), BlockPool(runner.kv.k.shape[2], BLOCK_TOKENS)
+    pool.allocate(seq)
+    if shape.prefix:
+        runner.forward(runner.prepare([Work(seq, shape.prefix)]))
+        pool.commit(seq, shape.prefix)
+    batch = runner.prepare([Work(seq, shape.new)])
+    cpu, wall = time.process_time(), time.perf_counter()
+    runner.forward(batch)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shapes", type=Shape.parse, nargs="+", default=[Shape.parse(s) for s in DEFAULT_SHAPES]
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="forwards per thread count, taken in turns")
+    args = parser.parse_args(argv)
+    if "torch" in sys.modules:
+        raise SystemExit("run it as its own process (python -m bench.peers.prefill_profile): torch is loaded")
+    importlib.import_module("inference_worker.openmp_waiting")  # before torch loads libgomp, as the worker
+    import torch
+
+    from inference_worker.engine.attention import PagedKV
+    from inference_worker.engine.model_runner import PagedModelRunner
+    from inference_worker.model_geometry import ModelGeometry
+    from inference_worker.model_store import default_model_dir, load_model
+
+    load_before = os.getloadavg()
+    model = load_model(default_model_dir(), torch.float32, "cpu").model
+    geometry = ModelGeometry.of(model.config)
+    layer_weights, head_weights = _weights(list(model.model.layers)), model.lm_head.weight.numel()
+    most = max(s.prefix + s.new for s in args.shapes)
+    kv = PagedKV(geometry, -(-most // BLOCK_TOKENS), BLOCK_TOKENS, torch.float32, torch.device("cpu"))
+    runner = PagedModelRunner(model, kv)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for shape in args.shapes:
+        ids = torch.randint(0, geometry.vocab_size, (shape.prefix + shape.new,), generator=generator).tolist()
+        _forward_seconds(runner, ids, shape, 2)  # warm-up: oneDNN's kernels for this token count
+        runs: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+        for _ in range(args.rounds):
+            for threads, times in runs.items():
+                times.append(_forward_seconds(runner, ids, shape, threads))
+        gflop = prefill_flops(geometry, layer_weights, head_weights, shape) / 1e9
+        row: dict[str, object] = {"prefix": shape.prefix, "new": shape.new, "gflop": round(gflop, 1)}
+        for threads, times in runs.items():
+            wall = statistics.median(w for w, _ in times)
+            row[f"wall_ms_{threads}t"] = round(wall * 1e3, 1)
+            row[f"cpu_ms_{threads}t"] = round(statistics.median(c for _, c in times) * 1e3, 1)
+            row[f"gflops_{threads}t"] = round(gflop / wall, 1)
+        row["speedup_2t"] = round(float(row["wall_ms_1t"]) / float(row["wall_ms_2t"]), 3)  # type: ignore[arg-type]
+        rows.append(row)
+        print(" | ".join(f"{key} {value}" for key, value in row.items()), flush=True)
+    summary = {
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "loadavg_1_5_15min": {"before": load_before, "after": os.getloadavg()},
+        "rows": rows,
+    }
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
