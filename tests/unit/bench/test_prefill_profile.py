@@ -45,7 +45,7 @@ def test_importing_it_leaves_openmp_waiting_alone() -> None:
         text=True,
         check=True,
         env={"PATH": "/usr/bin:/bin"},  # no OMP_WAIT_POLICY of the test session's
-        cwd=Path(__file__).resolve().parents[2],  # the repository root: `bench` importable
+        cwd=Path(__file__).resolve().parents[3],  # the repository root: `bench` importable
         timeout=120,
     )
     assert done.stdout.split() == ["None", "False"]
