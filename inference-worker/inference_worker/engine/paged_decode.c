@@ -95,11 +95,12 @@ static inline void prefetch_rows(const void *start, int bytes) {
 #define ALWAYS_INLINE inline
 #endif
 
-/* Scores of 16 keys at a time without a horizontal sum per key (the K pass's largest
- * instruction cost: ~8 shuffles and adds per (key, query head) after 4 multiply-adds at
+/* Scores of 16 keys at a time without a horizontal sum per key (by instruction count the K
+ * pass's largest cost: ~8 shuffles and adds per (key, query head) after 4 multiply-adds at
  * head_dim 64): each key's products stay one 16-lane vector, and one tree of 45 shuffles and
- * adds turns 16 such vectors into the 16 scores. AVX-512 only; elsewhere (and for bf16) the
- * plain loop below does all keys. Returns the first key it left to that loop. */
+ * adds turns 16 such vectors into the 16 scores (0.83x the K and V passes' time with the KV in
+ * cache; from DRAM the wait for memory hides most of it). AVX-512 only; elsewhere (and for
+ * bf16) the plain loop below does all keys. Returns the first key it left to that loop. */
 #if defined(__AVX512F__)
 /* Lane j of the result: the sum of v[4 (j % 4) + j / 4]'s lanes (the tree leaves input
  * c + 4 m in lane 4 c + m, so the caller stores key j at that index: the order is its own
@@ -163,7 +164,7 @@ static ALWAYS_INLINE int paged_decode_f32_tiles(
         for (int i = 0; i < group * head_dim; i++) query[i] = LOAD(q[row + i]) * scale;           \
         /* the first keys, which no later key's prefetch covers */                                 \
         for (int i = first; i < first + AHEAD && i < len; i++) prefetch_rows(ROW(k, i), row_bytes); \
-        /* Four keys at a time: four independent sums per query head, not one chain. */            \
+        /* The keys the tiles left, four at a time: four independent sums per head, not one chain. */ \
         int t = NAME##_tiles(query, k, table, h, first, len, blocks, block_tokens, scores, n, group, \
                              head_dim);                                                            \
         for (; t + 4 <= len; t += 4) {                                                             \
