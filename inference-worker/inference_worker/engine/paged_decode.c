@@ -20,6 +20,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define MAX_GROUP 16 /* query heads per KV head handled in one pass */
 
@@ -71,10 +74,14 @@ static inline float exp_nonpositive(float x) {
 }
 
 /* Blocks lie anywhere in the pool, each a few pages at most: the hardware prefetcher stops
- * at a page's end, so the rows a block ahead are asked for while these are read. */
-#define AHEAD 16 /* tokens; 8, 16, 32 measured: 4.3 ms -> 3.1, 2.6-2.9, 2.6-3.1 ms a layer */
+ * at a page's end, so the rows a block ahead are asked for while these are read, and a
+ * (sequence, KV head)'s first rows before its pass starts. Into L2 (hint 2, prefetcht1): in
+ * the engine's step (16 SmolLM2 sequences, 30 layers of KV from DRAM) the non-temporal hint 0
+ * read at 9.7-10.5 GB/s, hints 1-2 at 11.7-13.4 and hint 3 (L1) at 11.0; the first rows'
+ * prefetch took it to 12.4. */
+#define AHEAD 16 /* tokens; 16, 32, 64 measured: 23.3, 23.3, 23.7 ms for those 30 layers */
 static inline void prefetch_rows(const void *start, int bytes) {
-    for (int i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)start + i, 0, 0);
+    for (int i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)start + i, 0, 2);
 }
 
 /* Token t's K or V row of the sequence's KV head h, through its block table. */
@@ -88,6 +95,61 @@ static inline void prefetch_rows(const void *start, int bytes) {
 #define ALWAYS_INLINE inline
 #endif
 
+/* Scores of 16 keys at a time without a horizontal sum per key (by instruction count the K
+ * pass's largest cost: ~8 shuffles and adds per (key, query head) after 4 multiply-adds at
+ * head_dim 64): each key's products stay one 16-lane vector, and one tree of 45 shuffles and
+ * adds turns 16 such vectors into the 16 scores (0.83x the K and V passes' time with the KV in
+ * cache; from DRAM the wait for memory hides most of it). AVX-512 only; elsewhere (and for
+ * bf16) the plain loop below does all keys. Returns the first key it left to that loop. */
+#if defined(__AVX512F__)
+/* Lane j of the result: the sum of v[4 (j % 4) + j / 4]'s lanes (the tree leaves input
+ * c + 4 m in lane 4 c + m, so the caller stores key j at that index: the order is its own
+ * inverse). */
+static inline __m512 sum_lanes16(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) /* 256-bit halves: a[i] = v[2i]'s in chunks 0-1, v[2i+1]'s in 2-3 */
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++) /* 128-bit chunks: chunk c of b[i] is input 4i + c's */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]),
+                             _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x44), _mm512_shuffle_ps(c[0], c[1], 0xEE));
+}
+
+static ALWAYS_INLINE int paged_decode_f32_tiles(
+    const float *restrict query, const float *restrict k, const int32_t *restrict table, int h,
+    int first, int len, int64_t blocks, int block_tokens, float *restrict scores, int n, int group,
+    int head_dim) {
+    if (head_dim % 16) return first;
+    const int row_bytes = head_dim * (int)sizeof(float);
+    int t = first;
+    for (; t + 16 <= len; t += 16) {
+        const float *rows[16];
+        for (int j = 0; j < 16; j++) rows[j] = ROW(k, t + j);
+        if (t + AHEAD + 16 <= len)
+            for (int j = 0; j < 16; j++) prefetch_rows(ROW(k, t + AHEAD + j), row_bytes);
+        for (int g = 0; g < group; g++) {
+            const float *qg = query + g * head_dim;
+            __m512 v[16];
+            for (int j = 0; j < 16; j++) {
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(rows[j]));
+                for (int d = 16; d < head_dim; d += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), _mm512_loadu_ps(rows[j] + d), acc);
+                v[4 * (j % 4) + j / 4] = acc;
+            }
+            _mm512_storeu_ps(scores + g * n + t - first, sum_lanes16(v));
+        }
+    }
+    return t;
+}
+#else
+#define paged_decode_f32_tiles(query, k, table, h, first, ...) (first)
+#endif
+#define paged_decode_bf16_tiles(query, k, table, h, first, ...) (first)
+
 /* One sequence's query heads of KV head h (`group` of them, head_dim wide) against its
  * context [first, len). Inlined into one copy per common (group, head_dim) below: with both
  * known the dot products are unrolled, a key row is loaded once for the whole group, and
@@ -100,8 +162,11 @@ static inline void prefetch_rows(const void *start, int bytes) {
         float *restrict acc, float *restrict lse, int group, int head_dim) {                       \
         const int n = len - first, row_bytes = head_dim * (int)sizeof(T);                         \
         for (int i = 0; i < group * head_dim; i++) query[i] = LOAD(q[row + i]) * scale;           \
-        /* Four keys at a time: four independent sums per query head, not one chain. */            \
-        int t = first;                                                                             \
+        /* the first keys, which no later key's prefetch covers */                                 \
+        for (int i = first; i < first + AHEAD && i < len; i++) prefetch_rows(ROW(k, i), row_bytes); \
+        /* The keys the tiles left, four at a time: four independent sums per head, not one chain. */ \
+        int t = NAME##_tiles(query, k, table, h, first, len, blocks, block_tokens, scores, n, group, \
+                             head_dim);                                                            \
         for (; t + 4 <= len; t += 4) {                                                             \
             const T *k0 = ROW(k, t), *k1 = ROW(k, t + 1), *k2 = ROW(k, t + 2), *k3 = ROW(k, t + 3); \
             if (t + AHEAD + 4 <= len) prefetch_rows(ROW(k, t + AHEAD), 4 * row_bytes);             \
@@ -129,6 +194,7 @@ static inline void prefetch_rows(const void *start, int bytes) {
                 scores[g * n + t - first] = dot;                                                   \
             }                                                                                      \
         }                                                                                          \
+        for (int i = first; i < first + AHEAD && i < len; i++) prefetch_rows(ROW(v, i), row_bytes); \
         for (int g = 0; g < group; g++) {                                                          \
             float *sg = scores + g * n, top = -INFINITY, sum = 0.f;                                \
             _Pragma("omp simd reduction(max : top)") for (int i = 0; i < n; i++) top =             \

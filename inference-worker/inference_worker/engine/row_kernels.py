@@ -28,7 +28,8 @@ class RowKernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._rms_norm, self._rope = library.rms_norm_f32, library.rope_f32
         self._rms_norm.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_ptr, _c_int64, _c_int, ctypes.c_float, _c_int]
-        self._rope.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_int64, *[_c_ptr] * 4, _c_int64, *[_c_int] * 4]
+        self._rope.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_int64, *[_c_ptr] * 4, _c_int64, *[_c_int] * 4,
+                               _c_ptr, _c_int64, *[_c_ptr] * 3, _c_int64]  # fmt: skip
         self._rms_norm.restype = self._rope.restype = _c_int
 
     @staticmethod
@@ -49,6 +50,41 @@ class RowKernels:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q * cos + rotate_half(q) * sin and the same of k, both contiguous: q [tokens,
         heads, D], k [tokens, kv_heads, D] (heads contiguous in a row), cos, sin [tokens, 1, D]."""
+        return self._rope_call(q, k, cos, sin, (None, 0, None, None, None, 0))
+
+    def rope_into_pool(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rope`, and the rotated k and v [tokens, kv_heads, D] written into one layer of the
+        paged pool (k_pool, v_pool [kv_heads, blocks, B, D], contiguous) at `slots` [tokens]
+        int64: what PagedKV.write does, in the same call."""
+        if not (k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.shape == v_pool.shape) or any(
+            t.dtype != torch.float32 for t in (v, k_pool, v_pool)
+        ):
+            raise ValueError("rope_into_pool writes contiguous fp32 pool layers of one shape")
+        if v.shape != k.shape or v.stride(2) != 1 or v.stride(1) != v.shape[2]:
+            raise ValueError("v must be [tokens, kv_heads, D] like k, heads contiguous in a row")
+        if slots.dtype != torch.int64 or slots.shape != (q.shape[0],) or not slots.is_contiguous():
+            raise ValueError(f"slots must be int64 [{q.shape[0]}], not {slots.dtype} {list(slots.shape)}")
+        pool = (k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), k_pool.shape[1] * k_pool.shape[2])
+        return self._rope_call(q, k, cos, sin, (v.data_ptr(), v.stride(0), *pool))
+
+    def _rope_call(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        write: tuple[int | None, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         tokens, heads, dim = q.shape
         if any(t.stride(2) != 1 or t.stride(1) != dim for t in (q, k)) or not (
             cos.is_contiguous() and sin.is_contiguous()
@@ -57,9 +93,11 @@ class RowKernels:
         q_out, k_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
         status = self._rope(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), cos.data_ptr(), sin.data_ptr(),
                             q_out.data_ptr(), k_out.data_ptr(), tokens, heads, k.shape[1], dim,
-                            torch.get_num_threads())  # fmt: skip
-        if status:
+                            torch.get_num_threads(), *write)  # fmt: skip
+        if status == 1:
             raise ValueError(f"rope needs an even head dimension, not {dim}")
+        if status:
+            raise ValueError("a slot outside the pool")
         return q_out, k_out
 
 
@@ -88,13 +126,19 @@ def _probe(kernels: RowKernels) -> str | None:
     """Why the kernels disagree with torch's ops on a small case, or None."""
     generator = torch.Generator().manual_seed(0)
     x, weight = torch.randn(3, 40, generator=generator), torch.randn(40, generator=generator)
-    qkv = torch.randn(3, 7, 8, generator=generator)
+    qkv = torch.randn(3, 8, 8, generator=generator)  # q: 4 heads, k and v: 2
     (q, k), (cos, sin) = (qkv[:, :4], qkv[:, 4:6]), torch.randn(2, 3, 1, 8, generator=generator)
+    v, slots = qkv[:, 6:], torch.tensor([5, 0, 3])
+    pool = torch.zeros(2, 2, 4, 2, 8)  # K and V: 2 KV heads, 4 blocks of 2 tokens
+    kernels.rope_into_pool(q, k, v, cos, sin, pool[0], pool[1], slots)
+    want_k = torch_rope(q, k, cos, sin)[1]
+    written = pool.view(2, 2, -1, 8)[:, :, slots].transpose(1, 2)  # [K/V, tokens, kv_heads, D]
     errors = {
         "rms_norm": (kernels.rms_norm(x, weight, 1e-5) - torch_rms_norm(x, weight, 1e-5)).abs().max(),
         "rope": max(
             (a - b).abs().max() for a, b in zip(kernels.rope(q, k, cos, sin), torch_rope(q, k, cos, sin))
         ),
+        "rope_into_pool": (written - torch.stack([want_k, v])).abs().max(),
     }
     wrong = [
         f"{name} (max error {float(e):.3g})" for name, e in errors.items() if not float(e) <= _PROBE_TOLERANCE

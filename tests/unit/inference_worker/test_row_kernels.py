@@ -1,6 +1,7 @@
 """The C RMSNorm and RoPE (row_ops.c) against transformers' own ops: RoPE to the bit, RMSNorm
 within a rounding of its sum (torch sums in another order), at 1, 16 and 600 rows, reading
-q and k as the fused projection leaves them (strided rows); the fallbacks."""
+q and k as the fused projection leaves them (strided rows); RoPE writing K and V into the
+paged pool as PagedKV.write does; the fallbacks."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
+from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.row_kernels import UNAVAILABLE_VARIABLE, RowKernels, load_row_kernels
+from inference_worker.model_geometry import ModelGeometry
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 576, 9, 3, 64  # SmolLM2-135M's
 
@@ -71,3 +74,48 @@ def test_without_a_compiler_torchs_ops_stay(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "kernels"))
     loaded, choice = load_row_kernels.__wrapped__()
     assert loaded is None and "no-such-compiler" in choice.reason and "RMSNorm" in choice.reason
+
+
+@pytest.mark.parametrize("rows", [1, 16, 600])
+def test_rope_into_pool_writes_what_paged_kv_writes(kernels: RowKernels, rows: int) -> None:
+    """The rotated k and v land in the slots `PagedKV.write` puts them in, bit for bit, and
+    q, k come back as `rope` gives them."""
+    generator = torch.Generator().manual_seed(rows)
+    fused = torch.randn(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=generator)
+    q, k, v = fused.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
+    q, k, v = (
+        q.view(rows, HEADS, HEAD_DIM),
+        k.view(rows, KV_HEADS, HEAD_DIM),
+        v.view(rows, KV_HEADS, HEAD_DIM),
+    )
+    cos, sin = torch.randn(2, rows, 1, HEAD_DIM, generator=generator)
+    geometry = ModelGeometry(2, HEADS, KV_HEADS, HEAD_DIM, max_positions=2048, vocab_size=300)
+    want, got = (PagedKV(geometry, 80, 16, torch.float32, torch.device("cpu")) for _ in range(2))
+    for pool in (want.k, want.v, got.k, got.v):
+        pool.zero_()  # allocated, not cleared
+    slots = torch.randperm(80 * 16, generator=generator)[:rows]  # scattered, as block tables are
+    want_q, want_k = kernels.rope(q, k, cos, sin)
+    want.write(1, slots, want_k, v)
+    got_q, got_k = kernels.rope_into_pool(q, k, v, cos, sin, got.k[1], got.v[1], slots)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+
+
+def test_rope_into_pool_refuses_a_slot_outside_the_pool_and_writes_nothing(kernels: RowKernels) -> None:
+    q, k, cos = (
+        torch.randn(2, HEADS, HEAD_DIM),
+        torch.randn(2, KV_HEADS, HEAD_DIM),
+        torch.randn(2, 1, HEAD_DIM),
+    )
+    pool = torch.zeros(2, KV_HEADS, 4, 16, HEAD_DIM)  # K and V of one layer: 64 slots
+    with pytest.raises(ValueError, match="outside the pool"):
+        kernels.rope_into_pool(q, k, k, cos, cos, pool[0], pool[1], torch.tensor([3, 64]))
+    with pytest.raises(ValueError, match="outside the pool"):
+        kernels.rope_into_pool(q, k, k, cos, cos, pool[0], pool[1], torch.tensor([-1, 3]))
+    assert not pool.any()
+    with pytest.raises(ValueError, match="fp32 pool"):
+        kernels.rope_into_pool(
+            q, k, k, cos, cos, pool[0].bfloat16(), pool[1].bfloat16(), torch.tensor([0, 1])
+        )
+    with pytest.raises(ValueError, match="slots must be int64"):
+        kernels.rope_into_pool(q, k, k, cos, cos, pool[0], pool[1], torch.tensor([0, 1], dtype=torch.int32))
