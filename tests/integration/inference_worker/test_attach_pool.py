@@ -14,29 +14,23 @@ never a wrong token."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-import redis.asyncio as aioredis
 import torch
-from far_kv_checks import decode, lending
+from far_kv_checks import decode, lending, lent_bytes, run_turn
 from polling import poll
 from running_daemon import MiB, running_daemon
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from attnstore.kvstore_client import KVStoreClient
-from attnstore.pool_ledger import PoolLedger
 from attnstore.server.ports import free_port
-from attnstore.server.redis_process import RedisProcess
 from attnstore.worker.v1 import micro_attention_pb2 as mpb
-from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
-from attnstore.worker.v1 import worker_pb2 as wpb
+from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
@@ -49,31 +43,6 @@ from kvstore_daemon.launcher import DaemonProcess
 PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS, SEGMENT_TOKENS, CHUNK_TOKENS = 150, 8, 48, 40, 16
 KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 16 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
 CHUNK_HEADER_BYTES = 4096  # a generous bound on one chunk's bytes beyond its K and V
-
-
-def lent_bytes(redis_url: str, daemon: DaemonProcess) -> int:
-    """What the pool's ledger says `daemon` lends now."""
-
-    async def read() -> int:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            entries = {e.grpc_address: e for e in await PoolLedger.reader(client).members()}
-        finally:
-            await client.aclose()
-        return entries[daemon.address].lent_bytes if daemon.address in entries else -1
-
-    return asyncio.run(read())
-
-
-@pytest.fixture
-def pool(tmp_path: Path, redis_installed: None) -> Iterator[tuple[str, Path]]:
-    """The pool's ledger (a private Redis): its URL, and the test's folder."""
-    redis_server = RedisProcess(tmp_path / "redis")
-    redis_server.start()
-    try:
-        yield redis_server.url, tmp_path
-    finally:
-        redis_server.stop()
 
 
 def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess, **limits: object):
@@ -237,16 +206,3 @@ def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
         assert outcome["tokens"] == generated
         assert "far_segment_attached" in homes["home"].log_path.read_text()
         assert lending(channel).held_bytes == 0  # released after the turn
-
-
-def run_turn(address: str, prompt: list[int], max_tokens: int, outcome: dict[str, object]) -> None:
-    """A greedy ExecuteTurn; its tokens, or its error, in `outcome`."""
-    with grpc.insecure_channel(address) as channel:
-        request = wpb.ExecuteTurnRequest(tenant="t", prompt_token_ids=wpb.TokenIds(token_ids=prompt),
-                                         sampling=wpb.SamplingParams(max_tokens=max_tokens))  # fmt: skip
-        try:
-            replies = list(worker_pb2_grpc.WorkerStub(channel).ExecuteTurn(request, timeout=240))
-        except grpc.RpcError as exc:
-            outcome["error"] = exc
-            return
-    outcome["tokens"] = [r.token.token_id for r in replies[:-1]]
