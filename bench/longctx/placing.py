@@ -1,13 +1,16 @@
 """The cost of placing a far segment on a peer, each way: appended to the peer worker
-(AppendKV, the default) vs attached through the peer's daemon (attach.py: the chunks put
-there as lent to the home, durable, then read once by the worker, every layer checked).
+(AppendKV, the default: the peer, which has a daemon, puts each piece there as chunks lent
+to the home before answering: lent_chunks.py) vs attached through the peer's daemon
+(attach.py: the chunks put there by the home as lent to it, durable, then read once by the
+worker, every layer checked).
 
-Bytes are payload bytes on the wire: the KV once when appended; the chunks (KV plus
-headers) twice when attached (home to daemon, daemon to worker). Times are wall times of
-the whole placement as a long turn pays it, the fastest of `repeats` (both ways
-interleaved), from KV already computed here: for attaching, encoding the chunks,
-registering the namespace, the durable put, AttachChunks and the digest check; for
-appending, the pieces' AppendKV calls and the digests.
+Bytes are payload bytes from the home: the KV once when appended (the peer's put to its
+own daemon goes over the node's shared memory); the chunks (KV plus headers) twice when
+attached (home to daemon, daemon to worker). Times are wall times of the whole placement
+as a long turn pays it, the fastest of `repeats` (both ways interleaved), from KV already
+computed here: for attaching, encoding the chunks, registering the namespace, the durable
+put, AttachChunks and the digest check; for appending, the pieces' AppendKV calls (the
+peer's put included) and the digests.
 """
 
 from __future__ import annotations
