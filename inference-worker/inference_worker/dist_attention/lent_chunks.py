@@ -22,6 +22,7 @@ Decisions:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import Callable
@@ -81,7 +82,10 @@ class LentChunks:
         namespace = lent_namespace(layers, kv_heads, dim, k.dtype, self._chunk_tokens)
         keys = lent_keys(self._salt, segment_id, start, start + tokens, self._chunk_tokens)
         kv = [(k[layer].transpose(0, 1), v[layer].transpose(0, 1)) for layer in range(layers)]
-        chunks = encode_chunks(namespace, keys, kv, self._chunk_tokens, start, include_partial=True)
+        # off the server's loop: an 8 MB piece's copy into chunks would hold up its other calls
+        chunks = await asyncio.to_thread(
+            encode_chunks, namespace, keys, kv, self._chunk_tokens, start, include_partial=True
+        )
         try:
             if namespace not in self._registered:
                 await self._kvstore.register_namespace(namespace, num_layers=layers, kv_heads=kv_heads, head_dim=dim,
