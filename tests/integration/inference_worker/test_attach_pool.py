@@ -274,7 +274,7 @@ def test_a_home_killed_mid_turn_leaves_nothing_lent_after_the_idle_ttl(
     with (
         running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as daemon,
         running_workers(root, tiny_model.model_dir,
-                        {"lender": lender_settings(daemon, attach=False, segment_idle_ttl_seconds=5.0)}) as lenders,
+                        {"lender": lender_settings(daemon, attach=False, segment_idle_ttl_seconds=8.0)}) as lenders,
     ):  # fmt: skip
         lender = lenders["lender"]
         home = {"kv_memory_bytes": 256 * KV_BYTES_PER_TOKEN,
