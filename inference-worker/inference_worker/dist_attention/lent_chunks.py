@@ -102,8 +102,9 @@ class LentChunks:
         if put.no_space or put.in_progress:
             await self._delete(namespace, put.stored)
             raise ResourceExhausted(
-                f"this node's KV-store daemon lends no more: {len(put.no_space)} of {len(keys)} chunks past its "
-                f"lending limits, {len(put.in_progress)} in progress"
+                f"this node's KV-store daemon has no room for the lent KV: {len(put.no_space)} of {len(keys)} "
+                f"chunks refused (past its lending limits, or no DRAM to stage them), {len(put.in_progress)} "
+                "in progress"
             )
         self.remember(segment_id, namespace, keys)
         return namespace, keys

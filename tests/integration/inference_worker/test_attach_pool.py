@@ -291,3 +291,40 @@ def test_a_home_killed_mid_turn_leaves_nothing_lent_after_the_idle_ttl(
         poll(lambda: lent_bytes(redis_url, daemon) > 0, "the dead home's far KV lent in the ledger")
         poll(lambda: held(lender) == 0, "the dead home's segments dropped as idle", timeout_seconds=30)
         poll(lambda: lent_bytes(redis_url, daemon) == 0, "nothing lent after the home died")
+
+
+def test_an_append_past_the_lending_limits_drops_the_whole_segment(
+    tmp_path: Path, tiny_model: LoadedModel
+) -> None:
+    """The first piece of a segment fits the daemon's lending ceiling, the second does not:
+    RESOURCE_EXHAUSTED, and the worker keeps nothing of the segment, its first piece's
+    chunks deleted from the daemon too (nothing lent for KV nobody holds)."""
+    piece_tokens = 512  # 32 chunks of 16 KiB: 512 KiB lent
+    # 512 KiB of the 64 MiB SSD, so the first piece fills it (the daemon checks each chunk of a put
+    # against what it lent before that put); small DRAM blocks to stage 32 chunks; a daemon that
+    # replaces borrowed chunks (the default) would evict the first piece's instead of refusing.
+    ceiling = {
+        "pool_max_lent_fraction": 0.5 / 64,
+        "dram_block_bytes": 64 * 1024,
+        "pool_replace_borrowed": False,
+    }
+    with (
+        running_daemon(tmp_path, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ceiling) as daemon,
+        running_lender(tmp_path, tiny_model, daemon, attach=False) as started,
+        KVStoreClient(daemon.address) as client,
+        peer_channel(started["lender"].address) as channel,
+    ):
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+        kv = to_wire(torch.randn(3, piece_tokens, 2, 16))
+        first = stub.AppendKV(
+            mpb.AppendKVRequest(segment_id="s", start_position=0, keys=kv, values=kv, home="home"), timeout=30
+        )
+        assert first.chunk_keys and lending(channel).held_bytes > 0
+        assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == len(first.chunk_keys)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.AppendKV(mpb.AppendKVRequest(segment_id="s", start_position=piece_tokens, keys=kv, values=kv,
+                                              home="home"), timeout=30)  # fmt: skip
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "lending limits" in refused.value.details()
+        assert lending(channel).held_bytes == 0
+        assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == 0
