@@ -33,7 +33,6 @@ import torch
 
 from attnstore.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError
-from inference_worker.dist_attention.attach import borrower_name
 from inference_worker.kv_codec import DTYPE_NAMES, encode_chunks
 
 log = structlog.get_logger("dist_attention.lent_chunks")
@@ -70,10 +69,10 @@ class LentChunks:
         self._chunks: dict[str, tuple[bytes, list[bytes]]] = {}  # segment id -> (namespace, keys)
 
     async def put(
-        self, segment_id: str, start: int, k: torch.Tensor, v: torch.Tensor, home: str
+        self, segment_id: str, start: int, k: torch.Tensor, v: torch.Tensor, borrower: str
     ) -> tuple[bytes, list[bytes]]:
         """Puts K, V [layers, n, kv_heads, D] at positions [start, +n) of `segment_id` in
-        the daemon as lent to `home`; their namespace and keys (empty: no daemon). Raises
+        the daemon as lent to `borrower`; their namespace and keys (empty: no daemon). Raises
         ResourceExhausted (past the daemon's lending limits, or its namespaces full),
         InvalidArgument (a layout it refuses), Unavailable (no answer)."""
         if self._kvstore is None:
@@ -92,8 +91,11 @@ class LentChunks:
                                                        chunk_tokens=self._chunk_tokens, dtype=DTYPE_NAMES[k.dtype])  # fmt: skip
                 self._registered.add(namespace)
             put = await self._kvstore.put_chunks(namespace, list(zip(keys, chunks, strict=True)),
-                                                 borrower=borrower_name(home))  # fmt: skip
+                                                 borrower=borrower)  # fmt: skip
         except grpc.RpcError as exc:
+            self._registered.discard(
+                namespace
+            )  # the daemon may have restarted or forgotten it: again next time
             meant = _DAEMON_REFUSALS.get(exc.code(), Unavailable)  # a layout it refuses: the caller's KV
             raise meant(f"this worker's KV-store daemon did not take the lent KV: {exc.code().name} "
                         f"{exc.details()}") from exc  # fmt: skip

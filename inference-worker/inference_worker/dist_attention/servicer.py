@@ -54,9 +54,9 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
             self._held.append, request.segment_id, request.start_position, k, v, request.home
         )
         try:
-            namespace, keys = await self._lent.put(
-                request.segment_id, request.start_position, k, v, request.home
-            )
+            # an unnamed home counts against its host, as a daemon's borrower defaults to its host name
+            borrower = request.home or peer_host(context.peer())
+            namespace, keys = await self._lent.put(request.segment_id, request.start_position, k, v, borrower)
         except ServiceError:
             # Not lent through the ledger, not held: the home places the segment elsewhere.
             self._held.release(request.segment_id)
@@ -145,6 +145,13 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     ) -> pb.RecallKVResponse:
         moved = await asyncio.to_thread(self._swaps.recall, request.creditor, request.max_bytes)
         return pb.RecallKVResponse(moved_bytes=moved)
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer ("ipv4:10.0.0.7:5000", "ipv6:[::1]:5000"; else as given)."""
+    _, _, address = peer.partition(":")
+    host = address.rpartition(":")[0] if address.count(":") else address
+    return host.strip("[]") or peer
 
 
 def add_to_server(
