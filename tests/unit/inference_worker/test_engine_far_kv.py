@@ -95,9 +95,7 @@ async def run_split(
         return batch
 
     paged.prepare = counted  # type: ignore[method-assign]
-    engine = Engine(
-        paged, BlockPool(64, BLOCK), max_batch_tokens=draw.choice(budgets), max_batch_sequences=4
-    )
+    engine = Engine(paged, BlockPool(64, BLOCK), max_batch_tokens=draw.choice(budgets), max_batch_sequences=4)
     try:
         far_outputs, plain_outputs = await asyncio.gather(
             collect(engine, near), collect(engine, Sequence.of(plain, max_new_tokens=NEW_TOKENS))
