@@ -16,8 +16,9 @@ ports standing for nodes, each lending a capped KV memory (MicroAttention):
               --quick 4k and 16k) and 256 here: bytes on the wire and step time with the
               partials computed on the peer vs its KV pulled each step
   placing     placing a far segment of 4k and 16k tokens on a peer: appended to the
-              worker (AppendKV) vs attached through its daemon (placing.py): bytes moved
-              and time each way
+              worker (AppendKV, which lends it through its daemon) vs attached through
+              its daemon (placing.py): bytes moved and time each way; beside them
+              appended to a peer without a daemon (nothing lent through a ledger)
   dgfm        the remote share of blocks per period in the drift simulation
               (dgfm_sim.py), without DGFM and with its swaps every 10 steps
   capacity    the longest context served when each node keeps `--node-tokens` tokens of
@@ -298,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
                 document["decode"] = bench_decode(model, peers[0], remote, steps=3 if args.quick else 8)
                 document["placing"] = bench_placing(
                     DistributedRunner(model), peers[0].address, ready_channel(peers[0].address),
-                    [4096, 16384], repeats=2 if args.quick else 5,
+                    (peers[1].address, ready_channel(peers[1].address)), [4096, 16384],
+                    repeats=2 if args.quick else 5,
                 )  # fmt: skip
                 document["capacity"] = {
                     "1_node": longest_context(model, [], node_tokens),
@@ -320,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         "place_time_ratio_attach_vs_append_16k": document["placing"]["16k"]["time_ratio_attach_vs_append"],
         "place_bytes_ratio_attach_vs_append_16k": document["placing"]["16k"]["bytes_ratio_attach_vs_append"],
+        "place_time_ratio_lent_vs_unlent_16k": document["placing"]["16k"]["time_ratio_append_vs_unlent"],
         "max_abs_logit_error_3_nodes": capacity["3_nodes"]["max_abs_logit_error"],
         "dgfm_remote_share_last_period_without": document["dgfm"]["without"][-1],
         "dgfm_remote_share_last_period_with": document["dgfm"]["with"][-1],
@@ -346,7 +349,8 @@ def format_table(document: dict[str, Any]) -> str:
     for name, row in document["placing"].items():
         lines.append(f"  {name:>4} append {row['append']['bytes'] / 1e6:7.1f} MB {row['append']['ms']:8.1f} ms   "
                      f"attach {row['attach']['bytes'] / 1e6:7.1f} MB {row['attach']['ms']:8.1f} ms   "
-                     f"time x{row['time_ratio_attach_vs_append']:.2f}")  # fmt: skip
+                     f"time x{row['time_ratio_attach_vs_append']:.2f}   "
+                     f"append unlent {row['append_unlent']['ms']:8.1f} ms (lent x{row['time_ratio_append_vs_unlent']:.2f})")  # fmt: skip
     dgfm = document["dgfm"]
     lines.append(f"remote share of blocks per period (simulation, forced {dgfm['forced']:.3f}): "
                  f"without DGFM {dgfm['without']}, with {dgfm['with']}")  # fmt: skip

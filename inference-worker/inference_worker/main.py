@@ -139,7 +139,11 @@ async def run_worker(settings: WorkerSettings) -> None:
     servicer = WorkerServicer(engine, template, limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     micro_attention_service = micro_attention.add_to_server(
-        engine.long_turns.swaps, kvstore, server, settings.long_context.advertise_kvstore_address
+        engine.long_turns.swaps,
+        kvstore,
+        settings.chunk_tokens,
+        server,
+        settings.long_context.advertise_kvstore_address,
     )
     await serve(
         server,

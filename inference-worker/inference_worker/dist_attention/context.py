@@ -79,6 +79,7 @@ class LongContext:
         self.token_ids: list[int] = []
         self.places: list[KVPlace] = []
         self.lost: set[str] = set()
+        self.last_loss = ""  # why the last peer was lost, for the error when none is left
         self.recomputations = 0
         self.new_tokens_left = 0
 
@@ -176,6 +177,7 @@ class LongContext:
         """Its segments are recomputed on the peers left (the caller's next step)."""
         log.warning("dist_attention_peer_lost", sequence=self.name, error=str(lost))
         self.lost.add(lost.address)
+        self.last_loss = str(lost)
         self.recomputations += 1
 
     def _prefill(self, upto: int) -> torch.Tensor:
@@ -197,7 +199,9 @@ class LongContext:
             plans = plan_segments(context, self.local_tokens, room, self.segment_tokens)
         except ContextTooLong as exc:
             if self.lost:
-                raise ContextUnavailable(f"peers {sorted(self.lost)} were lost and {exc}") from exc
+                raise ContextUnavailable(
+                    f"peers {sorted(self.lost)} were lost (the last: {self.last_loss}) and {exc}"
+                ) from exc
             raise
         return plans
 

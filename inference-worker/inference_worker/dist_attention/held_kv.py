@@ -11,8 +11,8 @@ Limits: the bytes held (an append past `max_held_bytes` is refused whole), the q
 tokens of one call, and the key tokens attended at once (`max_inflight_key_tokens`, the
 compute lent: a call that would pass it is refused at once rather than queued, so a
 borrower's decode step never waits behind another's; the caller pulls the KV instead).
-A segment no call touched for `segment_idle_ttl_seconds` is dropped at the next append
-(a dead borrower cannot pin lent memory). Each partial comes back with the digests of the
+A segment no call touched for `segment_idle_ttl_seconds` is dropped at the next append or
+the servicer's next sweep (a dead borrower cannot pin lent memory). Each partial comes back with the digests of the
 layer's KV it attended (CRC-32 of each segment's keys and values, kept as they are
 appended): the segment's home checks them against what it uploaded. Methods run on worker threads (torch releases
 the GIL); one lock guards the tables.
@@ -207,6 +207,11 @@ class HeldKV:
         if segment is not None:
             self._held_bytes -= segment.nbytes
         return segment is not None
+
+    def drop_idle(self) -> None:
+        """Drops the segments no call touched for the idle TTL (their home died)."""
+        with self._lock:
+            self._drop_idle()
 
     def _drop_idle(self) -> None:
         oldest = self._clock() - self.limits.segment_idle_ttl_seconds

@@ -123,8 +123,9 @@ class Traffic:
 
 @dataclass(frozen=True)
 class AttachedChunks:
-    """Where an attached segment's KV lies in its peer's daemon (attach.py): what the peer
-    reads again to re-make the segment after it restarted."""
+    """Where a segment's KV lies in its peer's daemon (put by the home: attach.py; or by
+    the peer as it was appended: lent_chunks.py): what the peer reads again to re-make the
+    segment after it restarted."""
 
     namespace: bytes
     keys: list[bytes]
@@ -143,7 +144,8 @@ class RemoteSegment:
     timeout_seconds: float
     digests: tuple[int, ...]  # per layer, of the KV uploaded (wire.layer_digest)
     force: Mode | None = None  # a fixed mode (benchmarks); None = the cost model decides
-    attached: AttachedChunks | None = None  # None: appended (AppendKV), lost with its peer's memory
+    # None: lost with its peer's memory (a peer with no daemon); else its chunks there
+    attached: AttachedChunks | None = None
     costs: CostModel = field(default_factory=CostModel)
     traffic: Traffic = field(default_factory=Traffic)
 
@@ -159,12 +161,15 @@ class RemoteSegment:
     ) -> RemoteSegment:
         """Appends `local`'s KV to the peer in pieces, named as borrowed by `home` (this
         worker's advertised address); the peer's segment. The upload's throughput is the
-        link bandwidth the cost model starts from."""
+        link bandwidth the cost model starts from. A peer with a daemon lends it through
+        its node's ledger as chunks (AppendKVResponse.chunk_keys): the segment is then
+        re-attached from them after the peer restarts, as an attached one."""
         stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
         layers, _, kv_heads, dim = local.k.shape
         per_token = 2 * layers * kv_heads * dim * local.k.element_size()
         piece = max(1, _APPEND_PIECE_BYTES // per_token)
         costs = CostModel()
+        namespace, keys = b"", []
         for offset in range(0, local.tokens, piece):
             k = local.k[:, offset : min(offset + piece, local.tokens)]
             v = local.v[:, offset : min(offset + piece, local.tokens)]
@@ -173,9 +178,12 @@ class RemoteSegment:
                 home=home,
             )  # fmt: skip
             started = time.perf_counter()
-            _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
+            reply = _call(stub.AppendKV, request, timeout_seconds, address, local.start, local.stop)
             costs.observe_transfer(request.ByteSize(), time.perf_counter() - started)
-        return cls.placed(address, stub, segment_id, local, timeout_seconds, costs)
+            namespace = reply.chunk_namespace
+            keys.extend(reply.chunk_keys)
+        attached = AttachedChunks(namespace, keys, home) if keys else None
+        return cls.placed(address, stub, segment_id, local, timeout_seconds, costs, attached)
 
     @classmethod
     def placed(
@@ -229,13 +237,9 @@ class RemoteSegment:
             segment_id=self.segment_id, namespace=self.attached.namespace, chunk_keys=self.attached.keys,
             home=self.attached.home,
         )  # fmt: skip
-        try:
-            reply = self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=True)
-        except grpc.RpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE:
-                raise
-            # the peer died during the call: once more, waiting for it (a restart)
-            reply = self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=True)
+        reply = _again_if_cut_off(
+            lambda: self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=True)
+        )
         if (reply.start_position, reply.segment_tokens, tuple(reply.layer_digests)) != (
             self.start, self.tokens, self.digests
         ):  # fmt: skip
@@ -364,19 +368,29 @@ def _reattaching(segments: Sequence[RemoteSegment], call: Callable[[], T]) -> T:
     """`call()`, for segments that are all attached made again when their peer failed in a
     way a restart explains: the call cut off (UNAVAILABLE: the peer died during it; made
     again, it waits for the peer: wait_for_ready in `_call`), or the peer no longer holds
-    them (NOT_FOUND: each re-attached from its daemon first). At most twice more (cut
-    off, then forgotten); any other error, or one on appended segments, is raised."""
-    retries = 2 if _all_attached(segments) else 0
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            if not retries or exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
-                raise
-            if exc.code() is grpc.StatusCode.NOT_FOUND:
-                for segment in segments:
-                    segment.reattach()
-            retries -= 1
+    them (NOT_FOUND: each re-attached from its daemon first, then made again). Any other
+    error, or one on appended segments, is raised."""
+    if not _all_attached(segments):
+        return call()
+    try:
+        return _again_if_cut_off(call)
+    except grpc.RpcError as exc:
+        if exc.code() is not grpc.StatusCode.NOT_FOUND:
+            raise
+    for segment in segments:
+        segment.reattach()
+    return _again_if_cut_off(call)
+
+
+def _again_if_cut_off(call: Callable[[], T]) -> T:
+    """`call()`, made once more when the peer died during it (UNAVAILABLE); callers wait
+    for a peer that is down (wait_for_ready), so a restarting one answers the second time."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+            raise
+        return call()
 
 
 def _all_attached(segments: Sequence[RemoteSegment]) -> bool:

@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
-import structlog
 import torch
 
 from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError
@@ -18,37 +17,72 @@ from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.daemon_source import read_chunks
 from inference_worker.dist_attention.dgfm import DebtSwaps
+from inference_worker.dist_attention.lent_chunks import LentChunks
 from inference_worker.dist_attention.wire import from_wire, to_wire
 
-log = structlog.get_logger("dist_attention.servicer")
-
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
+# Idle segments are looked for every quarter of their TTL, within these bounds.
+_MIN_SWEEP_SECONDS, _MAX_SWEEP_SECONDS = 0.5, 30.0
 
 
 class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     def __init__(
-        self, swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None, kvstore_address: str = ""
+        self,
+        swaps: DebtSwaps,
+        kvstore: AsyncKVStoreClient | None,
+        chunk_tokens: int,
+        kvstore_address: str = "",
     ) -> None:
-        """`kvstore_address`: the daemon's address as other workers reach it, reported in
-        DescribeLending (long_context.advertise_kvstore_address; empty: none)."""
+        """`kvstore`: this node's daemon, through which every segment held here is lent
+        (lent_chunks.py; None: lent outside any ledger); `chunk_tokens`: tokens per chunk
+        put there; `kvstore_address`: the daemon's address as other workers reach it,
+        reported in DescribeLending (long_context.advertise_kvstore_address; empty: none)."""
         self._swaps = swaps
         self._held = swaps.held
         self._kvstore = kvstore
         self._kvstore_address = kvstore_address
-        # Attached segments' chunks (namespace, keys), deleted from the daemon once the segment
-        # is gone (_delete_released_chunks): the daemon counts them as lent until then.
-        self._attached: dict[str, tuple[bytes, list[bytes]]] = {}
+        self._lent = LentChunks(kvstore, chunk_tokens)
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def AppendKV(
         self, request: pb.AppendKVRequest, context: grpc.aio.ServicerContext
     ) -> pb.AppendKVResponse:
+        self._start_sweeping()
         k = from_wire(request.keys, "keys", 4)
         v = from_wire(request.values, "values", 4)
         segment = await asyncio.to_thread(
             self._held.append, request.segment_id, request.start_position, k, v, request.home
         )
-        await self._delete_released_chunks()  # the append may have dropped idle segments
-        return pb.AppendKVResponse(segment_tokens=segment.tokens, held_bytes=self._held.held_bytes)
+        try:
+            # an unnamed home counts against its host, as a daemon's borrower defaults to its host name
+            borrower = request.home or peer_host(context.peer())
+            namespace, keys = await self._lent.put(request.segment_id, request.start_position, k, v, borrower)
+        except ServiceError:
+            # Not lent through the ledger, not held: the home places the segment elsewhere.
+            self._held.release(request.segment_id)
+            raise
+        finally:
+            await self._lent.delete_released(self._held.holds)  # the append may have dropped idle segments
+        return pb.AppendKVResponse(
+            segment_tokens=segment.tokens, held_bytes=self._held.held_bytes, chunk_namespace=namespace,
+            chunk_keys=keys,
+        )  # fmt: skip
+
+    def _start_sweeping(self) -> None:
+        """Segments whose home died are dropped after the idle TTL even when no other call
+        comes (their chunks deleted: the ledger stops counting them); started by the first
+        segment, on the server's loop."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        period = min(
+            max(self._held.limits.segment_idle_ttl_seconds / 4, _MIN_SWEEP_SECONDS), _MAX_SWEEP_SECONDS
+        )
+        while True:
+            await asyncio.sleep(period)
+            self._held.drop_idle()
+            await self._lent.delete_released(self._held.holds)
 
     async def PartialAttention(
         self, request: pb.PartialAttentionRequest, context: grpc.aio.ServicerContext
@@ -80,10 +114,11 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     ) -> pb.AttachChunksResponse:
         if self._kvstore is None:
             raise FailedPrecondition("this worker has no KV-store daemon (kvstore_address is unset)")
+        self._start_sweeping()
         start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
         segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v, request.home)
-        self._attached[request.segment_id] = (request.namespace, list(request.chunk_keys))
-        await self._delete_released_chunks()
+        self._lent.remember(request.segment_id, request.namespace, list(request.chunk_keys))
+        await self._lent.delete_released(self._held.holds)
         return pb.AttachChunksResponse(
             segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes,
             layer_digests=self._held.layer_digests(request.segment_id),
@@ -93,21 +128,8 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         self, request: pb.ReleaseKVRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseKVResponse:
         released = self._held.release(request.segment_id)
-        await self._delete_released_chunks()
+        await self._lent.delete_released(self._held.holds)
         return pb.ReleaseKVResponse(released=released)
-
-    async def _delete_released_chunks(self) -> None:
-        """Deletes from the daemon the chunks of attached segments no longer held here
-        (released, or dropped as idle: their home died), so it stops counting them as lent."""
-        for segment_id in [s for s in self._attached if not self._held.holds(s)]:
-            attached = self._attached.pop(segment_id, None)  # another call may have taken it meanwhile
-            if attached is None or self._kvstore is None:
-                continue
-            namespace, keys = attached
-            try:
-                await self._kvstore.delete(namespace, keys)
-            except (grpc.RpcError, ServiceError) as exc:  # the daemon's eviction reclaims them
-                log.info("attached_chunks_not_deleted", segment=segment_id, error=str(exc))
 
     async def DescribeLending(
         self, request: pb.DescribeLendingRequest, context: grpc.aio.ServicerContext
@@ -125,12 +147,23 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         return pb.RecallKVResponse(moved_bytes=moved)
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer ("ipv4:10.0.0.7:5000", "ipv6:[::1]:5000"; else as given)."""
+    _, _, address = peer.partition(":")
+    host = address.rpartition(":")[0] if address.count(":") else address
+    return host.strip("[]") or peer
+
+
 def add_to_server(
-    swaps: DebtSwaps, kvstore: AsyncKVStoreClient | None, server: grpc.aio.Server, kvstore_address: str = ""
+    swaps: DebtSwaps,
+    kvstore: AsyncKVStoreClient | None,
+    chunk_tokens: int,
+    server: grpc.aio.Server,
+    kvstore_address: str = "",
 ) -> str:
-    """Registers the service (what `swaps.held` lends, DGFM's recalls; `kvstore_address`
-    as in MicroAttentionServicer); its name, for the health service."""
+    """Registers the service (what `swaps.held` lends, DGFM's recalls; the rest as in
+    MicroAttentionServicer); its name, for the health service."""
     micro_attention_pb2_grpc.add_MicroAttentionServicer_to_server(
-        MicroAttentionServicer(swaps, kvstore, kvstore_address), server
+        MicroAttentionServicer(swaps, kvstore, chunk_tokens, kvstore_address), server
     )
     return SERVICE_NAME

@@ -33,6 +33,7 @@ from inference_worker.engine.attention import (
     slots_of,
 )
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
+from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
 from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
@@ -172,12 +173,13 @@ class PagedModelRunner:
             if seq.far is not None:  # attended with its far partial (far_kv.py)
                 part.far = True
                 first = seq.positions_of(0, 1)[0]
-                if self.decode_kernel is not None and item.tokens == 1 and start > 0:
-                    # its positions follow its slots: the kernel's case, with log-sum-exp
+                if self.decode_kernel is not None and item.tokens <= FAR_KERNEL_MAX_ROWS:
+                    # its positions follow its slots: the kernel's case, with log-sum-exp, a
+                    # prefill row as a decode row whose context ends at its own token
                     far.append(
                         FarRows(seq, seq.far, rows, None, range(first, first + stop), len(far_decodes))
                     )
-                    far_decodes.append((rows.start, table, stop))
+                    far_decodes.extend((rows.start + i, table, start + i + 1) for i in range(item.tokens))
                 else:
                     context_slots = torch.tensor(
                         slots_of(table, size, 0, stop), dtype=torch.long, device=self.device

@@ -1,42 +1,40 @@
-"""Attached segments through the pool's lending path, and back after a lender restart.
+"""Far segments lent through the pool's lending path, and back after a lender restart.
 
-A sequence whose home is this test process ("home") keeps its oldest KV on a worker that
-advertises its daemon; that daemon is a member of the pool's ledger (a private Redis). The
-home puts each segment's chunks there as lent to it (ReservePut's borrower, durable): the
-ledger's entry for the daemon counts them in `lent_bytes`, the worker holds them for home
+A sequence whose home is this test process ("home") keeps its oldest KV on a worker with a
+daemon that is a member of the pool's ledger (a private Redis). Attached: the worker
+advertises its daemon and the home puts each segment's chunks there as lent to it
+(ReservePut's borrower, durable); appended (the default): the worker puts each appended
+piece there as lent to the home (lent_chunks.py). Either way the ledger's entry for the
+daemon counts them in `lent_bytes` and the worker holds them for home
 (DescribeLending.held_for, DGFM's debt). The lender worker is killed (-9) and started
 again on its port, with the same daemon: the next decode steps find their segments gone
 (NOT_FOUND), re-attach them from the daemon (digests checked) and go on within 1e-4 of
 the plain forward, recomputing nothing. Releasing the sequence deletes the chunks: the
 ledger counts nothing lent. When the daemon lost the chunks meanwhile, a restarted lender
 cannot re-attach: the sequence recomputes, or (no other peer here) fails UNAVAILABLE;
-never a wrong token."""
+never a wrong token. A daemon past its lending limits refuses an append: the home goes to
+the next peer, then fails UNAVAILABLE naming the limits. A home killed (-9) mid-turn
+leaves nothing lent once its segments are idle for their TTL."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-import redis.asyncio as aioredis
 import torch
-from far_kv_checks import decode, lending
+from far_kv_checks import decode, lending, lent_bytes, run_turn
 from polling import poll
 from running_daemon import MiB, running_daemon
 from running_workers import running_workers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from attnstore.kvstore_client import KVStoreClient
-from attnstore.pool_ledger import PoolLedger
 from attnstore.server.ports import free_port
-from attnstore.server.redis_process import RedisProcess
 from attnstore.worker.v1 import micro_attention_pb2 as mpb
-from attnstore.worker.v1 import micro_attention_pb2_grpc, worker_pb2_grpc
-from attnstore.worker.v1 import worker_pb2 as wpb
+from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.remote import RemoteSegment, peer_channel
@@ -49,49 +47,44 @@ from kvstore_daemon.launcher import DaemonProcess
 PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS, SEGMENT_TOKENS, CHUNK_TOKENS = 150, 8, 48, 40, 16
 KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 16 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
 CHUNK_HEADER_BYTES = 4096  # a generous bound on one chunk's bytes beyond its K and V
+REFUSES = {"pool_max_lent_fraction": 0.0}  # a daemon that lends nothing
 
 
-def lent_bytes(redis_url: str, daemon: DaemonProcess) -> int:
-    """What the pool's ledger says `daemon` lends now."""
-
-    async def read() -> int:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            entries = {e.grpc_address: e for e in await PoolLedger.reader(client).members()}
-        finally:
-            await client.aclose()
-        return entries[daemon.address].lent_bytes if daemon.address in entries else -1
-
-    return asyncio.run(read())
-
-
-@pytest.fixture
-def pool(tmp_path: Path, redis_installed: None) -> Iterator[tuple[str, Path]]:
-    """The pool's ledger (a private Redis): its URL, and the test's folder."""
-    redis_server = RedisProcess(tmp_path / "redis")
-    redis_server.start()
-    try:
-        yield redis_server.url, tmp_path
-    finally:
-        redis_server.stop()
-
-
-def attaching_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess, **limits: object):
-    """A worker that advertises `daemon` for attaching (micro_attention `limits`)."""
+def lender_settings(daemon: DaemonProcess, *, attach: bool = True, **limits: object) -> dict[str, object]:
+    """A worker lending through `daemon` (micro_attention `limits`), advertising it for
+    attaching when `attach` (else homes append to it)."""
     address = f"127.0.0.1:{free_port()}"
-    settings = {"listen_address": address, "kvstore_address": daemon.address, "micro_attention": limits,
-                "long_context": {"advertise_address": address, "advertise_kvstore_address": daemon.address}}  # fmt: skip
-    return running_workers(root, tiny_model.model_dir, {"lender": settings})
+    advertised = {"advertise_kvstore_address": daemon.address} if attach else {}
+    return {"listen_address": address, "kvstore_address": daemon.address, "chunk_tokens": CHUNK_TOKENS,
+            "micro_attention": limits, "long_context": {"advertise_address": address, **advertised}}  # fmt: skip
 
 
-def long_context(model: PreTrainedModel, worker: WorkerProcess, daemon: DaemonProcess) -> LongContext:
-    channel = peer_channel(worker.address)
-    attacher = ChunkAttacher(None, None, chunk_tokens=CHUNK_TOKENS, timeout_seconds=10)
-    attacher.learn(worker.address, lending(channel))
-    assert attacher.daemons == {worker.address: daemon.address}
-    return LongContext(DistributedRunner(model), {worker.address: channel}, lambda: {worker.address: 400},
-                       local_tokens=LOCAL_TOKENS, segment_tokens=SEGMENT_TOKENS, chunk_tokens=CHUNK_TOKENS,
-                       home="home", attacher=attacher)  # fmt: skip
+def running_lender(root: Path, tiny_model: LoadedModel, daemon: DaemonProcess, *, attach: bool = True,
+                     **limits: object):  # fmt: skip
+    return running_workers(
+        root, tiny_model.model_dir, {"lender": lender_settings(daemon, attach=attach, **limits)}
+    )
+
+
+def long_context(
+    model: PreTrainedModel, room: dict[str, int], daemon: DaemonProcess | None = None
+) -> LongContext:
+    """A sequence homed here over the peers of `room` (tokens each may hold): attaching
+    through `daemon` (the one peer's), else appending."""
+    channels = {address: peer_channel(address) for address in room}
+    attacher = None
+    if daemon is not None:
+        attacher = ChunkAttacher(None, None, chunk_tokens=CHUNK_TOKENS, timeout_seconds=10)
+        [(address, channel)] = channels.items()
+        attacher.learn(address, lending(channel))
+        assert attacher.daemons == {address: daemon.address}
+    return LongContext(DistributedRunner(model), channels, lambda: room, local_tokens=LOCAL_TOKENS,
+                       segment_tokens=SEGMENT_TOKENS, chunk_tokens=CHUNK_TOKENS, home="home", attacher=attacher)  # fmt: skip
+
+
+def held(worker: WorkerProcess) -> int:
+    with peer_channel(worker.address) as channel:
+        return lending(channel).held_bytes
 
 
 def restart(worker: WorkerProcess, channel: grpc.Channel) -> None:
@@ -101,17 +94,19 @@ def restart(worker: WorkerProcess, channel: grpc.Channel) -> None:
     grpc.channel_ready_future(channel).result(timeout=30)
 
 
-def test_attached_segments_are_lent_through_the_ledger_and_reattached_after_a_restart(
-    pool: tuple[str, Path], tiny_model: LoadedModel
+@pytest.mark.parametrize("attach", [True, False], ids=["attached", "appended"])
+def test_segments_are_lent_through_the_ledger_and_reattached_after_a_restart(
+    pool: tuple[str, Path], tiny_model: LoadedModel, attach: bool
 ) -> None:
+    """Attached by the home, or appended (the default: the lender puts them in its daemon)."""
     redis_url, root = pool
     model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
     ledger = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": 0.5}
     with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as daemon:
         poll(lambda: lent_bytes(redis_url, daemon) == 0, "the daemon in the ledger, lending nothing")
-        with attaching_lender(root, tiny_model, daemon) as started:
+        with running_lender(root, tiny_model, daemon, attach=attach) as started:
             worker = started["lender"]
-            context = long_context(model, worker, daemon)
+            context = long_context(model, {worker.address: 400}, daemon if attach else None)
             prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(7))
             logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=2)
             remote = [p for p in context.places if isinstance(p, RemoteSegment)]
@@ -145,10 +140,10 @@ def test_a_lender_that_cannot_reattach_fails_unavailable_never_wrong(
     model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
     with (
         running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
-        attaching_lender(root, tiny_model, daemon) as started,
+        running_lender(root, tiny_model, daemon) as started,
     ):
         worker = started["lender"]
-        context = long_context(model, worker, daemon)
+        context = long_context(model, {worker.address: 400}, daemon)
         prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(8))
         logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=1)
         with KVStoreClient(daemon.address) as client:
@@ -172,11 +167,11 @@ def test_the_chunks_of_a_silent_homes_segments_are_deleted_with_them(
     idle_seconds = 2.0
     with (
         running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
-        attaching_lender(root, tiny_model, daemon, segment_idle_ttl_seconds=idle_seconds) as started,
+        running_lender(root, tiny_model, daemon, segment_idle_ttl_seconds=idle_seconds) as started,
         KVStoreClient(daemon.address) as client,
     ):
         worker = started["lender"]
-        context = long_context(model, worker, daemon)
+        context = long_context(model, {worker.address: 400}, daemon)
         prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(10))
         context.prefill(prompt.tolist(), NEW_TOKENS)
         attached = [p.attached for p in context.places if isinstance(p, RemoteSegment) and p.attached]
@@ -207,7 +202,7 @@ def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
     max_tokens = 40
     with (
         running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as daemon,
-        attaching_lender(root, tiny_model, daemon) as lenders,
+        running_lender(root, tiny_model, daemon) as lenders,
     ):
         lender = lenders["lender"]
         home = {"kv_memory_bytes": 64 * KV_BYTES_PER_TOKEN,
@@ -239,14 +234,97 @@ def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
         assert lending(channel).held_bytes == 0  # released after the turn
 
 
-def run_turn(address: str, prompt: list[int], max_tokens: int, outcome: dict[str, object]) -> None:
-    """A greedy ExecuteTurn; its tokens, or its error, in `outcome`."""
-    with grpc.insecure_channel(address) as channel:
-        request = wpb.ExecuteTurnRequest(tenant="t", prompt_token_ids=wpb.TokenIds(token_ids=prompt),
-                                         sampling=wpb.SamplingParams(max_tokens=max_tokens))  # fmt: skip
-        try:
-            replies = list(worker_pb2_grpc.WorkerStub(channel).ExecuteTurn(request, timeout=240))
-        except grpc.RpcError as exc:
-            outcome["error"] = exc
-            return
-    outcome["tokens"] = [r.token.token_id for r in replies[:-1]]
+def test_a_lending_limit_refuses_then_the_next_peer_then_unavailable(
+    tmp_path: Path, tiny_model: LoadedModel
+) -> None:
+    """The peer with the most room sits on a daemon that lends nothing: it refuses the first
+    segment and keeps none of it; the context goes to the other peer, logits within 1e-4.
+    With only refusing peers the context fails UNAVAILABLE naming the lending limits."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    with (
+        running_daemon(tmp_path / "a", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=REFUSES) as refusing,
+        running_daemon(tmp_path / "b", dram_bytes=64 * MiB, ssd_bytes=64 * MiB) as lending_daemon,
+        running_workers(tmp_path, tiny_model.model_dir,
+                        {"full": lender_settings(refusing, attach=False), "open": lender_settings(lending_daemon, attach=False)}) as started,
+    ):  # fmt: skip
+        full, open_ = started["full"], started["open"]
+        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(12))
+        context = long_context(model, {full.address: 500, open_.address: 400})
+        decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=2)
+        assert context.lost == {full.address}
+        assert {p.address for p in context.places if isinstance(p, RemoteSegment)} == {open_.address}
+        assert held(full) == 0 and held(open_) > 0
+        context.close()
+
+        context = long_context(model, {full.address: 500})
+        with pytest.raises(ContextUnavailable, match="lending limits"):
+            context.prefill(prompt.tolist(), NEW_TOKENS)
+        assert held(full) == 0
+
+
+def test_a_home_killed_mid_turn_leaves_nothing_lent_after_the_idle_ttl(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    """A worker whose pool holds 256 tokens places a long turn's oldest KV on its peer and is
+    killed (-9) while it decodes: no ReleaseKV ever comes, and no other call; the lender drops
+    the segments once idle for their TTL, and the ledger counts nothing lent."""
+    redis_url, root = pool
+    ledger = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": 0.5}
+    prompt = torch.randint(0, 300, (600,), generator=torch.Generator().manual_seed(13)).tolist()
+    with (
+        running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as daemon,
+        running_workers(root, tiny_model.model_dir,
+                        {"lender": lender_settings(daemon, attach=False, segment_idle_ttl_seconds=8.0)}) as lenders,
+    ):  # fmt: skip
+        lender = lenders["lender"]
+        home = {"kv_memory_bytes": 256 * KV_BYTES_PER_TOKEN,
+                "long_context": {"peers": [lender.address], "segment_tokens": SEGMENT_TOKENS}}  # fmt: skip
+        with running_workers(root, tiny_model.model_dir, {"home": home}) as homes:
+            outcome: dict[str, object] = {}
+            turn = threading.Thread(target=run_turn, args=(homes["home"].address, prompt, 200, outcome))
+            turn.start()
+            poll(lambda: held(lender) > 0, "the home's far KV on the lender")
+            homes["home"].kill9()  # its far prefill, near prefill and 200 steps are still ahead
+            turn.join(timeout=60)
+            assert "error" in outcome  # the turn died with its home
+            assert held(lender) > 0
+        poll(lambda: lent_bytes(redis_url, daemon) > 0, "the dead home's far KV lent in the ledger")
+        poll(lambda: held(lender) == 0, "the dead home's segments dropped as idle", timeout_seconds=30)
+        poll(lambda: lent_bytes(redis_url, daemon) == 0, "nothing lent after the home died")
+
+
+def test_an_append_past_the_lending_limits_drops_the_whole_segment(
+    tmp_path: Path, tiny_model: LoadedModel
+) -> None:
+    """The first piece of a segment fits the daemon's lending ceiling, the second does not:
+    RESOURCE_EXHAUSTED, and the worker keeps nothing of the segment, its first piece's
+    chunks deleted from the daemon too (nothing lent for KV nobody holds)."""
+    piece_tokens = 512  # 32 chunks of 16 KiB: 512 KiB lent
+    # 512 KiB of the 64 MiB SSD, so the first piece fills it (the daemon checks each chunk of a put
+    # against what it lent before that put); small DRAM blocks to stage 32 chunks; a daemon that
+    # replaces borrowed chunks (the default) would evict the first piece's instead of refusing.
+    ceiling = {
+        "pool_max_lent_fraction": 0.5 / 64,
+        "dram_block_bytes": 64 * 1024,
+        "pool_replace_borrowed": False,
+    }
+    with (
+        running_daemon(tmp_path, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ceiling) as daemon,
+        running_lender(tmp_path, tiny_model, daemon, attach=False) as started,
+        KVStoreClient(daemon.address) as client,
+        peer_channel(started["lender"].address) as channel,
+    ):
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+        kv = to_wire(torch.randn(3, piece_tokens, 2, 16))
+        first = stub.AppendKV(
+            mpb.AppendKVRequest(segment_id="s", start_position=0, keys=kv, values=kv, home="home"), timeout=30
+        )
+        assert first.chunk_keys and lending(channel).held_bytes > 0
+        assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == len(first.chunk_keys)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.AppendKV(mpb.AppendKVRequest(segment_id="s", start_position=piece_tokens, keys=kv, values=kv,
+                                              home="home"), timeout=30)  # fmt: skip
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "lending limits" in refused.value.details()
+        assert lending(channel).held_bytes == 0
+        assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == 0

@@ -3,8 +3,9 @@ positions split at a random point into 1-3 segments computed by the distributed 
 (what peers hold), its newest tokens run by the engine beside a plain sequence, prefilled
 in chunks of a random size and decoded in shared steps. Every logit of both sequences is
 within 1e-4 (fp32) of a plain forward of its whole sequence, for any split (seeded random
-draws), with sliding-window layers too, with the far decodes' pool part from the C decode
-kernel's log-sum-exp entry point or from torch, and on CUDA (skipped without a GPU)."""
+draws), with sliding-window layers too, with the far rows' pool part (prefill and decode rows) from
+the C decode kernel's log-sum-exp entry point or from torch, and on CUDA (skipped without a
+GPU)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
 from inference_worker.engine.engine import Engine, StepOutput
+from inference_worker.engine.far_kv import KERNEL_MAX_ROWS
 from inference_worker.engine.model_runner import Batch, PagedModelRunner, Work
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
@@ -63,7 +65,10 @@ async def collect(engine: Engine, seq: Sequence) -> list[StepOutput]:
     return outputs
 
 
-async def run_split(model: PreTrainedModel, seed: int, *, decode_kernel: bool = True) -> None:
+async def run_split(
+    model: PreTrainedModel, seed: int, *, decode_kernel: bool = True, budgets: tuple[int, ...] = (5, 16, 48)
+) -> tuple[int, int]:
+    """The far sequence's rows, and those in runs short enough for the C kernel."""
     draw = random.Random(seed)
     device = model.device
     prompt = [draw.randrange(256) for _ in range(draw.randint(30, 120))]
@@ -76,19 +81,21 @@ async def run_split(model: PreTrainedModel, seed: int, *, decode_kernel: bool = 
                        max_new_tokens=NEW_TOKENS)  # fmt: skip
     kv = PagedKV(ModelGeometry.of(model.config), 64, BLOCK, torch.float32, device)
     paged = PagedModelRunner(model, kv, decode_kernel=decode_kernel)
-    kernel_steps = 0  # steps whose far decode rows the C kernel attends (with log-sum-exp)
+    # the far sequence's rows: all, those in runs the C kernel takes, those it attended (with log-sum-exp)
+    far_rows = short_rows = kernel_rows = 0
     prepare = paged.prepare
 
     def counted(work: list[Work]) -> Batch:
-        nonlocal kernel_steps
+        nonlocal far_rows, short_rows, kernel_rows
         batch = prepare(work)
-        kernel_steps += batch.far_decode is not None
+        runs = [part.rows.stop - part.rows.start for part in batch.far]
+        far_rows += sum(runs)
+        short_rows += sum(rows for rows in runs if rows <= KERNEL_MAX_ROWS)
+        kernel_rows += 0 if batch.far_decode is None else batch.far_decode.rows.shape[0]
         return batch
 
     paged.prepare = counted  # type: ignore[method-assign]
-    engine = Engine(
-        paged, BlockPool(64, BLOCK), max_batch_tokens=draw.choice([5, 16, 48]), max_batch_sequences=4
-    )
+    engine = Engine(paged, BlockPool(64, BLOCK), max_batch_tokens=draw.choice(budgets), max_batch_sequences=4)
     try:
         far_outputs, plain_outputs = await asyncio.gather(
             collect(engine, near), collect(engine, Sequence.of(plain, max_new_tokens=NEW_TOKENS))
@@ -99,12 +106,21 @@ async def run_split(model: PreTrainedModel, seed: int, *, decode_kernel: bool = 
     assert_plain_logits(model, prompt, far_outputs, NEW_TOKENS)
     assert_plain_logits(model, plain, plain_outputs, NEW_TOKENS)
     assert engine.stats.max_batch_sequences == 2 and far.calls > 0
-    assert (kernel_steps > 0) == (decode_kernel and paged.decode_kernel is not None)
+    assert far_rows >= len(prompt) - split  # its prefill rows, then its decode rows
+    assert kernel_rows == (short_rows if decode_kernel and paged.decode_kernel is not None else 0)
+    return far_rows, short_rows
 
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_any_split_gives_plain_logits_in_shared_steps(tiny_llama: PreTrainedModel, seed: int) -> None:
     await run_split(tiny_llama, seed)
+
+
+@pytest.mark.parametrize("seed", range(2))
+async def test_short_prefill_runs_through_the_kernel(tiny_llama: PreTrainedModel, seed: int) -> None:
+    """A budget of 3 tokens a step: every far row, prefill ones included, through the C kernel."""
+    far_rows, short_rows = await run_split(tiny_llama, seed, budgets=(KERNEL_MAX_ROWS - 1,))
+    assert short_rows == far_rows  # run_split checks the kernel attended each (where it loads)
 
 
 @pytest.mark.parametrize("seed", range(2))

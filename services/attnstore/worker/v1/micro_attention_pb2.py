@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)attnstore/worker/v1/micro_attention.proto\x12\x13\x61ttnstore.worker.v1\"4\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\r\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa3\x01\n\x0f\x41ppendKVRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12)\n\x04keys\x18\x03 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12+\n\x06values\x18\x04 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12\x0c\n\x04home\x18\x05 \x01(\t\">\n\x10\x41ppendKVResponse\x12\x16\n\x0esegment_tokens\x18\x01 \x01(\r\x12\x12\n\nheld_bytes\x18\x02 \x01(\x04\"\xbc\x01\n\x17PartialAttentionRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\r\x12,\n\x07queries\x18\x03 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12\x17\n\x0fquery_positions\x18\x04 \x03(\r\x12\r\n\x05scale\x18\x05 \x01(\x02\x12\x0e\n\x06window\x18\x06 \x01(\r\x12\x18\n\x10more_segment_ids\x18\x07 \x03(\t\"\xb9\x01\n\x18PartialAttentionResponse\x12+\n\x06output\x18\x01 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12(\n\x03lse\x18\x02 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12\x12\n\ncompute_ms\x18\x03 \x01(\x01\x12\x1b\n\x13inflight_key_tokens\x18\x04 \x01(\x04\x12\x15\n\rlayer_digests\x18\x05 \x03(\x06\"H\n\rReadKVRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x14\n\x0cpiece_tokens\x18\x03 \x01(\r\"\x80\x01\n\x0eReadKVResponse\x12\x16\n\x0estart_position\x18\x01 \x01(\r\x12)\n\x04keys\x18\x02 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12+\n\x06values\x18\x03 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\"^\n\x13\x41ttachChunksRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\x0c\x12\x12\n\nchunk_keys\x18\x03 \x03(\x0c\x12\x0c\n\x04home\x18\x04 \x01(\t\"q\n\x14\x41ttachChunksResponse\x12\x16\n\x0esegment_tokens\x18\x01 \x01(\r\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x12\n\nheld_bytes\x18\x03 \x01(\x04\x12\x15\n\rlayer_digests\x18\x04 \x03(\x06\"&\n\x10ReleaseKVRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\"%\n\x11ReleaseKVResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x18\n\x16\x44\x65scribeLendingRequest\"\x9c\x01\n\x17\x44\x65scribeLendingResponse\x12\x12\n\nheld_bytes\x18\x01 \x01(\x04\x12\x16\n\x0emax_held_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04node\x18\x03 \x01(\t\x12.\n\x08held_for\x18\x04 \x03(\x0b\x32\x1c.attnstore.worker.v1.HeldFor\x12\x17\n\x0fkvstore_address\x18\x05 \x01(\t\"&\n\x07HeldFor\x12\x0c\n\x04home\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"6\n\x0fRecallKVRequest\x12\x10\n\x08\x63reditor\x18\x01 \x01(\t\x12\x11\n\tmax_bytes\x18\x02 \x01(\x04\"\'\n\x10RecallKVResponse\x12\x13\n\x0bmoved_bytes\x18\x01 \x01(\x04\x32\xb7\x05\n\x0eMicroAttention\x12W\n\x08\x41ppendKV\x12$.attnstore.worker.v1.AppendKVRequest\x1a%.attnstore.worker.v1.AppendKVResponse\x12o\n\x10PartialAttention\x12,.attnstore.worker.v1.PartialAttentionRequest\x1a-.attnstore.worker.v1.PartialAttentionResponse\x12S\n\x06ReadKV\x12\".attnstore.worker.v1.ReadKVRequest\x1a#.attnstore.worker.v1.ReadKVResponse0\x01\x12\x63\n\x0c\x41ttachChunks\x12(.attnstore.worker.v1.AttachChunksRequest\x1a).attnstore.worker.v1.AttachChunksResponse\x12Z\n\tReleaseKV\x12%.attnstore.worker.v1.ReleaseKVRequest\x1a&.attnstore.worker.v1.ReleaseKVResponse\x12l\n\x0f\x44\x65scribeLending\x12+.attnstore.worker.v1.DescribeLendingRequest\x1a,.attnstore.worker.v1.DescribeLendingResponse\x12W\n\x08RecallKV\x12$.attnstore.worker.v1.RecallKVRequest\x1a%.attnstore.worker.v1.RecallKVResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)attnstore/worker/v1/micro_attention.proto\x12\x13\x61ttnstore.worker.v1\"4\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\r\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa3\x01\n\x0f\x41ppendKVRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12)\n\x04keys\x18\x03 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12+\n\x06values\x18\x04 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12\x0c\n\x04home\x18\x05 \x01(\t\"k\n\x10\x41ppendKVResponse\x12\x16\n\x0esegment_tokens\x18\x01 \x01(\r\x12\x12\n\nheld_bytes\x18\x02 \x01(\x04\x12\x17\n\x0f\x63hunk_namespace\x18\x03 \x01(\x0c\x12\x12\n\nchunk_keys\x18\x04 \x03(\x0c\"\xbc\x01\n\x17PartialAttentionRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\r\x12,\n\x07queries\x18\x03 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12\x17\n\x0fquery_positions\x18\x04 \x03(\r\x12\r\n\x05scale\x18\x05 \x01(\x02\x12\x0e\n\x06window\x18\x06 \x01(\r\x12\x18\n\x10more_segment_ids\x18\x07 \x03(\t\"\xb9\x01\n\x18PartialAttentionResponse\x12+\n\x06output\x18\x01 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12(\n\x03lse\x18\x02 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12\x12\n\ncompute_ms\x18\x03 \x01(\x01\x12\x1b\n\x13inflight_key_tokens\x18\x04 \x01(\x04\x12\x15\n\rlayer_digests\x18\x05 \x03(\x06\"H\n\rReadKVRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x14\n\x0cpiece_tokens\x18\x03 \x01(\r\"\x80\x01\n\x0eReadKVResponse\x12\x16\n\x0estart_position\x18\x01 \x01(\r\x12)\n\x04keys\x18\x02 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\x12+\n\x06values\x18\x03 \x01(\x0b\x32\x1b.attnstore.worker.v1.Tensor\"^\n\x13\x41ttachChunksRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\x0c\x12\x12\n\nchunk_keys\x18\x03 \x03(\x0c\x12\x0c\n\x04home\x18\x04 \x01(\t\"q\n\x14\x41ttachChunksResponse\x12\x16\n\x0esegment_tokens\x18\x01 \x01(\r\x12\x16\n\x0estart_position\x18\x02 \x01(\r\x12\x12\n\nheld_bytes\x18\x03 \x01(\x04\x12\x15\n\rlayer_digests\x18\x04 \x03(\x06\"&\n\x10ReleaseKVRequest\x12\x12\n\nsegment_id\x18\x01 \x01(\t\"%\n\x11ReleaseKVResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x18\n\x16\x44\x65scribeLendingRequest\"\x9c\x01\n\x17\x44\x65scribeLendingResponse\x12\x12\n\nheld_bytes\x18\x01 \x01(\x04\x12\x16\n\x0emax_held_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04node\x18\x03 \x01(\t\x12.\n\x08held_for\x18\x04 \x03(\x0b\x32\x1c.attnstore.worker.v1.HeldFor\x12\x17\n\x0fkvstore_address\x18\x05 \x01(\t\"&\n\x07HeldFor\x12\x0c\n\x04home\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\"6\n\x0fRecallKVRequest\x12\x10\n\x08\x63reditor\x18\x01 \x01(\t\x12\x11\n\tmax_bytes\x18\x02 \x01(\x04\"\'\n\x10RecallKVResponse\x12\x13\n\x0bmoved_bytes\x18\x01 \x01(\x04\x32\xb7\x05\n\x0eMicroAttention\x12W\n\x08\x41ppendKV\x12$.attnstore.worker.v1.AppendKVRequest\x1a%.attnstore.worker.v1.AppendKVResponse\x12o\n\x10PartialAttention\x12,.attnstore.worker.v1.PartialAttentionRequest\x1a-.attnstore.worker.v1.PartialAttentionResponse\x12S\n\x06ReadKV\x12\".attnstore.worker.v1.ReadKVRequest\x1a#.attnstore.worker.v1.ReadKVResponse0\x01\x12\x63\n\x0c\x41ttachChunks\x12(.attnstore.worker.v1.AttachChunksRequest\x1a).attnstore.worker.v1.AttachChunksResponse\x12Z\n\tReleaseKV\x12%.attnstore.worker.v1.ReleaseKVRequest\x1a&.attnstore.worker.v1.ReleaseKVResponse\x12l\n\x0f\x44\x65scribeLending\x12+.attnstore.worker.v1.DescribeLendingRequest\x1a,.attnstore.worker.v1.DescribeLendingResponse\x12W\n\x08RecallKV\x12$.attnstore.worker.v1.RecallKVRequest\x1a%.attnstore.worker.v1.RecallKVResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,33 +36,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPENDKVREQUEST']._serialized_start=121
   _globals['_APPENDKVREQUEST']._serialized_end=284
   _globals['_APPENDKVRESPONSE']._serialized_start=286
-  _globals['_APPENDKVRESPONSE']._serialized_end=348
-  _globals['_PARTIALATTENTIONREQUEST']._serialized_start=351
-  _globals['_PARTIALATTENTIONREQUEST']._serialized_end=539
-  _globals['_PARTIALATTENTIONRESPONSE']._serialized_start=542
-  _globals['_PARTIALATTENTIONRESPONSE']._serialized_end=727
-  _globals['_READKVREQUEST']._serialized_start=729
-  _globals['_READKVREQUEST']._serialized_end=801
-  _globals['_READKVRESPONSE']._serialized_start=804
-  _globals['_READKVRESPONSE']._serialized_end=932
-  _globals['_ATTACHCHUNKSREQUEST']._serialized_start=934
-  _globals['_ATTACHCHUNKSREQUEST']._serialized_end=1028
-  _globals['_ATTACHCHUNKSRESPONSE']._serialized_start=1030
-  _globals['_ATTACHCHUNKSRESPONSE']._serialized_end=1143
-  _globals['_RELEASEKVREQUEST']._serialized_start=1145
-  _globals['_RELEASEKVREQUEST']._serialized_end=1183
-  _globals['_RELEASEKVRESPONSE']._serialized_start=1185
-  _globals['_RELEASEKVRESPONSE']._serialized_end=1222
-  _globals['_DESCRIBELENDINGREQUEST']._serialized_start=1224
-  _globals['_DESCRIBELENDINGREQUEST']._serialized_end=1248
-  _globals['_DESCRIBELENDINGRESPONSE']._serialized_start=1251
-  _globals['_DESCRIBELENDINGRESPONSE']._serialized_end=1407
-  _globals['_HELDFOR']._serialized_start=1409
-  _globals['_HELDFOR']._serialized_end=1447
-  _globals['_RECALLKVREQUEST']._serialized_start=1449
-  _globals['_RECALLKVREQUEST']._serialized_end=1503
-  _globals['_RECALLKVRESPONSE']._serialized_start=1505
-  _globals['_RECALLKVRESPONSE']._serialized_end=1544
-  _globals['_MICROATTENTION']._serialized_start=1547
-  _globals['_MICROATTENTION']._serialized_end=2242
+  _globals['_APPENDKVRESPONSE']._serialized_end=393
+  _globals['_PARTIALATTENTIONREQUEST']._serialized_start=396
+  _globals['_PARTIALATTENTIONREQUEST']._serialized_end=584
+  _globals['_PARTIALATTENTIONRESPONSE']._serialized_start=587
+  _globals['_PARTIALATTENTIONRESPONSE']._serialized_end=772
+  _globals['_READKVREQUEST']._serialized_start=774
+  _globals['_READKVREQUEST']._serialized_end=846
+  _globals['_READKVRESPONSE']._serialized_start=849
+  _globals['_READKVRESPONSE']._serialized_end=977
+  _globals['_ATTACHCHUNKSREQUEST']._serialized_start=979
+  _globals['_ATTACHCHUNKSREQUEST']._serialized_end=1073
+  _globals['_ATTACHCHUNKSRESPONSE']._serialized_start=1075
+  _globals['_ATTACHCHUNKSRESPONSE']._serialized_end=1188
+  _globals['_RELEASEKVREQUEST']._serialized_start=1190
+  _globals['_RELEASEKVREQUEST']._serialized_end=1228
+  _globals['_RELEASEKVRESPONSE']._serialized_start=1230
+  _globals['_RELEASEKVRESPONSE']._serialized_end=1267
+  _globals['_DESCRIBELENDINGREQUEST']._serialized_start=1269
+  _globals['_DESCRIBELENDINGREQUEST']._serialized_end=1293
+  _globals['_DESCRIBELENDINGRESPONSE']._serialized_start=1296
+  _globals['_DESCRIBELENDINGRESPONSE']._serialized_end=1452
+  _globals['_HELDFOR']._serialized_start=1454
+  _globals['_HELDFOR']._serialized_end=1492
+  _globals['_RECALLKVREQUEST']._serialized_start=1494
+  _globals['_RECALLKVREQUEST']._serialized_end=1548
+  _globals['_RECALLKVRESPONSE']._serialized_start=1550
+  _globals['_RECALLKVRESPONSE']._serialized_end=1589
+  _globals['_MICROATTENTION']._serialized_start=1592
+  _globals['_MICROATTENTION']._serialized_end=2287
 # @@protoc_insertion_point(module_scope)

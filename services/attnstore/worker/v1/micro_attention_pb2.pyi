@@ -31,12 +31,16 @@ class AppendKVRequest(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., start_position: _Optional[int] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., home: _Optional[str] = ...) -> None: ...
 
 class AppendKVResponse(_message.Message):
-    __slots__ = ("segment_tokens", "held_bytes")
+    __slots__ = ("segment_tokens", "held_bytes", "chunk_namespace", "chunk_keys")
     SEGMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
     segment_tokens: int
     held_bytes: int
-    def __init__(self, segment_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ...) -> None: ...
+    chunk_namespace: bytes
+    chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, segment_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., chunk_namespace: _Optional[bytes] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PartialAttentionRequest(_message.Message):
     __slots__ = ("segment_id", "layer", "queries", "query_positions", "scale", "window", "more_segment_ids")
