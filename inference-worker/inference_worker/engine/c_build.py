@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,14 +49,17 @@ def load_probed(
     return kernel, None
 
 
-def build_library(source: Path) -> Path:
-    """The shared library, compiled unless this source, compiler and CPU already built one."""
+def build_library(source: Path, extra_flags: Sequence[str] = ()) -> Path:
+    """The shared library, compiled unless this source, compiler, flags and CPU already built
+    one. `extra_flags` after FLAGS (tests build e.g. `-mno-avx512f`: the code a CPU without
+    AVX-512 runs, on any machine)."""
+    flags = (*FLAGS, *extra_flags)
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc, $CC)")
     text = source.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
-    digest = hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
+    digest = hashlib.sha256(text + version + " ".join(flags).encode() + _cpu_flags()).hexdigest()[:16]
     cache = Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "attnstore" / "kernels")
     target = cache / f"{source.stem}-{digest}.so"
     if target.is_file():
@@ -65,7 +68,7 @@ def build_library(source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=cache) as scratch:  # renamed into place: builders may race
         built = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"],
+            [compiler, *flags, "-o", str(built), str(source), "-lm"],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_SECONDS,

@@ -6,6 +6,7 @@ and the generic one; and the fallback when it cannot be built."""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from inference_worker.engine.attention import DecodeTables
-from inference_worker.engine.c_build import CACHE_VARIABLE
+from inference_worker.engine.c_build import CACHE_VARIABLE, build_library
 from inference_worker.engine.decode_kernel import (
+    SOURCE,
     UNAVAILABLE_VARIABLE,
     PagedDecodeKernel,
     load_paged_decode,
@@ -23,8 +25,12 @@ from inference_worker.engine.decode_kernel import (
 BLOCKS, BLOCK_TOKENS = 40, 4
 
 
-@pytest.fixture(scope="module")
-def kernel() -> PagedDecodeKernel:
+# The kernel as this machine builds it, and as a CPU without AVX-512 runs it (its portable
+# loops instead of the 16-key scores): every machine tests both.
+@pytest.fixture(scope="module", params=["native", "without-avx512"])
+def kernel(request: pytest.FixtureRequest) -> PagedDecodeKernel:
+    if request.param == "without-avx512":
+        return PagedDecodeKernel(ctypes.CDLL(str(build_library(SOURCE, ("-mno-avx512f",)))))
     loaded, choice = load_paged_decode()
     assert loaded is not None, choice.reason  # the development machines have a C compiler
     return loaded
