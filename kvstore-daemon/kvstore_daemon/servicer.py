@@ -11,6 +11,7 @@ from attnstore.errors import InvalidArgument
 from attnstore.kvstore.v1 import kvstore_pb2 as pb
 from attnstore.kvstore.v1 import kvstore_pb2_grpc
 from attnstore.same_named import same_named
+from attnstore.server.peers import peer_host
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import ReserveStatus, TierName
 from kvstore_daemon.chunk_store import ChunkStore
@@ -52,10 +53,8 @@ MAX_HINT_SOURCE_CHARS = 128
 
 def _caller(peer: str) -> str:
     """The calling host ("ipv4:10.0.0.7"): a client's connections share its rate limits."""
-    kind, _, address = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return f"{kind}:{address.rsplit(':', 1)[0]}"
-    return peer
+    kind, host = peer_host(peer)
+    return f"{kind}:{host}"
 
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):

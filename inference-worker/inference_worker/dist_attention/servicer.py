@@ -13,6 +13,7 @@ import torch
 
 from attnstore.errors import FailedPrecondition, InvalidArgument, ServiceError
 from attnstore.kvstore_client import AsyncKVStoreClient
+from attnstore.server.peers import peer_host
 from attnstore.worker.v1 import micro_attention_pb2 as pb
 from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.daemon_source import read_chunks
@@ -55,7 +56,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         )
         try:
             # an unnamed home counts against its host, as a daemon's borrower defaults to its host name
-            borrower = request.home or peer_host(context.peer())
+            borrower = request.home or peer_host(context.peer())[1]
             namespace, keys = await self._lent.put(request.segment_id, request.start_position, k, v, borrower)
         except ServiceError:
             # Not lent through the ledger, not held: the home places the segment elsewhere.
@@ -145,13 +146,6 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
     ) -> pb.RecallKVResponse:
         moved = await asyncio.to_thread(self._swaps.recall, request.creditor, request.max_bytes)
         return pb.RecallKVResponse(moved_bytes=moved)
-
-
-def peer_host(peer: str) -> str:
-    """The host of a gRPC peer ("ipv4:10.0.0.7:5000", "ipv6:[::1]:5000"; else as given)."""
-    _, _, address = peer.partition(":")
-    host = address.rpartition(":")[0] if address.count(":") else address
-    return host.strip("[]") or peer
 
 
 def add_to_server(

@@ -1,14 +1,12 @@
 """What a lender names the far KV it lends through its daemon (lent_chunks.py): keys per
 chunk of a segment's positions, apart between workers (salts) and segments; a namespace
-per KV layout; the borrower of an unnamed home is its host."""
+per KV layout."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from inference_worker.dist_attention.lent_chunks import lent_keys, lent_namespace
-from inference_worker.dist_attention.servicer import peer_host
 
 
 def test_one_key_per_chunk_a_partial_last_one_included() -> None:
@@ -29,11 +27,3 @@ def test_one_namespace_per_layout() -> None:
     others = {lent_namespace(4, 2, 16, torch.float32, 16), lent_namespace(3, 2, 16, torch.bfloat16, 16),
               lent_namespace(3, 2, 16, torch.float32, 32)}  # fmt: skip
     assert base not in others and len(others) == 3
-
-
-@pytest.mark.parametrize(
-    ("peer", "host"),
-    [("ipv4:10.0.0.7:5000", "10.0.0.7"), ("ipv6:[::1]:5000", "::1"), ("unix:/run/w.sock", "/run/w.sock")],
-)
-def test_an_unnamed_homes_borrower_is_its_host(peer: str, host: str) -> None:
-    assert peer_host(peer) == host
