@@ -167,7 +167,9 @@ class SequenceSlice:
     # before it. None: slot i sits at position i.
     positions: torch.Tensor | None = None
     gathered_at: int = 0
-    kernel: bool = False  # its attention is the decode kernel's (`DecodeTables`), not an SDPA call
+    # its attention is a C kernel's (the decode kernel's `DecodeTables`, the prefill kernel's
+    # `PrefillTables`), not an SDPA call
+    kernel: bool = False
     far: bool = False  # its attention is merged with its far KV's (far_kv.py), not an SDPA call
     in_place: bool = False  # it attends its stored prefix where it was read (prefix_in_place.py)
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
