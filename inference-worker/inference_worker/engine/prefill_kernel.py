@@ -26,12 +26,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inference_worker.engine.c_build import load_probed
+from inference_worker.engine.c_build import load_choice
 from inference_worker.kernels import KernelChoice
 
 SOURCE = Path(__file__).with_name("paged_prefill.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_PAGED_PREFILL_UNAVAILABLE"
 _PROBE_TOLERANCE = 1e-5
+_STATUS = {1: "heads that do not group over the KV heads", 2: "no memory"}  # paged_prefill.c's
 _c_int, _c_ptr = ctypes.c_int, ctypes.c_void_p
 _ARGTYPES = [_c_ptr] * 8 + [_c_int] * 4 + [ctypes.c_int64] + [_c_int] * 3 + [ctypes.c_float]
 
@@ -93,18 +94,14 @@ class PagedPrefillKernel:
             blocks, block_tokens, chunks.tables.shape[1], torch.get_num_threads(), scale,
         )  # fmt: skip
         if status:
-            raise RuntimeError(
-                f"paged prefill kernel failed (status {status}: 1 unsupported heads, 2 no memory)"
-            )
+            raise RuntimeError(f"paged prefill kernel failed: {_STATUS.get(status, status)}")
 
 
 @functools.cache
 def load_paged_prefill() -> tuple[PagedPrefillKernel | None, KernelChoice]:
     """The kernel, or None and why not (once per process)."""
-    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, PagedPrefillKernel, _probe)
-    if kernel is None:
-        return None, KernelChoice("torch", f"paged prefill kernel unavailable ({error}): SDPA")
-    return kernel, KernelChoice("paged-prefill-c", "prefill attention in place over block tables (C, OpenMP)")
+    chosen = KernelChoice("paged-prefill-c", "prefill attention in place over block tables (C, OpenMP)")
+    return load_choice(SOURCE, UNAVAILABLE_VARIABLE, PagedPrefillKernel, _probe, chosen, "SDPA")
 
 
 def _probe(kernel: PagedPrefillKernel) -> str | None:

@@ -107,7 +107,7 @@ def test_kernel_refuses_other_dtypes(kernel: PagedPrefillKernel) -> None:
 def test_kernel_refuses_heads_that_do_not_group(kernel: PagedPrefillKernel) -> None:
     q, k = torch.randn(2, 5, 8), torch.zeros(2, 2, BLOCK_TOKENS, 8)
     chunks = PrefillTables.of([(0, 2, 0, [0])], torch.device("cpu"))
-    with pytest.raises(RuntimeError, match="unsupported heads"):
+    with pytest.raises(RuntimeError, match="do not group"):
         kernel(q, k, k, torch.empty_like(q), chunks, scale=1.0)
 
 
