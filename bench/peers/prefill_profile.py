@@ -1,7 +1,9 @@
 """In-process profile of the prefill behind bench-peers' TTFT: one forward pass of the paged
 engine (real SmolLM2-135M-Instruct, fp32, CPU) over `new` tokens after `prefix` tokens already
 in the pool, at 1 and 2 torch threads taken in turns, wall and process CPU time, and the FLOP
-rate each reaches. `python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
+rate each reaches; with `--attention torch kernel`, the prefill's attention through torch's
+SDPA and through the C prefill kernel (prefill_kernel.py) taken in turns too, and their logits
+compared. `python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
 
 Why: the serving comparison's later turns are mostly this forward (the worker's CPU from
 Chat to first token is within ~10% of it), and its FLOP rate can be set beside vLLM's,
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads in `main`, after OpenMP's waiting is set (importing this sets nothing)
+    import torch
     from torch import nn
 
     from inference_worker.engine.model_runner import PagedModelRunner
@@ -33,6 +36,7 @@ if TYPE_CHECKING:  # torch loads in `main`, after OpenMP's waiting is set (impor
 # (prefix, new) of bench-peers' turns: a fresh first turn, and later turns of the fits phase
 DEFAULT_SHAPES = ("0x642", "800x250", "1250x480")
 BLOCK_TOKENS = 16
+ATTENTION = ("torch", "kernel")  # the prefill's attention: SDPA (chunk_attention.py), the C kernel
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,11 @@ def _weights(modules: list[nn.Module]) -> int:
     return sum(m.weight.numel() for layer in modules for m in layer.modules() if isinstance(m, nn.Linear))
 
 
-def _forward_seconds(
+def _forward(
     runner: PagedModelRunner, ids: list[int], shape: Shape, threads: int
-) -> tuple[float, float]:
-    """(wall, process CPU) of the forward over the shape's new tokens, its prefix computed first."""
+) -> tuple[float, float, torch.Tensor]:
+    """(wall, process CPU, logits) of the forward over the shape's new tokens, its prefix
+    computed first."""
     import torch
 
     from inference_worker.engine.block_pool import BlockPool
@@ -82,8 +87,8 @@ def _forward_seconds(
         pool.commit(seq, shape.prefix)
     batch = runner.prepare([Work(seq, shape.new)])
     cpu, wall = time.process_time(), time.perf_counter()
-    runner.forward(batch)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    logits = runner.forward(batch)
+    return time.perf_counter() - wall, time.process_time() - cpu, logits
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -92,6 +97,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--shapes", type=Shape.parse, nargs="+", default=[Shape.parse(s) for s in DEFAULT_SHAPES]
     )
     parser.add_argument("--rounds", type=int, default=5, help="forwards per thread count, taken in turns")
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        choices=ATTENTION,
+        default=["kernel"],
+        help="the prefill attention paths, taken in turns (the engine's default: kernel)",
+    )
     args = parser.parse_args(argv)
     if "torch" in sys.modules:
         raise SystemExit("run it as its own process (python -m bench.peers.prefill_profile): torch is loaded")
@@ -109,24 +121,28 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     layer_weights, head_weights = _weights(list(model.model.layers)), model.lm_head.weight.numel()
     most = max(s.prefix + s.new for s in args.shapes)
     kv = PagedKV(geometry, -(-most // BLOCK_TOKENS), BLOCK_TOKENS, torch.float32, torch.device("cpu"))
-    runner = PagedModelRunner(model, kv)
+    runners = {name: PagedModelRunner(model, kv, prefill_kernel=name == "kernel") for name in args.attention}
     generator = torch.Generator().manual_seed(0)
     rows = []
     for shape in args.shapes:
         ids = torch.randint(0, geometry.vocab_size, (shape.prefix + shape.new,), generator=generator).tolist()
-        _forward_seconds(runner, ids, shape, 2)  # warm-up: oneDNN's kernels for this token count
-        runs: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+        logits = {name: _forward(runner, ids, shape, 2)[2] for name, runner in runners.items()}  # warm-up
+        runs: dict[tuple[str, int], list[tuple[float, float]]] = {
+            (name, threads): [] for name in runners for threads in (1, 2)
+        }
         for _ in range(args.rounds):
-            for threads, times in runs.items():
-                times.append(_forward_seconds(runner, ids, shape, threads))
+            for (name, threads), times in runs.items():
+                times.append(_forward(runners[name], ids, shape, threads)[:2])
         gflop = prefill_flops(geometry, layer_weights, head_weights, shape) / 1e9
         row: dict[str, object] = {"prefix": shape.prefix, "new": shape.new, "gflop": round(gflop, 1)}
-        for threads, times in runs.items():
+        for (name, threads), times in runs.items():
             wall = statistics.median(w for w, _ in times)
-            row[f"wall_ms_{threads}t"] = round(wall * 1e3, 1)
-            row[f"cpu_ms_{threads}t"] = round(statistics.median(c for _, c in times) * 1e3, 1)
-            row[f"gflops_{threads}t"] = round(gflop / wall, 1)
-        row["speedup_2t"] = round(float(row["wall_ms_1t"]) / float(row["wall_ms_2t"]), 3)  # type: ignore[arg-type]
+            row[f"wall_ms_{name}_{threads}t"] = round(wall * 1e3, 1)
+            row[f"cpu_ms_{name}_{threads}t"] = round(statistics.median(c for _, c in times) * 1e3, 1)
+            row[f"gflops_{name}_{threads}t"] = round(gflop / wall, 1)
+        if len(logits) == 2:  # the two paths' last-token logits, and greedy tokens
+            row["max_logit_diff"] = float((logits["torch"] - logits["kernel"]).abs().max())
+            row["same_greedy"] = bool((logits["torch"].argmax(-1) == logits["kernel"].argmax(-1)).all())
         rows.append(row)
         print(" | ".join(f"{key} {value}" for key, value in row.items()), flush=True)
     summary = {

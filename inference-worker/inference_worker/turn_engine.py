@@ -390,6 +390,8 @@ def _build_engine(model: LoadedModel, geometry: ModelGeometry, settings: WorkerS
         * PagedKV.bytes_per_block(geometry, settings.block_tokens, DTYPE_BYTES[DTYPE_NAMES[model.dtype]]),
         decode_attention=runner.decode_choice.kernel,
         decode_attention_reason=runner.decode_choice.reason,
+        prefill_attention=runner.prefill_choice.kernel,
+        prefill_attention_reason=runner.prefill_choice.reason,
         row_kernels=runner.row_choice.kernel,
         row_kernels_reason=runner.row_choice.reason,
     )

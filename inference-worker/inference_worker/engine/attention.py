@@ -27,8 +27,13 @@ Decisions:
   padding adds half the keys there). What the calls cost before was the gathers, one a
   sequence (below, `PagedKV.gather`). A CUDA build would hand the tables to a paged kernel
   (flash-attn's `block_table`); the torch path below runs there too.
-- A prefill chunk after earlier KV on a CPU needs no mask: its queries over the earlier
-  keys plus its own keys causally, two flash calls merged by their log-sum-exps
+- Prefill chunks of fp32 pools on a CPU: one call per layer of the C prefill kernel for
+  all of them (prefill_kernel.py), reading each chunk's context where it lies in the pool;
+  one layer of 480 new tokens on 1,250, one thread: 26.0 -> 18.1 ms against the two flash
+  calls below. Prompt modules' explicit positions, contexts past a sliding window, bf16 and
+  CUDA pools keep the SDPA paths here.
+- A prefill chunk after earlier KV on a CPU otherwise needs no mask: its queries over the
+  earlier keys plus its own keys causally, two flash calls merged by their log-sum-exps
   (chunk_attention.py; one layer of 1,000 tokens on 2,000: 107 -> 81 ms).
 - Sliding-window layers (Mistral, some Qwen2) mask keys more than `window` positions back.
 """
@@ -167,7 +172,9 @@ class SequenceSlice:
     # before it. None: slot i sits at position i.
     positions: torch.Tensor | None = None
     gathered_at: int = 0
-    kernel: bool = False  # its attention is the decode kernel's (`DecodeTables`), not an SDPA call
+    # its attention is a C kernel's (the decode kernel's `DecodeTables`, the prefill kernel's
+    # `PrefillTables`), not an SDPA call
+    kernel: bool = False
     far: bool = False  # its attention is merged with its far KV's (far_kv.py), not an SDPA call
     in_place: bool = False  # it attends its stored prefix where it was read (prefix_in_place.py)
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)

@@ -17,6 +17,8 @@ from typing import TypeVar
 import structlog
 import torch
 
+from inference_worker.kernels import KernelChoice
+
 log = structlog.get_logger("inference_worker.c_build")
 
 CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
@@ -47,6 +49,22 @@ def load_probed(
         log.warning("kernel_unavailable", source=source.name, reason=error)
         return None, error
     return kernel, None
+
+
+def load_choice(
+    source: Path,
+    unavailable_variable: str,
+    wrap: Callable[[ctypes.CDLL], Kernel],
+    probe: Callable[[Kernel], str | None],
+    chosen: KernelChoice,
+    otherwise: str,
+) -> tuple[Kernel | None, KernelChoice]:
+    """`load_probed` with its choice for the kernel report: `chosen`, or "torch" saying why
+    the kernel is unavailable and that `otherwise` runs instead."""
+    kernel, error = load_probed(source, unavailable_variable, wrap, probe)
+    if kernel is None:
+        return None, KernelChoice("torch", f"{source.stem} kernel unavailable ({error}): {otherwise}")
+    return kernel, chosen
 
 
 def build_library(source: Path, extra_flags: Sequence[str] = ()) -> Path:

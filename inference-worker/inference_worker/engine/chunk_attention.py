@@ -9,6 +9,8 @@ right one, and the kernel skips the blocks above the diagonal); the two partial 
 are merged by their log-sum-exps (DistAttention's `merge_two`), as flash-attention merges
 its blocks. One layer of SmolLM2 (9 query heads on 3 KV heads), 1,000 new tokens after
 2,000, one thread, CPU time at load 9: 107 -> 81 ms, at most 2.4e-7 from the masked call.
+fp32 pools on a CPU take the C prefill kernel instead (prefill_kernel.py) where it loads; this
+runs the rest (bf16 pools, no compiler).
 """
 
 from __future__ import annotations

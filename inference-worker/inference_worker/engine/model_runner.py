@@ -5,9 +5,10 @@ The batch is flattened (no padding): every sequence contributes the tokens it ru
 step (a prefill chunk, or its one decode token) as rows of one [tokens, hidden] tensor, so
 the linear layers and MLPs run once for the whole batch; only attention is per sequence
 (over its block table, attention.py): on a CPU every decode token of a layer in one call of
-the decode kernel (decode_kernel.py), which reads the blocks in place; the rest, and every
-decode where the kernel is unavailable, one SDPA call per sequence, with the blocks it
-reads gathered once per layer for all sequences. Logits are computed for each sequence's
+the decode kernel (decode_kernel.py), which reads the blocks in place, and every prefill
+chunk of fp32 pools in one call of the prefill kernel (prefill_kernel.py); the rest, and
+whatever the kernels do not run, one SDPA call per sequence, with the blocks it reads
+gathered once per layer for all sequences. Logits are computed for each sequence's
 last row only.
 """
 
@@ -35,6 +36,7 @@ from inference_worker.engine.attention import (
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
+from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables, load_paged_prefill
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
 from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
 from inference_worker.engine.sequence import Sequence
@@ -85,6 +87,7 @@ class Batch:
     slices: list[SequenceSlice]
     gathered: torch.Tensor | None  # the blocks gathered for the slices without a run of their own
     decode: DecodeTables | None  # the decode tokens the kernel attends for (slices marked `kernel`)
+    prefill: PrefillTables | None  # the prefill chunks the prefill kernel attends for (also `kernel`)
     last_rows: torch.Tensor  # [sequences]: the row of each sequence's last token
     prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]]  # stored KV to write first, its slots
     seqs: list[Sequence] = field(default_factory=list)  # the sequence of each slice
@@ -106,11 +109,13 @@ class PagedModelRunner:
         *,
         layer_timeout_seconds: float = DEFAULT_LAYER_TIMEOUT_SECONDS,
         decode_kernel: bool = True,
+        prefill_kernel: bool = True,
         row_kernels: bool = True,
     ) -> None:
         """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.
         `decode_kernel`: decode tokens through the C kernel where it loads and runs the
         pool's device and dtype (False: torch's gather + SDPA, as without a compiler).
+        `prefill_kernel`: prefill chunks through the C kernel likewise (False: SDPA).
         `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py)."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -130,6 +135,15 @@ class PagedModelRunner:
             kernel = None
             self.decode_choice = KernelChoice("torch", f"no decode kernel for {kv.k.dtype} on {kv.k.device}")
         self.decode_kernel: PagedDecodeKernel | None = kernel
+        self.prefill_kernel: PagedPrefillKernel | None
+        self.prefill_kernel, self.prefill_choice = (
+            load_paged_prefill() if prefill_kernel else (None, KernelChoice("torch", "prefill_kernel=False"))
+        )
+        if self.prefill_kernel is not None and not PagedPrefillKernel.supports(kv.k.dtype, kv.k.device):
+            self.prefill_kernel = None
+            self.prefill_choice = KernelChoice(
+                "torch", f"no prefill kernel for {kv.k.dtype} on {kv.k.device}"
+            )
         self.row_kernels: RowKernels | None
         self.row_choice: KernelChoice
         self.row_kernels, self.row_choice = (
@@ -149,6 +163,7 @@ class PagedModelRunner:
         slices: list[SequenceSlice] = []
         gathered: list[int] = []
         decodes: list[tuple[int, list[int], int]] = []  # the kernel's: row, block table, context tokens
+        prefills: list[tuple[int, int, int, list[int]]] = []  # the prefill kernel's: row, new, start, table
         prefixes: list[tuple[Sequence, PrefixKV, torch.Tensor | slice]] = []
         far: list[FarRows] = []
         far_decodes: list[tuple[int, list[int], int]] = []  # as `decodes`, of far sequences
@@ -190,6 +205,9 @@ class PagedModelRunner:
             elif self.decode_kernel is not None and part.is_decode:
                 part.kernel = True
                 decodes.append((rows.start, table, stop))
+            elif self._prefills_in_kernel(part):
+                part.kernel = True
+                prefills.append((rows.start, item.tokens, start, table))
             elif part.blocks is None and self._reads_pool(part):
                 gathered.extend(table)
             slices.append(part)
@@ -209,12 +227,23 @@ class PagedModelRunner:
             slices=slices,
             gathered=torch.tensor(gathered, dtype=torch.long, device=device) if gathered else None,
             decode=DecodeTables.of(decodes, device) if decodes else None,
+            prefill=PrefillTables.of(prefills, device) if prefills else None,
             last_rows=torch.tensor([part.rows.stop - 1 for part in slices], device=device),
             prefixes=prefixes,
             seqs=[item.seq for item in work],
             far=far,
             far_decode=DecodeTables.of(far_decodes, device) if far_decodes else None,
             in_place=in_place,
+        )
+
+    def _prefills_in_kernel(self, part: SequenceSlice) -> bool:
+        """Whether the prefill kernel attends for `part`: a chunk of several tokens whose
+        positions follow its slots, within every layer's window (the kernel has none)."""
+        return (
+            self.prefill_kernel is not None
+            and part.new_tokens > 1
+            and part.positions is None
+            and all(w is None or part.context_tokens <= w for w in self.windows)
         )
 
     def _reads_pool(self, part: SequenceSlice) -> bool:
@@ -266,6 +295,11 @@ class PagedModelRunner:
             )  # [tokens, heads, D]
             if batch.decode is not None:
                 self._decode(q, index, out, batch.decode, attn.scaling)
+            if batch.prefill is not None:
+                assert self.prefill_kernel is not None  # only then does `prepare` fill prefill tables
+                self.prefill_kernel(
+                    q, self.kv.k[index], self.kv.v[index], out, batch.prefill, scale=attn.scaling
+                )
             lse = None
             if batch.far_decode is not None:  # far rows: with log-sum-exp, merged with their far partial
                 lse = torch.empty(batch.far_decode.rows.shape[0], q.shape[1], device=q.device)

@@ -30,14 +30,24 @@ def reference_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
 
 
 def runner_for(
-    model: PreTrainedModel, blocks: int = 64, *, decode_kernel: bool = True, row_kernels: bool = True
+    model: PreTrainedModel,
+    blocks: int = 64,
+    *,
+    decode_kernel: bool = True,
+    prefill_kernel: bool = True,
+    row_kernels: bool = True,
 ) -> tuple[PagedModelRunner, BlockPool]:
     kv = PagedKV(ModelGeometry.of(model.config), blocks, BLOCK, torch.float32, torch.device("cpu"))
-    runner = PagedModelRunner(model, kv, decode_kernel=decode_kernel, row_kernels=row_kernels)
+    runner = PagedModelRunner(
+        model, kv, decode_kernel=decode_kernel, prefill_kernel=prefill_kernel, row_kernels=row_kernels
+    )
     assert runner.row_choice.kernel == ("row-ops-c" if row_kernels else "torch"), runner.row_choice.reason
     if decode_kernel:  # a machine without a C compiler must not pass for one with the kernel
         assert runner.decode_kernel is not None, load_paged_decode()[1].reason
     assert runner.decode_choice.kernel == ("paged-decode-c" if decode_kernel else "torch")
+    if prefill_kernel:
+        assert runner.prefill_kernel is not None, runner.prefill_choice.reason
+    assert runner.prefill_choice.kernel == ("paged-prefill-c" if prefill_kernel else "torch")
     return runner, BlockPool(blocks, BLOCK)
 
 
@@ -56,18 +66,20 @@ def assert_matches_reference(
             torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("prefill_kernel", [False, True])
 @pytest.mark.parametrize("row_kernels", [False, True])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_batched_chunked_prefill_and_decode_match_transformers(
     family: str,
     row_kernels: bool,
+    prefill_kernel: bool,
     tiny_llama_factory: Callable[..., PreTrainedModel],
     tiny_qwen2_factory: Callable[..., PreTrainedModel],
     tiny_mistral_factory: Callable[..., PreTrainedModel],
 ) -> None:
     factories = {"llama": tiny_llama_factory, "qwen2": tiny_qwen2_factory, "mistral": tiny_mistral_factory}
     model = factories[family]()
-    runner, pool = runner_for(model, row_kernels=row_kernels)
+    runner, pool = runner_for(model, row_kernels=row_kernels, prefill_kernel=prefill_kernel)
     seqs = [Sequence.of(tokens) for tokens in prompts([1, 5, 13, 30])]
     logits = run_batch(runner, pool, seqs, chunk_tokens=7, decode_steps=6)  # decode fragments the tables
     assert_matches_reference(model, seqs, logits)
@@ -123,18 +135,23 @@ def test_other_model_families_are_refused(tiny_model_dir: Callable[..., Any]) ->
         PagedModelRunner(model, kv)
 
 
+@pytest.mark.parametrize("prefill_kernel", [False, True])
 @pytest.mark.parametrize("decode_kernel", [False, True])
 @pytest.mark.parametrize("window", [None, 6])
 def test_one_step_mixes_runs_gathered_tables_and_chunks(
-    tiny_mistral_factory: Callable[..., PreTrainedModel], window: int | None, decode_kernel: bool
+    tiny_mistral_factory: Callable[..., PreTrainedModel],
+    window: int | None,
+    decode_kernel: bool,
+    prefill_kernel: bool,
 ) -> None:
     """In one forward pass: a sequence whose blocks are one run (read in place), decodes of
     ragged lengths whose tables are scattered, a chunk on a scattered cached prefix shared
-    with another sequence; without the decode kernel all gathered by one copy per layer,
-    with it every decode token in the kernel's one call and only the chunk gathered; GQA,
-    with and without a sliding window. Each matches its own plain forward."""
+    with another sequence; without the kernels all gathered by one copy per layer, with the
+    decode kernel every decode token in its one call, with the prefill kernel the chunk in
+    its call (unless its context exceeds the window), the rest gathered; GQA, with and
+    without a sliding window. Each matches its own plain forward."""
     model = tiny_mistral_factory(sliding_window=window)
-    runner, pool = runner_for(model, decode_kernel=decode_kernel)
+    runner, pool = runner_for(model, decode_kernel=decode_kernel, prefill_kernel=prefill_kernel)
     lengths = [11, 14, 3, 22]  # each grows into a block allocated later: scattered tables
     scattered = [Sequence.of(tokens) for tokens in prompts(lengths, seed=4)]
     run_batch(runner, pool, scattered, chunk_tokens=5, decode_steps=2)  # interleaved: scattered tables
@@ -154,17 +171,30 @@ def test_one_step_mixes_runs_gathered_tables_and_chunks(
     batch = runner.prepare(work)
     runs = [part.blocks is not None for part in batch.slices]
     assert runs == [False, True, False, False, False, False]
-    assert batch.gathered is not None
-    tables = [item.seq.block_table[: pool.blocks_for(len(item.seq))] for item in work if item.seq is not fresh]
+    chunk_in_kernel = prefill_kernel and window is None  # its context, 23 tokens, exceeds 6
+    in_kernel = [decode_kernel, decode_kernel, chunk_in_kernel] + [decode_kernel] * 3
+    assert [part.kernel for part in batch.slices] == in_kernel
+    gathered = [
+        block
+        for item, kernel in zip(work, in_kernel, strict=True)
+        if item.seq is not fresh and not kernel
+        for block in item.seq.block_table[: pool.blocks_for(len(item.seq))]
+    ]
+    assert (batch.gathered.tolist() if batch.gathered is not None else []) == gathered
     if decode_kernel:
-        assert [part.kernel for part in batch.slices] == [True, True, False, True, True, True]
-        assert batch.gathered.tolist() == shared.block_table
         assert batch.decode is not None
         assert batch.decode.rows.tolist() == [0, 1] + [2 + shared.pending_tokens + i for i in range(3)]
         assert batch.decode.lens.tolist() == [len(item.seq) for item in work if item.seq is not shared]
     else:
         assert batch.decode is None
-        assert batch.gathered.tolist() == [block for table in tables for block in table]
+    if chunk_in_kernel:
+        assert batch.prefill is not None
+        assert (batch.prefill.firsts.tolist(), batch.prefill.news.tolist()) == ([2], [shared.pending_tokens])
+        assert batch.prefill.starts.tolist() == [16]
+    else:
+        assert batch.prefill is None
     out = runner.forward(batch)
     for row, item in enumerate(work):
-        torch.testing.assert_close(out[row], reference_logits(model, item.seq.token_ids), atol=TOLERANCE, rtol=0)
+        torch.testing.assert_close(
+            out[row], reference_logits(model, item.seq.token_ids), atol=TOLERANCE, rtol=0
+        )
