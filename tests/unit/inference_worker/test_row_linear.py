@@ -6,16 +6,15 @@ fallback to oneDNN when it is forced unavailable."""
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from c_builds import C_BUILDS, built_kernel
 
 from inference_worker.cpu_linear import OneDnnLinear, _onednn_unavailable
-from inference_worker.engine.c_build import build_library
 from inference_worker.engine.row_linear import (
     MAX_ROWS,
     SOURCE,
@@ -26,14 +25,9 @@ from inference_worker.engine.row_linear import (
 from inference_worker.model_store import load_model
 
 
-# The kernel as this machine builds it, and as a CPU without AVX-512 runs it (the portable loop).
-@pytest.fixture(scope="module", params=["native", "without-avx512"])
+@pytest.fixture(scope="module", params=C_BUILDS)  # the portable loop too
 def kernel(request: pytest.FixtureRequest) -> RowLinear:
-    if request.param == "without-avx512":
-        return RowLinear(ctypes.CDLL(str(build_library(SOURCE, ("-mno-avx512f",)))))
-    loaded, choice = load_row_linear()
-    assert loaded is not None, choice.reason  # the development machines have a C compiler
-    return loaded
+    return built_kernel(request.param, SOURCE, RowLinear, load_row_linear)
 
 
 @pytest.mark.parametrize("rows", [1, 2])
