@@ -37,11 +37,11 @@ class RowLinear:
 
     @staticmethod
     def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether it computes `x @ weight.T`: at most MAX_ROWS fp32 CPU rows, contiguous."""
+        """Whether it computes `x @ weight.T`: 1 to MAX_ROWS fp32 CPU rows, contiguous."""
         return (
             x.dtype == weight.dtype == torch.float32
             and x.device.type == weight.device.type == "cpu"
-            and x.numel() <= MAX_ROWS * x.shape[-1]
+            and 0 < x.numel() <= MAX_ROWS * x.shape[-1]
             and x.is_contiguous()
             and weight.is_contiguous()
         )

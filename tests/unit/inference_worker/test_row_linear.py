@@ -81,6 +81,7 @@ def test_runs_only_fp32_cpu_rows_up_to_max_rows() -> None:
     weight = torch.randn(8, 64)
     assert RowLinear.runs(torch.randn(MAX_ROWS, 64), weight)
     assert not RowLinear.runs(torch.randn(MAX_ROWS + 1, 64), weight)
+    assert not RowLinear.runs(torch.randn(0, 64), weight)
     assert not RowLinear.runs(torch.randn(1, 64).bfloat16(), weight.bfloat16())
     assert not RowLinear.runs(torch.randn(64, 2).t(), weight)  # two rows, not contiguous
 
