@@ -1,6 +1,6 @@
-/* A linear layer over a few float32 rows (a decode step's): y = x W^T (+ bias) (+ residual),
- * reading W [out, in] once, front to back, as one stream, each weight row against every
- * input row while it is in L1. Built and loaded by row_linear.py like paged_decode.c.
+/* A linear layer over one or two float32 rows (a decode step's): y = x W^T (+ bias)
+ * (+ residual), reading W [out, in] once, front to back, as one stream, each weight row
+ * against every input row while it is in L1. Built and loaded by row_linear.py like paged_decode.c.
  *
  * Why: at one to a few rows a linear only streams its weight; oneDNN's matrix-vector kernel
  * (and its packed GEMM at a few rows) read SmolLM2-135M's 538 MB of fp32 weights at ~12.6
