@@ -31,6 +31,7 @@ import structlog
 import torch
 from torch import nn
 
+from inference_worker.engine.row_linear import RowLinear, load_row_linear
 from inference_worker.kernels import KernelChoice
 
 log = structlog.get_logger("inference_worker.cpu_linear")
@@ -49,16 +50,21 @@ class OneDnnLinear(nn.Linear):
     From two rows on, oneDNN reads a copy of the weight packed once in its blocked layout
     (packed on the first such call: a linear the engine runs fused (`FusedProjection`) is
     never packed twice). Inference only: the copy does not follow later changes to the
-    weight."""
+    weight. One or two fp32 rows (a decode step's) run `row_linear` where it loaded."""
 
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout (an mkldnn tensor)
+    row_linear: RowLinear | None = None  # set by use_onednn_linears
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.row_linear is not None and RowLinear.runs(x, self.weight):
+            return self.row_linear(x, self.weight, self.bias)
         return _onednn(x, self._weight_for(x), self.bias)
 
     def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """self(x) + residual [.., out] in one call: the add is the GEMM's post-op (bitwise
         the separate add), so the output is written once instead of written, read and added."""
+        if self.row_linear is not None and RowLinear.runs(x, self.weight) and residual.is_contiguous():
+            return self.row_linear(x, self.weight, self.bias, residual)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._weight_for(x), self.bias, "add")
 
     def _weight_for(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,10 +84,14 @@ class FusedProjection:
     computes (oneDNN splits the work by output column; checked for SmolLM2's shapes from 1
     to 640 rows). One decode step of SmolLM2-135M, one sequence, 2 threads at load 5: 71 ->
     57 ms (min of 20 steps), 7 -> 4 calls per layer. Not an nn.Module: no parameters of its
-    own, nothing new in the model's state dict. Inference only."""
+    own, nothing new in the model's state dict. Inference only. One or two fp32 rows run
+    `row_linear` over the plain concatenation where it loaded (bitwise each layer's own call)."""
 
     def __init__(self, linears: Sequence[nn.Linear]) -> None:
         self.linears = tuple(linears)
+        # the layers' own one- and two-row kernel (use_onednn_linears sets it), so that the
+        # fusion and each layer alone give the same bits
+        self.row_linear: RowLinear | None = getattr(linears[0], "row_linear", None)
         self.plain = _concatenated(self.linears)  # [sum of out, in]
         self.packed = _pack(self.plain)
         # Qwen2's q, k, v have biases, Llama's none: a layer without one adds zeros
@@ -94,6 +104,8 @@ class FusedProjection:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [.., in] -> each layer's output [.., out_i] (views of one result)."""
+        if self.row_linear is not None and RowLinear.runs(x, self.plain):
+            return self.row_linear(x, self.plain, self.bias).split(self.sizes, dim=-1)
         weight = self.plain if _one_row(x) else self.packed
         return _onednn(x, weight, self.bias).split(self.sizes, dim=-1)
 
@@ -152,14 +164,17 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
     if unavailable is not None:
         log.info("onednn_linear_unavailable", reason=unavailable, dtype=str(dtype))
         return KernelChoice("torch", f"oneDNN linear unavailable for {dtype}: {unavailable}")
+    row_linear, row_choice = load_row_linear() if dtype == torch.float32 else (None, None)
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDnnLinear
+            module.row_linear = row_linear
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         attn, mlp = layer.self_attn, layer.mlp
         attn.fused_qkv = FusedProjection((attn.q_proj, attn.k_proj, attn.v_proj))
         mlp.fused_gate_up = FusedProjection((mlp.gate_proj, mlp.up_proj))
-    return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear")
+    rows = "" if row_choice is None else f"; {row_choice.reason}"
+    return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear{rows}")
 
 
 def _onednn_unavailable(dtype: torch.dtype) -> str | None:

@@ -6,15 +6,15 @@ and the generic one; and the fallback when it cannot be built."""
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from c_builds import C_BUILDS, built_kernel
 
 from inference_worker.engine.attention import DecodeTables
-from inference_worker.engine.c_build import CACHE_VARIABLE, build_library
+from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.decode_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,
@@ -25,15 +25,9 @@ from inference_worker.engine.decode_kernel import (
 BLOCKS, BLOCK_TOKENS = 40, 4
 
 
-# The kernel as this machine builds it, and as a CPU without AVX-512 runs it (its portable
-# loops instead of the 16-key scores): every machine tests both.
-@pytest.fixture(scope="module", params=["native", "without-avx512"])
+@pytest.fixture(scope="module", params=C_BUILDS)  # the portable loops instead of the 16-key scores too
 def kernel(request: pytest.FixtureRequest) -> PagedDecodeKernel:
-    if request.param == "without-avx512":
-        return PagedDecodeKernel(ctypes.CDLL(str(build_library(SOURCE, ("-mno-avx512f",)))))
-    loaded, choice = load_paged_decode()
-    assert loaded is not None, choice.reason  # the development machines have a C compiler
-    return loaded
+    return built_kernel(request.param, SOURCE, PagedDecodeKernel, load_paged_decode)
 
 
 def reference(

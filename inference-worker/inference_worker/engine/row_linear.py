@@ -1,0 +1,94 @@
+"""Linear layers over one or two fp32 rows on a CPU in C (row_linear.c): a decode step's
+projections and lm_head, which only stream their weights. Loaded like the decode kernel
+(c_build.py), probed against `F.linear`; where it does not build, load or agree, the model's
+linears keep oneDNN (cpu_linear.py). `ATTNSTORE_ROW_LINEAR_UNAVAILABLE=1` forces that.
+
+Why, measured on the development machine (SmolLM2-135M's 121 decode-step weights, 538 MB,
+cycled so that none sits in cache, one thread, old and new alternated, min of 11; load 7):
+one row 76.2 -> 31.3 ms, two rows 82.4 -> 37.7 ms (oneDNN's matrix-vector kernel and its
+packed GEMM at two rows read ~7-13 GB/s, this loop what a plain `sum` over the same bytes
+reads); three rows even (67.0 vs 66.6), four slower in C (39.3 vs 30.1): from three rows on
+oneDNN's packed GEMM keeps them."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from inference_worker.engine.c_build import load_probed
+from inference_worker.kernels import KernelChoice
+
+SOURCE = Path(__file__).with_name("row_linear.c")
+UNAVAILABLE_VARIABLE = "ATTNSTORE_ROW_LINEAR_UNAVAILABLE"
+MAX_ROWS = 2  # row_linear.c's MAX_ROWS; more rows run oneDNN's packed GEMM (measured above)
+_PROBE_TOLERANCE = 1e-5  # relative: fp32 dot products in another order, far below a wrong build's
+_c_ptr = ctypes.c_void_p
+
+
+class RowLinear:
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._linear = library.linear_rows_f32
+        self._linear.argtypes = [_c_ptr] * 5 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        self._linear.restype = ctypes.c_int
+
+    @staticmethod
+    def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether it computes `x @ weight.T`: 1 to MAX_ROWS fp32 CPU rows, contiguous."""
+        return (
+            x.dtype == weight.dtype == torch.float32
+            and x.device.type == weight.device.type == "cpu"
+            and 0 < x.numel() <= MAX_ROWS * x.shape[-1]
+            and x.is_contiguous()
+            and weight.is_contiguous()
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [.., in] @ weight [out, in].T (+ bias [out]) (+ residual [.., out]), for `runs` inputs."""
+        out, width = weight.shape
+        rows = x.numel() // width if width else 0
+        if x.shape[-1] != width or not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"row_linear takes 1 to {MAX_ROWS} rows of {width}, not {list(x.shape)}")
+        for name, extra, shape in (("bias", bias, (out,)), ("residual", residual, (*x.shape[:-1], out))):
+            if extra is not None and (
+                extra.shape != shape or extra.dtype != x.dtype or not extra.is_contiguous()
+            ):
+                raise ValueError(f"{name} must be contiguous {x.dtype} {list(shape)}")
+        y = torch.empty((*x.shape[:-1], out), dtype=x.dtype)
+        self._linear(
+            weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(), y.data_ptr(), rows, out, width,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+
+@functools.cache
+def load_row_linear() -> tuple[RowLinear | None, KernelChoice]:
+    """The kernel, or None and why not (once per process)."""
+    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, RowLinear, _probe)
+    if kernel is None:
+        return None, KernelChoice("onednn", f"row linear unavailable ({error}): oneDNN at every row count")
+    return kernel, KernelChoice("row-linear-c", f"up to {MAX_ROWS} rows in C, reading each weight once")
+
+
+def _probe(kernel: RowLinear) -> str | None:
+    """Why the kernel disagrees with F.linear on small cases, or None."""
+    generator = torch.Generator().manual_seed(0)
+    for rows, width in ((1, 64), (2, 64), (2, 40)):  # 40: not a whole number of 16-float vectors
+        x, weight = torch.randn(rows, width, generator=generator), torch.randn(24, width, generator=generator)
+        bias, residual = torch.randn(24, generator=generator), torch.randn(rows, 24, generator=generator)
+        want = F.linear(x, weight, bias) + residual
+        error = float((kernel(x, weight, bias, residual) - want).abs().max() / want.abs().max())
+        if not error <= _PROBE_TOLERANCE:
+            return f"disagrees with F.linear at {rows} rows of {width} (relative error {error:.3g})"
+    return None
