@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from bench.modules.workload import Case
 from inference_worker.kv_saver import KV
+from inference_worker.modules.module_cache import ModuleCache
 from inference_worker.modules.module_prompt import ModulePrompt, lay_out, module_sequence
 from inference_worker.modules.repair_selection import RepairMethod, select_by_deviation
 from inference_worker.turn_engine import TurnEngine
@@ -70,10 +71,17 @@ class CaseResult:
     ttft_modules_bf16_ms: float | None = None
     ppl_modules_bf16: float | None = None
     agree_bf16: float | None = None  # greedy agreement with the full prefill, no repair
+    # Every module read from the daemon's DRAM (the worker's module cache bypassed: a
+    # prompt's first use of modules on this worker since they were read or evicted).
+    ttft_modules_read_ms: float | None = None
 
     @property
     def speedup(self) -> float:
         return self.ttft_full_ms / self.ttft_modules_ms
+
+    @property
+    def speedup_read(self) -> float | None:
+        return None if self.ttft_modules_read_ms is None else self.ttft_full_ms / self.ttft_modules_read_ms
 
     @property
     def speedup_bf16(self) -> float | None:
@@ -117,6 +125,7 @@ class CaseRunner:
             lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None)
         )
         ttft_modules = await self._ttft(lambda: self.engine.modules.run(self._turn(case, 1), self.source))
+        ttft_read = await self._ttft_read(case)
         full_answer = await self._tokens(
             self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=self.answer_tokens)), None)
         )
@@ -127,6 +136,7 @@ class CaseRunner:
             prompt_tokens=len(full_ids),
             ttft_full_ms=ttft_full * 1000,
             ttft_modules_ms=ttft_modules * 1000,
+            ttft_modules_read_ms=ttft_read * 1000,
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
             agree_no_repair=_agreement(await self._answer(case), full_answer),
@@ -156,6 +166,16 @@ class CaseRunner:
             ttft_repair_deviation_ms=1000
             * await self._ttft(lambda: self.engine.modules.run(deviation_turn, self.source)),
         )
+
+    async def _ttft_read(self, case: Case) -> float:
+        """The module turn's TTFT with every module read from the daemon (an empty module
+        cache in place of the worker's, which is kept)."""
+        store = self.engine.modules.server.store
+        kept, store.cache = store.cache, ModuleCache(0)
+        try:
+            return await self._ttft(lambda: self.engine.modules.run(self._turn(case, 1), self.source))
+        finally:
+            store.cache = kept
 
     async def _bf16_store(
         self, case: Case, result: CaseResult, reference: list[int], full_answer: list[int]

@@ -24,7 +24,7 @@ def format_table(rows: list[CaseResult]) -> str:
     head = (
         f"{'workload':<8} {'case':<20} {'module':>6} {'prompt':>6} {'full ms':>9} {'modules ms':>10} {'x':>6} "
         f"{'ppl full':>8} {'ppl mod':>8} {'ppl rep':>8} {'ppl dev':>8} {'agree':>5} {'agr rep':>7} {'agr dev':>7} "
-        f"{'bf16 ms':>8} {'x bf16':>6} {'ppl bf16':>8}"
+        f"{'bf16 ms':>8} {'x bf16':>6} {'ppl bf16':>8} {'read ms':>8} {'x read':>6}"
     )
     lines = [head, "-" * len(head), f"(repair: {largest:.0%} of each module but the first)"]
     for r in rows:
@@ -35,7 +35,8 @@ def format_table(rows: list[CaseResult]) -> str:
             f"{_num(first and first.ppl, 8, '.2f')} {_num(deviation and deviation.ppl, 8, '.2f')} "
             f"{r.agree_no_repair:>5.2f} {_num(r.agree_repair, 7, '.2f')} {_num(r.agree_repair_deviation, 7, '.2f')} "
             f"{_num(r.ttft_modules_bf16_ms, 8, '.1f')} {_num(r.speedup_bf16, 6, '.1f')} "
-            f"{_num(r.ppl_modules_bf16, 8, '.2f')}"
+            f"{_num(r.ppl_modules_bf16, 8, '.2f')} {_num(r.ttft_modules_read_ms, 8, '.1f')} "
+            f"{_num(r.speedup_read, 6, '.1f')}"
         )
     joined = [r for r in rows if r.workload in MULTI_MODULE]
     if not joined:  # a run of the length sweep alone (--only length)
@@ -102,6 +103,10 @@ def _budget(rows: list[CaseResult], fraction: float) -> float:
     return repaired / sum(r.module_tokens for r in repairable)
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def _median_speedup(rows: list[CaseResult], workload: str) -> float | None:
     picked = [r.speedup for r in rows if r.workload == workload]
     return round(statistics.median(picked), 2) if picked else None
@@ -143,6 +148,11 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         "ttft_speedup_largest_module": round(sweep[largest_module].speedup, 2) if largest_module else None,
         "largest_module_tokens": largest_module,
         "ttft_speedup_doc_qa": _median_speedup(rows, "doc_qa"),
+        # Modules read from the daemon, not the worker's memory (module_cache_bytes=0).
+        "ttft_speedup_doc_qa_read": _round(
+            _median([r.speedup_read for r in qa if r.speedup_read is not None]), 2
+        ),
+        "ttft_speedup_4k_module_read": _round(sweep[4096].speedup_read, 2) if 4096 in sweep else None,
         "ttft_speedup_code": _median_speedup(rows, "code"),
         "ttft_speedup_persona": _median_speedup(rows, "persona"),
         "ttft_speedup_travel": _median_speedup(rows, "travel"),

@@ -153,6 +153,16 @@ class WorkerSettings(ServiceSettings):
         "read): the model's dtype (exact) or a narrower one (half the bytes for an fp32 model)",
     )
 
+    # 256 MiB holds bench-modules' largest set in use at once: a 4,096-token SmolLM2 module
+    # (188 MB fp32) or document QA's 8 documents (~190 MB). A 3-document prompt served from
+    # here skips four daemon reads (docs/prompt-modules.md, "A document-QA turn taken apart").
+    module_cache_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="bytes of prompt modules' KV the worker keeps in memory after reading it from the daemon, "
+        "served instead of read again while the daemon still stores it (least recently used out; 0: off)",
+    )
+
     # The prompt is a session's whole conversation (truncated to the context window by the
     # worker), so this bounds the request, not the context: 131072 ids are ~640 KB on the wire.
     max_prompt_tokens: int = Field(

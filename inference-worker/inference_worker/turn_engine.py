@@ -149,6 +149,7 @@ class TurnEngine:
             self.namespaces,
             timeout_seconds=settings.module_read_timeout_seconds,
             store_dtype=TORCH_DTYPES.get(settings.module_kv_dtype),  # "model": None
+            cache_bytes=settings.module_cache_bytes,
         )
         pml = PmlServer(
             module_store,

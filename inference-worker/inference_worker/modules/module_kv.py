@@ -40,6 +40,11 @@ class LayerFeed(Sequence[tuple[torch.Tensor, torch.Tensor]]):
         """K, V [kv_heads, tokens, head_dim] of `layer`. Raises ValueError for another shape."""
         self._layers.put_layer(layer, k, v)
 
+    def put_all(self, kv: KV) -> None:
+        """Every layer at once (a module kept in the worker's memory: module_cache.py)."""
+        for layer, (k, v) in enumerate(kv):
+            self.put(layer, k, v)
+
     def fail(self, exc: BaseException) -> None:
         self._layers.fail(exc)
 

@@ -41,6 +41,7 @@ from inference_worker.engine.engine import Engine
 from inference_worker.kv_codec import DTYPE_NAMES, KVShapeError, layer_from_pieces
 from inference_worker.kv_saver import ChunkRun, ChunkSaver
 from inference_worker.layerwise_cache import PrefixLoadFailed
+from inference_worker.modules.module_cache import ModuleCache
 from inference_worker.modules.module_kv import LayerFeed, ModuleKV, encode_module
 from inference_worker.namespaces import Namespaces
 from inference_worker.turn_types import KVSource
@@ -77,9 +78,12 @@ class ModuleStore:
         *,
         timeout_seconds: float,
         store_dtype: torch.dtype | None = None,
+        cache_bytes: int = 0,
     ) -> None:
         """`timeout_seconds`: the longest wait for the daemon's lookup or read of one module.
-        `store_dtype`: the format of module KV in the store (None: the model's)."""
+        `store_dtype`: the format of module KV in the store (None: the model's).
+        `cache_bytes`: module KV kept in memory, served instead of read (module_cache.py)."""
+        self.cache = ModuleCache(cache_bytes)
         self.store_dtype = None if store_dtype == engine.kv.k.dtype else store_dtype
         self.engine = engine
         self.kvstore = kvstore
@@ -102,15 +106,20 @@ class ModuleStore:
         return module_chunk_keys(stored.namespace, spec.key, spec.token_ids, stored.chunk_tokens)
 
     async def get(self, source: KVSource, spec: ModuleSpec) -> tuple[ModuleKV, Origin]:
-        """The module's KV: stored (its read goes on in the background, layer by layer: a
-        LayerFeed), else encoded and saved (in the background)."""
+        """The module's KV: stored (from this worker's memory when an earlier turn read it,
+        else read in the background, layer by layer: a LayerFeed), else encoded
+        and saved (in the background)."""
         keys, source = self.chunk_keys(source, spec), self.stored_source(source)
         if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
+            self._background(self._protect(source, keys))
             feed = LayerFeed(
                 self.engine.runner.geometry.num_layers, len(spec.token_ids), self.timeout_seconds
             )
-            self._background(self._read(self.kvstore, source, keys, feed))
-            self._background(self._protect(source, keys))
+            kept = self.cache.get((source.namespace, spec.key))
+            if kept is None:
+                self._background(self._read(self.kvstore, source, keys, feed, spec.key))
+            else:
+                feed.put_all(kept)
             return ModuleKV(spec.token_ids, spec.positions, feed), Origin.STORED
         return await self._encode(source, spec, keys), Origin.ENCODED
 
@@ -177,11 +186,13 @@ class ModuleStore:
         return found.prefix_length == len(keys)
 
     async def _read(
-        self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes], feed: LayerFeed
+        self, client: AsyncKVStoreClient, source: KVSource, keys: Sequence[bytes], feed: LayerFeed, key: bytes
     ) -> None:
-        """Puts every layer of the module's chunks into `feed` as it arrives; fails it (never
-        raises) on any error: the turn then computes the module's tokens instead."""
+        """Puts every layer of the module's chunks (`key`'s) into `feed` as it arrives, and
+        the whole KV into the cache; fails the feed (never raises) on any error: the turn then
+        computes the module's tokens instead."""
         row: list[LayerPiece] = []
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
         layer = 0
         try:
             async with contextlib.aclosing(client.iter_layers(source.namespace, keys)) as pieces:
@@ -192,9 +203,11 @@ class ModuleStore:
                             row, device=self.engine.runner.device, verify=True, dtype=self.engine.kv.k.dtype
                         )
                         feed.put(layer, k, v)  # [kv_heads, tokens, D]
+                        layers.append((k, v))
                         row, layer = [], layer + 1
             if layer != len(feed):
                 raise KVShapeError(f"a module's chunks hold {layer} layers")
+            self.cache.put((source.namespace, key), layers)
         except asyncio.CancelledError:
             feed.fail(PrefixLoadFailed("the module's read was cancelled"))
             raise

@@ -10,6 +10,7 @@ position order, are one KV).
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,7 +36,6 @@ from attnstore.prompt_modules import (
     parse_schema,
     plain_roles,
 )
-from inference_worker.modules.module_kv import ModuleKV
 from inference_worker.modules.module_prompt import CachedPiece, ModulePrompt, TextPart
 from inference_worker.modules.module_store import ModuleSpec, ModuleStore, Origin
 from inference_worker.turn_types import KVSource
@@ -119,16 +119,19 @@ class PmlServer:
             self.render_role,
             compact=self.compact_positions,
         )
-        kvs: dict[_KVId, tuple[ModuleKV, Origin]] = {}
+        modules = [segment for segment in served.segments if isinstance(segment, ModuleSegment)]
+        ids = list(dict.fromkeys(self._kv_id(segment) for segment in modules))
+        # Looked up (and read or encoded) all at once: one after the other, four lookups
+        # made a 3-document prompt's turn wait 20-30 ms before its forward pass (load 5).
+        found = await asyncio.gather(*(self.store.get(source, self._spec(source, layout, *i)) for i in ids))
+        kvs = dict(zip(ids, found, strict=True))
         pieces: list[CachedPiece] = []
         text: list[TextPart] = []
         for segment in served.segments:
             if not isinstance(segment, ModuleSegment):
                 text.append(TextPart(segment.token_ids, tuple(segment.positions)))
                 continue
-            kv_id: _KVId = ((), segment.scaffold) if segment.scaffold else (segment.path, None)
-            if kv_id not in kvs:
-                kvs[kv_id] = await self.store.get(source, self._spec(source, layout, *kv_id))
+            kv_id = self._kv_id(segment)
             offset = self._offset(layout, segment)
             pieces.append(CachedPiece(kvs[kv_id][0], offset, len(segment.token_ids), segment.start))
         if add_generation_prompt and isinstance(self._generation_prompt, Exception):
@@ -190,6 +193,10 @@ class PmlServer:
             tuple(t for piece in pieces for t in piece.token_ids),
             tuple(p for piece in pieces for p in range(piece.start, piece.end)),
         )
+
+    @staticmethod
+    def _kv_id(segment: ModuleSegment) -> _KVId:
+        return ((), segment.scaffold) if segment.scaffold else (segment.path, None)
 
     @staticmethod
     def _offset(layout: SchemaLayout, segment: ModuleSegment) -> int:

@@ -6,6 +6,8 @@ and FAIL verdicts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench.modules.measure import REPAIR_FRACTIONS, REPAIR_METHODS, CaseResult, RepairPoint
@@ -15,16 +17,25 @@ LARGEST = REPAIR_FRACTIONS[-1]
 
 
 def row(
-    workload: str, label: str, full_ms: float, modules_ms: float, ppl: tuple[float, float],
-    repaired: dict[str, float] | None = None, compact: float | None = None,
+    workload: str,
+    label: str,
+    full_ms: float,
+    modules_ms: float,
+    ppl: tuple[float, float],
+    repaired: dict[str, float] | None = None,
+    compact: float | None = None,
 ) -> CaseResult:
     """`repaired`: the perplexity per method at the largest budget; smaller budgets 10% off."""
     full, modules = ppl
-    curve = tuple(
-        RepairPoint(method, f, int(f * 1000), repaired[method] if f == LARGEST else full * 1.1)
-        for method in REPAIR_METHODS
-        for f in REPAIR_FRACTIONS
-    ) if repaired else ()
+    curve = (
+        tuple(
+            RepairPoint(method, f, int(f * 1000), repaired[method] if f == LARGEST else full * 1.1)
+            for method in REPAIR_METHODS
+            for f in REPAIR_FRACTIONS
+        )
+        if repaired
+        else ()
+    )
     return CaseResult(
         workload=workload,
         label=label,
@@ -51,8 +62,13 @@ def test_summary_and_verdicts() -> None:
     rows = [
         row("length", "1024", 1000.0, 20.0, (10.0, 10.0)),
         row(
-            "doc_qa", "q0", 600.0, 20.0, (10.0, 11.0),
-            {**same(10.3), "first": 10.05, "deviation": 10.2, "deviation+compact": 10.01}, compact=10.6,
+            "doc_qa",
+            "q0",
+            600.0,
+            20.0,
+            (10.0, 11.0),
+            {**same(10.3), "first": 10.05, "deviation": 10.2, "deviation+compact": 10.01},
+            compact=10.6,
         ),
         row("doc_qa", "q1", 900.0, 30.0, (10.0, 9.7), same(10.0)),  # lower counts as far as higher
         row("doc_qa", "q2", 300.0, 30.0, (10.0, 10.0), same(10.0)),
@@ -80,3 +96,19 @@ def test_summary_and_verdicts() -> None:
     assert verdicts({**summary, "ppl_delta_with_repair": 0.02})[3].startswith("FAIL")
     assert verdicts({**summary, "repair_budget_fraction": 0.2})[3].startswith("FAIL")
     assert verdicts({**summary, "ppl_delta_no_repair": 0.2})[2].startswith("FAIL")
+
+
+def test_the_speedups_of_modules_read_from_the_daemon_are_reported_beside() -> None:
+    """`ttft_modules_read_ms`: every module read from the daemon (the worker's cache bypassed)."""
+    rows = [
+        replace(row("doc_qa", f"q{i}", 600.0, 20.0, (10.0, 10.0)), ttft_modules_read_ms=read)
+        for i, read in enumerate((60.0, 30.0, 120.0))
+    ]
+    rows.append(replace(row("length", "4096", 8000.0, 100.0, (10.0, 10.0)), ttft_modules_read_ms=200.0))
+    summary = summarize(rows)
+    assert summary["ttft_speedup_doc_qa"] == 30.0 and summary["ttft_speedup_doc_qa_read"] == 10.0  # 600/60
+    assert summary["ttft_speedup_4k_module"] == 80.0 and summary["ttft_speedup_4k_module_read"] == 40.0
+    assert (
+        summarize(rows[:1] + [row("doc_qa", "q9", 600.0, 20.0, (10.0, 10.0))])["ttft_speedup_doc_qa_read"]
+        == 10.0
+    )
