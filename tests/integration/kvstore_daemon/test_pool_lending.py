@@ -135,6 +135,29 @@ def test_the_lending_limits_count_only_the_ssd_room_borrowed_chunks_take(
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, fits)) == [chunks.data(i) for i in range(fits)]
 
 
+def test_one_put_is_checked_against_the_ceiling_including_its_own_chunks(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    """A put of more borrowed chunks than the ceiling leaves room for takes those that fit
+    and refuses the rest: each chunk is checked counting the ones reserved before it in
+    the same put (checked against what was lent before the put, all were taken)."""
+    lender = daemon_factory(
+        **{**LENDER, "DRAM_CAPACITY_BYTES": 8 * MiB, "SSD_CAPACITY_BYTES": 1 * MiB},
+        METRICS_PORT=0, POOL_OWN_FLOOR_FRACTION=0.0, POOL_MAX_LENT_FRACTION=0.5, POOL_REPLACE_BORROWED=False,
+    )  # fmt: skip
+    size = len(chunks.data(0))
+    fits = (MiB // 2) // size  # 7 chunks of 68 KiB in 512 KiB
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        placed = client.put_chunks(chunks.namespace, chunks.items(0, fits + 3), durable=True, borrower="node-b")
+        assert placed.stored == chunks.keys(0, fits)
+        assert placed.no_space == chunks.keys(fits, fits + 3)
+        assert scrape_metrics(lender.metrics_port)[LENT] == fits * size <= MiB // 2  # the ceiling holds
+        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        # the next put finds the ceiling reached by the first
+        assert client.put_chunks(chunks.namespace, chunks.items(fits + 3, fits + 4), borrower="node-b").stored == []
+
+
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
     daemon_factory: DaemonFactory, chunks: ChunkSet
 ) -> None:
