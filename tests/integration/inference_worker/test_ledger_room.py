@@ -8,6 +8,8 @@ killed within the ledger's TTL) costs one refusal, then the next peer, logits wi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,9 +52,24 @@ def run_placed(model: PreTrainedModel, room: dict[str, int], seed: int) -> tuple
     return lost, placed
 
 
-def in_ledger(redis_url: str, *daemons: DaemonProcess) -> None:
-    for daemon in daemons:
-        poll(lambda d=daemon: lent_bytes(redis_url, d) >= 0, "the daemon in the ledger")
+@contextmanager
+def two_lenders(
+    pool: tuple[str, Path], tiny_model: LoadedModel, heartbeat_seconds: float, full_limits: dict[str, object]
+) -> Iterator[tuple[DaemonProcess, dict[str, str]]]:
+    """Lender workers "full" and "open", each on its own daemon in the ledger ("full"'s
+    with `full_limits`): "full"'s daemon, and the workers' addresses once both daemons
+    are in the ledger."""
+    redis_url, root = pool
+    ledger = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": heartbeat_seconds}
+    with (
+        running_daemon(root / "a", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings={**ledger, **full_limits}) as full,
+        running_daemon(root / "b", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as open_,
+        running_workers(root, tiny_model.model_dir, {"full": lender_settings(full, attach=False),
+                                                     "open": lender_settings(open_, attach=False)}) as started,
+    ):  # fmt: skip
+        for daemon in (full, open_):
+            poll(lambda d=daemon: lent_bytes(redis_url, d) >= 0, "the daemon in the ledger")
+        yield full, {name: started[name].address for name in WORKER_ROOM}
 
 
 @pytest.fixture
@@ -63,21 +80,12 @@ def model(tiny_model: LoadedModel) -> PreTrainedModel:
 def test_a_lender_with_no_room_in_the_ledger_is_not_chosen(
     pool: tuple[str, Path], tiny_model: LoadedModel, model: PreTrainedModel
 ) -> None:
-    redis_url, root = pool
-    ledger_settings = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": 0.5}
-    with (
-        running_daemon(root / "a", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings={**ledger_settings, **REFUSES}) as full_daemon,
-        running_daemon(root / "b", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger_settings) as open_daemon,
-        running_workers(root, tiny_model.model_dir, {"full": lender_settings(full_daemon, attach=False),
-                                                     "open": lender_settings(open_daemon, attach=False)}) as started,
-    ):  # fmt: skip
-        in_ledger(redis_url, full_daemon, open_daemon)
-        workers = {name: started[name].address for name in WORKER_ROOM}
+    with two_lenders(pool, tiny_model, 0.5, REFUSES) as (full_daemon, workers):
         with peer_channel(workers["full"]) as channel:
             assert lending(channel).pool_daemon == full_daemon.address
         assert ledger_rooms(LedgerRoom(None), workers) == {workers[n]: t for n, t in WORKER_ROOM.items()}
 
-        ledger = LedgerRoom(redis_url)
+        ledger = LedgerRoom(pool[0])
         room = ledger_rooms(ledger, workers)
         assert room == {workers["full"]: 0, workers["open"]: WORKER_ROOM["open"]}
         lost, placed = run_placed(model, room, seed=21)
@@ -88,20 +96,8 @@ def test_a_lender_with_no_room_in_the_ledger_is_not_chosen(
 def test_a_stale_ledger_entry_costs_one_refusal_then_the_next_peer(
     pool: tuple[str, Path], tiny_model: LoadedModel, model: PreTrainedModel
 ) -> None:
-    redis_url, root = pool
-    ledger_settings = {
-        "pool_redis_url": redis_url,
-        "pool_heartbeat_seconds": 2.0,
-    }  # forgotten 6 s after its last
-    with (
-        running_daemon(root / "a", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger_settings) as dying,
-        running_daemon(root / "b", dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger_settings) as open_daemon,
-        running_workers(root, tiny_model.model_dir, {"full": lender_settings(dying, attach=False),
-                                                     "open": lender_settings(open_daemon, attach=False)}) as started,
-    ):  # fmt: skip
-        in_ledger(redis_url, dying, open_daemon)
-        workers = {name: started[name].address for name in WORKER_ROOM}
-        ledger = LedgerRoom(redis_url)
+    with two_lenders(pool, tiny_model, 5.0, {}) as (dying, workers):  # forgotten 15 s after its last heartbeat
+        ledger = LedgerRoom(pool[0])
         assert ledger_rooms(ledger, workers) == {workers[n]: t for n, t in WORKER_ROOM.items()}
 
         dying.kill9()  # its ledger entry stays until its TTL: the home still sees its room
@@ -111,5 +107,5 @@ def test_a_stale_ledger_entry_costs_one_refusal_then_the_next_peer(
         assert lost == {workers["full"]} and placed == {workers["open"]}  # one refusal, then the next peer
 
         poll(lambda: ledger_rooms(ledger, workers)[workers["full"]] == 0, "the dead daemon forgotten by the ledger",
-             timeout_seconds=30)  # fmt: skip
+             timeout_seconds=60)  # fmt: skip
         ledger.close()
