@@ -31,9 +31,14 @@ log = structlog.get_logger("dist_attention.ledger_room")
 
 
 class LedgerRoom:
-    def __init__(self, redis_url: str | None) -> None:
-        """`redis_url`: the pool ledger's Redis (None: no ledger, rooms pass unchanged)."""
-        self._client = redis.Redis.from_url(redis_url) if redis_url is not None else None
+    def __init__(self, redis_url: str | None, timeout_seconds: float) -> None:
+        """`redis_url`: the pool ledger's Redis (None: no ledger, rooms pass unchanged);
+        `timeout_seconds`: the longest wait for it (a placement must not hang on it)."""
+        self._client = None
+        if redis_url is not None:
+            self._client = redis.Redis.from_url(
+                redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
+            )
 
     def cap(
         self, room_tokens: Mapping[str, int], daemons: Mapping[str, str], bytes_per_token: int

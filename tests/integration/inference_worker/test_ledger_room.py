@@ -83,9 +83,11 @@ def test_a_lender_with_no_room_in_the_ledger_is_not_chosen(
     with two_lenders(pool, tiny_model, 0.5, REFUSES) as (full_daemon, workers):
         with peer_channel(workers["full"]) as channel:
             assert lending(channel).pool_daemon == full_daemon.address
-        assert ledger_rooms(LedgerRoom(None), workers) == {workers[n]: t for n, t in WORKER_ROOM.items()}
+        assert ledger_rooms(LedgerRoom(None, timeout_seconds=10), workers) == {
+            workers[n]: t for n, t in WORKER_ROOM.items()
+        }
 
-        ledger = LedgerRoom(pool[0])
+        ledger = LedgerRoom(pool[0], timeout_seconds=10)
         room = ledger_rooms(ledger, workers)
         assert room == {workers["full"]: 0, workers["open"]: WORKER_ROOM["open"]}
         lost, placed = run_placed(model, room, seed=21)
@@ -96,8 +98,11 @@ def test_a_lender_with_no_room_in_the_ledger_is_not_chosen(
 def test_a_stale_ledger_entry_costs_one_refusal_then_the_next_peer(
     pool: tuple[str, Path], tiny_model: LoadedModel, model: PreTrainedModel
 ) -> None:
-    with two_lenders(pool, tiny_model, 5.0, {}) as (dying, workers):  # forgotten 15 s after its last heartbeat
-        ledger = LedgerRoom(pool[0])
+    with two_lenders(pool, tiny_model, 5.0, {}) as (
+        dying,
+        workers,
+    ):  # forgotten 15 s after its last heartbeat
+        ledger = LedgerRoom(pool[0], timeout_seconds=10)
         assert ledger_rooms(ledger, workers) == {workers[n]: t for n, t in WORKER_ROOM.items()}
 
         dying.kill9()  # its ledger entry stays until its TTL: the home still sees its room
