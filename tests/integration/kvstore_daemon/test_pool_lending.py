@@ -104,6 +104,32 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
 
 
+def test_a_replacing_lender_never_replaces_pinned_borrowed_chunks_it_refuses_instead(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    """Pinned borrowed chunks (a far segment a worker attends: lent_chunks.py) stay on SSD
+    and are not replaced: a lender at its ceiling with only pinned ones refuses the next;
+    unpinned, they are replaced again."""
+    lender = daemon_factory(
+        **{**LENDER, "DRAM_CAPACITY_BYTES": 8 * MiB, "SSD_CAPACITY_BYTES": 1 * MiB},
+        POOL_OWN_FLOOR_FRACTION=0.0, POOL_MAX_LENT_FRACTION=0.5,
+    )  # fmt: skip
+    fits = (MiB // 2) // len(chunks.data(0))  # 7 chunks of 68 KiB in 512 KiB
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits))) == chunks.keys(0, fits)
+        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        assert client.pin(chunks.namespace, chunks.keys(0, fits), ttl_seconds=600) == fits
+
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits, fits + 1))) == []  # refused
+        assert chunks.tiers(client, range(fits)) == [Tier.SSD] * fits  # all kept; pinned to stay, not promoted
+
+        client.unpin(chunks.namespace, chunks.keys(0, 1))
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits, fits + 1))) == [chunks.key(fits)]
+        assert chunks.tiers(client, range(fits))[0] is None  # the unpinned one made room
+        assert None not in chunks.tiers(client, range(1, fits))
+
+
 def test_a_borrowed_chunk_lives_on_the_lenders_ssd_and_leaves_its_dram_to_its_own_node(
     daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
 ) -> None:
