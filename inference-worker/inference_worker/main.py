@@ -122,33 +122,35 @@ async def run_worker(settings: WorkerSettings) -> None:
         attention_reason=kernels.attention.reason,
     )
 
-    async def on_stop() -> None:
-        try:
-            await asyncio.wait_for(engine.drain_saves(), settings.shutdown_grace_seconds)
-        except TimeoutError:
-            log.warning("kv_saves_abandoned", grace_seconds=settings.shutdown_grace_seconds)
-        finally:
-            await engine.close()
-            if kvstore is not None:
-                await kvstore.close()
-
     server = create_server(
         settings.serving, interceptors=internal_auth_interceptors(settings.internal_auth, settings.tls)
     )
     template = ChatTemplate(loaded.tokenizer, settings.special_tokens_in_messages)
     servicer = WorkerServicer(engine, template, limits, model_card)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    micro_attention_service = micro_attention.add_to_server(
+    lending = micro_attention.add_to_server(
         engine.long_turns.swaps,
         kvstore,
         settings.chunk_tokens,
         server,
         settings.long_context.advertise_kvstore_address,
     )
+
+    async def on_stop() -> None:
+        try:
+            await asyncio.wait_for(engine.drain_saves(), settings.shutdown_grace_seconds)
+        except TimeoutError:
+            log.warning("kv_saves_abandoned", grace_seconds=settings.shutdown_grace_seconds)
+        finally:
+            await lending.close()
+            await engine.close()
+            if kvstore is not None:
+                await kvstore.close()
+
     await serve(
         server,
         settings,
-        service_names=[SERVICE_NAME, micro_attention_service],
+        service_names=[SERVICE_NAME, micro_attention.SERVICE_NAME],
         on_stop=on_stop,
         health_probe=functools.partial(
             check_device, loaded.device, loaded.dtype, settings.health_check_timeout_seconds

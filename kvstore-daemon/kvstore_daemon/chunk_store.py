@@ -444,6 +444,15 @@ class ChunkStore:
         """Bytes of chunks held for pool borrowers (the ledger's lent_bytes)."""
         return self._chunks.lent_bytes
 
+    @property
+    def pinned_lent_bytes(self) -> int:
+        """Of `lent_bytes`, the pinned chunks' (a far segment's, while a worker attends it:
+        never replaced by a newer loan). Read at each heartbeat: one walk of the borrowed."""
+        now = self._clock()
+        return sum(
+            chunk.size_bytes for key in self._chunks.borrowed_keys() if (chunk := self._chunks[key]).pinned_until > now
+        )
+
     def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
         """(borrower node, key) of chunks held for borrowers that this daemon evicted since
         the last call: the pool member tells their borrowers."""
@@ -485,9 +494,14 @@ class ChunkStore:
         free room above the floor, lent bytes under the ceiling) of the SSD tier, the only
         one borrowed chunks take (`commit`): counted against DRAM + SSD, the borrowed chunks
         then outgrew the SSD and evicted each other (test_pool_end_to_end reused nothing).
-        The ledger ranks lenders by the same numbers, but from heartbeats: this check holds."""
-        free = max(0, self.ssd.capacity_bytes - self.ssd.used_bytes)
-        return size_bytes <= self._lending.more_lendable_bytes(self.ssd.capacity_bytes, free, self._chunks.lent_bytes)
+        The ledger ranks lenders by the same numbers, but from heartbeats: this check holds.
+        Borrowed chunks reserved and not yet committed count as lent (and as taking SSD
+        room), so a put of many chunks is checked including its own earlier ones: checked
+        against what was lent before the put, one put overshot the ceiling by its size."""
+        reserved = sum(r.size_bytes for r in self._reservations.values() if r.borrower)
+        free = max(0, self.ssd.capacity_bytes - self.ssd.used_bytes - reserved)
+        lent = self._chunks.lent_bytes + reserved
+        return size_bytes <= self._lending.more_lendable_bytes(self.ssd.capacity_bytes, free, lent)
 
     def pin(self, namespace: bytes, keys: Sequence[bytes], ttl_seconds: float) -> int:
         self.namespaces.get(namespace)
@@ -496,7 +510,9 @@ class ChunkStore:
             chunk = self._visible(namespace, key)
             if chunk is not None:
                 chunk.pinned_until = self._clock() + ttl_seconds
-                if chunk.tier is TierName.SSD:
+                # A borrowed chunk is pinned to stay (its lender attends its own copy), not to be
+                # read soon: it keeps off DRAM, the lender's node's (commit).
+                if chunk.tier is TierName.SSD and not chunk.borrower:
                     self._mover.spawn(self._mover.promote_quietly(chunk, None))
                 pinned += 1
         return pinned

@@ -83,13 +83,18 @@ async def run_daemon(settings: DaemonSettings) -> None:
         if peer is not None:
             await peer.close()
 
+    def pool_address() -> str:
+        return member.address if member is not None else ""
+
     def on_started(port: int) -> None:
         if member is not None:  # into the ledger once peers can reach it
             member.start(port, data_plane_port, store)
 
     auth = internal_auth_interceptors(settings.internal_auth, settings.tls, ADMIN_METHODS)
     server = create_server(settings.serving, interceptors=auth)
-    kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, settings, data_plane_port), server)
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(
+        KVStoreServicer(store, settings, data_plane_port, pool_address), server
+    )
     await serve(
         server,
         settings,

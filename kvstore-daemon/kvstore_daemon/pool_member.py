@@ -40,6 +40,9 @@ class PoolStore(Protocol):
     @property
     def lent_bytes(self) -> int: ...
 
+    @property
+    def pinned_lent_bytes(self) -> int: ...
+
     def take_dropped_borrowed(self) -> list[tuple[str, bytes]]: ...
 
     def forget_peer_copies(self, peer: str, keys: Sequence[bytes]) -> int: ...
@@ -70,6 +73,11 @@ class PoolMember:
         self._data_plane_address = f"{self._grpc_address.rsplit(':', 1)[0]}:{data_plane_port}"
         self._task = asyncio.get_running_loop().create_task(self._beat_forever())
 
+    @property
+    def address(self) -> str:
+        """Its id and gRPC address in the ledger ("" until started)."""
+        return self._grpc_address
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -98,6 +106,7 @@ class PoolMember:
             grpc_address=self._grpc_address, data_plane_address=self._data_plane_address,
             capacity_bytes=capacity, free_bytes=max(0, capacity - used),
             lent_bytes=self._store.lent_bytes if self._store is not None else 0,
+            pinned_lent_bytes=self._store.pinned_lent_bytes if self._store is not None else 0,
         )  # fmt: skip
 
     async def _beat_forever(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -58,10 +58,18 @@ def _caller(peer: str) -> str:
 
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
-    def __init__(self, store: ChunkStore, settings: DaemonSettings, data_plane_port: int = 0) -> None:
+    def __init__(
+        self,
+        store: ChunkStore,
+        settings: DaemonSettings,
+        data_plane_port: int = 0,
+        pool_address: Callable[[], str] = str,
+    ) -> None:
+        """`pool_address`: this daemon's id in the pool's ledger ("" while none)."""
         self._store = store
         self._settings = settings
         self._data_plane_port = data_plane_port  # 0: off
+        self._pool_address = pool_address
 
     def _keys(self, keys: list[bytes], *, unique: bool = True) -> list[bytes]:
         """Keys of one call, each at most once (a repeated key would be read and counted
@@ -256,4 +264,5 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             eviction_policy=self._settings.eviction_policy,
             namespaces_refused_table_full=s.namespaces_refused["table_full"],
             namespaces_refused_rate_limited=s.namespaces_refused["rate_limited"],
+            pool_address=self._pool_address(),
         )

@@ -15,15 +15,17 @@ and the scheduler install.
 A daemon's heartbeat rewrites both (one MULTI); a daemon that misses heartbeats for the
 TTL loses its hash, and the next `candidates` call drops its stale score, so the ledger
 forgets a dead peer without a sweeper. What a daemon may lend keeps a floor of its
-capacity for its own node and a ceiling on what it holds for others.
+capacity for its own node and a ceiling on what it holds for others. Long turns' homes
+(inference workers) read the scores of their peers' daemons (`read_lendable`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import msgpack
+import redis
 import redis.asyncio as aioredis
 
 _PREFIX = "attnstore:pool"
@@ -51,6 +53,8 @@ class DaemonEntry:
     capacity_bytes: int  # its SSD tier: the one borrowed chunks take
     free_bytes: int
     lent_bytes: int  # bytes it holds for other daemons
+    # Of them, pinned ones (far segments' KV a worker attends, lent_chunks.py): never replaced.
+    pinned_lent_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,15 @@ class LendingLimits:
     replace_borrowed: bool
 
     def lendable_bytes(self, entry: DaemonEntry) -> int:
-        return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes, self.replace_borrowed)
+        replaceable = replaceable_bytes(entry) if self.replace_borrowed else 0
+        return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes, replaceable)
 
-    def more_lendable_bytes(self, capacity_bytes: int, free_bytes: int, lent_bytes: int, replacing: bool = False) -> int:
+    def more_lendable_bytes(self, capacity_bytes: int, free_bytes: int, lent_bytes: int, replaceable: int = 0) -> int:
         """What a daemon may take for others on top of what it lends: its free room above
-        its floor, up to its ceiling; `replacing`, the room of what it lends counts too. The
-        ledger ranks lenders by it; the lender checks a borrowed chunk against it without
-        `replacing`, after evicting borrowed chunks if it replaces (ChunkStore.reserve)."""
-        replaceable = lent_bytes if replacing else 0
+        its floor, up to its ceiling; `replaceable` bytes of what it lends count as room
+        too (borrowed chunks it would evict: not the pinned ones). The ledger ranks lenders
+        by it; the lender checks a borrowed chunk against it with none replaceable, after
+        evicting borrowed chunks if it replaces (ChunkStore.reserve)."""
         above_floor = free_bytes + replaceable - int(capacity_bytes * self.own_floor_fraction)
         below_ceiling = int(capacity_bytes * self.max_lent_fraction) - lent_bytes + replaceable
         return max(0, min(above_floor, below_ceiling))
@@ -184,9 +189,31 @@ class PoolLedger:
         live.sort(key=lambda e: (
             e.node != requester.node,
             -limits.more_lendable_bytes(e.capacity_bytes, e.free_bytes, e.lent_bytes),
-            -limits.more_lendable_bytes(e.capacity_bytes, e.free_bytes, e.lent_bytes, replacing=True),
+            -limits.more_lendable_bytes(e.capacity_bytes, e.free_bytes, e.lent_bytes, replaceable_bytes(e)),
         ))  # fmt: skip
         return live[:count]
+
+
+def replaceable_bytes(entry: DaemonEntry) -> int:
+    """What a daemon lends that it may evict for a newer loan (the unpinned part)."""
+    return max(0, entry.lent_bytes - entry.pinned_lent_bytes)
+
+
+def read_lendable(client: redis.Redis, daemon_ids: Iterable[str]) -> dict[str, int]:
+    """Bytes each daemon of `daemon_ids` may lend now, as its last heartbeat scored it (its
+    own limits); a daemon gone from the ledger (stopped, or silent for its TTL) is left
+    out. Synchronous, for a worker thread (a long turn's placement, long_turn.py)."""
+    ids = list(dict.fromkeys(daemon_ids))
+    with client.pipeline(transaction=False) as pipe:
+        for daemon_id in ids:
+            pipe.exists(_daemon_key(daemon_id))
+            pipe.zscore(_LENDABLE, daemon_id)
+        found = pipe.execute()
+    return {
+        daemon_id: int(score)
+        for daemon_id, live, score in zip(ids, found[::2], found[1::2], strict=True)
+        if live and score is not None
+    }
 
 
 def _text(value: bytes | str) -> str:
@@ -202,4 +229,5 @@ def _decode(fields: dict[bytes, bytes] | dict[str, str]) -> DaemonEntry | None:
         daemon_id=text["daemon_id"], node=text["node"], grpc_address=text["grpc_address"],
         data_plane_address=text["data_plane_address"], capacity_bytes=int(text["capacity_bytes"]),
         free_bytes=int(text["free_bytes"]), lent_bytes=int(text["lent_bytes"]),
+        pinned_lent_bytes=int(text.get("pinned_lent_bytes", 0)),
     )  # fmt: skip

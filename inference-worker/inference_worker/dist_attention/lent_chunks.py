@@ -7,6 +7,7 @@ worker (its home re-attaches it from the chunks).
                        the daemon refuses (lending limits): RESOURCE_EXHAUSTED, the
                        segment dropped here (its home places it on another peer)
     AttachChunks ──> the home put the chunks itself (attach.py): only remembered
+    either way ──> pinned in the daemon for a lease, renewed while the segment is held
     the segment released, or dropped idle (its home died) ──> its chunks deleted
 
 Decisions:
@@ -18,6 +19,12 @@ Decisions:
   worker process), not tokens: this worker never sees the tokens; a segment's id is unique
   among what it holds, and the salt keeps apart workers sharing a daemon and this worker's
   chunks from before a restart.
+- Pinned while held: a lender at its limits that replaces borrowed chunks
+  (pool_replace_borrowed, the default) skips pinned ones, so it refuses a new loan
+  (NO_SPACE: RESOURCE_EXHAUSTED to the home, which places it on the next peer) instead of
+  evicting the chunks of a segment that is attended; its own SSD eviction skips them too
+  (bounded by its lending ceiling). A lease, not a plain pin: a worker killed without a
+  restart stops renewing, and its chunks become replaceable within `lease_seconds`.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
@@ -33,6 +40,7 @@ import torch
 
 from attnstore.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError
+from attnstore.kvstore_client.limits import MAX_KEYS_PER_REQUEST
 from inference_worker.kv_codec import DTYPE_NAMES, encode_chunks
 
 log = structlog.get_logger("dist_attention.lent_chunks")
@@ -59,14 +67,27 @@ def lent_keys(salt: bytes, segment_id: str, start: int, stop: int, chunk_tokens:
 
 
 class LentChunks:
-    def __init__(self, kvstore: AsyncKVStoreClient | None, chunk_tokens: int) -> None:
-        """`kvstore`: this node's daemon (None: nothing is lent through a ledger)."""
+    def __init__(self, kvstore: AsyncKVStoreClient | None, chunk_tokens: int, lease_seconds: int) -> None:
+        """`kvstore`: this node's daemon (None: nothing is lent through a ledger);
+        `lease_seconds`: how long a pin of the chunks lasts unless `renew` comes first."""
         self._kvstore = kvstore
         self._chunk_tokens = chunk_tokens
+        self._lease_seconds = lease_seconds
         self._registered: set[bytes] = set()
         # Keys apart from another worker's sharing the daemon, and from its own before a restart.
         self._salt = os.urandom(16)
         self._chunks: dict[str, tuple[bytes, list[bytes]]] = {}  # segment id -> (namespace, keys)
+        self._pool_daemon = ""
+
+    async def pool_daemon(self) -> str:
+        """The daemon's id in the pool's ledger (its Stats.pool_address; "": in none yet, or
+        not answering): asked until known, then kept (fixed by its settings)."""
+        if not self._pool_daemon and self._kvstore is not None:
+            try:
+                self._pool_daemon = (await self._kvstore.stats()).pool_address
+            except _DAEMON_ERRORS as exc:
+                log.info("lent_chunks_pool_daemon_unknown", error=str(exc))
+        return self._pool_daemon
 
     async def put(
         self, segment_id: str, start: int, k: torch.Tensor, v: torch.Tensor, borrower: str
@@ -108,13 +129,21 @@ class LentChunks:
                 f"chunks refused (past its lending limits, or no DRAM to stage them), {len(put.in_progress)} "
                 "in progress"
             )
-        self.remember(segment_id, namespace, keys)
+        await self.remember(segment_id, namespace, keys)
         return namespace, keys
 
-    def remember(self, segment_id: str, namespace: bytes, keys: list[bytes]) -> None:
-        """Chunks of `segment_id` in the daemon, deleted once it is no longer held here."""
+    async def remember(self, segment_id: str, namespace: bytes, keys: list[bytes]) -> None:
+        """Chunks of `segment_id` in the daemon: pinned while it is held here (`renew`),
+        deleted once it is not."""
         _, known = self._chunks.setdefault(segment_id, (namespace, []))
         known.extend(keys)
+        await self._pin(namespace, keys)
+
+    async def renew(self) -> None:
+        """Pins the chunks of every segment held here for another lease (the idle sweep
+        calls it, within a quarter of the lease)."""
+        for namespace, keys in list(self._chunks.values()):
+            await self._pin(namespace, keys)
 
     async def delete_released(self, holds: Callable[[str], bool]) -> None:
         """Deletes the chunks of segments no longer held here (released, dropped idle: the
@@ -123,6 +152,18 @@ class LentChunks:
             chunks = self._chunks.pop(segment_id, None)  # another call may have taken it meanwhile
             if chunks is not None:
                 await self._delete(*chunks)
+
+    async def _pin(self, namespace: bytes, keys: Sequence[bytes]) -> None:
+        if self._kvstore is None:
+            return
+        try:
+            for start in range(0, len(keys), MAX_KEYS_PER_REQUEST):
+                batch = keys[start : start + MAX_KEYS_PER_REQUEST]
+                pinned = await self._kvstore.pin(namespace, batch, ttl_seconds=self._lease_seconds)
+                if pinned < len(batch):  # evicted before the pin, or lost: a restart recomputes
+                    log.warning("lent_chunks_not_pinned", missing=len(batch) - pinned)
+        except _DAEMON_ERRORS as exc:  # the worker's copy is the one attended: only the accounting suffers
+            log.info("lent_chunks_not_pinned", error=str(exc))
 
     async def _delete(self, namespace: bytes, keys: list[bytes]) -> None:
         if not keys or self._kvstore is None:

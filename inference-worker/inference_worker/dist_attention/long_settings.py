@@ -61,6 +61,12 @@ class LongContextSettings(BaseModel):
         "here in that daemon and attaches them (AttachChunks) instead of appending them (AppendKV); empty = "
         "homes append; needs kvstore_address",
     )
+    pool_redis_url: str | None = Field(
+        None,
+        description="the pool ledger's Redis (the daemons' pool_redis_url): each peer's room is capped by what "
+        "the ledger says the daemon it lends through may lend (DescribeLending.pool_daemon); unset = the peers' "
+        "DescribeLending room alone",
+    )
     dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"

@@ -20,8 +20,9 @@ Decisions:
   a segment is therefore at most the pool's capacity less one block.
 - One sample, no reuse: a long turn neither loads stored chunks nor saves its KV (its
   KV lives in several places; the next turn recomputes it), and n > 1 is refused.
-- The room on each peer is what its DescribeLending reports now (held vs max_held_bytes);
-  a peer that does not answer gets nothing placed on it.
+- The room on each peer is what its DescribeLending reports now (held vs max_held_bytes),
+  capped by what the pool's ledger says its daemon may lend (ledger_room.py); a peer
+  that does not answer gets nothing placed on it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.far_prefill import place_far
 from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.ledger_room import LedgerRoom
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.dist_attention.placement import ContextTooLong
@@ -81,6 +83,7 @@ class LongTurns:
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
         self.held = HeldKV(limits, node=settings.advertise_address)
         self.swaps = DebtSwaps(self.held, settings.dgfm, self.channels, settings.peer_timeout_seconds)
+        self.ledger = LedgerRoom(settings.pool_redis_url, settings.peer_timeout_seconds)
         self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn
@@ -113,10 +116,12 @@ class LongTurns:
         if self._dgfm is not None:
             self._dgfm.cancel()
         self.channels.close()
+        self.ledger.close()
 
     def peer_room_tokens(self, peers: Iterable[str]) -> dict[str, int]:
         """Tokens of KV each answering peer may take now (and its daemon, for the attacher)."""
-        room = {}
+        room, daemons = {}, {}
+        per_token = self.runner.geometry.kv_bytes_per_token(self.runner.dtype.itemsize)
         for address in peers:
             try:
                 lending = self.channels.stub(address).DescribeLending(
@@ -128,9 +133,9 @@ class LongTurns:
                 )
                 continue
             self.attacher.learn(address, lending)
-            per_token = self.runner.geometry.kv_bytes_per_token(self.runner.dtype.itemsize)
             room[address] = max(0, lending.max_held_bytes - lending.held_bytes) // per_token
-        return room
+            daemons[address] = lending.pool_daemon
+        return self.ledger.cap(room, daemons, per_token)
 
     async def run(
         self,

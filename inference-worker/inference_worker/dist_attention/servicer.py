@@ -6,6 +6,8 @@ the shared interceptor."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from collections.abc import AsyncIterator
 
 import grpc
@@ -22,8 +24,10 @@ from inference_worker.dist_attention.lent_chunks import LentChunks
 from inference_worker.dist_attention.wire import from_wire, to_wire
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MicroAttention"].full_name
-# Idle segments are looked for every quarter of their TTL, within these bounds.
+# Idle segments are looked for every quarter of their TTL, within these bounds; the pins
+# of the lent chunks (lent_chunks.py) last 4 sweeps, so 3 late ones still keep them.
 _MIN_SWEEP_SECONDS, _MAX_SWEEP_SECONDS = 0.5, 30.0
+_SWEEPS_PER_LEASE = 4
 
 
 class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
@@ -42,7 +46,10 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         self._held = swaps.held
         self._kvstore = kvstore
         self._kvstore_address = kvstore_address
-        self._lent = LentChunks(kvstore, chunk_tokens)
+        self._sweep_seconds = min(
+            max(self._held.limits.segment_idle_ttl_seconds / 4, _MIN_SWEEP_SECONDS), _MAX_SWEEP_SECONDS
+        )
+        self._lent = LentChunks(kvstore, chunk_tokens, math.ceil(self._sweep_seconds * _SWEEPS_PER_LEASE))
         self._sweeper: asyncio.Task[None] | None = None
 
     async def AppendKV(
@@ -77,13 +84,19 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
             self._sweeper = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:
-        period = min(
-            max(self._held.limits.segment_idle_ttl_seconds / 4, _MIN_SWEEP_SECONDS), _MAX_SWEEP_SECONDS
-        )
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(self._sweep_seconds)
             self._held.drop_idle()
             await self._lent.delete_released(self._held.holds)
+            await self._lent.renew()
+
+    async def close(self) -> None:
+        """Stops the idle sweep (at server shutdown): the task would outlive the server."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
 
     async def PartialAttention(
         self, request: pb.PartialAttentionRequest, context: grpc.aio.ServicerContext
@@ -118,7 +131,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         self._start_sweeping()
         start, k, v = await read_chunks(self._kvstore, request.namespace, request.chunk_keys)
         segment = await asyncio.to_thread(self._held.append, request.segment_id, start, k, v, request.home)
-        self._lent.remember(request.segment_id, request.namespace, list(request.chunk_keys))
+        await self._lent.remember(request.segment_id, request.namespace, list(request.chunk_keys))
         await self._lent.delete_released(self._held.holds)
         return pb.AttachChunksResponse(
             segment_tokens=segment.tokens, start_position=segment.start, held_bytes=self._held.held_bytes,
@@ -139,6 +152,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         return pb.DescribeLendingResponse(
             held_bytes=self._held.held_bytes, max_held_bytes=self._held.limits.max_held_bytes,
             node=self._held.node, held_for=held_for, kvstore_address=self._kvstore_address,
+            pool_daemon=await self._lent.pool_daemon(),
         )  # fmt: skip
 
     async def RecallKV(
@@ -154,10 +168,10 @@ def add_to_server(
     chunk_tokens: int,
     server: grpc.aio.Server,
     kvstore_address: str = "",
-) -> str:
+) -> MicroAttentionServicer:
     """Registers the service (what `swaps.held` lends, DGFM's recalls; the rest as in
-    MicroAttentionServicer); its name, for the health service."""
-    micro_attention_pb2_grpc.add_MicroAttentionServicer_to_server(
-        MicroAttentionServicer(swaps, kvstore, chunk_tokens, kvstore_address), server
-    )
-    return SERVICE_NAME
+    MicroAttentionServicer); the servicer, to close at shutdown (its health name is
+    SERVICE_NAME)."""
+    servicer = MicroAttentionServicer(swaps, kvstore, chunk_tokens, kvstore_address)
+    micro_attention_pb2_grpc.add_MicroAttentionServicer_to_server(servicer, server)
+    return servicer

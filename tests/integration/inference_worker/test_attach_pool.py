@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -48,6 +49,11 @@ PROMPT_TOKENS, NEW_TOKENS, LOCAL_TOKENS, SEGMENT_TOKENS, CHUNK_TOKENS = 150, 8, 
 KV_BYTES_PER_TOKEN = 3 * 2 * 2 * 16 * 4  # the tiny Llama: layers x K,V x kv_heads x head_dim x fp32
 CHUNK_HEADER_BYTES = 4096  # a generous bound on one chunk's bytes beyond its K and V
 REFUSES = {"pool_max_lent_fraction": 0.0}  # a daemon that lends nothing
+PIECE_TOKENS = 512  # 32 chunks of 12 KiB of KV each (and a header): 384-512 KiB lent
+# A lending ceiling of 700 KiB of the 64 MiB SSD: one piece fits, two do not (the daemon
+# checks each chunk of a put counting the ones before it); small DRAM blocks to stage 32
+# chunks. Borrowed chunks are replaced (the default), but not those of a held segment.
+ONE_PIECE = {"pool_max_lent_fraction": 0.7 / 64, "dram_block_bytes": 64 * 1024}
 
 
 def lender_settings(daemon: DaemonProcess, *, attach: bool = True, **limits: object) -> dict[str, object]:
@@ -299,17 +305,9 @@ def test_an_append_past_the_lending_limits_drops_the_whole_segment(
     """The first piece of a segment fits the daemon's lending ceiling, the second does not:
     RESOURCE_EXHAUSTED, and the worker keeps nothing of the segment, its first piece's
     chunks deleted from the daemon too (nothing lent for KV nobody holds)."""
-    piece_tokens = 512  # 32 chunks of 16 KiB: 512 KiB lent
-    # 512 KiB of the 64 MiB SSD, so the first piece fills it (the daemon checks each chunk of a put
-    # against what it lent before that put); small DRAM blocks to stage 32 chunks; a daemon that
-    # replaces borrowed chunks (the default) would evict the first piece's instead of refusing.
-    ceiling = {
-        "pool_max_lent_fraction": 0.5 / 64,
-        "dram_block_bytes": 64 * 1024,
-        "pool_replace_borrowed": False,
-    }
+    piece_tokens = PIECE_TOKENS
     with (
-        running_daemon(tmp_path, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ceiling) as daemon,
+        running_daemon(tmp_path, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ONE_PIECE) as daemon,
         running_lender(tmp_path, tiny_model, daemon, attach=False) as started,
         KVStoreClient(daemon.address) as client,
         peer_channel(started["lender"].address) as channel,
@@ -328,3 +326,60 @@ def test_an_append_past_the_lending_limits_drops_the_whole_segment(
         assert "lending limits" in refused.value.details()
         assert lending(channel).held_bytes == 0
         assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == 0
+
+
+def test_a_lender_refuses_a_loan_rather_than_replace_a_held_segments_chunks(
+    tmp_path: Path, tiny_model: LoadedModel
+) -> None:
+    """A lender whose daemon replaces borrowed chunks (the default) and has room for one
+    segment: a second segment is refused (RESOURCE_EXHAUSTED: its home goes to the next
+    peer) and the first keeps every chunk, pinned while it is held; released, the second
+    fits. A lender worker killed (-9) stops renewing its pins: once they lapse, its
+    orphaned chunks are replaced by a newer loan."""
+    idle_seconds = 8.0  # pins last 4 sweeps of a quarter of it: 8 s
+    with (
+        running_daemon(tmp_path, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ONE_PIECE) as daemon,
+        running_lender(tmp_path, tiny_model, daemon, attach=False, segment_idle_ttl_seconds=idle_seconds) as started,
+        KVStoreClient(daemon.address) as client,
+        peer_channel(started["lender"].address) as channel,
+    ):  # fmt: skip
+        stub = micro_attention_pb2_grpc.MicroAttentionStub(channel)
+        kv = to_wire(torch.randn(3, PIECE_TOKENS, 2, 16))
+
+        def append(segment_id: str) -> mpb.AppendKVResponse:
+            request = mpb.AppendKVRequest(
+                segment_id=segment_id, start_position=0, keys=kv, values=kv, home="home"
+            )
+            return stub.AppendKV(request, timeout=30)
+
+        first = append("a")
+        with pytest.raises(grpc.RpcError) as refused:
+            append("b")
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "lending limits" in refused.value.details()
+        assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == len(first.chunk_keys)
+        assert lending(channel).held_bytes == 2 * len(kv.data)  # "a" alone: its K and V
+
+        stub.ReleaseKV(mpb.ReleaseKVRequest(segment_id="a"), timeout=10)
+        second = append("b")
+        assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == 0
+
+        started["lender"].kill9()  # "b" stays in the daemon, pinned until its lease lapses
+        started["lender"].start()
+        grpc.channel_ready_future(channel).result(timeout=30)
+        poll(
+            lambda: _appended(append, "c"),
+            "a newer loan replacing the dead worker's chunks",
+            timeout_seconds=60,
+        )
+        assert client.lookup(second.chunk_namespace, second.chunk_keys).prefix_length < len(second.chunk_keys)
+
+
+def _appended(append: Callable[[str], object], segment_id: str) -> bool:
+    try:
+        append(segment_id)
+    except grpc.RpcError as exc:
+        if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return False
+    return True

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
-from attnstore.pool_ledger import DROPPED_TTL_SECONDS, DaemonEntry, LendingLimits, PoolLedger
+from attnstore.pool_ledger import DROPPED_TTL_SECONDS, DaemonEntry, LendingLimits, PoolLedger, read_lendable
 from attnstore.server.redis_process import RedisProcess
 from kvstore_daemon.settings import DaemonSettings
 
@@ -19,10 +20,13 @@ GB = 10**9
 LIMITS = LendingLimits(own_floor_fraction=0.2, max_lent_fraction=0.5, replace_borrowed=False)
 
 
-def entry(daemon_id: str, node: str, free_gb: float, *, lent_gb: float = 0, capacity_gb: float = 10) -> DaemonEntry:
+def entry(
+    daemon_id: str, node: str, free_gb: float, *, lent_gb: float = 0, capacity_gb: float = 10, pinned_gb: float = 0
+) -> DaemonEntry:
     return DaemonEntry(
         daemon_id=daemon_id, node=node, grpc_address=f"{node}:50051", data_plane_address=f"{node}:50052",
         capacity_bytes=int(capacity_gb * GB), free_bytes=int(free_gb * GB), lent_bytes=int(lent_gb * GB),
+        pinned_lent_bytes=int(pinned_gb * GB),
     )  # fmt: skip
 
 
@@ -31,6 +35,15 @@ def test_lendable_bytes_keep_the_floor_and_the_ceiling() -> None:
     assert limits.lendable_bytes(entry("a", "n", free_gb=6)) == 4 * GB  # 6 free - 2 floor
     assert limits.lendable_bytes(entry("a", "n", free_gb=9, lent_gb=4)) == 1 * GB  # 5 ceiling - 4 lent
     assert limits.lendable_bytes(entry("a", "n", free_gb=1)) == 0  # below its floor: lends nothing
+
+
+def test_a_replacing_lender_counts_what_it_lends_as_room_but_not_the_pinned_part() -> None:
+    """A lender that replaces borrowed chunks may evict them for a newer loan, except the
+    pinned ones (far segments' KV, lent_chunks.py): at its ceiling, pinned lent bytes are no room."""
+    replacing = LendingLimits(own_floor_fraction=0.2, max_lent_fraction=0.5, replace_borrowed=True)
+    assert replacing.lendable_bytes(entry("a", "n", free_gb=5, lent_gb=5)) == 5 * GB  # all of it replaceable
+    assert replacing.lendable_bytes(entry("a", "n", free_gb=5, lent_gb=5, pinned_gb=3)) == 2 * GB
+    assert replacing.lendable_bytes(entry("a", "n", free_gb=5, lent_gb=5, pinned_gb=5)) == 0
 
 
 @pytest.fixture
@@ -71,6 +84,26 @@ def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_s
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_reads_the_room_of_live_daemons_only(redis_server: RedisProcess) -> None:
+    """read_lendable (a long turn's home, synchronous): each named daemon's score as its own
+    heartbeat wrote it; one gone (stopped, or past its TTL) or never seen is left out."""
+
+    async def beat() -> None:
+        client = aioredis.Redis.from_url(redis_server.url)
+        ledger = PoolLedger(client, heartbeat_ttl_seconds=60.0, limits=LIMITS)
+        for member in (entry("a", "n", free_gb=6), entry("b", "n", free_gb=9, lent_gb=4), entry("c", "n", 6)):
+            await ledger.heartbeat(member)
+        await ledger.forget("c")
+        await client.aclose()
+
+    asyncio.run(beat())
+    client = redis.Redis.from_url(redis_server.url)
+    assert read_lendable(client, ["a", "b", "c", "never"]) == {"a": 4 * GB, "b": 1 * GB}
+    client.delete("attnstore:pool:daemon:b")  # as its TTL does without a heartbeat: the score stays
+    assert read_lendable(client, ["a", "b"]) == {"a": 4 * GB}
+    client.close()
 
 
 def test_the_schedulers_reader_sees_what_the_daemons_wrote_and_ranks_nothing(

@@ -104,6 +104,32 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
 
 
+def test_a_replacing_lender_never_replaces_pinned_borrowed_chunks_it_refuses_instead(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    """Pinned borrowed chunks (a far segment a worker attends: lent_chunks.py) stay on SSD
+    and are not replaced: a lender at its ceiling with only pinned ones refuses the next;
+    unpinned, they are replaced again."""
+    lender = daemon_factory(
+        **{**LENDER, "DRAM_CAPACITY_BYTES": 8 * MiB, "SSD_CAPACITY_BYTES": 1 * MiB},
+        POOL_OWN_FLOOR_FRACTION=0.0, POOL_MAX_LENT_FRACTION=0.5,
+    )  # fmt: skip
+    fits = (MiB // 2) // len(chunks.data(0))  # 7 chunks of 68 KiB in 512 KiB
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits))) == chunks.keys(0, fits)
+        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        assert client.pin(chunks.namespace, chunks.keys(0, fits), ttl_seconds=600) == fits
+
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits, fits + 1))) == []  # refused
+        assert chunks.tiers(client, range(fits)) == [Tier.SSD] * fits  # all kept; pinned to stay, not promoted
+
+        client.unpin(chunks.namespace, chunks.keys(0, 1))
+        assert asyncio.run(_borrow(lender.address, chunks, range(fits, fits + 1))) == [chunks.key(fits)]
+        assert chunks.tiers(client, range(fits))[0] is None  # the unpinned one made room
+        assert None not in chunks.tiers(client, range(1, fits))
+
+
 def test_a_borrowed_chunk_lives_on_the_lenders_ssd_and_leaves_its_dram_to_its_own_node(
     daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
 ) -> None:
@@ -133,6 +159,29 @@ def test_the_lending_limits_count_only_the_ssd_room_borrowed_chunks_take(
         assert asyncio.run(_borrow(lender.address, chunks, range(fits + 2))) == chunks.keys(0, fits)
         poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
         assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, fits)) == [chunks.data(i) for i in range(fits)]
+
+
+def test_one_put_is_checked_against_the_ceiling_including_its_own_chunks(
+    daemon_factory: DaemonFactory, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
+    """A put of more borrowed chunks than the ceiling leaves room for takes those that fit
+    and refuses the rest: each chunk is checked counting the ones reserved before it in
+    the same put (checked against what was lent before the put, all were taken)."""
+    lender = daemon_factory(
+        **{**LENDER, "DRAM_CAPACITY_BYTES": 8 * MiB, "SSD_CAPACITY_BYTES": 1 * MiB},
+        METRICS_PORT=0, POOL_OWN_FLOOR_FRACTION=0.0, POOL_MAX_LENT_FRACTION=0.5, POOL_REPLACE_BORROWED=False,
+    )  # fmt: skip
+    size = len(chunks.data(0))
+    fits = (MiB // 2) // size  # 7 chunks of 68 KiB in 512 KiB
+    with KVStoreClient(lender.address) as client:
+        chunks.register(client)
+        placed = client.put_chunks(chunks.namespace, chunks.items(0, fits + 3), durable=True, borrower="node-b")
+        assert placed.stored == chunks.keys(0, fits)
+        assert placed.no_space == chunks.keys(fits, fits + 3)
+        assert scrape_metrics(lender.metrics_port)[LENT] == fits * size <= MiB // 2  # the ceiling holds
+        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        # the next put finds the ceiling reached by the first
+        assert client.put_chunks(chunks.namespace, chunks.items(fits + 3, fits + 4), borrower="node-b").stored == []
 
 
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(

@@ -399,7 +399,7 @@ class TierStats(_message.Message):
     def __init__(self, capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("dram", "ssd", "misses", "eviction_policy", "namespaces", "reservations", "leases", "pinned_chunks", "promotions", "demotions", "max_namespaces", "namespaces_refused_table_full", "namespaces_refused_rate_limited", "namespaces_reclaimed", "admissions_declined")
+    __slots__ = ("dram", "ssd", "misses", "eviction_policy", "namespaces", "reservations", "leases", "pinned_chunks", "promotions", "demotions", "max_namespaces", "namespaces_refused_table_full", "namespaces_refused_rate_limited", "namespaces_reclaimed", "admissions_declined", "pool_address")
     DRAM_FIELD_NUMBER: _ClassVar[int]
     SSD_FIELD_NUMBER: _ClassVar[int]
     MISSES_FIELD_NUMBER: _ClassVar[int]
@@ -415,6 +415,7 @@ class StatsResponse(_message.Message):
     NAMESPACES_REFUSED_RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
+    POOL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     dram: TierStats
     ssd: TierStats
     misses: int
@@ -430,4 +431,5 @@ class StatsResponse(_message.Message):
     namespaces_refused_rate_limited: int
     namespaces_reclaimed: int
     admissions_declined: int
-    def __init__(self, dram: _Optional[_Union[TierStats, _Mapping]] = ..., ssd: _Optional[_Union[TierStats, _Mapping]] = ..., misses: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., namespaces: _Optional[int] = ..., reservations: _Optional[int] = ..., leases: _Optional[int] = ..., pinned_chunks: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., max_namespaces: _Optional[int] = ..., namespaces_refused_table_full: _Optional[int] = ..., namespaces_refused_rate_limited: _Optional[int] = ..., namespaces_reclaimed: _Optional[int] = ..., admissions_declined: _Optional[int] = ...) -> None: ...
+    pool_address: str
+    def __init__(self, dram: _Optional[_Union[TierStats, _Mapping]] = ..., ssd: _Optional[_Union[TierStats, _Mapping]] = ..., misses: _Optional[int] = ..., eviction_policy: _Optional[str] = ..., namespaces: _Optional[int] = ..., reservations: _Optional[int] = ..., leases: _Optional[int] = ..., pinned_chunks: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., max_namespaces: _Optional[int] = ..., namespaces_refused_table_full: _Optional[int] = ..., namespaces_refused_rate_limited: _Optional[int] = ..., namespaces_reclaimed: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., pool_address: _Optional[str] = ...) -> None: ...

@@ -135,18 +135,20 @@ class DescribeLendingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeLendingResponse(_message.Message):
-    __slots__ = ("held_bytes", "max_held_bytes", "node", "held_for", "kvstore_address")
+    __slots__ = ("held_bytes", "max_held_bytes", "node", "held_for", "kvstore_address", "pool_daemon")
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     HELD_FOR_FIELD_NUMBER: _ClassVar[int]
     KVSTORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    POOL_DAEMON_FIELD_NUMBER: _ClassVar[int]
     held_bytes: int
     max_held_bytes: int
     node: str
     held_for: _containers.RepeatedCompositeFieldContainer[HeldFor]
     kvstore_address: str
-    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ..., node: _Optional[str] = ..., held_for: _Optional[_Iterable[_Union[HeldFor, _Mapping]]] = ..., kvstore_address: _Optional[str] = ...) -> None: ...
+    pool_daemon: str
+    def __init__(self, held_bytes: _Optional[int] = ..., max_held_bytes: _Optional[int] = ..., node: _Optional[str] = ..., held_for: _Optional[_Iterable[_Union[HeldFor, _Mapping]]] = ..., kvstore_address: _Optional[str] = ..., pool_daemon: _Optional[str] = ...) -> None: ...
 
 class HeldFor(_message.Message):
     __slots__ = ("home", "bytes")

@@ -1,0 +1,63 @@
+"""The room a long turn's home gives each peer, capped by the pool's ledger (issue 25: a
+long context's oldest blocks are placed on peers through the pool's ledger).
+
+    LongTurns.peer_room_tokens: each peer's DescribeLending (the worker's own room, and
+        the ledger id of the daemon it lends through: pool_daemon) ──> LedgerRoom.cap:
+        the peer's room at most what the ledger scores its daemon may lend now
+
+Decisions:
+- The worker reads the ledger the daemons publish (long_context.pool_redis_url), not its
+  own daemon: the ledger's score is each lender daemon's own limits applied to its last
+  heartbeat (pool_ledger.py), which pins far segments' chunks out of (lent_chunks.py).
+- A peer whose daemon the ledger does not list (stopped, or silent for its TTL) gets no
+  room: nothing is placed where the ledger says nobody lends. A peer without a daemon in
+  a ledger (pool_daemon empty) keeps its DescribeLending room: it lends outside any ledger.
+- A stale entry (a daemon dead within its TTL) still shows room: the append there is
+  refused (UNAVAILABLE) and the home places the segment on the next peer, one refusal.
+- No ledger, or Redis not answering: every peer keeps its DescribeLending room (the
+  lender's daemon still refuses past its limits at the append).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import redis
+import structlog
+
+from attnstore.pool_ledger import read_lendable
+
+log = structlog.get_logger("dist_attention.ledger_room")
+
+
+class LedgerRoom:
+    def __init__(self, redis_url: str | None, timeout_seconds: float) -> None:
+        """`redis_url`: the pool ledger's Redis (None: no ledger, rooms pass unchanged);
+        `timeout_seconds`: the longest wait for it (a placement must not hang on it)."""
+        self._client = None
+        if redis_url is not None:
+            self._client = redis.Redis.from_url(
+                redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
+            )
+
+    def cap(
+        self, room_tokens: Mapping[str, int], daemons: Mapping[str, str], bytes_per_token: int
+    ) -> dict[str, int]:
+        """`room_tokens` (peer -> tokens its worker may hold), each peer with a daemon in
+        `daemons` (peer -> its ledger id) capped by what the ledger says that daemon may lend."""
+        room = dict(room_tokens)
+        named = {peer: daemon for peer, daemon in daemons.items() if daemon and peer in room}
+        if self._client is None or not named:
+            return room
+        try:
+            lendable = read_lendable(self._client, named.values())
+        except redis.RedisError as exc:
+            log.warning("pool_ledger_unreachable", error=str(exc))
+            return room
+        for peer, daemon in named.items():
+            room[peer] = min(room[peer], lendable.get(daemon, 0) // bytes_per_token)
+        return room
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
