@@ -39,6 +39,9 @@ WORKER_SETTINGS = {
     "max_new_tokens": 2048,
     "health_check_interval_seconds": 1.0,
     "shutdown_grace_seconds": 5,
+    # These tests assert reuse, not speed: on a loaded machine a Lookup past the 0.5 s default
+    # turns into a recompute (reused_tokens 0; seen once at load 10-15).
+    "lookup_timeout_seconds": 10.0,
 }
 # 64 KiB blocks: the tiny model's chunks are 8 KiB, and a long session's prefix must fit.
 DAEMON_SETTINGS = {
