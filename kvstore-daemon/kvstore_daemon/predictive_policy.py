@@ -69,7 +69,7 @@ class PredictivePolicy:
         self._parked: set[bytes] = set()
         # Keys whose eviction has begun (DRAM: the SSD copy being written), out of the walk
         # until they leave or stay: each walk stepped over every one of them before, at
-        # DRAM 5% of Mooncake's working set 30-70 per victim, which stalled the daemon.
+        # DRAM 5% of Mooncake's working set 23-51 per victim (in process).
         self._leaving: set[bytes] = set()
         self.lives.lost_child.append(self._maybe_unpark)
 
