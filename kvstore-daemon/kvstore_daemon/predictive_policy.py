@@ -106,7 +106,8 @@ class PredictivePolicy:
                 self._maybe_unpark(parent)
 
     def kept(self, key: bytes) -> None:
-        """The eviction `set_aside` announced did not happen (someone read the key meanwhile)."""
+        """After an eviction `set_aside` announced: if the key is still resident (read
+        meanwhile, or the eviction cancelled), it is a candidate again."""
         if key in self._leaving:
             self._leaving.discard(key)
             self._ranked_again(key, self.lives.lives[key])
