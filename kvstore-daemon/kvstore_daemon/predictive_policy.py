@@ -67,6 +67,10 @@ class PredictivePolicy:
         # Keys the walk found with children, set aside until a child goes (or the next sort),
         # so a walk does not step over every chain's inner keys again.
         self._parked: set[bytes] = set()
+        # Keys whose eviction has begun (DRAM: the SSD copy being written), out of the walk
+        # until they leave or stay: each walk stepped over every one of them before, at
+        # DRAM 5% of Mooncake's working set 23-51 per victim (in process).
+        self._leaving: set[bytes] = set()
         self.lives.lost_child.append(self._maybe_unpark)
 
     def on_insert(self, key: bytes) -> None:
@@ -81,6 +85,7 @@ class PredictivePolicy:
     def on_remove(self, key: bytes) -> None:
         if key in self._resident:
             self._resident.discard(key)
+            self._leaving.discard(key)
             self._parked.discard(key)
             self._given_up.pop(key, None)
             self._entry.pop(key, None)
@@ -88,6 +93,24 @@ class PredictivePolicy:
             self.lives.dropped(key)
             if parent is not None and not self._lowest:  # in DRAM only DRAM children count
                 self._maybe_unpark(parent)
+
+    def set_aside(self, key: bytes) -> None:
+        """The key's eviction began: walks skip it, and in DRAM its parent may go next."""
+        if key in self._resident and key not in self._leaving:
+            self._leaving.add(key)
+            self._entry.pop(key, None)
+            self._given_up.pop(key, None)
+            self._parked.discard(key)
+            parent = self.lives.parent(key)
+            if parent is not None and not self._lowest:
+                self._maybe_unpark(parent)
+
+    def kept(self, key: bytes) -> None:
+        """After an eviction `set_aside` announced: if the key is still resident (read
+        meanwhile, or the eviction cancelled), it is a candidate again."""
+        if key in self._leaving:
+            self._leaving.discard(key)
+            self._ranked_again(key, self.lives.lives[key])
 
     def on_chain(self, keys: Sequence[bytes]) -> None:
         """`keys` are a chain, root first (a lookup's stored prefix)."""
@@ -155,7 +178,7 @@ class PredictivePolicy:
         self._given_up.clear()
         self._entry = {}
         ranked = []
-        for key in self._resident:
+        for key in self._resident - self._leaving:
             life, hint = self._heard(key, now, since)
             if hint is not None and hint.action.gives_up:
                 self._given_up[key] = life.tick
@@ -173,7 +196,7 @@ class PredictivePolicy:
         repredicted = self._hints.repredicted
         since = self._hints.last_prediction_at
         for key in dict.fromkeys(repredicted[self._repredicted_seen:]):
-            if key not in self._resident:
+            if key not in self._resident or key in self._leaving:
                 continue
             life, hint = self._heard(key, now, since)
             if hint is not None and hint.action.gives_up:
@@ -224,7 +247,7 @@ class PredictivePolicy:
         children = self.lives.children.get(key)
         if not children:
             return False
-        return self._lowest or any(child in self._resident for child in children)
+        return self._lowest or any(child in self._resident and child not in self._leaving for child in children)
 
     def _park(self, key: bytes) -> bool:
         """Sets a key with children aside (True) until a child goes."""

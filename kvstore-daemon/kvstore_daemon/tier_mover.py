@@ -203,6 +203,16 @@ class TierMover:
         return True
 
     async def _evict_from_dram(self, chunk: Chunk) -> None:
+        predictive = self.dram_policy if isinstance(self.dram_policy, PredictivePolicy) else None
+        if predictive is not None:
+            predictive.set_aside(chunk.key)  # out of the walk while its SSD copy is written
+        try:
+            await self._leave_dram(chunk)
+        finally:
+            if predictive is not None:  # it stayed: read meanwhile, or the eviction was cancelled
+                predictive.kept(chunk.key)
+
+    async def _leave_dram(self, chunk: Chunk) -> None:
         if self.settings.pool_place_dram_evictions and not chunk.on_ssd:
             await self._place_on_peer(chunk)  # before the SSD: a peer's DRAM is the nearer tier
         if not chunk.on_ssd and not chunk.on_peer:  # a peer's copy is its lower tier already

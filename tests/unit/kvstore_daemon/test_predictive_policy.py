@@ -68,6 +68,24 @@ def test_a_parent_read_with_its_child_is_evicted_only_after_the_child() -> None:
     assert _evictions(policy) == [b"other", b"child", b"root"]  # least recently read first, but a root outlives its child
 
 
+def test_a_key_whose_eviction_began_is_skipped_and_frees_its_parent_unless_it_stays() -> None:
+    hints, clock = HintBook(), FakeClock()
+    policy = PredictivePolicy(hints, clock, lowest_tier=False)  # DRAM: only children in DRAM hold a parent
+    for clock.now, key in enumerate([b"other", b"root", b"child"]):
+        policy.on_insert(key)
+        policy.on_access(key)
+    policy.on_chain([b"root", b"child"])
+    assert list(policy.victims()) == [b"other", b"child", b"root"]
+    policy.set_aside(b"child")  # its SSD copy is being written: walks must not offer it again
+    assert list(policy.victims()) == [b"other", b"root"]
+    policy.kept(b"child")  # read meanwhile, so it stayed in DRAM: a candidate again, before its parent
+    assert list(policy.victims()) == [b"other", b"child", b"root"]
+    policy.set_aside(b"child")
+    policy.on_remove(b"child")  # it left: the eviction's end (kept) changes nothing
+    policy.kept(b"child")
+    assert list(policy.victims()) == [b"other", b"root"] and len(policy) == 2
+
+
 def _learned(reused_class: int, unread_class: int, age: int) -> HitDensity:
     """A learner that saw chunks of `reused_class` read again at `age` ticks and those of
     `unread_class` never (each as often)."""
