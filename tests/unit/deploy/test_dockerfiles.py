@@ -16,7 +16,7 @@ from deploy_support import (
     requirement_name,
 )
 
-from inference_worker.engine.c_build import CACHE_VARIABLE
+from attnstore.c_build import CACHE_VARIABLE
 
 # Project directory -> (settings env prefix, console script the image runs).
 SERVICES = {

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnstore.c_build import CACHE_VARIABLE, build_library
 from inference_worker.engine.attention import DecodeTables
-from inference_worker.engine.c_build import CACHE_VARIABLE, build_library
 from inference_worker.engine.decode_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,

@@ -1,12 +1,15 @@
-"""Builds the engine's plain-C kernels (paged_decode.c, row_ops.c) with the machine's C
-compiler on first use, cached by source, compiler, flags and CPU (decode_kernel.py says why
-plain C through ctypes and not a torch extension)."""
+"""Builds the project's plain-C code with the machine's C compiler on first use, cached by
+source, compiler, flags and CPU: the engine's kernels (paged_decode.c, row_ops.c;
+inference_worker/engine/decode_kernel.py says why plain C through ctypes and not a torch
+extension) and the daemon's data-plane read server. Here, in the package every service
+imports, so the daemon (no torch) builds with the same code."""
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -15,9 +18,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
-import torch
 
-log = structlog.get_logger("inference_worker.c_build")
+log = structlog.get_logger("attnstore.c_build")
 
 CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
 # -march=native: the machine's vector width (the cache key names the CPU). -std=c11 (not
@@ -88,5 +90,5 @@ def _cpu_flags() -> bytes:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return str(torch.backends.cpu.get_cpu_capability()).encode()
+        return platform.processor().encode()
     return next((line for line in lines if line.startswith("flags")), "").encode()
