@@ -271,12 +271,12 @@ class DataPlaneServer:
         with self._reads_lock:
             reads, self._reads = self._reads, []
         if self._c is not None:
-            served, sent, dropped = self._c.take_reads()
-            reads.extend(served.items())
-            metrics.BYTES_OUT.labels("dataplane").inc(sent)
-            metrics.DATA_PLANE_C_READS.inc(sum(len(keys) for keys in served.values()))
-            if dropped:
-                log.warning("data_plane_reads_not_noted", reads=dropped, reason="the C path's record buffer was full")
+            served = self._c.take_reads()
+            reads.extend(served.valid.items())
+            metrics.BYTES_OUT.labels("dataplane").inc(served.bytes_sent)
+            metrics.DATA_PLANE_C_READS.inc(served.chunks_sent)
+            if served.not_recorded:
+                log.warning("data_plane_reads_not_noted", reads=served.not_recorded, reason="the C record buffer was full")
         for namespace, keys in reads:
             with contextlib.suppress(errors.ServiceError):  # its namespace was dropped meanwhile
                 self._store.note_lease_free_reads(namespace, keys, None)

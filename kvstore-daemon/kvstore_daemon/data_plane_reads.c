@@ -63,7 +63,7 @@ typedef struct {
     int active, closing;
     /* served reads the event loop has yet to note: (ns_len, ns, key_len, key) records */
     uint8_t *reads;
-    uint64_t reads_len, reads_cap, reads_dropped, bytes_sent;
+    uint64_t reads_len, reads_cap, reads_dropped, bytes_sent, chunks_sent;
     int wake_fd, wake_armed;
 } table;
 
@@ -202,16 +202,18 @@ uint32_t dpr_count(void *handle) {
     return count;
 }
 
-/* Copies the served reads' records into `out` (reads_cap bytes) and re-arms the wake-up;
-   returns their length. `sent` and `dropped`: bytes sent and records lost since the last call. */
-uint64_t dpr_take_reads(void *handle, uint8_t *out, uint64_t *sent, uint64_t *dropped) {
+/* Copies the valid reads' records into `out` (reads_cap bytes) and re-arms the wake-up;
+   returns their length. Since the last call: `bytes` and `chunks` sent (valid or not), and
+   `dropped`, records lost to a full buffer. */
+uint64_t dpr_take_reads(void *handle, uint8_t *out, uint64_t *bytes, uint64_t *chunks, uint64_t *dropped) {
     table *t = handle;
     pthread_mutex_lock(&t->lock);
     uint64_t len = t->reads_len;
     memcpy(out, t->reads, len);
-    *sent = t->bytes_sent;
+    *bytes = t->bytes_sent;
+    *chunks = t->chunks_sent;
     *dropped = t->reads_dropped;
-    t->reads_len = t->bytes_sent = t->reads_dropped = 0;
+    t->reads_len = t->bytes_sent = t->chunks_sent = t->reads_dropped = 0;
     t->wake_armed = 1;
     pthread_mutex_unlock(&t->lock);
     return len;
@@ -456,6 +458,10 @@ static void note_read(table *t, const read_request *q) {
         memcpy(at + 2 + q->ns_len, q->keys[k], q->key_lens[k]);
         t->reads_len += 2 + q->ns_len + q->key_lens[k];
     }
+}
+
+/* Tells the event loop, once per drain, that there is something to take. */
+static void wake(table *t) {
     if (t->wake_armed) {
         uint64_t one = 1;
         t->wake_armed = 0;
@@ -543,7 +549,9 @@ static int answer(table *t, int fd, const read_request *q, int timeout_ms, place
     rc = send_iov(fd, &out, 1, timeout_ms);
     pthread_mutex_lock(&t->lock);
     t->bytes_sent += payload;
+    t->chunks_sent += q->num_keys;
     if (valid) note_read(t, q);
+    wake(t);
     pthread_mutex_unlock(&t->lock);
     return rc ? rc : 1;
 }

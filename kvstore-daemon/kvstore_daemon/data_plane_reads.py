@@ -24,6 +24,7 @@ import socket
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def _wrap(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dpr_count.restype = ctypes.c_uint32
     lib.dpr_count.argtypes = [ctypes.c_void_p]
     lib.dpr_take_reads.restype = ctypes.c_uint64
-    lib.dpr_take_reads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _u64p, _u64p]
+    lib.dpr_take_reads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _u64p, _u64p, _u64p]
     lib.dpr_close.restype = None
     lib.dpr_close.argtypes = [ctypes.c_void_p]
     lib.dpr_serve.restype = ctypes.c_int
@@ -77,6 +78,16 @@ def _address(view: memoryview) -> int:
 
 def _array(kind: type, values: Sequence[int]) -> ctypes.Array:  # type: ignore[type-arg]
     return (kind * max(1, len(values)))(*values)
+
+
+@dataclass(frozen=True)
+class TakenReads:
+    """Reads C served between two drains."""
+
+    valid: dict[bytes, list[bytes]]  # keys by namespace, one entry per chunk sent valid
+    bytes_sent: int
+    chunks_sent: int  # valid or not
+    not_recorded: int  # valid reads lost to a full record buffer
 
 
 class CReads:
@@ -135,11 +146,12 @@ class CReads:
             raise TimeoutError("the data-plane connection stalled")
         raise OSError(-status, os.strerror(-status))
 
-    def take_reads(self) -> tuple[dict[bytes, list[bytes]], int, int]:
-        """Reads served since the last call: keys by namespace (one entry per read), bytes
-        sent, and reads not recorded (the record buffer was full)."""
-        sent, dropped = ctypes.c_uint64(0), ctypes.c_uint64(0)
-        length = self._lib.dpr_take_reads(self._handle, self._reads_address, ctypes.byref(sent), ctypes.byref(dropped))
+    def take_reads(self) -> TakenReads:
+        """What C served since the last call."""
+        sent, chunks, dropped = ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint64(0)
+        length = self._lib.dpr_take_reads(
+            self._handle, self._reads_address, ctypes.byref(sent), ctypes.byref(chunks), ctypes.byref(dropped)
+        )
         reads: dict[bytes, list[bytes]] = defaultdict(list)
         records, at = memoryview(self._reads)[:length], 0
         while at < length:
@@ -147,7 +159,7 @@ class CReads:
             at += 1 + records[at]
             reads[namespace].append(bytes(records[at + 1 : at + 1 + records[at]]))
             at += 1 + records[at]
-        return reads, sent.value, dropped.value
+        return TakenReads(reads, sent.value, chunks.value, dropped.value)
 
     def close(self) -> None:
         """Waits until no C serve is inside the arena and drops every entry (the arena may

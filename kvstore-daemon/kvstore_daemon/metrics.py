@@ -11,7 +11,7 @@ MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not
 BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by transport (shm, grpc, dataplane)", ["transport"])
 BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
 DATA_PLANE_C_READS = Counter(
-    "attnstore_kvstore_data_plane_c_reads_total", "Chunks the data plane sent from its C read path (no Python)"
+    "attnstore_kvstore_data_plane_c_reads_total", "Chunks the data plane's C read path sent whole (no Python; valid or not)"
 )
 EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
 EVICTION_REASONS = Counter(
