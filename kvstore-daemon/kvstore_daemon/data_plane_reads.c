@@ -469,15 +469,16 @@ static void wake(table *t) {
     }
 }
 
-/* Copies the places of `q`'s chunks and builds the reply frame ({"ok": true, "headers":
-   [bin...], "trailer": true} after its length) under the lock; its length, or 0 when a
-   chunk is not registered, has left its blocks (its entry is dropped) or does not fit. */
+/* Copies the places of `q`'s chunks and builds the reply frame under the lock, byte for
+   byte what msgpack packs for the Python path's {"headers": [bin...], "trailer": true,
+   "ok": true}, after its length; its length, or 0 when a chunk is not registered, has left
+   its blocks (its entry is dropped) or does not fit. */
 static size_t prepare(table *t, const read_request *q, place *places, uint8_t *reply) {
-    static const uint8_t ok_headers[] = {0x83, 0xa2, 'o', 'k', 0xc3, 0xa7, 'h', 'e', 'a', 'd', 'e', 'r', 's'};
-    static const uint8_t trailer[] = {0xa7, 't', 'r', 'a', 'i', 'l', 'e', 'r', 0xc3};
+    static const uint8_t headers[] = {0x83, 0xa7, 'h', 'e', 'a', 'd', 'e', 'r', 's'};
+    static const uint8_t trailer_ok[] = {0xa7, 't', 'r', 'a', 'i', 'l', 'e', 'r', 0xc3, 0xa2, 'o', 'k', 0xc3};
     size_t len = 4;
-    memcpy(reply + len, ok_headers, sizeof ok_headers);
-    len += sizeof ok_headers;
+    memcpy(reply + len, headers, sizeof headers);
+    len += sizeof headers;
     if (q->num_keys < 16) {
         reply[len++] = (uint8_t)(0x90 | q->num_keys);
     } else {
@@ -493,7 +494,7 @@ static size_t prepare(table *t, const read_request *q, place *places, uint8_t *r
             unlink_entry(t, at);
             return 0;
         }
-        if ((k && e->num_layers != places[0].num_layers) || len + 5 + e->header_len + sizeof trailer > REPLY_CAP)
+        if ((k && e->num_layers != places[0].num_layers) || len + 5 + e->header_len + sizeof trailer_ok > REPLY_CAP)
             return 0;
         place *c = &places[k];
         c->num_extents = e->num_extents;
@@ -507,8 +508,8 @@ static size_t prepare(table *t, const read_request *q, place *places, uint8_t *r
         memcpy(reply + len, e->header, e->header_len);
         len += e->header_len;
     }
-    memcpy(reply + len, trailer, sizeof trailer);
-    len += sizeof trailer;
+    memcpy(reply + len, trailer_ok, sizeof trailer_ok);
+    len += sizeof trailer_ok;
     put_length(reply, (uint32_t)(len - 4));
     return len;
 }

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from service_probes import free_port, scrape_metrics
 
 from attnstore.chunks.format import decode_layout
@@ -216,3 +218,79 @@ def test_connections_that_stall_vanish_or_send_garbage_after_c_cost_nothing(
     stalled_at_stop.sendall(pack_frame(request))
     assert recv_frame(stalled_at_stop, 1 << 20)["trailer"] is True
     assert daemon.stop() == 0
+
+
+# ---- fuzzed requests, with the C path and without: the same bytes back ----------------------
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ_CHUNKS = 3
+
+
+@pytest.fixture(scope="module")
+def twin_daemons(module_daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> tuple[int, int, ChunkSet]:
+    """The data-plane ports of a daemon with the C path (every chunk registered by a first
+    read) and one without, holding the same chunks."""
+    made = chunk_set(NAMESPACE, num_layers=4, seed=16)
+    ports = []
+    for c_reads in (True, False):
+        daemon = module_daemon_factory(DATA_PLANE_PORT=free_port(), DATA_PLANE_C_READS=c_reads,
+                                       DATA_PLANE_IDLE_TIMEOUT_SECONDS=2.0)  # fmt: skip
+        with KVStoreClient(daemon.address, use_shm=False) as client:
+            made.register(client)
+            client.put_chunks(NAMESPACE, made.items(0, FUZZ_CHUNKS))
+        ports.append(_open_port(daemon))
+        with _connect(ports[-1]) as sock:
+            assert _read(sock, _request(made.keys(0, FUZZ_CHUNKS)))[2]["valid"] is True
+    return ports[0], ports[1], made
+
+
+def _answer(port: int, frames: bytes) -> bytes:
+    """Everything the daemon sends back for `frames` until it closes (the client sends
+    nothing more)."""
+    with _connect(port) as sock:
+        sock.sendall(frames)
+        sock.shutdown(socket.SHUT_WR)
+        received = bytearray()
+        while chunk := sock.recv(1 << 20):
+            received += chunk
+        return bytes(received)
+
+
+_field = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**33), 2**33), st.binary(max_size=20), st.text(max_size=8),
+    st.lists(st.binary(min_size=31, max_size=33), max_size=3),
+)
+
+
+@st.composite
+def _requests(draw: st.DrawFn, keys: list[bytes]) -> bytes:
+    """A valid unheld read of registered chunks (any layer range, some out of range), as is
+    (half the time) or with one change: fields replaced, dropped or added, keys repeated or
+    unknown, the packed frame cut or a bit flipped."""
+    chosen = draw(st.lists(st.sampled_from(keys), min_size=1, max_size=len(keys), unique=True))
+    request: dict[str, Any] = _request(chosen, draw(st.integers(0, 4)), draw(st.integers(0, 5)))
+    change = draw(st.sampled_from(["none", "none", "none", "field", "keys", "cut", "flip"]))
+    if change == "field":
+        name = draw(st.sampled_from([*request, "lease", "extra"]))
+        if draw(st.booleans()):
+            request[name] = draw(_field)
+        else:
+            request.pop(name, None)
+    elif change == "keys":
+        request["keys"] = [*chosen, draw(st.sampled_from([chosen[0], b"\x05" * 32, b"\x05"]))]
+    frame = bytearray(pack_frame(request))
+    if change == "flip":
+        frame[draw(st.integers(4, len(frame) - 1))] ^= 1 << draw(st.integers(0, 7))
+    return bytes(frame[: draw(st.integers(4, len(frame) - 1))] if change == "cut" else frame)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_reads_get_the_same_answer_with_the_c_path_and_without(
+    twin_daemons: tuple[int, int, ChunkSet], data: st.DataObject
+) -> None:
+    """Byte for byte: a read C serves answers as Python's would, and whatever C does not
+    serve it hands to Python unread (so refusals are the same too)."""
+    with_c, without_c, made = twin_daemons
+    frames = data.draw(_requests(made.keys(0, FUZZ_CHUNKS)))
+    assert _answer(with_c, frames) == _answer(without_c, frames)
