@@ -40,9 +40,7 @@ class DaemonSettings(ServiceSettings):
         1 * MiB, ge=4096, description="largest data-plane request frame (msgpack; chunk bytes are not framed)"
     )
     data_plane_c_reads: bool = Field(
-        True,
-        description="answer unheld reads of DRAM chunks already sent once in C, without Python (plain TCP only; "
-        "needs a C compiler, else the Python path serves them)",
+        True, description="answer repeated unheld reads of DRAM chunks in C, no Python (plain TCP; needs a C compiler)"
     )
     data_plane_c_read_entries: int = Field(
         65536, ge=1, description="DRAM chunks the C read path knows at once (the rest are served by Python)"

@@ -71,6 +71,36 @@ def _read(sock: socket.socket, request: dict[str, Any]) -> tuple[dict[str, Any],
     return reply, bytes(payload), recv_frame(sock, 1 << 20)
 
 
+def _huge(chunk_set: type[ChunkSet], seed: int, namespace: bytes = NAMESPACE) -> ChunkSet:
+    """Chunks of 12.6 MB: the send of one stalls beyond both socket buffers while its
+    reader holds back."""
+    return chunk_set(namespace, num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=seed)
+
+
+def _registered_huge(
+    daemon: DaemonProcess, chunk_set: type[ChunkSet], seed: int, count: int
+) -> tuple[ChunkSet, dict[str, Any], socket.socket]:
+    """`count` 12.6 MB chunks stored on `daemon`, the unheld read of the first, and a
+    connection that made it once (Python's read: it registers the chunk for C)."""
+    huge = _huge(chunk_set, seed)
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        huge.register(client)
+        client.put_chunks(NAMESPACE, huge.items(0, count))
+    request = _request(huge.keys(0, 1))
+    reader = _connect(_open_port(daemon))
+    assert _read(reader, request)[2] == {"ok": True, "valid": True}
+    return huge, request, reader
+
+
+def _stalled_read(port: int, request: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
+    """A read whose reader takes the reply and then holds back: the send stalls."""
+    sock = _connect(port, receive_buffer_bytes=4096)
+    sock.sendall(pack_frame(request))
+    reply = recv_frame(sock, 1 << 20)
+    assert reply["trailer"] is True
+    return sock, reply
+
+
 SHAPES = [
     pytest.param(0, 1, 0, 0, id="whole chunk"),
     pytest.param(2, 3, 3, 6, id="one chunk's layers 3-6"),
@@ -135,21 +165,13 @@ def test_a_chunk_that_leaves_its_blocks_under_a_c_send_is_reported_invalid(
     taken by other chunks meanwhile: the trailer says invalid (the reader must not keep the
     bytes), later reads are Python's (NotFound), and a chunk stored again under the key is
     read with its new bytes."""
-    huge = chunk_set(NAMESPACE, num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=13)
     daemon = _daemon(daemon_factory, DRAM_CAPACITY_BYTES=32 * 1024 * 1024)
     port = _open_port(daemon)
+    huge, request, warm = _registered_huge(daemon, chunk_set, seed=13, count=1)
     with KVStoreClient(daemon.address, use_shm=False) as client:
-        huge.register(client)
-        client.put_chunks(NAMESPACE, huge.items(0, 1))
-        request = _request(huge.keys(0, 1))
-        warm = _connect(port)
-        assert _read(warm, request)[2] == {"ok": True, "valid": True}  # Python's: registers it
-        stalled = _connect(port, receive_buffer_bytes=4096)
-        stalled.sendall(pack_frame(request))
-        reply = recv_frame(stalled, 1 << 20)
-        assert reply["trailer"] is True
+        stalled, reply = _stalled_read(port, request)
         assert client.delete(NAMESPACE, huge.keys(0, 1)) == 1  # while the C send is stalled
-        others = chunk_set(b"data-plane-c-rd2", num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=14)
+        others = _huge(chunk_set, seed=14, namespace=b"data-plane-c-rd2")
         others.register(client)
         poll_until(lambda: len(client.put_chunks(others.namespace, others.items(0, 2)).stored) == 2,
                    what="other chunks in DRAM")  # fmt: skip
@@ -177,19 +199,11 @@ def test_connections_that_stall_vanish_or_send_garbage_after_c_cost_nothing(
     idle timeout, one that resets mid-payload is forgotten, one that sends garbage is
     refused by Python as before; readers beside them are served from C throughout, no
     lease is left, and the daemon stops cleanly with a send still stalled."""
-    huge = chunk_set(NAMESPACE, num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=768, seed=15)
     daemon = _daemon(daemon_factory, DATA_PLANE_IDLE_TIMEOUT_SECONDS=1.0)
     port = _open_port(daemon)
+    huge, request, reader = _registered_huge(daemon, chunk_set, seed=15, count=2)
     with KVStoreClient(daemon.address, use_shm=False) as client:
-        huge.register(client)
-        client.put_chunks(NAMESPACE, huge.items(0, 2))
-        request = _request(huge.keys(0, 1))
-        reader = _connect(port)
-        assert _read(reader, request)[2]["valid"] is True  # registers chunk 0
-
-        stalled = _connect(port, receive_buffer_bytes=4096)
-        stalled.sendall(pack_frame(request))
-        assert recv_frame(stalled, 1 << 20)["trailer"] is True
+        stalled, _ = _stalled_read(port, request)
         vanished = _connect(port, receive_buffer_bytes=4096)
         vanished.sendall(pack_frame(request))
         vanished.recv(5000)
@@ -214,10 +228,9 @@ def test_connections_that_stall_vanish_or_send_garbage_after_c_cost_nothing(
         assert received < len(huge.data(0))
         assert client.stats().leases == 0
 
-    stalled_at_stop = _connect(port, receive_buffer_bytes=4096)
-    stalled_at_stop.sendall(pack_frame(request))
-    assert recv_frame(stalled_at_stop, 1 << 20)["trailer"] is True
-    assert daemon.stop() == 0
+    stalled_at_stop, _ = _stalled_read(port, request)
+    with stalled_at_stop:  # still stalled while the daemon stops
+        assert daemon.stop() == 0
 
 
 # ---- fuzzed requests, with the C path and without: the same bytes back ----------------------
