@@ -246,8 +246,8 @@ class DataPlaneServer:
         if valid:  # hits and recency as a held read's, without waiting for the loop
             self._note_read(namespace, keys)
             if self._c is not None:  # later reads of these chunks are answered in C
-                for key, copy, header in zip(keys, copies, headers, strict=True):
-                    self._c.register(namespace, key, copy, header)
+                for key, copy in zip(keys, copies, strict=True):
+                    self._c.register(namespace, key, copy)
         return True
 
     def _note_read(self, namespace: bytes, keys: list[bytes]) -> None:

@@ -7,13 +7,15 @@ exactly as before (so every refusal is Python's). The GIL is never taken: ctypes
 for the call, and nothing here calls into Python.
 
 The table maps (namespace, key) to where a chunk lay in the arena when Python last sent it
-unheld: its extents, its blocks and their versions, its header and its layers' offsets. An
-entry is trusted only while its blocks keep those versions (the daemon bumps a block's
-version before it frees or invalidates it, shm_arena.BlockVersions): checked before the
-reply (a mismatch drops the entry and hands the frame to Python) and after the payload (the
-trailer's "valid"), the seqlock read of the Python path. Freed blocks stay mapped, so a raced
-send reads the new owner's bytes and says valid=false; it never touches unmapped memory:
-dpr_close waits, under the table's lock, until no serve is inside the arena (`active`).
+unheld: its extents, its blocks and their versions, its header's length and its layers'
+offsets (a few hundred bytes an entry; the header itself is read from the arena). An entry
+is trusted only while its blocks keep those versions (the daemon bumps a block's version
+before it frees or invalidates it, shm_arena.BlockVersions): checked after the headers are
+copied into the reply and before it is sent (a mismatch hands the frame to Python), and
+after the payload (the trailer's "valid"), the seqlock read of the Python path. Freed
+blocks stay mapped, so a raced send reads the new owner's bytes and says valid=false; it
+never touches unmapped memory: dpr_close waits, under the table's lock, until no serve is
+inside the arena (`active`).
 
 Entries are copied out under the lock, so another thread may drop or replace one meanwhile. */
 
@@ -33,7 +35,6 @@ Entries are copied out under the lock, so another thread may drop or replace one
 #define MAX_BLOCKS 64    /* per chunk */
 #define MAX_LAYERS 256
 #define MAX_NAME 64      /* namespace and key bytes */
-#define MAX_HEADER 65536
 #define IOV_BATCH 1024   /* IOV_MAX on Linux */
 #define IOV_CAP 8192     /* iovecs of one answer; more go to Python */
 #define REPLY_CAP (256 * 1024)
@@ -44,12 +45,12 @@ typedef struct entry {
     struct entry *next;
     uint8_t ns_len, key_len;
     uint8_t name[2 * MAX_NAME];
-    uint32_t num_extents, num_blocks, num_layers, header_len;
-    uint64_t extents[2 * MAX_EXTENTS]; /* (arena offset, length) pairs */
-    uint32_t blocks[MAX_BLOCKS];
-    uint64_t versions[MAX_BLOCKS];
-    uint64_t layers[MAX_LAYERS + 1];   /* layer i: chunk bytes [layers[i], layers[i+1]) */
-    uint8_t *header;
+    uint32_t num_extents, num_blocks, num_layers;
+    uint64_t header_len;
+    uint64_t *extents;  /* (arena offset, length) pairs */
+    uint64_t *blocks, *versions;
+    uint64_t *layers;   /* layer i: chunk bytes [layers[i], layers[i+1]) */
+    uint64_t arrays[];  /* what the four point into, sized to this chunk */
 } entry;
 
 typedef struct {
@@ -90,12 +91,11 @@ static entry **slot(table *t, const uint8_t *ns, size_t ns_len, const uint8_t *k
 static void unlink_entry(table *t, entry **at) {
     entry *e = *at;
     *at = e->next;
-    free(e->header);
     free(e);
     t->count--;
 }
 
-static int versions_match(const table *t, const uint32_t *blocks, const uint64_t *versions, uint32_t n) {
+static int versions_match(const table *t, const uint64_t *blocks, const uint64_t *versions, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         if (__atomic_load_n(&t->versions[blocks[i]], __ATOMIC_ACQUIRE) != versions[i]) return 0;
     return 1;
@@ -139,12 +139,11 @@ void *dpr_open(uint8_t *arena, uint64_t arena_bytes, uint64_t *versions, uint64_
 /* Registers (or replaces) a chunk's place; 0 when registered, -1 when it does not fit the
    table's limits (the chunk stays on the Python path). */
 int dpr_register(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t *key, uint32_t key_len,
-                 const uint8_t *header, uint32_t header_len, const uint64_t *extents, uint32_t num_extents,
-                 const uint32_t *blocks, const uint64_t *versions, uint32_t num_blocks, const uint64_t *layers,
-                 uint32_t num_layers) {
+                 uint64_t header_len, const uint64_t *extents, uint32_t num_extents, const uint32_t *blocks,
+                 const uint64_t *versions, uint32_t num_blocks, const uint64_t *layers, uint32_t num_layers) {
     table *t = handle;
     if (ns_len > MAX_NAME || key_len > MAX_NAME || num_extents > MAX_EXTENTS || num_blocks > MAX_BLOCKS
-        || num_layers > MAX_LAYERS || num_layers == 0 || header_len > MAX_HEADER)
+        || num_layers > MAX_LAYERS || num_layers == 0)
         return -1;
     uint64_t size = 0;
     for (uint32_t i = 0; i < num_extents; i++) {
@@ -153,14 +152,10 @@ int dpr_register(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t
     }
     for (uint32_t i = 0; i < num_blocks; i++)
         if (blocks[i] >= t->num_blocks) return -1;
-    if (layers[num_layers] > size || header_len > size) return -1;
-    entry *e = calloc(1, sizeof(entry));
-    uint8_t *copy = malloc(header_len ? header_len : 1);
-    if (!e || !copy) {
-        free(e);
-        free(copy);
-        return -1;
-    }
+    if (layers[num_layers] > size || header_len > size || header_len > REPLY_CAP) return -1;
+    size_t words = 2 * (size_t)num_extents + 2 * (size_t)num_blocks + num_layers + 1;
+    entry *e = calloc(1, sizeof(entry) + words * sizeof(uint64_t));
+    if (!e) return -1;
     e->ns_len = (uint8_t)ns_len;
     e->key_len = (uint8_t)key_len;
     memcpy(e->name, ns, ns_len);
@@ -169,12 +164,14 @@ int dpr_register(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t
     e->num_blocks = num_blocks;
     e->num_layers = num_layers;
     e->header_len = header_len;
+    e->extents = e->arrays;
+    e->blocks = e->extents + 2 * num_extents;
+    e->versions = e->blocks + num_blocks;
+    e->layers = e->versions + num_blocks;
     memcpy(e->extents, extents, 2 * num_extents * sizeof(uint64_t));
-    memcpy(e->blocks, blocks, num_blocks * sizeof(uint32_t));
+    for (uint32_t i = 0; i < num_blocks; i++) e->blocks[i] = blocks[i];
     memcpy(e->versions, versions, num_blocks * sizeof(uint64_t));
     memcpy(e->layers, layers, (num_layers + 1) * sizeof(uint64_t));
-    memcpy(copy, header, header_len);
-    e->header = copy;
     pthread_mutex_lock(&t->lock);
     entry **at = slot(t, ns, ns_len, key, key_len);
     if (*at) unlink_entry(t, at);
@@ -187,7 +184,6 @@ int dpr_register(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t
     }
     pthread_mutex_unlock(&t->lock);
     if (!registered) {
-        free(copy);
         free(e);
         return -1;
     }
@@ -408,8 +404,9 @@ static int parse(const uint8_t *frame, size_t len, uint32_t max_keys, read_reque
 
 typedef struct {
     uint32_t num_extents, num_blocks, num_layers;
+    uint64_t header_len;
     uint64_t extents[2 * MAX_EXTENTS];
-    uint32_t blocks[MAX_BLOCKS];
+    uint64_t blocks[MAX_BLOCKS];
     uint64_t versions[MAX_BLOCKS];
     uint64_t layers[MAX_LAYERS + 1];
 } place;
@@ -469,13 +466,44 @@ static void wake(table *t) {
     }
 }
 
-/* Copies the places of `q`'s chunks and builds the reply frame under the lock, byte for
-   byte what msgpack packs for the Python path's {"headers": [bin...], "trailer": true,
-   "ok": true}, after its length; its length, or 0 when a chunk is not registered, has left
-   its blocks (its entry is dropped) or does not fit. */
-static size_t prepare(table *t, const read_request *q, place *places, uint8_t *reply) {
+/* Copies the places of `q`'s chunks (under the lock); 0 when a chunk is not registered
+   or has left its blocks (its entry is then dropped), or the chunks differ in layers. */
+static int collect(table *t, const read_request *q, place *places) {
+    for (uint32_t k = 0; k < q->num_keys; k++) {
+        entry **at = slot(t, q->ns, q->ns_len, q->keys[k], q->key_lens[k]);
+        entry *e = *at;
+        if (!e) return 0;
+        if (!versions_match(t, e->blocks, e->versions, e->num_blocks)) {
+            unlink_entry(t, at);
+            return 0;
+        }
+        if (k && e->num_layers != places[0].num_layers) return 0;
+        place *c = &places[k];
+        c->num_extents = e->num_extents;
+        c->num_blocks = e->num_blocks;
+        c->num_layers = e->num_layers;
+        c->header_len = e->header_len;
+        memcpy(c->extents, e->extents, 2 * e->num_extents * sizeof(uint64_t));
+        memcpy(c->blocks, e->blocks, e->num_blocks * sizeof(uint64_t));
+        memcpy(c->versions, e->versions, e->num_blocks * sizeof(uint64_t));
+        memcpy(c->layers, e->layers, (e->num_layers + 1) * sizeof(uint64_t));
+    }
+    return 1;
+}
+
+static int all_unchanged(const table *t, const read_request *q, const place *places) {
+    for (uint32_t k = 0; k < q->num_keys; k++)
+        if (!versions_match(t, places[k].blocks, places[k].versions, places[k].num_blocks)) return 0;
+    return 1;
+}
+
+/* The reply frame, byte for byte what msgpack packs for the Python path's {"headers":
+   [bin...], "trailer": true, "ok": true} after its length, with each chunk's header copied
+   from the arena; its length, or 0 when it would not fit REPLY_CAP. */
+static size_t build_reply(const table *t, const read_request *q, const place *places, uint8_t *reply) {
     static const uint8_t headers[] = {0x83, 0xa7, 'h', 'e', 'a', 'd', 'e', 'r', 's'};
     static const uint8_t trailer_ok[] = {0xa7, 't', 'r', 'a', 'i', 'l', 'e', 'r', 0xc3, 0xa2, 'o', 'k', 0xc3};
+    struct iovec pieces[MAX_EXTENTS];
     size_t len = 4;
     memcpy(reply + len, headers, sizeof headers);
     len += sizeof headers;
@@ -487,26 +515,14 @@ static size_t prepare(table *t, const read_request *q, place *places, uint8_t *r
         reply[len++] = (uint8_t)q->num_keys;
     }
     for (uint32_t k = 0; k < q->num_keys; k++) {
-        entry **at = slot(t, q->ns, q->ns_len, q->keys[k], q->key_lens[k]);
-        entry *e = *at;
-        if (!e) return 0;
-        if (!versions_match(t, e->blocks, e->versions, e->num_blocks)) {
-            unlink_entry(t, at);
-            return 0;
+        const place *c = &places[k];
+        if (len + 5 + c->header_len + sizeof trailer_ok > REPLY_CAP) return 0;
+        len += put_bin_header(reply + len, (uint32_t)c->header_len);
+        size_t n = add_range(t, c, 0, c->header_len, pieces);
+        for (size_t i = 0; i < n; i++) {
+            memcpy(reply + len, pieces[i].iov_base, pieces[i].iov_len);
+            len += pieces[i].iov_len;
         }
-        if ((k && e->num_layers != places[0].num_layers) || len + 5 + e->header_len + sizeof trailer_ok > REPLY_CAP)
-            return 0;
-        place *c = &places[k];
-        c->num_extents = e->num_extents;
-        c->num_blocks = e->num_blocks;
-        c->num_layers = e->num_layers;
-        memcpy(c->extents, e->extents, 2 * e->num_extents * sizeof(uint64_t));
-        memcpy(c->blocks, e->blocks, e->num_blocks * sizeof(uint32_t));
-        memcpy(c->versions, e->versions, e->num_blocks * sizeof(uint64_t));
-        memcpy(c->layers, e->layers, (e->num_layers + 1) * sizeof(uint64_t));
-        len += put_bin_header(reply + len, e->header_len);
-        memcpy(reply + len, e->header, e->header_len);
-        len += e->header_len;
     }
     memcpy(reply + len, trailer_ok, sizeof trailer_ok);
     len += sizeof trailer_ok;
@@ -519,11 +535,15 @@ static size_t prepare(table *t, const read_request *q, place *places, uint8_t *r
 static int answer(table *t, int fd, const read_request *q, int timeout_ms, place *places, uint8_t *reply,
                   struct iovec *iov) {
     pthread_mutex_lock(&t->lock);
-    size_t reply_len = prepare(t, q, places, reply);
+    int found = collect(t, q, places);
     pthread_mutex_unlock(&t->lock);
+    if (!found) return 0;
     uint64_t num_layers = places[0].num_layers;
     uint64_t start = q->layer_start, end = q->layer_end ? q->layer_end : num_layers;
-    if (!reply_len || !(start < end && end <= num_layers)) return 0; /* Python says why (OutOfRange...) */
+    if (!(start < end && end <= num_layers)) return 0; /* Python says OutOfRange */
+    size_t reply_len = build_reply(t, q, places, reply);
+    /* the headers are the chunks' only if no block changed while they were copied */
+    if (!reply_len || !all_unchanged(t, q, places)) return 0;
     size_t n = 0;
     iov[n].iov_base = reply;
     iov[n++].iov_len = reply_len;
@@ -541,9 +561,7 @@ static int answer(table *t, int fd, const read_request *q, int timeout_ms, place
     for (size_t i = 1; i < n; i++) payload += iov[i].iov_len;
     int rc = send_iov(fd, iov, n, timeout_ms);
     if (rc) return rc;
-    int valid = 1;
-    for (uint32_t k = 0; k < q->num_keys; k++)
-        valid = valid && versions_match(t, places[k].blocks, places[k].versions, places[k].num_blocks);
+    int valid = all_unchanged(t, q, places);
     /* the trailer: {"ok": true, "valid": valid} */
     uint8_t trailer[] = {0, 0, 0, 12, 0x82, 0xa2, 'o', 'k', 0xc3, 0xa5, 'v', 'a', 'l', 'i', 'd', valid ? 0xc3 : 0xc2};
     struct iovec out = {trailer, sizeof trailer};

@@ -50,8 +50,8 @@ def _wrap(lib: ctypes.CDLL) -> ctypes.CDLL:
                              ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint64]  # fmt: skip
     lib.dpr_register.restype = ctypes.c_int
     lib.dpr_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32,
-                                 ctypes.c_char_p, ctypes.c_uint32, _u64p, ctypes.c_uint32, _u32p, _u64p,
-                                 ctypes.c_uint32, _u64p, ctypes.c_uint32]  # fmt: skip
+                                 ctypes.c_uint64, _u64p, ctypes.c_uint32, _u32p, _u64p, ctypes.c_uint32,
+                                 _u64p, ctypes.c_uint32]  # fmt: skip
     lib.dpr_count.restype = ctypes.c_uint32
     lib.dpr_count.argtypes = [ctypes.c_void_p]
     lib.dpr_take_reads.restype = ctypes.c_uint64
@@ -108,14 +108,14 @@ class CReads:
         self._reads = bytearray(_READS_BUFFER_BYTES)
         self._reads_address = _address(memoryview(self._reads))
 
-    def register(self, namespace: bytes, key: bytes, copy: UnheldCopy, header: bytes) -> bool:
+    def register(self, namespace: bytes, key: bytes, copy: UnheldCopy) -> bool:
         """Lets C serve `key` from where `copy` says it lay (sent valid by the Python path)."""
         layout = copy.layout
         layers = layout.header.num_layers
         offsets = [layout.layer_span(layer, layer)[0] for layer in range(layers)] + [layout.total_bytes]
         extents = [value for extent in copy.extents for value in extent]
         status = self._lib.dpr_register(
-            self._handle, namespace, len(namespace), key, len(key), header, len(header),
+            self._handle, namespace, len(namespace), key, len(key), layout.data_offset,
             _array(ctypes.c_uint64, extents), len(copy.extents),
             _array(ctypes.c_uint32, copy.blocks), _array(ctypes.c_uint64, copy.versions), len(copy.blocks),
             _array(ctypes.c_uint64, offsets), layers,
