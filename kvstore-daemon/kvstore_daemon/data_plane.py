@@ -88,13 +88,7 @@ class DataPlaneServer:
         self._listener: socket.socket | None = None
         self._reads: list[tuple[bytes, list[bytes]]] = []  # unheld reads the loop has yet to note
         self._reads_lock = threading.Lock()
-        self._c: CReads | None = None
-        if settings.data_plane_c_reads and self._ssl is None:
-            self._c, why_not = open_c_reads(
-                store.dram, settings.data_plane_c_read_entries, settings.max_keys_per_request,
-                settings.data_plane_max_frame_bytes,
-            )  # fmt: skip
-            log.info("data_plane_c_reads", on=self._c is not None, reason=why_not)
+        self._c: CReads | None = None  # opened by start(): a daemon without a data plane builds nothing
 
     @property
     def tls(self) -> bool:
@@ -109,6 +103,13 @@ class DataPlaneServer:
         listener.bind((host, self._settings.data_plane_port))
         listener.listen(128)
         self._listener = listener
+        settings = self._settings
+        if settings.data_plane_c_reads and self._ssl is None:
+            self._c, why_not = open_c_reads(
+                self._store.dram, settings.data_plane_c_read_entries, settings.max_keys_per_request,
+                settings.data_plane_max_frame_bytes,
+            )  # fmt: skip
+            log.info("data_plane_c_reads", on=self._c is not None, reason=why_not)
         if self._c is not None:  # reads served in C are noted as the Python path's are
             self._loop.add_reader(self._c.wake_fd, self._on_c_reads)
         threading.Thread(target=self._accept_forever, name="data-plane-accept", daemon=True).start()
@@ -126,8 +127,7 @@ class DataPlaneServer:
                 except OSError:  # already closed by its thread
                     pass
         if self._c is not None:
-            if self._listener is not None:
-                self._loop.remove_reader(self._c.wake_fd)
+            self._loop.remove_reader(self._c.wake_fd)
             self._c.close()
 
     def _accept_forever(self) -> None:
