@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -155,6 +156,21 @@ def test_c_reads_pass_the_clients_checksums_and_count_as_hits(
             assert client.get_whole_chunks(NAMESPACE, made.keys(0, 6)) == [made.data(i) for i in range(6)]
         poll_until(lambda: _c_reads(daemon) == 54, what="reads 2-10 sent from C")
         poll_until(lambda: client.stats().dram.hits - before == 60, what="60 hits noted")
+
+
+def test_without_a_compiler_python_serves_every_read(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    made = chunk_set(NAMESPACE, num_layers=4, seed=17)
+    daemon = _daemon(daemon_factory)
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        made.register(client)
+        client.put_chunks(NAMESPACE, made.items(0, 2))
+        for _ in range(3):
+            assert client.get_whole_chunks(NAMESPACE, made.keys(0, 2)) == [made.data(0), made.data(1)]
+    assert _c_reads(daemon) == 0
+    assert "data_plane_c_reads" in daemon.log_tail() and "no-such-compiler" in daemon.log_tail()
 
 
 def test_a_chunk_that_leaves_its_blocks_under_a_c_send_is_reported_invalid(
