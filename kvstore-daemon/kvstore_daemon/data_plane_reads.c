@@ -190,14 +190,6 @@ int dpr_register(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t
     return 0;
 }
 
-uint32_t dpr_count(void *handle) {
-    table *t = handle;
-    pthread_mutex_lock(&t->lock);
-    uint32_t count = t->count;
-    pthread_mutex_unlock(&t->lock);
-    return count;
-}
-
 /* Copies the valid reads' records into `out` (reads_cap bytes) and re-arms the wake-up;
    returns their length. Since the last call: `bytes` and `chunks` sent (valid or not), and
    `dropped`, records lost to a full buffer. */

@@ -39,7 +39,6 @@ UNAVAILABLE_VARIABLE = "ATTNSTORE_DATA_PLANE_C_READS_UNAVAILABLE"
 _READS_BUFFER_BYTES = 1 << 20  # served reads' (namespace, key) records between two notes
 _SERVE_CLOSED, _SERVE_FRAME, _SERVE_TOO_LONG, _SERVE_CLOSING = 0, 1, 2, 3
 
-_u8p = ctypes.POINTER(ctypes.c_uint8)
 _u32p = ctypes.POINTER(ctypes.c_uint32)
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 
@@ -52,8 +51,6 @@ def _wrap(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dpr_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32,
                                  ctypes.c_uint64, _u64p, ctypes.c_uint32, _u32p, _u64p, ctypes.c_uint32,
                                  _u64p, ctypes.c_uint32]  # fmt: skip
-    lib.dpr_count.restype = ctypes.c_uint32
-    lib.dpr_count.argtypes = [ctypes.c_void_p]
     lib.dpr_take_reads.restype = ctypes.c_uint64
     lib.dpr_take_reads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _u64p, _u64p, _u64p]
     lib.dpr_close.restype = None
@@ -108,23 +105,19 @@ class CReads:
         self._reads = bytearray(_READS_BUFFER_BYTES)
         self._reads_address = _address(memoryview(self._reads))
 
-    def register(self, namespace: bytes, key: bytes, copy: UnheldCopy) -> bool:
-        """Lets C serve `key` from where `copy` says it lay (sent valid by the Python path)."""
+    def register(self, namespace: bytes, key: bytes, copy: UnheldCopy) -> None:
+        """Lets C serve `key` from where `copy` says it lay (sent valid by the Python path);
+        a chunk beyond the table's limits stays on the Python path."""
         layout = copy.layout
         layers = layout.header.num_layers
         offsets = [layout.layer_span(layer, layer)[0] for layer in range(layers)] + [layout.total_bytes]
         extents = [value for extent in copy.extents for value in extent]
-        status = self._lib.dpr_register(
+        self._lib.dpr_register(
             self._handle, namespace, len(namespace), key, len(key), layout.data_offset,
             _array(ctypes.c_uint64, extents), len(copy.extents),
             _array(ctypes.c_uint32, copy.blocks), _array(ctypes.c_uint64, copy.versions), len(copy.blocks),
             _array(ctypes.c_uint64, offsets), layers,
         )  # fmt: skip
-        return bool(status == 0)
-
-    @property
-    def registered(self) -> int:
-        return int(self._lib.dpr_count(self._handle))
 
     def serve_frames(self, sock: socket.socket, timeout_seconds: float) -> dict[str, Any]:
         """Answers the reads C can on `sock` (a plain socket after its hello); returns the
