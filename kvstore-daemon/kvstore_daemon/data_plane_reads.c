@@ -483,7 +483,10 @@ static int collect(table *t, const read_request *q, place *places) {
     return 1;
 }
 
+/* Whether no block of `q`'s chunks changed since `collect`: the second read of the
+   seqlock, so the fence keeps the copies before it (headers, payload) ahead of it. */
 static int all_unchanged(const table *t, const read_request *q, const place *places) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     for (uint32_t k = 0; k < q->num_keys; k++)
         if (!versions_match(t, places[k].blocks, places[k].versions, places[k].num_blocks)) return 0;
     return 1;
