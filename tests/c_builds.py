@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from inference_worker.engine.c_build import build_library
+from attnstore.c_build import build_library
 from inference_worker.kernels import KernelChoice
 
 C_BUILDS = ["native", "without-avx512"]

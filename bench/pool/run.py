@@ -4,8 +4,9 @@ Chunks are SmolLM2-135M KV in bf16 (30 layers, 3 KV heads, head_dim 64: 23,040 b
 token): 256 tokens make the 5.9 MB chunk, and 22, 87 and 347 tokens the 0.5, 2 and 8 MB
 ones. Every path moves the same bytes between two processes on loopback:
 
-  dataplane_get           the SDK without shared memory: GetShm lease over gRPC, bytes over
-                          the data plane into a preallocated buffer (checksums not verified)
+  dataplane_get           the SDK without shared memory: one unheld read by keys over the
+                          data plane (answered in C once a chunk was read; no lease) into a
+                          preallocated buffer (checksums not verified)
   dataplane_get_blocking  the SDK's blocking client (KVStoreClient) read by threads, as redis-py's
                           rows are (no hop between an event loop and the client's threads)
   dataplane_get_verified  the same as dataplane_get, every layer's xxh3 verified (what a worker does)

@@ -8,9 +8,17 @@ operator should see that without reading code.
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 import torch
+
+from attnstore.c_build import load_probed
+
+Kernel = TypeVar("Kernel")
 
 
 @dataclass(frozen=True)
@@ -30,3 +38,19 @@ class KernelReport:
 def cpu_capability() -> str:
     """The CPU's instruction set as torch's CPU kernels dispatch on it (detected at run time)."""
     return str(torch.backends.cpu.get_cpu_capability())
+
+
+def load_choice(
+    source: Path,
+    unavailable_variable: str,
+    wrap: Callable[[ctypes.CDLL], Kernel],
+    probe: Callable[[Kernel], str | None],
+    chosen: KernelChoice,
+    otherwise: str,
+) -> tuple[Kernel | None, KernelChoice]:
+    """`load_probed` with its choice for the kernel report: `chosen`, or "torch" saying why
+    the kernel is unavailable and that `otherwise` runs instead."""
+    kernel, error = load_probed(source, unavailable_variable, wrap, probe)
+    if kernel is None:
+        return None, KernelChoice("torch", f"{source.stem} kernel unavailable ({error}): {otherwise}")
+    return kernel, chosen

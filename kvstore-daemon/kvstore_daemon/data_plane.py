@@ -13,6 +13,10 @@ once, so a thread must never write into them directly.
 
 A connection that sends garbage, stalls past `data_plane_idle_timeout_seconds` or
 disconnects mid-frame is closed; it holds nothing a lease's TTL would not end.
+
+On plain TCP, a connection's frames go first to the C read path (data_plane_reads.py):
+unheld reads of DRAM chunks this file has sent before are answered there without Python;
+the first frame it cannot answer comes back here.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
+import os
 import socket
 import ssl
 import threading
@@ -44,6 +49,7 @@ from attnstore.security import token_digest
 from kvstore_daemon import metrics
 from kvstore_daemon.chunk_entry import Chunk
 from kvstore_daemon.chunk_store import ChunkStore, UnheldCopy
+from kvstore_daemon.data_plane_reads import CReads, open_c_reads
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.validation import check_keys, check_layer_range, check_namespace
 
@@ -82,6 +88,7 @@ class DataPlaneServer:
         self._listener: socket.socket | None = None
         self._reads: list[tuple[bytes, list[bytes]]] = []  # unheld reads the loop has yet to note
         self._reads_lock = threading.Lock()
+        self._c: CReads | None = None  # opened by start(): a daemon without a data plane builds nothing
 
     @property
     def tls(self) -> bool:
@@ -96,11 +103,21 @@ class DataPlaneServer:
         listener.bind((host, self._settings.data_plane_port))
         listener.listen(128)
         self._listener = listener
+        settings = self._settings
+        if settings.data_plane_c_reads and self._ssl is None:
+            self._c, why_not = open_c_reads(
+                self._store.dram, settings.data_plane_c_read_entries, settings.max_keys_per_request,
+                settings.data_plane_max_frame_bytes,
+            )  # fmt: skip
+            log.info("data_plane_c_reads", on=self._c is not None, reason=why_not)
+        if self._c is not None:  # reads served in C are noted as the Python path's are
+            self._loop.add_reader(self._c.wake_fd, self._on_c_reads)
         threading.Thread(target=self._accept_forever, name="data-plane-accept", daemon=True).start()
         return listener.getsockname()[1]
 
     def stop(self) -> None:
-        """Stops accepting and cuts every connection (in-flight sends end with them)."""
+        """Stops accepting and cuts every connection (in-flight sends end with them); after
+        it no thread reads the arena."""
         if self._listener is not None:
             self._listener.close()
         with self._lock:
@@ -109,6 +126,9 @@ class DataPlaneServer:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:  # already closed by its thread
                     pass
+        if self._c is not None:
+            self._loop.remove_reader(self._c.wake_fd)
+            self._c.close()
 
     def _accept_forever(self) -> None:
         assert self._listener is not None
@@ -135,7 +155,7 @@ class DataPlaneServer:
             self._hello(sock)
             buffer = bytearray()
             while True:
-                request = recv_frame(sock, self._settings.data_plane_max_frame_bytes)
+                request = self._next_request(sock)
                 op = field(request, "op", str)
                 if op == "get":
                     self._get(sock, request)
@@ -146,13 +166,20 @@ class DataPlaneServer:
         except errors.ServiceError as exc:
             if not isinstance(exc, errors.Unavailable):  # a closed peer hears nothing
                 self._try_send(sock, error_frame(exc))
-        except (OSError, ssl.SSLError):  # a reset, a timeout, a failed handshake: just close
+        except (OSError, ssl.SSLError):  # a reset, a timeout (TimeoutError too), a failed handshake: just close
             pass
         finally:
             with self._lock:
                 self._connections.discard(conn)
             sock.close()
             self._slots.release()
+
+    def _next_request(self, sock: socket.socket) -> dict[str, Any]:
+        """The next request Python answers: on plain TCP, after the C path answered the
+        reads it could."""
+        if self._c is None:
+            return recv_frame(sock, self._settings.data_plane_max_frame_bytes)
+        return self._c.serve_frames(sock, self._settings.data_plane_idle_timeout_seconds)
 
     @staticmethod
     def _try_send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -218,6 +245,9 @@ class DataPlaneServer:
         send_frame(sock, {"ok": True, "valid": valid})
         if valid:  # hits and recency as a held read's, without waiting for the loop
             self._note_read(namespace, keys)
+            if self._c is not None:  # later reads of these chunks are answered in C
+                for key, copy in zip(keys, copies, strict=True):
+                    self._c.register(namespace, key, copy)
         return True
 
     def _note_read(self, namespace: bytes, keys: list[bytes]) -> None:
@@ -230,9 +260,23 @@ class DataPlaneServer:
                 return
         self._loop.call_soon_threadsafe(self._loop.call_later, _READS_NOTED_EVERY_SECONDS, self._drain_reads)
 
+    def _on_c_reads(self) -> None:
+        """The C path served reads since the last drain (its eventfd, written once a drain)."""
+        assert self._c is not None
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._c.wake_fd)
+        self._loop.call_later(_READS_NOTED_EVERY_SECONDS, self._drain_reads)
+
     def _drain_reads(self) -> None:
         with self._reads_lock:
             reads, self._reads = self._reads, []
+        if self._c is not None:
+            served = self._c.take_reads()
+            reads.extend(served.valid.items())
+            metrics.BYTES_OUT.labels("dataplane").inc(served.bytes_sent)
+            metrics.DATA_PLANE_C_READS.inc(served.chunks_sent)
+            if served.not_recorded:
+                log.warning("data_plane_reads_not_noted", reads=served.not_recorded, reason="the C record buffer was full")
         for namespace, keys in reads:
             with contextlib.suppress(errors.ServiceError):  # its namespace was dropped meanwhile
                 self._store.note_lease_free_reads(namespace, keys, None)

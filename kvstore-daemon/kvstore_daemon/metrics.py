@@ -10,6 +10,9 @@ HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, 
 MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
 BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by transport (shm, grpc, dataplane)", ["transport"])
 BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
+DATA_PLANE_C_READS = Counter(
+    "attnstore_kvstore_data_plane_c_reads_total", "Chunks the data plane's C read path sent whole (no Python; valid or not)"
+)
 EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
 EVICTION_REASONS = Counter(
     "attnstore_kvstore_eviction_reasons_total",

@@ -39,6 +39,12 @@ class DaemonSettings(ServiceSettings):
     data_plane_max_frame_bytes: int = Field(
         1 * MiB, ge=4096, description="largest data-plane request frame (msgpack; chunk bytes are not framed)"
     )
+    data_plane_c_reads: bool = Field(
+        True, description="answer repeated unheld reads of DRAM chunks in C, no Python (plain TCP; needs a C compiler)"
+    )
+    data_plane_c_read_entries: int = Field(
+        65536, ge=1, description="DRAM chunks the C read path knows at once (the rest are served by Python)"
+    )
 
     pool_peers: list[str] = Field(
         default_factory=list,

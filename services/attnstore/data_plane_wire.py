@@ -69,9 +69,9 @@ def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
     prefix = bytearray(_LENGTH.size)
     recv_exactly_into(sock, memoryview(prefix))
-    body = bytearray(_frame_length(prefix, max_bytes))
+    body = bytearray(frame_length(_LENGTH.unpack(prefix)[0], max_bytes))
     recv_exactly_into(sock, memoryview(body))
-    return _decode_frame(body)
+    return decode_frame(body)
 
 
 async def recv_frame_on_loop(
@@ -80,19 +80,20 @@ async def recv_frame_on_loop(
     """`recv_frame` on the event loop, from a non-blocking plain socket."""
     prefix = bytearray(_LENGTH.size)
     await recv_exactly_on_loop(loop, sock, memoryview(prefix))
-    body = bytearray(_frame_length(prefix, max_bytes))
+    body = bytearray(frame_length(_LENGTH.unpack(prefix)[0], max_bytes))
     await recv_exactly_on_loop(loop, sock, memoryview(body))
-    return _decode_frame(body)
+    return decode_frame(body)
 
 
-def _frame_length(prefix: bytearray, max_bytes: int) -> int:
-    (length,) = _LENGTH.unpack(prefix)
+def frame_length(length: int, max_bytes: int) -> int:
+    """`length`, a frame's declared length; FrameError when over `max_bytes`."""
     if length > max_bytes:
         raise FrameError(f"frame of {length} bytes exceeds the {max_bytes}-byte limit")
     return int(length)
 
 
-def _decode_frame(body: bytearray) -> dict[str, Any]:
+def decode_frame(body: bytearray) -> dict[str, Any]:
+    """A frame's body as its map; FrameError when it is not msgpack or not a map."""
     try:
         message = msgpack.unpackb(body)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:

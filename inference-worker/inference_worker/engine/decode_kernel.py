@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inference_worker.engine.c_build import load_probed
+from attnstore.c_build import load_probed
 from inference_worker.kernels import KernelChoice
 
 SOURCE = Path(__file__).with_name("paged_decode.c")

@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inference_worker.engine.c_build import load_choice
-from inference_worker.kernels import KernelChoice
+from inference_worker.kernels import KernelChoice, load_choice
 
 SOURCE = Path(__file__).with_name("paged_prefill.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_PAGED_PREFILL_UNAVAILABLE"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from inference_worker.engine.c_build import load_probed
+from attnstore.c_build import load_probed
 from inference_worker.kernels import KernelChoice
 from inference_worker.rotary_shift import rotate_half
 

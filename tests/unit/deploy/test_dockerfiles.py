@@ -16,7 +16,7 @@ from deploy_support import (
     requirement_name,
 )
 
-from inference_worker.engine.c_build import CACHE_VARIABLE
+from attnstore.c_build import CACHE_VARIABLE
 
 # Project directory -> (settings env prefix, console script the image runs).
 SERVICES = {
@@ -134,10 +134,12 @@ def test_worker_takes_its_torch_variant_as_a_build_arg(dockerfiles: dict[str, Do
     )
 
 
-def test_worker_image_can_build_its_decode_kernel(dockerfiles: dict[str, Dockerfile]) -> None:
-    """The engine compiles engine/paged_decode.c at first use; without a compiler, or with
-    its cache under the user's nonexistent home, it falls back to torch's slower path."""
-    final = dockerfiles["inference-worker"].final
+@pytest.mark.parametrize("service", ["inference-worker", "kvstore-daemon"])
+def test_images_can_build_their_c_code(dockerfiles: dict[str, Dockerfile], service: str) -> None:
+    """The engine compiles engine/paged_decode.c at first use, the daemon its data plane's C
+    reads at start; without a compiler, or with the cache under the user's nonexistent home,
+    each falls back to its slower path (torch's; Python's)."""
+    final = dockerfiles[service].final
     installs = " ".join(run for run in final.runs if "apt-get install" in run).split()
     assert "gcc" in installs and "libc6-dev" in installs  # the compiler and the C headers
     assert final.env[CACHE_VARIABLE].startswith("/tmp/")  # writable: helm mounts /tmp under a read-only root

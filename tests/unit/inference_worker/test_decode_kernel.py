@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from c_builds import C_BUILDS, built_kernel
 
+from attnstore.c_build import CACHE_VARIABLE
 from inference_worker.engine.attention import DecodeTables
-from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.decode_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,

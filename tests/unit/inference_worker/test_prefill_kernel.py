@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference_worker.engine.c_build import build_library
+from attnstore.c_build import build_library
 from inference_worker.engine.prefill_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
+from attnstore.c_build import CACHE_VARIABLE
 from inference_worker.engine.attention import PagedKV
-from inference_worker.engine.c_build import CACHE_VARIABLE
 from inference_worker.engine.row_kernels import UNAVAILABLE_VARIABLE, RowKernels, load_row_kernels
 from inference_worker.model_geometry import ModelGeometry
 

@@ -1,12 +1,15 @@
-"""Builds the engine's plain-C kernels (paged_decode.c, row_ops.c) with the machine's C
-compiler on first use, cached by source, compiler, flags and CPU (decode_kernel.py says why
-plain C through ctypes and not a torch extension)."""
+"""Builds the project's plain-C code with the machine's C compiler on first use, cached by
+source, compiler, flags and CPU: the engine's kernels (paged_decode.c, row_ops.c;
+inference_worker/engine/decode_kernel.py says why plain C through ctypes and not a torch
+extension) and the daemon's data-plane read server. Here, in the package every service
+imports, so the daemon (no torch) builds with the same code."""
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -15,11 +18,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
-import torch
 
-from inference_worker.kernels import KernelChoice
-
-log = structlog.get_logger("inference_worker.c_build")
+log = structlog.get_logger("attnstore.c_build")
 
 CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
 # -march=native: the machine's vector width (the cache key names the CPU). -std=c11 (not
@@ -49,22 +49,6 @@ def load_probed(
         log.warning("kernel_unavailable", source=source.name, reason=error)
         return None, error
     return kernel, None
-
-
-def load_choice(
-    source: Path,
-    unavailable_variable: str,
-    wrap: Callable[[ctypes.CDLL], Kernel],
-    probe: Callable[[Kernel], str | None],
-    chosen: KernelChoice,
-    otherwise: str,
-) -> tuple[Kernel | None, KernelChoice]:
-    """`load_probed` with its choice for the kernel report: `chosen`, or "torch" saying why
-    the kernel is unavailable and that `otherwise` runs instead."""
-    kernel, error = load_probed(source, unavailable_variable, wrap, probe)
-    if kernel is None:
-        return None, KernelChoice("torch", f"{source.stem} kernel unavailable ({error}): {otherwise}")
-    return kernel, chosen
 
 
 def build_library(source: Path, extra_flags: Sequence[str] = ()) -> Path:
@@ -106,5 +90,5 @@ def _cpu_flags() -> bytes:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return str(torch.backends.cpu.get_cpu_capability()).encode()
+        return platform.processor().encode()
     return next((line for line in lines if line.startswith("flags")), "").encode()
