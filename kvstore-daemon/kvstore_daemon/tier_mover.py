@@ -33,9 +33,6 @@ from kvstore_daemon.predictive_policy import PredictivePolicy
 from kvstore_daemon.settings import DaemonSettings
 from kvstore_daemon.tier import Tier, TierCopyCorrupt, TierFull, TierWriteError
 
-# Of DRAM, what the soonest-predicted chunks may take when predictions arrive: the rest
-# stays for the queue's prefetches and the chunks turns write.
-PREDICTED_PREFETCH_SHARE = 0.5
 SKIP_LOG_INTERVAL_SECONDS = 10.0  # at most one promotions_skipped line per this (all counted in a metric)
 
 log = structlog.get_logger("kvstore_daemon.tiers")
@@ -456,12 +453,13 @@ class TierMover:
 
     def _prefetch_predicted(self, now: float) -> int:
         """Predictive: when predictions arrive, the soonest-predicted chunks that live only
-        on SSD move to DRAM ahead of their turn (up to `PREDICTED_PREFETCH_SHARE` of DRAM),
+        on SSD move to DRAM ahead of their turn (up to `predictive_prefetch_dram_share` of it),
         each evicting only chunks predicted later, so DRAM converges on what comes next. One
         at a time, in one task, pausing while a reserve or read waits for DRAM room: spawned
         all at once, 2,900-3,800 promotions per 15 s of a Mooncake replay at 5% / 50% held
         a turn's reserve up to 1.1 s in process, past its 10 s deadline on a loaded daemon."""
-        if self.hints.prediction_generation == self._prefetched_for:
+        share = self.settings.predictive_prefetch_dram_share
+        if not share or self.hints.prediction_generation == self._prefetched_for:
             return 0
         generation = self._prefetched_for = self.hints.prediction_generation
         soonest = heapq.nsmallest(
@@ -469,7 +467,7 @@ class TierMover:
             ((hint.next_use_at, hint.depth, key) for key, hint in self.hints.items()
              if hint.action is HintAction.PREDICT and hint.expires_at > now),
         )
-        budget, moves = self.dram.capacity_bytes * PREDICTED_PREFETCH_SHARE, []
+        budget, moves = self.dram.capacity_bytes * share, []
         for next_use_at, _, key in soonest:
             chunk = self._chunks.get(key)
             if chunk is None or chunk.deleted:

@@ -45,6 +45,7 @@ async def store(tmp_path: Path) -> AsyncIterator[ChunkStore]:
         shm_dir=tmp_path / "shm", ssd_dirs=[tmp_path / "ssd"], io_threads=1, eviction_policy="predictive",
         dram_block_bytes=BLOCK_BYTES, max_chunk_bytes=1024 * KiB, persist_on_commit=False,
         dram_capacity_bytes=DRAM_CHUNKS * 4 * BLOCK_BYTES, dram_high_watermark=1.0, dram_low_watermark=1.0,
+        predictive_prefetch_dram_share=0.5,  # off by default
     )
     (tmp_path / "shm").mkdir()
     dram = DramTier(settings.shm_dir, settings.dram_capacity_bytes, settings.dram_block_bytes)
