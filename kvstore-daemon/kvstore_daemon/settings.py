@@ -121,6 +121,11 @@ class DaemonSettings(ServiceSettings):
         "whether the SSD tier follows the predictive order or LRU (whichever hit more lately); 0: always predictive",
     )
 
+    predictive_prefetch_dram_share: float = Field(
+        0.0, ge=0, le=1,
+        description="predictive: share of DRAM the soonest-predicted SSD-only chunks are moved into when "
+        "predictions arrive (more of the hits from DRAM, fewer hits); 0: only the queue's chunks are prefetched",
+    )
     predictive_ghost_keys_max: int = Field(
         GHOST_KEYS_MAX, ge=0,
         description="predictive: evicted keys remembered so that a lookup naming one again, or a store, counts it "

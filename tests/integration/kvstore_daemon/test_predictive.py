@@ -24,6 +24,7 @@ PREDICTIVE_DRAM_OF_4_CHUNKS = {
     "DRAM_BLOCK_BYTES": BLOCK_BYTES, "MAX_CHUNK_BYTES": 1024 * KiB, "PERSIST_ON_COMMIT": "false",
     "DRAM_HIGH_WATERMARK": 1.0, "DRAM_LOW_WATERMARK": 1.0,  # evictions only on allocation: the policy's order
     "DRAM_CAPACITY_BYTES": 4 * 4 * BLOCK_BYTES, "EVICTION_POLICY": "predictive",
+    "PREDICTIVE_PREFETCH_DRAM_SHARE": 0.5,  # the predicted prefetch on (off by default)
 }
 PREDICT, DECLINE = HintAction.PREDICT, HintAction.DECLINE
 DRAM, SSD = Tier.DRAM, Tier.SSD
