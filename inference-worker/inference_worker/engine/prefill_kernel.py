@@ -69,15 +69,9 @@ class PagedPrefillKernel:
         return device.type == "cpu" and dtype == torch.float32
 
     def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        chunks: PrefillTables,
-        *,
-        scale: float,
-    ) -> None:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, chunks: PrefillTables,
+        *, scale: float,
+    ) -> None:  # fmt: skip
         """q, out [tokens, heads, D] (contiguous); k, v one layer of the pool [kv_heads,
         blocks, B, D], the chunks' own K and V already written. Writes the chunks' rows of
         out, each row over its context's keys up to its own position; the other rows are left
