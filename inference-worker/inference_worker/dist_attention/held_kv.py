@@ -80,8 +80,7 @@ class HeldKV:
     ) -> LocalSegment:
         """k, v [L, n, KVH, D] at positions [start_position, +n) of `segment_id`, whose
         borrower is `home` (fixed by the first append)."""
-        if not segment_id:
-            raise InvalidArgument("segment_id is empty")
+        self._check_id(segment_id)
         if home:
             check_address(home, "home")
         if k.shape != v.shape or k.dtype != v.dtype:
@@ -127,6 +126,7 @@ class HeldKV:
 
     def layer_digests(self, segment_id: str) -> tuple[int, ...]:
         """Per layer, the digest of the segment's KV (wire.layer_digest)."""
+        self._check_id(segment_id)
         with self._lock:
             crcs = self._crcs.get(segment_id)
         if crcs is None:
@@ -196,6 +196,7 @@ class HeldKV:
             return segment_id in self._segments
 
     def release(self, segment_id: str) -> bool:
+        self._check_id(segment_id)
         with self._lock:
             return self._drop(segment_id)
 
@@ -219,7 +220,18 @@ class HeldKV:
         for segment_id in [s for s in idle if not self.node or self._homes[s] != self.node]:
             self._drop(segment_id)
 
+    def _check_id(self, segment_id: str) -> None:
+        """An id that fits the limit (a 300k-character id once made a NotFound too long to send)."""
+        if not segment_id:
+            raise InvalidArgument("segment_id is empty")
+        if len(segment_id) > self.limits.max_segment_id_chars:
+            raise InvalidArgument(
+                f"segment_id has {len(segment_id)} characters, more than {self.limits.max_segment_id_chars} "
+                "(micro_attention.max_segment_id_chars)"
+            )
+
     def _segment(self, segment_id: str) -> LocalSegment:
+        self._check_id(segment_id)
         with self._lock:
             segment = self._segments.get(segment_id)
             if segment is not None:

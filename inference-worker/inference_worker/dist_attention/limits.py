@@ -24,6 +24,9 @@ class MicroAttentionLimits(BaseModel):
         description="a segment no call touched for this long is dropped (its home worker died or forgot "
         "to release it): lent memory never stays pinned by a dead borrower",
     )
+    max_segment_id_chars: int = Field(
+        256, ge=1, description="longest segment id a caller may name (homes name theirs ~40 characters)"
+    )
     read_piece_tokens: int = Field(
         1024, ge=1, description="tokens per ReadKV piece when the caller leaves it to us"
     )

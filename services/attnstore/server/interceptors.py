@@ -126,9 +126,16 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield _checked(request)
 
 
+# A status message travels as a trailer: clients drop one past 8 KiB as RESOURCE_EXHAUSTED and
+# lose the reason, and messages quote the request (an id of 300,000 characters once).
+MAX_STATUS_MESSAGE_CHARS = 2048
+
+
 async def _abort(method: str, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
     if isinstance(exc, errors.ServiceError):
         code, message = status_of(exc), str(exc)
+        if len(message) > MAX_STATUS_MESSAGE_CHARS:
+            message = f"{message[:MAX_STATUS_MESSAGE_CHARS]}... ({len(message)} characters, cut)"
         if isinstance(exc, errors.Overloaded):
             context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
         if not isinstance(exc, CallLimitReached):  # that one is logged by the limit, once per period

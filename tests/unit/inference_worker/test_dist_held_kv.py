@@ -85,6 +85,21 @@ def test_held_bytes_are_capped_and_given_back() -> None:
     assert held.held_bytes == 2 * KV_BYTES
 
 
+def test_every_call_refuses_an_empty_or_overlong_segment_id_before_looking() -> None:
+    held = HeldKV(MicroAttentionLimits(max_segment_id_chars=8))
+    held.append("a" * 8, 0, *kv(4))
+    for bad, reason in (("", "is empty"), ("x" * 300_000, "300000 characters, more than 8")):
+        with pytest.raises(InvalidArgument, match=reason):
+            held.append(bad, 0, *kv(4))
+        with pytest.raises(InvalidArgument, match=reason):
+            list(held.read(bad, 0, 2))
+        with pytest.raises(InvalidArgument, match=reason):
+            held.layer_digests(bad)
+        with pytest.raises(InvalidArgument, match=reason):
+            held.release(bad)
+    assert held.release("a" * 8)
+
+
 def test_idle_segments_are_dropped() -> None:
     clock = Clock()
     held = HeldKV(MicroAttentionLimits(segment_idle_ttl_seconds=10), clock=clock)
