@@ -232,7 +232,9 @@ async def test_turns_of_one_session_are_stored_in_arrival_order(stack: Stack) ->
 async def test_a_flood_beyond_the_call_limit_is_refused_with_a_retry_hint(stack: Stack) -> None:
     """200 Chat calls at once on one session (each holds a call slot while it waits for the
     session): 16 run, the rest get RESOURCE_EXHAUSTED with a message and retry-after-ms,
-    never a bare CANCELLED; health answers throughout; the shedding is logged."""
+    never a bare CANCELLED; health answers throughout; the shedding is logged. Each turn
+    writes 32 tokens, so few end while the flood arrives (at 2 tokens, faster engines let 18
+    more in than the margin below)."""
     session_id = stack.client("globex").create_session(system_prompt=SYSTEM).session_id
     metadata = (("x-api-key", API_KEYS["globex"]),)
     async with grpc.aio.insecure_channel(stack.scheduler.address) as channel:
@@ -241,7 +243,7 @@ async def test_a_flood_beyond_the_call_limit_is_refused_with_a_retry_hint(stack:
 
         async def chat(number: int) -> grpc.aio.AioRpcError | None:
             request = api.ChatRequest(
-                session_id=session_id, message=f"flood {number}", options=api.GenerationOptions(max_tokens=2)
+                session_id=session_id, message=f"flood {number}", options=api.GenerationOptions(max_tokens=32)
             )
             try:
                 async for _ in stub.Chat(request, metadata=metadata, timeout=120):
