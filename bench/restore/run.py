@@ -412,12 +412,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--recompute-repeats", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--results", help="results' file name in bench/results (default restore, restore-quick)")
     args = parser.parse_args(argv)
     if (problem := device_problem(args.device)) is not None:
         parser.error(problem)
     if args.quick:
         args.histories = [1024]
-    results = "restore-quick" if args.quick else "restore"  # a quick run keeps the full run's files
+    # a quick run keeps the full run's files
+    results = args.results or ("restore-quick" if args.quick else "restore")
     started, load_before = time.monotonic(), os.getloadavg()
     model = build_model(args.layers, args.hidden, args.device)
     compute = profile_compute(model)
@@ -464,7 +466,9 @@ def main(argv: list[str] | None = None) -> None:
         after 13 minutes) keeps the histories it finished, in `<name>-partial.json`
         (git-ignored) until the last history writes `<name>.json`."""
         summary, verdicts = summarize(rows, tiers, done, costs)
-        machine = machine_info(WORK_DIR)
+        machine = machine_info(WORK_DIR, packages=("torch",))
+        if model.device.type == "cuda":
+            machine["gpu"] = torch.cuda.get_device_name(model.device)
         machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
         machine["ssd_read_check"] = read_check  # the page-cache drop really evicts: cold slower
         name = results if done == args.histories else f"{results}-partial"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Sequence
 
 import grpc
@@ -17,6 +18,7 @@ import torch
 
 from attnstore.errors import Unavailable
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
+from inference_worker.device_copies import CopyStream
 from inference_worker.kv_codec import KVShapeError, layer_from_pieces
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
 from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
@@ -52,6 +54,7 @@ async def load_prefix(
     holding each key ("" = the own daemon; empty: all there), read from directly."""
     row: list[LayerPiece] = []  # the current layer's pieces, one per chunk in order
     layer = 0  # the layer being assembled
+    copies = CopyStream(device)
     try:
         async with contextlib.aclosing(client.iter_layers(namespace, keys, places=places)) as pieces:
             async for piece in pieces:
@@ -63,12 +66,11 @@ async def load_prefix(
                 _check_piece(piece, prefix.num_layers, tail_tokens if last and tail_tokens else chunk_tokens)
                 row.append(piece)
                 if len(row) == len(keys):
-                    # each [kv_heads, chunks * C, head_dim]; checksums verified here, on the copies
-                    k, v = keep_head(
-                        *layer_from_pieces(row, device=device, verify=True), head_tokens, chunk_tokens
+                    k, v = copies.run(
+                        functools.partial(
+                            _assemble, row, device, chunk_tokens, head_tokens, shift, start_position
+                        )
                     )
-                    # [kv_heads, prefix tokens, head_dim]
-                    k = reposition_keys(k, row, chunk_tokens, head_tokens, shift, start_position)
                     prefix.put_layer(layer, k, v)
                     row, layer = [], layer + 1
         if layer != prefix.num_layers:
@@ -78,6 +80,20 @@ async def load_prefix(
         raise
     except Exception as exc:  # noqa: BLE001 -- any cache failure means recompute, never a failed turn
         prefix.fail(exc)
+
+
+def _assemble(
+    row: Sequence[LayerPiece],
+    device: torch.device,
+    chunk_tokens: int,
+    head_tokens: int,
+    shift: RotaryShift | None,
+    start_position: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [kv_heads, prefix tokens, head_dim] of one layer from its pieces `row`:
+    checksums verified on the copies, chunk 0's head kept, keys re-positioned."""
+    k, v = keep_head(*layer_from_pieces(row, device=device, verify=True), head_tokens, chunk_tokens)
+    return reposition_keys(k, row, chunk_tokens, head_tokens, shift, start_position), v
 
 
 def _check_piece(piece: LayerPiece, num_layers: int, tokens: int) -> None:

@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 
 from attnstore.chunks.format import LayerForm
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
+from inference_worker.device_copies import CopyStream
 from inference_worker.engine.model_runner import rotary_of
 from inference_worker.kv_codec import KVShapeError, layer_from_pieces
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
@@ -125,6 +126,7 @@ class _Restore:
         self.stats = RestoreStats(plan, prefix.prefix_tokens)
         self.computing: list[asyncio.Future[None]] = []
         self.device = next(model.parameters()).device
+        self.copies = CopyStream(self.device)  # reads beside the compute thread's kernels
         tokens = prefix.prefix_tokens
         self.ids = torch.tensor(list(token_ids[:tokens]), dtype=torch.long, device=self.device)
         self.positions = torch.arange(tokens, device=self.device)
@@ -174,6 +176,17 @@ class _Restore:
         layer_k[:, start:stop], layer_v[:, start:stop] = k, v
         return [(layer, self.projected)] if stop == self.prefix.prefix_tokens else []
 
+    def hidden_chunk(self, piece: LayerPiece, used: int) -> tuple[torch.Tensor]:
+        """The input hidden states [used tokens, hidden] of one chunk of a HIDDEN layer."""
+        return (hidden_from_pieces([piece], self.device)[:used],)
+
+    def kv_layer(self, row: Sequence[LayerPiece]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [kv_heads, prefix tokens, head_dim] of a KV layer from its pieces `row`."""
+        chunk_tokens = row[0].layout.header.tokens  # chunk 0 is whole (or the only one)
+        k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
+        k, v = keep_head(k, v, self.used_tokens(row[0]), chunk_tokens)
+        return reposition_keys(k, row, chunk_tokens, self.used_tokens(row[0]), self.shift, 0), v
+
     def used_tokens(self, piece: LayerPiece) -> int:
         """The tokens of `piece`'s chunk that the prefix takes: chunk 0's head, others whole."""
         tokens = piece.layout.header.tokens
@@ -198,7 +211,7 @@ class _Restore:
             self.stats.bytes_read += len(piece.data)
             used = self.used_tokens(piece)
             if self.storage.forms[layer] is LayerForm.HIDDEN:  # projected chunk by chunk (module docstring)
-                states = hidden_from_pieces([piece], self.device)[:used]  # [used tokens, hidden]
+                (states,) = self.copies.run(functools.partial(self.hidden_chunk, piece, used))
                 if piece.chunk_index == chunks - 1:
                     self.keep_tail(layer, states)
                 self.submit("hidden", layer, functools.partial(self.project, layer, row_tokens, states))
@@ -210,10 +223,7 @@ class _Restore:
             if row_tokens != self.prefix.prefix_tokens:
                 raise KVShapeError(f"layer {layer}: {row_tokens} tokens read for {self.prefix.prefix_tokens}")
             if self.storage.forms[layer] is not LayerForm.HIDDEN:
-                chunk_tokens = row[0].layout.header.tokens  # chunk 0 is whole (or the only one)
-                k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
-                k, v = keep_head(k, v, self.used_tokens(row[0]), chunk_tokens)
-                k = reposition_keys(k, row, chunk_tokens, self.used_tokens(row[0]), self.shift, 0)
+                k, v = self.copies.run(functools.partial(self.kv_layer, row))
                 self.prefix.put_layer(layer, k, v)
             decoded = time.perf_counter()
             self.stats.timeline.add("decode", layer, arrived, decoded)

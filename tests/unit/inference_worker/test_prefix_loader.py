@@ -23,6 +23,7 @@ from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift
 from inference_worker.turn_types import Fallback
 
 CHUNK_TOKENS = 16
+CPU = torch.device("cpu")
 SINK_TOKENS = 4
 NAMESPACE = NamespaceSpec(model_digest="tiny", dtype="float32", chunk_tokens=CHUNK_TOKENS).namespace_id()
 
@@ -57,7 +58,9 @@ def stored_chunks(model, ids: torch.Tensor) -> list[bytes]:
     return encode_chunks(NAMESPACE, keys, kv_at(model, ids, 0), CHUNK_TOKENS, base_position=0)
 
 
-async def load(model, rows, *, head_tokens: int, shift: RotaryShift | None) -> PrefixKV:
+async def load(
+    model, rows, *, head_tokens: int, shift: RotaryShift | None, device: torch.device = CPU
+) -> PrefixKV:
     chunks = len(rows[0]) if rows else 2
     prefix = PrefixKV(model.config.num_hidden_layers, head_tokens + (chunks - 1) * CHUNK_TOKENS)
     await load_prefix(
@@ -68,7 +71,7 @@ async def load(model, rows, *, head_tokens: int, shift: RotaryShift | None) -> P
         chunk_tokens=CHUNK_TOKENS,
         head_tokens=head_tokens,
         shift=shift,
-        device=torch.device("cpu"),
+        device=device,
     )
     return prefix
 
@@ -93,6 +96,27 @@ async def test_after_truncation_the_sinks_stay_and_kept_chunks_move(tiny_llama_f
     assert k.shape == k_expected.shape == (2, SINK_TOKENS + 2 * CHUNK_TOKENS, 16)
     assert (k - k_expected).abs().max().item() <= 1e-4
     assert torch.equal(v, v_expected)  # values carry no position: the stored bytes
+
+
+@pytest.mark.gpu
+async def test_on_cuda_the_layers_arrive_finished_and_re_positioned(tiny_llama_factory, layer_major_pieces):
+    """On a GPU the copies and the re-positioning run on a stream of their own
+    (device_copies.py): the layer the forward takes is complete and equals the CPU's."""
+    model = tiny_llama_factory(num_hidden_layers=1)
+    ids = prompt(model.config.vocab_size, chunks=4)
+    stored = stored_chunks(model, ids)
+    rows = layer_major_pieces([stored[0], stored[2], stored[3]])  # chunk 2 moves from 32 to 4
+    k_cpu, v_cpu = (await load(model, rows, head_tokens=SINK_TOKENS, shift=RotaryShift(model))).wait_layer(
+        0, 1.0
+    )
+    on_gpu = model.to("cuda")
+    prefix = await load(
+        on_gpu, rows, head_tokens=SINK_TOKENS, shift=RotaryShift(on_gpu), device=torch.device("cuda")
+    )
+    k, v = prefix.wait_layer(0, 1.0)
+    assert k.device.type == v.device.type == "cuda"
+    assert (k.cpu() - k_cpu).abs().max().item() <= 1e-5
+    assert torch.equal(v.cpu(), v_cpu)
 
 
 async def test_chunks_at_their_stored_positions_load_unchanged(tiny_llama, layer_major_pieces):
