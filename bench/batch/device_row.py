@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from bench.batch.workload import token_conversations
 from bench.common.machine import machine_info
 from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 from bench.common.results import RESULTS_DIR, print_report, save_results
@@ -47,6 +46,8 @@ Sessions = list[list[list[int]]]  # session -> turn -> prompt token ids
 
 def export(path: Path, levels: list[int], *, turns: int, seed: int, max_prompt_tokens: int) -> None:
     """The workload and the real model's config, into `path`."""
+    from bench.batch.workload import token_conversations  # ShareGPT: here, not on the device
+
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     counts = [*levels, AT]  # the last: the batch-1 engine's sessions
     conversations = token_conversations(
