@@ -67,8 +67,7 @@ class TierMover:
         self._persisting: set[asyncio.Task[bool]] = set()
         self._prefetched_for = -1  # the prediction generation whose soonest chunks were last promoted
         self._room_waiters = 0  # reserves and reads waiting for DRAM room: the predicted prefetch pauses for them
-        self._no_room_waiters = asyncio.Event()
-        self._no_room_waiters.set()
+        self._room_waiters_changed = asyncio.Condition()
         self._skip_logged_at = float("-inf")
         self._skips_unlogged = 0  # promotions skipped for want of DRAM room since the last log line
 
@@ -165,7 +164,6 @@ class TierMover:
         foreground = may_evict is None
         if foreground:
             self._room_waiters += 1
-            self._no_room_waiters.clear()
         try:
             while not self.dram.has_room(size_bytes):
                 victim = self._next_victim(self.dram_policy, may_evict)
@@ -180,7 +178,8 @@ class TierMover:
             if foreground:
                 self._room_waiters -= 1
                 if not self._room_waiters:
-                    self._no_room_waiters.set()
+                    async with self._room_waiters_changed:
+                        self._room_waiters_changed.notify_all()
 
     def _next_victim(
         self, policy: EvictionPolicy, may_evict: VictimFilter | None, borrowed_first: bool = False
@@ -444,7 +443,7 @@ class TierMover:
         started = 0
         for key in self.hints.prefetch_keys(now):
             chunk = self._chunks.get(key)
-            if chunk is not None and not chunk.deleted and chunk.tier is TierName.SSD and chunk.promote_task is None:
+            if chunk is not None and _promotable(chunk):
                 self.spawn(self.promote_quietly(chunk, unprotected))
                 started += 1
         if self.settings.eviction_policy == "predictive":
@@ -475,7 +474,7 @@ class TierMover:
             budget -= chunk.size_bytes
             if budget < 0:
                 break
-            if chunk.tier is TierName.SSD and chunk.promote_task is None:
+            if _promotable(chunk):
                 moves.append((chunk, self._needed_after(next_use_at, now)))
         if moves:
             self.spawn(self._move_in_turn(generation, moves))
@@ -485,11 +484,11 @@ class TierMover:
         """The predicted moves one by one, each after every waiting reserve or read got its
         room; newer predictions end the walk (their own takes over)."""
         for chunk, may_evict in moves:
-            while self._room_waiters:  # woken, it checks again: a reserve's next key may wait by then
-                await self._no_room_waiters.wait()
+            async with self._room_waiters_changed:  # woken, it checks again: a reserve's next key may wait by then
+                await self._room_waiters_changed.wait_for(lambda: not self._room_waiters)
             if generation != self._prefetched_for:
                 return
-            if chunk.tier is TierName.SSD and not chunk.deleted and chunk.promote_task is None:
+            if _promotable(chunk):  # again: it may have moved, gone or been promoted while this waited
                 await self._move_to_dram(chunk, may_evict)
 
     async def _move_to_dram(self, chunk: Chunk, may_evict: VictimFilter) -> None:
@@ -544,6 +543,11 @@ class TierMover:
             if victim is None:
                 return
             await evict(victim)
+
+
+def _promotable(chunk: Chunk) -> bool:
+    """Lives only on SSD, not deleted, no promotion running: a prefetch may move it."""
+    return not chunk.deleted and chunk.tier is TierName.SSD and chunk.promote_task is None
 
 
 def _no_dram_room(may_evict: VictimFilter | None) -> str:
