@@ -40,6 +40,7 @@ from attnstore_scheduler.settings import HintSettings
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results
 from bench.hitrate.daemon_metrics import chooser_summary
+from bench.hitrate.daemon_stop import stopped_on_terminate
 from bench.hitrate.report import ENDED, POLICIES, Row, format_table, plot, summarize, summarize_predictive
 from bench.hitrate.sim import Replay
 from bench.hitrate.workloads import (
@@ -86,11 +87,12 @@ def run_one(workload: Workload, policy: str, fractions: tuple[float, float], slo
     label = f"{workload.name} {policy} {fractions[0] * 100:g}%/{fractions[1] * 100:g}%"
     try:
         daemon.start()
-        with tqdm(total=workload.turns, desc=label, unit="turn", leave=False, file=sys.stderr) as progress:
+        with (stopped_on_terminate(daemon),
+              tqdm(total=workload.turns, desc=label, unit="turn", leave=False, file=sys.stderr) as progress):
             summary = uvloop.run(replay(workload, daemon.address, NodeCapacity(dram, ssd), policy, slots, args,
                                         progress))
-        if policy == "predictive":
-            summary.update(chooser_summary(metrics_port))
+            if policy == "predictive":
+                summary.update(chooser_summary(metrics_port))
     finally:
         daemon.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
