@@ -44,12 +44,18 @@ from kvstore_daemon.hit_density import age_bin
 
 RERANK_SHARE = 8  # re-sort once the keys touched since the last sort reach 1/8 of the resident ones
 
-_Rank = tuple[float, int, float, int, int, int]  # (density, *_tie_break, -age bin, -depth, -tick): lowest first
+# (density, *_tie_break, -age bin, -depth, -tick): lowest first
+_Rank = tuple[float, int, float, int, int, int]
 
 
 class PredictivePolicy:
-    def __init__(self, hints: HintBook, clock: Callable[[], float] = time.monotonic,
-                 lives: ChunkLives | None = None, lowest_tier: bool = True) -> None:
+    def __init__(
+        self,
+        hints: HintBook,
+        clock: Callable[[], float] = time.monotonic,
+        lives: ChunkLives | None = None,
+        lowest_tier: bool = True,
+    ) -> None:
         """`lives` is shared with the other tier's instance (a fresh one: this tier alone);
         `lowest_tier`: evicting from it drops a chunk from the store."""
         self._hints = hints
@@ -60,7 +66,8 @@ class PredictivePolicy:
         self._sorted_for = -1  # the prediction generation at the last sort
         self._repredicted_seen = 0  # of the hint book's repredicted keys, those ranked again
         self._entry: dict[bytes, _Rank] = {}  # each resident ranked key's latest rank: its valid entry
-        self._given_up: OrderedDict[bytes, int] = OrderedDict()  # EVICT_FIRST/DECLINE at the sort -> tick; LRU first
+        # EVICT_FIRST/DECLINE at the sort -> tick; LRU first
+        self._given_up: OrderedDict[bytes, int] = OrderedDict()
         self._ranked: list[tuple[_Rank, bytes]] = []  # the rest at the sort, lowest density first
         self._start = 0  # _ranked[:_start] is no longer valid
         self._fresh: list[tuple[_Rank, bytes]] = []  # touched since the sort, by density at the touch
@@ -133,8 +140,9 @@ class PredictivePolicy:
         """Takes in the hints and touches since the last walk; returns the time it did."""
         now = self._clock()
         self._hints.expire(now)
-        if (self._hints.prediction_generation != self._sorted_for
-                or len(self._fresh) * RERANK_SHARE > max(len(self._resident), RERANK_SHARE)):
+        if self._hints.prediction_generation != self._sorted_for or len(self._fresh) * RERANK_SHARE > max(
+            len(self._resident), RERANK_SHARE
+        ):
             self._sort(now)
         else:
             self._rank_repredicted(now)
@@ -146,8 +154,13 @@ class PredictivePolicy:
         age = self.lives.tick - life.tick
         # Equal densities across age bins are zeros (nothing learned for the class, or no read
         # seen that late): there the scheduler's word is the only information, so it goes first.
-        return (self.lives.learner.density(life.cls, age), *_tie_break(hint, life, self._hints.last_prediction_at),
-                -age_bin(age), -life.depth, -life.tick)
+        return (
+            self.lives.learner.density(life.cls, age),
+            *_tie_break(hint, life, self._hints.last_prediction_at),
+            -age_bin(age),
+            -life.depth,
+            -life.tick,
+        )
 
     def _ranked_again(self, key: bytes, life: Life) -> None:
         """The key was written or read: it waits among the fresh keys until the next sort."""
@@ -195,7 +208,7 @@ class PredictivePolicy:
         """Ranks again the keys whose prediction a source added since (no full sort)."""
         repredicted = self._hints.repredicted
         since = self._hints.last_prediction_at
-        for key in dict.fromkeys(repredicted[self._repredicted_seen:]):
+        for key in dict.fromkeys(repredicted[self._repredicted_seen :]):
             if key not in self._resident or key in self._leaving:
                 continue
             life, hint = self._heard(key, now, since)
@@ -220,8 +233,9 @@ class PredictivePolicy:
         queued: list[tuple[tuple[bool, float, int, bool], bytes]] = []
         yield from self.given_up(now)
         ranked = self._ranked
-        while self._start < len(ranked) and (not self._valid(ranked[self._start])
-                                             or self._park(ranked[self._start][1])):
+        while self._start < len(ranked) and (
+            not self._valid(ranked[self._start]) or self._park(ranked[self._start][1])
+        ):
             self._start += 1  # evicted, touched since the sort, or parked: skipped for good
         for entry in heapq.merge((ranked[i] for i in range(self._start, len(ranked))), self._fresh):
             key = entry[1]
@@ -235,7 +249,9 @@ class PredictivePolicy:
             elif key not in self._given_up:
                 yield key
         # Reached only when no leaf may go (pinned, leased, queued): children before parents.
-        parked = TopologicalSorter({key: self.lives.children.get(key, set()) & self._parked for key in self._parked})
+        parked = TopologicalSorter(
+            {key: self.lives.children.get(key, set()) & self._parked for key in self._parked}
+        )
         for key in list(parked.static_order()):
             hint = self._hints.get(key, now)
             if hint is None or hint.action not in (HintAction.PREFETCH, HintAction.PROTECT):
@@ -247,7 +263,9 @@ class PredictivePolicy:
         children = self.lives.children.get(key)
         if not children:
             return False
-        return self._lowest or any(child in self._resident and child not in self._leaving for child in children)
+        return self._lowest or any(
+            child in self._resident and child not in self._leaving for child in children
+        )
 
     def _park(self, key: bytes) -> bool:
         """Sets a key with children aside (True) until a child goes."""

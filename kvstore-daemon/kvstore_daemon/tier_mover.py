@@ -58,17 +58,21 @@ class TierMover:
         self.peer = peer
         self.hints = hints
         self.dram_policy, self.ssd_policy = make_tier_policies(
-            settings.eviction_policy, hints, clock, settings.predictive_shadow_share,
-            settings.predictive_ghost_keys_max)
+            settings.eviction_policy,
+            hints,
+            clock,
+            settings.predictive_shadow_share,
+            settings.predictive_ghost_keys_max,
+        )
         self._chunks = chunks
         self._namespaces = namespaces
         self._clock = clock
         self._background: set[asyncio.Task[Any]] = set()
         self._persisting: set[asyncio.Task[bool]] = set()
         self._prefetched_for = -1  # the prediction generation whose soonest chunks were last promoted
-        self._room_waiters = 0  # reserves and reads waiting for DRAM room: the predicted prefetch pauses for them
-        self._no_room_waiters = asyncio.Event()
-        self._no_room_waiters.set()
+        # Reserves and reads waiting for DRAM room: the predicted prefetch pauses for them.
+        self._room_waiters = 0
+        self._room_waiters_changed = asyncio.Condition()
         self._skip_logged_at = float("-inf")
         self._skips_unlogged = 0  # promotions skipped for want of DRAM room since the last log line
 
@@ -165,7 +169,6 @@ class TierMover:
         foreground = may_evict is None
         if foreground:
             self._room_waiters += 1
-            self._no_room_waiters.clear()
         try:
             while not self.dram.has_room(size_bytes):
                 victim = self._next_victim(self.dram_policy, may_evict)
@@ -180,7 +183,8 @@ class TierMover:
             if foreground:
                 self._room_waiters -= 1
                 if not self._room_waiters:
-                    self._no_room_waiters.set()
+                    async with self._room_waiters_changed:
+                        self._room_waiters_changed.notify_all()
 
     def _next_victim(
         self, policy: EvictionPolicy, may_evict: VictimFilter | None, borrowed_first: bool = False
@@ -197,7 +201,9 @@ class TierMover:
     def _borrowed_on(self, policy: EvictionPolicy) -> Iterator[bytes]:
         """Keys held for pool borrowers in `policy`'s tier and no other, least recently
         placed or read first."""
-        return (key for key in self._chunks.borrowed_keys() if key in policy and self._chunks[key].blocks is None)
+        return (
+            key for key in self._chunks.borrowed_keys() if key in policy and self._chunks[key].blocks is None
+        )
 
     def _first_evictable(self, keys: Iterable[bytes], may_evict: VictimFilter | None) -> Chunk | None:
         now = self._clock()
@@ -257,7 +263,9 @@ class TierMover:
         task = chunk.persist_task
         # A finished write counts while its copy lasts: the SSD may have evicted the copy since,
         # the chunk staying in DRAM, and its DRAM eviction must then write it again, not drop it.
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None or not chunk.on_ssd)):
+        if task is None or (
+            task.done() and (task.cancelled() or task.exception() is not None or not chunk.on_ssd)
+        ):
             task = chunk.persist_task = asyncio.get_running_loop().create_task(self._persist(chunk))
             self._persisting.add(task)
             task.add_done_callback(self._persisting.discard)
@@ -289,7 +297,12 @@ class TierMover:
                         log.warning("ssd_write_failed", key=chunk.key.hex(), error=str(exc))
                         return False
                     self.ssd.recheck_room()
-                    log.info("ssd_full", key=chunk.key.hex(), error=str(exc), capacity_bytes=self.ssd.capacity_bytes)
+                    log.info(
+                        "ssd_full",
+                        key=chunk.key.hex(),
+                        error=str(exc),
+                        capacity_bytes=self.ssd.capacity_bytes,
+                    )
         except TierFull as exc:
             metrics.SSD_WRITE_ERRORS.inc()
             log.warning("ssd_write_failed", key=chunk.key.hex(), error=str(exc))
@@ -341,7 +354,9 @@ class TierMover:
             return False
         chunk.readers += 1  # not chosen again, not freed, while its bytes travel
         try:
-            await self.peer.store(chunk, await (self.dram.load(chunk) if chunk.blocks is not None else self.ssd.load(chunk)))
+            await self.peer.store(
+                chunk, await (self.dram.load(chunk) if chunk.blocks is not None else self.ssd.load(chunk))
+            )
         except (TierFull, TierCopyCorrupt, TierWriteError, KeyError) as exc:
             log.info("peer_placement_failed", key=chunk.key.hex(), reason=str(exc))
             return False
@@ -385,7 +400,9 @@ class TierMover:
                 chunk.on_ssd = False
                 chunk.deleted = True
                 where = "its peer" if from_peer else "SSD"
-                raise DataLoss(f"chunk {chunk.key.hex()} failed verification on {where} and was dropped") from exc
+                raise DataLoss(
+                    f"chunk {chunk.key.hex()} failed verification on {where} and was dropped"
+                ) from exc
             if not await self.make_dram_room(chunk.size_bytes, may_evict):  # others took it meanwhile
                 raise ResourceExhausted(_no_dram_room(may_evict))
             await self.dram.store(chunk, data)
@@ -420,7 +437,12 @@ class TierMover:
             self._skips_unlogged += 1
             now = self._clock()
             if now >= self._skip_logged_at + SKIP_LOG_INTERVAL_SECONDS:
-                log.info("promotions_skipped", count=self._skips_unlogged, last_key=chunk.key.hex(), reason=str(exc))
+                log.info(
+                    "promotions_skipped",
+                    count=self._skips_unlogged,
+                    last_key=chunk.key.hex(),
+                    reason=str(exc),
+                )
                 self._skip_logged_at, self._skips_unlogged = now, 0
 
     def _count_reason(self, chunk: Chunk, tier: TierName) -> None:
@@ -444,7 +466,7 @@ class TierMover:
         started = 0
         for key in self.hints.prefetch_keys(now):
             chunk = self._chunks.get(key)
-            if chunk is not None and not chunk.deleted and chunk.tier is TierName.SSD and chunk.promote_task is None:
+            if chunk is not None and _promotable(chunk):
                 self.spawn(self.promote_quietly(chunk, unprotected))
                 started += 1
         if self.settings.eviction_policy == "predictive":
@@ -464,8 +486,11 @@ class TierMover:
         generation = self._prefetched_for = self.hints.prediction_generation
         soonest = heapq.nsmallest(
             self.dram.capacity_bytes // max(self.settings.dram_block_bytes, 1),
-            ((hint.next_use_at, hint.depth, key) for key, hint in self.hints.items()
-             if hint.action is HintAction.PREDICT and hint.expires_at > now),
+            (
+                (hint.next_use_at, hint.depth, key)
+                for key, hint in self.hints.items()
+                if hint.action is HintAction.PREDICT and hint.expires_at > now
+            ),
         )
         budget, moves = self.dram.capacity_bytes * share, []
         for next_use_at, _, key in soonest:
@@ -475,7 +500,7 @@ class TierMover:
             budget -= chunk.size_bytes
             if budget < 0:
                 break
-            if chunk.tier is TierName.SSD and chunk.promote_task is None:
+            if _promotable(chunk):
                 moves.append((chunk, self._needed_after(next_use_at, now)))
         if moves:
             self.spawn(self._move_in_turn(generation, moves))
@@ -485,11 +510,12 @@ class TierMover:
         """The predicted moves one by one, each after every waiting reserve or read got its
         room; newer predictions end the walk (their own takes over)."""
         for chunk, may_evict in moves:
-            while self._room_waiters:  # woken, it checks again: a reserve's next key may wait by then
-                await self._no_room_waiters.wait()
+            # Woken, it checks again: a reserve's next key may wait by then.
+            async with self._room_waiters_changed:
+                await self._room_waiters_changed.wait_for(lambda: not self._room_waiters)
             if generation != self._prefetched_for:
                 return
-            if chunk.tier is TierName.SSD and not chunk.deleted and chunk.promote_task is None:
+            if _promotable(chunk):  # again: it may have moved, gone or been promoted while this waited
                 await self._move_to_dram(chunk, may_evict)
 
     async def _move_to_dram(self, chunk: Chunk, may_evict: VictimFilter) -> None:
@@ -499,10 +525,17 @@ class TierMover:
         with the copies kept, 9.6% as moves). DRAM's eviction writes it back (start_persist).
         The copy stays while anyone reads or writes it, or a borrower counts on it."""
         await self.promote_quietly(chunk, may_evict)
-        if (self.settings.persist_on_commit or chunk.blocks is None or not chunk.on_ssd or chunk.readers
-                or chunk.deleted or chunk.borrower or not self._chunks.holds(chunk)
-                or (chunk.persist_task is not None and not chunk.persist_task.done())
-                or (chunk.promote_task is not None and not chunk.promote_task.done())):
+        if (
+            self.settings.persist_on_commit
+            or chunk.blocks is None
+            or not chunk.on_ssd
+            or chunk.readers
+            or chunk.deleted
+            or chunk.borrower
+            or not self._chunks.holds(chunk)
+            or (chunk.persist_task is not None and not chunk.persist_task.done())
+            or (chunk.promote_task is not None and not chunk.promote_task.done())
+        ):
             return
         self.ssd_policy.on_remove(chunk.key)
         chunk.on_ssd = False
@@ -514,8 +547,10 @@ class TierMover:
     def _needed_after(self, next_use_at: float, now: float) -> VictimFilter:
         def later(victim: Chunk) -> bool:
             hint = self.hints.get(victim.key, now)
-            return hint is None or hint.action.gives_up or (
-                hint.action is HintAction.PREDICT and hint.next_use_at > next_use_at
+            return (
+                hint is None
+                or hint.action.gives_up
+                or (hint.action is HintAction.PREDICT and hint.next_use_at > next_use_at)
             )
 
         return later
@@ -524,10 +559,12 @@ class TierMover:
         """Above a tier's high watermark, evicts down to its low watermark (headroom, so
         writes and promotions rarely wait for an eviction)."""
         s = self.settings
-        await self._shrink(self.dram, self.dram_policy, s.dram_high_watermark, s.dram_low_watermark,
-                           self._evict_from_dram)
-        await self._shrink(self.ssd, self.ssd_policy, s.ssd_high_watermark, s.ssd_low_watermark,
-                           self._evict_from_ssd)
+        await self._shrink(
+            self.dram, self.dram_policy, s.dram_high_watermark, s.dram_low_watermark, self._evict_from_dram
+        )
+        await self._shrink(
+            self.ssd, self.ssd_policy, s.ssd_high_watermark, s.ssd_low_watermark, self._evict_from_ssd
+        )
 
     async def _shrink(
         self,
@@ -546,8 +583,15 @@ class TierMover:
             await evict(victim)
 
 
+def _promotable(chunk: Chunk) -> bool:
+    """Lives only on SSD, not deleted, no promotion running: a prefetch may move it."""
+    return not chunk.deleted and chunk.tier is TierName.SSD and chunk.promote_task is None
+
+
 def _no_dram_room(may_evict: VictimFilter | None) -> str:
     if may_evict is None:
         return "DRAM is full of pinned or leased chunks; cannot load a chunk from SSD"
-    return ("no DRAM chunk may make way for this prefetch: every resident one is pinned, leased, being read or "
-            "predicted sooner")
+    return (
+        "no DRAM chunk may make way for this prefetch: every resident one is pinned, leased, being read or "
+        "predicted sooner"
+    )
