@@ -17,6 +17,7 @@ TTFT is what the client sees: Chat sent to the first streamed token.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,15 +43,18 @@ class TurnTiming:
     server_ttft_ms: float  # the scheduler's own measure (request received to first token sent)
 
 
-def attnstore_stack(work_dir: Path, model_dir: Path, dram_bytes: int) -> LocalStack:
-    """The stack (not started), its DRAM tier `dram_bytes`."""
+def attnstore_stack(
+    work_dir: Path, model_dir: Path, dram_bytes: int, worker_overrides: Mapping[str, object] | None = None
+) -> LocalStack:
+    """The stack (not started), its DRAM tier `dram_bytes`; `worker_overrides` on top of
+    WORKER_SETTINGS (turn_split.py: the worker's metrics port)."""
     return LocalStack(
         StackSpec(
             work_dir=work_dir,
             model_dir=model_dir,
             workers=(WorkerSpec(NODE),),
             daemon_settings={**DAEMON_SETTINGS, "dram_capacity_bytes": dram_bytes},
-            worker_settings=WORKER_SETTINGS,
+            worker_settings={**WORKER_SETTINGS, **(worker_overrides or {})},
             scheduler_settings=SCHEDULER_SETTINGS,
             log_level="WARNING",
         )

@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens generated per turn, both sides")
     parser.add_argument("--omp-threads-bind", default=usable_cores_bind(),
                         help="vLLM's VLLM_CPU_OMP_THREADS_BIND (default: every core this process may use)")
+    parser.add_argument("--vllm-block-size", type=int, default=32,
+                        help="vLLM's KV block (--block-size): 32, its best here; its default 128 recomputes "
+                        "up to 127 tokens of history a turn")
     parser.add_argument("--seed", type=int, default=0, help="conversation order")
     args = parser.parse_args(argv)
     if args.quick:
@@ -98,7 +101,8 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
     vllm = ensure_peer("vllm")
     model_dir = default_model_dir()  # converted once, before either side loads it
     phases = phases_for(args, model_dir)
-    config = ServingConfig(model_dir, args.kv_cache_mib * MiB, args.max_tokens, 8192, args.omp_threads_bind)
+    config = ServingConfig(model_dir, args.kv_cache_mib * MiB, args.max_tokens, 8192, args.omp_threads_bind,
+                           args.vllm_block_size)
     serving = document["serving"] = run_serving(vllm, phases, config, WORK_DIR)
     document["peers"]["vllm"] = {"version": vllm.version, "unavailable": serving["unavailable"]}
     serving["config"] = {
@@ -106,6 +110,7 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
         "max_tokens": args.max_tokens, "turns": args.turns, "sampling": "greedy",
         "phases": {p.name: [d.id for d in p.dialogues] for p in phases},
         "message_limits": MESSAGE_LIMITS, "seed": args.seed, "vllm_omp_threads_bind": args.omp_threads_bind,
+        "vllm_block_size": args.vllm_block_size,
     }
 
 

