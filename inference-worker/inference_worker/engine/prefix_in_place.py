@@ -5,7 +5,9 @@ forward pass. Written there layer by layer before its computed tokens attend, th
 on the TTFT path: 89-92 ms of a 4,096-token module's turn (188 MB, SmolLM2, fp32, CPU). When
 every computed token of the step comes after every loaded one, the step's queries see the
 whole prefix, so they attend over the read's tensors as they are (one unmasked flash call)
-and over their own keys causally, merged by log-sum-exp (chunk_attention.py); the prefix is
+and over their own keys causally, merged by log-sum-exp (chunk_attention.py); or, where the
+prefix is joined into a new tensor per layer (several module spans), over that tensor with
+their own K and V written after the prefix, in one call of the prefill kernel; the prefix is
 copied into its blocks after the step's tokens are out (`DeferredWrites`), before anything
 reads those blocks: the engine's next step, or `PagedKV.span` from another thread.
 
