@@ -126,6 +126,7 @@ def attend_in_place(
 
 
 def _kernel_runs(kernel: PagedPrefillKernel, q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether the kernel takes these tensors (fp32 on a CPU, contiguous, one dtype)."""
     return (
         kernel.supports(keys.dtype, keys.device)
         and q.dtype == keys.dtype
