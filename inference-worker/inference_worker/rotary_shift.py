@@ -72,15 +72,6 @@ class RotaryShift:
         scale = self.rotary.attention_scaling
         return cos.reshape(-1) / scale, sin.reshape(-1) / scale
 
-    def cos_sin_per_token(self, deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [tokens, head_dim] in fp32 of a rotation by each token's delta
-        (`deltas` [tokens], integer), for `rotate` (one rotation of keys moved by several
-        deltas: a prompt's modules served at other positions)."""
-        probe = torch.empty(0, device=deltas.device, dtype=torch.float32)
-        cos, sin = self.rotary(probe, deltas[None])  # each [1, tokens, head_dim]
-        scale = self.rotary.attention_scaling  # as in cos_sin
-        return cos[0] / scale, sin[0] / scale
-
     def shift_keys(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
         """Keys [..., tokens, head_dim] rotated for positions p moved to p + delta (any sign).
         Computed in fp32, returned in the keys' dtype; `keys` itself when delta is 0."""
@@ -94,12 +85,22 @@ class RotaryShift:
 
 def rotate(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Keys [..., tokens, head_dim] rotated by cos, sin (broadcast: [head_dim] or [tokens,
-    head_dim]): k * cos + rotate_half(k) * sin in fp32, in three passes and one new tensor
-    (not rotate_half's copy: the prompt-module join rotates ~1,000 keys a layer on the TTFT
-    path), returned in the keys' dtype. `keys` is not modified."""
+    head_dim]): k * cos + rotate_half(k) * sin in fp32, returned in the keys' dtype as a
+    new tensor. `keys` is not modified."""
+    out = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
+    rotate_into(out, keys, cos, sin)
+    return out.to(keys.dtype)
+
+
+def rotate_into(out: torch.Tensor, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """`rotate` written into `out` (the keys' shape, any view; computed in fp32): three
+    passes, no rotate_half copy (a prompt's module spans are rotated straight into their
+    joined layer, ~1,000 keys a layer on the TTFT path)."""
+    if out.dtype != torch.float32:
+        out.copy_(rotate(keys, cos, sin))
+        return
     k = keys.float()  # [..., tokens, head_dim]
     half = k.shape[-1] // 2
-    out = k * cos
+    torch.mul(k, cos, out=out)
     out[..., :half].addcmul_(k[..., half:], sin[..., :half], value=-1)
     out[..., half:].addcmul_(k[..., :half], sin[..., half:])
-    return out.to(keys.dtype)

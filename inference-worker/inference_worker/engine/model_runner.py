@@ -305,7 +305,7 @@ class PagedModelRunner:
                 lse = torch.empty(batch.far_decode.rows.shape[0], q.shape[1], device=q.device)
                 self._decode(q, index, out, batch.far_decode, attn.scaling, lse)
             for part in batch.in_place:
-                out[part.rows] = attend_in_place(q, k, v, part, attn.scaling)
+                attend_in_place(q, k, v, part, attn.scaling, out, self.prefill_kernel)
             for part, partial in zip(batch.far, far, strict=True):
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,

@@ -31,7 +31,7 @@ from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.kv_saver import KV
 from inference_worker.layerwise_cache import PrefixKV
 from inference_worker.modules.module_kv import LayerFeed, ModuleKV, layout_namespace
-from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift, rotate
+from inference_worker.rotary_shift import PositionShiftUnsupported, RotaryShift, rotate_into
 
 
 class ModuleLayoutError(ValueError):
@@ -225,7 +225,8 @@ class ModulePrefix(PrefixKV):
     span's module layer (waited for while a stored module is still being read: layer-wise
     loading), keys re-positioned, in slot order [kv_heads, tokens, head_dim]. Raises
     PrefixLoadFailed when a module's read failed or was late (the engine then computes the
-    tokens)."""
+    tokens). Joined layers leave `room_tokens` free after the prefix (prefix_in_place.py:
+    the step's own rows go there, to attend everything in one kernel call)."""
 
     def __init__(
         self,
@@ -240,45 +241,56 @@ class ModulePrefix(PrefixKV):
                 "a module is served at another position and keys cannot be re-positioned"
             )
         super().__init__(num_layers, tokens)
-        self.spans, self.shift, self.device = spans, shift, device
-        # Each loaded token's rotation to its served position (cos, sin [tokens, D]; None:
-        # none moves), by which spans a layer takes from exact layers (at their served
-        # positions already). The keys of all spans are joined first, then rotated in one
-        # call: a rotation per span and layer cost 34-44 ms of a 3-document prompt's ~150 ms
-        # turn (load 5).
-        self._rotations: dict[tuple[bool, ...], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self.spans, self.device = spans, device
+        self.room_tokens = 0
+        self._joined: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        # Each moved span's rotation to its served position (cos, sin [head_dim]), computed
+        # once a prompt; keys are rotated as they are copied into the joined layer.
+        self._rotations = {
+            delta: shift.cos_sin(delta, device)
+            for delta in {span.part.delta for span in spans} - {0}
+            if shift is not None
+        }
 
     def wait_layer(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
         """`timeout_seconds`: the longest wait for each module's layer still being read."""
-        keys, values = [], []
-        for span in self.spans:
-            if layer < len(span.part.exact_layers):
-                k, v = span.part.exact_layers[layer]  # [kv_heads, piece tokens, D], served positions
-                keys.append(k[:, span.start : span.stop].to(self.device))
-                values.append(v[:, span.start : span.stop].to(self.device))
-                continue
+        parts = [self._span_layer(span, layer, timeout_seconds) for span in self.spans]
+        if len(parts) == 1 and parts[0][2] == 0:
+            # A module served whole at its own position: its read's tensors, not a copy (188 MB at 4,096 tokens).
+            return parts[0][0], parts[0][1]
+        first = parts[0][0]
+        shape = (first.shape[0], self.prefix_tokens + self.room_tokens, first.shape[2])
+        keys, values = first.new_empty(shape), first.new_empty(shape)
+        at = 0
+        for k, v, delta in parts:
+            end = at + k.shape[1]
+            if delta:
+                rotate_into(keys[:, at:end], k, *self._rotations[delta])
+            else:
+                keys[:, at:end] = k
+            values[:, at:end] = v
+            at = end
+        if self.room_tokens:  # kept for `joined` (the in-place step's kernel call) only
+            self._joined[layer] = (keys, values)
+        return keys[:, :at], values[:, :at]
+
+    def joined(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer's K, V [kv_heads, prefix + room_tokens, D] as `wait_layer` joined them;
+        None when it handed a read's tensors over."""
+        return self._joined[layer]
+
+    def _span_layer(
+        self, span: CachedSpan, layer: int, timeout_seconds: float
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The span's K, V [kv_heads, span tokens, D] in `layer` and the delta its keys
+        still need (exact layers are at their served positions already)."""
+        if layer < len(span.part.exact_layers):
+            k, v = span.part.exact_layers[layer]  # [kv_heads, piece tokens, D], served positions
+            first, last, delta = span.start, span.stop, 0
+        else:
             kv = span.part.module.kv
             # [kv_heads, module tokens, D]
             k, v = kv.wait(layer, timeout_seconds) if isinstance(kv, LayerFeed) else kv[layer]
             first, last = span.part.offset + span.start, span.part.offset + span.stop
-            keys.append(k[:, first:last].to(self.device))
-            values.append(v[:, first:last].to(self.device))
-        # A module served whole at its own position: its read's tensors, not a copy (188 MB at 4,096 tokens).
-        k, v = (keys[0], values[0]) if len(keys) == 1 else (torch.cat(keys, dim=1), torch.cat(values, dim=1))
-        rotation = self._rotation(layer)
-        return (k, v) if rotation is None else (rotate(k, *rotation), v)
-
-    def _rotation(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        exact = tuple(layer < len(span.part.exact_layers) for span in self.spans)
-        if exact not in self._rotations:
-            deltas = [
-                0 if is_exact else span.part.delta
-                for span, is_exact in zip(self.spans, exact, strict=True)
-                for _ in range(span.start, span.stop)
-            ]
-            self._rotations[exact] = (
-                self.shift.cos_sin_per_token(torch.tensor(deltas, device=self.device))
-                if self.shift is not None and any(deltas)
-                else None
-            )
-        return self._rotations[exact]
+            delta = span.part.delta
+        return k[:, first:last].to(self.device), v[:, first:last].to(self.device), delta

@@ -105,13 +105,22 @@ class ModuleStore:
         stored = self.stored_source(source)
         return module_chunk_keys(stored.namespace, spec.key, spec.token_ids, stored.chunk_tokens)
 
-    async def get(self, source: KVSource, spec: ModuleSpec) -> tuple[ModuleKV, Origin]:
-        """The module's KV: stored (from this worker's memory when an earlier turn read it,
-        else read in the background, layer by layer: a LayerFeed), else encoded
-        and saved (in the background)."""
+    async def get_all(self, source: KVSource, specs: Sequence[ModuleSpec]) -> list[tuple[ModuleKV, Origin]]:
+        """Each module's KV: stored (from this worker's memory when an earlier turn read it,
+        else read in the background, layer by layer: a LayerFeed), else encoded and saved
+        (in the background). Looked up all at once (a Lookup names one module's chain); the
+        stored modules' chunks are protected in one Hint, not one per module (during the
+        prompt's forward pass, on the same cores)."""
+        found = await asyncio.gather(*(self._get(source, spec) for spec in specs))
+        stored = [keys for _, origin, keys in found if origin is Origin.STORED]
+        if stored:
+            self._background(self._protect(self.stored_source(source), stored))
+        return [(module, origin) for module, origin, _ in found]
+
+    async def _get(self, source: KVSource, spec: ModuleSpec) -> tuple[ModuleKV, Origin, list[bytes]]:
+        """`get_all` of one module (a stored one not protected yet) and its chunk keys."""
         keys, source = self.chunk_keys(source, spec), self.stored_source(source)
         if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
-            self._background(self._protect(source, keys))
             feed = LayerFeed(
                 self.engine.runner.geometry.num_layers, len(spec.token_ids), self.timeout_seconds
             )
@@ -120,15 +129,15 @@ class ModuleStore:
                 self._background(self._read(self.kvstore, source, keys, feed, spec.key))
             else:
                 feed.put_all(kept)
-            return ModuleKV(spec.token_ids, spec.positions, feed), Origin.STORED
-        return await self._encode(source, spec, keys), Origin.ENCODED
+            return ModuleKV(spec.token_ids, spec.positions, feed), Origin.STORED, keys
+        return await self._encode(source, spec, keys), Origin.ENCODED, keys
 
     async def ensure(self, source: KVSource, spec: ModuleSpec) -> Origin:
-        """Makes the module stored, as `get` does, without reading it when it is (eager
+        """Makes the module stored, as `get_all` does, without reading it when it is (eager
         encoding and re-protection of a registered schema need no KV)."""
         keys, source = self.chunk_keys(source, spec), self.stored_source(source)
         if self.kvstore is not None and await self._is_stored(self.kvstore, source, keys):
-            self._background(self._protect(source, keys))
+            self._background(self._protect(source, [keys]))
             return Origin.STORED
         await self._encode(source, spec, keys)
         return Origin.ENCODED
@@ -162,7 +171,7 @@ class ModuleStore:
                 [ChunkRun(keys, stored, spec.positions[0])],
                 before_put=lambda: self.namespaces.ensure_registered(source),
             )
-            self._background(self._protect(source, keys))
+            self._background(self._protect(source, [keys]))
         return module
 
     def _background(self, work: Coroutine[object, object, None]) -> None:
@@ -217,14 +226,17 @@ class ModuleStore:
             with contextlib.suppress(Exception):  # so that the next use encodes it and saves it again
                 await client.delete(source.namespace, keys)
 
-    async def _protect(self, source: KVSource, keys: Sequence[bytes]) -> None:
-        """Hints the module's chunks PROTECT (once a save of them lands); a failure only
-        costs a re-encode later."""
+    async def _protect(self, source: KVSource, modules: Sequence[Sequence[bytes]]) -> None:
+        """Hints the modules' chunks (each module's keys) PROTECT in one call, once their
+        saves land; a failure only costs a re-encode later."""
         if self.kvstore is None:
             return
         try:
             if self.saver is not None:
+                keys = [key for chain in modules for key in chain]
                 await self.saver.settle(source.namespace, keys, self.timeout_seconds)
-            await self.kvstore.hint(source.namespace, [(list(keys), HintAction.PROTECT, 0)])
+            await self.kvstore.hint(
+                source.namespace, [(list(chain), HintAction.PROTECT, 0) for chain in modules]
+            )
         except Exception as exc:  # noqa: BLE001
             log.debug("protecting module chunks failed", error=repr(exc))

@@ -10,7 +10,6 @@ position order, are one KV).
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -123,7 +122,7 @@ class PmlServer:
         ids = list(dict.fromkeys(self._kv_id(segment) for segment in modules))
         # Looked up (and read or encoded) all at once: one after the other, four lookups
         # made a 3-document prompt's turn wait 20-30 ms before its forward pass (load 5).
-        found = await asyncio.gather(*(self.store.get(source, self._spec(source, layout, *i)) for i in ids))
+        found = await self.store.get_all(source, [self._spec(source, layout, *i) for i in ids])
         kvs = dict(zip(ids, found, strict=True))
         pieces: list[CachedPiece] = []
         text: list[TextPart] = []

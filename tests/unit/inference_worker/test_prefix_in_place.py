@@ -3,7 +3,8 @@ it into its blocks afterwards (prefix_in_place.py): two modules (the second re-p
 then a question, give the logits and greedy tokens of the model run over the same KV
 (1e-4, fp32, tiny Llama), whole or with the question split over two steps (the second
 reads the blocks), at the first token and at every decode after it, which reads the
-blocks the deferred copy filled; a finished sequence's blocks hold the modules' KV when its
+blocks the deferred copy filled, with the joined spans and the question's rows attended in
+one call of the prefill kernel and without it (two flash calls merged); a finished sequence's blocks hold the modules' KV when its
 owner reads them; a released sequence's copy is dropped; tokens that interleave with the
 modules (boundary repair) keep the masked path."""
 
@@ -33,10 +34,10 @@ NAMESPACE = bytes(16)
 FIRST, SECOND, QUESTION = list(range(10, 27)), list(range(40, 53)), list(range(90, 97))
 
 
-def make_engine(model: PreTrainedModel, max_batch_tokens: int = 64) -> Engine:
+def make_engine(model: PreTrainedModel, max_batch_tokens: int = 64, prefill_kernel: bool = True) -> Engine:
     kv = PagedKV(ModelGeometry.of(model.config), 64, BLOCK, torch.float32, torch.device("cpu"))
     return Engine(
-        PagedModelRunner(model, kv),
+        PagedModelRunner(model, kv, prefill_kernel=prefill_kernel),
         BlockPool(64, BLOCK),
         max_batch_tokens=max_batch_tokens,
         max_batch_sequences=4,
@@ -76,11 +77,12 @@ def reference(model: PreTrainedModel, kv: KV, tokens: list[int], start: int) -> 
     return out.logits[0, -1].float()
 
 
+@pytest.mark.parametrize("prefill_kernel", [True, False])
 @pytest.mark.parametrize("max_batch_tokens", [64, 4])  # 4: the question's last 3 tokens in a later step
 async def test_modules_attended_in_place_then_decoded_from_blocks(
-    tiny_llama: PreTrainedModel, max_batch_tokens: int
+    tiny_llama: PreTrainedModel, max_batch_tokens: int, prefill_kernel: bool
 ) -> None:
-    engine = make_engine(tiny_llama, max_batch_tokens)
+    engine = make_engine(tiny_llama, max_batch_tokens, prefill_kernel)
     seq, prompt = await two_modules_then_question(tiny_llama, engine)
     cached = prompt.module_tokens
     assert attends_in_place(seq, cached, len(seq), engine.runner.windows, engine.runner.device)
