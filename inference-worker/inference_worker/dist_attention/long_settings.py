@@ -63,9 +63,22 @@ class LongContextSettings(BaseModel):
     )
     pool_redis_url: str | None = Field(
         None,
-        description="the pool ledger's Redis (the daemons' pool_redis_url): each peer's room is capped by what "
-        "the ledger says the daemon it lends through may lend (DescribeLending.pool_daemon); unset = the peers' "
-        "DescribeLending room alone",
+        description="the pool ledger's Redis (the daemons' pool_redis_url): long turns also place on the lender "
+        "workers the ledger lists (so no peers list is needed), each peer's room capped by what the ledger says "
+        "the daemon it lends through may lend (DescribeLending.pool_daemon); with advertise_address this worker "
+        "lists itself there as a lender; unset = the peers lists and their DescribeLending room alone",
+    )
+    ledger_peers: int = Field(
+        16,
+        ge=0,
+        description="most lenders a placement takes from the ledger (same node first, then by their daemons' "
+        "lendable bytes), each asked its room (DescribeLending)",
+    )
+    lender_ttl_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="how long this worker's lender entry in the ledger lives unless renewed (every third of "
+        "it): a lender killed is proposed to homes for at most this long",
     )
     dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(
