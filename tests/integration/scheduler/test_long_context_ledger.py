@@ -23,7 +23,11 @@ from scheduler_stack import (
     RedisFactory,
     Stack,
 )
-from test_long_context_scheduler_peers import LONG_MESSAGE, SYSTEM, plain_greedy_chat
+from test_long_context_scheduler_peers import (
+    LONG_MESSAGE,
+    SYSTEM,
+    check_a_long_chat_runs_over_the_other_workers,
+)
 
 from attnstore.pool_lenders import read_lenders
 from attnstore.server.ports import free_port
@@ -64,17 +68,8 @@ def stack(tmp_path: Path, redis_factory: RedisFactory, scheduler_model_dir: Path
 
 
 def test_a_chat_longer_than_every_pool_runs_over_the_lenders_of_the_ledger(stack: Stack) -> None:
+    check_a_long_chat_runs_over_the_other_workers(stack, NODES)  # the other found in the ledger
     client = stack.client()
-    answer = client.chat(client.create_session(system_prompt=SYSTEM).session_id, LONG_MESSAGE, max_tokens=8)
-    assert answer.stats is not None and answer.stats.prompt_tokens > 64
-    prompt, expected = plain_greedy_chat(stack, NODES[0], len(answer.token_ids))
-    assert len(prompt) == answer.stats.prompt_tokens
-    assert answer.token_ids == expected and len(expected) >= 1
-    logs = {node: stack.workers[node].log_path.read_text() for node in NODES}
-    [ran] = [node for node, log in logs.items() if "long_context_turn" in log]
-    [other] = [node for node in NODES if node != ran]
-    assert stack.workers[other].address in logs[ran]  # its lender, from the ledger
-
     with pytest.raises(grpc.RpcError) as refused:
         client.chat(
             client.create_session(system_prompt=SYSTEM).session_id, " ".join([LONG_MESSAGE] * 4), max_tokens=8

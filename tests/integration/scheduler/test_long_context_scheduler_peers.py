@@ -42,35 +42,34 @@ def stack(tmp_path_factory: pytest.TempPathFactory, scheduler_model_dir: Path) -
         started.close()
 
 
-def plain_greedy_chat(stack: Stack, worker: str, answered: int) -> tuple[list[int], list[int]]:
-    """The prompt of SYSTEM + LONG_MESSAGE (tokenized by `worker`) and its first `answered`
-    greedy tokens by plain forwards over the whole sequence."""
-    with grpc.insecure_channel(stack.workers[worker].address) as channel:
+def check_a_long_chat_runs_over_the_other_workers(stack: Stack, nodes: tuple[str, ...]) -> None:
+    """A chat turn longer than every pool: answered with the greedy tokens of plain forwards
+    over the whole sequence, by one worker whose log names every other as its peer."""
+    client = stack.client()
+    session = client.create_session(system_prompt=SYSTEM)
+    answer = client.chat(session.session_id, LONG_MESSAGE, max_tokens=8)
+    assert answer.stats is not None and answer.stats.prompt_tokens > 64
+    with grpc.insecure_channel(stack.workers[nodes[0]].address) as channel:
         messages = [
             pb.ChatMessage(role="system", content=SYSTEM),
             pb.ChatMessage(role="user", content=LONG_MESSAGE),
         ]
         request = pb.TokenizeRequest(messages=messages, add_generation_prompt=True)
         prompt = list(worker_pb2_grpc.WorkerStub(channel).Tokenize(request, timeout=30).token_ids)
+    assert len(prompt) == answer.stats.prompt_tokens
     model = AutoModelForCausalLM.from_pretrained(stack.model_dir, dtype=torch.float32).eval()
     expected: list[int] = []
-    with torch.no_grad():
-        while len(expected) < answered:
+    with torch.no_grad():  # greedy by plain forwards over the whole sequence
+        while len(expected) < len(answer.token_ids):
             expected.append(int(model(input_ids=torch.tensor([prompt + expected])).logits[0, -1].argmax()))
-    return prompt, expected
+    assert answer.token_ids == expected and len(expected) >= 1
+    logs = {node: stack.workers[node].log_path.read_text() for node in nodes}
+    [ran] = [node for node, log in logs.items() if "long_context_turn" in log]
+    assert all(stack.workers[node].address in logs[ran] for node in nodes if node != ran)  # its peers
 
 
 def test_a_chat_longer_than_every_pool_runs_over_the_workers_the_scheduler_names(stack: Stack) -> None:
-    client = stack.client()
-    session = client.create_session(system_prompt=SYSTEM)
-    answer = client.chat(session.session_id, LONG_MESSAGE, max_tokens=8)
-    assert answer.stats is not None and answer.stats.prompt_tokens > 64
-    prompt, expected = plain_greedy_chat(stack, NODES[0], len(answer.token_ids))
-    assert len(prompt) == answer.stats.prompt_tokens
-    assert answer.token_ids == expected and len(expected) >= 1
-    logs = {node: stack.workers[node].log_path.read_text() for node in NODES}
-    [ran] = [node for node, log in logs.items() if "long_context_turn" in log]
-    assert all(stack.workers[node].address in logs[ran] for node in NODES if node != ran)  # its peers
+    check_a_long_chat_runs_over_the_other_workers(stack, NODES)
 
 
 def test_past_the_maximum_context_the_scheduler_refuses(stack: Stack) -> None:
