@@ -66,7 +66,7 @@ def read_lenders(client: redis.Redis) -> list[Lender]:
         found = pipe.execute()
     live = {address: fields for address, fields in zip(addresses, found, strict=True) if fields}
     if stale := [a for a in addresses if a not in live]:
-        client.srem(_LENDERS, *stale)
+        client.srem(_LENDERS, *stale)  # one renewed meanwhile is re-added by its next renewal
     lendable = read_lendable(client, [f["daemon"] for f in live.values() if f["daemon"]])
     return [
         Lender(address, f["daemon"], f["node"], lendable.get(f["daemon"]) if f["daemon"] else None)

@@ -72,7 +72,7 @@ class LongContextSettings(BaseModel):
         16,
         ge=0,
         description="most lenders a placement takes from the ledger (same node first, then by their daemons' "
-        "lendable bytes), each asked its room (DescribeLending)",
+        "lendable bytes), each asked its room (DescribeLending); 0 = none (the ledger only caps the peers' room)",
     )
     lender_ttl_seconds: float = Field(
         15.0,
