@@ -25,7 +25,6 @@ Decisions:
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 
 import redis
@@ -38,16 +37,17 @@ log = structlog.get_logger("dist_attention.ledger_room")
 
 
 class LedgerRoom:
-    def __init__(self, redis_url: str | None, timeout_seconds: float) -> None:
+    def __init__(self, redis_url: str | None, timeout_seconds: float, node: str = "") -> None:
         """`redis_url`: the pool ledger's Redis (None: no ledger, rooms pass unchanged);
-        `timeout_seconds`: the longest wait for it (a placement must not hang on it)."""
+        `timeout_seconds`: the longest wait for it (a placement must not hang on it);
+        `node`: this worker's (lenders on it come first; "": ranked by room alone)."""
         self._client = None
         if redis_url is not None:
             self._client = redis.Redis.from_url(
                 redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
                 decode_responses=True,
             )  # fmt: skip
-        self._node = socket.gethostname()
+        self._node = node
 
     def lenders(self, own_address: str, count: int) -> list[str]:
         """Up to `count` lender workers the ledger lists, other than `own_address`: on this

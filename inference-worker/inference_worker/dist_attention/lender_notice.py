@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Awaitable, Callable
 
 import redis
@@ -32,15 +31,21 @@ log = structlog.get_logger("dist_attention.lender_notice")
 
 class LenderNotice:
     def __init__(
-        self, redis_url: str, address: str, pool_daemon: Callable[[], Awaitable[str]], ttl_seconds: float
+        self,
+        redis_url: str,
+        address: str,
+        node: str,
+        pool_daemon: Callable[[], Awaitable[str]],
+        ttl_seconds: float,
     ) -> None:
-        """`address`: this worker's MicroAttention as other workers reach it; `pool_daemon`:
-        the ledger id of the daemon it lends through ("" for none), asked at each renewal."""
+        """`address`: this worker's MicroAttention as other workers reach it; `node`: the one
+        it runs on; `pool_daemon`: the ledger id of the daemon it lends through ("" for
+        none), asked at each renewal."""
         self._client = aioredis.Redis.from_url(redis_url, socket_timeout=ttl_seconds / 3)
         self._address = address
         self._pool_daemon = pool_daemon
         self._ttl_seconds = ttl_seconds
-        self._node = socket.gethostname()
+        self._node = node
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -74,7 +79,8 @@ def lender_notice(settings: LongContextSettings, lending: MicroAttentionServicer
     if settings.pool_redis_url is None or not settings.advertise_address:
         return None
     notice = LenderNotice(
-        settings.pool_redis_url, settings.advertise_address, lending.pool_daemon, settings.lender_ttl_seconds
-    )
+        settings.pool_redis_url, settings.advertise_address, settings.pool_node_name, lending.pool_daemon,
+        settings.lender_ttl_seconds,
+    )  # fmt: skip
     notice.start()
     return notice

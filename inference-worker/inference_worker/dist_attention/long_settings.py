@@ -3,6 +3,8 @@ oldest KV may go, and how long a context may get."""
 
 from __future__ import annotations
 
+import socket
+
 from pydantic import BaseModel, Field
 
 from attnstore.security import ChannelSecurity
@@ -68,6 +70,11 @@ class LongContextSettings(BaseModel):
         "the daemon it lends through may lend (DescribeLending.pool_daemon); with advertise_address this worker "
         "lists itself there as a lender; unset = the peers lists and their DescribeLending room alone",
     )
+    pool_node: str = Field(
+        "",
+        description="the node this worker runs on, as its daemon's pool_node: lenders from the ledger on the same "
+        "node are proposed first, and a lender lists itself on it; empty = the host name",
+    )
     ledger_peers: int = Field(
         16,
         ge=0,
@@ -84,3 +91,8 @@ class LongContextSettings(BaseModel):
     peer_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"
     )
+
+    @property
+    def pool_node_name(self) -> str:
+        """The node this worker is in the pool: `pool_node`, else the host name."""
+        return self.pool_node or socket.gethostname()

@@ -84,7 +84,9 @@ class LongTurns:
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
         self.held = HeldKV(limits, node=settings.advertise_address)
         self.swaps = DebtSwaps(self.held, settings.dgfm, self.channels, settings.peer_timeout_seconds)
-        self.ledger = LedgerRoom(settings.pool_redis_url, settings.peer_timeout_seconds)
+        self.ledger = LedgerRoom(
+            settings.pool_redis_url, settings.peer_timeout_seconds, settings.pool_node_name
+        )
         self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn

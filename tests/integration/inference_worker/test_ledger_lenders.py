@@ -12,7 +12,6 @@ room, never the home itself, at most `count`; an entry past its TTL leaves the i
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,7 +130,7 @@ def test_lenders_are_found_in_the_ledger_and_dropped_after_their_ttl(
 
 
 def test_lenders_come_by_node_then_by_their_daemons_room(pool: tuple[str, Path]) -> None:
-    redis_url, here = pool[0], socket.gethostname()
+    redis_url, here = pool[0], "node-a"
     limits = LendingLimits(own_floor_fraction=0.0, max_lent_fraction=1.0, replace_borrowed=False)
     lenders = [
         ("far-big:1", "d-big", "elsewhere"),
@@ -153,7 +152,7 @@ def test_lenders_come_by_node_then_by_their_daemons_room(pool: tuple[str, Path])
         await client.aclose()
 
     asyncio.run(publish(lenders, ttl_seconds=60.0))
-    ledger = LedgerRoom(redis_url, timeout_seconds=10)
+    ledger = LedgerRoom(redis_url, timeout_seconds=10, node=here)
     ranked = ["near:1", "far-big:1", "far-small:1", "gone-daemon:1", "outside:1"]
     assert ledger.lenders("home:1", count=16) == ranked  # never itself; no room in the ledger: last
     assert ledger.lenders("home:1", count=2) == ranked[:2]
