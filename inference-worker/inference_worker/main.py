@@ -30,6 +30,7 @@ from attnstore.worker.v1 import worker_pb2_grpc
 from inference_worker.chat_template import ChatTemplate
 from inference_worker.device_check import DeviceCheckFailed, check_device
 from inference_worker.dist_attention import servicer as micro_attention
+from inference_worker.dist_attention.lender_notice import lender_notice
 from inference_worker.engine.memory import PoolTooSmall
 from inference_worker.kv_codec import DTYPE_NAMES, TORCH_DTYPES
 from inference_worker.model_card import describe_model, request_limits
@@ -135,8 +136,11 @@ async def run_worker(settings: WorkerSettings) -> None:
         server,
         settings.long_context.advertise_kvstore_address,
     )
+    notice = lender_notice(settings.long_context, lending)
 
     async def on_stop() -> None:
+        if notice is not None:
+            await notice.close()  # first: no home places here while the worker stops
         try:
             await asyncio.wait_for(engine.drain_saves(), settings.shutdown_grace_seconds)
         except TimeoutError:

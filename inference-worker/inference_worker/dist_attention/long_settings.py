@@ -3,6 +3,8 @@ oldest KV may go, and how long a context may get."""
 
 from __future__ import annotations
 
+import socket
+
 from pydantic import BaseModel, Field
 
 from attnstore.security import ChannelSecurity
@@ -63,11 +65,34 @@ class LongContextSettings(BaseModel):
     )
     pool_redis_url: str | None = Field(
         None,
-        description="the pool ledger's Redis (the daemons' pool_redis_url): each peer's room is capped by what "
-        "the ledger says the daemon it lends through may lend (DescribeLending.pool_daemon); unset = the peers' "
-        "DescribeLending room alone",
+        description="the pool ledger's Redis (the daemons' pool_redis_url): long turns also place on the lender "
+        "workers the ledger lists (so no peers list is needed), each peer's room capped by what the ledger says "
+        "the daemon it lends through may lend (DescribeLending.pool_daemon); with advertise_address this worker "
+        "lists itself there as a lender; unset = the peers lists and their DescribeLending room alone",
+    )
+    pool_node: str = Field(
+        "",
+        description="the node this worker runs on, as its daemon's pool_node: lenders from the ledger on the same "
+        "node are proposed first, and a lender lists itself on it; empty = the host name",
+    )
+    ledger_peers: int = Field(
+        16,
+        ge=0,
+        description="most lenders a placement takes from the ledger (same node first, then by their daemons' "
+        "lendable bytes), each asked its room (DescribeLending); 0 = none (the ledger only caps the peers' room)",
+    )
+    lender_ttl_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="how long this worker's lender entry in the ledger lives unless renewed (every third of "
+        "it): a lender killed is proposed to homes for at most this long",
     )
     dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(
         default_factory=ChannelSecurity, description="TLS and internal token of the calls to the peers"
     )
+
+    @property
+    def pool_node_name(self) -> str:
+        """The node this worker is in the pool: `pool_node`, else the host name."""
+        return self.pool_node or socket.gethostname()

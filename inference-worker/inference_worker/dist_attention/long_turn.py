@@ -2,8 +2,9 @@
 (LongContext), instead of being refused.
 
     TurnEngine.run_turn ──kept prompt + max_tokens > pool──> LongTurns.run
-        ──> room asked of each peer (long_context.peers and, with peers_from_scheduler,
-            the workers the turn names; DescribeLending) ──> far_prefill.place_far (the
+        ──> room asked of each peer (long_context.peers, with peers_from_scheduler the
+            workers the turn names, with pool_redis_url the lenders the ledger lists;
+            DescribeLending) ──> far_prefill.place_far (the
             oldest segments prefilled in the engine's steps and appended to peers) ──> the
             engine prefills the newest tokens and decodes, batched with the other turns,
             merging the far partials (engine/far_kv.py) ──> release the segments
@@ -83,7 +84,9 @@ class LongTurns:
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
         self.held = HeldKV(limits, node=settings.advertise_address)
         self.swaps = DebtSwaps(self.held, settings.dgfm, self.channels, settings.peer_timeout_seconds)
-        self.ledger = LedgerRoom(settings.pool_redis_url, settings.peer_timeout_seconds)
+        self.ledger = LedgerRoom(
+            settings.pool_redis_url, settings.peer_timeout_seconds, settings.pool_node_name
+        )
         self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn
@@ -91,7 +94,8 @@ class LongTurns:
     @property
     def enabled(self) -> bool:
         """Whether a turn longer than the pool may run here (over peers) at all."""
-        return bool(self.settings.peers) or self.settings.peers_from_scheduler
+        settings = self.settings
+        return bool(settings.peers) or settings.peers_from_scheduler or settings.pool_redis_url is not None
 
     def check_peers(self, requested: Collection[str]) -> tuple[str, ...]:
         """The peers a turn names (ExecuteTurnRequest.long_context_peers), checked; ignored
@@ -119,10 +123,13 @@ class LongTurns:
         self.ledger.close()
 
     def peer_room_tokens(self, peers: Iterable[str]) -> dict[str, int]:
-        """Tokens of KV each answering peer may take now (and its daemon, for the attacher)."""
+        """Tokens of KV each answering peer of `peers` and of the lenders the ledger lists
+        now may take (and its daemon, for the attacher)."""
         room, daemons = {}, {}
         per_token = self.runner.geometry.kv_bytes_per_token(self.runner.dtype.itemsize)
-        for address in peers:
+        own = self.settings.advertise_address
+        listed = self.ledger.lenders(own, self.settings.ledger_peers)
+        for address in sorted({*peers, *listed} - {own}):
             try:
                 lending = self.channels.stub(address).DescribeLending(
                     pb.DescribeLendingRequest(), timeout=self.settings.peer_timeout_seconds
@@ -164,7 +171,7 @@ class LongTurns:
             )
         if self.swaps.enabled and self._dgfm is None:
             self._dgfm = asyncio.create_task(self.swaps.run_periodically(), name="dgfm")
-        turn_peers = sorted({*self.settings.peers, *peers} - {self.settings.advertise_address})
+        turn_peers = {*self.settings.peers, *peers}
         context = LongContext(
             self.runner, self.channels, lambda: self.peer_room_tokens(turn_peers),
             local_tokens=self.local_tokens, segment_tokens=self.segment_tokens,

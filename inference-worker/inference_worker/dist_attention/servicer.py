@@ -98,6 +98,10 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
                 await self._sweeper
             self._sweeper = None
 
+    async def pool_daemon(self) -> str:
+        """The ledger id of the daemon this worker lends through ("": none, or not yet known)."""
+        return await self._lent.pool_daemon()
+
     async def PartialAttention(
         self, request: pb.PartialAttentionRequest, context: grpc.aio.ServicerContext
     ) -> pb.PartialAttentionResponse:
@@ -152,7 +156,7 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         return pb.DescribeLendingResponse(
             held_bytes=self._held.held_bytes, max_held_bytes=self._held.limits.max_held_bytes,
             node=self._held.node, held_for=held_for, kvstore_address=self._kvstore_address,
-            pool_daemon=await self._lent.pool_daemon(),
+            pool_daemon=await self.pool_daemon(),
         )  # fmt: skip
 
     async def RecallKV(

@@ -42,12 +42,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, scheduler_model_dir: Path) -
         started.close()
 
 
-def test_a_chat_longer_than_every_pool_runs_over_the_workers_the_scheduler_names(stack: Stack) -> None:
+def check_a_long_chat_runs_over_the_other_workers(stack: Stack, nodes: tuple[str, ...]) -> None:
+    """A chat turn longer than every pool: answered with the greedy tokens of plain forwards
+    over the whole sequence, by one worker whose log names every other as its peer."""
     client = stack.client()
     session = client.create_session(system_prompt=SYSTEM)
     answer = client.chat(session.session_id, LONG_MESSAGE, max_tokens=8)
     assert answer.stats is not None and answer.stats.prompt_tokens > 64
-    with grpc.insecure_channel(stack.workers[NODES[0]].address) as channel:
+    with grpc.insecure_channel(stack.workers[nodes[0]].address) as channel:
         messages = [
             pb.ChatMessage(role="system", content=SYSTEM),
             pb.ChatMessage(role="user", content=LONG_MESSAGE),
@@ -61,9 +63,13 @@ def test_a_chat_longer_than_every_pool_runs_over_the_workers_the_scheduler_names
         while len(expected) < len(answer.token_ids):
             expected.append(int(model(input_ids=torch.tensor([prompt + expected])).logits[0, -1].argmax()))
     assert answer.token_ids == expected and len(expected) >= 1
-    logs = {node: stack.workers[node].log_path.read_text() for node in NODES}
+    logs = {node: stack.workers[node].log_path.read_text() for node in nodes}
     [ran] = [node for node, log in logs.items() if "long_context_turn" in log]
-    assert all(stack.workers[node].address in logs[ran] for node in NODES if node != ran)  # its peers
+    assert all(stack.workers[node].address in logs[ran] for node in nodes if node != ran)  # its peers
+
+
+def test_a_chat_longer_than_every_pool_runs_over_the_workers_the_scheduler_names(stack: Stack) -> None:
+    check_a_long_chat_runs_over_the_other_workers(stack, NODES)
 
 
 def test_past_the_maximum_context_the_scheduler_refuses(stack: Stack) -> None:

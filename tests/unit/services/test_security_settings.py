@@ -125,8 +125,9 @@ def test_load_refuses_a_pair_grpc_cannot_use(tmp_path: Path) -> None:
         ServerTLS(cert_file=tmp_path / "tls.crt", key_file=tmp_path / "tls.key").load()
 
 
-def test_a_secure_worker_calls_its_long_context_peers_with_tls() -> None:
-    peers = {"peers": ["127.0.0.1:1"]}
+@pytest.mark.parametrize("peers", [{"peers": ["127.0.0.1:1"]}, {"pool_redis_url": "redis://127.0.0.1:1"}],
+                         ids=["listed", "from-the-ledger"])  # fmt: skip
+def test_a_secure_worker_calls_its_long_context_peers_with_tls(peers: dict[str, object]) -> None:
     with pytest.raises(ValidationError, match="long_context.peer_channel.tls"):
         WorkerSettings(tls=TLS_ON, long_context=peers)
     WorkerSettings(tls=TLS_ON, long_context={**peers, "peer_channel": {"tls": True}})
