@@ -361,25 +361,34 @@ def test_a_lender_refuses_a_loan_rather_than_replace_a_held_segments_chunks(
         assert lending(channel).held_bytes == 2 * len(kv.data)  # "a" alone: its K and V
 
         stub.ReleaseKV(mpb.ReleaseKVRequest(segment_id="a"), timeout=10)
-        second = append("b")
+        # Released, "a"'s chunks are replaced as "b"'s arrive; under load the daemon can still
+        # be moving some of them at the first put ("... in progress"), refused as a home would
+        # see it: it tries again (one CI-like run at load 10-11 did).
+        second = _append_when_room(append, "b", "the released segment's room")
         assert client.lookup(first.chunk_namespace, first.chunk_keys).prefix_length == 0
 
         started["lender"].kill9()  # "b" stays in the daemon, pinned until its lease lapses
         started["lender"].start()
         grpc.channel_ready_future(channel).result(timeout=30)
-        poll(
-            lambda: _appended(append, "c"),
-            "a newer loan replacing the dead worker's chunks",
-            timeout_seconds=60,
-        )
+        _append_when_room(append, "c", "a newer loan replacing the dead worker's chunks")
         assert client.lookup(second.chunk_namespace, second.chunk_keys).prefix_length < len(second.chunk_keys)
 
 
-def _appended(append: Callable[[str], object], segment_id: str) -> bool:
-    try:
-        append(segment_id)
-    except grpc.RpcError as exc:
-        if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
-            raise
-        return False
-    return True
+def _append_when_room(
+    append: Callable[[str], mpb.AppendKVResponse], segment_id: str, what: str
+) -> mpb.AppendKVResponse:
+    """`segment_id` appended once the lender's daemon takes it: a loan refused for room
+    (RESOURCE_EXHAUSTED) is tried again, for up to a minute."""
+    answers: list[mpb.AppendKVResponse] = []
+
+    def appended() -> bool:
+        try:
+            answers.append(append(segment_id))
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return False
+        return True
+
+    poll(appended, what, timeout_seconds=60)
+    return answers[0]
