@@ -31,6 +31,7 @@ import structlog
 import torch
 from torch import nn
 
+from inference_worker import huge_pages
 from inference_worker.engine.row_linear import RowLinear, load_row_linear
 from inference_worker.kernels import KernelChoice
 
@@ -48,9 +49,11 @@ class OneDnnLinear(nn.Linear):
     """nn.Linear whose forward is oneDNN's; parameters (and weight tying) are untouched.
 
     From two rows on, oneDNN reads a copy of the weight packed once in its blocked layout
-    (packed on the first such call: a linear the engine runs fused (`FusedProjection`) is
-    never packed twice). Inference only: the copy does not follow later changes to the
-    weight. One or two fp32 rows (a decode step's) run `row_linear` where it loaded."""
+    (packed by `use_onednn_linears` for the layers the engine runs alone, o, down and
+    lm_head, so that no step pays for it; on the first such call for the others, which the
+    engine runs fused (`FusedProjection`) and transformers' own forward alone). Inference
+    only: the copy does not follow later changes to the weight. One or two fp32 rows (a
+    decode step's) run `row_linear` where it loaded."""
 
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout (an mkldnn tensor)
     row_linear: RowLinear | None = None  # set by use_onednn_linears
@@ -148,7 +151,12 @@ def _one_row(x: torch.Tensor) -> bool:
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    """The weight in oneDNN's blocked layout, in 2 MB pages where the kernel gives them (it
+    is read from DRAM by every step of several rows: huge_pages.py)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    if hasattr(torch.ops.mkldnn, "data_ptr") and hasattr(torch.ops.mkldnn, "_nbytes"):
+        huge_pages.collapse(torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed))
+    return packed
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -169,10 +177,15 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
         if type(module) is nn.Linear:
             module.__class__ = OneDnnLinear
             module.row_linear = row_linear
+    fused: set[nn.Module] = set()
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         attn, mlp = layer.self_attn, layer.mlp
         attn.fused_qkv = FusedProjection((attn.q_proj, attn.k_proj, attn.v_proj))
         mlp.fused_gate_up = FusedProjection((mlp.gate_proj, mlp.up_proj))
+        fused.update(attn.fused_qkv.linears + mlp.fused_gate_up.linears)
+    for module in model.modules():  # packed (and its pages collapsed, ~1 s) now, not in a step
+        if isinstance(module, OneDnnLinear) and module not in fused:
+            module.packed = _pack(module.weight)
     rows = "" if row_choice is None else f"; {row_choice.reason}"
     return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear{rows}")
 
