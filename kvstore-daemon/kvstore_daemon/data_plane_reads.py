@@ -7,10 +7,11 @@ needs ~170 us a read. Here a connection's thread calls `serve_frames`, which sta
 Python must answer: a read of a chunk not in the table, a held read, a put, anything
 malformed (parsed again by Python, so every refusal is the Python path's).
 
-A chunk enters the table when the Python path has sent it unheld (`register`: its
-extents, blocks and versions, header and layer offsets); the C side trusts an entry only
-while the blocks keep those versions, and drops it when they do not (data_plane_reads.c
-says how that is safe). Reads served in C are noted on the event loop in batches, as the
+A chunk enters the table when it is committed to DRAM or promoted there (`register`: its
+extents, blocks and versions, header and layer offsets), or when the Python path sent it
+unheld (a chunk promoted before it was ever parsed); it leaves before its blocks are freed
+(`forget`). The C side trusts an entry only while the blocks keep those versions, and
+drops it when they do not (data_plane_reads.c says how that is safe). Reads served in C are noted on the event loop in batches, as the
 Python path's unheld reads are (`take_reads`).
 """
 
@@ -51,6 +52,9 @@ def _wrap(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dpr_register.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32,
                                  ctypes.c_uint64, _u64p, ctypes.c_uint32, _u32p, _u64p, ctypes.c_uint32,
                                  _u64p, ctypes.c_uint32]  # fmt: skip
+    lib.dpr_forget.restype = None
+    lib.dpr_forget.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_uint32,
+                               ctypes.c_uint64]  # fmt: skip
     lib.dpr_take_reads.restype = ctypes.c_uint64
     lib.dpr_take_reads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _u64p, _u64p, _u64p]
     lib.dpr_close.restype = None
@@ -118,6 +122,11 @@ class CReads:
             _array(ctypes.c_uint32, copy.blocks), _array(ctypes.c_uint64, copy.versions), len(copy.blocks),
             _array(ctypes.c_uint64, offsets), layers,
         )  # fmt: skip
+
+    def forget(self, namespace: bytes, key: bytes, first_block: int) -> None:
+        """Drops `key`'s entry if it names the DRAM copy starting at `first_block` (about to
+        be freed)."""
+        self._lib.dpr_forget(self._handle, namespace, len(namespace), key, len(key), first_block)
 
     def serve_frames(self, sock: socket.socket, timeout_seconds: float) -> dict[str, Any]:
         """Answers the reads C can on `sock` (a plain socket after its hello); returns the
