@@ -11,8 +11,9 @@ loop is free while the kernel copies straight into the caller's memory (`recv_in
 A whole read into buffers (`read_into`) alone on a plain socket runs on the event loop
 itself (non-blocking: a recv that finds its bytes waits for nothing), handing only a
 payload over `_LOOP_PAYLOAD_MAX_BYTES` to a thread; beside other reads or under TLS it is
-one trip to a thread. A read that hands out layers as they come (`open_read`) takes one
-trip per call.
+one trip to a thread. Either way its reply, payload and trailer come in two receives where
+the stream allows (reply_stream.py). A read that hands out layers as they come
+(`open_read`) takes one trip per call.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from attnstore.data_plane_wire import (
     send_frame,
     send_views,
 )
-from attnstore.kvstore_client.loop_stream import SCRATCH_BYTES, LoopStream
 from attnstore.kvstore_client.pieces import DaemonProtocolError
+from attnstore.kvstore_client.reply_stream import SCRATCH_BYTES, BlockingStream, LoopStream
 
 _MAX_IDLE_CONNECTIONS = 32
 # Threads moving bytes at once: one per concurrent transfer (asyncio's default executor
@@ -173,7 +174,7 @@ class TcpDataPlane:
         payload take no hop to a thread and back (each hop waits for a core on a busy node:
         a 0.5 MB Get's median went from 396-409 to 278-297 us this way, load 10-12 on 2
         cores; the blocking client's is 233-254), and the reply, payload and trailer come
-        in as few receives as the stream allows (loop_stream.py)."""
+        in as few receives as the stream allows (reply_stream.py)."""
         sock = self._take_idle() or await self.in_thread(self.connect)
         scratch, self._scratch = self._scratch or bytearray(SCRATCH_BYTES), None
         sock.setblocking(False)
@@ -211,15 +212,22 @@ class TcpDataPlane:
             self._read_whole(request, len(keys), place)
 
     def _read_whole(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> bool:
-        """One whole read; whether its bytes are the chunks'."""
-        read = self._open_read(request, chunk_count)
+        """One whole read, in two receives where the stream allows (reply_stream.py);
+        whether its bytes are the chunks'."""
+        sock = self.connect()
         complete = False
         try:
-            read.recv_all(place(read.headers))
-            valid = read.recv_trailer()
+            sock.sendall(pack_frame(request))
+            stream = BlockingStream(sock)
+            reply = raise_for_reply(stream.frame(_MAX_REPLY_FRAME_BYTES))
+            stream.fill(place(_headers_of(reply, chunk_count)))
+            valid = reply.get("trailer") is not True or _trailer_valid(stream.frame(_MAX_REPLY_FRAME_BYTES))
             complete = True
         finally:
-            read.close(complete)
+            if complete:
+                self.give_back(sock)
+            else:
+                sock.close()
         return valid
 
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
@@ -231,7 +239,7 @@ class TcpDataPlane:
         except BaseException:
             sock.close()
             raise
-        return _TcpRead(self, sock, headers, trailer=reply.get("trailer") is True)
+        return _TcpRead(self, sock, headers)
 
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
         return await self.in_thread(self._write, namespace, writes)
@@ -278,12 +286,12 @@ def _get_request(namespace: bytes, keys: Sequence[bytes], layer_start: int, laye
 
 
 class _TcpRead:
-    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes], *, trailer: bool) -> None:
-        """`trailer`: an unheld send, whose validity follows the payload."""
+    """A held read's stream (`open_read`: never unheld, so no trailer follows)."""
+
+    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes]) -> None:
         self._plane = plane
         self._sock: socket.socket | None = sock
         self.headers = headers
-        self._trailer = trailer
 
     async def recv_into(self, views: Sequence[memoryview]) -> None:
         await self._plane.in_thread(self.recv_all, views)
@@ -292,14 +300,6 @@ class _TcpRead:
         if self._sock is None:
             raise DaemonProtocolError("the data-plane read is closed")
         recv_views(self._sock, views)
-
-    def recv_trailer(self) -> bool:
-        """Whether the bytes received are the chunks' (an unheld send's trailer says)."""
-        if not self._trailer:
-            return True
-        if self._sock is None:
-            raise DaemonProtocolError("the data-plane read is closed")
-        return _trailer_valid(recv_frame(self._sock, _MAX_REPLY_FRAME_BYTES))
 
     def close(self, complete: bool) -> None:
         sock, self._sock = self._sock, None
