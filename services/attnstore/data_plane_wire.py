@@ -32,6 +32,7 @@ be resynchronised once a payload may be in flight, and reconnecting is cheap.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import struct
@@ -44,7 +45,7 @@ from attnstore import errors
 
 _LENGTH = struct.Struct("!I")
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
-MAX_IOVECS = 1024
+_MAX_IOVECS = 1024
 
 
 class FrameError(errors.InvalidArgument):
@@ -73,6 +74,17 @@ def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     return decode_frame(body)
 
 
+async def recv_frame_on_loop(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, max_bytes: int
+) -> dict[str, Any]:
+    """`recv_frame` on the event loop, from a non-blocking plain socket."""
+    prefix = bytearray(_LENGTH.size)
+    await recv_exactly_on_loop(loop, sock, memoryview(prefix))
+    body = bytearray(frame_length(_LENGTH.unpack(prefix)[0], max_bytes))
+    await recv_exactly_on_loop(loop, sock, memoryview(body))
+    return decode_frame(body)
+
+
 def frame_length(length: int, max_bytes: int) -> int:
     """`length`, a frame's declared length; FrameError when over `max_bytes`."""
     if length > max_bytes:
@@ -80,7 +92,7 @@ def frame_length(length: int, max_bytes: int) -> int:
     return int(length)
 
 
-def decode_frame(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+def decode_frame(body: bytearray) -> dict[str, Any]:
     """A frame's body as its map; FrameError when it is not msgpack or not a map."""
     try:
         message = msgpack.unpackb(body)
@@ -100,6 +112,17 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
         view = view[received:]
 
 
+async def recv_exactly_on_loop(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
+    """`recv_exactly_into` on the event loop: a recv that finds the bytes there waits for nothing."""
+    while view.nbytes:
+        received = await loop.sock_recv_into(sock, view)
+        if received == 0:
+            raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
+        view = view[received:]
+
+
 def recv_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
     """Fills the views in order from the stream: one recvmsg_into (scatter read) per batch
     on a plain socket, not a recv per view (a 0.5 MB chunk is 30 layer views); TLS
@@ -110,13 +133,13 @@ def recv_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
         return
     pending = [v.cast("B") for v in views if v.nbytes]
     while pending:
-        received = sock.recvmsg_into(pending[:MAX_IOVECS])[0]
+        received = sock.recvmsg_into(pending[:_MAX_IOVECS])[0]
         if received == 0:
             raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
-        advance(pending, received)
+        _advance(pending, received)
 
 
-def advance(pending: list[memoryview], done: int) -> None:
+def _advance(pending: list[memoryview], done: int) -> None:
     """Drops the first `done` bytes of `pending` (views sent or received)."""
     while done:
         if done >= pending[0].nbytes:
@@ -135,7 +158,7 @@ def send_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
         return
     pending = [v.cast("B") for v in views if v.nbytes]
     while pending:
-        advance(pending, sock.sendmsg(pending[:MAX_IOVECS]))
+        _advance(pending, sock.sendmsg(pending[:_MAX_IOVECS]))
 
 
 def error_frame(exc: errors.ServiceError) -> dict[str, Any]:

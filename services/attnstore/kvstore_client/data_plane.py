@@ -11,9 +11,8 @@ loop is free while the kernel copies straight into the caller's memory (`recv_in
 A whole read into buffers (`read_into`) alone on a plain socket runs on the event loop
 itself (non-blocking: a recv that finds its bytes waits for nothing), handing only a
 payload over `_LOOP_PAYLOAD_MAX_BYTES` to a thread; beside other reads or under TLS it is
-one trip to a thread. Either way its reply, payload and trailer come in two receives where
-the stream allows (reply_stream.py). A read that hands out layers as they come
-(`open_read`) takes one trip per call.
+one trip to a thread. A read that hands out layers as they come (`open_read`) takes one
+trip per call.
 """
 
 from __future__ import annotations
@@ -29,13 +28,14 @@ from typing import Protocol, TypeVar
 from attnstore.data_plane_wire import (
     pack_frame,
     raise_for_reply,
+    recv_exactly_on_loop,
     recv_frame,
+    recv_frame_on_loop,
     recv_views,
     send_frame,
     send_views,
 )
 from attnstore.kvstore_client.pieces import DaemonProtocolError
-from attnstore.kvstore_client.reply_stream import SCRATCH_BYTES, BlockingStream, LoopStream
 
 _MAX_IDLE_CONNECTIONS = 32
 # Threads moving bytes at once: one per concurrent transfer (asyncio's default executor
@@ -114,7 +114,6 @@ class TcpDataPlane:
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_TRANSFER_THREADS, thread_name_prefix="data-plane")
         self._reads_in_flight = 0  # whole reads under way (`read_into`, on the event loop)
-        self._scratch: bytearray | None = None  # the on-loop read's receive buffer, reused
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
@@ -173,27 +172,27 @@ class TcpDataPlane:
         """`_read_whole` driven from the event loop: the wait for the reply and a small
         payload take no hop to a thread and back (each hop waits for a core on a busy node:
         a 0.5 MB Get's median went from 396-409 to 278-297 us this way, load 10-12 on 2
-        cores; the blocking client's is 233-254), and the reply, payload and trailer come
-        in as few receives as the stream allows (reply_stream.py)."""
+        cores; the blocking client's is 233-254)."""
+        loop = asyncio.get_running_loop()
         sock = self._take_idle() or await self.in_thread(self.connect)
-        scratch, self._scratch = self._scratch or bytearray(SCRATCH_BYTES), None
         sock.setblocking(False)
         complete = valid = False
         try:
-            stream = LoopStream(asyncio.get_running_loop(), sock, scratch, self._timeout_seconds)
-            await stream.send(pack_frame(request))
-            reply = raise_for_reply(await stream.frame(_MAX_REPLY_FRAME_BYTES))
-            views = place(_headers_of(reply, chunk_count))
-            if sum(view.nbytes for view in views) > _LOOP_PAYLOAD_MAX_BYTES:  # the kernel copies in a thread
-                sock.settimeout(self._timeout_seconds)
-                await self.in_thread(recv_views, sock, stream.drain_into(views))
-                sock.setblocking(False)
-            else:
-                await stream.fill(views)
-            valid = reply.get("trailer") is not True or _trailer_valid(await stream.frame(_MAX_REPLY_FRAME_BYTES))
+            async with asyncio.timeout(self._timeout_seconds):
+                await loop.sock_sendall(sock, pack_frame(request))
+                reply = raise_for_reply(await recv_frame_on_loop(loop, sock, _MAX_REPLY_FRAME_BYTES))
+                views = place(_headers_of(reply, chunk_count))
+                if sum(view.nbytes for view in views) > _LOOP_PAYLOAD_MAX_BYTES:  # the kernel copies in a thread
+                    sock.settimeout(self._timeout_seconds)
+                    await self.in_thread(recv_views, sock, views)
+                    sock.setblocking(False)
+                else:
+                    for view in views:
+                        await recv_exactly_on_loop(loop, sock, view.cast("B"))
+                trailer = reply.get("trailer") is True
+                valid = not trailer or _trailer_valid(await recv_frame_on_loop(loop, sock, _MAX_REPLY_FRAME_BYTES))
             complete = True
         finally:
-            self._scratch = scratch
             if complete:
                 sock.settimeout(self._timeout_seconds)
                 self.give_back(sock)
@@ -212,22 +211,15 @@ class TcpDataPlane:
             self._read_whole(request, len(keys), place)
 
     def _read_whole(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> bool:
-        """One whole read, in two receives where the stream allows (reply_stream.py);
-        whether its bytes are the chunks'."""
-        sock = self.connect()
+        """One whole read; whether its bytes are the chunks'."""
+        read = self._open_read(request, chunk_count)
         complete = False
         try:
-            sock.sendall(pack_frame(request))
-            stream = BlockingStream(sock)
-            reply = raise_for_reply(stream.frame(_MAX_REPLY_FRAME_BYTES))
-            stream.fill(place(_headers_of(reply, chunk_count)))
-            valid = reply.get("trailer") is not True or _trailer_valid(stream.frame(_MAX_REPLY_FRAME_BYTES))
+            read.recv_all(place(read.headers))
+            valid = read.recv_trailer()
             complete = True
         finally:
-            if complete:
-                self.give_back(sock)
-            else:
-                sock.close()
+            read.close(complete)
         return valid
 
     def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
@@ -239,7 +231,7 @@ class TcpDataPlane:
         except BaseException:
             sock.close()
             raise
-        return _TcpRead(self, sock, headers)
+        return _TcpRead(self, sock, headers, trailer=reply.get("trailer") is True)
 
     async def write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
         return await self.in_thread(self._write, namespace, writes)
@@ -286,12 +278,12 @@ def _get_request(namespace: bytes, keys: Sequence[bytes], layer_start: int, laye
 
 
 class _TcpRead:
-    """A held read's stream (`open_read`: never unheld, so no trailer follows)."""
-
-    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes]) -> None:
+    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes], *, trailer: bool) -> None:
+        """`trailer`: an unheld send, whose validity follows the payload."""
         self._plane = plane
         self._sock: socket.socket | None = sock
         self.headers = headers
+        self._trailer = trailer
 
     async def recv_into(self, views: Sequence[memoryview]) -> None:
         await self._plane.in_thread(self.recv_all, views)
@@ -300,6 +292,14 @@ class _TcpRead:
         if self._sock is None:
             raise DaemonProtocolError("the data-plane read is closed")
         recv_views(self._sock, views)
+
+    def recv_trailer(self) -> bool:
+        """Whether the bytes received are the chunks' (an unheld send's trailer says)."""
+        if not self._trailer:
+            return True
+        if self._sock is None:
+            raise DaemonProtocolError("the data-plane read is closed")
+        return _trailer_valid(recv_frame(self._sock, _MAX_REPLY_FRAME_BYTES))
 
     def close(self, complete: bool) -> None:
         sock, self._sock = self._sock, None
