@@ -110,11 +110,12 @@ class CReads:
         self._reads_address = _address(memoryview(self._reads))
 
     def register(self, namespace: bytes, key: bytes, copy: UnheldCopy) -> None:
-        """Lets C serve `key` from where `copy` says it lay (sent valid by the Python path);
-        a chunk beyond the table's limits stays on the Python path."""
+        """Lets C serve `key` from where `copy` says it lays (committed or promoted to DRAM,
+        or sent valid by the Python path); a chunk beyond the table's limits stays on the
+        Python path. ~25 us on the loop for a 30-layer chunk (60 before `layer_offsets`)."""
         layout = copy.layout
         layers = layout.header.num_layers
-        offsets = [layout.layer_span(layer, layer)[0] for layer in range(layers)] + [layout.total_bytes]
+        offsets = layout.layer_offsets()
         extents = [value for extent in copy.extents for value in extent]
         self._lib.dpr_register(
             self._handle, namespace, len(namespace), key, len(key), layout.data_offset,
