@@ -286,7 +286,7 @@ class ChunkStore:
                 reservation.blocks, reservation.extents, borrower=reservation.borrower,
             )
             self._chunks.add(chunk)
-            self.dram.committed(chunk)
+            self.dram.arrived(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
             # A borrowed chunk goes to SSD and leaves DRAM, as a declined one: it is put durable,

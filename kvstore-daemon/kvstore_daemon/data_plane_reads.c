@@ -7,9 +7,10 @@ exactly as before (so every refusal is Python's). The GIL is never taken: ctypes
 for the call, and nothing here calls into Python.
 
 The table maps (namespace, key) to where a chunk lay in the arena when it was committed or
-promoted to DRAM (or when Python last sent it unheld), until it leaves (dpr_forget): its extents, its blocks and their versions, its header's length and its layers'
-offsets (a few hundred bytes an entry; the header itself is read from the arena). An entry
-is trusted only while its blocks keep those versions (the daemon bumps a block's version
+promoted to DRAM (or when Python last sent it unheld), until it leaves (dpr_forget): its
+extents, its blocks and their versions, its header's length and its layers' offsets (a few
+hundred bytes an entry; the header itself is read from the arena). An entry is trusted
+only while its blocks keep those versions (the daemon bumps a block's version
 before it frees or invalidates it, shm_arena.BlockVersions): checked after the headers are
 copied into the reply and before it is sent (a mismatch hands the frame to Python), and
 after the payload (the trailer's "valid"), the seqlock read of the Python path. Freed

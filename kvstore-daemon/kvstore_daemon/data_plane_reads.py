@@ -11,8 +11,9 @@ A chunk enters the table when it is committed to DRAM or promoted there (`regist
 extents, blocks and versions, header and layer offsets), or when the Python path sent it
 unheld (a chunk promoted before it was ever parsed); it leaves before its blocks are freed
 (`forget`). The C side trusts an entry only while the blocks keep those versions, and
-drops it when they do not (data_plane_reads.c says how that is safe). Reads served in C are noted on the event loop in batches, as the
-Python path's unheld reads are (`take_reads`).
+drops it when they do not (data_plane_reads.c says how that is safe). Reads served in C
+are noted on the event loop in batches, as the Python path's unheld reads are
+(`take_reads`).
 """
 
 from __future__ import annotations

@@ -81,8 +81,9 @@ class DramTier:
     def watch(self, watcher: DramWatcher) -> None:
         self._watcher = watcher
 
-    def committed(self, chunk: Chunk) -> None:
-        """A chunk written into blocks taken with `allocate` is now visible."""
+    def arrived(self, chunk: Chunk) -> None:
+        """Tells the watcher `chunk`'s DRAM copy is ready: stored, or committed into blocks
+        taken with `allocate`."""
         if self._watcher is not None:
             self._watcher.arrived(chunk)
 
@@ -142,8 +143,7 @@ class DramTier:
         extents = self.extents(blocks, chunk.size_bytes)
         self._arena.write(extents, 0, data)
         chunk.blocks, chunk.extents = blocks, extents
-        if self._watcher is not None:
-            self._watcher.arrived(chunk)
+        self.arrived(chunk)
 
     async def load(self, chunk: Chunk) -> Buffer:
         if chunk.extents is None:
