@@ -286,6 +286,7 @@ class ChunkStore:
                 reservation.blocks, reservation.extents, borrower=reservation.borrower,
             )
             self._chunks.add(chunk)
+            self.dram.arrived(chunk)
             self._mover.dram_policy.on_insert(chunk.key)
             metrics.BYTES_IN.labels("shm").inc(max(0, chunk.size_bytes - reservation.streamed_bytes))
             # A borrowed chunk goes to SSD and leaves DRAM, as a declined one: it is put durable,
@@ -398,12 +399,16 @@ class ChunkStore:
         copies = []
         for key in keys:
             chunk = self._visible(namespace, key)
-            layout = chunk.layout if chunk is not None else None
-            placed = self.dram.versioned_extents(chunk) if chunk is not None and layout is not None else None
-            if layout is None or placed is None:
+            copy = self.unheld_copy(chunk) if chunk is not None else None
+            if copy is None:
                 return None
-            copies.append(UnheldCopy(layout, *placed))
+            copies.append(copy)
         return copies
+
+    def unheld_copy(self, chunk: Chunk) -> UnheldCopy | None:
+        """Where `chunk` lies in DRAM with its blocks' versions; None unless parsed and there."""
+        placed = self.dram.versioned_extents(chunk) if chunk.layout is not None else None
+        return None if placed is None or chunk.layout is None else UnheldCopy(chunk.layout, *placed)
 
     def unheld_copies_valid(self, copies: Sequence[UnheldCopy]) -> bool:
         """No chunk of `copies` has left its blocks since they were taken (any thread)."""

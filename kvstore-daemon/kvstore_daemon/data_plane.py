@@ -15,8 +15,9 @@ A connection that sends garbage, stalls past `data_plane_idle_timeout_seconds` o
 disconnects mid-frame is closed; it holds nothing a lease's TTL would not end.
 
 On plain TCP, a connection's frames go first to the C read path (data_plane_reads.py):
-unheld reads of DRAM chunks this file has sent before are answered there without Python;
-the first frame it cannot answer comes back here.
+unheld reads of DRAM chunks in its table (entered when committed or promoted to DRAM, or
+when this file sent them) are answered there without Python; the first frame it cannot
+answer comes back here.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class DataPlaneServer:
             log.info("data_plane_c_reads", on=self._c is not None, reason=why_not)
         if self._c is not None:  # reads served in C are noted as the Python path's are
             self._loop.add_reader(self._c.wake_fd, self._on_c_reads)
+            self._store.dram.watch(_CTable(self._c, self._store))
         threading.Thread(target=self._accept_forever, name="data-plane-accept", daemon=True).start()
         return listener.getsockname()[1]
 
@@ -339,6 +341,24 @@ class DataPlaneServer:
 
         self._loop.call_soon_threadsafe(call)
         return result.result(timeout=self._settings.data_plane_idle_timeout_seconds)
+
+
+class _CTable:
+    """Keeps C's read table in step with DRAM: a chunk enters when committed or promoted
+    there (so its first read is answered in C), and leaves before its blocks are freed."""
+
+    def __init__(self, c: CReads, store: ChunkStore) -> None:
+        self._c = c
+        self._store = store
+
+    def arrived(self, chunk: Chunk) -> None:
+        copy = self._store.unheld_copy(chunk)
+        if copy is not None:  # a chunk promoted before it was ever parsed enters at its first send
+            self._c.register(chunk.namespace, chunk.key, copy)
+
+    def leaving(self, chunk: Chunk) -> None:
+        if chunk.blocks:
+            self._c.forget(chunk.namespace, chunk.key, chunk.blocks[0])
 
 
 def _write_list(raw: Sequence[Any], max_writes: int) -> list[tuple[int, int]]:

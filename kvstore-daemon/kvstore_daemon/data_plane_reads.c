@@ -6,10 +6,11 @@ arena, trailer) and loops; any other frame it hands back to Python whole, which 
 exactly as before (so every refusal is Python's). The GIL is never taken: ctypes releases it
 for the call, and nothing here calls into Python.
 
-The table maps (namespace, key) to where a chunk lay in the arena when Python last sent it
-unheld: its extents, its blocks and their versions, its header's length and its layers'
-offsets (a few hundred bytes an entry; the header itself is read from the arena). An entry
-is trusted only while its blocks keep those versions (the daemon bumps a block's version
+The table maps (namespace, key) to where a chunk lay in the arena when it was committed or
+promoted to DRAM (or when Python last sent it unheld), until it leaves (dpr_forget): its
+extents, its blocks and their versions, its header's length and its layers' offsets (a few
+hundred bytes an entry; the header itself is read from the arena). An entry is trusted
+only while its blocks keep those versions (the daemon bumps a block's version
 before it frees or invalidates it, shm_arena.BlockVersions): checked after the headers are
 copied into the reply and before it is sent (a mismatch hands the frame to Python), and
 after the payload (the trailer's "valid"), the seqlock read of the Python path. Freed
@@ -188,6 +189,20 @@ int dpr_register(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t
         return -1;
     }
     return 0;
+}
+
+/* Drops a chunk's entry if it still names the copy starting at `first_block` (not a newer
+   chunk of the key): called before the copy's blocks go back to the allocator, so no serve
+   that starts later takes it (one that took it before is caught by the versions, bumped
+   before the blocks are freed). */
+void dpr_forget(void *handle, const uint8_t *ns, uint32_t ns_len, const uint8_t *key, uint32_t key_len,
+                uint64_t first_block) {
+    table *t = handle;
+    if (ns_len > MAX_NAME || key_len > MAX_NAME) return;
+    pthread_mutex_lock(&t->lock);
+    entry **at = slot(t, ns, ns_len, key, key_len);
+    if (*at && (*at)->blocks[0] == first_block) unlink_entry(t, at);
+    pthread_mutex_unlock(&t->lock);
 }
 
 /* Copies the valid reads' records into `out` (reads_cap bytes) and re-arms the wake-up;

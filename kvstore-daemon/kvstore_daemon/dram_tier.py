@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from attnstore.chunks.format import Buffer
 from attnstore.pids import pid_alive
@@ -35,6 +36,15 @@ _LOCK_ATTEMPTS, _LOCK_RETRY_SECONDS = 5, 0.01
 
 class ArenaError(RuntimeError):
     """The arena file cannot be created or reserved (a missing or too-small tmpfs)."""
+
+
+class DramWatcher(Protocol):
+    """Told on the event loop when a chunk's DRAM copy appears and before it is freed (the
+    data plane's C reads keep a table of DRAM chunks: data_plane_reads.py)."""
+
+    def arrived(self, chunk: Chunk) -> None: ...
+
+    def leaving(self, chunk: Chunk) -> None: ...
 
 
 class DramTier:
@@ -66,6 +76,16 @@ class DramTier:
         # thread reads a chunk's blocks with their versions (`versioned_extents`): a block
         # then cannot be seen as the chunk's after its version was bumped.
         self._discard_lock = threading.Lock()
+        self._watcher: DramWatcher | None = None
+
+    def watch(self, watcher: DramWatcher) -> None:
+        self._watcher = watcher
+
+    def arrived(self, chunk: Chunk) -> None:
+        """Tells the watcher `chunk`'s DRAM copy is ready: stored, or committed into blocks
+        taken with `allocate`."""
+        if self._watcher is not None:
+            self._watcher.arrived(chunk)
 
     @property
     def path(self) -> Path:
@@ -123,6 +143,7 @@ class DramTier:
         extents = self.extents(blocks, chunk.size_bytes)
         self._arena.write(extents, 0, data)
         chunk.blocks, chunk.extents = blocks, extents
+        self.arrived(chunk)
 
     async def load(self, chunk: Chunk) -> Buffer:
         if chunk.extents is None:
@@ -131,6 +152,8 @@ class DramTier:
 
     def discard(self, chunk: Chunk) -> None:
         if chunk.blocks is not None:
+            if self._watcher is not None:
+                self._watcher.leaving(chunk)
             with self._discard_lock:
                 self.free(chunk.blocks)
                 chunk.blocks = chunk.extents = None

@@ -145,6 +145,14 @@ class ChunkLayout:
         start = self.data_offset + sum(header.layer_size(layer) for layer in range(layer_start))
         return start, start + sum(header.layer_size(layer) for layer in range(layer_start, layer_end))
 
+    def layer_offsets(self) -> list[int]:
+        """Where each layer starts in the serialized chunk, then where the last ends (one
+        pass: the data plane's C table takes them for every chunk committed to DRAM)."""
+        header = self.header
+        layers = range(header.num_layers)
+        sizes = [header.layer_bytes] * len(layers) if header.is_kv else [header.layer_size(i) for i in layers]
+        return list(itertools.accumulate(sizes, initial=self.data_offset))
+
 
 def _data_offset(header_len: int) -> int:
     end = _PREAMBLE.size + header_len

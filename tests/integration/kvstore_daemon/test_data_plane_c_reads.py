@@ -1,7 +1,8 @@
 """The data plane's C read path (data_plane_reads.c) with real daemon processes: what it
-sends is what the Python path sends, a chunk that leaves its blocks under a C send is
-reported invalid and never served again from its old place, and connections that stall,
-vanish or send garbage after C answered them cost nothing."""
+sends is what the Python path sends, a chunk is answered in C from its first read once
+committed or promoted to DRAM and never from a place it left, a chunk that leaves its
+blocks under a C send is reported invalid, and connections that stall, vanish or send
+garbage after C answered them cost nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from service_probes import free_port, scrape_metrics
 from attnstore.chunks.format import decode_layout
 from attnstore.data_plane_wire import pack_frame, recv_exactly_into, recv_frame
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from attnstore.kvstore_client import KVStoreClient
+from attnstore.kvstore_client import KVStoreClient, Tier
 
 if TYPE_CHECKING:
     from conftest import ChunkSet, DaemonFactory, DaemonProcess, PollUntil
@@ -57,7 +58,8 @@ def _request(keys: list[bytes], start: int = 0, end: int = 0, namespace: bytes =
 
 
 def _read(sock: socket.socket, request: dict[str, Any]) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
-    """One unheld read on `sock`: its reply, payload and trailer."""
+    """One unheld read on `sock`: its reply, payload and trailer ({} for a read the daemon
+    sent held: no trailer follows)."""
     sock.sendall(pack_frame(request))
     reply = recv_frame(sock, 1 << 20)
     assert reply["ok"] is True, reply
@@ -69,7 +71,7 @@ def _read(sock: socket.socket, request: dict[str, Any]) -> tuple[dict[str, Any],
         total += last - first
     payload = bytearray(total)
     recv_exactly_into(sock, memoryview(payload))
-    return reply, bytes(payload), recv_frame(sock, 1 << 20)
+    return reply, bytes(payload), recv_frame(sock, 1 << 20) if reply.get("trailer") else {}
 
 
 def _huge(chunk_set: type[ChunkSet], seed: int, namespace: bytes = NAMESPACE) -> ChunkSet:
@@ -82,7 +84,7 @@ def _registered_huge(
     daemon: DaemonProcess, chunk_set: type[ChunkSet], seed: int, count: int
 ) -> tuple[ChunkSet, dict[str, Any], socket.socket]:
     """`count` 12.6 MB chunks stored on `daemon`, the unheld read of the first, and a
-    connection that made it once (Python's read: it registers the chunk for C)."""
+    connection that made it once (C's read: the chunk entered C's table at its commit)."""
     huge = _huge(chunk_set, seed)
     with KVStoreClient(daemon.address, use_shm=False) as client:
         huge.register(client)
@@ -116,8 +118,8 @@ def test_c_sends_what_the_python_path_sends(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil,
     first: int, last: int, start: int, end: int,
 ) -> None:  # fmt: skip
-    """The same reads from a daemon with the C path and one without: the first read of a
-    chunk is Python's on both (it registers the chunk), the second is C's on one; replies,
+    """The same reads from a daemon with the C path and one without: both reads of a chunk
+    are C's on one (it entered the table at its commit), Python's on the other; replies,
     payloads and trailers agree, and the C daemon counted its sends."""
     made = chunk_set(NAMESPACE, num_layers=8, seed=11)
     answers = {}
@@ -129,7 +131,7 @@ def test_c_sends_what_the_python_path_sends(
         sock = _connect(_open_port(daemon))
         request = _request(made.keys(first, last), start, end)
         answers[c_reads] = [_read(sock, request), _read(sock, request)]
-        sent = (last - first) if c_reads else 0
+        sent = 2 * (last - first) if c_reads else 0
         poll_until(lambda d=daemon, n=sent: _c_reads(d) == n, what=f"{sent} chunks sent from C")  # type: ignore[misc]
         sock.close()
     assert answers[True] == answers[False]
@@ -154,7 +156,7 @@ def test_c_reads_pass_the_clients_checksums_and_count_as_hits(
         before = client.stats().dram.hits
         for _ in range(10):
             assert client.get_whole_chunks(NAMESPACE, made.keys(0, 6)) == [made.data(i) for i in range(6)]
-        poll_until(lambda: _c_reads(daemon) == 54, what="reads 2-10 sent from C")
+        poll_until(lambda: _c_reads(daemon) == 60, what="every read sent from C")
         poll_until(lambda: client.stats().dram.hits - before == 60, what="60 hits noted")
 
 
@@ -171,6 +173,33 @@ def test_without_a_compiler_python_serves_every_read(
             assert client.get_whole_chunks(NAMESPACE, made.keys(0, 2)) == [made.data(0), made.data(1)]
     assert _c_reads(daemon) == 0
     assert "data_plane_c_reads" in daemon.log_tail() and "no-such-compiler" in daemon.log_tail()
+
+
+def test_chunks_enter_c_at_commit_and_promotion_and_leave_before_their_blocks_are_reused(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
+) -> None:
+    """A chunk's first read is C's once committed to DRAM; evicted to SSD and its blocks
+    taken by other chunks, it is read by Python (which promotes it) with its own bytes,
+    never the blocks' new owners'; promoted, its next read is C's again."""
+    made = chunk_set(NAMESPACE, num_layers=4, seed=18)  # 20 KiB chunks: one 128 KiB block each
+    daemon = _daemon(daemon_factory, DRAM_CAPACITY_BYTES=1024 * 1024, DRAM_BLOCK_BYTES=128 * 1024,
+                     MAX_CHUNK_BYTES=128 * 1024, EVICTION_POLICY="lru")  # fmt: skip
+    sock = _connect(_open_port(daemon))
+    body = len(made.data(0)) - decode_layout(made.data(0)).data_offset
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        made.register(client)
+        client.put_chunks(NAMESPACE, made.items(0, 4))
+        assert _read(sock, _request(made.keys(0, 4)))[2] == {"ok": True, "valid": True}
+        poll_until(lambda: _c_reads(daemon) == 4, what="the first read of four chunks sent from C")
+
+        client.put_chunks(NAMESPACE, made.items(4, 12))  # eight blocks: chunks 0-3 go to SSD
+        assert made.tiers(client, range(4)) == [Tier.SSD] * 4
+        # Python's (held: it promotes the chunk), then C's (it entered the table at promotion)
+        for trailer in ({}, {"ok": True, "valid": True}):
+            assert _read(sock, _request(made.keys(0, 1)))[1:] == (made.data(0)[-body:], trailer)
+        poll_until(lambda: _c_reads(daemon) == 5, what="the promoted chunk's second read sent from C")
+        assert made.tiers(client, [0]) == [Tier.DRAM]
+    sock.close()
 
 
 def test_a_chunk_that_leaves_its_blocks_under_a_c_send_is_reported_invalid(
@@ -194,18 +223,18 @@ def test_a_chunk_that_leaves_its_blocks_under_a_c_send_is_reported_invalid(
         layout = decode_layout(reply["headers"][0])
         recv_exactly_into(stalled, memoryview(bytearray(layout.total_bytes - layout.data_offset)))
         assert recv_frame(stalled, 1 << 20) == {"ok": True, "valid": False}
-        poll_until(lambda: _c_reads(daemon) == 1, what="the stalled read counted as C's")
+        poll_until(lambda: _c_reads(daemon) == 2, what="the first read and the stalled one counted as C's")
 
         warm.sendall(pack_frame(request))  # its entry dropped: Python answers, and refuses
         assert recv_frame(warm, 1 << 20)["code"] == "NotFound"
         renewed = huge.data(0, version=1)
         poll_until(lambda: client.put_chunks(NAMESPACE, {huge.key(0): renewed}).stored, what="stored again")
         again = _connect(port)
-        for _ in range(2):  # Python's, then C's
+        for _ in range(2):  # C's both: the renewed chunk entered the table at its commit
             _, payload, trailer = _read(again, request)
             assert trailer == {"ok": True, "valid": True}
             assert payload == renewed[layout.data_offset :] != huge.data(0)[layout.data_offset :]
-        poll_until(lambda: _c_reads(daemon) == 2, what="the renewed chunk's second read sent from C")
+        poll_until(lambda: _c_reads(daemon) == 4, what="the renewed chunk's reads sent from C")
 
 
 def test_connections_that_stall_vanish_or_send_garbage_after_c_cost_nothing(
@@ -233,8 +262,8 @@ def test_connections_that_stall_vanish_or_send_garbage_after_c_cost_nothing(
 
         for _ in range(3):  # served beside them
             assert _read(reader, request)[1] == huge.data(0)[decode_layout(huge.data(0)).data_offset :]
-        # completed sends only: the garbage sender's read and these three (not the cut ones)
-        poll_until(lambda: _c_reads(daemon) == 4, what="the reads after the first sent from C")
+        # completed sends only: the first, the garbage sender's and these three (not the cut ones)
+        poll_until(lambda: _c_reads(daemon) == 5, what="the completed reads sent from C")
         received = 0
         try:  # the stalled send was cut after the idle timeout: its rest never comes
             while chunk := stalled.recv(1 << 20):

@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import struct
 
@@ -9,8 +10,11 @@ from hypothesis import strategies as st
 
 from attnstore.chunks.format import (
     DATA_ALIGN_BYTES,
+    RESTORE_FORMAT_VERSION,
     ChunkCorruptError,
     ChunkFormatError,
+    ChunkLayout,
+    LayerForm,
     decode_layout,
     encode_chunk,
     max_chunk_bytes,
@@ -104,3 +108,15 @@ def test_max_chunk_bytes_bounds_a_full_chunk() -> None:
     # SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 dims x 256 tokens = 5.9 MB of KV.
     smollm = max_chunk_bytes(num_layers=30, kv_heads=3, head_dim=64, chunk_tokens=256, dtype="bfloat16")
     assert smollm == 4096 + 30 * 2 * 3 * 256 * 64 * 2
+
+
+@pytest.mark.parametrize(
+    "forms", [(), (LayerForm.KV, LayerForm.HIDDEN, LayerForm.NONE, LayerForm.KV), (LayerForm.NONE,) * 3]
+)
+def test_layer_offsets_are_where_layer_span_puts_each_layer(forms: tuple[LayerForm, ...]) -> None:
+    layout = decode_layout(encode(make_layers(len(forms) or 5, 2, 8, 4)))
+    if forms:  # a restore chunk's mixed layers
+        header = dataclasses.replace(layout.header, layer_forms=forms, hidden_size=16, format_version=RESTORE_FORMAT_VERSION)
+        layout = ChunkLayout(header, layout.data_offset)
+    layers = layout.header.num_layers
+    assert layout.layer_offsets() == [layout.layer_span(i, i)[0] for i in range(layers)] + [layout.total_bytes]
