@@ -46,7 +46,7 @@ Sessions = list[list[list[int]]]  # session -> turn -> prompt token ids
 
 def export(path: Path, levels: list[int], *, turns: int, seed: int, max_prompt_tokens: int) -> None:
     """The workload and the real model's config, into `path`."""
-    from bench.batch.workload import token_conversations  # ShareGPT: here, not on the device
+    from bench.batch.workload import consecutive_sets, token_conversations  # ShareGPT: not on the device
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     counts = [*levels, AT]  # the last: the batch-1 engine's sessions
@@ -60,10 +60,7 @@ def export(path: Path, levels: list[int], *, turns: int, seed: int, max_prompt_t
         max_answer_tokens=0,
     )
     prompts = [[turn.prompt for turn in conversation.turns] for conversation in conversations]
-    sets, start = [], 0
-    for count in counts:
-        sets.append(prompts[start : start + count])
-        start += count
+    sets = consecutive_sets(prompts, counts)
     config = AutoConfig.from_pretrained(default_model_dir()).to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(

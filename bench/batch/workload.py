@@ -9,14 +9,19 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
 from bench.batch.memory import Request
 from bench.common.sharegpt import read_sharegpt, seeded_chats, to_turns, token_segments
 from bench.peers.workload import Dialogue, select_dialogues
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,13 @@ def level_dialogues(
         max_tokens=turns * max_message_tokens,
         max_message_tokens=max_message_tokens,
     )
-    chosen, start = {}, 0
-    for level in levels:
-        chosen[level], start = dialogues[start : start + level], start + level
-    return chosen
+    return dict(zip(levels, consecutive_sets(dialogues, levels), strict=True))
+
+
+def consecutive_sets(items: Sequence[T], counts: Sequence[int]) -> list[list[T]]:
+    """`items` cut into consecutive runs of `counts` items each, in order."""
+    starts = list(itertools.accumulate(counts, initial=0))
+    return [list(items[start : start + count]) for start, count in zip(starts, counts, strict=False)]
 
 
 def system_prompt_text(tokenizer: PreTrainedTokenizerBase, tokens: int, *, seed: int) -> str:
