@@ -63,16 +63,18 @@ _COUNTER = re.compile(
 
 
 class BenchServer(VllmServer):
-    """bench-peers' vLLM server with a fixed block size, and the connector when configured."""
+    """bench-peers' vLLM server, and the connector when configured."""
 
     def __init__(self, *args: Any, block_size: int, kv_transfer_config: dict[str, Any] | None) -> None:
-        super().__init__(*args)
-        self.block_size, self.kv_transfer_config = block_size, kv_transfer_config
+        super().__init__(*args, block_size=block_size)
+        self.kv_transfer_config = kv_transfer_config
 
     def command(self) -> list[str]:
-        extra = ["--block-size", str(self.block_size)]
-        if self.kv_transfer_config is not None:
-            extra += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        extra = (
+            []
+            if self.kv_transfer_config is None
+            else ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        )
         return [*super().command(), *extra]
 
     def counters(self) -> dict[str, float]:
