@@ -29,18 +29,14 @@ from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalL
 from bench.common.machine import machine_info
 from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 from bench.common.results import RESULTS_DIR, print_report, save_results
-from inference_worker.engine.attention import PagedKV
-from inference_worker.engine.block_pool import BlockPool
 from inference_worker.engine.engine import Engine
-from inference_worker.engine.memory import pool_blocks
-from inference_worker.engine.model_runner import PagedModelRunner
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.model_store import default_model_dir
 from inference_worker.settings import WorkerSettings
+from inference_worker.turn_engine import build_engine as build_worker_engine
 
 AT = 16  # the level the ratio to batch 1 is read at (bench-batch's)
-FP32_BYTES = 4
 Sessions = list[list[list[int]]]  # session -> turn -> prompt token ids
 
 
@@ -71,27 +67,11 @@ def export(path: Path, levels: list[int], *, turns: int, seed: int, max_prompt_t
 def build_engine(
     model: LlamaForCausalLM, device: torch.device, *, batch_sequences: int, kv_memory_bytes: int | None
 ) -> Engine:
-    """An engine as the worker builds it (its settings' defaults), at most `batch_sequences`
-    sequences a forward pass, a pool of `kv_memory_bytes` (None: the worker's share of the
-    free memory)."""
-    settings = WorkerSettings()
-    geometry = ModelGeometry.of(model.config)
-    blocks = pool_blocks(
-        geometry,
-        settings.block_tokens,
-        FP32_BYTES,
-        device,
-        kv_memory_bytes=kv_memory_bytes,
-        kv_memory_fraction=settings.kv_memory_fraction,
-    )
-    kv = PagedKV(geometry, blocks, settings.block_tokens, torch.float32, device)
-    pool = BlockPool(blocks, settings.block_tokens, keep_freed_prefixes=settings.pool_keeps_freed_prefixes)
-    return Engine(
-        PagedModelRunner(model, kv),
-        pool,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_batch_sequences=batch_sequences,
-    )
+    """An engine as the worker builds it (turn_engine.build_engine, its settings' defaults),
+    at most `batch_sequences` sequences a forward pass, a pool of `kv_memory_bytes` (None:
+    the worker's share of the free memory)."""
+    settings = WorkerSettings(max_batch_sequences=batch_sequences, kv_memory_bytes=kv_memory_bytes)
+    return build_worker_engine(model, torch.float32, device, ModelGeometry.of(model.config), settings)
 
 
 async def serve(engine: Engine, sessions: Sessions, max_tokens: int) -> dict[str, float]:

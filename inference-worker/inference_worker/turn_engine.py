@@ -36,6 +36,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 import structlog
+import torch
+from transformers import PreTrainedModel
 
 from attnstore.chunks.format import DTYPE_BYTES
 from attnstore.chunks.keys import chunk_key
@@ -121,7 +123,7 @@ class TurnEngine:
         except PositionShiftUnsupported as exc:  # chunks then serve only at their stored positions
             log.info("keys cannot be re-positioned", reason=str(exc))
             shift = None
-        self.engine = _build_engine(model, geometry, settings)
+        self.engine = build_engine(model.model, model.dtype, model.device, geometry, settings)
         self.restore = TurnRestore(restore, self.engine.runner, shift) if restore is not None else None
         attacher = ChunkAttacher(
             settings.kvstore_channel.load("kvstore_channel"), settings.kvstore_channel.ssl_context(),
@@ -370,25 +372,32 @@ def extend_key_chain(
     return chain
 
 
-def _build_engine(model: LoadedModel, geometry: ModelGeometry, settings: WorkerSettings) -> Engine:
-    """The engine and its KV pool, sized from the settings (engine/memory.py)."""
+def build_engine(
+    model: PreTrainedModel,
+    dtype: torch.dtype,
+    device: torch.device,
+    geometry: ModelGeometry,
+    settings: WorkerSettings,
+) -> Engine:
+    """The engine over `model` (weights in `dtype` on `device`) and its KV pool, sized from
+    the settings (engine/memory.py)."""
     blocks = pool_blocks(
         geometry,
         settings.block_tokens,
-        DTYPE_BYTES[DTYPE_NAMES[model.dtype]],
-        model.device,
+        DTYPE_BYTES[DTYPE_NAMES[dtype]],
+        device,
         kv_memory_bytes=settings.kv_memory_bytes,
         kv_memory_fraction=settings.kv_memory_fraction,
     )
-    kv = PagedKV(geometry, blocks, settings.block_tokens, model.dtype, model.device)
-    runner = PagedModelRunner(model.model, kv, layer_timeout_seconds=settings.layer_timeout_seconds)
+    kv = PagedKV(geometry, blocks, settings.block_tokens, dtype, device)
+    runner = PagedModelRunner(model, kv, layer_timeout_seconds=settings.layer_timeout_seconds)
     pool = BlockPool(blocks, settings.block_tokens, keep_freed_prefixes=settings.pool_keeps_freed_prefixes)
     log.info(
         "kv_pool",
         blocks=blocks,
         block_tokens=settings.block_tokens,
         bytes=blocks
-        * PagedKV.bytes_per_block(geometry, settings.block_tokens, DTYPE_BYTES[DTYPE_NAMES[model.dtype]]),
+        * PagedKV.bytes_per_block(geometry, settings.block_tokens, DTYPE_BYTES[DTYPE_NAMES[dtype]]),
         decode_attention=runner.decode_choice.kernel,
         decode_attention_reason=runner.decode_choice.reason,
         prefill_attention=runner.prefill_choice.kernel,
