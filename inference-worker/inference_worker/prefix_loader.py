@@ -68,7 +68,7 @@ async def load_prefix(
                 if len(row) == len(keys):
                     k, v = copies.run(
                         functools.partial(
-                            _assemble, row, device, chunk_tokens, head_tokens, shift, start_position
+                            assemble_layer, row, device, chunk_tokens, head_tokens, shift, start_position
                         )
                     )
                     prefix.put_layer(layer, k, v)
@@ -82,17 +82,20 @@ async def load_prefix(
         prefix.fail(exc)
 
 
-def _assemble(
+def assemble_layer(
     row: Sequence[LayerPiece],
     device: torch.device,
     chunk_tokens: int,
     head_tokens: int,
     shift: RotaryShift | None,
     start_position: int,
+    restore_chunks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [kv_heads, prefix tokens, head_dim] of one layer from its pieces `row`:
-    checksums verified on the copies, chunk 0's head kept, keys re-positioned."""
-    k, v = keep_head(*layer_from_pieces(row, device=device, verify=True), head_tokens, chunk_tokens)
+    checksums verified on the copies, chunk 0's head kept, keys re-positioned.
+    `restore_chunks`: the pieces are KV layers of restore chunks (restore/loader.py)."""
+    pieces = layer_from_pieces(row, device=device, verify=True, restore_chunks=restore_chunks)
+    k, v = keep_head(*pieces, head_tokens, chunk_tokens)
     return reposition_keys(k, row, chunk_tokens, head_tokens, shift, start_position), v
 
 

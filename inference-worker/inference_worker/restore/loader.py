@@ -34,9 +34,9 @@ from attnstore.chunks.format import LayerForm
 from attnstore.kvstore_client import AsyncKVStoreClient, DaemonProtocolError, LayerPiece
 from inference_worker.device_copies import CopyStream
 from inference_worker.engine.model_runner import rotary_of
-from inference_worker.kv_codec import KVShapeError, layer_from_pieces
+from inference_worker.kv_codec import KVShapeError
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
-from inference_worker.prefix_loader import keep_head, reposition_keys
+from inference_worker.prefix_loader import assemble_layer
 from inference_worker.restore.codec import hidden_from_pieces
 from inference_worker.restore.hidden_states import project_kv, recompute_layers
 from inference_worker.restore.planner import RestorePlan
@@ -183,9 +183,8 @@ class _Restore:
     def kv_layer(self, row: Sequence[LayerPiece]) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [kv_heads, prefix tokens, head_dim] of a KV layer from its pieces `row`."""
         chunk_tokens = row[0].layout.header.tokens  # chunk 0 is whole (or the only one)
-        k, v = layer_from_pieces(row, device=self.device, verify=True, restore_chunks=True)
-        k, v = keep_head(k, v, self.used_tokens(row[0]), chunk_tokens)
-        return reposition_keys(k, row, chunk_tokens, self.used_tokens(row[0]), self.shift, 0), v
+        head = self.used_tokens(row[0])
+        return assemble_layer(row, self.device, chunk_tokens, head, self.shift, 0, restore_chunks=True)
 
     def used_tokens(self, piece: LayerPiece) -> int:
         """The tokens of `piece`'s chunk that the prefix takes: chunk 0's head, others whole."""
