@@ -19,6 +19,7 @@ A reader of KV checks `ChunkHeader.is_kv` (version 1 readers reject version 2 ou
 
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 from collections.abc import Sequence
@@ -142,16 +143,20 @@ class ChunkLayout:
         if header.is_kv:
             size = header.layer_bytes
             return self.data_offset + layer_start * size, self.data_offset + layer_end * size
-        start = self.data_offset + sum(header.layer_size(layer) for layer in range(layer_start))
-        return start, start + sum(header.layer_size(layer) for layer in range(layer_start, layer_end))
+        return self._offsets[layer_start], self._offsets[layer_end]
 
     def layer_offsets(self) -> list[int]:
-        """Where each layer starts in the serialized chunk, then where the last ends (one
-        pass: the data plane's C table takes them for every chunk committed to DRAM)."""
+        """Where each layer starts in the serialized chunk, then where the last ends (the
+        data plane's C table takes them for every chunk committed to DRAM)."""
+        return list(self._offsets)
+
+    @functools.cached_property
+    def _offsets(self) -> tuple[int, ...]:
+        """layer_offsets, summed once per layout (a restore chunk's layers differ in size)."""
         header = self.header
         layers = range(header.num_layers)
         sizes = [header.layer_bytes] * len(layers) if header.is_kv else [header.layer_size(i) for i in layers]
-        return list(itertools.accumulate(sizes, initial=self.data_offset))
+        return tuple(itertools.accumulate(sizes, initial=self.data_offset))
 
 
 def _data_offset(header_len: int) -> int:
