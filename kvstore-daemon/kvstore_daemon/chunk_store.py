@@ -407,8 +407,10 @@ class ChunkStore:
 
     def unheld_copy(self, chunk: Chunk) -> UnheldCopy | None:
         """Where `chunk` lies in DRAM with its blocks' versions; None unless parsed and there."""
-        placed = self.dram.versioned_extents(chunk) if chunk.layout is not None else None
-        return None if placed is None or chunk.layout is None else UnheldCopy(chunk.layout, *placed)
+        if chunk.layout is None:
+            return None
+        placed = self.dram.versioned_extents(chunk)
+        return None if placed is None else UnheldCopy(chunk.layout, *placed)
 
     def unheld_copies_valid(self, copies: Sequence[UnheldCopy]) -> bool:
         """No chunk of `copies` has left its blocks since they were taken (any thread)."""
