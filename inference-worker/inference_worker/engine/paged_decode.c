@@ -87,7 +87,7 @@ static inline void prefetch_rows(const void *start, int bytes) {
 /* Token t's K or V row of the sequence's KV head h, through its block table. Where the block
  * size is a power of two (`shift` its log2, else -1), the block and the offset in it are a
  * shift and a mask, not an integer division each (the kernel alone, 16 SmolLM2 sequences, 30
- * layers, one thread: 0.91-0.96x; docs/inference-worker.md). */
+ * layers, one thread: 0.91-0.97x; docs/inference-worker.md). */
 #define ROW(pool, t)                                                                               \
     ((pool) + (((int64_t)h * blocks +                                                              \
                 table[shift >= 0 ? (t) >> shift : (t) / block_tokens]) * block_tokens +            \
