@@ -1,6 +1,6 @@
 """The C decode-attention kernel over block tables against torch's SDPA over the same
 context: scattered and padded tables, ragged lengths (block boundaries, lengths under and
-over its four-token steps), grouped heads, sliding windows, fp32 and bf16, decode rows in
+over its four-token steps), block sizes a power of two (a shift) and not (a division), grouped heads, sliding windows, fp32 and bf16, decode rows in
 any order with the other rows untouched, each (group, head_dim) copy the kernel specializes
 and the generic one; and the fallback when it cannot be built."""
 
@@ -45,6 +45,7 @@ def reference(
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("block_tokens", [BLOCK_TOKENS, 6])
 # dim 16 and (group 3, 128): the generic copy; the others: paged_decode.c's SPECIALIZED_TASKS.
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"),
@@ -65,16 +66,17 @@ def test_kernel_matches_sdpa_over_the_gathered_context(
     dtype: torch.dtype,
     tolerance: float,
     window: int | None,
+    block_tokens: int,
     heads: int,
     kv_heads: int,
     dim: int,
 ) -> None:
     generator = torch.Generator().manual_seed(heads * 10 + kv_heads)
-    k = torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator).to(dtype)
-    v = torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator).to(dtype)
+    k = torch.randn(kv_heads, BLOCKS, block_tokens, dim, generator=generator).to(dtype)
+    v = torch.randn(kv_heads, BLOCKS, block_tokens, dim, generator=generator).to(dtype)
     lengths = [1, 3, 4, 5, 8, 13, 22, 37]
     order = torch.randperm(BLOCKS, generator=generator).tolist()
-    tables = [[order.pop() for _ in range(-(-n // BLOCK_TOKENS))] for n in lengths]
+    tables = [[order.pop() for _ in range(-(-n // block_tokens))] for n in lengths]
     q = torch.randn(len(lengths) + 3, heads, dim, generator=generator).to(dtype)  # 3 rows not decoded
     rows = torch.randperm(q.shape[0], generator=generator)[: len(lengths)].tolist()
     out = torch.full_like(q, 7.0)
