@@ -74,6 +74,9 @@ class CaseResult:
     # Every module read from the daemon's DRAM (the worker's module cache bypassed: a
     # prompt's first use of modules on this worker since they were read or evicted).
     ttft_modules_read_ms: float | None = None
+    # The full prefill of the case's reordered prompt (its modules in another order, compact):
+    # how far a change that keeps the prompt's meaning moves the same perplexity.
+    ppl_full_reordered: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -114,6 +117,9 @@ class CaseRunner:
             served = await server.serve(self.source, case.schema, case.prompt, 0)
             server.compact_positions = True
             compact = await server.serve(self.source, case.schema, case.prompt, 0)
+            reordered = (
+                await server.serve(self.source, case.schema, case.reordered, 0) if case.reordered else None
+            )
         finally:
             server.compact_positions = default
         layout = lay_out(served.prompt)
@@ -141,6 +147,11 @@ class CaseRunner:
             ppl_modules=await self._module_perplexity(served.prompt, reference),
             agree_no_repair=_agreement(await self._answer(case), full_answer),
             ppl_modules_compact=await self._module_perplexity(compact.prompt, reference),
+            ppl_full_reordered=self._full_perplexity(
+                list(lay_out(reordered.prompt).tokens_by_position), reference
+            )
+            if reordered
+            else None,
         )
         result = await self._bf16_store(case, result, reference, full_answer)
         if not lay_out(replace(served.prompt, repair_fraction=1.0)).repaired_tokens:

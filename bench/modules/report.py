@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,26 @@ def _ppl_delta(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> fl
     return statistics.mean(abs(ppl(r) / r.ppl_full - 1) for r in rows)
 
 
+def _ppl_loss(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
+    """The mean rise of the perplexity over the full prefill's (a prompt served with a lower
+    one counts 0): the loss side of `_ppl_delta`."""
+    return statistics.mean(max(0.0, ppl(r) / r.ppl_full - 1) for r in rows)
+
+
+def _ppl_ratio(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
+    """The geometric mean of perplexity / the full prefill's, less 1 (signed; the pooled
+    reference tokens' perplexity ratio when every reference has the same length)."""
+    return math.exp(statistics.mean(math.log(ppl(r) / r.ppl_full) for r in rows)) - 1
+
+
+def _reordered_delta(rows: list[CaseResult]) -> float | None:
+    """The measure's own spread: how far the full prefill's perplexity moves with the
+    prompt's modules in another order."""
+    return _mean(
+        [abs(r.ppl_full_reordered / r.ppl_full - 1) for r in rows if r.ppl_full_reordered is not None]
+    )
+
+
 def _compact_ppl(row: CaseResult) -> float:
     if row.ppl_modules_compact is None:
         raise ValueError(f"row {row.label} has no compact perplexity (a run before it was measured)")
@@ -87,13 +108,17 @@ def _repairable(rows: list[CaseResult]) -> list[CaseResult]:
     return [r for r in rows if r.curve]
 
 
-def _curve_delta(rows: list[CaseResult], method: str, fraction: float) -> float:
+def _point_ppl(method: str, fraction: float) -> Callable[[CaseResult], float]:
     def ppl(row: CaseResult) -> float:
         point = row.point(method, fraction)
         assert point is not None
         return point.ppl
 
-    return _ppl_delta(_repairable(rows), ppl)
+    return ppl
+
+
+def _curve_delta(rows: list[CaseResult], method: str, fraction: float) -> float:
+    return _ppl_delta(_repairable(rows), _point_ppl(method, fraction))
 
 
 def _budget(rows: list[CaseResult], fraction: float) -> float:
@@ -137,6 +162,7 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
     ]
     with_repair = min(served, default=None)
     qa = [r for r in rows if r.workload == "doc_qa"]
+    default_repair = _point_ppl(COMPACT_DEVIATION, largest)  # the worker's defaults at the largest budget
     return {
         "ttft_speedup_4k_module": round(sweep[4096].speedup, 2) if 4096 in sweep else None,
         "ttft_speedup_4k_module_bf16": _round(sweep[4096].speedup_bf16, 2) if 4096 in sweep else None,
@@ -163,6 +189,14 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         "ppl_delta_with_repair_first": curve.get("first", {}).get(f"{largest:.2f}"),
         "ppl_delta_with_repair_deviation": curve.get("deviation", {}).get(f"{largest:.2f}"),
         "ppl_delta_curve": curve,
+        # The same perplexities one-sided (a rise only) and signed (geometric mean), with the
+        # worker's default layout (compact) and repair (deviation, the largest budget); and the
+        # full prefill's own move when the modules are reordered.
+        "ppl_loss_no_repair": round(_ppl_loss(joined, _compact_ppl), 4) if joined else None,
+        "ppl_loss_with_repair": round(_ppl_loss(repairable, default_repair), 4) if repairable else None,
+        "ppl_ratio_no_repair": round(_ppl_ratio(joined, _compact_ppl), 4) if joined else None,
+        "ppl_ratio_with_repair": round(_ppl_ratio(repairable, default_repair), 4) if repairable else None,
+        "ppl_delta_reordered": _round(_reordered_delta(joined), 4),
         "ppl_delta_single_module": round(_ppl_delta(list(sweep.values()), lambda r: r.ppl_modules), 4)
         if sweep
         else None,
@@ -194,6 +228,15 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     def below(value: float | None, target: float) -> bool | None:
         return None if value is None else value <= target
 
+    def share(key: str) -> str:
+        return (
+            "-"
+            if summary[key] is None
+            else f"{summary[key]:+.2%}"
+            if "ratio" in key
+            else f"{summary[key]:.2%}"
+        )
+
     qa, big = summary["ttft_speedup_doc_qa"], summary["ttft_speedup_4k_module"]
     plain, repaired, budget = (
         summary["ppl_delta_no_repair"],
@@ -217,6 +260,12 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
             else repaired <= TARGET_PPL_REPAIR and budget <= TARGET_REPAIR_BUDGET,
             f"perplexity {repaired if repaired is None else f'{repaired:.2%}'} from full prefill with repair of "
             f"{budget if budget is None else f'{budget:.0%}'} of module tokens <= {TARGET_PPL_REPAIR:.0%}",
+        ),
+        (
+            f"info perplexity rise over full prefill (a lower one counts 0) {share('ppl_loss_no_repair')} "
+            f"without repair, {share('ppl_loss_with_repair')} with repair; geometric mean "
+            f"{share('ppl_ratio_no_repair')} / {share('ppl_ratio_with_repair')}; the full prefill itself "
+            f"{share('ppl_delta_reordered')} from its modules reordered"
         ),
     ]
 

@@ -31,6 +31,9 @@ class Case:
     schema: str
     prompt: str
     reference: str  # text whose perplexity after the prompt is measured
+    # The same prompt with its modules imported in another order, a change that keeps its
+    # meaning: the full prefill's perplexity after it is the measure's own spread (None: one module).
+    reordered: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,11 +90,14 @@ def doc_qa(
     for number in range(prompts):
         chosen = rng.sample(range(docs), per_prompt)  # a subset, in a random order
         last = found[chosen[-1]]
-        imports = "".join(f"<doc{i}/>" for i in chosen)
-        prompt = (
-            f'<prompt schema="docqa">{imports}{escape(" Question: " + last.question + " Answer:")}</prompt>'
-        )
-        cases.append(Case("doc_qa", f"q{number}:{'+'.join(map(str, chosen))}", schema, prompt, last.answer))
+        question = escape(" Question: " + last.question + " Answer:")
+
+        def prompt(order: list[int], question: str = question) -> str:
+            return f'<prompt schema="docqa">{"".join(f"<doc{i}/>" for i in order)}{question}</prompt>'
+
+        label = f"q{number}:{'+'.join(map(str, chosen))}"
+        swapped = [chosen[1], chosen[0], *chosen[2:]]  # the document asked about stays last
+        cases.append(Case("doc_qa", label, schema, prompt(chosen), last.answer, prompt(swapped)))
     return cases
 
 
@@ -134,12 +140,13 @@ def code_generation(
     cases = []
     for number, subset in enumerate(rng.sample(list(combinations(CODE_FILES, 3)), prompts)):
         chosen = rng.sample(subset, 3)  # distinct subsets, each in a seeded order
-        imports = "".join(f"<{name.removesuffix('.py')}/>" for name in chosen)
-        prompt = (
-            f'<prompt schema="code">{imports}{escape(f"# file: {CODE_TARGET}" + chr(10) + opening)}</prompt>'
-        )
+
+        def prompt(order: list[str]) -> str:
+            imports = "".join(f"<{name.removesuffix('.py')}/>" for name in order)
+            return f'<prompt schema="code">{imports}{escape(f"# file: {CODE_TARGET}" + chr(10) + opening)}</prompt>'
+
         label = f"c{number}:" + "+".join(name[:4] for name in chosen)
-        cases.append(Case("code", label, schema, prompt, reference))
+        cases.append(Case("code", label, schema, prompt(chosen), reference, prompt(chosen[::-1])))
     return cases
 
 
@@ -162,10 +169,13 @@ def personalization(tokenizer: PreTrainedTokenizerBase, *, prompts: int, seed: i
     cases = []
     for number, document in enumerate(asked):
         chosen = {kind: rng.randrange(len(values)) for kind, values in TRAITS.items()}
-        imports = "".join(f"<{kind}{index}/>" for kind, index in chosen.items())
-        prompt = f'<prompt schema="persona">{imports}<user>{escape(document.question)}</user></prompt>'
+        imports = [f"<{kind}{index}/>" for kind, index in chosen.items()]
+        user = f"<user>{escape(document.question)}</user>"
+        prompt, reordered = (
+            f'<prompt schema="persona">{"".join(order)}{user}</prompt>' for order in (imports, imports[::-1])
+        )
         label = f"p{number}:" + "".join(str(index) for index in chosen.values())
-        cases.append(Case("persona", label, schema, prompt, document.answer))
+        cases.append(Case("persona", label, schema, prompt, document.answer, reordered))
     return cases
 
 
@@ -208,9 +218,11 @@ def travel(tokenizer: PreTrainedTokenizerBase, *, prompts: int, seed: int) -> li
     cases = []
     for number, document in enumerate(asked):
         city, who, how = TRAVEL_CHOICES[number % len(TRAVEL_CHOICES)]
-        prompt = (
-            f'<prompt schema="travel"><guide/><trip destination="{city}"><{who}><{how}/></{who}></trip>'
-            f"<user>{escape(document.question)}</user></prompt>"
+        trip = f'<trip destination="{city}"><{who}><{how}/></{who}></trip>'
+        user = f"<user>{escape(document.question)}</user>"
+        prompt, reordered = (
+            f'<prompt schema="travel">{order}{user}</prompt>'
+            for order in (f"<guide/>{trip}", f"{trip}<guide/>")
         )
-        cases.append(Case("travel", f"t{number}:{who}-{how}", schema, prompt, document.answer))
+        cases.append(Case("travel", f"t{number}:{who}-{how}", schema, prompt, document.answer, reordered))
     return cases

@@ -112,3 +112,27 @@ def test_the_speedups_of_modules_read_from_the_daemon_are_reported_beside() -> N
         summarize(rows[:1] + [row("doc_qa", "q9", 600.0, 20.0, (10.0, 10.0))])["ttft_speedup_doc_qa_read"]
         == 10.0
     )
+
+
+def test_the_one_sided_and_signed_perplexities_and_the_reordered_spread() -> None:
+    """A perplexity below the full prefill's counts 0 in the loss and below 0 in the ratio
+    (with the worker's defaults: compact, deviation at the largest budget); the reordered
+    full prefill's distance is the measure's own spread, over the rows that have it."""
+    rows = [
+        replace(
+            row("doc_qa", "q0", 600.0, 20.0, (10.0, 13.0), same(11.0), compact=12.0), ppl_full_reordered=10.5
+        ),
+        replace(
+            row("doc_qa", "q1", 600.0, 20.0, (10.0, 7.0), same(8.0), compact=7.5), ppl_full_reordered=9.7
+        ),
+        row("length", "1024", 1000.0, 20.0, (10.0, 10.0)),
+    ]
+    summary = summarize(rows)
+    assert summary["ppl_delta_no_repair"] == pytest.approx((0.3 + 0.3) / 2)  # schema positions, either side
+    assert summary["ppl_loss_no_repair"] == pytest.approx(0.2 / 2)  # compact: +20%, and -25% counts 0
+    assert summary["ppl_loss_with_repair"] == pytest.approx(0.1 / 2)  # +10%, -20%
+    assert summary["ppl_ratio_no_repair"] == pytest.approx((1.2 * 0.75) ** 0.5 - 1, abs=1e-4)
+    assert summary["ppl_ratio_with_repair"] == pytest.approx((1.1 * 0.8) ** 0.5 - 1, abs=1e-4)
+    assert summary["ppl_delta_reordered"] == pytest.approx((0.05 + 0.03) / 2)
+    assert verdicts(summary)[-1].startswith("info") and "-5.13%" in verdicts(summary)[-1]
+    assert summarize(rows[2:])["ppl_delta_reordered"] is None  # the length sweep has no other order
