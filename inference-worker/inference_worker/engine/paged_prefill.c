@@ -345,7 +345,8 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, float *out
         if (n_parts < 1) n_parts = 1;
     }
     float *parts = NULL;
-    if (n_parts > 1 && (parts = scratch_array((size_t)tasks * n_parts * (head_dim + 2) * ROWS)) == NULL) n_parts = 1;
+    if (n_parts > 1 && (parts = scratch_array((size_t)tasks * n_parts * (head_dim + 2) * ROWS)) == NULL)
+        n_parts = 1;
     int failed = 0;
     _Pragma("omp parallel num_threads(threads)") {
         Scratch s = {scratch_array((size_t)head_dim * ROWS), scratch_array((size_t)head_dim * ROWS),
@@ -363,7 +364,8 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, float *out
             const int tokens = news[sequence] - t0 < tile_tokens ? news[sequence] - t0 : tile_tokens;
             /* split points within [0, start]: each part begins at or before every row's position */
             const int64_t prefix = starts[sequence];
-            Keys keys = {(int)(prefix * part / n_parts), part == n_parts - 1 ? INT32_MAX : (int)(prefix * (part + 1) / n_parts),
+            Keys keys = {(int)(prefix * part / n_parts),
+                         part == n_parts - 1 ? INT32_MAX : (int)(prefix * (part + 1) / n_parts),
                          n_parts > 1 ? parts + (size_t)item * (head_dim + 2) * ROWS : NULL};
             tile(q, out, &c, firsts[sequence], starts[sequence], t0, tokens, heads, h, group, scale, keys, &s);
         }
