@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vllm-block-size", type=int, default=32,
                         help="vLLM's KV block (--block-size): 32, its best here; its default 128 recomputes "
                         "up to 127 tokens of history a turn")
+    parser.add_argument("--worker-openmp-spin-count", type=int, default=None,
+                        help="the worker's openmp_spin_count (its threads spin, not sleep, between a forward's "
+                        "parallel regions; vLLM's spin): for an idle machine only")
     parser.add_argument("--seed", type=int, default=0, help="conversation order")
     args = parser.parse_args(argv)
     if args.quick:
@@ -102,7 +105,7 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
     model_dir = default_model_dir()  # converted once, before either side loads it
     phases = phases_for(args, model_dir)
     config = ServingConfig(model_dir, args.kv_cache_mib * MiB, args.max_tokens, 8192, args.omp_threads_bind,
-                           args.vllm_block_size)
+                           args.vllm_block_size, args.worker_openmp_spin_count)
     serving = document["serving"] = run_serving(vllm, phases, config, WORK_DIR)
     document["peers"]["vllm"] = {"version": vllm.version, "unavailable": serving["unavailable"]}
     serving["config"] = {
@@ -110,7 +113,7 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
         "max_tokens": args.max_tokens, "turns": args.turns, "sampling": "greedy",
         "phases": {p.name: [d.id for d in p.dialogues] for p in phases},
         "message_limits": MESSAGE_LIMITS, "seed": args.seed, "vllm_omp_threads_bind": args.omp_threads_bind,
-        "vllm_block_size": args.vllm_block_size,
+        "vllm_block_size": args.vllm_block_size, "worker_openmp_spin_count": args.worker_openmp_spin_count,
     }
 
 

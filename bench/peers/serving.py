@@ -65,6 +65,7 @@ class ServingConfig:
     max_model_len: int
     omp_threads_bind: str
     vllm_block_size: int  # tokens a vLLM KV block holds: its prefix cache hits whole blocks
+    worker_openmp_spin_count: int | None = None  # the worker's `openmp_spin_count` (None: its default)
 
 
 def _record(side: str, phase: Phase, step: Step, timing: Any) -> Record:
@@ -187,7 +188,9 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
     server = VllmServer(peer, config.model_dir, config.kv_cache_bytes, work_dir / "vllm.log",
                         config.max_model_len, config.omp_threads_bind, config.vllm_block_size) if peer.available else None
     shutil.rmtree(work_dir / "attnstore", ignore_errors=True)
-    stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes)
+    spin = config.worker_openmp_spin_count
+    stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes,
+                            None if spin is None else {"openmp_spin_count": spin})
     start_seconds = 0.0
     with tqdm(total=sum(len(phase.steps) for phase in phases), desc="bench-peers serving", unit="turn pair",
               file=sys.stderr) as progress:

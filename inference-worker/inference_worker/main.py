@@ -11,9 +11,10 @@ KV saves are drained (bounded by the same grace) and the daemon client closes.
 from __future__ import annotations
 
 # First: sets OMP_WAIT_POLICY, which libgomp reads only when torch loads it.
-import inference_worker.openmp_waiting  # noqa: F401  # isort: skip
+from inference_worker import openmp_waiting  # isort: skip
 import asyncio
 import functools
+import os
 
 import structlog
 import torch
@@ -166,6 +167,12 @@ async def run_worker(settings: WorkerSettings) -> None:
 
 def main() -> None:
     settings = start_service(WorkerSettings, "attnstore-inference-worker", large_buffers=True)
+    spinning = os.environ.get(openmp_waiting.SPIN_COUNT_VARIABLE)
+    if settings.openmp_spin_count is not None and spinning != str(settings.openmp_spin_count):
+        # a config file's value comes after torch loaded libgomp, or GOMP_SPINCOUNT was set
+        log.warning(
+            "openmp_spin_count_not_applied", setting=settings.openmp_spin_count, gomp_spincount=spinning
+        )
     transformers.utils.logging.disable_progress_bar()
     startup_errors = (
         ModelStoreError,

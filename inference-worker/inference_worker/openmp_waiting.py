@@ -16,6 +16,16 @@ imported, and the worker's entry point (main.py) imports it before anything impo
 Only the worker's process (and what it starts) is changed, not every process that imports
 the package (tests, the benchmark harness and the peers it starts). An explicit setting
 wins (`OMP_WAIT_POLICY=ACTIVE` on a node whose cores the worker owns alone).
+
+The worker setting `openmp_spin_count` (`ATTNSTORE_WORKER_OPENMP_SPIN_COUNT`, read here from
+the environment since torch has not loaded yet) makes the worker's threads spin that many
+polls after each parallel region before they sleep (`GOMP_SPINCOUNT`, which libgomp takes
+over any wait policy; it polls ~100,000 times a ms): the gaps between a forward pass's
+regions are microseconds, so the threads stay awake through a turn's forward and sleep soon
+after it, and only the worker's process spins, not the daemon, the scheduler or a benchmark's
+peers beside it. Off by default: at load 10-12 a spin of 30,000 raised a 250-token forward's
+CPU by a third (docs/inference-worker.md, fifteenth pass); on idle cores it saves the
+~150-230 wake-ups a forward pays. An explicit `GOMP_SPINCOUNT` wins.
 """
 
 from __future__ import annotations
@@ -24,5 +34,9 @@ import os
 
 WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
 DEFAULT_WAIT_POLICY = "PASSIVE"
+SPIN_COUNT_VARIABLE = "GOMP_SPINCOUNT"
+SPIN_COUNT_SETTING = "ATTNSTORE_WORKER_OPENMP_SPIN_COUNT"  # WorkerSettings.openmp_spin_count
 
 os.environ.setdefault(WAIT_POLICY_VARIABLE, DEFAULT_WAIT_POLICY)
+if os.environ.get(SPIN_COUNT_SETTING, "").isdigit():  # anything else: the settings refuse it at start
+    os.environ.setdefault(SPIN_COUNT_VARIABLE, os.environ[SPIN_COUNT_SETTING])

@@ -56,6 +56,13 @@ class WorkerSettings(ServiceSettings):
         description="kernel of the linear layers on a CPU: onednn (2.4x torch's default fp32 GEMM on the "
         "AMD development machine; torch's default where oneDNN is missing) or torch",
     )
+    openmp_spin_count: int | None = Field(
+        None,
+        ge=0,
+        description="polls the worker's OpenMP threads spin after each parallel region before they sleep "
+        "(GOMP_SPINCOUNT; none = they sleep at once): for cores the worker has alone. Read from the "
+        "environment only, before torch loads (openmp_waiting.py)",
+    )
 
     kvstore_address: str | None = Field(
         None, description="host:port of the node's KV-store daemon; unset = no cache"

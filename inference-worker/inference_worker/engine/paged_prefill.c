@@ -11,6 +11,10 @@
  * (not once per query head), and nothing sums across vector lanes. Keys go by in chunks of
  * CHUNK: the chunk's scores St [keys][ROWS], an online softmax (a running max and sum per
  * row, as flash-attention), and the output, also transposed, Ot [head_dim][ROWS] += V^T P.
+ * With fewer tasks than PARTS_PER_THREAD a thread (a short chunk: 14 new tokens of SmolLM2 are
+ * 3 tasks, and 3 equal tasks take two threads two tasks' time), each task's keys are split
+ * into parts, computed as separate items and merged by their maxima and sums
+ * (flash-decoding's reduction): one thread's CPU the same, the threads evenly loaded.
  *
  * Shapes (row-major, contiguous):
  *   q, out      [tokens, heads, head_dim]      sequence s's rows: firsts[s] .. + news[s]
@@ -31,6 +35,8 @@
 
 #define ROWS 48  /* query rows of a tile: three vectors of 16 */
 #define CHUNK 32 /* keys per online-softmax step */
+#define PARTS_PER_THREAD 4 /* fewer tasks than this a thread: their keys are split (below) */
+#define MIN_PART_KEYS 256  /* the fewest earlier keys a split part takes */
 
 typedef struct { /* one task's view of its sequence's KV head */
     const float *k, *v;
@@ -230,10 +236,19 @@ static void accumulate(float *restrict ot, const float *restrict alpha, const fl
 }
 #endif
 
+/* A task's share of its keys, [begin, end) (end past the tile's last position: all of them
+ * from begin), whose partial result goes to `part` when given: the output unnormalized
+ * (transposed, [head_dim][ROWS]), each row's running max and sum, for `merge`. */
+typedef struct {
+    int begin, end;
+    float *part; /* NULL: the whole task, written normalized into out */
+} Keys;
+
 /* One task: `tokens` query tokens from `t0` of a sequence whose first new row is `first`
- * (position `start`), the `group` heads of KV head h, into out. */
+ * (position `start`), the `group` heads of KV head h, over `keys`. */
 static void tile(const float *restrict q, float *restrict out, const Context *c, int64_t first,
-                 int start, int t0, int tokens, int heads, int h, int group, float scale, Scratch *s) {
+                 int start, int t0, int tokens, int heads, int h, int group, float scale, Keys keys_of,
+                 Scratch *s) {
     const int head_dim = c->head_dim, valid = tokens * group, last = start + t0 + tokens - 1;
     for (int r = 0; r < ROWS; r++) {
         s->m[r] = -INFINITY;
@@ -248,17 +263,49 @@ static void tile(const float *restrict q, float *restrict out, const Context *c,
     }
     memset(s->ot, 0, sizeof(float) * head_dim * ROWS);
     const float *keys[CHUNK], *values[CHUNK];
-    for (int key = 0; key <= last; key += CHUNK) {
-        const int n = key + CHUNK <= last + 1 ? CHUNK : last + 1 - key;
+    /* a part's first key is at most the tile's first position: every row sees it (a finite max) */
+    const int end = keys_of.end < last + 1 ? keys_of.end : last + 1;
+    for (int key = keys_of.begin; key < end; key += CHUNK) {
+        const int n = key + CHUNK <= end ? CHUNK : end - key;
         for (int j = 0; j < n; j++) keys[j] = row_of(c, c->k, key + j), values[j] = row_of(c, c->v, key + j);
         scores(s->qt, keys, n, head_dim, s->st);
         softmax_step(s->st, n, key, key + n - 1 > start + t0, s);
         accumulate(s->ot, s->alpha, s->st, values, n, head_dim);
     }
+    if (keys_of.part != NULL) {
+        memcpy(keys_of.part, s->ot, sizeof(float) * head_dim * ROWS);
+        memcpy(keys_of.part + head_dim * ROWS, s->m, sizeof(float) * ROWS);
+        memcpy(keys_of.part + (head_dim + 1) * ROWS, s->l, sizeof(float) * ROWS);
+        return;
+    }
     for (int r = 0; r < valid; r++) {
         float *row = out + ((first + t0 + r / group) * heads + h * group + r % group) * head_dim;
         const float inverse = 1.f / s->l[r];
         for (int d = 0; d < head_dim; d++) row[d] = s->ot[d * ROWS + r] * inverse;
+    }
+}
+
+/* A task's `parts` partials merged into out: softmax over all keys = each part's weighted by
+ * e^(its max - the overall max) (flash-decoding's reduction). */
+static void merge(float *restrict out, const float *parts, int n_parts, int64_t first, int t0, int tokens,
+                  int heads, int h, int group, int head_dim) {
+    const int stride = (head_dim + 2) * ROWS;
+    for (int r = 0; r < tokens * group; r++) {
+        float top = -INFINITY, sum = 0.f, weight[n_parts];
+        for (int p = 0; p < n_parts; p++) {
+            const float m = parts[p * stride + head_dim * ROWS + r];
+            top = m > top ? m : top;
+        }
+        for (int p = 0; p < n_parts; p++) {
+            weight[p] = expf(parts[p * stride + head_dim * ROWS + r] - top);
+            sum += weight[p] * parts[p * stride + (head_dim + 1) * ROWS + r];
+        }
+        float *row = out + ((first + t0 + r / group) * heads + h * group + r % group) * head_dim;
+        for (int d = 0; d < head_dim; d++) {
+            float o = 0.f;
+            for (int p = 0; p < n_parts; p++) o += weight[p] * parts[p * stride + d * ROWS + r];
+            row[d] = o / sum;
+        }
     }
 }
 
@@ -286,6 +333,20 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, float *out
     for (int s = 0; s < sequences; s++)
         for (int t = (news[s] + tile_tokens - 1) / tile_tokens - 1; t >= 0; t--)
             for (int h = 0; h < kv_heads; h++) task_sequence[count] = s, task_tile[count++] = t * kv_heads + h;
+    /* Few tasks for the threads (a short chunk: 14 tokens of SmolLM2 are 3 tasks) leave a
+     * thread idle for a task's time: each task's keys before its tile are then split into
+     * `n_parts` ranges of at least MIN_PART_KEYS, computed as separate items and merged. */
+    int n_parts = 1;
+    if (threads > 1 && tasks < PARTS_PER_THREAD * threads) {
+        int fewest_start = INT32_MAX;
+        for (int s = 0; s < sequences; s++) fewest_start = starts[s] < fewest_start ? starts[s] : fewest_start;
+        n_parts = (PARTS_PER_THREAD * threads + tasks - 1) / tasks;
+        if (n_parts > fewest_start / MIN_PART_KEYS) n_parts = fewest_start / MIN_PART_KEYS;
+        if (n_parts < 1) n_parts = 1;
+    }
+    float *parts = NULL;
+    if (n_parts > 1 && (parts = scratch_array((size_t)tasks * n_parts * (head_dim + 2) * ROWS)) == NULL)
+        n_parts = 1;
     int failed = 0;
     _Pragma("omp parallel num_threads(threads)") {
         Scratch s = {scratch_array((size_t)head_dim * ROWS), scratch_array((size_t)head_dim * ROWS),
@@ -293,17 +354,33 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, float *out
                      scratch_array(ROWS), scratch_array(ROWS)};
         const int ready = s.qt && s.ot && s.st && s.m && s.l && s.alpha && s.pos;
         if (!ready) failed = 1;
-        _Pragma("omp for schedule(dynamic, 1)") for (int task = 0; task < tasks; task++) {
+        _Pragma("omp for schedule(dynamic, 1)") for (int item = 0; item < tasks * n_parts; item++) {
             if (!ready) continue;
+            const int task = item / n_parts, part = item % n_parts;
             const int sequence = task_sequence[task], t = task_tile[task] / kv_heads,
                       h = task_tile[task] % kv_heads, t0 = t * tile_tokens;
             const Context c = {k, v, tables + (int64_t)sequence * max_blocks, (int64_t)h * blocks,
                                block_tokens, head_dim};
             const int tokens = news[sequence] - t0 < tile_tokens ? news[sequence] - t0 : tile_tokens;
-            tile(q, out, &c, firsts[sequence], starts[sequence], t0, tokens, heads, h, group, scale, &s);
+            /* split points within [0, start]: each part begins at or before every row's position */
+            const int64_t prefix = starts[sequence];
+            Keys keys = {(int)(prefix * part / n_parts),
+                         part == n_parts - 1 ? INT32_MAX : (int)(prefix * (part + 1) / n_parts),
+                         n_parts > 1 ? parts + (size_t)item * (head_dim + 2) * ROWS : NULL};
+            tile(q, out, &c, firsts[sequence], starts[sequence], t0, tokens, heads, h, group, scale, keys, &s);
+        }
+        if (n_parts > 1) {
+            _Pragma("omp for schedule(static)") for (int task = 0; task < tasks; task++) {
+                if (!ready) continue;
+                const int sequence = task_sequence[task], t0 = task_tile[task] / kv_heads * tile_tokens;
+                const int tokens = news[sequence] - t0 < tile_tokens ? news[sequence] - t0 : tile_tokens;
+                merge(out, parts + (size_t)task * n_parts * (head_dim + 2) * ROWS, n_parts, firsts[sequence], t0,
+                      tokens, heads, task_tile[task] % kv_heads, group, head_dim);
+            }
         }
         free(s.qt), free(s.ot), free(s.st), free(s.m), free(s.l), free(s.alpha), free(s.pos);
     }
+    free(parts);
     free(task_sequence);
     free(task_tile);
     return failed ? 2 : 0;

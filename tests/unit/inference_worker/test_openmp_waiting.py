@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
-from inference_worker.openmp_waiting import WAIT_POLICY_VARIABLE
+import pydantic
+import pytest
+
+from inference_worker.openmp_waiting import SPIN_COUNT_SETTING, SPIN_COUNT_VARIABLE, WAIT_POLICY_VARIABLE
+from inference_worker.settings import WorkerSettings
 
 # Prints the variable at the moment importing {module} first imports torch, then
 # stops there (nothing heavy loads).
@@ -24,11 +28,17 @@ import {module}
 """
 
 
-UNSET = {name: value for name, value in os.environ.items() if name != WAIT_POLICY_VARIABLE}
+UNSET = {
+    name: value
+    for name, value in os.environ.items()
+    if name not in (WAIT_POLICY_VARIABLE, SPIN_COUNT_VARIABLE, SPIN_COUNT_SETTING)
+}
 
 
-def _wait_policy_when_torch_loads(module: str, environment: dict[str, str]) -> str:
-    program = PROBE.format(variable=WAIT_POLICY_VARIABLE, module=module)
+def _wait_policy_when_torch_loads(
+    module: str, environment: dict[str, str], variable: str = WAIT_POLICY_VARIABLE
+) -> str:
+    program = PROBE.format(variable=variable, module=module)
     done = subprocess.run(
         [sys.executable, "-c", program],
         env=environment,
@@ -51,3 +61,20 @@ def test_an_explicit_wait_policy_wins() -> None:
 
 def test_importing_the_package_leaves_other_processes_alone() -> None:
     assert _wait_policy_when_torch_loads("inference_worker.model_store", UNSET) == "None"
+
+
+def test_the_spin_count_setting_reaches_libgomp_in_the_worker_only() -> None:
+    spinning = {**UNSET, SPIN_COUNT_SETTING: "30000"}
+    assert _wait_policy_when_torch_loads("inference_worker.main", spinning, SPIN_COUNT_VARIABLE) == "30000"
+    assert _wait_policy_when_torch_loads("inference_worker.main", UNSET, SPIN_COUNT_VARIABLE) == "None"
+    assert (
+        _wait_policy_when_torch_loads("inference_worker.model_store", spinning, SPIN_COUNT_VARIABLE) == "None"
+    )
+
+
+def test_the_settings_read_the_same_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SPIN_COUNT_SETTING, "30000")
+    assert WorkerSettings().openmp_spin_count == 30000
+    monkeypatch.setenv(SPIN_COUNT_SETTING, "-1")
+    with pytest.raises(pydantic.ValidationError):
+        WorkerSettings()

@@ -85,6 +85,29 @@ def test_kernel_matches_sdpa_over_the_gathered_context(
     assert bool((out[~owned] == 7.0).all())
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("start", "new"), [(600, 1), (600, 9), (511, 20), (300, 40), (700, 16)])
+def test_a_short_chunk_after_a_long_prefix_splits_its_keys(
+    kernel: PagedPrefillKernel, threads: int, start: int, new: int
+) -> None:
+    """Few tasks for the threads: each task's earlier keys are split into parts of at least 256
+    keys, computed apart and merged; the same answer as SDPA."""
+    generator = torch.Generator().manual_seed(start + new)
+    heads, kv_heads, dim = 9, 3, 64
+    k = torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator)
+    v = torch.randn(kv_heads, BLOCKS, BLOCK_TOKENS, dim, generator=generator)
+    table = torch.randperm(BLOCKS, generator=generator)[: -(-(start + new) // BLOCK_TOKENS)].tolist()
+    q = torch.randn(new, heads, dim, generator=generator)
+    out = torch.zeros_like(q)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernel(q, k, v, out, PrefillTables.of([(0, new, start, table)], q.device), scale=0.3)
+    finally:
+        torch.set_num_threads(previous)
+    assert (out - reference(q, k, v, table, start)).abs().max().item() <= TOLERANCE
+
+
 def test_kernel_refuses_strided_tensors(kernel: PagedPrefillKernel) -> None:
     q = torch.randn(4, 2, 8).transpose(0, 1)  # not contiguous
     k = torch.zeros(1, 2, BLOCK_TOKENS, 8)
