@@ -67,7 +67,7 @@ class LedgerRoom:
     def lenders_on(self, daemon: str, own_address: str) -> list[str]:
         """The lender workers the ledger lists as lending through `daemon` (its ledger id),
         other than `own_address`: where a dead lender's segments may be attached again
-        (lender_siblings.py). None without a ledger or when it does not answer."""
+        (lender_siblings.py). Empty without a ledger or when it does not answer."""
         if self._client is None:
             return []
         try:

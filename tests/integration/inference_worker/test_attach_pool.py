@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from far_kv_checks import decode, lending, lent_bytes, run_turn
+from far_kv_checks import decode, lending, lent_bytes, plain_greedy, run_turn
 from polling import poll
 from running_daemon import MiB, running_daemon
 from running_workers import running_workers
@@ -240,12 +240,7 @@ def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
             assert isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.UNAVAILABLE, error
             return
         model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
-        generated: list[int] = []
-        with torch.no_grad():  # greedy by plain forwards over the whole sequence
-            for _ in range(max_tokens):
-                logits = model(input_ids=torch.tensor([prompt + generated])).logits[0, -1]
-                generated.append(int(logits.argmax()))
-        assert outcome["tokens"] == generated
+        assert outcome["tokens"] == plain_greedy(model, prompt, max_tokens)
         assert "far_segment_attached" in homes["home"].log_path.read_text()
         assert lending(channel).held_bytes == 0  # released after the turn
 

@@ -10,23 +10,26 @@ restarted: the next decode steps fail at once on "a", attach its segments on "b"
 daemon's chunks (digests checked) and go on within 1e-4 of the plain forward, with no
 recomputation and no peer lost; "b" holds them for home. "b" killed too, no lender is left
 on the node: the existing fallback applies (the peer lost, the context re-planned over the
-peers left; none here: UNAVAILABLE), never an answer without that KV. Released, nothing is
-lent. Both ways of placing: appended (the lender put the chunks) and attached (the home
-did)."""
+peers left; none here: UNAVAILABLE), never an answer without that KV. Both ways of placing: appended (the lender put the chunks) and attached (the home
+did). And through ExecuteTurn: a home worker's turn over both lenders, "a" killed while it
+decodes, answers with the greedy tokens of plain forwards (up to its EOS), its segments
+moved to "b"."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 import torch
-from far_kv_checks import decode, lending
+from far_kv_checks import decode, lending, plain_greedy, run_turn
 from polling import poll
 from running_workers import running_workers
 from test_attach_pool import (
     CHUNK_TOKENS,
+    KV_BYTES_PER_TOKEN,
     LOCAL_TOKENS,
     NEW_TOKENS,
     PROMPT_TOKENS,
@@ -42,7 +45,7 @@ from inference_worker.dist_attention.attach import ChunkAttacher
 from inference_worker.dist_attention.context import ContextUnavailable, LongContext
 from inference_worker.dist_attention.ledger_room import LedgerRoom
 from inference_worker.dist_attention.lender_siblings import LenderSiblings
-from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment
+from inference_worker.dist_attention.remote import PeerChannels, RemoteSegment, peer_channel
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.model_store import LoadedModel
 from kvstore_daemon.launcher import DaemonProcess
@@ -101,6 +104,51 @@ def test_a_dead_lenders_segments_move_to_another_lender_on_its_daemon(
             context.close()
             channels.close()
             ledger.close()
+
+
+def test_a_turn_whose_lender_dies_answers_from_another_lender_on_its_daemon(
+    pool: tuple[str, Path], tiny_model: LoadedModel
+) -> None:
+    """Through ExecuteTurn: a home worker whose pool holds 256 tokens finds "a" and "b" (one
+    daemon) in the ledger and places a 600-token prompt's oldest KV on both. Once the turn
+    decodes, "a" is killed (-9): its segments move to "b", and the turn's 200 greedy tokens
+    are those of plain forwards over the whole sequence (up to EOS, where the turn stops)."""
+    redis_url, root = pool
+    prompt = torch.randint(0, 300, (600,), generator=torch.Generator().manual_seed(43)).tolist()
+    max_tokens = 200
+    with daemon_in_the_ledger(redis_url, root) as daemon:
+        lenders = {name: listed_lender(daemon, redis_url, False) for name in ("a", "b")}
+        with running_workers(root, tiny_model.model_dir, lenders) as started:
+            a, b = started["a"], started["b"]
+            home = {"kv_memory_bytes": 256 * KV_BYTES_PER_TOKEN,
+                    "long_context": {"pool_redis_url": redis_url, "segment_tokens": SEGMENT_TOKENS,
+                                     "peer_timeout_seconds": 30}}  # fmt: skip
+            with running_workers(root, tiny_model.model_dir, {"home": home}) as homes:
+                log = homes["home"].log_path
+                outcome: dict[str, object] = {}
+                turn = threading.Thread(
+                    target=run_turn, args=(homes["home"].address, prompt, max_tokens, outcome)
+                )
+                turn.start()
+                poll(
+                    lambda: "long_context_turn" in log.read_text(),
+                    "the far part placed, decoding",
+                    interval_seconds=0.02,
+                )
+                assert a.address in log.read_text() and b.address in log.read_text()  # both hold some
+                a.kill9()
+                turn.join(timeout=300)
+                assert not turn.is_alive() and "error" not in outcome, outcome
+                assert (
+                    "far_segments_moved" in log.read_text()
+                    and "dist_attention_peer_lost" not in log.read_text()
+                )
+            with peer_channel(b.address) as channel:
+                assert lending(channel).held_bytes == 0  # released after the turn
+    model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
+    tokens = outcome["tokens"]
+    assert isinstance(tokens, list) and tokens == plain_greedy(model, prompt, max_tokens)[: len(tokens)]
+    assert len(tokens) == max_tokens or tokens[-1] == tiny_model.tokenizer.eos_token_id  # stopped at EOS
 
 
 def test_a_sibling_is_the_same_daemons_other_lender_never_the_home_or_another_daemons(
