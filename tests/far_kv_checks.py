@@ -1,7 +1,8 @@
 """Checks shared by the tests of a sequence whose home is the test process and whose
 oldest KV lives on worker processes (DGFM's recall, attaching, lending through the
 ledger): what a worker lends, what the pool's ledger says a daemon lends, greedy decode
-steps checked against the plain forward, and a greedy turn through ExecuteTurn."""
+steps checked against the plain forward, greedy tokens by plain forwards, and a greedy turn
+through ExecuteTurn."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def decode(model: PreTrainedModel, context: LongContext, logits: torch.Tensor, s
             expected = model(input_ids=torch.tensor([context.token_ids])).logits[0, -1].float()
         assert (logits - expected).abs().max() <= TOLERANCE
     return logits
+
+
+def plain_greedy(model: PreTrainedModel, prompt: list[int], max_tokens: int) -> list[int]:
+    """`max_tokens` greedy tokens by plain forwards over the whole sequence."""
+    generated: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            generated.append(int(model(input_ids=torch.tensor([prompt + generated])).logits[0, -1].argmax()))
+    return generated
 
 
 def lent_bytes(redis_url: str, daemon: DaemonProcess) -> int:

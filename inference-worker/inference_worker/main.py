@@ -137,7 +137,7 @@ async def run_worker(settings: WorkerSettings) -> None:
         server,
         settings.long_context.advertise_kvstore_address,
     )
-    notice = lender_notice(settings.long_context, lending)
+    notice = lender_notice(settings.long_context, settings.micro_attention, lending)
 
     async def on_stop() -> None:
         if notice is not None:

@@ -28,7 +28,9 @@ import torch
 
 from attnstore.chunks.keys import NAMESPACE_BYTES
 from attnstore.errors import InvalidArgument, Unavailable
+from attnstore.worker.v1 import micro_attention_pb2_grpc
 from inference_worker.dist_attention.attach import ChunkAttacher
+from inference_worker.dist_attention.lender_siblings import LenderSiblings
 from inference_worker.dist_attention.partial import Partial
 from inference_worker.dist_attention.placement import ContextTooLong, SegmentPlan, plan_segments
 from inference_worker.dist_attention.remote import PlaceLost, RemoteSegment
@@ -58,12 +60,15 @@ class LongContext:
         timeout_seconds: float = 5.0,
         home: str = "",
         attacher: ChunkAttacher | None = None,
+        siblings: LenderSiblings | None = None,
     ) -> None:
         """`peer_room_tokens`: tokens each live peer may hold now (the pool's ledger).
         `local_tokens`: the most tokens of this sequence kept here, decoded ones included.
         `home`: this worker's advertised address, named to the peers as the borrower.
         `attacher`: places segments through the peers' daemons (attach.py) where they have
-        one; without it, or where that fails, segments are appended (AppendKV)."""
+        one; without it, or where that fails, segments are appended (AppendKV).
+        `siblings`: the other lender workers on a peer's daemon, where its segments go when
+        it is down (lender_siblings.py); without it they wait for it, or are recomputed."""
         self.runner = runner
         self.channels = channels
         self.peer_room_tokens = peer_room_tokens
@@ -73,6 +78,7 @@ class LongContext:
         self.timeout_seconds = timeout_seconds
         self.home = home
         self.attacher = attacher
+        self.siblings = siblings
         self.chunk_namespace = b""  # of its chunks in the peers' daemons, new with each plan (_plan)
         self.frozen = threading.RLock()  # held by each step; DGFM moves segments only between steps
         self.name = uuid.uuid4().hex  # its segments' ids on peers that many workers borrow from
@@ -218,10 +224,24 @@ class LongContext:
     def _upload(self, index: int, plan: SegmentPlan, segment: LocalSegment) -> RemoteSegment:
         assert plan.peer is not None
         segment_id, channel = f"{self.name}-{index}", self.channels[plan.peer]
+        placed = None
         if self.attacher is not None:
-            attached = self.attacher.attach(
+            placed = self.attacher.attach(
                 plan.peer, channel, segment_id, segment, self.token_ids, self.chunk_namespace, self.home
             )
-            if attached is not None:
-                return attached
-        return RemoteSegment.upload(plan.peer, channel, segment_id, segment, self.timeout_seconds, self.home)
+        if placed is None:
+            placed = RemoteSegment.upload(
+                plan.peer, channel, segment_id, segment, self.timeout_seconds, self.home
+            )
+        if self.siblings is not None:
+            placed.elsewhere = self._elsewhere
+        return placed
+
+    def _elsewhere(self, peer: str) -> list[tuple[str, micro_attention_pb2_grpc.MicroAttentionStub]]:
+        """The other lender workers on `peer`'s daemon, none of them lost, with their stubs."""
+        assert self.siblings is not None
+        others = [address for address in self.siblings.others(peer) if address not in self.lost]
+        return [
+            (address, micro_attention_pb2_grpc.MicroAttentionStub(self.channels[address]))
+            for address in others
+        ]

@@ -64,6 +64,21 @@ class LedgerRoom:
         )
         return [lender.address for lender in listed[:count]]
 
+    def lenders_on(self, daemon: str, own_address: str) -> list[str]:
+        """The lender workers the ledger lists as lending through `daemon` (its ledger id),
+        other than `own_address`: where a dead lender's segments may be attached again
+        (lender_siblings.py). Empty without a ledger or when it does not answer."""
+        if self._client is None:
+            return []
+        try:
+            listed = read_lenders(self._client)
+        except redis.RedisError as exc:
+            log.warning("pool_ledger_unreachable", error=str(exc))
+            return []
+        return sorted(
+            lender.address for lender in listed if lender.daemon == daemon and lender.address != own_address
+        )
+
     def cap(
         self, room_tokens: Mapping[str, int], daemons: Mapping[str, str], bytes_per_token: int
     ) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """This worker listed as a lender in the pool's ledger (pool_lenders.py), so long turns'
 homes find it without naming it in their peers (long_turn.py, ledger_room.py).
 
-    started with the server (long_context.pool_redis_url and advertise_address set)
+    started with the server (long_context.pool_redis_url and advertise_address set, and
+    micro_attention.max_held_bytes above 0)
         ──> every third of lender_ttl_seconds: publish {address, its daemon's ledger id, node}
         ──> at a clean stop: withdrawn at once; killed: forgotten when the TTL passes
 
@@ -23,6 +24,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from attnstore.pool_lenders import publish_lender, withdraw_lender
+from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.dist_attention.servicer import MicroAttentionServicer
 
@@ -73,10 +75,14 @@ class LenderNotice:
         await self._client.aclose()
 
 
-def lender_notice(settings: LongContextSettings, lending: MicroAttentionServicer) -> LenderNotice | None:
+def lender_notice(
+    settings: LongContextSettings, limits: MicroAttentionLimits, lending: MicroAttentionServicer
+) -> LenderNotice | None:
     """This worker's notice, started (on the running loop), when it lends through a ledger
-    (pool_redis_url) under a name others reach it by (advertise_address); else None."""
-    if settings.pool_redis_url is None or not settings.advertise_address:
+    (pool_redis_url) under a name others reach it by (advertise_address); else None. A
+    worker that lends nothing (max_held_bytes 0) is not listed: homes would ask it for room
+    at every placement and get none."""
+    if settings.pool_redis_url is None or not settings.advertise_address or limits.max_held_bytes == 0:
         return None
     notice = LenderNotice(
         settings.pool_redis_url, settings.advertise_address, settings.pool_node_name, lending.pool_daemon,

@@ -48,6 +48,7 @@ from inference_worker.dist_attention.dgfm import DebtSwaps
 from inference_worker.dist_attention.far_prefill import place_far
 from inference_worker.dist_attention.held_kv import HeldKV
 from inference_worker.dist_attention.ledger_room import LedgerRoom
+from inference_worker.dist_attention.lender_siblings import LenderSiblings
 from inference_worker.dist_attention.limits import MicroAttentionLimits
 from inference_worker.dist_attention.long_settings import LongContextSettings
 from inference_worker.dist_attention.placement import ContextTooLong
@@ -87,6 +88,7 @@ class LongTurns:
         self.ledger = LedgerRoom(
             settings.pool_redis_url, settings.peer_timeout_seconds, settings.pool_node_name
         )
+        self.siblings = LenderSiblings(self.ledger, settings.advertise_address)
         self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn
         self.model = model.model
         self._runner: DistributedRunner | None = None  # made by the first long turn
@@ -140,6 +142,7 @@ class LongTurns:
                 )
                 continue
             self.attacher.learn(address, lending)
+            self.siblings.learn(address, lending)
             room[address] = max(0, lending.max_held_bytes - lending.held_bytes) // per_token
             daemons[address] = lending.pool_daemon
         return self.ledger.cap(room, daemons, per_token)
@@ -177,7 +180,7 @@ class LongTurns:
             local_tokens=self.local_tokens, segment_tokens=self.segment_tokens,
             chunk_tokens=self.segment_tokens,  # its own prefill's (LongContext.prefill): unused here
             timeout_seconds=self.settings.peer_timeout_seconds,
-            home=self.settings.advertise_address, attacher=self.attacher,
+            home=self.settings.advertise_address, attacher=self.attacher, siblings=self.siblings,
         )  # fmt: skip
         first_token_at: float | None = None
         local: Sequence | None = None

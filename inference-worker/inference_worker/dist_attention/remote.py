@@ -2,7 +2,9 @@
 once by prefill, then attended each layer of each step, remotely or by pulling its KV
 (cost_model.py). A peer that cannot be reached, or no longer holds the segment, raises
 PlaceLost: the sequence then recomputes that KV from its tokens (context.py), never
-attends without it.
+attends without it. Unless the segment's chunks are in the peer's daemon: then it is
+attached through another lender worker reading that daemon (`_move`, lender_siblings.py),
+or re-attached on the peer after its restart, and the call made again.
 
 Every read is checked against the KV uploaded: the home keeps each layer's digest (CRC-32
 of its keys' and values' bytes, wire.py) from the upload; KV pulled or recalled (ReadKV)
@@ -148,6 +150,9 @@ class RemoteSegment:
     attached: AttachedChunks | None = None
     costs: CostModel = field(default_factory=CostModel)
     traffic: Traffic = field(default_factory=Traffic)
+    # The other lender workers reading a lender's daemon, with their stubs: where an attached
+    # segment goes when its lender is down (lender_siblings.py); None: nowhere
+    elsewhere: Callable[[str], list[tuple[str, micro_attention_pb2_grpc.MicroAttentionStub]]] | None = None
 
     @classmethod
     def upload(
@@ -227,18 +232,18 @@ class RemoteSegment:
         except grpc.RpcError:
             pass
 
-    def attach(self) -> None:
+    def attach(self, wait: bool = True) -> None:
         """Makes the segment on its peer from its chunks in the peer's daemon
-        (AttachChunks), waiting up to the timeout for a peer that is down or restarting.
-        Raises grpc.RpcError when the peer refuses, PlaceLost when what it attached is not
-        the KV these digests name (then released there)."""
+        (AttachChunks), waiting up to the timeout for a peer that is down or restarting
+        when `wait`. Raises grpc.RpcError when the peer refuses (or is down), PlaceLost when
+        what it attached is not the KV these digests name (then released there)."""
         assert self.attached is not None
         request = pb.AttachChunksRequest(
             segment_id=self.segment_id, namespace=self.attached.namespace, chunk_keys=self.attached.keys,
             home=self.attached.home,
         )  # fmt: skip
         reply = _again_if_cut_off(
-            lambda: self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=True)
+            lambda: self.stub.AttachChunks(request, timeout=self.timeout_seconds, wait_for_ready=wait)
         )
         if (reply.start_position, reply.segment_tokens, tuple(reply.layer_digests)) != (
             self.start, self.tokens, self.digests
@@ -284,10 +289,9 @@ class RemoteSegment:
         """The segment's K, V [tokens, KVH, D] of `layer` (CPU), streamed from the peer."""
         request = pb.ReadKVRequest(segment_id=self.segment_id, layer=layer)
 
-        def stream() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        def stream(wait: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             keys, values = [], []
-            ready = self.attached is not None  # waits for a restarting lender (_call)
-            for piece in self.stub.ReadKV(request, timeout=self.timeout_seconds, wait_for_ready=ready):
+            for piece in self.stub.ReadKV(request, timeout=self.timeout_seconds, wait_for_ready=wait):
                 keys.append(from_wire(piece.keys, "keys", 3))
                 values.append(from_wire(piece.values, "values", 3))
                 self.traffic.received_bytes += piece.ByteSize()
@@ -343,8 +347,9 @@ def _remote_partial(
 ) -> Partial:
     first = segments[0]
     started = time.perf_counter()
-    reply = _call(first.stub.PartialAttention, request, first.timeout_seconds, first.address,
-                  min(s.start for s in segments), max(s.stop for s in segments), segments)  # fmt: skip
+    # the stub read at each try: the segments may move to another lender meanwhile (_reattaching)
+    reply = _call(lambda r, **options: first.stub.PartialAttention(r, **options), request, first.timeout_seconds,
+                  first.address, min(s.start for s in segments), max(s.stop for s in segments), segments)  # fmt: skip
     call_seconds, compute_seconds = time.perf_counter() - started, reply.compute_ms / 1000
     if list(reply.layer_digests) != [s.digests[request.layer] for s in segments]:
         raise PlaceLost(first.address, min(s.start for s in segments), max(s.stop for s in segments),
@@ -364,22 +369,65 @@ class _Refused(Exception):
     """The peer is over its lending threshold (RESOURCE_EXHAUSTED)."""
 
 
-def _reattaching(segments: Sequence[RemoteSegment], call: Callable[[], T]) -> T:
-    """`call()`, for segments that are all attached made again when their peer failed in a
-    way a restart explains: the call cut off (UNAVAILABLE: the peer died during it; made
-    again, it waits for the peer: wait_for_ready in `_call`), or the peer no longer holds
-    them (NOT_FOUND: each re-attached from its daemon first, then made again). Any other
-    error, or one on appended segments, is raised."""
+def _reattaching(segments: Sequence[RemoteSegment], call: Callable[[bool], T]) -> T:
+    """`call(wait_for_ready)`; for segments that are all attached (their chunks in their
+    peer's daemon), made again when the peer failed in a way that leaves the chunks:
+    - the peer down (UNAVAILABLE: a first call fails at once): the segments are attached
+      through another lender worker reading the same daemon (`_move`) and the call made
+      there; with none, the call is made again waiting for the peer (a restart);
+    - the peer no longer holds them (NOT_FOUND: it restarted): each re-attached from its
+      daemon, then the call made again.
+    Any other error, or one on appended segments, is raised."""
     if not _all_attached(segments):
-        return call()
+        return call(False)
     try:
-        return _again_if_cut_off(call)
+        return call(False)
     except grpc.RpcError as exc:
-        if exc.code() is not grpc.StatusCode.NOT_FOUND:
+        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
             raise
+        if exc.code() is grpc.StatusCode.UNAVAILABLE:
+            if _move(segments):
+                return call(False)
+            try:
+                return _again_if_cut_off(lambda: call(True))
+            except grpc.RpcError as again:
+                if again.code() is not grpc.StatusCode.NOT_FOUND:
+                    raise
     for segment in segments:
         segment.reattach()
-    return _again_if_cut_off(call)
+    return _again_if_cut_off(lambda: call(True))
+
+
+def _move(segments: Sequence[RemoteSegment]) -> bool:
+    """Attaches one down peer's `segments` through another lender worker reading the same
+    daemon (lender_siblings.py): all of them on the first with room for them all
+    (AttachChunks, digests checked), which becomes their peer; True then. A sibling that is
+    down too, has no room or attaches other KV is passed over. One that refuses midway
+    releases what it took, which deletes those chunks (a released segment's are): the
+    segments are then lost with their peer (recomputed), hence the room asked first."""
+    first = segments[0]
+    lost, lost_stub = first.address, first.stub
+    for address, stub in first.elsewhere(lost) if first.elsewhere is not None else []:
+        taken: list[RemoteSegment] = []
+        try:
+            lending = stub.DescribeLending(pb.DescribeLendingRequest(), timeout=first.timeout_seconds)
+            if lending.max_held_bytes - lending.held_bytes < sum(s.nbytes for s in segments):
+                log.info("far_segments_not_moved", peer=lost, sibling=address, error="no room")
+                continue
+            for segment in segments:
+                segment.address, segment.stub = address, stub
+                segment.attach(wait=False)
+                taken.append(segment)
+        except (grpc.RpcError, PlaceLost) as exc:
+            for segment in taken:
+                segment.release()
+            log.info("far_segments_not_moved", peer=lost, sibling=address, error=str(exc))
+            continue
+        log.info("far_segments_moved", peer=lost, sibling=address, segments=[s.segment_id for s in segments])
+        return True
+    for segment in segments:
+        segment.address, segment.stub = lost, lost_stub
+    return False
 
 
 def _again_if_cut_off(call: Callable[[], T]) -> T:
@@ -401,14 +449,15 @@ def _call(method, request, timeout: float, address: str, start: int, stop: int,
           segments: Sequence[RemoteSegment] = ()):  # fmt: skip
     """`method(request)` with its failures as the caller sees them: PlaceLost, or _Refused
     for a PartialAttention past the peer's lending threshold; `segments` (those the call
-    names) are re-attached and the call made again when the peer had forgotten them.
+    names) are moved to another lender on their daemon, or re-attached, and the call made
+    again when their peer is down or had forgotten them (_reattaching).
 
-    A call naming only attached segments waits up to `timeout` for its peer to be reachable
-    (wait_for_ready): a lender worker restarting meanwhile is re-attached, not lost (the
-    context recomputed); one still down after `timeout` is lost, as any silent peer."""
-    ready = _all_attached(segments)
+    A call naming only attached segments whose peer is down and has no sibling waits up to
+    `timeout` for it to be reachable (wait_for_ready): a lender worker restarting meanwhile
+    is re-attached, not lost (the context recomputed); one still down after `timeout` is
+    lost, as any silent peer."""
     try:
-        return _reattaching(segments, lambda: method(request, timeout=timeout, wait_for_ready=ready))
+        return _reattaching(segments, lambda wait: method(request, timeout=timeout, wait_for_ready=wait))
     except grpc.RpcError as exc:
         if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(
             request, pb.PartialAttentionRequest

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
-from far_kv_checks import decode, lending, lent_bytes, run_turn
+from far_kv_checks import decode, lending, lent_bytes, plain_greedy, run_turn
 from polling import poll
 from running_daemon import MiB, running_daemon
 from running_workers import running_workers
@@ -88,6 +89,15 @@ def long_context(
                        segment_tokens=SEGMENT_TOKENS, chunk_tokens=CHUNK_TOKENS, home="home", attacher=attacher)  # fmt: skip
 
 
+@contextmanager
+def daemon_in_the_ledger(redis_url: str, root: Path) -> Iterator[DaemonProcess]:
+    """A daemon heartbeating into the pool's ledger (`redis_url`), lending nothing yet."""
+    ledger = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": 0.5}
+    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as daemon:
+        poll(lambda: lent_bytes(redis_url, daemon) == 0, "the daemon in the ledger, lending nothing")
+        yield daemon
+
+
 def held(worker: WorkerProcess) -> int:
     with peer_channel(worker.address) as channel:
         return lending(channel).held_bytes
@@ -107,33 +117,33 @@ def test_segments_are_lent_through_the_ledger_and_reattached_after_a_restart(
     """Attached by the home, or appended (the default: the lender puts them in its daemon)."""
     redis_url, root = pool
     model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
-    ledger = {"pool_redis_url": redis_url, "pool_heartbeat_seconds": 0.5}
-    with running_daemon(root, dram_bytes=64 * MiB, ssd_bytes=64 * MiB, settings=ledger) as daemon:
-        poll(lambda: lent_bytes(redis_url, daemon) == 0, "the daemon in the ledger, lending nothing")
-        with running_lender(root, tiny_model, daemon, attach=attach) as started:
-            worker = started["lender"]
-            context = long_context(model, {worker.address: 400}, daemon if attach else None)
-            prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(7))
-            logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=2)
-            remote = [p for p in context.places if isinstance(p, RemoteSegment)]
-            assert len(remote) == 3 and all(p.attached is not None for p in remote)
-            debt = sum(p.nbytes for p in remote)
-            chunks = sum(len(p.attached.keys) for p in remote if p.attached is not None)
-            channel = context.channels[worker.address]
-            assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
-            # the ledger counts the chunks as lent: the KV, plus each chunk's header
-            poll(lambda: debt < lent_bytes(redis_url, daemon) <= debt + chunks * CHUNK_HEADER_BYTES,
-                 "the attached chunks counted as lent in the ledger")  # fmt: skip
+    with (
+        daemon_in_the_ledger(redis_url, root) as daemon,
+        running_lender(root, tiny_model, daemon, attach=attach) as started,
+    ):
+        worker = started["lender"]
+        context = long_context(model, {worker.address: 400}, daemon if attach else None)
+        prompt = torch.randint(0, 300, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(7))
+        logits = decode(model, context, context.prefill(prompt.tolist(), NEW_TOKENS), steps=2)
+        remote = [p for p in context.places if isinstance(p, RemoteSegment)]
+        assert len(remote) == 3 and all(p.attached is not None for p in remote)
+        debt = sum(p.nbytes for p in remote)
+        chunks = sum(len(p.attached.keys) for p in remote if p.attached is not None)
+        channel = context.channels[worker.address]
+        assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
+        # the ledger counts the chunks as lent: the KV, plus each chunk's header
+        poll(lambda: debt < lent_bytes(redis_url, daemon) <= debt + chunks * CHUNK_HEADER_BYTES,
+             "the attached chunks counted as lent in the ledger")  # fmt: skip
 
-            restart(worker, channel)
-            assert lending(channel).held_bytes == 0  # it forgot them
-            logits = decode(model, context, logits, steps=3)  # re-attached at the first call
-            assert context.recomputations == 0 and context.lost == set()
-            assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
+        restart(worker, channel)
+        assert lending(channel).held_bytes == 0  # it forgot them
+        logits = decode(model, context, logits, steps=3)  # re-attached at the first call
+        assert context.recomputations == 0 and context.lost == set()
+        assert {(e.home, e.bytes) for e in lending(channel).held_for} == {("home", debt)}
 
-            context.close()  # released: the lender deletes the chunks it was lent
-            assert lending(channel).held_bytes == 0
-            poll(lambda: lent_bytes(redis_url, daemon) == 0, "nothing lent once the segments are released")
+        context.close()  # released: the lender deletes the chunks it was lent
+        assert lending(channel).held_bytes == 0
+        poll(lambda: lent_bytes(redis_url, daemon) == 0, "nothing lent once the segments are released")
 
 
 def test_a_lender_that_cannot_reattach_fails_unavailable_never_wrong(
@@ -230,12 +240,7 @@ def test_a_lender_killed_and_restarted_mid_turn_never_changes_a_token(
             assert isinstance(error, grpc.RpcError) and error.code() is grpc.StatusCode.UNAVAILABLE, error
             return
         model = AutoModelForCausalLM.from_pretrained(tiny_model.model_dir, dtype=torch.float32).eval()
-        generated: list[int] = []
-        with torch.no_grad():  # greedy by plain forwards over the whole sequence
-            for _ in range(max_tokens):
-                logits = model(input_ids=torch.tensor([prompt + generated])).logits[0, -1]
-                generated.append(int(logits.argmax()))
-        assert outcome["tokens"] == generated
+        assert outcome["tokens"] == plain_greedy(model, prompt, max_tokens)
         assert "far_segment_attached" in homes["home"].log_path.read_text()
         assert lending(channel).held_bytes == 0  # released after the turn
 

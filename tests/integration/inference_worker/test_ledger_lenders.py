@@ -4,7 +4,8 @@ serves turns longer than its KV pool on the lender workers the ledger lists. Wit
 lender it refuses (RESOURCE_EXHAUSTED); a lender started after it is found without
 configuration and the turn's greedy tokens equal plain forwards of the whole sequence; a
 lender killed -9 is still listed until its TTL but gets nothing placed (the turn goes to
-the other lender, same tokens) and then drops out; one stopped cleanly leaves at once.
+the other lender, same tokens) and then drops out; one stopped cleanly leaves at once; one
+that lends nothing (max_held_bytes 0) is never listed.
 The home reports the configured maximum context to the scheduler and refuses past it.
 On the ledger alone: lenders proposed on the home's host first, then by their daemons'
 room, never the home itself, at most `count`; an entry past its TTL leaves the index."""
@@ -104,9 +105,13 @@ def test_lenders_are_found_in_the_ledger_and_dropped_after_their_ttl(
         assert tokens == expected and stats.generated_tokens == NEW_TOKENS
         assert held_bytes(a) == 0  # released
 
-        with running_workers(root, tiny_model.model_dir, {"b": lender(daemon, redis_url)}) as second:
+        lends_none = {**lender(daemon, redis_url), "micro_attention": {"max_held_bytes": 0}}
+        workers = {"b": lender(daemon, redis_url), "none": lends_none}
+        with running_workers(root, tiny_model.model_dir, workers) as second:
             b = second["b"].address
-            poll(lambda: listed(redis_url) == {a, b}, "both lenders in the ledger")
+            poll(
+                lambda: listed(redis_url) == {a, b}, "both lenders in the ledger"
+            )  # never the one lending none
             first["a"].kill9()
             assert a in listed(redis_url)  # listed until its TTL: asked, silent, given nothing
             tokens, _ = greedy_turn(worker.address, prompt, NEW_TOKENS)

@@ -482,6 +482,10 @@ AUTH_ON = {"enabled": True, "secretName": "attnstore-tokens", "adminTokenSha256"
         ({"externalRedis": {"url": "redis://r:6379/0"}}, "exclusive"),
         ({"scheduler": {"kubernetesDiscovery": False}}, "static topology"),
         ({"redis": {"enabled": False}, "daemon": {"pool": {"enabled": True}}}, "the pool's ledger"),
+        (
+            {"redis": {"enabled": False}, "worker": {"longContext": {"enabled": True}}},
+            "lists the workers that lend",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(chart: helm.Chart, values: dict, message: str) -> None:
@@ -533,6 +537,60 @@ def test_pooled_daemons_join_the_schedulers_ledger_by_pod_ip_under_tls(
         ).pool_redis_url
         is None
     )
+
+
+def test_long_context_workers_advertise_their_pod_ip_and_lend_through_the_ledger(
+    rendered: dict[str, list[dict]], settings_classes
+) -> None:
+    """On (the pool set): each worker is named to the others by its pod IP and gRPC port,
+    lists itself in the scheduler's Redis (the daemons' ledger) on its node as its daemon
+    does, lends what the values say, and calls its peers under the release's TLS; config
+    adds the long_context fields the chart leaves alone. Off (every other set): none of it."""
+    values = VALUE_SETS["pool"]
+    long_values = values["worker"]["longContext"]
+    worker = one(rendered["pool"], "Deployment", "inference-worker")
+    settings = check_settings_env(
+        settings_classes["inference-worker"], settings_env(worker, "inference-worker")
+    )
+    daemon = one(rendered["pool"], "DaemonSet", "kvstore-daemon")
+    daemon_settings = check_settings_env(
+        settings_classes["kvstore-daemon"], settings_env(daemon, "kvstore-daemon")
+    )
+    _, scheduler = scheduler_settings(rendered, settings_classes, "pool")
+    long = settings.long_context
+    assert (
+        long.advertise_address
+        == f"{SAMPLE_POD_IP}:{port_number(container(worker, 'inference-worker'), 'grpc')}"
+    )
+    assert long.pool_redis_url == daemon_settings.pool_redis_url == scheduler.redis_url
+    assert long.pool_node == daemon_settings.pool_node == SAMPLE_NODE
+    assert long.max_context_tokens == long_values["maxContextTokens"]
+    assert long.segment_tokens == 4096 and long.dgfm.period_seconds == 10  # the default; config's
+    assert settings.micro_attention.max_held_bytes == long_values["lending"]["maxHeldBytes"]
+    assert settings.micro_attention.max_inflight_key_tokens == 4194304
+    channel, files = long.peer_channel, mounted_files(worker, "inference-worker")
+    assert channel.tls and channel.server_name == values["tls"]["serverName"]  # peers are dialed by IP
+    assert files[channel.ca_file] == (values["tls"]["secretName"], "ca.crt")
+    assert files[channel.cert_file] == (values["tls"]["secretName"], "tls.crt")
+    for values_set, docs in rendered.items():
+        if values_set != "pool":
+            env = settings_env(one(docs, "Deployment", "inference-worker"), "inference-worker")
+            assert not any(
+                k.startswith(("ATTNSTORE_WORKER_LONG_CONTEXT", "ATTNSTORE_WORKER_MICRO")) for k in env
+            )
+
+
+def test_a_long_context_worker_that_does_not_lend_only_borrows(chart: helm.Chart, settings_classes) -> None:
+    values = {
+        "worker": {"gpu": {"enabled": False}, "longContext": {"enabled": True, "lending": {"enabled": False}}}
+    }
+    worker = one(render(chart, values), "Deployment", "inference-worker")
+    settings = check_settings_env(
+        settings_classes["inference-worker"], settings_env(worker, "inference-worker")
+    )
+    assert settings.micro_attention.max_held_bytes == 0  # lends none, so it is not listed as a lender
+    assert settings.long_context.pool_redis_url and settings.long_context.advertise_address  # borrows
+    assert settings.long_context.peer_channel.tls is False  # no TLS in the release
 
 
 @pytest.mark.parametrize("values_set", VALUE_SETS)
@@ -644,6 +702,8 @@ BAD_VALUES = {
     "TLS server name not a DNS name": {"tls": {"serverName": "attnstore internal"}},
     "admin token stored in clear": {"internalAuth": {"adminTokenSha256": ["my-admin-token"]}},
     "config sets what tls manages": {"worker": {"config": {"kvstore_channel": {"tls": False}}}},
+    "negative lent bytes": {"worker": {"longContext": {"enabled": True, "lending": {"maxHeldBytes": -1}}}},
+    "typo in longContext": {"worker": {"longContext": {"enabled": True, "maxContext": 1}}},
 }
 
 

@@ -2,7 +2,8 @@
 random into segments (prefilled segment by segment, in chunks, each chunk attending every
 earlier segment and itself), then decoded into a tail segment, gives at every step the
 logits of a plain forward over the whole sequence (1e-4, fp32): Llama with grouped query
-heads, Qwen2, and Mistral with a sliding window shorter than the context."""
+heads, Qwen2, and Mistral with a sliding window shorter than the context, the real model
+(SmolLM2-135M), and a long-context random-weight Llama over 2k positions."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM, MistralConfig, PreTrainedModel
 
 from inference_worker.dist_attention.runner import DistributedRunner
 from inference_worker.dist_attention.segment import LocalSegment
+from inference_worker.model_store import default_model_dir, load_model
 
 TOLERANCE = 1e-4
 SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -80,23 +82,68 @@ def test_any_split_gives_the_single_node_logits(
     chunk: int,
     seed: int,
 ) -> None:
-    model = models[family]
-    tokens = torch.randint(0, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    check_random_split(models[family], 300, length, cut_fractions, chunk, seed, steps=3)
+
+
+def check_random_split(
+    model: PreTrainedModel,
+    vocab: int,
+    length: int,
+    cut_fractions: list[float],
+    chunk: int,
+    seed: int,
+    steps: int,
+) -> None:
+    """`length` random tokens (below `vocab`) cut into segments at `cut_fractions` of it,
+    prefilled in chunks of `chunk`, then `steps` decoded: every logit seen is the plain
+    forward's."""
+    tokens = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
     cuts = sorted({max(1, min(length - 1, int(f * length))) for f in cut_fractions} - {0, length})
     runner = DistributedRunner(model)
-    seen = run_split(runner, tokens, cuts, chunk, steps=3)
+    seen = run_split(runner, tokens, cuts, chunk, steps)
     expected = reference(model, tokens)
     for position, logits in seen:
-        assert (logits - expected[position]).abs().max() <= TOLERANCE, (family, position, cuts)
+        assert (logits - expected[position]).abs().max() <= TOLERANCE, (position, cuts)
     runner.close()
 
 
-def test_long_context_random_weight_llama(tiny_model_saver: Callable[..., Path], tmp_path: Path) -> None:
-    """2k positions in four segments of KV, decoding past them, against the plain forward."""
-    path = tiny_model_saver(tmp_path, "llama", **{**SHAPE, "max_position_embeddings": 4096})
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokens = torch.randint(0, 300, (2000,), generator=torch.Generator().manual_seed(3)).tolist()
-    runner = DistributedRunner(model)
-    seen = run_split(runner, tokens, [512, 1024, 1536], chunk=256, steps=2)
-    expected = reference(model, tokens)
-    assert max((logits - expected[p]).abs().max().item() for p, logits in seen) <= TOLERANCE
+@pytest.fixture(scope="module")
+def real_model() -> PreTrainedModel:
+    return load_model(default_model_dir(), torch.float32, "cpu").model
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    length=st.integers(2, 48),
+    cut_fractions=st.lists(st.floats(0.01, 0.99), max_size=4),
+    chunk=st.integers(1, 16),
+    seed=st.integers(0, 1000),
+)
+def test_any_split_of_the_real_models_kv_gives_its_logits(
+    real_model: PreTrainedModel, length: int, cut_fractions: list[float], chunk: int, seed: int
+) -> None:
+    """SmolLM2-135M (30 layers, 9 query heads over 3 KV heads), fp32."""
+    check_random_split(real_model, 49000, length, cut_fractions, chunk, seed, steps=2)
+
+
+@pytest.fixture(scope="module")
+def long_llama(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[..., Path]
+) -> PreTrainedModel:
+    path = tiny_model_saver(
+        tmp_path_factory.mktemp("long"), "llama", **{**SHAPE, "max_position_embeddings": 4096}
+    )
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cut_fractions=st.lists(st.floats(0.01, 0.99), min_size=1, max_size=5),
+    chunk=st.integers(64, 512),
+    seed=st.integers(0, 1000),
+)
+def test_long_context_random_weight_llama(
+    long_llama: PreTrainedModel, cut_fractions: list[float], chunk: int, seed: int
+) -> None:
+    """2k positions in randomly cut segments of KV, decoding past them."""
+    check_random_split(long_llama, 300, 2000, cut_fractions, chunk, seed, steps=2)
