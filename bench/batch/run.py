@@ -84,6 +84,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--memory-conversations", type=int, default=48, help="ShareGPT conversations per measure"
     )
+    parser.add_argument(
+        "--worker-openmp-spin-count",
+        type=int,
+        default=None,
+        help="the workers' openmp_spin_count (their threads spin between a forward's parallel regions): "
+        "for an idle machine only",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.quick:
@@ -160,6 +167,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         args.vllm_block_size,
         args.max_model_len,
         args.omp_threads_bind,
+        args.worker_openmp_spin_count,
     )
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)

@@ -53,6 +53,7 @@ class ServingConfig:
     vllm_block_size: int
     max_model_len: int
     omp_threads_bind: str
+    worker_openmp_spin_count: int | None = None  # the worker's `openmp_spin_count` (None: its default)
 
 
 def batch_stack(
@@ -64,6 +65,8 @@ def batch_stack(
     worker = {**WORKER_SETTINGS, "kv_memory_bytes": config.kv_memory_bytes, "metrics_port": metrics_port}
     if max_batch_sequences is not None:
         worker["max_batch_sequences"] = max_batch_sequences
+    if config.worker_openmp_spin_count is not None:
+        worker["openmp_spin_count"] = config.worker_openmp_spin_count
     return LocalStack(
         StackSpec(
             work_dir=work_dir,

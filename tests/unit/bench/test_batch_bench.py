@@ -3,6 +3,9 @@ memory measurements on the engine's real BlockPool and Scheduler (memory.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from bench.batch.memory import (
@@ -14,8 +17,8 @@ from bench.batch.memory import (
     sessions_that_fit,
 )
 from bench.batch.report import met, verdicts
-from bench.batch.run import summarize
-from bench.batch.serving import mean_batch
+from bench.batch.run import parse_args, summarize
+from bench.batch.serving import ServingConfig, batch_stack, mean_batch
 from bench.batch.stats import TurnRecord, percentile_ms, ratio, summarize_level
 
 
@@ -116,3 +119,18 @@ def test_a_target_is_missed_on_the_wrong_side_of_its_bound() -> None:
     assert met("kv_waste_fraction", 0.04) is True
     assert met("throughput_vs_batch1_at_16", 3.9) is False
     assert met("throughput_vs_vllm_at_16", None) is None
+
+
+def test_the_worker_spin_count_reaches_only_the_workers_settings_when_given(tmp_path: Path) -> None:
+    base = ServingConfig(tmp_path, 64 * 1024 * 1024, [1, 16], 2, 8, 32, 4096, "0-1")
+    spinning = dataclasses.replace(base, worker_openmp_spin_count=30000)
+    assert (
+        "openmp_spin_count"
+        not in batch_stack(tmp_path, base, 0, max_batch_sequences=None).spec.worker_settings
+    )
+    stack = batch_stack(tmp_path, spinning, 0, max_batch_sequences=1)
+    assert stack.spec.worker_settings["openmp_spin_count"] == 30000
+    assert stack.spec.worker_settings["max_batch_sequences"] == 1
+    assert "openmp_spin_count" not in stack.spec.daemon_settings
+    assert parse_args(["--worker-openmp-spin-count", "30000"]).worker_openmp_spin_count == 30000
+    assert parse_args([]).worker_openmp_spin_count is None
