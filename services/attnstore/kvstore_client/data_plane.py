@@ -178,20 +178,20 @@ class TcpDataPlane:
         sock = self._take_idle() or await self.in_thread(self.connect)
         complete = valid = False
         try:
-            stream = LoopStream(asyncio.get_running_loop(), sock, self._timeout_seconds)
-            await stream.send(pack_frame(request))
-            reply = raise_for_reply(await stream.frame(_MAX_REPLY_FRAME_BYTES))
-            views = stream.take_buffered(place(_headers_of(reply, chunk_count)))
-            if sum(view.nbytes for view in views) > _LOOP_PAYLOAD_MAX_BYTES:  # the kernel copies in a thread
-                sock.settimeout(self._timeout_seconds)
-                await self.in_thread(recv_views, sock, views)
-                sock.setblocking(False)
-            else:
-                await stream.fill(views)
-            trailer = reply.get("trailer") is True
-            valid = not trailer or _trailer_valid(await stream.frame(_MAX_REPLY_FRAME_BYTES))
-            if not stream.drained:
-                raise DaemonProtocolError("the data plane sent bytes past its answer")
+            with LoopStream(asyncio.get_running_loop(), sock, self._timeout_seconds) as stream:
+                await stream.send(pack_frame(request))
+                reply = raise_for_reply(await stream.frame(_MAX_REPLY_FRAME_BYTES))
+                views = stream.take_buffered(place(_headers_of(reply, chunk_count)))
+                if sum(view.nbytes for view in views) > _LOOP_PAYLOAD_MAX_BYTES:  # copied in a thread
+                    sock.settimeout(self._timeout_seconds)
+                    await self.in_thread(recv_views, sock, views)
+                    sock.setblocking(False)
+                else:
+                    await stream.fill(views)
+                trailer = reply.get("trailer") is True
+                valid = not trailer or _trailer_valid(await stream.frame(_MAX_REPLY_FRAME_BYTES))
+                if not stream.drained:
+                    raise DaemonProtocolError("the data plane sent bytes past its answer")
             complete = True
         finally:
             if complete:

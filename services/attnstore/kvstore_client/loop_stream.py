@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from attnstore.data_plane_wire import (
     LENGTH,
@@ -39,7 +39,16 @@ class LoopStream:
         self._deadline = loop.time() + timeout_seconds
         self._buffer = bytearray(_BUFFER_BYTES)
         self._start = self._end = 0  # the received bytes not yet taken: _buffer[_start:_end]
+        self._deadline_timer: asyncio.TimerHandle | None = None  # armed at the first wait
+        self._waiting: asyncio.Future[None] | None = None
         sock.setblocking(False)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
 
     @property
     def drained(self) -> bool:
@@ -121,15 +130,26 @@ class LoopStream:
             return
 
     async def _readable(self) -> None:
-        """Waits until the socket has bytes (TimeoutError past the deadline)."""
-        ready = self._loop.create_future()
+        """Waits until the socket has bytes (TimeoutError past the deadline). One timer for
+        the whole stream, not one a wait: a 2 MB read waits a dozen times, and a timer a
+        wait (`asyncio.timeout_at`) took its CPU from 376 to 440 us (median of 6 A/B
+        rounds, load 13)."""
+        if self._loop.time() >= self._deadline:
+            raise TimeoutError("the data-plane read timed out")
+        if self._deadline_timer is None:
+            self._deadline_timer = self._loop.call_at(self._deadline, self._expire)
+        self._waiting = self._loop.create_future()
         fd = self._sock.fileno()
-        self._loop.add_reader(fd, _set_ready, ready)
+        self._loop.add_reader(fd, _set_ready, self._waiting)
         try:
-            async with asyncio.timeout_at(self._deadline):
-                await ready
+            await self._waiting
         finally:
+            self._waiting = None
             self._loop.remove_reader(fd)
+
+    def _expire(self) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_exception(TimeoutError("the data-plane read timed out"))
 
 
 def _set_ready(ready: asyncio.Future[None]) -> None:
