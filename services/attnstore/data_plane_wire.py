@@ -32,7 +32,6 @@ be resynchronised once a payload may be in flight, and reconnecting is cheap.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import ssl
 import struct
@@ -43,9 +42,9 @@ import msgpack
 
 from attnstore import errors
 
-_LENGTH = struct.Struct("!I")
+LENGTH = struct.Struct("!I")
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
-_MAX_IOVECS = 1024
+MAX_IOVECS = 1024
 
 
 class FrameError(errors.InvalidArgument):
@@ -58,7 +57,7 @@ class ConnectionClosed(errors.Unavailable):
 
 def pack_frame(message: dict[str, Any]) -> bytes:
     payload = msgpack.packb(message)
-    return _LENGTH.pack(len(payload)) + payload
+    return LENGTH.pack(len(payload)) + payload
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -67,21 +66,10 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
 
 def recv_frame(sock: socket.socket, max_bytes: int) -> dict[str, Any]:
     """The next frame's map; FrameError for a length over `max_bytes` or bad msgpack."""
-    prefix = bytearray(_LENGTH.size)
+    prefix = bytearray(LENGTH.size)
     recv_exactly_into(sock, memoryview(prefix))
-    body = bytearray(frame_length(_LENGTH.unpack(prefix)[0], max_bytes))
+    body = bytearray(frame_length(LENGTH.unpack(prefix)[0], max_bytes))
     recv_exactly_into(sock, memoryview(body))
-    return decode_frame(body)
-
-
-async def recv_frame_on_loop(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, max_bytes: int
-) -> dict[str, Any]:
-    """`recv_frame` on the event loop, from a non-blocking plain socket."""
-    prefix = bytearray(_LENGTH.size)
-    await recv_exactly_on_loop(loop, sock, memoryview(prefix))
-    body = bytearray(frame_length(_LENGTH.unpack(prefix)[0], max_bytes))
-    await recv_exactly_on_loop(loop, sock, memoryview(body))
     return decode_frame(body)
 
 
@@ -112,17 +100,6 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
         view = view[received:]
 
 
-async def recv_exactly_on_loop(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
-) -> None:
-    """`recv_exactly_into` on the event loop: a recv that finds the bytes there waits for nothing."""
-    while view.nbytes:
-        received = await loop.sock_recv_into(sock, view)
-        if received == 0:
-            raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
-        view = view[received:]
-
-
 def recv_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
     """Fills the views in order from the stream: one recvmsg_into (scatter read) per batch
     on a plain socket, not a recv per view (a 0.5 MB chunk is 30 layer views); TLS
@@ -133,13 +110,13 @@ def recv_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
         return
     pending = [v.cast("B") for v in views if v.nbytes]
     while pending:
-        received = sock.recvmsg_into(pending[:_MAX_IOVECS])[0]
+        received = sock.recvmsg_into(pending[:MAX_IOVECS])[0]
         if received == 0:
             raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
-        _advance(pending, received)
+        advance(pending, received)
 
 
-def _advance(pending: list[memoryview], done: int) -> None:
+def advance(pending: list[memoryview], done: int) -> None:
     """Drops the first `done` bytes of `pending` (views sent or received)."""
     while done:
         if done >= pending[0].nbytes:
@@ -158,7 +135,7 @@ def send_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
         return
     pending = [v.cast("B") for v in views if v.nbytes]
     while pending:
-        _advance(pending, sock.sendmsg(pending[:_MAX_IOVECS]))
+        advance(pending, sock.sendmsg(pending[:MAX_IOVECS]))
 
 
 def error_frame(exc: errors.ServiceError) -> dict[str, Any]:

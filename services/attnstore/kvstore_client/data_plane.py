@@ -8,9 +8,10 @@ Reservations and commits stay on gRPC.
 `TcpDataPlane` speaks attnstore/data_plane_wire.py over blocking sockets (TLS when the
 daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
 loop is free while the kernel copies straight into the caller's memory (`recv_into`).
-A whole read into buffers (`read_into`) alone on a plain socket runs on the event loop
-itself (non-blocking: a recv that finds its bytes waits for nothing), handing only a
-payload over `_LOOP_PAYLOAD_MAX_BYTES` to a thread; beside other reads or under TLS it is
+A whole read into buffers (`read_into`) on a plain socket runs on the event loop itself
+(non-blocking: a recv that finds its bytes waits for nothing, loop_stream.py), handing
+only a payload over `_LOOP_PAYLOAD_MAX_BYTES` to a thread, or, beside other reads, over
+`_LOOP_BESIDE_OTHERS_MAX_BYTES`; beside other reads of such payloads, or under TLS, it is
 one trip to a thread. A read that hands out layers as they come (`open_read`) takes one
 trip per call.
 """
@@ -28,13 +29,12 @@ from typing import Protocol, TypeVar
 from attnstore.data_plane_wire import (
     pack_frame,
     raise_for_reply,
-    recv_exactly_on_loop,
     recv_frame,
-    recv_frame_on_loop,
     recv_views,
     send_frame,
     send_views,
 )
+from attnstore.kvstore_client.loop_stream import LoopStream
 from attnstore.kvstore_client.pieces import DaemonProtocolError
 
 _MAX_IDLE_CONNECTIONS = 32
@@ -45,6 +45,11 @@ T = TypeVar("T")
 _MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
 # A whole read's payload up to this is received on the event loop, past it in a thread.
 _LOOP_PAYLOAD_MAX_BYTES = 4 * 1024 * 1024
+# Beside other reads, up to this: there the copy costs less than a hop to a thread and back
+# (0.5 MB at 4 and 16 readers: 1.85-2.56 GB/s on the loop against 0.97-1.78 in threads, 3
+# A/B rounds, load 13.7); past it reads copy in parallel in threads (16 readers of 5.9 MB:
+# 0.67-0.84 GB/s on the loop against 1.53-1.71; of 2 MB 1.03-2.21 against 1.49-2.13).
+_LOOP_BESIDE_OTHERS_MAX_BYTES = 1024 * 1024
 PlaceStream = Callable[[list[bytes]], Sequence[memoryview]]  # chunk headers -> buffers of the stream
 
 
@@ -114,6 +119,7 @@ class TcpDataPlane:
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_TRANSFER_THREADS, thread_name_prefix="data-plane")
         self._reads_in_flight = 0  # whole reads under way (`read_into`, on the event loop)
+        self._last_payload_bytes = 0  # of the last whole read (the next is likely the same)
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
@@ -156,10 +162,10 @@ class TcpDataPlane:
     ) -> None:
         self._reads_in_flight += 1
         try:
-            # An SSL socket cannot be read from the loop; reads side by side copy in parallel
-            # in threads (on the loop, 16 readers of 2 MB chunks got 1.0-1.25 GB/s against
-            # 1.8-2.3 in threads: one thread did every copy; A/B, load 5-7).
-            if self._ssl is not None or self._reads_in_flight > 1:
+            # An SSL socket cannot be read from the loop; large reads side by side copy in
+            # parallel in threads (_LOOP_BESIDE_OTHERS_MAX_BYTES).
+            large = self._last_payload_bytes > _LOOP_BESIDE_OTHERS_MAX_BYTES
+            if self._ssl is not None or (self._reads_in_flight > 1 and large):
                 await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
                 return
             request = _get_request(namespace, keys, layer_start, layer_end)
@@ -168,29 +174,33 @@ class TcpDataPlane:
         finally:
             self._reads_in_flight -= 1
 
-    async def _read_whole_on_loop(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> bool:
+    async def _read_whole_on_loop(
+        self, request: dict[str, object], chunk_count: int, place: PlaceStream
+    ) -> bool:
         """`_read_whole` driven from the event loop: the wait for the reply and a small
         payload take no hop to a thread and back (each hop waits for a core on a busy node:
         a 0.5 MB Get's median went from 396-409 to 278-297 us this way, load 10-12 on 2
-        cores; the blocking client's is 233-254)."""
-        loop = asyncio.get_running_loop()
+        cores; the blocking client's is 233-254), and each receive waits only when the
+        kernel has nothing yet (loop_stream.py)."""
         sock = self._take_idle() or await self.in_thread(self.connect)
-        sock.setblocking(False)
         complete = valid = False
         try:
-            async with asyncio.timeout(self._timeout_seconds):
-                await loop.sock_sendall(sock, pack_frame(request))
-                reply = raise_for_reply(await recv_frame_on_loop(loop, sock, _MAX_REPLY_FRAME_BYTES))
-                views = place(_headers_of(reply, chunk_count))
-                if sum(view.nbytes for view in views) > _LOOP_PAYLOAD_MAX_BYTES:  # the kernel copies in a thread
+            with LoopStream(asyncio.get_running_loop(), sock, self._timeout_seconds) as stream:
+                await stream.send(pack_frame(request))
+                reply = raise_for_reply(await stream.frame(_MAX_REPLY_FRAME_BYTES))
+                views = stream.take_buffered(place(_headers_of(reply, chunk_count)))
+                self._last_payload_bytes = sum(view.nbytes for view in views)
+                limit = _LOOP_BESIDE_OTHERS_MAX_BYTES if self._reads_in_flight > 1 else _LOOP_PAYLOAD_MAX_BYTES
+                if self._last_payload_bytes > limit:  # copied in a thread
                     sock.settimeout(self._timeout_seconds)
                     await self.in_thread(recv_views, sock, views)
                     sock.setblocking(False)
                 else:
-                    for view in views:
-                        await recv_exactly_on_loop(loop, sock, view.cast("B"))
+                    await stream.fill(views)
                 trailer = reply.get("trailer") is True
-                valid = not trailer or _trailer_valid(await recv_frame_on_loop(loop, sock, _MAX_REPLY_FRAME_BYTES))
+                valid = not trailer or _trailer_valid(await stream.frame(_MAX_REPLY_FRAME_BYTES))
+                if not stream.drained:
+                    raise DaemonProtocolError("the data plane sent bytes past its answer")
             complete = True
         finally:
             if complete:
@@ -215,7 +225,9 @@ class TcpDataPlane:
         read = self._open_read(request, chunk_count)
         complete = False
         try:
-            read.recv_all(place(read.headers))
+            views = place(read.headers)
+            self._last_payload_bytes = sum(view.nbytes for view in views)
+            read.recv_all(views)
             valid = read.recv_trailer()
             complete = True
         finally:

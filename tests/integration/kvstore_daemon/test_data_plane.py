@@ -77,13 +77,29 @@ def test_whole_chunks_and_layer_ranges_are_byte_identical(daemon: DaemonProcess,
 
 
 def test_concurrent_readers_each_get_their_own_bytes(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+    """Small chunks: read side by side on the client's event loop."""
+    assert _read_side_by_side(daemon, chunks, 8, 32) == [[chunks.data(i % 8)] for i in range(32)]
+
+
+def test_concurrent_readers_of_large_chunks_each_get_their_own_bytes(
+    daemon: DaemonProcess, chunk_set: type[ChunkSet]
+) -> None:
+    """Chunks over 1 MiB (2 MiB here): read side by side in the client's threads."""
+    large = chunk_set(b"data-plane-large", num_layers=8, kv_heads=4, head_dim=128, chunk_tokens=128, seed=8)
+    with KVStoreClient(daemon.address, use_shm=False) as client:
+        large.register(client)
+        assert len(client.put_chunks(large.namespace, large.items(0, 4)).stored) == 4
+    assert _read_side_by_side(daemon, large, 4, 12) == [[large.data(i % 4)] for i in range(12)]
+
+
+def _read_side_by_side(daemon: DaemonProcess, chunks: ChunkSet, count: int, reads: int) -> list[list[bytes]]:
     async def read_all() -> list[list[bytes]]:
         async with AsyncKVStoreClient(daemon.address, use_shm=False) as client:
-            reads = [client.get_whole_chunks(NAMESPACE, chunks.keys(i % 8, i % 8 + 1)) for i in range(32)]
-            return await asyncio.gather(*reads)
+            await client.get_whole_chunks(chunks.namespace, chunks.keys(0, 1))  # the client learns the size
+            keys = [chunks.keys(i % count, i % count + 1) for i in range(reads)]
+            return await asyncio.gather(*(client.get_whole_chunks(chunks.namespace, some) for some in keys))
 
-    got = asyncio.run(read_all())
-    assert got == [[chunks.data(i % 8)] for i in range(32)]
+    return asyncio.run(read_all())
 
 
 def test_the_blocking_client_reads_into_buffers_in_its_callers_threads(daemon: DaemonProcess, chunks: ChunkSet) -> None:
