@@ -27,7 +27,8 @@ class FaultySsdTier(SsdTier):
         self.corrupt_next_reads = 0  # this many reads get one flipped byte before verification
         self.read_delay_seconds = 0.0  # a slow disk: each read blocks its I/O thread this long
         self.write_delay_seconds = 0.0  # holds a write in flight (to race deletes against it)
-        self._lock = threading.Lock()  # the counter is decremented from I/O threads
+        self.reads_started = 0  # file reads begun (an I/O thread took them up), faulty or not
+        self._lock = threading.Lock()  # the counters change on I/O threads
 
     def _write_file(self, fd: int, data: memoryview) -> None:
         if self.write_delay_seconds:
@@ -39,6 +40,8 @@ class FaultySsdTier(SsdTier):
         super()._write_file(fd, data)
 
     def _read_file(self, path: Path) -> bytearray:
+        with self._lock:
+            self.reads_started += 1
         if self.read_delay_seconds:
             time.sleep(self.read_delay_seconds)
         data = super()._read_file(path)

@@ -56,7 +56,8 @@ PROMOTIONS_SKIPPED = Counter(
 )
 PREFETCH_MOVES = Counter(
     "attnstore_kvstore_prefetch_moves_total",
-    "predictive: predicted chunks moved from SSD to DRAM (their SSD copy dropped; persist_on_commit off)",
+    "prefetched chunks (the queue's or predicted) moved from SSD to DRAM (their SSD copy dropped; "
+    "persist_on_commit off)",
 )
 PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
 PEER_COPIES_FORGOTTEN = Counter(

@@ -127,6 +127,21 @@ def test_a_moved_up_chunk_drops_its_ssd_copy_and_is_written_back_when_dram_evict
         assert client.get_whole_chunks(ns, [chunks.key(3)]) == [chunks.data(3)]  # from its SSD file
 
 
+def test_a_queued_prefetch_moves_its_chunk_keeping_no_ssd_copy(store: Store, poll_until: PollUntil) -> None:
+    client, chunks = store
+    ns = chunks.namespace
+    _put_five_chunk_3_on_ssd(client, chunks)
+    assert client.stats().ssd.chunks == 1
+    # A queued job needs chunk 3: it comes up to DRAM in place of one of the others.
+    client.hint(ns, [([chunks.key(3)], HintAction.PREFETCH, 0)], replace=True, source="queue")
+    poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 prefetched for its job")
+    # A move, as the predicted prefetch's: only the chunk DRAM demoted for it is on SSD, so
+    # the store holds five chunks, not four and a copy.
+    poll_until(lambda: client.stats().ssd.chunks == 1, what="chunk 3's SSD copy dropped")
+    assert chunks.tiers(client, range(5)).count(SSD) == 1
+    assert client.get_whole_chunks(ns, [chunks.key(3)]) == [chunks.data(3)]
+
+
 def test_ssd_only_admission_stores_a_declined_chunk_on_ssd_first_to_go(
     daemon_factory: DaemonFactory, chunk_set: type[ChunkSet], poll_until: PollUntil
 ) -> None:
