@@ -1,9 +1,10 @@
 """The distributed forward against transformers' own: a sequence whose KV is split at
 random into segments (prefilled segment by segment, in chunks, each chunk attending every
 earlier segment and itself), then decoded into a tail segment, gives at every step the
-logits of a plain forward over the whole sequence (1e-4, fp32): Llama with grouped query
-heads, Qwen2, and Mistral with a sliding window shorter than the context, the real model
-(SmolLM2-135M), and a long-context random-weight Llama over 2k positions."""
+logits of a plain forward over the whole sequence (1e-4, fp32; on the real model 1e-4 plus
+1e-5 of the largest: below): Llama with grouped query heads, Qwen2, and
+Mistral with a sliding window shorter than the context, the real model (SmolLM2-135M), and a
+long-context random-weight Llama over 2k positions."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ from inference_worker.dist_attention.segment import LocalSegment
 from inference_worker.model_store import default_model_dir, load_model
 
 TOLERANCE = 1e-4
+# The real model's logits reach |30| on random tokens, where fp32 alone moves them past 1e-4:
+# a plain forward over 2 tokens and over 4 differ by 1.05e-4 at position 1, and splits gave
+# up to 2.2e-4 (7 of 60 random cases over 1e-4; largest logits 26-35). Its bound is
+# 1e-4 plus 1e-5 of the largest logit (fp32 noise scales with the hidden states, so with
+# the logits' scale, not with each logit).
+REAL_MODEL_RELATIVE_TOLERANCE = 1e-5
 SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 256, "initializer_range": 0.2}  # fmt: skip
 
@@ -93,17 +100,19 @@ def check_random_split(
     chunk: int,
     seed: int,
     steps: int,
+    relative_tolerance: float = 0.0,
 ) -> None:
     """`length` random tokens (below `vocab`) cut into segments at `cut_fractions` of it,
     prefilled in chunks of `chunk`, then `steps` decoded: every logit seen is the plain
-    forward's."""
+    forward's (within TOLERANCE plus `relative_tolerance` of the largest logit)."""
     tokens = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
     cuts = sorted({max(1, min(length - 1, int(f * length))) for f in cut_fractions} - {0, length})
     runner = DistributedRunner(model)
     seen = run_split(runner, tokens, cuts, chunk, steps)
     expected = reference(model, tokens)
     for position, logits in seen:
-        assert (logits - expected[position]).abs().max() <= TOLERANCE, (position, cuts)
+        bound = TOLERANCE + relative_tolerance * expected[position].abs().max()
+        assert (logits - expected[position]).abs().max() <= bound, (position, cuts)
     runner.close()
 
 
@@ -123,7 +132,9 @@ def test_any_split_of_the_real_models_kv_gives_its_logits(
     real_model: PreTrainedModel, length: int, cut_fractions: list[float], chunk: int, seed: int
 ) -> None:
     """SmolLM2-135M (30 layers, 9 query heads over 3 KV heads), fp32."""
-    check_random_split(real_model, 49000, length, cut_fractions, chunk, seed, steps=2)
+    check_random_split(
+        real_model, 49000, length, cut_fractions, chunk, seed, 2, REAL_MODEL_RELATIVE_TOLERANCE
+    )
 
 
 @pytest.fixture(scope="module")
