@@ -107,14 +107,22 @@ def plain_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
 
 
 def run_turns_at_once(
-    size: int, root: Path, model_dir: Path, min_swap_bytes: int, daemons: bool = False, redis_url: str | None = None
+    size: int,
+    root: Path,
+    model_dir: Path,
+    min_swap_bytes: int,
+    daemons: bool = False,
+    redis_url: str | None = None,
 ) -> tuple[bool, list[WorkerProcess]]:
     """A long turn on every worker of a ring at once, checked against plain forwards;
     whether a moment came when every node held only its own sequence's KV, as much as it
     lent, and the workers (stopped)."""
     gen = torch.Generator().manual_seed(size)
     prompts = [torch.randint(0, 300, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(size)]
-    with ring(root, model_dir, size, min_swap_bytes, daemons, redis_url) as workers, ThreadPoolExecutor(size) as pool:
+    with (
+        ring(root, model_dir, size, min_swap_bytes, daemons, redis_url) as workers,
+        ThreadPoolExecutor(size) as pool,
+    ):
         addresses = [worker.address for worker in workers]
         turns = [pool.submit(greedy_turn, address, prompt) for address, prompt in zip(addresses, prompts)]
         swapped = False
