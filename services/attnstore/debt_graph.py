@@ -3,7 +3,7 @@ once, so a sequence's blocks drift away from home; where debts form a cycle, blo
 home with no node's usage changing.
 
 The graph has an edge debtor -> creditor weighted by the bytes of the debtor's KV the
-creditor holds (pool_ledger.PoolLedger.debts). Around a cycle A -> B -> C -> A, moving m
+creditor holds (pool_debts.read_debts). Around a cycle A -> B -> C -> A, moving m
 bytes of each debtor's KV from its creditor back home frees m on every creditor and takes
 m on every debtor: every node holds what it held, and 3m bytes fewer are remote. m is the
 cycle's smallest edge, so each swap removes at least one edge and the loop ends.

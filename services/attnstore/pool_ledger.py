@@ -6,8 +6,6 @@ and the scheduler install.
 
     attnstore:pool:daemon:<id>   hash of a DaemonEntry; PEXPIRE = heartbeat_ttl_seconds
     attnstore:pool:lendable      sorted set <id> scored by the bytes it may lend now
-    attnstore:pool:debts         hash "<debtor> <creditor>" -> bytes of the debtor's KV the
-                                 creditor holds (the debt graph of DGFM, debt_graph.py)
     attnstore:pool:dropped:<node>  list of msgpack [lender id, key]: borrowed chunks a lender
                                  evicted, for the borrower node's daemons to forget (their
                                  heartbeats drain it); EXPIRE = DROPPED_TTL_SECONDS
@@ -30,7 +28,6 @@ import redis.asyncio as aioredis
 
 _PREFIX = "attnstore:pool"
 _LENDABLE = f"{_PREFIX}:lendable"
-_DEBTS = f"{_PREFIX}:debts"
 _CANDIDATE_SCAN = 4  # scores read per candidate wanted: room for stale and own entries
 # A borrower gone longer than this finds out on read instead (a failed read, then a miss).
 DROPPED_TTL_SECONDS = 3600
@@ -119,20 +116,6 @@ class PoolLedger:
             pipe.delete(_daemon_key(daemon_id))
             pipe.zrem(_LENDABLE, daemon_id)
             await pipe.execute()
-
-    async def record_debt(self, debtor: str, creditor: str, delta_bytes: int) -> None:
-        """`creditor` took (delta > 0) or gave back (delta < 0) bytes of `debtor`'s KV."""
-        await self._redis.hincrby(_DEBTS, f"{debtor} {creditor}", delta_bytes)
-
-    async def debts(self) -> dict[tuple[str, str], int]:
-        """(debtor, creditor) -> bytes, every debt outstanding (a paid-back edge, at 0, is
-        left in the hash rather than deleted, so a racing increment is never lost)."""
-        edges = {}
-        for field, size in (await self._redis.hgetall(_DEBTS)).items():
-            debtor, creditor = _text(field).split(" ")
-            if int(size) > 0:
-                edges[(debtor, creditor)] = int(size)
-        return edges
 
     async def report_dropped(self, lender: str, drops: Sequence[tuple[str, bytes]]) -> None:
         """Lender `lender` (its daemon id) no longer holds these (borrower node, key) chunks."""

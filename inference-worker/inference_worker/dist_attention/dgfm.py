@@ -3,7 +3,8 @@ debtor around a cycle recalls its own KV from its creditor (services/attnstore/
 debt_graph.py plans; this executes, for real, between worker processes).
 
     every period, while a long turn runs here:
-      debts(): DescribeLending of this node, then of every borrower it names, ... ──>
+      debts(): the pool ledger's debt graph (long_context.pool_redis_url), else
+        DescribeLending of this node, then of every borrower it names, ... ──>
       plan_swaps ──> a cycle whose smallest node is this one ──> RecallKV(creditor, m)
       to each debtor around it (this one in process) ──> recall(): between two steps of
       each live sequence, its segments on the creditor are read (ReadKV), kept here in
@@ -13,9 +14,13 @@ A node is named by its advertised address (long_context.advertise_address), the 
 sequences' segments carry to the peers (AppendKV.home) and its peers list it by.
 
 Decisions:
-- The graph is gathered backwards from this node: its borrowers (DescribeLending.held_for),
-  their borrowers, ... Walking back around any cycle through this node reaches every
-  member, so each node sees every cycle through it; no central ledger is read.
+- With a ledger, the graph is the one its lender workers publish (pool_debts.py: each
+  its held_for, whole, with a TTL): one Redis read per period, however many nodes. Every
+  lender of such a pool must publish there: one outside it would leave its edges out.
+- Without one (no Redis, or it does not answer), the graph is gathered backwards from
+  this node: its borrowers (DescribeLending.held_for), their borrowers, ... Walking back
+  around any cycle through this node reaches every member, so each node sees every cycle
+  through it.
 - One node executes a cycle: its smallest name. Each debtor recalling on its own would
   break a 2-cycle: the first recall removes an edge and the other debtor no longer sees a
   cycle. A debtor that does not answer leaves the swap partial (logged): balance is lost
@@ -47,6 +52,7 @@ from attnstore.worker.v1 import micro_attention_pb2 as pb
 from inference_worker import metrics
 from inference_worker.dist_attention.context import LongContext
 from inference_worker.dist_attention.held_kv import HeldKV
+from inference_worker.dist_attention.ledger_room import LedgerRoom
 from inference_worker.dist_attention.long_settings import DgfmSettings
 from inference_worker.dist_attention.remote import PeerChannels, PlaceLost, RemoteSegment
 from inference_worker.dist_attention.segment import RecalledSegment
@@ -61,9 +67,12 @@ class DebtSwaps:
         settings: DgfmSettings,
         channels: PeerChannels,
         timeout_seconds: float,
+        ledger: LedgerRoom | None = None,
     ) -> None:
-        """`held.node` names this worker (empty: DGFM off)."""
+        """`held.node` names this worker (empty: DGFM off); `ledger`: where the debt graph
+        is read (None, or one without Redis: gathered from the workers)."""
         self.held = held
+        self.ledger = ledger
         self.settings = settings
         self.channels = channels
         self.timeout_seconds = timeout_seconds
@@ -121,9 +130,15 @@ class DebtSwaps:
                     metrics.DGFM_RECALLED_BYTES.inc(place.nbytes)
         return moved
 
-    def debts(self) -> dict[Edge, int]:
-        """(debtor, creditor) -> bytes, gathered backwards from this node (every cycle
-        through it is complete); a node that does not answer adds nothing."""
+    def debts(self) -> tuple[dict[Edge, int], str]:
+        """(debtor, creditor) -> bytes and where they come from: the ledger's, else gathered
+        backwards from this node (every cycle through it is complete; a node that does not
+        answer adds nothing)."""
+        if self.ledger is not None and (published := self.ledger.debts()) is not None:
+            return published, "ledger"
+        return self._walk(), "walk"
+
+    def _walk(self) -> dict[Edge, int]:
         debts: dict[Edge, int] = {}
         queue, seen = [self.node], {self.node}
         while queue:
@@ -138,7 +153,8 @@ class DebtSwaps:
     def round(self) -> int:
         """One DGFM period: the cycles this node leads, swapped; the bytes moved."""
         moved = 0
-        for swap in plan_swaps(self.debts(), self.settings.min_swap_bytes):
+        debts, graph = self.debts()
+        for swap in plan_swaps(debts, self.settings.min_swap_bytes):
             if min(swap.cycle) != self.node:
                 continue  # the cycle's smallest node swaps it
             for owner, creditor, size in swap.moves():
@@ -147,7 +163,7 @@ class DebtSwaps:
                     if owner == self.node
                     else self._recall_at(owner, creditor, size)
                 )
-            log.info("dgfm_swap", cycle=list(swap.cycle), size_bytes=swap.size_bytes)
+            log.info("dgfm_swap", cycle=list(swap.cycle), size_bytes=swap.size_bytes, graph=graph)
         return moved
 
     async def run_periodically(self) -> None:

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 import redis
 import structlog
 
+from attnstore.debt_graph import Edge
+from attnstore.pool_debts import read_debts
 from attnstore.pool_ledger import read_lendable
 from attnstore.pool_lenders import read_lenders
 
@@ -78,6 +80,17 @@ class LedgerRoom:
         return sorted(
             lender.address for lender in listed if lender.daemon == daemon and lender.address != own_address
         )
+
+    def debts(self) -> dict[Edge, int] | None:
+        """The debt graph the lender workers publish (pool_debts.py), for DGFM; None without
+        a ledger or when it does not answer (DGFM then asks the workers themselves)."""
+        if self._client is None:
+            return None
+        try:
+            return read_debts(self._client)
+        except redis.RedisError as exc:
+            log.warning("pool_ledger_unreachable", error=str(exc))
+            return None
 
     def cap(
         self, room_tokens: Mapping[str, int], daemons: Mapping[str, str], bytes_per_token: int

@@ -84,8 +84,8 @@ class LongContextSettings(BaseModel):
     lender_ttl_seconds: float = Field(
         15.0,
         gt=0,
-        description="how long this worker's lender entry in the ledger lives unless renewed (every third of "
-        "it): a lender killed is proposed to homes for at most this long",
+        description="how long this worker's lender entry and its debts in the ledger live unless renewed "
+        "(every third of it): a lender killed is proposed to homes, and counted in DGFM's graph, at most this long",
     )
     dgfm: DgfmSettings = Field(default_factory=DgfmSettings, description="debt-graph defragmentation")
     peer_channel: ChannelSecurity = Field(

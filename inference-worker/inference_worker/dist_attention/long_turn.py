@@ -84,9 +84,11 @@ class LongTurns:
         self.tokenizer: PreTrainedTokenizerBase = model.tokenizer
         self.channels = PeerChannels(settings.peer_channel.load("long_context.peer_channel"))
         self.held = HeldKV(limits, node=settings.advertise_address)
-        self.swaps = DebtSwaps(self.held, settings.dgfm, self.channels, settings.peer_timeout_seconds)
         self.ledger = LedgerRoom(
             settings.pool_redis_url, settings.peer_timeout_seconds, settings.pool_node_name
+        )
+        self.swaps = DebtSwaps(
+            self.held, settings.dgfm, self.channels, settings.peer_timeout_seconds, self.ledger
         )
         self.siblings = LenderSiblings(self.ledger, settings.advertise_address)
         self._dgfm: asyncio.Task[None] | None = None  # started by the first long turn

@@ -102,6 +102,10 @@ class MicroAttentionServicer(micro_attention_pb2_grpc.MicroAttentionServicer):
         """The ledger id of the daemon this worker lends through ("": none, or not yet known)."""
         return await self._lent.pool_daemon()
 
+    def held_for(self) -> dict[str, int]:
+        """Bytes held here per borrower (its home), this worker's own KV left out."""
+        return self._held.held_for()
+
     async def PartialAttention(
         self, request: pb.PartialAttentionRequest, context: grpc.aio.ServicerContext
     ) -> pb.PartialAttentionResponse:

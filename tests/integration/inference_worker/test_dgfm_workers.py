@@ -41,10 +41,11 @@ REMOTE_BYTES = (PROMPT_TOKENS + NEW_TOKENS - POOL_TOKENS) * KV_BYTES_PER_TOKEN
 
 @contextmanager
 def ring(
-    root: Path, model_dir: Path, size: int, min_swap_bytes: int, daemons: bool
+    root: Path, model_dir: Path, size: int, min_swap_bytes: int, daemons: bool, redis_url: str | None = None
 ) -> Iterator[list[WorkerProcess]]:
     """`size` workers, each with a KV pool of POOL_TOKENS and the next one as its only
-    peer; with `daemons`, each with a daemon of its own that it advertises."""
+    peer; with `daemons`, each with a daemon of its own that it advertises; with
+    `redis_url`, each publishing its debts in that pool ledger (DGFM reads them there)."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
     with ExitStack() as stack:
         stores = []
@@ -64,6 +65,7 @@ def ring(
                     "advertise_address": address,
                     "segment_tokens": 64,
                     "dgfm": {"period_seconds": 0.05, "min_swap_bytes": min_swap_bytes},
+                    "pool_redis_url": redis_url,
                 },
             }
             for i, address in enumerate(addresses)
@@ -105,14 +107,22 @@ def plain_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
 
 
 def run_turns_at_once(
-    size: int, root: Path, model_dir: Path, min_swap_bytes: int, daemons: bool = False
+    size: int,
+    root: Path,
+    model_dir: Path,
+    min_swap_bytes: int,
+    daemons: bool = False,
+    redis_url: str | None = None,
 ) -> tuple[bool, list[WorkerProcess]]:
     """A long turn on every worker of a ring at once, checked against plain forwards;
     whether a moment came when every node held only its own sequence's KV, as much as it
     lent, and the workers (stopped)."""
     gen = torch.Generator().manual_seed(size)
     prompts = [torch.randint(0, 300, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(size)]
-    with ring(root, model_dir, size, min_swap_bytes, daemons) as workers, ThreadPoolExecutor(size) as pool:
+    with (
+        ring(root, model_dir, size, min_swap_bytes, daemons, redis_url) as workers,
+        ThreadPoolExecutor(size) as pool,
+    ):
         addresses = [worker.address for worker in workers]
         turns = [pool.submit(greedy_turn, address, prompt) for address, prompt in zip(addresses, prompts)]
         swapped = False

@@ -133,21 +133,34 @@ def test_the_schedulers_reader_sees_what_the_daemons_wrote_and_ranks_nothing(
     asyncio.run(scenario())
 
 
-def test_debts_add_up_per_edge_and_feed_the_debt_graph(redis_server: RedisProcess) -> None:
+def test_debts_are_each_creditors_absolute_values_and_expire_with_it(redis_server: RedisProcess) -> None:
+    """Each lender worker publishes what it holds per borrower, whole (pool_debts.py): a new
+    write replaces the last, an empty one removes its edges, a clean stop withdraws them and
+    a creditor that stops writing loses them when its TTL passes."""
     from attnstore.debt_graph import plan_swaps
+    from attnstore.pool_debts import publish_debts, read_debts, withdraw_debts
+
+    reader = redis.Redis.from_url(redis_server.url)
 
     async def scenario() -> None:
-        ledger = PoolLedger(aioredis.Redis.from_url(redis_server.url), heartbeat_ttl_seconds=2.0, limits=LIMITS)
-        await ledger.record_debt("a", "b", 300)
-        await ledger.record_debt("a", "b", 200)
-        await ledger.record_debt("b", "a", 400)
-        await ledger.record_debt("c", "a", 100)
-        await ledger.record_debt("c", "a", -100)  # paid back: the edge is gone
-        assert await ledger.debts() == {("a", "b"): 500, ("b", "a"): 400}
-        [swap] = plan_swaps(await ledger.debts(), min_swap_bytes=100)
+        client = aioredis.Redis.from_url(redis_server.url)
+        await publish_debts(client, "b", {"a": 300, "c": 50}, ttl_seconds=60)
+        await publish_debts(client, "b", {"a": 500}, ttl_seconds=60)  # replaces: c paid back
+        await publish_debts(client, "a", {"b": 400}, ttl_seconds=1.0)
+        await publish_debts(client, "c", {"a": 100}, ttl_seconds=60)
+        await publish_debts(client, "c", {}, ttl_seconds=60)  # holds nothing now
+        assert read_debts(reader) == {("a", "b"): 500, ("b", "a"): 400}
+        [swap] = plan_swaps(read_debts(reader), min_swap_bytes=100)
         assert swap.size_bytes == 400
+        await asyncio.sleep(1.2)  # a's TTL passed without a write (killed): its edges are gone
+        assert read_debts(reader) == {("a", "b"): 500}
+        assert reader.smembers("attnstore:pool:creditors") == {b"b"}  # and it left the index
+        await withdraw_debts(client, "b")  # a clean stop
+        assert read_debts(reader) == {}
+        await client.aclose()
 
     asyncio.run(scenario())
+    reader.close()
 
 
 def test_dropped_chunks_reach_their_borrower_node_once_and_expire(redis_server: RedisProcess) -> None:
