@@ -20,6 +20,8 @@ from collections.abc import Mapping
 import redis
 import redis.asyncio as aioredis
 
+from attnstore.pool_ledger import redis_text
+
 _CREDITORS = "attnstore:pool:creditors"
 
 
@@ -52,7 +54,7 @@ async def withdraw_debts(client: aioredis.Redis, creditor: str) -> None:
 def read_debts(client: redis.Redis) -> dict[tuple[str, str], int]:
     """(debtor, creditor) -> bytes, every edge the live creditors published (a creditor
     whose hash expired leaves the index). Synchronous, for a worker thread (a DGFM round)."""
-    creditors = sorted(_text(c) for c in client.smembers(_CREDITORS))
+    creditors = sorted(redis_text(c) for c in client.smembers(_CREDITORS))
     with client.pipeline(transaction=False) as pipe:
         for creditor in creditors:
             pipe.hgetall(_debts_key(creditor))
@@ -68,8 +70,4 @@ def read_debts(client: redis.Redis) -> dict[tuple[str, str], int]:
 def edges(creditor: str, fields: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[tuple[str, str], int]:
     """A creditor's hash as edges (debtor, creditor) -> bytes; a zero or negative value is
     no debt. Clients with and without decode_responses both work."""
-    return {(_text(debtor), creditor): int(size) for debtor, size in fields.items() if int(size) > 0}
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return {(redis_text(debtor), creditor): int(size) for debtor, size in fields.items() if int(size) > 0}

@@ -143,7 +143,7 @@ class PoolLedger:
 
     async def members(self) -> list[DaemonEntry]:
         """Every live daemon (the scheduler's routing maps peer addresses to nodes with it)."""
-        ids = [_text(i) for i in await self._redis.zrange(_LENDABLE, 0, -1)]
+        ids = [redis_text(i) for i in await self._redis.zrange(_LENDABLE, 0, -1)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for daemon_id in ids:
                 pipe.hgetall(_daemon_key(daemon_id))
@@ -157,7 +157,7 @@ class PoolLedger:
         ids = await self._redis.zrevrangebyscore(
             _LENDABLE, "+inf", size_bytes, start=0, num=count * _CANDIDATE_SCAN
         )
-        ids = [_text(i) for i in ids if _text(i) != requester.daemon_id]
+        ids = [redis_text(i) for i in ids if redis_text(i) != requester.daemon_id]
         async with self._redis.pipeline(transaction=False) as pipe:
             for daemon_id in ids:
                 pipe.hgetall(_daemon_key(daemon_id))
@@ -199,7 +199,7 @@ def read_lendable(client: redis.Redis, daemon_ids: Iterable[str]) -> dict[str, i
     }
 
 
-def _text(value: bytes | str) -> str:
+def redis_text(value: bytes | str) -> str:
     """Clients with and without decode_responses both work."""
     return value.decode() if isinstance(value, bytes) else value
 
@@ -207,7 +207,7 @@ def _text(value: bytes | str) -> str:
 def _decode(fields: dict[bytes, bytes] | dict[str, str]) -> DaemonEntry | None:
     if not fields:
         return None
-    text = {_text(k): _text(v) for k, v in fields.items()}
+    text = {redis_text(k): redis_text(v) for k, v in fields.items()}
     return DaemonEntry(
         daemon_id=text["daemon_id"], node=text["node"], grpc_address=text["grpc_address"],
         data_plane_address=text["data_plane_address"], capacity_bytes=int(text["capacity_bytes"]),
