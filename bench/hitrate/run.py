@@ -184,6 +184,8 @@ def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str,
         "hit_rate": "prompt chunks found in the stored prefix at the turn's start / prompt chunks looked up",
         "dram_share_of_hits": "hit chunks Lookup found in DRAM / hit chunks",
         "waited_dram_share_of_hits": "the same over the turns that waited a hint interval or more in the queue",
+        "started_dram_share_of_hits": "the same over the other turns (started on arrival: nothing could prefetch)",
+        "predictive_dram_share_ceiling": "the DRAM share if every waited turn's hits had come from DRAM",
         "ideal_hit_rate": "the hit rate of a store that never evicts, on the same schedule",
         "store_turnover_s": "simulated seconds the workload takes to store as many chunks as DRAM + SSD hold",
     }

@@ -72,6 +72,8 @@ class ReplayResult:
             "optimal_hit_rate": _ratio(self.optimal_hit_blocks, self.lookup_blocks),
             "waited_dram_share_of_hits": _ratio(self.waited_dram_hit_blocks, self.waited_hit_blocks),
             "waited_share_of_hits": _ratio(self.waited_hit_blocks, self.hit_blocks),
+            "started_dram_share_of_hits": _ratio(self.dram_hit_blocks - self.waited_dram_hit_blocks,
+                                                 self.hit_blocks - self.waited_hit_blocks),
             "turns": self.turns, "lookup_blocks": self.lookup_blocks, "hit_blocks": self.hit_blocks,
             "dram_hit_blocks": self.dram_hit_blocks, "stored_chunks": self.stored_chunks,
             "hint_pushes": self.hint_pushes, "prefetches_started": self.prefetches_started,

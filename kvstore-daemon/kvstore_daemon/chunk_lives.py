@@ -65,7 +65,8 @@ class ChunkLives:
         self.tick = 0
         self.lives: dict[bytes, Life] = {}
         self._last_read: tuple[bytes, int] | None = None  # (key, tick after it): a second tier's report
-        self._ghosts: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # evicted key -> (class, last tick)
+        # evicted key -> (class, last tick, the learner's epoch at its unread end)
+        self._ghosts: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self._ghosts_max = ghost_keys_max
         self.children: dict[bytes, set[bytes]] = {}  # key -> its children alive in the store
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
@@ -109,8 +110,8 @@ class ChunkLives:
         ghost = self._ghosts.pop(key, None)
         if ghost is not None:
             metrics.EVICTED_NEEDED_AGAIN.labels(heard).inc()
-            cls, tick = ghost
-            self.learner.evicted(cls, undo=True)
+            cls, tick, epoch = ghost
+            self.learner.evicted(cls, undo_from=epoch)
             self.learner.hit(cls, self.tick - tick)
 
     def dropped(self, key: bytes) -> None:
@@ -123,7 +124,7 @@ class ChunkLives:
             return
         del self.lives[key]
         self.learner.evicted(life.cls)  # taken back if it is needed again while a ghost
-        self._ghosts[key] = (life.cls, life.tick)
+        self._ghosts[key] = (life.cls, life.tick, self.learner.epoch)
         if len(self._ghosts) > self._ghosts_max:
             self._ghosts.popitem(last=False)  # the earliest evicted
         self._unlink(key)

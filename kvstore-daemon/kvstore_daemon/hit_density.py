@@ -19,7 +19,7 @@ the LRU-to-optimum gap, this form 10%, 22% and 2%.)
 The counts must not be censored by the policy itself: a store that evicts at age 100
 would never see a read at age 200. So the caller reports an evicted chunk that was
 stored again later (it was needed) as a read at that age, taking back its unread record
-(`evicted(undo=True)`): chunk_lives.py keeps such ghosts.
+(`evicted(undo_from=...)`): chunk_lives.py keeps such ghosts.
 
 Ages are binned geometrically (25% wider each, from `FIRST_BIN_TICKS`), which covers every
 store size without tuning a coarsening as LHD does. Counts halve every
@@ -59,6 +59,7 @@ class HitDensity:
         self._unread = [0.0] * (classes + 1)  # spells that ended unread, whatever their age
         self._half_life = half_life_events
         self._since_decay = 0
+        self.epoch = 0  # halvings so far: a count recorded at epoch e weighs 0.5 ** (epoch - e) now
         self._ends = [0.0] * (classes + 1)  # ends recorded per class
         self._pending = [0.0] * (classes + 1)  # of them, since its densities were computed
         self._table = [[0.0] * AGE_BINS for _ in range(classes + 1)]  # density per class and bin
@@ -69,11 +70,15 @@ class HitDensity:
             self._hits[row][age_bin(age_ticks)] += 1.0
             self._ended(row)
 
-    def evicted(self, cls: int, undo: bool = False) -> None:
-        """A chunk of `cls` left the tier unread; `undo` takes such a record back (it was
-        needed after all)."""
+    def evicted(self, cls: int, undo_from: int | None = None) -> None:
+        """A chunk of `cls` left the tier unread; with `undo_from`, such a record made at that
+        epoch is taken back (it was needed after all) at what it weighs now: taken back
+        whole after the counts halved, it would leave the class fewer unread ends than it
+        had (negative, for a class that rarely ends unread), and its chunks would rank as
+        always read again."""
+        change = 1.0 if undo_from is None else -(0.5 ** (self.epoch - undo_from))
         for row in (cls, self._classes):
-            self._unread[row] += -1.0 if undo else 1.0
+            self._unread[row] += change
             self._ended(row)
 
     def _ended(self, row: int) -> None:
@@ -84,6 +89,7 @@ class HitDensity:
         self._since_decay += 1
         if self._since_decay >= self._half_life:
             self._since_decay = 0
+            self.epoch += 1
             self._unread = [count / 2 for count in self._unread]
             self._ends = [count / 2 for count in self._ends]
             for counts in self._hits:

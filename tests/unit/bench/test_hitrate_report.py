@@ -3,7 +3,8 @@ with end signals and with conversation_over reported under ShareGPT, targets as 
 
 from __future__ import annotations
 
-from bench.hitrate.report import gap_closed, summarize_predictive
+from bench.hitrate.report import dram_share_ceiling, gap_closed, summarize_predictive
+from bench.hitrate.sim import ReplayResult
 
 
 def _row(workload: str, policy: str, hit: float, dram: float = 0.01, optimal: float = 0.5) -> dict:
@@ -36,3 +37,23 @@ def test_ended_sharegpt_runs_are_reported_under_sharegpt_and_targets_are_checked
 def test_no_gap_no_share() -> None:
     assert gap_closed(0.3, 0.3, 0.3) is None
     assert gap_closed(0.2, 0.1, 0.3) == 0.5
+
+
+def test_the_dram_share_ceiling_counts_the_turns_that_started_on_arrival_as_they_were() -> None:
+    # 90% of the hits from turns that waited, the other 10% 40% from DRAM: at most 94%.
+    predictive = {**_row("mooncake", "predictive", 0.2), "waited_share_of_hits": 0.9,
+                  "started_dram_share_of_hits": 0.4}
+    assert dram_share_ceiling(predictive) == 0.94
+    assert dram_share_ceiling(_row("mooncake", "predictive", 0.2)) is None  # rows from before the split
+    summary, lines = summarize_predictive([_row("mooncake", "lru", 0.1), predictive])
+    assert summary["mooncake"]["predictive_dram_share_ceiling"] == 0.94
+    assert "FAIL  mooncake 1%/10%: 90.0% of predictive's hits from DRAM (target >= 95%; 94.0% if every queued " \
+        "turn's came from DRAM)" in lines
+
+
+def test_the_replay_splits_the_dram_share_by_whether_a_turn_waited() -> None:
+    result = ReplayResult(hit_blocks=10, dram_hit_blocks=8, waited_hit_blocks=6, waited_dram_hit_blocks=6)
+    summary = result.summary()
+    assert summary["waited_share_of_hits"] == 0.6
+    assert summary["started_dram_share_of_hits"] == 0.5  # 2 of the other 4 hits from DRAM
+    assert dram_share_ceiling(summary) == 0.8

@@ -34,7 +34,7 @@ def test_an_undone_eviction_is_forgotten() -> None:
     learner.hit(0, 4)
     before = learner.density(0, 0)
     learner.evicted(0)
-    learner.evicted(0, undo=True)
+    learner.evicted(0, undo_from=learner.epoch)
     learner.hit(0, 4)  # the same spell, read after all
     assert learner.density(0, 0) == pytest.approx(before)
 
@@ -46,6 +46,18 @@ def test_counts_halve_after_the_half_life_so_new_behaviour_wins() -> None:
     for _ in range(2):
         learner.hit(0, 4)
     assert learner.density(0, 0) == pytest.approx(0.5 / 4)  # 2 reads of 4 spells, not 2 of 6
+
+
+def test_an_eviction_undone_after_a_halving_is_taken_back_at_its_halved_weight() -> None:
+    learner = HitDensity(classes=1, half_life_events=4)
+    recorded_at = learner.epoch
+    for _ in range(4):
+        learner.evicted(0)  # 4 unread ends, halved to 2 at the fourth
+    assert learner.epoch == recorded_at + 1
+    learner.evicted(0, undo_from=recorded_at)  # one of them was needed after all: it weighs 0.5 now
+    learner.hit(0, 4)
+    # 1 read of 2.5 spells (taken back whole: of 2)
+    assert learner.density(0, 0) == pytest.approx(1 / 2.5 / 4)
 
 
 def test_age_bins_grow_geometrically_and_cap() -> None:
