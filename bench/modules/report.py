@@ -151,8 +151,9 @@ def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict
     repair at schema positions (the paper's layout), with repair the served configuration
     (method x positions) nearest the full prefill at the largest budget. Beside them: the
     per-case mean |ppl / ppl_full - 1| (`ppl_case_mean_abs_delta_*`), the mean rise with a
-    lower perplexity counted 0 (`ppl_loss_*`, the worker's defaults: compact, deviation), and
-    the full prefill's own move with the modules reordered (`ppl_delta_reordered`)."""
+    lower perplexity counted 0 (`ppl_loss_*`, the worker's defaults: compact, deviation), the
+    no-repair delta of each workload, and the full prefill's own move with the modules
+    reordered (`ppl_delta_reordered`)."""
     joined = [r for r in rows if r.workload in MULTI_MODULE]
     sweep = [r for r in rows if r.workload == "length"]
     repairable, reordered = _repairable(rows), _reordered(joined)
@@ -172,6 +173,11 @@ def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict
         "ppl_delta_with_repair_first": curve.get("first", {}).get(largest),
         "ppl_delta_with_repair_deviation": curve.get("deviation", {}).get(largest),
         "ppl_delta_curve": curve,
+        "ppl_delta_no_repair_by_workload": {
+            name: round(corpus_delta(picked, _plain_ppl), 4)
+            for name in MULTI_MODULE
+            if (picked := [r for r in joined if r.workload == name])
+        },
         "ppl_delta_reordered": round(corpus_delta(reordered, _reordered_ppl), 4) if reordered else None,
         "ppl_delta_reordered_ci95": _interval(reordered, _reordered_ppl) if reordered else None,
         "ppl_delta_single_module": round(corpus_delta(sweep, _plain_ppl), 4) if sweep else None,

@@ -96,6 +96,7 @@ def test_summary_and_verdicts() -> None:
     low, high = summary["ppl_delta_no_repair_ci95"]
     assert low <= summary["ppl_delta_no_repair"] <= high and low < high
     assert summary["quality_cases"] == 3 and summary["reference_tokens"] == 96
+    assert summary["ppl_delta_no_repair_by_workload"] == {"doc_qa": summary["ppl_delta_no_repair"]}
     assert summary["greedy_agreement_with_repair_deviation"] == 0.75
     assert summary["ttft_speedup_doc_qa_repair_deviation"] == 15.0  # its TTFT twice the plain one
     assert summary["repair_budget_fraction"] == LARGEST and summary["greedy_agreement_with_repair"] == 1.0
