@@ -77,6 +77,8 @@ class CaseResult:
     # The full prefill of the case's reordered prompt (its modules in another order, compact):
     # how far a change that keeps the prompt's meaning moves the same perplexity.
     ppl_full_reordered: float | None = None
+    # The reference tokens scored (a case's NLL is this times log ppl: corpus_perplexity.py).
+    reference_tokens: int | None = None
 
     @property
     def speedup(self) -> float:
@@ -146,6 +148,7 @@ class CaseRunner:
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
             agree_no_repair=_agreement(await self._answer(case), full_answer),
+            reference_tokens=len(reference),
             ppl_modules_compact=await self._module_perplexity(compact.prompt, reference),
             ppl_full_reordered=self._full_perplexity(
                 list(lay_out(reordered.prompt).tokens_by_position), reference

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
+from bench.modules.corpus_perplexity import corpus_delta, corpus_interval
 from bench.modules.measure import COMPACT_DEVIATION, REPAIR_FRACTIONS, REPAIR_METHODS, CaseResult
 from inference_worker.modules.repair_selection import RepairMethod
 
@@ -43,13 +43,13 @@ def format_table(rows: list[CaseResult]) -> str:
     if not joined:  # a run of the length sweep alone (--only length)
         return "\n".join(lines)
     lines.append("")
-    lines.append("perplexity from full prefill vs repair budget (prompts of several modules):")
+    lines.append(
+        "workload perplexity over full prefill's, less 1, vs repair budget (prompts of several modules):"
+    )
     for method in REPAIR_METHODS:
-        unrepaired = _ppl_delta(
-            joined, _compact_ppl if method == COMPACT_DEVIATION else lambda r: r.ppl_modules
-        )
-        cells = [f"0%: {unrepaired:.2%}"] + [
-            f"{fraction:.0%}: {_curve_delta(rows, method, fraction):.2%}" for fraction in REPAIR_FRACTIONS
+        unrepaired = corpus_delta(joined, _compact_ppl if method == COMPACT_DEVIATION else _plain_ppl)
+        cells = [f"0%: {unrepaired:+.2%}"] + [
+            f"{fraction:.0%}: {_curve_delta(rows, method, fraction):+.2%}" for fraction in REPAIR_FRACTIONS
         ]
         lines.append(f"  {method:<17} " + "  ".join(cells))
     return "\n".join(lines)
@@ -73,29 +73,36 @@ def _num(value: float | None, width: int, spec: str) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 
 
-def _ppl_delta(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
-    """The mean distance of the perplexity from the full prefill's, relative (either side)."""
+def _case_mean_abs_delta(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
+    """The per-case mean of |ppl / ppl_full - 1| (secondary: each prompt's own distance, a
+    lower perplexity counted as far as a higher one; not the workload's perplexity)."""
     return statistics.mean(abs(ppl(r) / r.ppl_full - 1) for r in rows)
 
 
 def _ppl_loss(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
     """The mean rise of the perplexity over the full prefill's (a prompt served with a lower
-    one counts 0): the loss side of `_ppl_delta`."""
+    one counts 0)."""
     return statistics.mean(max(0.0, ppl(r) / r.ppl_full - 1) for r in rows)
 
 
-def _ppl_ratio(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> float:
-    """The geometric mean of perplexity / the full prefill's, less 1 (signed; the pooled
-    reference tokens' perplexity ratio when every reference has the same length)."""
-    return math.exp(statistics.mean(math.log(ppl(r) / r.ppl_full) for r in rows)) - 1
+def _interval(rows: list[CaseResult], ppl: Callable[[CaseResult], float]) -> list[float]:
+    found = corpus_interval(rows, ppl)
+    return [round(found.low, 4), round(found.high, 4)]
 
 
-def _reordered_delta(rows: list[CaseResult]) -> float | None:
-    """The measure's own spread: how far the full prefill's perplexity moves with the
-    prompt's modules in another order."""
-    return _mean(
-        [abs(r.ppl_full_reordered / r.ppl_full - 1) for r in rows if r.ppl_full_reordered is not None]
-    )
+def _reordered_ppl(row: CaseResult) -> float:
+    assert row.ppl_full_reordered is not None
+    return row.ppl_full_reordered
+
+
+def _reordered(rows: list[CaseResult]) -> list[CaseResult]:
+    """The rows with a reordered twin (the measure's own spread: the full prefill's
+    perplexity with the prompt's modules in another order)."""
+    return [r for r in rows if r.ppl_full_reordered is not None]
+
+
+def _plain_ppl(row: CaseResult) -> float:
+    return row.ppl_modules
 
 
 def _compact_ppl(row: CaseResult) -> float:
@@ -118,7 +125,7 @@ def _point_ppl(method: str, fraction: float) -> Callable[[CaseResult], float]:
 
 
 def _curve_delta(rows: list[CaseResult], method: str, fraction: float) -> float:
-    return _ppl_delta(_repairable(rows), _point_ppl(method, fraction))
+    return corpus_delta(_repairable(rows), _point_ppl(method, fraction))
 
 
 def _budget(rows: list[CaseResult], fraction: float) -> float:
@@ -135,6 +142,59 @@ def _median(values: list[float]) -> float | None:
 def _median_speedup(rows: list[CaseResult], workload: str) -> float | None:
     picked = [r.speedup for r in rows if r.workload == workload]
     return round(statistics.median(picked), 2) if picked else None
+
+
+def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The perplexity keys: `ppl_delta_*` are the workload's perplexity (exp of the mean NLL
+    over every reference token of the prompts of several modules) over the full prefill's on
+    the same tokens, less 1, signed, with a 95% bootstrap interval over the prompts; without
+    repair at schema positions (the paper's layout), with repair the served configuration
+    (method x positions) nearest the full prefill at the largest budget. Beside them: the
+    per-case mean |ppl / ppl_full - 1| (`ppl_case_mean_abs_delta_*`), the mean rise with a
+    lower perplexity counted 0 (`ppl_loss_*`, the worker's defaults: compact, deviation), the
+    no-repair delta of each workload, and the full prefill's own move with the modules
+    reordered (`ppl_delta_reordered`)."""
+    joined = [r for r in rows if r.workload in MULTI_MODULE]
+    sweep = [r for r in rows if r.workload == "length"]
+    repairable, reordered = _repairable(rows), _reordered(joined)
+    largest = f"{REPAIR_FRACTIONS[-1]:.2f}"
+    served = [m for m in (*(m.value for m in RepairMethod), COMPACT_DEVIATION) if m in curve]
+    method = min(served, key=lambda m: abs(curve[m][largest]), default=None)
+    repaired = _point_ppl(method, REPAIR_FRACTIONS[-1]) if method else None
+    default_repair = _point_ppl(COMPACT_DEVIATION, REPAIR_FRACTIONS[-1])
+    return {
+        "ppl_delta_no_repair": round(corpus_delta(joined, _plain_ppl), 4) if joined else None,
+        "ppl_delta_no_repair_ci95": _interval(joined, _plain_ppl) if joined else None,
+        "ppl_delta_no_repair_compact": round(corpus_delta(joined, _compact_ppl), 4) if joined else None,
+        "ppl_delta_with_repair": curve[method][largest] if method else None,
+        "ppl_delta_with_repair_ci95": _interval(repairable, repaired) if repaired else None,
+        "ppl_delta_with_repair_method": method,
+        "ppl_delta_with_repair_compact": curve.get(COMPACT_DEVIATION, {}).get(largest),
+        "ppl_delta_with_repair_first": curve.get("first", {}).get(largest),
+        "ppl_delta_with_repair_deviation": curve.get("deviation", {}).get(largest),
+        "ppl_delta_curve": curve,
+        "ppl_delta_no_repair_by_workload": {
+            name: round(corpus_delta(picked, _plain_ppl), 4)
+            for name in MULTI_MODULE
+            if (picked := [r for r in joined if r.workload == name])
+        },
+        "ppl_delta_reordered": round(corpus_delta(reordered, _reordered_ppl), 4) if reordered else None,
+        "ppl_delta_reordered_ci95": _interval(reordered, _reordered_ppl) if reordered else None,
+        "ppl_delta_single_module": round(corpus_delta(sweep, _plain_ppl), 4) if sweep else None,
+        "quality_cases": len(joined),
+        "reference_tokens": sum(r.reference_tokens or 0 for r in joined),
+        "ppl_case_mean_abs_delta_no_repair": round(_case_mean_abs_delta(joined, _plain_ppl), 4)
+        if joined
+        else None,
+        "ppl_case_mean_abs_delta_with_repair": round(_case_mean_abs_delta(repairable, repaired), 4)
+        if repaired
+        else None,
+        "ppl_case_mean_abs_delta_reordered": round(_case_mean_abs_delta(reordered, _reordered_ppl), 4)
+        if reordered
+        else None,
+        "ppl_loss_no_repair": round(_ppl_loss(joined, _compact_ppl), 4) if joined else None,
+        "ppl_loss_with_repair": round(_ppl_loss(repairable, default_repair), 4) if repairable else None,
+    }
 
 
 def summarize(rows: list[CaseResult]) -> dict[str, Any]:
@@ -155,14 +215,7 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         if repairable
         else {}
     )
-    served = [  # the worker's configurations (method x positions), not bench variants
-        curve[m][f"{largest:.2f}"]
-        for m in (*(m.value for m in RepairMethod), COMPACT_DEVIATION)
-        if m in curve
-    ]
-    with_repair = min(served, default=None)
     qa = [r for r in rows if r.workload == "doc_qa"]
-    default_repair = _point_ppl(COMPACT_DEVIATION, largest)  # the worker's defaults at the largest budget
     return {
         "ttft_speedup_4k_module": round(sweep[4096].speedup, 2) if 4096 in sweep else None,
         "ttft_speedup_4k_module_bf16": _round(sweep[4096].speedup_bf16, 2) if 4096 in sweep else None,
@@ -182,24 +235,7 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
         "ttft_speedup_code": _median_speedup(rows, "code"),
         "ttft_speedup_persona": _median_speedup(rows, "persona"),
         "ttft_speedup_travel": _median_speedup(rows, "travel"),
-        "ppl_delta_no_repair": round(_ppl_delta(joined, lambda r: r.ppl_modules), 4) if joined else None,
-        "ppl_delta_no_repair_compact": round(_ppl_delta(joined, _compact_ppl), 4) if joined else None,
-        "ppl_delta_with_repair_compact": curve.get(COMPACT_DEVIATION, {}).get(f"{largest:.2f}"),
-        "ppl_delta_with_repair": with_repair,
-        "ppl_delta_with_repair_first": curve.get("first", {}).get(f"{largest:.2f}"),
-        "ppl_delta_with_repair_deviation": curve.get("deviation", {}).get(f"{largest:.2f}"),
-        "ppl_delta_curve": curve,
-        # The same perplexities one-sided (a rise only) and signed (geometric mean), with the
-        # worker's default layout (compact) and repair (deviation, the largest budget); and the
-        # full prefill's own move when the modules are reordered.
-        "ppl_loss_no_repair": round(_ppl_loss(joined, _compact_ppl), 4) if joined else None,
-        "ppl_loss_with_repair": round(_ppl_loss(repairable, default_repair), 4) if repairable else None,
-        "ppl_ratio_no_repair": round(_ppl_ratio(joined, _compact_ppl), 4) if joined else None,
-        "ppl_ratio_with_repair": round(_ppl_ratio(repairable, default_repair), 4) if repairable else None,
-        "ppl_delta_reordered": _round(_reordered_delta(joined), 4),
-        "ppl_delta_single_module": round(_ppl_delta(list(sweep.values()), lambda r: r.ppl_modules), 4)
-        if sweep
-        else None,
+        **_quality(rows, curve),
         "repair_budget_fraction": round(_budget(rows, largest), 3) if repairable else None,
         "greedy_agreement_no_repair": round(statistics.mean(r.agree_no_repair for r in joined), 3)
         if joined
@@ -221,21 +257,27 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
     }
 
 
+def _decided(value: float, interval: list[float] | None, target: float) -> str:
+    """Whether the bootstrap interval lies on the point estimate's side of the band +-target
+    (the run's prompts tell PASS from FAIL), or straddles a bound (more prompts needed)."""
+    if interval is None:
+        return ""
+    low, high = interval
+    inside = -target <= low and high <= target
+    outside = high < -target or low > target
+    decided = inside if abs(value) <= target else outside
+    return f", 95% CI [{low:+.2%}, {high:+.2%}]: {'decided' if decided else 'not decided at this size'}"
+
+
 def verdicts(summary: dict[str, Any]) -> list[str]:
+    """The targets; a perplexity is within its target when the workload's perplexity is
+    within +-target of the full prefill's (the issue's words), its interval printed beside."""
+
     def line(ok: bool | None, text: str) -> str:
         return f"{'n/a ' if ok is None else 'PASS' if ok else 'FAIL'} {text}"
 
-    def below(value: float | None, target: float) -> bool | None:
-        return None if value is None else value <= target
-
     def share(key: str) -> str:
-        return (
-            "-"
-            if summary[key] is None
-            else f"{summary[key]:+.2%}"
-            if "ratio" in key
-            else f"{summary[key]:.2%}"
-        )
+        return "-" if summary[key] is None else f"{summary[key]:.2%}"
 
     qa, big = summary["ttft_speedup_doc_qa"], summary["ttft_speedup_4k_module"]
     plain, repaired, budget = (
@@ -243,6 +285,7 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         summary["ppl_delta_with_repair"],
         summary["repair_budget_fraction"],
     )
+    reordered = summary["ppl_delta_reordered"]
     return [
         line(None if qa is None else qa >= TARGET_DOC_QA, f"doc-QA TTFT speedup {qa}x >= {TARGET_DOC_QA:g}x"),
         line(
@@ -250,22 +293,37 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
             f"4,096-token module TTFT speedup {'(not run)' if big is None else f'{big}x'} >= {TARGET_4K:g}x",
         ),
         line(
-            below(plain, TARGET_PPL_NO_REPAIR),
-            f"perplexity {plain if plain is None else f'{plain:.2%}'} from full prefill without repair "
-            f"<= {TARGET_PPL_NO_REPAIR:.0%}",
+            None if plain is None else abs(plain) <= TARGET_PPL_NO_REPAIR,
+            "perplexity without repair "
+            + ("-" if plain is None else f"{plain:+.2%}")
+            + f" from full prefill's, within +-{TARGET_PPL_NO_REPAIR:.0%}"
+            + (
+                ""
+                if plain is None
+                else _decided(plain, summary["ppl_delta_no_repair_ci95"], TARGET_PPL_NO_REPAIR)
+            ),
         ),
         line(
             None
             if repaired is None or budget is None
-            else repaired <= TARGET_PPL_REPAIR and budget <= TARGET_REPAIR_BUDGET,
-            f"perplexity {repaired if repaired is None else f'{repaired:.2%}'} from full prefill with repair of "
-            f"{budget if budget is None else f'{budget:.0%}'} of module tokens <= {TARGET_PPL_REPAIR:.0%}",
+            else abs(repaired) <= TARGET_PPL_REPAIR and budget <= TARGET_REPAIR_BUDGET,
+            "perplexity with repair "
+            + ("-" if repaired is None else f"{repaired:+.2%} ({summary['ppl_delta_with_repair_method']})")
+            + f" of {budget if budget is None else f'{budget:.0%}'} of module tokens from full prefill's, "
+            f"within +-{TARGET_PPL_REPAIR:.0%}"
+            + (
+                ""
+                if repaired is None
+                else _decided(repaired, summary["ppl_delta_with_repair_ci95"], TARGET_PPL_REPAIR)
+            ),
         ),
         (
-            f"info perplexity rise over full prefill (a lower one counts 0) {share('ppl_loss_no_repair')} "
-            f"without repair, {share('ppl_loss_with_repair')} with repair; geometric mean "
-            f"{share('ppl_ratio_no_repair')} / {share('ppl_ratio_with_repair')}; the full prefill itself "
-            f"{share('ppl_delta_reordered')} from its modules reordered"
+            f"info the full prefill with its modules reordered {'-' if reordered is None else f'{reordered:+.2%}'}; "
+            f"per-case mean |ppl / ppl_full - 1| {share('ppl_case_mean_abs_delta_no_repair')} without repair, "
+            f"{share('ppl_case_mean_abs_delta_with_repair')} with, {share('ppl_case_mean_abs_delta_reordered')} "
+            f"reordered; mean rise (a lower one counts 0) {share('ppl_loss_no_repair')} / "
+            f"{share('ppl_loss_with_repair')}; {summary['quality_cases']} prompts, "
+            f"{summary['reference_tokens']} reference tokens"
         ),
     ]
 
@@ -295,8 +353,8 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
     if _repairable(rows):
         budgets = [0.0, *REPAIR_FRACTIONS]
         for color, method in zip(PALETTE[2:], REPAIR_METHODS, strict=False):
-            unrepaired = _compact_ppl if method == COMPACT_DEVIATION else (lambda r: r.ppl_modules)
-            deltas = [_ppl_delta(joined, unrepaired)]
+            unrepaired = _compact_ppl if method == COMPACT_DEVIATION else _plain_ppl
+            deltas = [corpus_delta(joined, unrepaired)]
             deltas += [_curve_delta(rows, method, f) for f in REPAIR_FRACTIONS]
             curve_ax.plot(
                 [b * 100 for b in budgets],
@@ -305,10 +363,13 @@ def plot(rows: list[CaseResult], title: str, out: Path) -> None:
                 color=color,
                 label=f"repair: {method}",
             )
-        curve_ax.axhline(TARGET_PPL_REPAIR * 100, color="grey", linestyle="--", label="target with repair")
+        for bound in (TARGET_PPL_REPAIR, -TARGET_PPL_REPAIR):
+            curve_ax.axhline(
+                bound * 100, color="grey", linestyle="--", label="target with repair" if bound > 0 else None
+            )
     finish_axes(
         curve_ax,
         "repair budget, % of each module's tokens (but the first module's)",
-        "perplexity from full prefill, % (lower is better)",
+        "workload perplexity over full prefill's, % (0 is best)",
     )
     save_figure(fig, title, out)

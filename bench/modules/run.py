@@ -42,7 +42,15 @@ from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, print_report, save_results, work_dir
 from bench.modules.measure import REPAIR_FRACTIONS, CaseResult, CaseRunner, RepairPoint
 from bench.modules.report import format_table, plot, summarize, verdicts
-from bench.modules.workload import Case, code_generation, doc_qa, length_sweep, personalization, travel
+from bench.modules.workload import (
+    REFERENCE_TOKENS,
+    Case,
+    code_generation,
+    doc_qa,
+    length_sweep,
+    personalization,
+    travel,
+)
 from inference_worker.model_store import LoadedModel, default_model_dir, load_model
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
@@ -106,7 +114,7 @@ async def bench(args: argparse.Namespace) -> None:
             engine,
             source,
             repeats=2 if args.quick else 3,
-            continuation_tokens=16 if args.quick else 32,
+            continuation_tokens=16 if args.quick else REFERENCE_TOKENS,
             answer_tokens=16 if args.quick else 32,
         )
         rows = []
@@ -122,7 +130,7 @@ def quality_workloads(tokenizer: PreTrainedTokenizerBase, quick: bool) -> dict[s
     paper = 1 if quick else 3  # prompts per schema
     return {
         "doc_qa": lambda: doc_qa(
-            tokenizer, docs=4 if quick else 8, prompts=2 if quick else 6, per_prompt=3, seed=SEED
+            tokenizer, docs=4 if quick else 8, prompts=2 if quick else 12, per_prompt=3, seed=SEED
         ),
         "code": lambda: code_generation(
             tokenizer, prompts=paper, file_tokens=200 if quick else 500, seed=SEED

@@ -22,6 +22,10 @@ from transformers import PreTrainedTokenizerBase
 from bench.common.sharegpt import seeded_chats
 
 QUESTION = " Question: what is the main point of the text above? Answer:"
+# The reference tokens a full run scores per prompt (at most; a dataset answer may be
+# shorter): at 32 one prompt's perplexity moved 5.5% with its modules merely reordered, at
+# 128 1.3% (docs/benchmarks.md, twelfth session).
+REFERENCE_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -67,14 +71,14 @@ def length_sweep(tokenizer: PreTrainedTokenizerBase, lengths: list[int], seed: i
         d.text for d in documents(tokenizer, count=12, min_tokens=300, max_tokens=2000, seed=seed)
     )
     ids = tokenizer.encode(pool, add_special_tokens=False)
-    if len(ids) < max(lengths) + 64:
+    if len(ids) < max(lengths) + REFERENCE_TOKENS:
         raise RuntimeError(f"only {len(ids)} tokens of text for a {max(lengths)}-token module")
     cases = []
     for length in lengths:
         module = tokenizer.decode(ids[:length])
         schema = f'<schema name="sweep{length}"><module name="text">{escape(module)}</module></schema>'
         prompt = f'<prompt schema="sweep{length}"><text/>{escape(QUESTION)}</prompt>'
-        reference = tokenizer.decode(ids[length : length + 64])
+        reference = tokenizer.decode(ids[length : length + REFERENCE_TOKENS])
         cases.append(Case("length", f"{length}", schema, prompt, reference))
     return cases
 
@@ -135,7 +139,7 @@ def code_generation(
         for name in CODE_FILES
     )
     schema = f'<schema name="code">A Python package, file by file.\n{modules}</schema>'
-    opening, reference = cut(CODE_TARGET, 96), cut(CODE_TARGET, 64, skip=96)
+    opening, reference = cut(CODE_TARGET, 96), cut(CODE_TARGET, REFERENCE_TOKENS, skip=96)
     rng = random.Random(seed)
     cases = []
     for number, subset in enumerate(rng.sample(list(combinations(CODE_FILES, 3)), prompts)):
