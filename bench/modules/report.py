@@ -10,7 +10,6 @@ from typing import Any
 from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 from bench.modules.corpus_perplexity import corpus_delta, corpus_interval
 from bench.modules.measure import COMPACT_DEVIATION, REPAIR_FRACTIONS, REPAIR_METHODS, CaseResult
-from inference_worker.modules.repair_selection import RepairMethod
 
 TARGET_DOC_QA = 20.0  # x TTFT (the paper's CPU band is 20-70x)
 TARGET_4K = 50.0
@@ -148,8 +147,9 @@ def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict
     """The perplexity keys: `ppl_delta_*` are the workload's perplexity (exp of the mean NLL
     over every reference token of the prompts of several modules) over the full prefill's on
     the same tokens, less 1, signed, with a 95% bootstrap interval over the prompts; without
-    repair at schema positions (the paper's layout), with repair the served configuration
-    (method x positions) nearest the full prefill at the largest budget. Beside them: the
+    repair at schema positions (the paper's layout), with repair the worker's defaults
+    (compact positions, deviation) at the largest budget: a fixed configuration, not the
+    best of the curve, which would bias the delta towards 0. Beside them: the
     per-case mean |ppl / ppl_full - 1| (`ppl_case_mean_abs_delta_*`), the mean rise with a
     lower perplexity counted 0 (`ppl_loss_*`, the worker's defaults: compact, deviation), the
     no-repair delta of each workload, and the full prefill's own move with the modules
@@ -158,10 +158,8 @@ def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict
     sweep = [r for r in rows if r.workload == "length"]
     repairable, reordered = _repairable(rows), _reordered(joined)
     largest = f"{REPAIR_FRACTIONS[-1]:.2f}"
-    served = [m for m in (*(m.value for m in RepairMethod), COMPACT_DEVIATION) if m in curve]
-    method = min(served, key=lambda m: abs(curve[m][largest]), default=None)
+    method = COMPACT_DEVIATION if COMPACT_DEVIATION in curve else None
     repaired = _point_ppl(method, REPAIR_FRACTIONS[-1]) if method else None
-    default_repair = _point_ppl(COMPACT_DEVIATION, REPAIR_FRACTIONS[-1])
     return {
         "ppl_delta_no_repair": round(corpus_delta(joined, _plain_ppl), 4) if joined else None,
         "ppl_delta_no_repair_ci95": _interval(joined, _plain_ppl) if joined else None,
@@ -169,7 +167,6 @@ def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict
         "ppl_delta_with_repair": curve[method][largest] if method else None,
         "ppl_delta_with_repair_ci95": _interval(repairable, repaired) if repaired else None,
         "ppl_delta_with_repair_method": method,
-        "ppl_delta_with_repair_compact": curve.get(COMPACT_DEVIATION, {}).get(largest),
         "ppl_delta_with_repair_first": curve.get("first", {}).get(largest),
         "ppl_delta_with_repair_deviation": curve.get("deviation", {}).get(largest),
         "ppl_delta_curve": curve,
@@ -193,7 +190,7 @@ def _quality(rows: list[CaseResult], curve: dict[str, dict[str, float]]) -> dict
         if reordered
         else None,
         "ppl_loss_no_repair": round(_ppl_loss(joined, _compact_ppl), 4) if joined else None,
-        "ppl_loss_with_repair": round(_ppl_loss(repairable, default_repair), 4) if repairable else None,
+        "ppl_loss_with_repair": round(_ppl_loss(repairable, repaired), 4) if repaired else None,
     }
 
 
