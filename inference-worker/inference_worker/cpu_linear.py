@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from inference_worker import huge_pages
+from inference_worker.engine.panel_linear import PANEL, PanelLinear, load_panel_linear
 from inference_worker.engine.row_linear import RowLinear, load_row_linear
 from inference_worker.kernels import KernelChoice
 
@@ -53,14 +54,19 @@ class OneDnnLinear(nn.Linear):
     lm_head, so that no step pays for it; on the first such call for the others, which the
     engine runs fused (`FusedProjection`) and transformers' own forward alone). Inference
     only: the copy does not follow later changes to the weight. One or two fp32 rows (a
-    decode step's) run `row_linear` where it loaded."""
+    decode step's) run `row_linear` where it loaded, 3 to 32 (a 16-sequence decode step's,
+    a short chunk's) `panel_linear` over `panels`."""
 
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout (an mkldnn tensor)
     row_linear: RowLinear | None = None  # set by use_onednn_linears
+    panel_linear: PanelLinear | None = None  # set by use_onednn_linears, with:
+    panels: torch.Tensor | None = None  # the weight as PanelLinear.pack gives it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.row_linear is not None and RowLinear.runs(x, self.weight):
             return self.row_linear(x, self.weight, self.bias)
+        if self.panels is not None and self.panel_linear is not None and PanelLinear.runs(x, self.weight):
+            return self.panel_linear(x, self.panels, self.out_features, self.bias)
         return _onednn(x, self._weight_for(x), self.bias)
 
     def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -68,6 +74,13 @@ class OneDnnLinear(nn.Linear):
         the separate add), so the output is written once instead of written, read and added."""
         if self.row_linear is not None and RowLinear.runs(x, self.weight) and residual.is_contiguous():
             return self.row_linear(x, self.weight, self.bias, residual)
+        if (
+            self.panels is not None
+            and self.panel_linear is not None
+            and PanelLinear.runs(x, self.weight)
+            and residual.is_contiguous()
+        ):
+            return self.panel_linear(x, self.panels, self.out_features, self.bias, residual)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._weight_for(x), self.bias, "add")
 
     def _weight_for(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,8 +108,12 @@ class FusedProjection:
         # the layers' own one- and two-row kernel (use_onednn_linears sets it), so that the
         # fusion and each layer alone give the same bits
         self.row_linear: RowLinear | None = getattr(linears[0], "row_linear", None)
+        self.panel_linear: PanelLinear | None = getattr(linears[0], "panel_linear", None)
         self.plain = _concatenated(self.linears)  # [sum of out, in]
         self.packed = _pack(self.plain)
+        self.panels = None if self.panel_linear is None else self.panel_linear.pack(self.plain)
+        if self.panels is not None:  # each layer alone reads the same panels: the same bits
+            _share_panels(self.linears, self.panels)
         # Qwen2's q, k, v have biases, Llama's none: a layer without one adds zeros
         biases = [
             linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
@@ -109,6 +126,8 @@ class FusedProjection:
         """x [.., in] -> each layer's output [.., out_i] (views of one result)."""
         if self.row_linear is not None and RowLinear.runs(x, self.plain):
             return self.row_linear(x, self.plain, self.bias).split(self.sizes, dim=-1)
+        if self.panels is not None and self.panel_linear is not None and PanelLinear.runs(x, self.plain):
+            return self.panel_linear(x, self.panels, self.plain.shape[0], self.bias).split(self.sizes, dim=-1)
         weight = self.plain if _one_row(x) else self.packed
         return _onednn(x, weight, self.bias).split(self.sizes, dim=-1)
 
@@ -133,6 +152,22 @@ def _concatenated(linears: Sequence[nn.Linear]) -> torch.Tensor:
     for linear, part in zip(linears, joined.split([weight.shape[0] for weight in weights]), strict=True):
         linear.weight = nn.Parameter(part, requires_grad=False)
     return joined
+
+
+def _share_panels(linears: Sequence[nn.Linear], panels: torch.Tensor) -> None:
+    """Each layer's panels: a view of the concatenation's `panels` where its rows start and end
+    on a panel boundary (SmolLM2's, Llama's), else packed on their own."""
+    first = 0
+    for linear in linears:
+        if isinstance(linear, OneDnnLinear) and linear.panel_linear is not None:
+            size = linear.out_features
+            aligned = first % PANEL == 0 and size % PANEL == 0
+            linear.panels = (
+                panels[first // PANEL : (first + size) // PANEL]
+                if aligned
+                else linear.panel_linear.pack(linear.weight)
+            )
+        first += linear.out_features
 
 
 def linear_plus(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -173,10 +208,12 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
         log.info("onednn_linear_unavailable", reason=unavailable, dtype=str(dtype))
         return KernelChoice("torch", f"oneDNN linear unavailable for {dtype}: {unavailable}")
     row_linear, row_choice = load_row_linear() if dtype == torch.float32 else (None, None)
+    panel_linear, panel_choice = load_panel_linear() if dtype == torch.float32 else (None, None)
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDnnLinear
             module.row_linear = row_linear
+            module.panel_linear = panel_linear
     fused: set[nn.Module] = set()
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         attn, mlp = layer.self_attn, layer.mlp
@@ -186,7 +223,9 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype) -> KernelChoice:
     for module in model.modules():  # packed (and its pages collapsed, ~1 s) now, not in a step
         if isinstance(module, OneDnnLinear) and module not in fused:
             module.packed = _pack(module.weight)
-    rows = "" if row_choice is None else f"; {row_choice.reason}"
+            if panel_linear is not None:
+                module.panels = panel_linear.pack(module.weight)
+    rows = "".join(f"; {choice.reason}" for choice in (row_choice, panel_choice) if choice is not None)
     return KernelChoice("onednn", f"oneDNN's {dtype} inner product passed the probe against F.linear{rows}")
 
 

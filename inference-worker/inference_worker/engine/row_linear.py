@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -55,14 +56,7 @@ class RowLinear:
     ) -> torch.Tensor:
         """x [.., in] @ weight [out, in].T (+ bias [out]) (+ residual [.., out]), for `runs` inputs."""
         out, width = weight.shape
-        rows = x.numel() // width if width else 0
-        if x.shape[-1] != width or not 1 <= rows <= MAX_ROWS:
-            raise ValueError(f"row_linear takes 1 to {MAX_ROWS} rows of {width}, not {list(x.shape)}")
-        for name, extra, shape in (("bias", bias, (out,)), ("residual", residual, (*x.shape[:-1], out))):
-            if extra is not None and (
-                extra.shape != shape or extra.dtype != x.dtype or not extra.is_contiguous()
-            ):
-                raise ValueError(f"{name} must be contiguous {x.dtype} {list(shape)}")
+        rows = checked_rows(x, out, width, bias, residual, range(1, MAX_ROWS + 1))
         y = torch.empty((*x.shape[:-1], out), dtype=x.dtype)
         self._linear(
             weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(),
@@ -70,6 +64,27 @@ class RowLinear:
             torch.get_num_threads(),
         )  # fmt: skip
         return y
+
+
+def checked_rows(
+    x: torch.Tensor,
+    out: int,
+    width: int,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    allowed: range,
+) -> int:
+    """The rows of x [.., width] for a kernel writing [.., out]; ValueError when they are not
+    in `allowed` or bias [out] / residual [.., out] do not fit."""
+    rows = x.numel() // width if width else 0
+    if x.shape[-1] != width or rows not in allowed:
+        raise ValueError(f"takes {allowed.start} to {allowed.stop - 1} rows of {width}, not {list(x.shape)}")
+    for name, extra, shape in (("bias", bias, (out,)), ("residual", residual, (*x.shape[:-1], out))):
+        if extra is not None and (
+            extra.shape != shape or extra.dtype != x.dtype or not extra.is_contiguous()
+        ):
+            raise ValueError(f"{name} must be contiguous {x.dtype} {list(shape)}")
+    return rows
 
 
 @functools.cache
@@ -83,12 +98,24 @@ def load_row_linear() -> tuple[RowLinear | None, KernelChoice]:
 
 def _probe(kernel: RowLinear) -> str | None:
     """Why the kernel disagrees with F.linear on small cases, or None."""
+    return disagreement(kernel, ((1, 64, 24), (2, 64, 24), (2, 40, 24)))  # 40: not whole 16-float vectors
+
+
+def disagreement(
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    cases: Iterable[tuple[int, int, int]],
+) -> str | None:
+    """Why `linear(x, weight, bias, residual)` disagrees with F.linear + residual at some
+    (rows, in, out) of `cases`, or None."""
     generator = torch.Generator().manual_seed(0)
-    for rows, width in ((1, 64), (2, 64), (2, 40)):  # 40: not a whole number of 16-float vectors
-        x, weight = torch.randn(rows, width, generator=generator), torch.randn(24, width, generator=generator)
-        bias, residual = torch.randn(24, generator=generator), torch.randn(rows, 24, generator=generator)
+    for rows, width, out in cases:
+        x, weight = (
+            torch.randn(rows, width, generator=generator),
+            torch.randn(out, width, generator=generator),
+        )
+        bias, residual = torch.randn(out, generator=generator), torch.randn(rows, out, generator=generator)
         want = F.linear(x, weight, bias) + residual
-        error = float((kernel(x, weight, bias, residual) - want).abs().max() / want.abs().max())
+        error = float((linear(x, weight, bias, residual) - want).abs().max() / want.abs().max())
         if not error <= _PROBE_TOLERANCE:
             return f"disagrees with F.linear at {rows} rows of {width} (relative error {error:.3g})"
     return None

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from c_builds import C_BUILDS, built_kernel
+from linear_checks import check_against_f_linear
 
 from inference_worker.cpu_linear import OneDnnLinear, _onednn_unavailable
 from inference_worker.engine.row_linear import (
@@ -35,21 +36,7 @@ def kernel(request: pytest.FixtureRequest) -> RowLinear:
 @pytest.mark.parametrize("extras", ["none", "bias", "residual", "both"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matches_f_linear(kernel: RowLinear, rows: int, width: int, extras: str, threads: int) -> None:
-    generator = torch.Generator().manual_seed(rows * 1000 + width)
-    x, weight = torch.randn(rows, width, generator=generator), torch.randn(193, width, generator=generator)
-    bias = torch.randn(193, generator=generator) if extras in ("bias", "both") else None
-    residual = torch.randn(rows, 193, generator=generator) if extras in ("residual", "both") else None
-    want = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
-    if residual is not None:
-        want = want + residual.double()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = kernel(x, weight, bias, residual)
-    finally:
-        torch.set_num_threads(previous)
-    assert got.shape == (rows, 193) and got.dtype == torch.float32
-    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    check_against_f_linear(kernel, rows, width, 193, extras, threads)
 
 
 def test_a_row_gives_the_same_bits_alone_and_batched(kernel: RowLinear) -> None:
