@@ -9,11 +9,12 @@ Reservations and commits stay on gRPC.
 daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
 loop is free while the kernel copies straight into the caller's memory (`recv_into`).
 A whole read into buffers (`read_into`) on a plain socket runs on the event loop itself
-(non-blocking: a recv that finds its bytes waits for nothing, loop_stream.py), handing
-only a payload over `_LOOP_PAYLOAD_MAX_BYTES` to a thread, or, beside other reads, over
-`_LOOP_BESIDE_OTHERS_MAX_BYTES`; beside other reads of such payloads, or under TLS, it is
-one trip to a thread. A read that hands out layers as they come (`open_read`) takes one
-trip per call.
+(non-blocking: a recv that finds its bytes waits for nothing, loop_stream.py) while its
+payload is small: up to `_LOOP_PAYLOAD_MAX_BYTES`, or beside other reads up to
+`_LOOP_BESIDE_OTHERS_MAX_BYTES`. A larger one (judged by the last read's payload; a read
+that finds its payload larger than judged hands the payload to a thread), or any read
+under TLS, is one trip to a thread for the whole read. A read that hands out layers as
+they come (`open_read`) takes one trip per call.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ _MAX_IDLE_CONNECTIONS = 32
 _TRANSFER_THREADS = 64
 T = TypeVar("T")
 _MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
-# A whole read's payload up to this is received on the event loop, past it in a thread.
+# A whole read's payload up to this is received on the event loop; past it the whole read
+# runs in a thread, where its receives wait in the kernel: from the loop, the reply's wake-up
+# and then the hop to a thread were two waits for a core on a busy node (one 5.9 MB reader
+# 1.45-1.55 -> 1.76-2.13 GB/s median of 12 rounds, two runs; 8 MB 1.57-1.64 -> 1.62-1.84;
+# load 5-7, 2 cores).
 _LOOP_PAYLOAD_MAX_BYTES = 4 * 1024 * 1024
 # Beside other reads, up to this: there the copy costs less than a hop to a thread and back
 # (0.5 MB at 4 and 16 readers: 1.85-2.56 GB/s on the loop against 0.97-1.78 in threads, 3
@@ -162,10 +167,9 @@ class TcpDataPlane:
     ) -> None:
         self._reads_in_flight += 1
         try:
-            # An SSL socket cannot be read from the loop; large reads side by side copy in
-            # parallel in threads (_LOOP_BESIDE_OTHERS_MAX_BYTES).
-            large = self._last_payload_bytes > _LOOP_BESIDE_OTHERS_MAX_BYTES
-            if self._ssl is not None or (self._reads_in_flight > 1 and large):
+            # An SSL socket cannot be read from the loop; a large payload's read is one trip to
+            # a thread, and beside other reads a smaller one's, so they copy in parallel.
+            if self._ssl is not None or self._last_payload_bytes > self._loop_payload_limit():
                 await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
                 return
             request = _get_request(namespace, keys, layer_start, layer_end)
@@ -173,6 +177,10 @@ class TcpDataPlane:
                 await self._read_whole_on_loop(request, len(keys), place)
         finally:
             self._reads_in_flight -= 1
+
+    def _loop_payload_limit(self) -> int:
+        """The largest payload a whole read receives on the event loop now."""
+        return _LOOP_BESIDE_OTHERS_MAX_BYTES if self._reads_in_flight > 1 else _LOOP_PAYLOAD_MAX_BYTES
 
     async def _read_whole_on_loop(
         self, request: dict[str, object], chunk_count: int, place: PlaceStream
@@ -190,8 +198,7 @@ class TcpDataPlane:
                 reply = raise_for_reply(await stream.frame(_MAX_REPLY_FRAME_BYTES))
                 views = stream.take_buffered(place(_headers_of(reply, chunk_count)))
                 self._last_payload_bytes = sum(view.nbytes for view in views)
-                limit = _LOOP_BESIDE_OTHERS_MAX_BYTES if self._reads_in_flight > 1 else _LOOP_PAYLOAD_MAX_BYTES
-                if self._last_payload_bytes > limit:  # copied in a thread
+                if self._last_payload_bytes > self._loop_payload_limit():  # larger than judged: in a thread
                     sock.settimeout(self._timeout_seconds)
                     await self.in_thread(recv_views, sock, views)
                     sock.setblocking(False)
