@@ -325,8 +325,8 @@ def _read_blocking(plane: TcpDataPlane, namespace: bytes, keys: list[bytes], pla
 
 
 def _read_from_a_loop(plane: TcpDataPlane, namespace: bytes, keys: list[bytes], place: PlaceStream) -> None:
-    """The async client's whole reads: driven from the event loop (a payload over 4 MiB,
-    as here, is received in a thread)."""
+    """The async client's whole reads: driven from the event loop (the payload of a first read
+    over 4 MiB, as here, is received in a thread)."""
     asyncio.run(plane.read_into(namespace, keys, 0, 0, place))
 
 
