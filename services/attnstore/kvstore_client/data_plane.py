@@ -13,7 +13,8 @@ A whole read into buffers (`read_into`) on a plain socket runs on the event loop
 payload is small: up to `_LOOP_PAYLOAD_MAX_BYTES`, or beside other reads up to
 `_LOOP_BESIDE_OTHERS_MAX_BYTES`. A larger one (judged by the last read's payload; a read
 that finds its payload larger than judged hands the payload to a thread), or any read
-under TLS, is one trip to a thread for the whole read. A read that hands out layers as
+under TLS, is one trip to a thread for the whole read, its request sent from the loop
+first where a pooled plain connection takes it at once. A read that hands out layers as
 they come (`open_read`) takes one trip per call.
 """
 
@@ -169,14 +170,29 @@ class TcpDataPlane:
         try:
             # An SSL socket cannot be read from the loop; a large payload's read is one trip to
             # a thread, and beside other reads a smaller one's, so they copy in parallel.
-            if self._ssl is not None or self._last_payload_bytes > self._loop_payload_limit():
-                await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
-                return
             request = _get_request(namespace, keys, layer_start, layer_end)
+            if self._ssl is not None or self._last_payload_bytes > self._loop_payload_limit():
+                await self._read_in_thread(request, len(keys), place)
+                return
             if not await self._read_whole_on_loop({**request, "unheld": True}, len(keys), place):
                 await self._read_whole_on_loop(request, len(keys), place)
         finally:
             self._reads_in_flight -= 1
+
+    async def _read_in_thread(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> None:
+        """A whole read in a thread, its request sent first from the loop on a pooled plain
+        connection that takes it at once: the daemon answers while the thread wakes."""
+        sock = None if self._ssl is not None else self._take_idle()
+        unsent = pack_frame({**request, "unheld": True})
+        if sock is not None:
+            try:
+                unsent = unsent[sock.send(unsent, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                pass
+            except BaseException:
+                sock.close()
+                raise
+        await self.in_thread(self._read_twice, request, chunk_count, place, sock, unsent)
 
     def _loop_payload_limit(self) -> int:
         """The largest payload a whole read receives on the event loop now."""
@@ -223,13 +239,23 @@ class TcpDataPlane:
         # Unheld first: the daemon sends chunks in its DRAM without holding them on its event
         # loop and says after the bytes whether they stayed put; a read that raced an
         # eviction (rare) is asked again, held, and `place` is called again.
-        request = _get_request(namespace, keys, layer_start, layer_end)
-        if not self._read_whole({**request, "unheld": True}, len(keys), place):
-            self._read_whole(request, len(keys), place)
+        self._read_twice(_get_request(namespace, keys, layer_start, layer_end), len(keys), place)
 
-    def _read_whole(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> bool:
+    def _read_twice(
+        self, request: dict[str, object], chunk_count: int, place: PlaceStream,
+        sock: socket.socket | None = None, unsent: bytes | None = None,
+    ) -> None:  # fmt: skip
+        """The unheld read, then the held one if need be; `sock`: a connection on which
+        the unheld request went out but for `unsent`."""
+        if not self._read_whole({**request, "unheld": True}, chunk_count, place, sock, unsent):
+            self._read_whole(request, chunk_count, place)
+
+    def _read_whole(
+        self, request: dict[str, object], chunk_count: int, place: PlaceStream,
+        sock: socket.socket | None = None, unsent: bytes | None = None,
+    ) -> bool:  # fmt: skip
         """One whole read; whether its bytes are the chunks'."""
-        read = self._open_read(request, chunk_count)
+        read = self._open_read(request, chunk_count, sock, unsent)
         complete = False
         try:
             views = place(read.headers)
@@ -241,10 +267,16 @@ class TcpDataPlane:
             read.close(complete)
         return valid
 
-    def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
-        sock = self.connect()
+    def _open_read(
+        self, request: dict[str, object], chunk_count: int,
+        sock: socket.socket | None = None, unsent: bytes | None = None,
+    ) -> _TcpRead:  # fmt: skip
+        """Sends `request` (on `sock`, where it went out but for `unsent`) and takes the reply."""
+        if sock is None:
+            sock, unsent = self.connect(), pack_frame(request)
         try:
-            send_frame(sock, request)
+            if unsent:
+                sock.sendall(unsent)
             reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
             headers = _headers_of(reply, chunk_count)
         except BaseException:
