@@ -42,6 +42,12 @@ class DaemonSettings(ServiceSettings):
     data_plane_c_reads: bool = Field(
         True, description="answer repeated unheld reads of DRAM chunks in C, no Python (plain TCP; needs a C compiler)"
     )
+    data_plane_send_buffer_bytes: int = Field(
+        8 * MiB, ge=0,
+        description="SO_SNDBUF asked for on each data-plane connection, so a chunk's send need not wait for room; "
+        "only where the kernel grants more than its autotuning reaches (2 x net.core.wmem_max over tcp_wmem's "
+        "max); 0 = the kernel's autotuning",
+    )  # fmt: skip
     data_plane_c_read_entries: int = Field(
         65536, ge=1, description="DRAM chunks the C read path knows at once (the rest are served by Python)"
     )

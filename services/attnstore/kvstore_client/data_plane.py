@@ -9,11 +9,13 @@ Reservations and commits stay on gRPC.
 daemon's is on) kept in a small pool; each transfer runs in a worker thread so the event
 loop is free while the kernel copies straight into the caller's memory (`recv_into`).
 A whole read into buffers (`read_into`) on a plain socket runs on the event loop itself
-(non-blocking: a recv that finds its bytes waits for nothing, loop_stream.py), handing
-only a payload over `_LOOP_PAYLOAD_MAX_BYTES` to a thread, or, beside other reads, over
-`_LOOP_BESIDE_OTHERS_MAX_BYTES`; beside other reads of such payloads, or under TLS, it is
-one trip to a thread. A read that hands out layers as they come (`open_read`) takes one
-trip per call.
+(non-blocking: a recv that finds its bytes waits for nothing, loop_stream.py) while its
+payload is small: up to `_LOOP_PAYLOAD_MAX_BYTES`, or beside other reads up to
+`_LOOP_BESIDE_OTHERS_MAX_BYTES`. A larger one (judged by the last read's payload; a read
+that finds its payload larger than judged hands the payload to a thread), or any read
+under TLS, is one trip to a thread for the whole read; alone, its request is sent from
+the loop first where a pooled plain connection takes it at once. A read that hands out layers as
+they come (`open_read`) takes one trip per call.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ _MAX_IDLE_CONNECTIONS = 32
 _TRANSFER_THREADS = 64
 T = TypeVar("T")
 _MAX_REPLY_FRAME_BYTES = 64 * 1024 * 1024  # a reply lists at most 4096 chunk headers
-# A whole read's payload up to this is received on the event loop, past it in a thread.
+# A whole read's payload up to this is received on the event loop; past it the whole read
+# runs in a thread, where its receives wait in the kernel: from the loop, the reply's wake-up
+# and then the hop to a thread were two waits for a core on a busy node (one 5.9 MB reader
+# 1.45-1.55 -> 1.76-2.13 GB/s median of 12 rounds, two runs; 8 MB 1.57-1.64 -> 1.62-1.84;
+# load 5-7, 2 cores).
 _LOOP_PAYLOAD_MAX_BYTES = 4 * 1024 * 1024
 # Beside other reads, up to this: there the copy costs less than a hop to a thread and back
 # (0.5 MB at 4 and 16 readers: 1.85-2.56 GB/s on the loop against 0.97-1.78 in threads, 3
@@ -162,17 +168,37 @@ class TcpDataPlane:
     ) -> None:
         self._reads_in_flight += 1
         try:
-            # An SSL socket cannot be read from the loop; large reads side by side copy in
-            # parallel in threads (_LOOP_BESIDE_OTHERS_MAX_BYTES).
-            large = self._last_payload_bytes > _LOOP_BESIDE_OTHERS_MAX_BYTES
-            if self._ssl is not None or (self._reads_in_flight > 1 and large):
-                await self.in_thread(self.read_into_blocking, namespace, keys, layer_start, layer_end, place)
-                return
+            # An SSL socket cannot be read from the loop; a large payload's read is one trip to
+            # a thread, and beside other reads a smaller one's, so they copy in parallel.
             request = _get_request(namespace, keys, layer_start, layer_end)
+            if self._ssl is not None or self._last_payload_bytes > self._loop_payload_limit():
+                await self._read_in_thread(request, len(keys), place)
+                return
             if not await self._read_whole_on_loop({**request, "unheld": True}, len(keys), place):
                 await self._read_whole_on_loop(request, len(keys), place)
         finally:
             self._reads_in_flight -= 1
+
+    async def _read_in_thread(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> None:
+        """A whole read in a thread; alone, its request sent first from the loop on a pooled
+        plain connection that takes it at once, so the daemon answers while the thread wakes
+        (beside other reads the loop's sends slowed them: 4 readers of 8 MB 1.85-2.00 ->
+        1.40-1.50 GB/s, two runs)."""
+        sock = self._take_idle() if self._ssl is None and self._reads_in_flight == 1 else None
+        unsent = pack_frame({**request, "unheld": True})
+        if sock is not None:
+            try:
+                unsent = unsent[sock.send(unsent, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                pass
+            except BaseException:
+                sock.close()
+                raise
+        await self.in_thread(self._read_twice, request, chunk_count, place, sock, unsent)
+
+    def _loop_payload_limit(self) -> int:
+        """The largest payload a whole read receives on the event loop now."""
+        return _LOOP_BESIDE_OTHERS_MAX_BYTES if self._reads_in_flight > 1 else _LOOP_PAYLOAD_MAX_BYTES
 
     async def _read_whole_on_loop(
         self, request: dict[str, object], chunk_count: int, place: PlaceStream
@@ -190,8 +216,7 @@ class TcpDataPlane:
                 reply = raise_for_reply(await stream.frame(_MAX_REPLY_FRAME_BYTES))
                 views = stream.take_buffered(place(_headers_of(reply, chunk_count)))
                 self._last_payload_bytes = sum(view.nbytes for view in views)
-                limit = _LOOP_BESIDE_OTHERS_MAX_BYTES if self._reads_in_flight > 1 else _LOOP_PAYLOAD_MAX_BYTES
-                if self._last_payload_bytes > limit:  # copied in a thread
+                if self._last_payload_bytes > self._loop_payload_limit():  # larger than judged: in a thread
                     sock.settimeout(self._timeout_seconds)
                     await self.in_thread(recv_views, sock, views)
                     sock.setblocking(False)
@@ -216,13 +241,23 @@ class TcpDataPlane:
         # Unheld first: the daemon sends chunks in its DRAM without holding them on its event
         # loop and says after the bytes whether they stayed put; a read that raced an
         # eviction (rare) is asked again, held, and `place` is called again.
-        request = _get_request(namespace, keys, layer_start, layer_end)
-        if not self._read_whole({**request, "unheld": True}, len(keys), place):
-            self._read_whole(request, len(keys), place)
+        self._read_twice(_get_request(namespace, keys, layer_start, layer_end), len(keys), place)
 
-    def _read_whole(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> bool:
+    def _read_twice(
+        self, request: dict[str, object], chunk_count: int, place: PlaceStream,
+        sock: socket.socket | None = None, unsent: bytes | None = None,
+    ) -> None:  # fmt: skip
+        """The unheld read, then the held one if need be; `sock`: a connection on which
+        the unheld request went out but for `unsent`."""
+        if not self._read_whole({**request, "unheld": True}, chunk_count, place, sock, unsent):
+            self._read_whole(request, chunk_count, place)
+
+    def _read_whole(
+        self, request: dict[str, object], chunk_count: int, place: PlaceStream,
+        sock: socket.socket | None = None, unsent: bytes | None = None,
+    ) -> bool:  # fmt: skip
         """One whole read; whether its bytes are the chunks'."""
-        read = self._open_read(request, chunk_count)
+        read = self._open_read(request, chunk_count, sock, unsent)
         complete = False
         try:
             views = place(read.headers)
@@ -234,10 +269,16 @@ class TcpDataPlane:
             read.close(complete)
         return valid
 
-    def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
-        sock = self.connect()
+    def _open_read(
+        self, request: dict[str, object], chunk_count: int,
+        sock: socket.socket | None = None, unsent: bytes | None = None,
+    ) -> _TcpRead:  # fmt: skip
+        """Sends `request` (on `sock`, where it went out but for `unsent`) and takes the reply."""
+        if sock is None:
+            sock, unsent = self.connect(), pack_frame(request)
         try:
-            send_frame(sock, request)
+            if unsent:
+                sock.sendall(unsent)
             reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
             headers = _headers_of(reply, chunk_count)
         except BaseException:
