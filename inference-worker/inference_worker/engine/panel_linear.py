@@ -23,7 +23,7 @@ import torch
 
 from attnstore.c_build import load_probed
 from inference_worker.engine.row_linear import MAX_ROWS as ROW_LINEAR_MAX_ROWS
-from inference_worker.engine.row_linear import checked_rows, disagreement
+from inference_worker.engine.row_linear import CLinear, disagreement
 from inference_worker.kernels import KernelChoice
 
 SOURCE = Path(__file__).with_name("panel_linear.c")
@@ -31,14 +31,11 @@ UNAVAILABLE_VARIABLE = "ATTNSTORE_PANEL_LINEAR_UNAVAILABLE"
 PANEL = 32  # panel_linear.c's PANEL: output columns per panel
 MIN_ROWS = ROW_LINEAR_MAX_ROWS + 1  # fewer rows run row_linear.c, which reads the plain weight
 MAX_ROWS = 32  # panel_linear.c's MAX_ROWS; more rows run oneDNN's packed GEMM (compute-bound there)
-_c_ptr = ctypes.c_void_p
 
 
 class PanelLinear:
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._linear = library.linear_panels_f32
-        self._linear.argtypes = [_c_ptr] * 5 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
-        self._linear.restype = ctypes.c_int
+        self._linear = CLinear(library, "linear_panels_f32")
 
     @staticmethod
     def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -73,14 +70,7 @@ class PanelLinear:
         width = panels.shape[1]
         if panels.shape != (-(-out // PANEL), width, PANEL) or not panels.is_contiguous():
             raise ValueError(f"panels must be pack() of a [{out}, {width}] weight, not {list(panels.shape)}")
-        rows = checked_rows(x, out, width, bias, residual, range(1, MAX_ROWS + 1))
-        y = torch.empty((*x.shape[:-1], out), dtype=x.dtype)
-        self._linear(
-            panels.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(), y.data_ptr(), rows, out, width,
-            torch.get_num_threads(),
-        )  # fmt: skip
-        return y
+        return self._linear(panels, x, out, width, bias, residual, MAX_ROWS)
 
 
 @functools.cache

@@ -32,9 +32,7 @@ _c_ptr = ctypes.c_void_p
 
 class RowLinear:
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._linear = library.linear_rows_f32
-        self._linear.argtypes = [_c_ptr] * 5 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
-        self._linear.restype = ctypes.c_int
+        self._linear = CLinear(library, "linear_rows_f32")
 
     @staticmethod
     def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -56,35 +54,45 @@ class RowLinear:
     ) -> torch.Tensor:
         """x [.., in] @ weight [out, in].T (+ bias [out]) (+ residual [.., out]), for `runs` inputs."""
         out, width = weight.shape
-        rows = checked_rows(x, out, width, bias, residual, range(1, MAX_ROWS + 1))
+        return self._linear(weight, x, out, width, bias, residual, MAX_ROWS)
+
+
+class CLinear:
+    """One of the C linears (row_linear.c, panel_linear.c), which share a signature:
+    (weight, x, bias, residual, y, rows, out, in, threads) -> 0, or 1 for rows out of range."""
+
+    def __init__(self, library: ctypes.CDLL, name: str) -> None:
+        self._function = getattr(library, name)
+        self._function.argtypes = [_c_ptr] * 5 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        self._function.restype = ctypes.c_int
+
+    def __call__(
+        self,
+        weight: torch.Tensor,
+        x: torch.Tensor,
+        out: int,
+        width: int,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        max_rows: int,
+    ) -> torch.Tensor:
+        """y [.., out] from x [.., width] and the weight in the kernel's layout; ValueError when
+        x has not 1 to `max_rows` rows or bias [out] / residual [.., out] do not fit."""
+        rows = x.numel() // width if width else 0
+        if x.shape[-1] != width or not 1 <= rows <= max_rows:
+            raise ValueError(f"takes 1 to {max_rows} rows of {width}, not {list(x.shape)}")
+        for name, extra, shape in (("bias", bias, (out,)), ("residual", residual, (*x.shape[:-1], out))):
+            if extra is not None and (
+                extra.shape != shape or extra.dtype != x.dtype or not extra.is_contiguous()
+            ):
+                raise ValueError(f"{name} must be contiguous {x.dtype} {list(shape)}")
         y = torch.empty((*x.shape[:-1], out), dtype=x.dtype)
-        self._linear(
+        self._function(
             weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(),
             None if residual is None else residual.data_ptr(), y.data_ptr(), rows, out, width,
             torch.get_num_threads(),
         )  # fmt: skip
         return y
-
-
-def checked_rows(
-    x: torch.Tensor,
-    out: int,
-    width: int,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    allowed: range,
-) -> int:
-    """The rows of x [.., width] for a kernel writing [.., out]; ValueError when they are not
-    in `allowed` or bias [out] / residual [.., out] do not fit."""
-    rows = x.numel() // width if width else 0
-    if x.shape[-1] != width or rows not in allowed:
-        raise ValueError(f"takes {allowed.start} to {allowed.stop - 1} rows of {width}, not {list(x.shape)}")
-    for name, extra, shape in (("bias", bias, (out,)), ("residual", residual, (*x.shape[:-1], out))):
-        if extra is not None and (
-            extra.shape != shape or extra.dtype != x.dtype or not extra.is_contiguous()
-        ):
-            raise ValueError(f"{name} must be contiguous {x.dtype} {list(shape)}")
-    return rows
 
 
 @functools.cache
