@@ -4,16 +4,7 @@ and every service's image in the one Dockerfile, parsed."""
 from __future__ import annotations
 
 import pytest
-from deploy_support import (
-    COMPOSE_FILE,
-    COMPOSE_GPU_FILE,
-    DOCKERFILE,
-    IMAGE_TARGETS,
-    REPO,
-    Dockerfile,
-    load_compose,
-    parse_dockerfile,
-)
+from deploy_support import COMPOSE_FILE, COMPOSE_GPU_FILE, Dockerfile, load_compose, service_images
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +21,8 @@ def compose_gpu() -> dict:
 
 @pytest.fixture(scope="session")
 def dockerfiles() -> dict[str, Dockerfile]:
-    """Project directory name -> its image: the Dockerfile's target for it, parsed (build
-    context: the repository root)."""
-    return {project: parse_dockerfile(DOCKERFILE, REPO, target) for project, target in IMAGE_TARGETS.items()}
+    """Project directory name -> its image, a target of the one Dockerfile, parsed."""
+    return service_images()
 
 
 @pytest.fixture(scope="session")

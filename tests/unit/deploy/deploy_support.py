@@ -184,6 +184,12 @@ def parse_dockerfile(path: Path, context: Path, target: str) -> Dockerfile:
     return parsed
 
 
+def service_images() -> dict[str, Dockerfile]:
+    """Project directory -> its image: the Dockerfile's target for it, parsed (build context:
+    the repository root)."""
+    return {project: parse_dockerfile(DOCKERFILE, REPO, target) for project, target in IMAGE_TARGETS.items()}
+
+
 # ---- Python projects -------------------------------------------------------------------------
 
 
