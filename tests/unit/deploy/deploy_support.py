@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE_GPU_FILE = REPO / "docker-compose.gpu.yml"
 DOCKERFILE = REPO / "Dockerfile"
+# Project directory -> the target of its image in the one Dockerfile.
 IMAGE_TARGETS = {"kvstore-daemon": "daemon", "inference-worker": "worker", "scheduler": "scheduler"}
-"""Project directory -> the target of its image in the one Dockerfile."""
 
 
 def compose_binary() -> Path:
@@ -97,33 +97,34 @@ class Dockerfile:
         return re.sub(r"\$\{?(\w+)\}?", lambda m: self.args.get(m[1], m[0]), text)
 
 
-def _target_commands(path: Path, target: str) -> list:
-    """The commands a build of `target` runs: the global ARGs, then the stages it needs."""
-    stages: dict[str, list] = {}  # stage name (or its index) -> its commands, FROM first
-    commands = buildkit.parse_file(str(path))
+def _stage_name(from_command: buildkit.Command) -> str | None:
+    args = from_command.value  # FROM image [AS name]
+    return args[2] if len(args) >= 3 and args[1].upper() == "AS" else None
+
+
+def _target_commands(path: Path, target: str) -> list[buildkit.Command]:
+    """The commands a build of `target` runs: the global ARGs, then the stages it needs (those
+    it is built FROM and copies --from, transitively), in file order."""
+    stages: dict[str, list[buildkit.Command]] = {}  # stage name (or index) -> its commands, FROM first
     global_args = []
-    for command in commands:
+    for command in buildkit.parse_file(str(path)):
         if command.cmd == "FROM":
-            args = list(command.value)
-            name = args[2] if len(args) >= 3 and args[1].upper() == "AS" else str(len(stages))
-            stages[name] = [command]
+            stages[_stage_name(command) or str(len(stages))] = [command]
         elif stages:
             stages[next(reversed(stages))].append(command)
         else:
             global_args.append(command)
     assert target in stages, f"{path}: no stage {target!r} (stages: {', '.join(stages)})"
-    needed, pending = set(), [target]
+    needed: set[str] = set()
+    pending = [target]
     while pending:
         name = pending.pop()
-        if name in needed:
+        if name in needed or name not in stages:  # not a stage: an image pulled as it is
             continue
         needed.add(name)
-        pending += [base for base in [stages[name][0].value[0]] if base in stages]
+        pending.append(stages[name][0].value[0])
         pending += [
-            flag.split("=", 1)[1]
-            for command in stages[name]
-            for flag in command.flags
-            if flag.startswith("--from=")
+            flag.split("=", 1)[1] for c in stages[name] for flag in c.flags if flag.startswith("--from=")
         ]
     return global_args + [command for name, cmds in stages.items() if name in needed for command in cmds]
 
@@ -139,14 +140,15 @@ def parse_dockerfile(path: Path, context: Path, target: str) -> Dockerfile:
             name, _, default = args[0].partition("=")
             parsed.args.setdefault(name, "".join(shlex.split(default)))
         elif command.cmd == "FROM":
-            name = args[2] if len(args) >= 3 and args[1].upper() == "AS" else None
+            name = _stage_name(command)
             if args[0] in by_name:  # built FROM an earlier stage: starts as a copy of it
                 stage = copy.deepcopy(by_name[args[0]])
                 stage.name = name
             else:
                 stage = Stage(base=parsed.expand(args[0]), name=name)
             parsed.stages.append(stage)
-            by_name[name] = stage
+            if name is not None:
+                by_name[name] = stage
         elif command.cmd == "WORKDIR":
             stage.workdir = stage.workdir / args[0]
         elif command.cmd == "COPY" and not any(flag.startswith("--from") for flag in command.flags):
