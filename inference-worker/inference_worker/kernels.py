@@ -47,10 +47,11 @@ def load_choice(
     probe: Callable[[Kernel], str | None],
     chosen: KernelChoice,
     otherwise: str,
+    fallback: str = "torch",
 ) -> tuple[Kernel | None, KernelChoice]:
-    """`load_probed` with its choice for the kernel report: `chosen`, or "torch" saying why
+    """`load_probed` with its choice for the kernel report: `chosen`, or `fallback` saying why
     the kernel is unavailable and that `otherwise` runs instead."""
     kernel, error = load_probed(source, unavailable_variable, wrap, probe)
     if kernel is None:
-        return None, KernelChoice("torch", f"{source.stem} kernel unavailable ({error}): {otherwise}")
+        return None, KernelChoice(fallback, f"{source.stem} kernel unavailable ({error}): {otherwise}")
     return kernel, chosen

@@ -1,6 +1,6 @@
 """Container health probe: asks a service's standard gRPC health endpoint whether it is
 SERVING. Exit status 0 when it is, 1 otherwise (NOT_SERVING, unknown service,
-unreachable, timeout). Used by the Dockerfiles and docker-compose.yml in place of
+unreachable, timeout). Used by the Dockerfile's images and docker-compose.yml in place of
 grpc_health_probe, which the images do not ship. A service serving TLS is asked over
 TLS (`--tls`, with `--ca-file`, and the client certificate when it requires one); health
 needs no internal token.

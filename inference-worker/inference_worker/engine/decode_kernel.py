@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnstore.c_build import load_probed
-from inference_worker.kernels import KernelChoice
+from inference_worker.kernels import KernelChoice, load_choice
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_PAGED_DECODE_UNAVAILABLE"
@@ -102,10 +101,8 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode() -> tuple[PagedDecodeKernel | None, KernelChoice]:
     """The kernel, or None and why not (once per process)."""
-    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, PagedDecodeKernel, _probe)
-    if kernel is None:
-        return None, KernelChoice("torch", f"paged decode kernel unavailable ({error}): gather + SDPA")
-    return kernel, KernelChoice("paged-decode-c", "decode attention in place over block tables (C, OpenMP)")
+    chosen = KernelChoice("paged-decode-c", "decode attention in place over block tables (C, OpenMP)")
+    return load_choice(SOURCE, UNAVAILABLE_VARIABLE, PagedDecodeKernel, _probe, chosen, "gather + SDPA")
 
 
 def _probe(kernel: PagedDecodeKernel) -> str | None:

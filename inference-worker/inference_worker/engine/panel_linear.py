@@ -21,10 +21,9 @@ from pathlib import Path
 
 import torch
 
-from attnstore.c_build import load_probed
 from inference_worker.engine.row_linear import MAX_ROWS as ROW_LINEAR_MAX_ROWS
 from inference_worker.engine.row_linear import CLinear, disagreement
-from inference_worker.kernels import KernelChoice
+from inference_worker.kernels import KernelChoice, load_choice
 
 SOURCE = Path(__file__).with_name("panel_linear.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_PANEL_LINEAR_UNAVAILABLE"
@@ -76,12 +75,11 @@ class PanelLinear:
 @functools.cache
 def load_panel_linear() -> tuple[PanelLinear | None, KernelChoice]:
     """The kernel, or None and why not (once per process)."""
-    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, PanelLinear, _probe)
-    if kernel is None:
-        return None, KernelChoice(
-            "onednn", f"panel linear unavailable ({error}): oneDNN from {MIN_ROWS} rows"
-        )
-    return kernel, KernelChoice("panel-linear-c", f"{MIN_ROWS} to {MAX_ROWS} rows in C over packed panels")
+    chosen = KernelChoice("panel-linear-c", f"{MIN_ROWS} to {MAX_ROWS} rows in C over packed panels")
+    otherwise = f"oneDNN from {MIN_ROWS} rows"
+    return load_choice(
+        SOURCE, UNAVAILABLE_VARIABLE, PanelLinear, _probe, chosen, otherwise, fallback="onednn"
+    )
 
 
 def _probe(kernel: PanelLinear) -> str | None:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attnstore.c_build import load_probed
-from inference_worker.kernels import KernelChoice
+from inference_worker.kernels import KernelChoice, load_choice
 from inference_worker.rotary_shift import rotate_half
 
 SOURCE = Path(__file__).with_name("row_ops.c")
@@ -104,10 +103,8 @@ class RowKernels:
 @functools.cache
 def load_row_kernels() -> tuple[RowKernels | None, KernelChoice]:
     """The kernels, or None and why not (once per process)."""
-    kernels, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, RowKernels, _probe)
-    if kernels is None:
-        return None, KernelChoice("torch", f"row kernels unavailable ({error}): torch's RMSNorm and RoPE")
-    return kernels, KernelChoice("row-ops-c", "RMSNorm and RoPE in one C call each")
+    chosen = KernelChoice("row-ops-c", "RMSNorm and RoPE in one C call each")
+    return load_choice(SOURCE, UNAVAILABLE_VARIABLE, RowKernels, _probe, chosen, "torch's RMSNorm and RoPE")
 
 
 def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnstore.c_build import load_probed
-from inference_worker.kernels import KernelChoice
+from inference_worker.kernels import KernelChoice, load_choice
 
 SOURCE = Path(__file__).with_name("row_linear.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_ROW_LINEAR_UNAVAILABLE"
@@ -98,10 +97,9 @@ class CLinear:
 @functools.cache
 def load_row_linear() -> tuple[RowLinear | None, KernelChoice]:
     """The kernel, or None and why not (once per process)."""
-    kernel, error = load_probed(SOURCE, UNAVAILABLE_VARIABLE, RowLinear, _probe)
-    if kernel is None:
-        return None, KernelChoice("onednn", f"row linear unavailable ({error}): oneDNN at every row count")
-    return kernel, KernelChoice("row-linear-c", f"up to {MAX_ROWS} rows in C, reading each weight once")
+    chosen = KernelChoice("row-linear-c", f"up to {MAX_ROWS} rows in C, reading each weight once")
+    otherwise = "oneDNN at every row count"
+    return load_choice(SOURCE, UNAVAILABLE_VARIABLE, RowLinear, _probe, chosen, otherwise, fallback="onednn")
 
 
 def _probe(kernel: RowLinear) -> str | None:

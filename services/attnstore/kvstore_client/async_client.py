@@ -20,7 +20,7 @@ from attnstore.chunks.format import ChunkLayout, verify_layer
 from attnstore.closable import AsyncClosable
 from attnstore.errors import InvalidArgument, ServiceError
 from attnstore.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from attnstore.kvstore_client import writes
+from attnstore.kvstore_client import results, writes
 from attnstore.kvstore_client.arena import ArenaHandle
 from attnstore.kvstore_client.data_plane import DataPlane
 from attnstore.kvstore_client.data_plane_choice import open_data_plane
@@ -42,16 +42,6 @@ from attnstore.kvstore_client.reads import (
     open_shm_read,
     read_data_plane_into,
     read_data_plane_into_blocking,
-)
-from attnstore.kvstore_client.results import (
-    ChunkData,
-    ClientStats,
-    HintAction,
-    HintResult,
-    LayerPiece,
-    LookupResult,
-    PutResult,
-    Tier,
 )
 from attnstore.security.credentials import ClientCredentials, aio_channel
 
@@ -152,15 +142,19 @@ class AsyncKVStoreClient(AsyncClosable):
             else:
                 if self._use_data_plane:
                     self._plane = await open_data_plane(
-                        self._stub, self.address, self._credentials, self._data_plane_tls, self._timeout_seconds
+                        self._stub,
+                        self.address,
+                        self._credentials,
+                        self._data_plane_tls,
+                        self._timeout_seconds,
                     )
                 self._transport = "grpc" if self._plane is None else self._plane.name
         return self._transport
 
-    def client_stats(self) -> ClientStats:
+    def client_stats(self) -> results.ClientStats:
         """The byte path in use (None before the first transfer), transfers per path, and
         the byte path to each pool peer read from."""
-        return ClientStats(
+        return results.ClientStats(
             transport=self._transport, reads=dict(self._transfers["reads"]), writes=dict(self._transfers["writes"]),
             peers={address: peer.client_stats().transport for address, peer in self._peers.items()},
         )  # fmt: skip
@@ -198,12 +192,16 @@ class AsyncKVStoreClient(AsyncClosable):
         reply = await self._stub.RegisterNamespace(request, timeout=self._timeout_seconds)
         return reply.max_chunk_bytes
 
-    async def lookup(self, namespace: bytes, keys: Sequence[bytes], *, promote: bool = False) -> LookupResult:
+    async def lookup(
+        self, namespace: bytes, keys: Sequence[bytes], *, promote: bool = False
+    ) -> results.LookupResult:
         """The longest stored prefix of a key chain and the tier of each hit."""
         request = kvstore_pb2.LookupRequest(namespace=namespace, keys=keys, promote=promote)
         reply = await self._stub.Lookup(request, timeout=self._timeout_seconds)
         peers = list(reply.peer_addresses) or [""] * reply.prefix_length  # a daemon from before the pool
-        return LookupResult(prefix_length=reply.prefix_length, tiers=[Tier(tier) for tier in reply.tiers], peers=peers)
+        return results.LookupResult(
+            prefix_length=reply.prefix_length, tiers=[results.Tier(tier) for tier in reply.tiers], peers=peers
+        )
 
     async def delete(self, namespace: bytes, keys: Sequence[bytes]) -> int:
         # This client's finished leases end first: the daemon keeps a deleted chunk that is
@@ -224,19 +222,24 @@ class AsyncKVStoreClient(AsyncClosable):
     async def hint(
         self,
         namespace: bytes,
-        entries: Sequence[tuple[Sequence[bytes], HintAction, int] | tuple[Sequence[bytes], HintAction, int, float]],
+        entries: Sequence[
+            tuple[Sequence[bytes], results.HintAction, int]
+            | tuple[Sequence[bytes], results.HintAction, int, float]
+        ],
         *,
         replace: bool = False,
         ttl_seconds: int = 0,
         source: str = "",
-    ) -> HintResult:
+    ) -> results.HintResult:
         """Hints: (keys, action, queue position; 0 runs next[, seconds to the predicted
         use]) per entry. `replace` forgets only `source`'s earlier hints of the namespace."""
         request = kvstore_pb2.HintRequest(
             namespace=namespace,
             entries=[
                 kvstore_pb2.HintEntry(
-                    keys=entry[0], action=entry[1].value, queue_position=entry[2],
+                    keys=entry[0],
+                    action=entry[1].value,
+                    queue_position=entry[2],
                     next_use_seconds=entry[3] if len(entry) > 3 else 0.0,
                 )
                 for entry in entries
@@ -246,7 +249,7 @@ class AsyncKVStoreClient(AsyncClosable):
             source=source,
         )
         reply = await self._stub.Hint(request, timeout=self._timeout_seconds)
-        return HintResult(hinted_keys=reply.hinted_keys, prefetches_started=reply.prefetches_started)
+        return results.HintResult(hinted_keys=reply.hinted_keys, prefetches_started=reply.prefetches_started)
 
     async def stats(self) -> kvstore_pb2.StatsResponse:
         return await self._stub.Stats(kvstore_pb2.StatsRequest(), timeout=self._timeout_seconds)
@@ -254,8 +257,14 @@ class AsyncKVStoreClient(AsyncClosable):
     # Writes
 
     async def put_chunks(
-        self, namespace: bytes, chunks: PutChunks, *, durable: bool = False, ttl_seconds: int = 0, borrower: str = ""
-    ) -> PutResult:
+        self,
+        namespace: bytes,
+        chunks: PutChunks,
+        *,
+        durable: bool = False,
+        ttl_seconds: int = 0,
+        borrower: str = "",
+    ) -> results.PutResult:
         """Stores serialized chunks (a mapping or (key, bytes) pairs; a repeated key counts
         once): reserve, write, commit. `durable` waits for the SSD fsync; `ttl_seconds`
         bounds the reservation; `borrower` (a pool daemon placing its evictions: its node)
@@ -287,8 +296,15 @@ class AsyncKVStoreClient(AsyncClosable):
         self._transfers["reads"][transport] += 1
         if transport == "shm":
             opened = open_shm_read(
-                self._stub, self._arena, namespace, keys, layer_start, layer_end, self._timeout_seconds,
-                self._releaser, self._locations,
+                self._stub,
+                self._arena,
+                namespace,
+                keys,
+                layer_start,
+                layer_end,
+                self._timeout_seconds,
+                self._releaser,
+                self._locations,
             )
         elif self._plane is not None:
             opened = open_data_plane_read(self._plane, namespace, keys, layer_start, layer_end)
@@ -301,12 +317,12 @@ class AsyncKVStoreClient(AsyncClosable):
 
     async def get_chunks(
         self, namespace: bytes, keys: Sequence[bytes], *, layer_start: int = 0, layer_end: int = 0
-    ) -> list[ChunkData]:
+    ) -> list[results.ChunkData]:
         """Layers [layer_start, layer_end) of each chunk (`layer_end` 0 = all), with its layout."""
-        found: dict[int, ChunkData] = {}  # by index: a read that is retried allocates again
+        found: dict[int, results.ChunkData] = {}  # by index: a read that is retried allocates again
 
         def allocate(index: int, layout: ChunkLayout, span_bytes: int) -> memoryview:
-            found[index] = ChunkData(layout=layout, data=bytearray(span_bytes))
+            found[index] = results.ChunkData(layout=layout, data=bytearray(span_bytes))
             return memoryview(found[index].data)
 
         await self._read_into(namespace, keys, layer_start, layer_end, allocate, whole=False)
@@ -376,7 +392,12 @@ class AsyncKVStoreClient(AsyncClosable):
         if await self.transport() == "dataplane" and self._plane is not None:
             self._transfers["reads"]["dataplane"] += 1
             read, copies = await read_data_plane_into(
-                self._plane, namespace, keys, layer_start, layer_end, lambda read: self._outs(read, destination, whole)
+                self._plane,
+                namespace,
+                keys,
+                layer_start,
+                layer_end,
+                lambda read: self._outs(read, destination, whole),
             )
             self._check_copies(read, copies)
             return read.layouts
@@ -427,7 +448,7 @@ class AsyncKVStoreClient(AsyncClosable):
         layer_start: int = 0,
         layer_end: int = 0,
         places: Sequence[str] = (),
-    ) -> AsyncIterator[LayerPiece]:
+    ) -> AsyncIterator[results.LayerPiece]:
         """Each requested layer of each chunk as it arrives, layer-major, for layer-wise
         loading. Over shared memory one lease covers the whole iteration: close the
         iterator (`contextlib.aclosing`) when stopping early so the lease ends at once.
@@ -441,7 +462,9 @@ class AsyncKVStoreClient(AsyncClosable):
         data plane across nodes), merged into the same layer-major order (pooled_reads.py),
         instead of through this daemon, which would copy them in first."""
         if not any(places):
-            async with contextlib.aclosing(self._iter_here(namespace, keys, layer_start, layer_end)) as pieces:
+            async with contextlib.aclosing(
+                self._iter_here(namespace, keys, layer_start, layer_end)
+            ) as pieces:
                 async for piece in pieces:
                     yield piece
             return
@@ -455,13 +478,15 @@ class AsyncKVStoreClient(AsyncClosable):
             peer = self.peer_client(place)
             return lambda some, start, end: peer._iter_here(namespace, some, start, end)
 
-        async with contextlib.aclosing(merged_layers(keys, places, reader_of, layer_start, layer_end)) as pieces:
+        async with contextlib.aclosing(
+            merged_layers(keys, places, reader_of, layer_start, layer_end)
+        ) as pieces:
             async for piece in pieces:
                 yield piece
 
     async def _iter_here(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
-    ) -> AsyncIterator[LayerPiece]:
+    ) -> AsyncIterator[results.LayerPiece]:
         """iter_layers of chunks this daemon holds."""
         if not keys:
             return
@@ -474,10 +499,14 @@ class AsyncKVStoreClient(AsyncClosable):
                 data = parts[0].toreadonly() if single_view else join_parts(parts)
                 if self._verify:
                     verify_layer(read.layouts[index], layer, data)
-                yield LayerPiece(chunk_index=index, layer=layer, data=data, layout=read.layouts[index])
+                yield results.LayerPiece(
+                    chunk_index=index, layer=layer, data=data, layout=read.layouts[index]
+                )
 
 
-def _fronts_of(outs: Sequence[memoryview], keys: Sequence[bytes]) -> Callable[[int, ChunkLayout, int], memoryview]:
+def _fronts_of(
+    outs: Sequence[memoryview], keys: Sequence[bytes]
+) -> Callable[[int, ChunkLayout, int], memoryview]:
     """get_chunks_into's destination: the front of `outs[index]`, refused when too small."""
     if len(outs) != len(keys):
         raise InvalidArgument(f"{len(outs)} output buffers for {len(keys)} keys")

@@ -15,6 +15,7 @@ import torch
 
 from attnstore.errors import InvalidArgument
 from attnstore.kvstore_client import AsyncKVStoreClient
+from inference_worker import turn_types
 from inference_worker.kv_saver import ChunkRun
 from inference_worker.model_store import LoadedModel
 from inference_worker.modules.module_kv import LayerFeed, encode_module
@@ -23,14 +24,6 @@ from inference_worker.modules.module_store import Origin
 from inference_worker.modules.pml_server import generation_prompt
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_engine import TurnEngine
-from inference_worker.turn_types import (
-    KVSource,
-    ModuleTurnInput,
-    SamplingParams,
-    TokenEvent,
-    TurnInput,
-    TurnStats,
-)
 from kvstore_daemon.launcher import DaemonProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -50,11 +43,15 @@ were lost on the reef. Its first keeper kept a log of every vessel that passed.<
 PROMPT = '<prompt schema="library"><doc/><style/> Who kept the log?</prompt>'
 
 
-async def run(engine: TurnEngine, source: KVSource, prompt: str = PROMPT) -> tuple[list[int], TurnStats]:
-    turn = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=12))
+async def run(
+    engine: TurnEngine, source: turn_types.KVSource, prompt: str = PROMPT
+) -> tuple[list[int], turn_types.TurnStats]:
+    turn = turn_types.ModuleTurnInput(SCHEMA, prompt, turn_types.SamplingParams(max_tokens=12))
     events = [event async for event in engine.modules.run(turn, source)]
     stats = events.pop()
-    assert isinstance(stats, TurnStats) and all(isinstance(e, TokenEvent) for e in events)
+    assert isinstance(stats, turn_types.TurnStats) and all(
+        isinstance(e, turn_types.TokenEvent) for e in events
+    )
     return [e.token_id for e in events], stats  # type: ignore[union-attr]
 
 
@@ -122,15 +119,25 @@ async def test_a_stored_module_that_cannot_be_read_is_computed_and_encoded_again
         )
         await store.drain()
 
-        turn = ModuleTurnInput(
-            SCHEMA, PROMPT, SamplingParams(max_tokens=12), repair_fraction=0.5, repair_method="deviation"
+        turn = turn_types.ModuleTurnInput(
+            SCHEMA,
+            PROMPT,
+            turn_types.SamplingParams(max_tokens=12),
+            repair_fraction=0.5,
+            repair_method="deviation",
         )
         events = [event async for event in engine.modules.run(turn, source)]
         stats = events.pop()
-        assert isinstance(stats, TurnStats) and stats.encoded_modules == 2 and stats.reused_tokens == 0
-        full = engine.run_turn(TurnInput(list(stats.prompt_token_ids), SamplingParams(max_tokens=12)), None)
-        expected = [e.token_id async for e in full if isinstance(e, TokenEvent)]
-        assert [e.token_id for e in events if isinstance(e, TokenEvent)] == expected
+        assert (
+            isinstance(stats, turn_types.TurnStats)
+            and stats.encoded_modules == 2
+            and stats.reused_tokens == 0
+        )
+        full = engine.run_turn(
+            turn_types.TurnInput(list(stats.prompt_token_ids), turn_types.SamplingParams(max_tokens=12)), None
+        )
+        expected = [e.token_id async for e in full if isinstance(e, turn_types.TokenEvent)]
+        assert [e.token_id for e in events if isinstance(e, turn_types.TokenEvent)] == expected
         await store.drain()
         assert (await client.lookup(source.namespace, keys)).prefix_length == len(keys) - len(style_keys)
 
@@ -212,12 +219,12 @@ async def test_deviation_repair_recomputes_as_many_tokens_as_first_token_repair(
     source = await engine.namespace_for(b"tenant-a")
     counts = {}
     for method in (None, "first", "deviation"):
-        turn = ModuleTurnInput(
-            SCHEMA, PROMPT, SamplingParams(max_tokens=4), repair_tokens=3, repair_method=method
+        turn = turn_types.ModuleTurnInput(
+            SCHEMA, PROMPT, turn_types.SamplingParams(max_tokens=4), repair_tokens=3, repair_method=method
         )
         events = [event async for event in engine.modules.run(turn, source)]
         stats = events.pop()
-        assert isinstance(stats, TurnStats) and stats.generated_tokens == len(events) > 0
+        assert isinstance(stats, turn_types.TurnStats) and stats.generated_tokens == len(events) > 0
         counts[method] = (stats.repaired_tokens, stats.reused_tokens)
     assert counts[None] == counts["first"] == counts["deviation"] == (6, counts["first"][1])  # doc, style
 
@@ -237,8 +244,10 @@ async def test_role_tags_use_the_chat_template_and_the_generation_prompt_ends_th
     prompt = '<prompt schema="library"><doc/><user>Who kept the log?</user></prompt>'
     opening = generation_prompt(tiny_model.tokenizer)
     assert opening  # the tiny tokenizer has a chat template
-    plain = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=4))
-    answered = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=4), add_generation_prompt=True)
+    plain = turn_types.ModuleTurnInput(SCHEMA, prompt, turn_types.SamplingParams(max_tokens=4))
+    answered = turn_types.ModuleTurnInput(
+        SCHEMA, prompt, turn_types.SamplingParams(max_tokens=4), add_generation_prompt=True
+    )
     stats = [[e async for e in engine.modules.run(turn, source)][-1] for turn in (plain, answered)]
     added = len(tiny_model.tokenizer.encode(opening, add_special_tokens=False))
     assert stats[1].prompt_tokens == stats[0].prompt_tokens + added
@@ -257,10 +266,10 @@ async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
         source = await engine.namespace_for(b"tenant-a")
         progress = [p async for p in engine.modules.server.encode(source, SCAFFOLDED)]
         assert [p.path for p in progress] == ["(root)", "doc", "style", "scaffold:both"]
-        turn = ModuleTurnInput(SCAFFOLDED, PROMPT, SamplingParams(max_tokens=12))
+        turn = turn_types.ModuleTurnInput(SCAFFOLDED, PROMPT, turn_types.SamplingParams(max_tokens=12))
         events = [event async for event in engine.modules.run(turn, source)]
         stats = events.pop()
-        assert isinstance(stats, TurnStats) and stats.encoded_modules == 0
+        assert isinstance(stats, turn_types.TurnStats) and stats.encoded_modules == 0
         served = await engine.modules.server.serve(source, SCAFFOLDED, PROMPT, 0)
         pairs = sorted(
             zip(lay_out(served.prompt).token_ids, lay_out(served.prompt).positions, strict=True),
@@ -270,10 +279,12 @@ async def test_a_scaffold_serves_its_modules_encoded_together_as_a_full_prefill(
         full = [
             e
             async for e in engine.run_turn(
-                TurnInput([t for t, _ in pairs], SamplingParams(max_tokens=12)), None
+                turn_types.TurnInput([t for t, _ in pairs], turn_types.SamplingParams(max_tokens=12)), None
             )
         ]
-        assert [e.token_id for e in events] == [e.token_id for e in full if isinstance(e, TokenEvent)]
+        assert [e.token_id for e in events] == [
+            e.token_id for e in full if isinstance(e, turn_types.TokenEvent)
+        ]
         await engine.modules.server.store.drain()
 
 
@@ -313,8 +324,12 @@ async def test_compact_positions_serve_without_gaps_and_full_repair_is_the_full_
     assert sorted(compact.positions) == list(range(len(compact.positions)))
     assert max(schema.positions) >= len(schema.positions)  # doc's positions are a gap there
 
-    turn = ModuleTurnInput(SCHEMA, prompt, SamplingParams(max_tokens=12), repair_fraction=1.0)
+    turn = turn_types.ModuleTurnInput(
+        SCHEMA, prompt, turn_types.SamplingParams(max_tokens=12), repair_fraction=1.0
+    )
     events = [event async for event in engine.modules.run(turn, source)]  # the compact engine
-    full = engine.run_turn(TurnInput(list(compact.tokens_by_position), SamplingParams(max_tokens=12)), None)
-    expected = [e.token_id async for e in full if isinstance(e, TokenEvent)]
-    assert [e.token_id for e in events if isinstance(e, TokenEvent)] == expected
+    full = engine.run_turn(
+        turn_types.TurnInput(list(compact.tokens_by_position), turn_types.SamplingParams(max_tokens=12)), None
+    )
+    expected = [e.token_id async for e in full if isinstance(e, turn_types.TokenEvent)]
+    assert [e.token_id for e in events if isinstance(e, turn_types.TokenEvent)] == expected

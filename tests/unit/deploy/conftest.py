@@ -1,10 +1,10 @@
 """Fixtures of the deployment tests: the compose project as Docker Compose itself loads it,
-and every service Dockerfile, parsed."""
+and every service's image in the one Dockerfile, parsed."""
 
 from __future__ import annotations
 
 import pytest
-from deploy_support import COMPOSE_FILE, COMPOSE_GPU_FILE, REPO, Dockerfile, load_compose, parse_dockerfile
+from deploy_support import COMPOSE_FILE, COMPOSE_GPU_FILE, Dockerfile, load_compose, service_images
 
 
 @pytest.fixture(scope="session")
@@ -21,8 +21,8 @@ def compose_gpu() -> dict:
 
 @pytest.fixture(scope="session")
 def dockerfiles() -> dict[str, Dockerfile]:
-    """Project directory name -> its parsed Dockerfile (build context: the repository root)."""
-    return {path.parent.name: parse_dockerfile(path, REPO) for path in sorted(REPO.glob("*/Dockerfile"))}
+    """Project directory name -> its image, a target of the one Dockerfile, parsed."""
+    return service_images()
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,10 @@
-"""What the deployment tests read: Dockerfiles (parsed, no Docker engine), the services'
+"""What the deployment tests read: the Dockerfile's images (parsed, no Docker engine), the services'
 pyproject files, and service settings checked against an environment exactly as the
 services would read it."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -23,6 +24,9 @@ from attnstore.settings import FileBackedSettings, config_file_variable, load_se
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE_GPU_FILE = REPO / "docker-compose.gpu.yml"
+DOCKERFILE = REPO / "Dockerfile"
+# Project directory -> the target of its image in the one Dockerfile.
+IMAGE_TARGETS = {"kvstore-daemon": "daemon", "inference-worker": "worker", "scheduler": "scheduler"}
 
 
 def compose_binary() -> Path:
@@ -55,9 +59,10 @@ def load_compose(*files: Path) -> dict:
 
 @dataclass
 class Stage:
-    """One FROM ... stage; ENV, USER, ENTRYPOINT and HEALTHCHECK of the last stage are the image's."""
+    """One FROM ... stage, with what it inherits from a stage it is built FROM; ENV, USER,
+    ENTRYPOINT and HEALTHCHECK of the target's stage are the image's."""
 
-    base: str
+    base: str  # the image it starts from, through any stages it is built FROM
     name: str | None
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
@@ -65,12 +70,18 @@ class Stage:
     healthcheck: list[str] = field(default_factory=list)
     exposed_ports: set[int] = field(default_factory=set)
     runs: list[str] = field(default_factory=list)
+    workdir: PurePosixPath = field(default_factory=lambda: PurePosixPath("/"))
+    copied: dict[PurePosixPath, Path] = field(default_factory=dict)  # container path -> context path
 
 
 @dataclass
 class Dockerfile:
+    """One image: a Dockerfile as `docker build --target` builds it (the target's stage, the
+    stages it is built FROM and those it copies --from, in file order)."""
+
     path: Path
     context: Path
+    target: str
     args: dict[str, str] = field(default_factory=dict)  # ARG defaults (global and per stage)
     stages: list[Stage] = field(default_factory=list)
     copied_sources: list[Path] = field(default_factory=list)  # COPY sources from the context
@@ -86,43 +97,81 @@ class Dockerfile:
         return re.sub(r"\$\{?(\w+)\}?", lambda m: self.args.get(m[1], m[0]), text)
 
 
-def parse_dockerfile(path: Path, context: Path) -> Dockerfile:
-    """Reads a Dockerfile with BuildKit's own parser (PyPI `dockerfile`)."""
-    parsed = Dockerfile(path=path, context=context)
-    workdir = PurePosixPath("/")
-    copied: dict[PurePosixPath, Path] = {}  # container path -> context path, in the current stage
+def _stage_name(from_command: buildkit.Command) -> str | None:
+    args = from_command.value  # FROM image [AS name]
+    return args[2] if len(args) >= 3 and args[1].upper() == "AS" else None
+
+
+def _target_commands(path: Path, target: str) -> list[buildkit.Command]:
+    """The commands a build of `target` runs: the global ARGs, then the stages it needs (those
+    it is built FROM and copies --from, transitively), in file order."""
+    stages: dict[str, list[buildkit.Command]] = {}  # stage name (or index) -> its commands, FROM first
+    global_args = []
     for command in buildkit.parse_file(str(path)):
+        if command.cmd == "FROM":
+            stages[_stage_name(command) or str(len(stages))] = [command]
+        elif stages:
+            stages[next(reversed(stages))].append(command)
+        else:
+            global_args.append(command)
+    assert target in stages, f"{path}: no stage {target!r} (stages: {', '.join(stages)})"
+    needed: set[str] = set()
+    pending = [target]
+    while pending:
+        name = pending.pop()
+        if name in needed or name not in stages:  # not a stage: an image pulled as it is
+            continue
+        needed.add(name)
+        pending.append(stages[name][0].value[0])
+        pending += [
+            flag.split("=", 1)[1] for c in stages[name] for flag in c.flags if flag.startswith("--from=")
+        ]
+    return global_args + [command for name, cmds in stages.items() if name in needed for command in cmds]
+
+
+def parse_dockerfile(path: Path, context: Path, target: str) -> Dockerfile:
+    """Reads one target of a Dockerfile with BuildKit's own parser (PyPI `dockerfile`)."""
+    parsed = Dockerfile(path=path, context=context, target=target)
+    by_name: dict[str, Stage] = {}
+    for command in _target_commands(path, target):
         args = list(command.value)
+        stage = parsed.stages[-1] if parsed.stages else None
         if command.cmd == "ARG":
             name, _, default = args[0].partition("=")
             parsed.args.setdefault(name, "".join(shlex.split(default)))
         elif command.cmd == "FROM":
-            name = args[2] if len(args) >= 3 and args[1].upper() == "AS" else None
-            parsed.stages.append(Stage(base=parsed.expand(args[0]), name=name))
-            workdir, copied = PurePosixPath("/"), {}
+            name = _stage_name(command)
+            if args[0] in by_name:  # built FROM an earlier stage: starts as a copy of it
+                stage = copy.deepcopy(by_name[args[0]])
+                stage.name = name
+            else:
+                stage = Stage(base=parsed.expand(args[0]), name=name)
+            parsed.stages.append(stage)
+            if name is not None:
+                by_name[name] = stage
         elif command.cmd == "WORKDIR":
-            workdir = workdir / args[0]
+            stage.workdir = stage.workdir / args[0]
         elif command.cmd == "COPY" and not any(flag.startswith("--from") for flag in command.flags):
             *sources, dest = args
             for source in sources:
                 parsed.copied_sources.append(context / source)
-                copied[workdir / dest] = context / source
+                stage.copied[stage.workdir / dest] = context / source
         elif command.cmd == "ENV":
             for key, value in zip(args[::2], args[1::2], strict=True):
-                parsed.final.env[key] = "".join(shlex.split(value))  # the shell quoting Docker removes
+                stage.env[key] = "".join(shlex.split(value))  # the shell quoting Docker removes
         elif command.cmd == "USER":
-            parsed.final.user = args[0]
+            stage.user = args[0]
         elif command.cmd == "EXPOSE":
-            parsed.final.exposed_ports |= {int(port.split("/")[0]) for port in args}
+            stage.exposed_ports |= {int(port.split("/")[0]) for port in args}
         elif command.cmd == "ENTRYPOINT":
             assert command.json, f"{path}: ENTRYPOINT in shell form does not get SIGTERM"
-            parsed.final.entrypoint = args
+            stage.entrypoint = args
         elif command.cmd == "HEALTHCHECK":
             assert command.json and args[0] == "CMD", f"{path}: HEALTHCHECK must be CMD [...]"
-            parsed.final.healthcheck = args[1:]
+            stage.healthcheck = args[1:]
         elif command.cmd == "RUN":
             run = " ".join(args)
-            parsed.final.runs.append(run)
+            stage.runs.append(run)
             for part in re.split(r"&&|;", run):
                 if not re.search(r"\bpip install\b", part):
                     continue
@@ -130,10 +179,17 @@ def parse_dockerfile(path: Path, context: Path) -> Dockerfile:
                 parsed.pip_installs.append(words)
                 for word in words:
                     if word.startswith(("./", "/")):
-                        if workdir / word not in copied:
+                        if stage.workdir / word not in stage.copied:
                             raise AssertionError(f"{path}: pip installs {word}, which no COPY provides")
-                        parsed.installed_dirs.append(copied[workdir / word])
+                        parsed.installed_dirs.append(stage.copied[stage.workdir / word])
+    assert parsed.final.name == target
     return parsed
+
+
+def service_images() -> dict[str, Dockerfile]:
+    """Project directory -> its image: the Dockerfile's target for it, parsed (build context:
+    the repository root)."""
+    return {project: parse_dockerfile(DOCKERFILE, REPO, target) for project, target in IMAGE_TARGETS.items()}
 
 
 # ---- Python projects -------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import pytest
 from deploy_support import (
     COMPOSE_FILE,
     COMPOSE_GPU_FILE,
+    DOCKERFILE,
+    IMAGE_TARGETS,
     REPO,
     Dockerfile,
     check_settings_env,
@@ -28,8 +30,7 @@ _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
 def image_dockerfile(service: dict, dockerfiles: dict[str, Dockerfile]) -> Dockerfile:
-    dockerfile = Path(service["build"]["context"]) / service["build"]["dockerfile"]
-    return dockerfiles[dockerfile.parent.name]
+    return next(image for image in dockerfiles.values() if image.target == service["build"]["target"])
 
 
 def effective_env(service: dict, dockerfiles: dict[str, Dockerfile]) -> dict[str, str]:
@@ -80,8 +81,8 @@ def test_stack_is_redis_daemon_scheduler_and_worker(compose: dict) -> None:
 def test_services_are_built_from_their_dockerfiles(compose: dict, name: str) -> None:
     build = compose["services"][name]["build"]
     assert Path(build["context"]) == REPO  # the images need services/ beside the project
-    assert (REPO / build["dockerfile"]).is_file()
-    assert Path(build["dockerfile"]).parent.name == SERVICES[name][0]
+    assert REPO / build["dockerfile"] == DOCKERFILE  # the one Dockerfile, one target per service
+    assert build["target"] == IMAGE_TARGETS[SERVICES[name][0]]
 
 
 @pytest.mark.parametrize("name", SERVICES)

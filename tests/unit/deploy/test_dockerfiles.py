@@ -1,6 +1,6 @@
-"""Static checks of the services' Dockerfiles (no Docker engine here): what they copy exists,
-what they run is a declared console script, their images run as a non-root user on a slim
-base, and only the worker's image carries torch."""
+"""Static checks of the services' images, one target each of the repository's one Dockerfile
+(no Docker engine here): what they copy exists, what they run is a declared console script,
+they run as a non-root user on a slim base, and only the worker's image carries torch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 
 import pytest
 from deploy_support import (
+    IMAGE_TARGETS,
     REPO,
     Dockerfile,
     console_scripts,
@@ -29,8 +30,10 @@ CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 SERVICE_UID = "10001"  # the daemon's arena file is 0660: daemon and worker share this uid/gid
 
 
-def test_every_service_has_a_dockerfile(dockerfiles: dict[str, Dockerfile]) -> None:
-    assert set(dockerfiles) == set(SERVICES)
+def test_every_service_is_a_target_of_the_one_dockerfile(dockerfiles: dict[str, Dockerfile]) -> None:
+    assert set(dockerfiles) == set(SERVICES) == set(IMAGE_TARGETS)
+    assert {image.final.name for image in dockerfiles.values()} == set(IMAGE_TARGETS.values())
+    assert not list(REPO.glob("*/Dockerfile"))  # no per-service copy beside it
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -3,27 +3,8 @@
 import pytest
 from pml_fixtures import word_tokens
 
+from attnstore import prompt_modules as pml
 from attnstore.errors import InvalidArgument
-from attnstore.prompt_modules import (
-    DEFAULT_LIMITS,
-    ArgumentError,
-    ArgumentTooLong,
-    DuplicateName,
-    IllegalName,
-    MalformedPml,
-    ParamAtRoot,
-    PmlError,
-    PmlLimitExceeded,
-    PmlLimits,
-    SchemaMismatch,
-    UnionConflict,
-    UnknownModule,
-    check_prompt,
-    layout_prompt,
-    layout_schema,
-    parse_prompt,
-    parse_schema,
-)
 
 SCHEMA = """<schema name="s">
 <module name="trip">to <param name="city" len="2"/>
@@ -36,19 +17,21 @@ SCHEMA = """<schema name="s">
 </schema>"""
 
 
-def schema_error(document: str, kind: type[PmlError], limits: PmlLimits = DEFAULT_LIMITS) -> PmlError:
+def schema_error(
+    document: str, kind: type[pml.PmlError], limits: pml.PmlLimits = pml.DEFAULT_LIMITS
+) -> pml.PmlError:
     with pytest.raises(kind) as caught:
-        parse_schema(document, limits)
+        pml.parse_schema(document, limits)
     return caught.value
 
 
-def prompt_error(document: str, kind: type[PmlError]) -> PmlError:
+def prompt_error(document: str, kind: type[pml.PmlError]) -> pml.PmlError:
     with pytest.raises(kind) as caught:
-        check_prompt(parse_prompt(document), parse_schema(SCHEMA))
+        pml.check_prompt(pml.parse_prompt(document), pml.parse_schema(SCHEMA))
     return caught.value
 
 
-def assert_names(error: PmlError, line: int, element: str, *words: str) -> None:
+def assert_names(error: pml.PmlError, line: int, element: str, *words: str) -> None:
     assert isinstance(error, InvalidArgument)  # the server edge answers INVALID_ARGUMENT
     assert (error.line, error.element) == (line, element)
     assert str(error).startswith(f"line {line}, {element}: ")
@@ -56,8 +39,8 @@ def assert_names(error: PmlError, line: int, element: str, *words: str) -> None:
         assert word in error.problem, error.problem
 
 
-SCHEMA_ERRORS: dict[type[PmlError], list[tuple[str, int, str, tuple[str, ...]]]] = {
-    MalformedPml: [
+SCHEMA_ERRORS: dict[type[pml.PmlError], list[tuple[str, int, str, tuple[str, ...]]]] = {
+    pml.MalformedPml: [
         (
             '<schema name="s">\n<module name="a">\n</schema>',
             3,
@@ -128,7 +111,7 @@ SCHEMA_ERRORS: dict[type[PmlError], list[tuple[str, int, str, tuple[str, ...]]]]
             ("empty",),
         ),
     ],
-    DuplicateName: [
+    pml.DuplicateName: [
         (
             '<schema name="s">\n<module name="a"/>\n<module name="a"/></schema>',
             3,
@@ -174,7 +157,7 @@ SCHEMA_ERRORS: dict[type[PmlError], list[tuple[str, int, str, tuple[str, ...]]]]
     [(kind, *case) for kind, cases in SCHEMA_ERRORS.items() for case in cases],
 )
 def test_malformed_documents_and_duplicate_names(
-    kind: type[PmlError], document: str, line: int, element: str, words: tuple[str, ...]
+    kind: type[pml.PmlError], document: str, line: int, element: str, words: tuple[str, ...]
 ) -> None:
     assert_names(schema_error(document, kind), line, element, *words)
 
@@ -205,16 +188,16 @@ def test_malformed_documents_and_duplicate_names(
     ],
 )
 def test_illegal_names(document: str, element: str, words: tuple[str, ...]) -> None:
-    assert_names(schema_error(document, IllegalName), 1, element, *words)
+    assert_names(schema_error(document, pml.IllegalName), 1, element, *words)
 
 
 def test_a_name_over_the_limit_is_illegal() -> None:
-    error = schema_error(f'<schema name="{"x" * 9}"/>', IllegalName, PmlLimits(name_chars_max=8))
+    error = schema_error(f'<schema name="{"x" * 9}"/>', pml.IllegalName, pml.PmlLimits(name_chars_max=8))
     assert_names(error, 1, f'<schema name="{"x" * 9}">', "9 characters, over 8")
 
 
 def test_same_name_at_different_levels_is_allowed() -> None:
-    parse_schema('<schema name="s"><module name="a"><module name="a"/></module></schema>')
+    pml.parse_schema('<schema name="s"><module name="a"><module name="a"/></module></schema>')
 
 
 @pytest.mark.parametrize(
@@ -225,50 +208,52 @@ def test_same_name_at_different_levels_is_allowed() -> None:
     ],
 )
 def test_a_parameter_at_the_root(document: str) -> None:
-    assert_names(schema_error(document, ParamAtRoot), 2, '<param name="p">', "inside a module")
+    assert_names(schema_error(document, pml.ParamAtRoot), 2, '<param name="p">', "inside a module")
 
 
 @pytest.mark.parametrize(
     ("document", "limits", "line", "element", "words"),
     [
-        ('<schema name="s"/>', PmlLimits(schema_bytes_max=10), 0, "<schema>", ("18 bytes, over 10",)),
+        ('<schema name="s"/>', pml.PmlLimits(schema_bytes_max=10), 0, "<schema>", ("18 bytes, over 10",)),
         (
             '<schema name="s"><module name="a"/>\n<module name="b"/></schema>',
-            PmlLimits(modules_per_schema_max=1),
+            pml.PmlLimits(modules_per_schema_max=1),
             2,
             '<module name="b">',
             ("more than 1 modules",),
         ),
         (
             '<schema name="s"><module name="a"><param name="p" len="9"/></module></schema>',
-            PmlLimits(param_len_max=8),
+            pml.PmlLimits(param_len_max=8),
             1,
             '<param name="p">',
             ("len 9 is over 8",),
         ),
         (
             '<schema name="s"><module name="a">\n<module name="b"/></module></schema>',
-            PmlLimits(nesting_depth_max=2),
+            pml.PmlLimits(nesting_depth_max=2),
             2,
             '<module name="b">',
             ("deeper than 2",),
         ),
         (
             '<schema name="s"><module name="a"/><scaffold name="x" modules="a"/>\n<scaffold name="y" modules="a"/></schema>',
-            PmlLimits(scaffolds_per_schema_max=1),
+            pml.PmlLimits(scaffolds_per_schema_max=1),
             2,
             '<schema name="s">',
             ("2 scaffolds, over 1",),
         ),
     ],
 )
-def test_limits(document: str, limits: PmlLimits, line: int, element: str, words: tuple[str, ...]) -> None:
-    assert_names(schema_error(document, PmlLimitExceeded, limits), line, element, *words)
+def test_limits(
+    document: str, limits: pml.PmlLimits, line: int, element: str, words: tuple[str, ...]
+) -> None:
+    assert_names(schema_error(document, pml.PmlLimitExceeded, limits), line, element, *words)
 
 
 def test_prompt_size_limit() -> None:
-    with pytest.raises(PmlLimitExceeded) as caught:
-        parse_prompt('<prompt schema="s"/>', PmlLimits(prompt_bytes_max=8))
+    with pytest.raises(pml.PmlLimitExceeded) as caught:
+        pml.parse_prompt('<prompt schema="s"/>', pml.PmlLimits(prompt_bytes_max=8))
     assert_names(caught.value, 0, "<prompt>", "20 bytes, over 8")
 
 
@@ -277,13 +262,13 @@ def test_prompt_size_limit() -> None:
     [
         (
             '<schema name="s"><module name="a"/><scaffold name="x" modules="b"/></schema>',
-            UnknownModule,
+            pml.UnknownModule,
             '<scaffold name="x">',
             ("no module 'b'",),
         ),
         (
             SCHEMA.replace("</schema>", '<scaffold name="x" modules="trip.luxury"/></schema>'),
-            MalformedPml,
+            pml.MalformedPml,
             '<scaffold name="x">',
             ("without its parent 'trip'",),
         ),
@@ -291,26 +276,28 @@ def test_prompt_size_limit() -> None:
             SCHEMA.replace(
                 "</schema>", '<scaffold name="x" modules="trip trip.cheap trip.luxury"/></schema>'
             ),
-            UnionConflict,
+            pml.UnionConflict,
             '<scaffold name="x">',
             ("one union",),
         ),
     ],
 )
-def test_scaffold_errors(document: str, kind: type[PmlError], element: str, words: tuple[str, ...]) -> None:
+def test_scaffold_errors(
+    document: str, kind: type[pml.PmlError], element: str, words: tuple[str, ...]
+) -> None:
     error = schema_error(document, kind)
     assert error.element == element and all(w in error.problem for w in words)
 
 
 def test_prompt_syntax_errors() -> None:
-    with pytest.raises(MalformedPml) as caught:
-        parse_prompt('<schema name="s"/>')
+    with pytest.raises(pml.MalformedPml) as caught:
+        pml.parse_prompt('<schema name="s"/>')
     assert_names(caught.value, 1, '<schema name="s">', "root must be <prompt>")
-    with pytest.raises(IllegalName) as illegal:
-        parse_prompt('<prompt schema="s">\n<doc bad-arg.x="1"/></prompt>')
+    with pytest.raises(pml.IllegalName) as illegal:
+        pml.parse_prompt('<prompt schema="s">\n<doc bad-arg.x="1"/></prompt>')
     assert_names(illegal.value, 2, "<doc>", "illegal name 'bad-arg.x'")
-    with pytest.raises(MalformedPml) as nested:
-        parse_prompt('<prompt schema="s"><user><doc><user/></doc></user></prompt>')
+    with pytest.raises(pml.MalformedPml) as nested:
+        pml.parse_prompt('<prompt schema="s"><user><doc><user/></doc></user></prompt>')
     assert_names(nested.value, 1, "<user>", "do not nest")
 
 
@@ -319,53 +306,65 @@ def test_prompt_syntax_errors() -> None:
     [
         (
             '<prompt schema="s">\n<nope/></prompt>',
-            UnknownModule,
+            pml.UnknownModule,
             2,
             "<nope>",
             ("no module 'nope' in the schema root",),
         ),
-        ('<prompt schema="s">\n<spa/></prompt>', UnknownModule, 2, "<spa>", ("declared as trip.luxury.spa",)),
+        (
+            '<prompt schema="s">\n<spa/></prompt>',
+            pml.UnknownModule,
+            2,
+            "<spa>",
+            ("declared as trip.luxury.spa",),
+        ),
         (
             '<prompt schema="s"><doc>\n<cheap/></doc></prompt>',
-            UnknownModule,
+            pml.UnknownModule,
             2,
             "<cheap>",
             ("in module 'doc'",),
         ),
         (
             '<prompt schema="s"><trip city="x"><cheap/>\n<luxury/></trip></prompt>',
-            UnionConflict,
+            pml.UnionConflict,
             2,
             "<luxury>",
             ("'luxury' and 'cheap'", "one union"),
         ),
         (
             '<prompt schema="s"><doc/><user>\n<doc/></user></prompt>',
-            DuplicateName,
+            pml.DuplicateName,
             2,
             "<doc>",
             ("imported twice",),
         ),
-        ('<prompt schema="s">\n<trip/></prompt>', ArgumentError, 2, "<trip>", ("missing argument 'city'",)),
+        (
+            '<prompt schema="s">\n<trip/></prompt>',
+            pml.ArgumentError,
+            2,
+            "<trip>",
+            ("missing argument 'city'",),
+        ),
         (
             '<prompt schema="s">\n<trip city="x" town="y"/></prompt>',
-            ArgumentError,
+            pml.ArgumentError,
             2,
             "<trip>",
             ("no parameter 'town'",),
         ),
-        ('<prompt schema="other"/>', SchemaMismatch, 1, '<prompt schema="other">', ("schema 's'",)),
+        ('<prompt schema="other"/>', pml.SchemaMismatch, 1, '<prompt schema="other">', ("schema 's'",)),
     ],
 )
 def test_prompt_binding_errors(
-    document: str, kind: type[PmlError], line: int, element: str, words: tuple[str, ...]
+    document: str, kind: type[pml.PmlError], line: int, element: str, words: tuple[str, ...]
 ) -> None:
     assert_names(prompt_error(document, kind), line, element, *words)
 
 
 def test_an_argument_longer_than_len() -> None:
-    schema = layout_schema(parse_schema(SCHEMA), word_tokens)
-    prompt = parse_prompt('<prompt schema="s">\n<trip city="New York City"/></prompt>')
-    with pytest.raises(ArgumentTooLong) as caught:
-        layout_prompt(schema, prompt, word_tokens)
+    schema = pml.layout_schema(pml.parse_schema(SCHEMA), word_tokens)
+    prompt = pml.parse_prompt('<prompt schema="s">\n<trip city="New York City"/></prompt>')
+    with pytest.raises(pml.ArgumentTooLong) as caught:
+        pml.layout_prompt(schema, prompt, word_tokens)
     assert_names(caught.value, 2, "<trip>", "argument 'city' is 3 tokens, over its len=2")
