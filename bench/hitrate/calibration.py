@@ -11,7 +11,8 @@ gap it closes, on two schedules of the same requests:
   slots in arrival order, look up when they start and store what they computed when
   they end (service time = prefill + decode).
 
-`python -m bench.hitrate.calibration` (45 s here at load 6): a table, the summary as the
+`python -m bench.hitrate.calibration` (45 s here at load 6 before the LHD column; four capacities
+took 14 minutes at load 14 with it): a table, the summary as the
 last line (JSON), and bench/results/<--results-name>.json. Nothing reads the future but
 the optimum: the policies see each request when it comes.
 """
@@ -181,6 +182,14 @@ def optimal_rate(steps: list[Step], capacity: int) -> float:
     return optimal_hits(schedule, capacity, admit_on_lookup=False) / looked
 
 
+def save_run(name: str, started: float, load_before: tuple[float, float, float], **fields: Any) -> None:
+    """bench/results/<name>.json: `fields`, the load average around the run and its seconds."""
+    load = {"before": load_before, "after": os.getloadavg()}
+    save_results(
+        name, {**fields, "loadavg_1_5_15min": load, "run_seconds": round(time.monotonic() - started, 1)}
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mooncake-trace", type=Path, default=MOONCAKE_TRACE)
@@ -224,15 +233,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in rows
         for p in POLICIES[1:]
     }
-    save_results(
-        args.results_name,
-        {
-            "summary": summary,
-            "results": rows,
-            "working_set_chunks": working_set,
-            "loadavg_1_5_15min": {"before": load_before, "after": os.getloadavg()},
-            "run_seconds": round(time.monotonic() - started, 1),
-        },
+    save_run(
+        args.results_name, started, load_before, summary=summary, results=rows, working_set_chunks=working_set
     )
     header = (
         "| schedule, one tier | LRU | daemon's order | learned density | LHD | optimum "

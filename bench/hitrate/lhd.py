@@ -8,7 +8,7 @@ age a is the hits it can still expect over the room it will still hold:
 
 (P(hit beyond a) / E[remaining lifetime in chunk-seconds], chunks being one size). The
 counters decay every `DECAY_EVENTS` ends, when the densities are recomputed. A victim is
-the lowest density of `SAMPLES` resident chunks drawn at random (the deepest among ties),
+the lowest density of 64 resident chunks drawn at random (the deepest among ties),
 then its deepest resident descendant, so that prefixes stay whole.
 
 Unlike learned_density.py it learns only from its own chunks' lives (censored by its own
@@ -17,13 +17,13 @@ evictions, as LHD is), and counts evictions into the lifetime.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Hashable
+
+from bench.hitrate.residents import Residents
 
 Key = Hashable
 BIN_S = 5.0
 BINS = 120  # ages beyond 10 minutes share the last bin
-SAMPLES = 64
 DECAY_EVENTS = 4000  # ends between two recomputations; the counters then decay
 DECAY = 0.9
 DEPTH_EDGES = (4, 16, 64)  # depth classes: below 4, 16, 64, and deeper
@@ -37,15 +37,12 @@ class LHD:
         self._evictions = [[0.0] * BINS for _ in range(classes)]
         self._table: list[list[float]] | None = None  # None: rank by idle age (LRU) until the first ends
         self._ends = 0
-        self._resident: list[Key] = []
-        self._at: dict[Key, int] = {}  # resident key -> its index in _resident
+        self._residents = Residents(seed)
         self._since: dict[Key, float] = {}  # resident key -> its last access (store or hit)
         self._read: set[Key] = set()  # resident keys read in their current life
-        self._depth: dict[Key, int] = {}
-        self._rng = random.Random(seed)
 
     def _class(self, key: Key) -> int:
-        depth = sum(self._depth[key] >= edge for edge in DEPTH_EDGES)
+        depth = sum(self._residents.depth[key] >= edge for edge in DEPTH_EDGES)
         return 2 * depth + (key in self._read)
 
     def _bin(self, key: Key) -> int:
@@ -68,20 +65,14 @@ class LHD:
         self._since[key] = self.now
 
     def stored(self, key: Key, depth: int) -> None:
-        self._depth[key] = depth
-        self._at[key] = len(self._resident)
-        self._resident.append(key)
+        self._residents.add(key, depth)
         self._since[key] = self.now
 
     def removed(self, key: Key) -> None:
         self._ended(self._evictions, key)
-        index = self._at.pop(key)
         del self._since[key]
         self._read.discard(key)
-        last = self._resident.pop()
-        if index < len(self._resident):
-            self._resident[index] = last
-            self._at[last] = index
+        self._residents.remove(key)
 
     def density(self, key: Key) -> float:
         if self._table is None:
@@ -89,16 +80,7 @@ class LHD:
         return self._table[self._class(key)][self._bin(key)]
 
     def victim(self, children: dict[Key, set[Key]]) -> Key:
-        best: Key = None
-        best_rank = (0.0, 0)
-        for _ in range(SAMPLES):
-            key = self._resident[self._rng.randrange(len(self._resident))]
-            rank = (self.density(key), -self._depth[key])
-            if best is None or rank < best_rank:
-                best, best_rank = key, rank
-        while kids := [child for child in children.get(best, ()) if child in self._at]:
-            best = max(kids, key=self._depth.__getitem__)
-        return best
+        return self._residents.victim(self.density, children)
 
 
 def _densities(hits: list[float], evictions: list[float]) -> list[float]:

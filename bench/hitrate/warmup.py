@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common.results import print_report, save_results
-from bench.hitrate.calibration import POLICIES, Step, arrival_schedule, lookup_hits, optimal_rate
+from bench.common.results import print_report
+from bench.hitrate.calibration import POLICIES, Step, arrival_schedule, lookup_hits, optimal_rate, save_run
 from bench.hitrate.workloads import CHUNK_BYTES, MOONCAKE_TRACE, load_mooncake
 
 
@@ -80,16 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         for policy in policies[1:]
         for when, part in (("first_window", rows[:1]), ("warm_mean", warm or rows[:1]))
     }
-    save_results(
-        args.results_name,
-        {
-            "summary": summary,
-            "results": rows,
-            "capacity_chunks": capacity,
-            "loadavg_1_5_15min": {"before": load_before, "after": os.getloadavg()},
-            "run_seconds": round(time.monotonic() - started, 1),
-        },
-    )
+    save_run(args.results_name, started, load_before, summary=summary, results=rows, capacity_chunks=capacity)
     header = "| minutes | LRU | optimum | " + " | ".join(f"{p}: hit, gap closed" for p in policies[1:]) + " |"
     lines = [header, "|---" * (3 + len(policies[1:])) + "|"] + [
         f"| {r['window_start_min']:g}-{r['window_start_min'] + args.window_minutes:g} | {r['lru']:.2%} | "
