@@ -35,7 +35,7 @@ class LHD:
         classes = 2 * (len(DEPTH_EDGES) + 1)
         self._hits = [[0.0] * BINS for _ in range(classes)]
         self._evictions = [[0.0] * BINS for _ in range(classes)]
-        self._table: list[list[float]] | None = None  # None: rank by idle age (LRU) until the first ends
+        self._table: list[list[float]] | None = None  # None: LRU until the first recompute
         self._ends = 0
         self._residents = Residents(seed)
         self._since: dict[Key, float] = {}  # resident key -> its last access (store or hit)
