@@ -39,7 +39,7 @@ def _window_rates(steps: list[Step], hits: list[int], window_s: float) -> list[f
 def optimal_window_rates(steps: list[Step], capacity: int, window_s: float) -> list[float]:
     """MIN's hit rate per window, as differences of the optima of the prefixes."""
     rates, before_hits, before_looked = [], 0.0, 0
-    windows = int(max(step.time_s for step in steps) // window_s) + 1
+    windows = int(max(step.time_s for step in steps if step.lookup) // window_s) + 1  # the last lookup's
     for window in range(1, windows + 1):
         prefix = [step for step in steps if step.time_s < window * window_s]
         looked = sum(len(step.keys) for step in prefix if step.lookup)

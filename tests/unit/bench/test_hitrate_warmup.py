@@ -20,6 +20,8 @@ def _schedule() -> list[Step]:
 def test_one_window_is_the_whole_replay() -> None:
     steps = _schedule()
     assert optimal_window_rates(steps, CAPACITY, 1000.0) == [optimal_rate(steps, CAPACITY)]
+    # the last store ends after the window of the last lookup: no window without lookups
+    assert optimal_window_rates(steps, CAPACITY, 39.2) == [optimal_rate(steps, CAPACITY)]
     assert _window_rates(steps, list(lookup_hits(steps, CAPACITY, "lru")), 1000.0) == [
         hit_rate(steps, CAPACITY, "lru")
     ]
