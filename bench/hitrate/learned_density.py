@@ -16,21 +16,21 @@ chunk_lives.py), each worth points of the gap in a dev variant (docs/benchmarks.
 A spell starts when a key is stored or named and ends at the next naming (a hit at that
 age) or, unnamed for `HORIZON_S`, as a spell that was not reused. The density of a class
 at age a is P(named beyond a) / E[wait beyond a | named beyond a], MIN's expected next use
-as hits per second. A victim is the lowest density of `SAMPLES` resident keys drawn at
+as hits per second. A victim is the lowest density of 64 resident keys drawn at
 random (the deepest among ties), then its deepest resident descendant.
 """
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from collections.abc import Hashable
+
+from bench.hitrate.residents import Residents
 
 Key = Hashable
 BIN_S = 5.0
 HORIZON_S = 300.0  # a spell unnamed this long counts as not reused (6.3% of the reuses in Mooncake's 10 minutes come later; median 81 s)
 BINS = int(HORIZON_S / BIN_S)
-SAMPLES = 64
 RECOMPUTE_ENDS = 2000  # spells ended between two recomputations of the densities
 MIN_CLASS_ENDS = 50  # below, a class is ranked by every class's counts pooled
 CLASSES = 3  # named 0, 1, 2 or more times
@@ -47,11 +47,8 @@ class LearnedDensity:
         self._named: dict[Key, int] = {}  # key -> lookups that named it
         self._spell: dict[Key, tuple[float, int]] = {}  # key -> (start, class) of its open spell
         self._opened: deque[tuple[float, Key]] = deque()  # spells by start, to end them past the horizon
-        self._resident: list[Key] = []
-        self._at: dict[Key, int] = {}  # resident key -> its index in _resident
+        self._residents = Residents(seed)
         self._last: dict[Key, tuple[float, int]] = {}  # resident key -> (start, class) of its latest spell
-        self._depth: dict[Key, int] = {}
-        self._rng = random.Random(seed)
 
     # ---- learning --------------------------------------------------------------
 
@@ -69,7 +66,7 @@ class LearnedDensity:
     def _start(self, key: Key) -> None:
         spell = self._spell[key] = (self.now, min(self._named.get(key, 0), CLASSES - 1))
         self._opened.append((self.now, key))
-        if key in self._at:
+        if key in self._residents:
             self._last[key] = spell
 
     def advance(self) -> None:
@@ -103,31 +100,15 @@ class LearnedDensity:
 
     def stored(self, key: Key, depth: int) -> None:
         """The key entered the store at `depth` of its chain: a spell starts."""
-        self._depth[key] = depth
-        self._at[key] = len(self._resident)
-        self._resident.append(key)
+        self._residents.add(key, depth)
         self._start(key)
 
     def removed(self, key: Key) -> None:
-        index = self._at.pop(key)
         del self._last[key]
-        last = self._resident.pop()
-        if index < len(self._resident):
-            self._resident[index] = last
-            self._at[last] = index
+        self._residents.remove(key)
 
     def victim(self, children: dict[Key, set[Key]]) -> Key:
-        """The lowest density of a random sample, then its deepest resident descendant."""
-        best: Key = None
-        best_rank = (0.0, 0)
-        for _ in range(SAMPLES):
-            key = self._resident[self._rng.randrange(len(self._resident))]
-            rank = (self.density(key), -self._depth[key])
-            if best is None or rank < best_rank:
-                best, best_rank = key, rank
-        while kids := [child for child in children.get(best, ()) if child in self._at]:
-            best = max(kids, key=self._depth.__getitem__)
-        return best
+        return self._residents.victim(self.density, children)
 
 
 def _densities(hits: list[float], unread: float) -> list[float]:
