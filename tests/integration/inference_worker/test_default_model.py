@@ -37,13 +37,14 @@ def test_default_model_converts_once_loads_and_answers(tmp_path: Path) -> None:
     started = time.monotonic()
     assert default_model_dir(tmp_path) == model_dir
     reuse_seconds = time.monotonic() - started
-    assert reuse_seconds < 0.5
-    assert file_stamps(model_dir) == stamps  # nothing rewritten
+    assert file_stamps(model_dir) == stamps  # reused: nothing converted or rewritten
 
     started = time.monotonic()
     loaded = load_model(model_dir, torch.float32, "cpu")
     load_seconds = time.monotonic() - started
-    assert load_seconds < 5.0  # typically well under a second; generous for a loaded machine
+    # No wall-clock bound (one failed at load 8): loading converts nothing, which is what a
+    # slow load would have meant; the times are printed below.
+    assert file_stamps(model_dir) == stamps
     assert loaded.config.model_type == "llama" and loaded.config.num_hidden_layers == 30
     assert loaded.tokenizer.chat_template
 
