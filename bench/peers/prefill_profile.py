@@ -1,8 +1,9 @@
 """In-process profile of the prefill behind bench-peers' TTFT: one forward pass of the paged
 engine (real SmolLM2-135M-Instruct, fp32, CPU) over `new` tokens after `prefix` tokens already
 in the pool, at 1 and 2 torch threads taken in turns: wall and process CPU time, the FLOP rate
-each reaches, and the busiest thread's CPU time (what two threads would take on idle cores, the
-wake-ups aside: readable under other load); with `--attention torch kernel`, the prefill's
+each reaches, the busiest thread's CPU time (what two threads would take on idle cores, the
+wake-ups aside: readable under other load) and the master's (the calling thread: it alone runs
+the Python between parallel regions); with `--attention torch kernel`, the prefill's
 attention through torch's SDPA and through the C prefill kernel (prefill_kernel.py) taken in
 turns too, and their logits compared. `python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
 
@@ -23,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,9 +80,9 @@ def _thread_cpu() -> dict[int, float]:
 
 def _forward(
     runner: PagedModelRunner, ids: list[int], shape: Shape, threads: int
-) -> tuple[float, float, float, torch.Tensor]:
-    """(wall, process CPU, the busiest thread's CPU, logits) of the forward over the shape's
-    new tokens, its prefix computed first. OpenMP's threads wait passively (no spinning), so
+) -> tuple[float, float, float, float, torch.Tensor]:
+    """(wall, process CPU, the busiest thread's CPU, the master's CPU, logits) of the forward
+    over the shape's new tokens, its prefix computed first. OpenMP's threads wait passively (no spinning), so
     a thread's CPU is its work: the busiest one's is what the pass takes on idle cores, less
     the wake-ups, even when other load stretches the wall time."""
     import torch
@@ -99,7 +101,8 @@ def _forward(
     before, cpu, wall = _thread_cpu(), time.process_time(), time.perf_counter()
     logits = runner.forward(batch)
     wall, cpu, after = time.perf_counter() - wall, time.process_time() - cpu, _thread_cpu()
-    return wall, cpu, max(seconds - before.get(thread, 0.0) for thread, seconds in after.items()), logits
+    spent = {thread: seconds - before.get(thread, 0.0) for thread, seconds in after.items()}
+    return wall, cpu, max(spent.values()), spent[threading.get_native_id()], logits
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -137,21 +140,24 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     rows = []
     for shape in args.shapes:
         ids = torch.randint(0, geometry.vocab_size, (shape.prefix + shape.new,), generator=generator).tolist()
-        logits = {name: _forward(runner, ids, shape, 2)[3] for name, runner in runners.items()}  # warm-up
-        runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {
+        logits = {name: _forward(runner, ids, shape, 2)[4] for name, runner in runners.items()}  # warm-up
+        runs: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {
             (name, threads): [] for name in runners for threads in (1, 2)
         }
         for _ in range(args.rounds):
             for (name, threads), times in runs.items():
-                times.append(_forward(runners[name], ids, shape, threads)[:3])
+                times.append(_forward(runners[name], ids, shape, threads)[:4])
         gflop = prefill_flops(geometry, layer_weights, head_weights, shape) / 1e9
         row: dict[str, object] = {"prefix": shape.prefix, "new": shape.new, "gflop": round(gflop, 1)}
         for (name, threads), times in runs.items():
-            wall = statistics.median(w for w, _, _ in times)
+            wall = statistics.median(w for w, *_ in times)
             row[f"wall_ms_{name}_{threads}t"] = round(wall * 1e3, 1)
-            row[f"cpu_ms_{name}_{threads}t"] = round(statistics.median(c for _, c, _ in times) * 1e3, 1)
+            row[f"cpu_ms_{name}_{threads}t"] = round(statistics.median(t[1] for t in times) * 1e3, 1)
             row[f"busiest_thread_cpu_ms_{name}_{threads}t"] = round(
-                statistics.median(b for *_, b in times) * 1e3
+                statistics.median(t[2] for t in times) * 1e3
+            )
+            row[f"master_thread_cpu_ms_{name}_{threads}t"] = round(
+                statistics.median(t[3] for t in times) * 1e3
             )
             row[f"gflops_{name}_{threads}t"] = round(gflop / wall, 1)
         if len(logits) == 2:  # the two paths' last-token logits, and greedy tokens
