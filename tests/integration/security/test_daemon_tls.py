@@ -17,12 +17,18 @@ from attnstore.security import ClientCredentials
 from attnstore.server.ports import free_port
 from kvstore_daemon.launcher import DaemonProcess
 
-HEALTH_ADDRESS = f"127.0.0.1:{free_port()}"
+
+@pytest.fixture(scope="module")
+def health_address() -> str:
+    """Chosen as the daemon starts, not when the module is collected: a port picked at
+    collection was free 25 minutes before this module ran, and another test's server
+    (gRPC binds with SO_REUSEPORT) could share it by then."""
+    return f"127.0.0.1:{free_port()}"
 
 
 @pytest.fixture(scope="module")
-def daemon(daemon_factory, pki) -> DaemonProcess:
-    return daemon_factory({"tls": server_tls(pki, mutual=True) | {"health_listen_address": HEALTH_ADDRESS}})
+def daemon(daemon_factory, pki, health_address: str) -> DaemonProcess:
+    return daemon_factory({"tls": server_tls(pki, mutual=True) | {"health_listen_address": health_address}})
 
 
 @pytest.mark.parametrize("use_shm", [True, False], ids=["shm", "grpc"])
@@ -81,10 +87,10 @@ def test_the_health_probe_speaks_mutual_tls(daemon: DaemonProcess, pki) -> None:
 
 
 def test_the_plaintext_health_port_answers_a_caller_without_a_certificate_and_nothing_else(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, health_address: str
 ) -> None:
     """What Kubernetes' gRPC probes need under mutual TLS: they present no certificate."""
-    with grpc.insecure_channel(HEALTH_ADDRESS) as channel:
+    with grpc.insecure_channel(health_address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         service = health_pb2.HealthCheckRequest(service="attnstore.kvstore.v1.KVStore")
@@ -92,5 +98,5 @@ def test_the_plaintext_health_port_answers_a_caller_without_a_certificate_and_no
         with pytest.raises(grpc.RpcError) as error:
             kvstore_pb2_grpc.KVStoreStub(channel).Stats(kvstore_pb2.StatsRequest(), timeout=5)
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert healthcheck(["--address", HEALTH_ADDRESS]) == 0
+    assert healthcheck(["--address", health_address]) == 0
     assert healthcheck(["--address", daemon.address]) == 1  # the TLS port still needs the handshake
