@@ -25,8 +25,9 @@ Decisions:
   to the longest with a key-padding mask, was slower on a CPU (16 sequences of 300-1,050
   tokens, one layer: 3.4-4.8 ms against 2.6-2.9 ms for the 16 unmasked calls; the
   padding adds half the keys there). What the calls cost before was the gathers, one a
-  sequence (below, `PagedKV.gather`). A CUDA build would hand the tables to a paged kernel
-  (flash-attn's `block_table`); the torch path below runs there too.
+  sequence (below, `PagedKV.gather`). On a GPU, where the calls' host time is what costs,
+  decode tokens take that padded batch (decode_batched.py); prefill chunks run the torch
+  path below there too (a paged kernel such as flash-attn's `block_table` is not wired).
 - Prefill chunks of fp32 pools on a CPU: one call per layer of the C prefill kernel for
   all of them (prefill_kernel.py), reading each chunk's context where it lies in the pool;
   one layer of 480 new tokens on 1,250, one thread: 26.0 -> 18.1 ms against the two flash

@@ -73,15 +73,7 @@ class PagedDecodeKernel:
         included). Writes out[rows]; the other rows are left as they are. `lse` [sequences,
         heads] fp32, when given: each head's log-sum-exp of its scaled scores (a partial,
         dist_attention/partial.py)."""
-        tensors = (
-            (q, k, v, out, rows, tables, lens) if lse is None else (q, k, v, out, rows, tables, lens, lse)
-        )
-        if not all(t.is_contiguous() for t in tensors):
-            raise ValueError("the paged decode kernel reads contiguous tensors only")
-        if lse is not None and (lse.dtype != torch.float32 or lse.shape != (rows.shape[0], q.shape[1])):
-            raise ValueError(
-                f"lse must be fp32 [{rows.shape[0]}, {q.shape[1]}], not {lse.dtype} {list(lse.shape)}"
-            )
+        check_decode_arguments("the paged decode kernel", q, k, v, out, rows, tables, lens, lse=lse)
         kv_heads, blocks, block_tokens, head_dim = k.shape
         arguments = (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows.data_ptr(),
@@ -96,6 +88,20 @@ class PagedDecodeKernel:
             raise RuntimeError(
                 f"paged decode kernel failed (status {status}: 1 unsupported heads, 2 no memory)"
             )
+
+
+def check_decode_arguments(
+    what: str, q: torch.Tensor, *tensors: torch.Tensor, lse: torch.Tensor | None
+) -> None:
+    """ValueError unless every tensor is contiguous and `lse` (when given) is fp32 [decode
+    rows, heads]; `tensors` end with the rows, tables and lens of `PagedDecodeKernel.__call__`."""
+    rows = tensors[-3]
+    if not all(t.is_contiguous() for t in (q, *tensors, *([] if lse is None else [lse]))):
+        raise ValueError(f"{what} reads contiguous tensors only")
+    if lse is not None and (lse.dtype != torch.float32 or lse.shape != (rows.shape[0], q.shape[1])):
+        raise ValueError(
+            f"lse must be fp32 [{rows.shape[0]}, {q.shape[1]}], not {lse.dtype} {list(lse.shape)}"
+        )
 
 
 @functools.cache

@@ -5,7 +5,8 @@ The batch is flattened (no padding): every sequence contributes the tokens it ru
 step (a prefill chunk, or its one decode token) as rows of one [tokens, hidden] tensor, so
 the linear layers and MLPs run once for the whole batch; only attention is per sequence
 (over its block table, attention.py): on a CPU every decode token of a layer in one call of
-the decode kernel (decode_kernel.py), which reads the blocks in place, and every prefill
+the decode kernel (decode_kernel.py), which reads the blocks in place (on a GPU one batched
+torch call, decode_batched.py), and every prefill
 chunk of fp32 pools in one call of the prefill kernel (prefill_kernel.py); the rest, and
 whatever the kernels do not run, one SDPA call per sequence, with the blocks it reads
 gathered once per layer for all sequences. Logits are computed for each sequence's
@@ -33,6 +34,7 @@ from inference_worker.engine.attention import (
     slot_run,
     slots_of,
 )
+from inference_worker.engine.decode_batched import BatchedDecode
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
@@ -114,7 +116,8 @@ class PagedModelRunner:
     ) -> None:
         """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.
         `decode_kernel`: decode tokens through the C kernel where it loads and runs the
-        pool's device and dtype (False: torch's gather + SDPA, as without a compiler).
+        pool's device and dtype, on a GPU through one batched torch call a layer
+        (decode_batched.py); False: torch's gather + SDPA per sequence, as without a compiler.
         `prefill_kernel`: prefill chunks through the C kernel likewise (False: SDPA).
         `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py)."""
         config = model.config
@@ -134,7 +137,12 @@ class PagedModelRunner:
         if kernel is not None and not kernel.supports(kv.k.dtype, kv.k.device):
             kernel = None
             self.decode_choice = KernelChoice("torch", f"no decode kernel for {kv.k.dtype} on {kv.k.device}")
-        self.decode_kernel: PagedDecodeKernel | None = kernel
+        self.decode_kernel: PagedDecodeKernel | BatchedDecode | None = kernel
+        if kernel is None and decode_kernel and BatchedDecode.supports(kv.k.dtype, kv.k.device):
+            self.decode_kernel = BatchedDecode()
+            self.decode_choice = KernelChoice(
+                "torch-batched", f"all decode rows in one batch on {kv.k.device}"
+            )
         self.prefill_kernel: PagedPrefillKernel | None
         self.prefill_kernel, self.prefill_choice = (
             load_paged_prefill() if prefill_kernel else (None, KernelChoice("torch", "prefill_kernel=False"))

@@ -1,4 +1,4 @@
-"""The C decode-attention kernel over block tables against torch's SDPA over the same
+"""The C decode-attention kernel (and the GPU's batched torch one) over block tables against torch's SDPA over the same
 context: scattered and padded tables, ragged lengths (block boundaries, lengths under and
 over its four-token steps), block sizes a power of two (a shift) and not (a division), grouped heads, sliding windows, fp32 and bf16, decode rows in
 any order with the other rows untouched, each (group, head_dim) copy the kernel specializes
@@ -15,6 +15,7 @@ from c_builds import C_BUILDS, built_kernel
 
 from attnstore.c_build import CACHE_VARIABLE
 from inference_worker.engine.attention import DecodeTables
+from inference_worker.engine.decode_batched import BatchedDecode
 from inference_worker.engine.decode_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,
@@ -25,8 +26,12 @@ from inference_worker.engine.decode_kernel import (
 BLOCKS, BLOCK_TOKENS = 40, 4
 
 
-@pytest.fixture(scope="module", params=C_BUILDS)  # the portable loops instead of the 16-key scores too
-def kernel(request: pytest.FixtureRequest) -> PagedDecodeKernel:
+# the portable loops instead of the 16-key scores too, and the GPU's batched torch calls (on
+# the CPU here: the same ops)
+@pytest.fixture(scope="module", params=[*C_BUILDS, "torch-batched"])
+def kernel(request: pytest.FixtureRequest) -> PagedDecodeKernel | BatchedDecode:
+    if request.param == "torch-batched":
+        return BatchedDecode()
     return built_kernel(request.param, SOURCE, PagedDecodeKernel, load_paged_decode)
 
 
