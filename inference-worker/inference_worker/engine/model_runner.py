@@ -36,6 +36,7 @@ from inference_worker.engine.attention import (
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
+from inference_worker.engine.layer_blocks import LayerBlocks, LayerWeights, load_layer_blocks
 from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables, load_paged_prefill
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
 from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
@@ -111,12 +112,15 @@ class PagedModelRunner:
         decode_kernel: bool = True,
         prefill_kernel: bool = True,
         row_kernels: bool = True,
+        layer_blocks: bool = True,
     ) -> None:
         """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.
         `decode_kernel`: decode tokens through the C kernel where it loads and runs the
         pool's device and dtype (False: torch's gather + SDPA, as without a compiler).
         `prefill_kernel`: prefill chunks through the C kernel likewise (False: SDPA).
-        `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py)."""
+        `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py).
+        `layer_blocks`: each layer's blocks around attention in one C call each, at the rows
+        where its linears run the panel kernel (layer_blocks.py; False: a call per op)."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(f"model type {config.model_type!r} has no paged forward")
@@ -154,6 +158,17 @@ class PagedModelRunner:
             self.row_kernels = None
             self.row_choice = KernelChoice("torch", f"no row kernels for {weights.dtype} on {weights.device}")
         self._pool_in_c = RowKernels.supports(kv.k)  # K and V written with RoPE's call (`_rope_write`)
+        self.layer_blocks: LayerBlocks | None
+        self.layer_blocks, self.layer_blocks_choice = (
+            load_layer_blocks() if layer_blocks else (None, KernelChoice("torch", "layer_blocks=False"))
+        )
+        # each layer's, None for one the blocks do not run (its linears without panels)
+        self.layer_weights = [LayerWeights.of(layer, self.geometry) for layer in decoder.layers]
+        if self.layer_blocks is not None and not (self._pool_in_c and any(self.layer_weights)):
+            self.layer_blocks = None
+            self.layer_blocks_choice = KernelChoice(
+                "torch", "the pool or the layers' linears are not fp32 panels"
+            )
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
@@ -271,12 +286,18 @@ class PagedModelRunner:
         tokens = batch.input_ids.shape[0]
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
         rotary = rotary_of(decoder, hidden, batch.positions)
+        blocks = self.layer_blocks if LayerBlocks.runs(hidden) else None
         for index, layer in enumerate(decoder.layers):
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
-            q, k, v = project(attn, self._norm(layer.input_layernorm, hidden), geometry)
-            q, k = self._rope_write(index, batch.slots, q, k, v, rotary)
+            weights = None if blocks is None else self.layer_weights[index]
+            if blocks is not None and weights is not None:
+                k_pool, v_pool = self.kv.k[index], self.kv.v[index]
+                q, k, v = blocks.pre_attention(weights, hidden, rotary, k_pool, v_pool, batch.slots)
+            else:
+                q, k, v = project(attn, self._norm(layer.input_layernorm, hidden), geometry)
+                q, k = self._rope_write(index, batch.slots, q, k, v, rotary)
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             for part in batch.in_place:
@@ -310,8 +331,11 @@ class PagedModelRunner:
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
                                scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
-            hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
-            hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
+            if blocks is not None and weights is not None:
+                hidden = blocks.post_attention(weights, out.reshape(tokens, -1), hidden)
+            else:
+                hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
+                hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
         last = self._norm(decoder.norm, hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
 
