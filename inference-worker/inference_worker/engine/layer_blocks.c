@@ -4,6 +4,8 @@
  *                       written into the pool layer
  *   post_attention_f32: o panels + residual -> RMSNorm -> fused gate/up panels -> SiLU(gate) * up
  *                       -> down panels + residual
+ *   between_layers_f32: a layer's post_attention then the next layer's pre_attention, in one
+ *                       region: two regions a layer with attention's, where there were five
  * Built and loaded by layer_blocks.py like paged_decode.c.
  *
  * Why: at these rows the runner called ~8 C and torch ops a layer from Python, 5 of them
@@ -15,9 +17,8 @@
  *
  * Each step rounds as its own kernel does (panels.h, row_ops.h; SiLU as torch's x / (1 + exp(-x))
  * then the product), so a row gives the same bits alone or batched. Shapes (row-major,
- * contiguous): panels as panel_linear.c packs them, hidden and y [rows, width], attn [rows,
- * attn_width], cos, sin [rows, head_dim], qkv [rows, (heads + 2 kv_heads) head_dim], q_out
- * [rows, heads, head_dim], k_out [rows, kv_heads, head_dim], the pool layer as in row_ops.c.
+ * contiguous): a layer's weights as `struct layer` says, hidden and y [rows, width], attn [rows,
+ * heads head_dim], the attention's inputs as `struct attention_inputs` says.
  * Returns 1 when rows is not in [1, MAX_ROWS], 2 for a slot outside the pool, 3 when scratch
  * memory is not had (nothing written for 1 and 2). */
 #include <stdlib.h>
@@ -25,71 +26,127 @@
 #include "panels.h"
 #include "row_ops.h"
 
-int pre_attention_f32(const float *hidden, const float *norm_weight, float eps, const float *qkv_panels,
-                      const float *qkv_bias, const float *cos, const float *sin, float *qkv, float *q_out,
-                      float *k_out, float *k_pool, float *v_pool, const int64_t *slots, int64_t pool_slots,
-                      int rows, int width, int heads, int kv_heads, int head_dim, int threads) {
-    if (rows < 1 || rows > MAX_ROWS) return 1;
-    for (int t = 0; t < rows; t++)
-        if (slots[t] < 0 || slots[t] >= pool_slots) return 2;
-    float *normed = malloc(sizeof(float) * (size_t)rows * (size_t)width);
-    if (normed == NULL) return 3;
+/* One decoder layer's weights (layer_blocks.py's LayerWeights): the linears packed as
+ * panel_linear.c's panels, q/k/v and gate/up each concatenated; a bias may be NULL. */
+struct layer {
+    const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
+    float input_eps, post_eps;
+    int width, heads, kv_heads, head_dim, intermediate;
+};
+
+/* What pre_attention writes for attention: qkv [rows, (heads + 2 kv_heads) head_dim] (v read
+ * from it), q [rows, heads, head_dim] and k [rows, kv_heads, head_dim] rotated by cos, sin
+ * [rows, head_dim], and k and v into the pool layer (k_pool, v_pool [kv_heads, pool_slots,
+ * head_dim]) at slots [rows]. */
+struct attention_inputs {
+    const float *cos, *sin;
+    float *qkv, *q, *k, *k_pool, *v_pool;
+    const int64_t *slots;
+    int64_t pool_slots;
+};
+
+/* The steps of pre_attention, in the calling region (orphaned `omp for`s); normed [rows, width]
+ * scratch. */
+static void pre_steps(const struct layer *w, const float *hidden, const struct attention_inputs *io, int rows,
+                      float *normed) {
     const int per_tile = tile_rows(rows);
-    const int64_t q_width = (int64_t)heads * head_dim, kv_width = (int64_t)kv_heads * head_dim;
+    const int64_t q_width = (int64_t)w->heads * w->head_dim, kv_width = (int64_t)w->kv_heads * w->head_dim;
     const int64_t out = q_width + 2 * kv_width, panels = panels_of(out);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
 #pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++)
-            rms_norm_row(hidden + (int64_t)r * width, norm_weight, normed + (int64_t)r * width, width, eps);
+    for (int r = 0; r < rows; r++)
+        rms_norm_row(hidden + (int64_t)r * w->width, w->input_norm, normed + (int64_t)r * w->width, w->width,
+                     w->input_eps);
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++)
-            panel_columns(qkv_panels, normed, qkv_bias, NULL, qkv, rows, out, width, p, per_tile);
+    for (int64_t p = 0; p < panels; p++)
+        panel_columns(w->qkv, normed, w->qkv_bias, NULL, io->qkv, rows, out, w->width, p, per_tile);
 #pragma omp for schedule(static)
-        for (int t = 0; t < rows; t++) {
-            const float *row = qkv + t * out;
-            rope_token(row, row + q_width, row + q_width + kv_width, cos + (int64_t)t * head_dim,
-                       sin + (int64_t)t * head_dim, q_out + t * q_width, k_out + t * kv_width, heads, kv_heads,
-                       head_dim, k_pool, v_pool, slots[t], pool_slots);
-        }
+    for (int t = 0; t < rows; t++) {
+        const float *row = io->qkv + t * out;
+        rope_token(row, row + q_width, row + q_width + kv_width, io->cos + (int64_t)t * w->head_dim,
+                   io->sin + (int64_t)t * w->head_dim, io->q + t * q_width, io->k + t * kv_width, w->heads,
+                   w->kv_heads, w->head_dim, io->k_pool, io->v_pool, io->slots[t], io->pool_slots);
     }
+}
+
+/* The steps of post_attention, in the calling region; scratch: 2 rows * width + 3 rows *
+ * intermediate floats. */
+static void post_steps(const struct layer *w, const float *attn, const float *hidden, float *y, int rows,
+                       float *scratch) {
+    const int per_tile = tile_rows(rows), width = w->width, inter = w->intermediate;
+    const int attn_width = w->heads * w->head_dim;
+    const int64_t n = (int64_t)rows * width, pair = 2 * (int64_t)inter;
+    /* the attention block's output (the MLP's residual), its norm, gate and up, SiLU(gate) * up */
+    float *mid = scratch, *normed = mid + n, *gate_up = normed + n, *act = gate_up + rows * pair;
+    const int64_t out_panels = panels_of(width), gate_up_panels = panels_of(pair);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < out_panels; p++)
+        panel_columns(w->o, attn, w->o_bias, hidden, mid, rows, width, attn_width, p, per_tile);
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; r++)
+        rms_norm_row(mid + (int64_t)r * width, w->post_norm, normed + (int64_t)r * width, width, w->post_eps);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < gate_up_panels; p++)
+        panel_columns(w->gate_up, normed, w->gate_up_bias, NULL, gate_up, rows, pair, width, p, per_tile);
+#pragma omp for collapse(2) schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < inter; c++) {
+            const float gate = gate_up[r * pair + c], up = gate_up[r * pair + inter + c];
+            act[(int64_t)r * inter + c] = gate / (1.0f + expf(-gate)) * up;
+        }
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < out_panels; p++)
+        panel_columns(w->down, act, w->down_bias, mid, y, rows, width, inter, p, per_tile);
+}
+
+/* 0, or the status of rows or slots out of range */
+static int refused(int rows, const struct attention_inputs *io) {
+    if (rows < 1 || rows > MAX_ROWS) return 1;
+    if (io != NULL)
+        for (int t = 0; t < rows; t++)
+            if (io->slots[t] < 0 || io->slots[t] >= io->pool_slots) return 2;
+    return 0;
+}
+
+static size_t post_scratch(const struct layer *w, int rows) {
+    return sizeof(float) * (size_t)rows * (2 * (size_t)w->width + 3 * (size_t)w->intermediate);
+}
+
+int pre_attention_f32(const struct layer *w, const float *hidden, const struct attention_inputs *io, int rows,
+                      int threads) {
+    const int status = refused(rows, io);
+    if (status) return status;
+    float *normed = malloc(sizeof(float) * (size_t)rows * (size_t)w->width);
+    if (normed == NULL) return 3;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    pre_steps(w, hidden, io, rows, normed);
     free(normed);
     return 0;
 }
 
-int post_attention_f32(const float *attn, const float *o_panels, const float *o_bias, const float *hidden,
-                       const float *norm_weight, float eps, const float *gate_up_panels,
-                       const float *gate_up_bias, const float *down_panels, const float *down_bias, float *y,
-                       int rows, int width, int attn_width, int inter, int threads) {
-    if (rows < 1 || rows > MAX_ROWS) return 1;
-    const int64_t n = (int64_t)rows * width, pair = 2 * (int64_t)inter;
-    /* the attention block's output (the MLP's residual), its norm, gate and up, SiLU(gate) * up */
-    float *mid = malloc(sizeof(float) * (size_t)(2 * n + rows * pair + (int64_t)rows * inter));
-    if (mid == NULL) return 3;
-    float *normed = mid + n, *gate_up = normed + n, *act = gate_up + rows * pair;
-    const int per_tile = tile_rows(rows);
-    const int64_t o_panels_n = panels_of(width), gate_up_panels_n = panels_of(pair), down_panels_n = o_panels_n;
+int post_attention_f32(const struct layer *w, const float *attn, const float *hidden, float *y, int rows,
+                       int threads) {
+    const int status = refused(rows, NULL);
+    if (status) return status;
+    float *scratch = malloc(post_scratch(w, rows));
+    if (scratch == NULL) return 3;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    post_steps(w, attn, hidden, y, rows, scratch);
+    free(scratch);
+    return 0;
+}
+
+/* post_attention of layer w into y, then pre_attention of layer next on y */
+int between_layers_f32(const struct layer *w, const float *attn, const float *hidden, float *y,
+                       const struct layer *next, const struct attention_inputs *io, int rows, int threads) {
+    const int status = refused(rows, io);
+    if (status) return status;
+    float *scratch = malloc(post_scratch(w, rows)); /* pre's normed rows fit in post's */
+    if (scratch == NULL) return 3;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < o_panels_n; p++)
-            panel_columns(o_panels, attn, o_bias, hidden, mid, rows, width, attn_width, p, per_tile);
-#pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++)
-            rms_norm_row(mid + (int64_t)r * width, norm_weight, normed + (int64_t)r * width, width, eps);
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < gate_up_panels_n; p++)
-            panel_columns(gate_up_panels, normed, gate_up_bias, NULL, gate_up, rows, pair, width, p, per_tile);
-#pragma omp for collapse(2) schedule(static)
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < inter; c++) {
-                const float gate = gate_up[r * pair + c], up = gate_up[r * pair + inter + c];
-                act[(int64_t)r * inter + c] = gate / (1.0f + expf(-gate)) * up;
-            }
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < down_panels_n; p++)
-            panel_columns(down_panels, act, down_bias, mid, y, rows, width, inter, p, per_tile);
+        post_steps(w, attn, hidden, y, rows, scratch);
+        pre_steps(next, y, io, rows, scratch); /* the post's last `omp for` ended in a barrier */
     }
-    free(mid);
+    free(scratch);
     return 0;
 }

@@ -76,13 +76,56 @@ class LayerWeights:
             mlp.down_proj.bias, geometry, mlp.down_proj.in_features,
         )  # fmt: skip
 
+    @functools.cached_property
+    def struct(self) -> _Layer:
+        """The weights as layer_blocks.c's `struct layer` (made once: the pointers stay valid
+        while these tensors live)."""
+        pointers = [
+            _pointer(t)
+            for t in (
+                self.input_norm,
+                self.qkv,
+                self.qkv_bias,
+                self.o,
+                self.o_bias,
+                self.post_norm,
+                self.gate_up,
+                self.gate_up_bias,
+                self.down,
+                self.down_bias,
+            )
+        ]
+        geometry = self.geometry
+        return _Layer(*pointers, self.input_eps, self.post_eps, self.input_norm.shape[0], geometry.heads,
+                      geometry.kv_heads, geometry.head_dim, self.intermediate)  # fmt: skip
+
+
+class _Layer(ctypes.Structure):
+    """layer_blocks.c's `struct layer`."""
+
+    _fields_ = [
+        *[(name, _c_ptr) for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up",
+                                      "gate_up_bias", "down", "down_bias")],
+        ("input_eps", _c_float), ("post_eps", _c_float),
+        *[(name, _c_int) for name in ("width", "heads", "kv_heads", "head_dim", "intermediate")],
+    ]  # fmt: skip
+
+
+class _AttentionInputs(ctypes.Structure):
+    """layer_blocks.c's `struct attention_inputs`."""
+
+    _fields_ = [*[(name, _c_ptr) for name in ("cos", "sin", "qkv", "q", "k", "k_pool", "v_pool", "slots")],
+                ("pool_slots", _c_int64)]  # fmt: skip
+
 
 class LayerBlocks:
     def __init__(self, library: ctypes.CDLL) -> None:
         self._pre, self._post = library.pre_attention_f32, library.post_attention_f32
-        self._pre.argtypes = [_c_ptr, _c_ptr, _c_float, *[_c_ptr] * 9, _c_ptr, _c_int64, *[_c_int] * 6]
-        self._post.argtypes = [_c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_ptr, _c_float, *[_c_ptr] * 5, *[_c_int] * 5]
-        self._pre.restype = self._post.restype = _c_int
+        self._between = library.between_layers_f32
+        self._pre.argtypes = [_c_ptr, _c_ptr, _c_ptr, _c_int, _c_int]
+        self._post.argtypes = [_c_ptr] * 4 + [_c_int, _c_int]
+        self._between.argtypes = [_c_ptr] * 6 + [_c_int, _c_int]
+        self._pre.restype = self._post.restype = self._between.restype = _c_int
 
     @staticmethod
     def runs(hidden: torch.Tensor) -> bool:
@@ -97,56 +140,88 @@ class LayerBlocks:
         )
 
     def pre_attention(
-        self,
-        weights: LayerWeights,
-        hidden: torch.Tensor,
-        rotary: tuple[torch.Tensor, torch.Tensor],
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        slots: torch.Tensor,
+        self, weights: LayerWeights, hidden: torch.Tensor, pool: AttentionPool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [rows, heads, D] and k [rows, kv_heads, D] rotated, v [rows, kv_heads, D], of the
-        layer's normed rows `hidden`; k and v written into the pool layer (k_pool, v_pool
-        [kv_heads, blocks, B, D], contiguous fp32) at `slots` [rows] int64. `rotary`: cos, sin
-        [rows, 1, D]."""
-        geometry, (cos, sin) = weights.geometry, rotary
-        rows, heads, kv_heads, dim = hidden.shape[0], geometry.heads, geometry.kv_heads, geometry.head_dim
-        if not (k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.shape == v_pool.shape) or any(
-            t.dtype != torch.float32 for t in (k_pool, v_pool)
-        ):
-            raise ValueError("pre_attention writes contiguous fp32 pool layers of one shape")
-        if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
-            raise ValueError(f"slots must be int64 [{rows}], not {slots.dtype} {list(slots.shape)}")
-        if cos.shape != (rows, 1, dim) or not (cos.is_contiguous() and sin.is_contiguous()) or dim % 2:
-            raise ValueError(f"cos and sin must be contiguous [{rows}, 1, {dim}], the head dimension even")
-        qkv = torch.empty(rows, (heads + 2 * kv_heads) * dim)
-        q, k = torch.empty(rows, heads, dim), torch.empty(rows, kv_heads, dim)
-        self._check(self._pre(
-            hidden.data_ptr(), weights.input_norm.data_ptr(), weights.input_eps, weights.qkv.data_ptr(),
-            _pointer(weights.qkv_bias), cos.data_ptr(), sin.data_ptr(), qkv.data_ptr(), q.data_ptr(), k.data_ptr(),
-            k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), k_pool.shape[1] * k_pool.shape[2], rows,
-            hidden.shape[1], heads, kv_heads, dim, torch.get_num_threads(),
-        ))  # fmt: skip
-        return q, k, qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
+        layer's normed rows `hidden`; k and v written into `pool`."""
+        inputs, qkv = _attention_inputs(weights, hidden.shape[0], pool)
+        self._check(self._pre(ctypes.byref(weights.struct), hidden.data_ptr(), ctypes.byref(inputs),
+                              hidden.shape[0], torch.get_num_threads()))  # fmt: skip
+        return qkv
 
     def post_attention(self, weights: LayerWeights, attn: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's output [rows, hidden]: the MLP block after o_proj(attn) + hidden, with
         their residuals. attn [rows, heads * D] contiguous."""
-        if not attn.is_contiguous() or attn.shape[0] != hidden.shape[0]:
-            raise ValueError("attn must be contiguous [rows, heads * head_dim], a row per hidden row")
-        y = torch.empty(hidden.shape)
-        self._check(self._post(
-            attn.data_ptr(), weights.o.data_ptr(), _pointer(weights.o_bias), hidden.data_ptr(),
-            weights.post_norm.data_ptr(), weights.post_eps, weights.gate_up.data_ptr(),
-            _pointer(weights.gate_up_bias), weights.down.data_ptr(), _pointer(weights.down_bias), y.data_ptr(),
-            hidden.shape[0], hidden.shape[1], attn.shape[1], weights.intermediate, torch.get_num_threads(),
-        ))  # fmt: skip
+        y = _output(weights, attn, hidden)
+        self._check(self._post(ctypes.byref(weights.struct), attn.data_ptr(), hidden.data_ptr(), y.data_ptr(),
+                               hidden.shape[0], torch.get_num_threads()))  # fmt: skip
         return y
+
+    def between_layers(
+        self,
+        weights: LayerWeights,
+        attn: torch.Tensor,
+        hidden: torch.Tensor,
+        following: LayerWeights,
+        pool: AttentionPool,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """`post_attention` of one layer, then `pre_attention` of the `following` on its output,
+        in one call: the output and the following layer's q, k, v."""
+        y = _output(weights, attn, hidden)
+        inputs, qkv = _attention_inputs(following, hidden.shape[0], pool)
+        self._check(self._between(
+            ctypes.byref(weights.struct), attn.data_ptr(), hidden.data_ptr(), y.data_ptr(),
+            ctypes.byref(following.struct), ctypes.byref(inputs), hidden.shape[0], torch.get_num_threads(),
+        ))  # fmt: skip
+        return y, qkv
 
     @staticmethod
     def _check(status: int) -> None:
         if status:
             raise ValueError(_ERRORS[status])
+
+
+@dataclass(frozen=True)
+class AttentionPool:
+    """Where pre_attention puts a layer's k and v, and how it rotates q and k: the pool layer
+    (k_pool, v_pool [kv_heads, blocks, B, D], contiguous fp32), the rows' `slots` [rows] int64,
+    and cos, sin [rows, 1, D] (`rotary`)."""
+
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    slots: torch.Tensor
+    rotary: tuple[torch.Tensor, torch.Tensor]
+
+
+def _attention_inputs(
+    weights: LayerWeights, rows: int, pool: AttentionPool
+) -> tuple[_AttentionInputs, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """pre_attention's struct and outputs q, k, v (a view of its q/k/v projection)."""
+    (k_pool, v_pool, slots), (cos, sin) = (pool.k_pool, pool.v_pool, pool.slots), pool.rotary
+    geometry = weights.geometry
+    heads, kv_heads, dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.shape == v_pool.shape) or any(
+        t.dtype != torch.float32 for t in (k_pool, v_pool)
+    ):
+        raise ValueError("pre_attention writes contiguous fp32 pool layers of one shape")
+    if slots.dtype != torch.int64 or slots.shape != (rows,) or not slots.is_contiguous():
+        raise ValueError(f"slots must be int64 [{rows}], not {slots.dtype} {list(slots.shape)}")
+    if cos.shape != (rows, 1, dim) or not (cos.is_contiguous() and sin.is_contiguous()) or dim % 2:
+        raise ValueError(f"cos and sin must be contiguous [{rows}, 1, {dim}], the head dimension even")
+    qkv = torch.empty(rows, (heads + 2 * kv_heads) * dim)
+    q, k = torch.empty(rows, heads, dim), torch.empty(rows, kv_heads, dim)
+    inputs = _AttentionInputs(cos.data_ptr(), sin.data_ptr(), qkv.data_ptr(), q.data_ptr(), k.data_ptr(),
+                              k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(),
+                              k_pool.shape[1] * k_pool.shape[2])  # fmt: skip
+    return inputs, (q, k, qkv[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim))
+
+
+def _output(weights: LayerWeights, attn: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """post_attention's output, its inputs checked."""
+    width = weights.geometry.heads * weights.geometry.head_dim
+    if not attn.is_contiguous() or attn.shape != (hidden.shape[0], width):
+        raise ValueError(f"attn must be contiguous [rows, {width}], a row per hidden row")
+    return torch.empty(hidden.shape)
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -213,13 +288,18 @@ def _probe(blocks: LayerBlocks) -> str | None:
     rows = 15  # two tiles of registers
     hidden, attn = torch.randn(rows, 40, generator=generator), torch.randn(rows, 40, generator=generator)
     rotary = (torch.randn(rows, 1, 10, generator=generator), torch.randn(rows, 1, 10, generator=generator))
-    pool, slots = torch.zeros(2, 2, 8, 4, 10), torch.randperm(32, generator=generator)[:rows]
-    got = blocks.pre_attention(weights, hidden, rotary, pool[0], pool[1], slots)
-    want = reference_pre_attention(weights, plain, hidden, rotary)
-    written = tuple(layer.view(2, -1, 10)[:, slots].transpose(0, 1) for layer in pool)
-    pairs = [*zip(got, want, strict=True), *zip(written, want[1:], strict=True)]
-    pairs.append(
-        (blocks.post_attention(weights, attn, hidden), reference_post_attention(weights, plain, attn, hidden))
-    )
+    kv, slots = torch.zeros(2, 2, 8, 4, 10), torch.randperm(32, generator=generator)[:rows]
+    pool = AttentionPool(kv[0], kv[1], slots, rotary)
+    pre = blocks.pre_attention(weights, hidden, pool)  # between_layers: the post, then the pre on its output
+    post, following = blocks.between_layers(weights, attn, hidden, weights, pool)
+    written = tuple(layer.view(2, -1, 10)[:, slots].transpose(0, 1) for layer in kv)
+    want_post = reference_post_attention(weights, plain, attn, hidden)
+    want_following = reference_pre_attention(weights, plain, want_post, rotary)
+    pairs = [
+        *zip(pre, reference_pre_attention(weights, plain, hidden, rotary), strict=True),
+        (post, want_post),
+        *zip(following, want_following, strict=True),
+        *zip(written, want_following[1:], strict=True),
+    ]
     error = max(float((a - b).abs().max() / b.abs().max()) for a, b in pairs)
     return None if error <= _PROBE_TOLERANCE else f"disagrees with torch (relative error {error:.3g})"

@@ -36,7 +36,7 @@ from inference_worker.engine.attention import (
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
-from inference_worker.engine.layer_blocks import LayerBlocks, LayerWeights, load_layer_blocks
+from inference_worker.engine.layer_blocks import AttentionPool, LayerBlocks, LayerWeights, load_layer_blocks
 from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables, load_paged_prefill
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
 from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
@@ -287,14 +287,18 @@ class PagedModelRunner:
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
         rotary = rotary_of(decoder, hidden, batch.positions)
         blocks = self.layer_blocks if LayerBlocks.runs(hidden) else None
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = (
+            None  # the layer's, where computed already
+        )
         for index, layer in enumerate(decoder.layers):
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
             weights = None if blocks is None else self.layer_weights[index]
-            if blocks is not None and weights is not None:
-                k_pool, v_pool = self.kv.k[index], self.kv.v[index]
-                q, k, v = blocks.pre_attention(weights, hidden, rotary, k_pool, v_pool, batch.slots)
+            if qkv is not None:
+                q, k, v = qkv
+            elif blocks is not None and weights is not None:
+                q, k, v = blocks.pre_attention(weights, hidden, self._attention_pool(index, batch, rotary))
             else:
                 q, k, v = project(attn, self._norm(layer.input_layernorm, hidden), geometry)
                 q, k = self._rope_write(index, batch.slots, q, k, v, rotary)
@@ -331,13 +335,23 @@ class PagedModelRunner:
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
                                scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
-            if blocks is not None and weights is not None:
+            following = self.layer_weights[index + 1] if index + 1 < len(self.layer_weights) else None
+            qkv = None
+            if blocks is not None and weights is not None and following is not None:
+                pool = self._attention_pool(index + 1, batch, rotary)
+                hidden, qkv = blocks.between_layers(weights, out.reshape(tokens, -1), hidden, following, pool)
+            elif blocks is not None and weights is not None:
                 hidden = blocks.post_attention(weights, out.reshape(tokens, -1), hidden)
             else:
                 hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
                 hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
         last = self._norm(decoder.norm, hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _attention_pool(
+        self, layer: int, batch: Batch, rotary: tuple[torch.Tensor, torch.Tensor]
+    ) -> AttentionPool:
+        return AttentionPool(self.kv.k[layer], self.kv.v[layer], batch.slots, rotary)
 
     def _norm(self, norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's RMSNorm of rows x, in C where it runs them."""

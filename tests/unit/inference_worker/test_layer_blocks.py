@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from inference_worker.engine.block_pool import BlockPool
 from inference_worker.engine.layer_blocks import (
     SOURCE,
     UNAVAILABLE_VARIABLE,
+    AttentionPool,
     LayerBlocks,
     LayerWeights,
     load_layer_blocks,
@@ -90,16 +92,22 @@ def test_match_the_torch_composition(
     layer = geometry(heads, kv_heads, dim)
     weights, plain = random_layer(layer, width, intermediate, generator, bias=bias)
     hidden, attn, rotary, pool, slots = inputs(layer, width, rows, generator)
+    attention_pool = AttentionPool(pool[0], pool[1], slots, rotary)
     want = reference_pre_attention(weights, plain, hidden, rotary)
-    got = blocks.pre_attention(weights, hidden, rotary, pool[0], pool[1], slots)
+    got = blocks.pre_attention(weights, hidden, attention_pool)
     for mine, theirs in zip(got, want, strict=True):
         assert_close(mine, theirs)
     written = pool.view(2, kv_heads, -1, dim)[:, :, slots].transpose(1, 2)  # [K/V, rows, kv_heads, D]
     assert torch.equal(written[0], got[1]) and torch.equal(written[1], got[2])
     assert pool.count_nonzero() == written.count_nonzero()  # nothing outside the slots
-    assert_close(
-        blocks.post_attention(weights, attn, hidden), reference_post_attention(weights, plain, attn, hidden)
-    )
+    post = blocks.post_attention(weights, attn, hidden)
+    assert_close(post, reference_post_attention(weights, plain, attn, hidden))
+    # the next layer's pre_attention on the output, in the same call: the same bits as the two calls
+    following, _ = random_layer(layer, width, intermediate, generator, bias=bias)
+    joined, qkv = blocks.between_layers(weights, attn, hidden, following, attention_pool)
+    assert torch.equal(joined, post)
+    separate = blocks.pre_attention(following, post, attention_pool)
+    assert all(torch.equal(a, b) for a, b in zip(qkv, separate, strict=True))
 
 
 def test_a_row_gives_the_same_bits_alone_and_batched(blocks: LayerBlocks) -> None:
@@ -107,11 +115,11 @@ def test_a_row_gives_the_same_bits_alone_and_batched(blocks: LayerBlocks) -> Non
     layer = geometry(9, 3, 64)  # SmolLM2-135M's heads: 576 wide
     weights, _ = random_layer(layer, 576, 1536, generator)
     hidden, attn, rotary, pool, slots = inputs(layer, 576, 16, generator)
-    batched_pre = blocks.pre_attention(weights, hidden, rotary, pool[0], pool[1], slots)
+    batched_pre = blocks.pre_attention(weights, hidden, AttentionPool(pool[0], pool[1], slots, rotary))
     batched_post = blocks.post_attention(weights, attn, hidden)
     for rows in (slice(0, 3), slice(3, 16), slice(5, 9)):
-        part = tuple(t[rows].contiguous() for t in rotary)
-        alone = blocks.pre_attention(weights, hidden[rows], part, pool[0], pool[1], slots[rows])  # type: ignore[arg-type]
+        part = AttentionPool(pool[0], pool[1], slots[rows], tuple(t[rows].contiguous() for t in rotary))  # type: ignore[arg-type]
+        alone = blocks.pre_attention(weights, hidden[rows], part)
         assert all(torch.equal(a, b[rows]) for a, b in zip(alone, batched_pre, strict=True))
         assert torch.equal(blocks.post_attention(weights, attn[rows], hidden[rows]), batched_post[rows])
 
@@ -124,13 +132,16 @@ def test_bad_inputs_are_refused(blocks: LayerBlocks) -> None:
     with pytest.raises(ValueError, match="rows"):
         blocks.post_attention(weights, attn, hidden)
     with pytest.raises(ValueError, match="rows"):
-        blocks.pre_attention(weights, hidden, rotary, pool[0], pool[1], slots)
-    few = tuple(t[:4].contiguous() for t in rotary)
+        blocks.pre_attention(weights, hidden, AttentionPool(pool[0], pool[1], slots, rotary))
+    few: tuple[torch.Tensor, torch.Tensor] = tuple(t[:4].contiguous() for t in rotary)  # type: ignore[assignment]
+    outside = AttentionPool(pool[0], pool[1], torch.tensor([0, 1, 2, 48]), few)
     with pytest.raises(ValueError, match="outside the pool"):
-        blocks.pre_attention(weights, hidden[:4], few, pool[0], pool[1], torch.tensor([0, 1, 2, 48]))  # type: ignore[arg-type]
+        blocks.pre_attention(weights, hidden[:4], outside)
+    with pytest.raises(ValueError, match="outside the pool"):
+        blocks.between_layers(weights, attn[:4], hidden[:4], weights, outside)
     assert pool.count_nonzero() == 0  # nothing written
     with pytest.raises(ValueError, match="slots"):
-        blocks.pre_attention(weights, hidden[:4], few, pool[0], pool[1], slots[:3])  # type: ignore[arg-type]
+        blocks.pre_attention(weights, hidden[:4], AttentionPool(pool[0], pool[1], slots[:3], few))
     with pytest.raises(ValueError, match="a row per hidden row"):
         blocks.post_attention(weights, attn[:4], hidden[:5])
 
@@ -154,23 +165,24 @@ def test_the_runner_uses_them_and_matches_transformers(
     tiny_model_dir: Callable[..., Path], family: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four prompts prefilled in chunks of 8 (27, 17, 4 rows a step) and decoded together (4 rows):
-    every step runs the blocks, and gives transformers' logits (1e-4) and greedy tokens, with
-    the blocks and with a call per op (the same logits to 1e-5)."""
+    every step runs the blocks (the first layer's pre_attention, one call between each two
+    layers, the last layer's post_attention), and gives transformers' logits (1e-4) and greedy
+    tokens, with the blocks and with a call per op (the same logits to 1e-5)."""
     model = load_model(tiny_model_dir(family), torch.float32, "cpu").model
     if _onednn_unavailable(torch.float32) is not None:
         pytest.skip("oneDNN's fp32 inner product is unavailable on this CPU: the linears have no panels")
     assert all(LayerWeights.of(layer, ModelGeometry.of(model.config)) for layer in model.model.layers)
     assert load_layer_blocks()[0] is not None  # its probe's call before the count
-    calls: list[int] = []
-    original = LayerBlocks.post_attention
+    calls: list[tuple[str, int]] = []
+    for name in ("pre_attention", "post_attention", "between_layers"):
+        original = getattr(LayerBlocks, name)
 
-    def counted(
-        self: LayerBlocks, weights: LayerWeights, attn: torch.Tensor, hidden: torch.Tensor
-    ) -> torch.Tensor:
-        calls.append(hidden.shape[0])
-        return original(self, weights, attn, hidden)
+        def counted(self: LayerBlocks, weights: LayerWeights, x: torch.Tensor, *args: Any, _name: str = name,
+                    _original: Callable[..., Any] = original) -> Any:  # fmt: skip
+            calls.append((_name, x.shape[0]))
+            return _original(self, weights, x, *args)
 
-    monkeypatch.setattr(LayerBlocks, "post_attention", counted)
+        monkeypatch.setattr(LayerBlocks, name, counted)
     generator = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (3, 9, 16, 20)]
     results = {}
@@ -184,7 +196,8 @@ def test_the_runner_uses_them_and_matches_transformers(
             seqs,
         )
     steps = [3 + 8 + 8 + 8, 1 + 8 + 8, 4] + [4] * 8  # the prefill's three steps, then decodes
-    assert calls == [rows for rows in steps for _ in range(model.config.num_hidden_layers)]
+    between = ["between_layers"] * (model.config.num_hidden_layers - 1)
+    assert calls == [(name, rows) for rows in steps for name in ("pre_attention", *between, "post_attention")]
     (with_blocks, seqs), (without, plain_seqs) = results[True], results[False]
     assert [seq.token_ids for seq in seqs] == [seq.token_ids for seq in plain_seqs]
     with torch.no_grad():
