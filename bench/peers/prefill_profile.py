@@ -115,20 +115,22 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--shapes", type=Shape.parse, nargs="+", default=[Shape.parse(s) for s in DEFAULT_SHAPES]
     )
     parser.add_argument("--rounds", type=int, default=5, help="forwards per thread count, taken in turns")
-    parser.add_argument(
-        "--attention",
-        nargs="+",
-        choices=ATTENTION,
-        default=["kernel"],
-        help="the prefill attention paths, taken in turns (the engine's default: kernel)",
-    )
-    parser.add_argument(
-        "--layer-blocks",
-        nargs="+",
-        choices=LAYER_BLOCKS,
-        default=["on"],
-        help="with a layer's blocks in one C call each, a call per op, or both in turns (default: on)",
-    )
+    for flag, paths, default, what in (
+        ("--attention", ATTENTION, "kernel", "the prefill attention paths"),
+        (
+            "--layer-blocks",
+            LAYER_BLOCKS,
+            "on",
+            "a layer's blocks in one C call each (on) or a call per op (off)",
+        ),
+    ):
+        parser.add_argument(
+            flag,
+            nargs="+",
+            choices=paths,
+            default=[default],
+            help=f"{what}, taken in turns (default: {default})",
+        )
     args = parser.parse_args(argv)
     if "torch" in sys.modules:
         raise SystemExit("run it as its own process (python -m bench.peers.prefill_profile): torch is loaded")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from c_builds import C_BUILDS, built_kernel
+from c_builds import C_BUILDS, assert_forced_unavailable, built_kernel
 from paged_batch import run_batch
 
 from inference_worker.cpu_linear import _onednn_unavailable
@@ -156,9 +156,7 @@ def test_run_only_fp32_cpu_rows_from_min_to_max_rows() -> None:
 
 
 def test_forced_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(UNAVAILABLE_VARIABLE, "1")
-    loaded, choice = load_layer_blocks.__wrapped__()
-    assert loaded is None and UNAVAILABLE_VARIABLE in choice.reason and choice.kernel == "torch"
+    assert_forced_unavailable(monkeypatch, load_layer_blocks, UNAVAILABLE_VARIABLE, "torch")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q, k, v with biases
