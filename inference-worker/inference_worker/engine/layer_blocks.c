@@ -33,7 +33,7 @@
  * is computed the same way whatever the row (a row gives the same bits alone or batched). gcc
  * calls the scalar expf here (it vectorizes it only under -ffast-math): ~9 ns a column, ~12%
  * of the block at 14 rows, so 16 columns at a time take exp16 (vector_exp.h) where the CPU has
- * AVX-512 (exp(-x) clamped to e^88: SiLU of x < -88 is -0 then, as good as torch's). */
+ * AVX-512 (exp(-x) clamped to e^88: SiLU of x < -88 is ~0 either way). */
 static void silu_mul(const float *gate, const float *up, float *act, int n) {
     int c = 0;
 #if defined(__AVX512F__)
