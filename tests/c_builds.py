@@ -6,7 +6,9 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import pytest
 
 from attnstore.c_build import build_library
 from inference_worker.kernels import KernelChoice
@@ -27,3 +29,13 @@ def built_kernel(
     loaded, choice = load()
     assert loaded is not None, choice.reason  # the development machines have a C compiler
     return loaded
+
+
+def assert_forced_unavailable(
+    monkeypatch: pytest.MonkeyPatch, load: Any, variable: str, fallback: str
+) -> None:
+    """`load` (a kernel's cached loader, called afresh) with `variable`=1 gives no kernel and
+    `fallback`, saying why."""
+    monkeypatch.setenv(variable, "1")
+    loaded, choice = load.__wrapped__()
+    assert loaded is None and variable in choice.reason and choice.kernel == fallback

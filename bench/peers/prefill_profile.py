@@ -5,7 +5,10 @@ each reaches, the busiest thread's CPU time (what two threads would take on idle
 wake-ups aside: readable under other load) and the master's (the calling thread: it alone runs
 the Python between parallel regions); with `--attention torch kernel`, the prefill's
 attention through torch's SDPA and through the C prefill kernel (prefill_kernel.py) taken in
-turns too, and their logits compared. `python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
+turns too, and their logits compared; with `--layer-blocks on off`, a layer's blocks around
+attention in one C call each (layer_blocks.py, from 3 to 32 new tokens) and a call per op, in
+turns likewise (the second path's names end in `-calls`).
+`python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
 
 Why: the serving comparison's later turns are mostly this forward (the worker's CPU from
 Chat to first token is within ~10% of it), and its FLOP rate can be set beside vLLM's,
@@ -42,6 +45,7 @@ if TYPE_CHECKING:  # torch loads in `main`, after OpenMP's waiting is set (impor
 DEFAULT_SHAPES = ("0x642", "800x250", "1250x480")
 BLOCK_TOKENS = 16
 ATTENTION = ("torch", "kernel")  # the prefill's attention: SDPA (chunk_attention.py), the C kernel
+LAYER_BLOCKS = ("on", "off")  # a layer's blocks in one C call each (layer_blocks.py), a call per op
 
 
 @dataclass(frozen=True)
@@ -111,13 +115,22 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "--shapes", type=Shape.parse, nargs="+", default=[Shape.parse(s) for s in DEFAULT_SHAPES]
     )
     parser.add_argument("--rounds", type=int, default=5, help="forwards per thread count, taken in turns")
-    parser.add_argument(
-        "--attention",
-        nargs="+",
-        choices=ATTENTION,
-        default=["kernel"],
-        help="the prefill attention paths, taken in turns (the engine's default: kernel)",
-    )
+    for flag, paths, default, what in (
+        ("--attention", ATTENTION, "kernel", "the prefill attention paths"),
+        (
+            "--layer-blocks",
+            LAYER_BLOCKS,
+            "on",
+            "a layer's blocks in one C call each (on) or a call per op (off)",
+        ),
+    ):
+        parser.add_argument(
+            flag,
+            nargs="+",
+            choices=paths,
+            default=[default],
+            help=f"{what}, taken in turns (default: {default})",
+        )
     args = parser.parse_args(argv)
     if "torch" in sys.modules:
         raise SystemExit("run it as its own process (python -m bench.peers.prefill_profile): torch is loaded")
@@ -135,7 +148,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     layer_weights, head_weights = _weights(list(model.model.layers)), model.lm_head.weight.numel()
     most = max(s.prefix + s.new for s in args.shapes)
     kv = PagedKV(geometry, -(-most // BLOCK_TOKENS), BLOCK_TOKENS, torch.float32, torch.device("cpu"))
-    runners = {name: PagedModelRunner(model, kv, prefill_kernel=name == "kernel") for name in args.attention}
+    runners = {
+        name + ("" if blocks == "on" else "-calls"): PagedModelRunner(
+            model, kv, prefill_kernel=name == "kernel", layer_blocks=blocks == "on"
+        )
+        for name in args.attention
+        for blocks in args.layer_blocks
+    }
     generator = torch.Generator().manual_seed(0)
     rows = []
     for shape in args.shapes:
@@ -161,8 +180,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             )
             row[f"gflops_{name}_{threads}t"] = round(gflop / wall, 1)
         if len(logits) == 2:  # the two paths' last-token logits, and greedy tokens
-            row["max_logit_diff"] = float((logits["torch"] - logits["kernel"]).abs().max())
-            row["same_greedy"] = bool((logits["torch"].argmax(-1) == logits["kernel"].argmax(-1)).all())
+            first, second = logits.values()
+            row["max_logit_diff"] = float((first - second).abs().max())
+            row["same_greedy"] = bool((first.argmax(-1) == second.argmax(-1)).all())
         rows.append(row)
         print(" | ".join(f"{key} {value}" for key, value in row.items()), flush=True)
     summary = {

@@ -404,6 +404,8 @@ def build_engine(
         prefill_attention_reason=runner.prefill_choice.reason,
         row_kernels=runner.row_choice.kernel,
         row_kernels_reason=runner.row_choice.reason,
+        layer_blocks=runner.layer_blocks_choice.kernel,
+        layer_blocks_reason=runner.layer_blocks_choice.reason,
     )
     return Engine(
         runner,

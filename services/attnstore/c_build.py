@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +27,7 @@ CACHE_VARIABLE = "ATTNSTORE_KERNEL_CACHE_DIR"
 # gnu11) also keeps floating-point contraction off: row_ops.c rounds each product as torch does.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 BUILD_TIMEOUT_SECONDS = 120
+_LOCAL_INCLUDE = re.compile(rb'^#include "([^"]+)"', re.MULTILINE)  # a header beside the source
 Kernel = TypeVar("Kernel")
 
 
@@ -52,14 +54,15 @@ def load_probed(
 
 
 def build_library(source: Path, extra_flags: Sequence[str] = ()) -> Path:
-    """The shared library, compiled unless this source, compiler, flags and CPU already built
-    one. `extra_flags` after FLAGS (tests build e.g. `-mno-avx512f`: the code a CPU without
+    """The shared library, compiled unless this source (with the headers beside it that it
+    includes), compiler, flags and CPU already built one. `extra_flags` after FLAGS (tests build e.g. `-mno-avx512f`: the code a CPU without
     AVX-512 runs, on any machine)."""
     flags = (*FLAGS, *extra_flags)
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc, $CC)")
     text = source.read_bytes()
+    text += b"".join((source.parent / name.decode()).read_bytes() for name in _LOCAL_INCLUDE.findall(text))
     version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
     digest = hashlib.sha256(text + version + " ".join(flags).encode() + _cpu_flags()).hexdigest()[:16]
     cache = Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "attnstore" / "kernels")

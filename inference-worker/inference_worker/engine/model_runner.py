@@ -10,7 +10,9 @@ torch call, decode_batched.py), and every prefill
 chunk of fp32 pools in one call of the prefill kernel (prefill_kernel.py); the rest, and
 whatever the kernels do not run, one SDPA call per sequence, with the blocks it reads
 gathered once per layer for all sequences. Logits are computed for each sequence's
-last row only.
+last row only. From 3 to 32 fp32 CPU rows (a 16-sequence decode step, a short question),
+what a layer does around attention runs in C, one call and one parallel region between two
+layers' attentions (layer_blocks.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from inference_worker.engine.decode_batched import BatchedDecode
 from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
+from inference_worker.engine.layer_blocks import AttentionPool, LayerBlocks, LayerWeights, load_layer_blocks
 from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables, load_paged_prefill
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
 from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
@@ -113,13 +116,16 @@ class PagedModelRunner:
         decode_kernel: bool = True,
         prefill_kernel: bool = True,
         row_kernels: bool = True,
+        layer_blocks: bool = True,
     ) -> None:
         """`layer_timeout_seconds`: the longest wait for one layer of a sequence's stored KV.
         `decode_kernel`: decode tokens through the C kernel where it loads and runs the
         pool's device and dtype, on a GPU through one batched torch call a layer
         (decode_batched.py); False: torch's gather + SDPA per sequence, as without a compiler.
         `prefill_kernel`: prefill chunks through the C kernel likewise (False: SDPA).
-        `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py)."""
+        `row_kernels`: RMSNorm and RoPE of fp32 CPU rows in C where it loads (row_kernels.py).
+        `layer_blocks`: each layer's blocks around attention in one C call each, at the rows
+        where its linears run the panel kernel (layer_blocks.py; False: a call per op)."""
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(f"model type {config.model_type!r} has no paged forward")
@@ -162,6 +168,17 @@ class PagedModelRunner:
             self.row_kernels = None
             self.row_choice = KernelChoice("torch", f"no row kernels for {weights.dtype} on {weights.device}")
         self._pool_in_c = RowKernels.supports(kv.k)  # K and V written with RoPE's call (`_rope_write`)
+        self.layer_blocks: LayerBlocks | None
+        self.layer_blocks, self.layer_blocks_choice = (
+            load_layer_blocks() if layer_blocks else (None, KernelChoice("torch", "layer_blocks=False"))
+        )
+        # each layer's, None for one the blocks do not run (its linears without panels)
+        self.layer_weights = [LayerWeights.of(layer, self.geometry) for layer in decoder.layers]
+        if self.layer_blocks is not None and not (self._pool_in_c and any(self.layer_weights)):
+            self.layer_blocks = None
+            self.layer_blocks_choice = KernelChoice(
+                "torch", "the pool or the layers' linears are not fp32 panels"
+            )
 
     def prepare(self, work: Seq[Work]) -> Batch:
         """The flattened inputs of `work` (each sequence's blocks already allocated)."""
@@ -279,12 +296,22 @@ class PagedModelRunner:
         tokens = batch.input_ids.shape[0]
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
         rotary = rotary_of(decoder, hidden, batch.positions)
+        blocks = self.layer_blocks if LayerBlocks.runs(hidden) else None
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = (
+            None  # the layer's, where computed already
+        )
         for index, layer in enumerate(decoder.layers):
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
             attn = layer.self_attn
-            q, k, v = project(attn, self._norm(layer.input_layernorm, hidden), geometry)
-            q, k = self._rope_write(index, batch.slots, q, k, v, rotary)
+            weights = None if blocks is None else self.layer_weights[index]
+            if qkv is not None:
+                q, k, v = qkv
+            elif blocks is not None and weights is not None:
+                q, k, v = blocks.pre_attention(weights, hidden, self._attention_pool(index, batch, rotary))
+            else:
+                q, k, v = project(attn, self._norm(layer.input_layernorm, hidden), geometry)
+                q, k = self._rope_write(index, batch.slots, q, k, v, rotary)
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             for part in batch.in_place:
@@ -318,10 +345,23 @@ class PagedModelRunner:
                 with _far_lost_as(part.seq):
                     attend_far(q, self.kv.k[index], self.kv.v[index], part, partial, out,
                                scale=attn.scaling, window=self.windows[index], lse=lse)  # fmt: skip
-            hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
-            hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
+            following = self.layer_weights[index + 1] if index + 1 < len(self.layer_weights) else None
+            qkv = None
+            if blocks is not None and weights is not None and following is not None:
+                pool = self._attention_pool(index + 1, batch, rotary)
+                hidden, qkv = blocks.between_layers(weights, out.reshape(tokens, -1), hidden, following, pool)
+            elif blocks is not None and weights is not None:
+                hidden = blocks.post_attention(weights, out.reshape(tokens, -1), hidden)
+            else:
+                hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
+                hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
         last = self._norm(decoder.norm, hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
+
+    def _attention_pool(
+        self, layer: int, batch: Batch, rotary: tuple[torch.Tensor, torch.Tensor]
+    ) -> AttentionPool:
+        return AttentionPool(self.kv.k[layer], self.kv.v[layer], batch.slots, rotary)
 
     def _norm(self, norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The layer's RMSNorm of rows x, in C where it runs them."""

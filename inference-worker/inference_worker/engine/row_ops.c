@@ -16,9 +16,7 @@
  * slot slots[t]. That was two index_copy_ calls a layer (2.7 ms of a 16-sequence SmolLM2
  * decode step, one thread), now part of this call. Returns 1 for an odd head_dim, 2 for a
  * slot outside the pool (nothing written). */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
+#include "row_ops.h"
 
 /* Rows below this run in the calling thread: a parallel region wakes torch's sleeping OpenMP
  * thread (the worker waits passively, openmp_waiting.py), which cost more than the second
@@ -31,25 +29,8 @@
 int rms_norm_f32(const float *x, int64_t x_stride, const float *weight, float *out, int64_t rows,
                  int dim, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) if (rows >= PARALLEL_MIN_ROWS) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * x_stride;
-        float *o = out + r * dim;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int d = 0; d < dim; d++) sum += row[d] * row[d];
-        const float scale = 1.0f / sqrtf(sum / (float)dim + eps);
-#pragma omp simd
-        for (int d = 0; d < dim; d++) o[d] = weight[d] * (row[d] * scale);
-    }
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * x_stride, weight, out + r * dim, dim, eps);
     return 0;
-}
-
-static inline void rotate(const float *x, const float *c, const float *s, float *o, int half) {
-#pragma omp simd
-    for (int i = 0; i < half; i++) {
-        o[i] = x[i] * c[i] + (-x[i + half]) * s[i];
-        o[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
-    }
 }
 
 int rope_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *cos,
@@ -60,21 +41,10 @@ int rope_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
     if (k_pool != NULL)
         for (int64_t t = 0; t < tokens; t++)
             if (slots[t] < 0 || slots[t] >= pool_slots) return 2;
-    const int half = head_dim / 2;
-    const size_t row_bytes = sizeof(float) * (size_t)head_dim;
 #pragma omp parallel for num_threads(threads) if (tokens >= PARALLEL_MIN_ROWS) schedule(static)
-    for (int64_t t = 0; t < tokens; t++) {
-        const float *c = cos + t * head_dim, *s = sin + t * head_dim;
-        for (int h = 0; h < heads; h++)
-            rotate(q + t * q_stride + h * head_dim, c, s, q_out + (t * heads + h) * head_dim, half);
-        for (int h = 0; h < kv_heads; h++) {
-            float *rotated = k_out + (t * kv_heads + h) * head_dim;
-            rotate(k + t * k_stride + h * head_dim, c, s, rotated, half);
-            if (k_pool == NULL) continue;
-            const int64_t at = ((int64_t)h * pool_slots + slots[t]) * head_dim;
-            memcpy(k_pool + at, rotated, row_bytes);
-            memcpy(v_pool + at, v + t * v_stride + h * head_dim, row_bytes);
-        }
-    }
+    for (int64_t t = 0; t < tokens; t++)
+        rope_token(q + t * q_stride, k + t * k_stride, v == NULL ? NULL : v + t * v_stride, cos + t * head_dim,
+                   sin + t * head_dim, q_out + t * heads * head_dim, k_out + t * kv_heads * head_dim, heads,
+                   kv_heads, head_dim, k_pool, v_pool, k_pool == NULL ? 0 : slots[t], pool_slots);
     return 0;
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from c_builds import C_BUILDS, built_kernel
+from c_builds import C_BUILDS, assert_forced_unavailable, built_kernel
 from linear_checks import check_against_f_linear
 
 from inference_worker.cpu_linear import OneDnnLinear, _onednn_unavailable
@@ -83,9 +83,7 @@ def test_runs_only_fp32_cpu_rows_from_min_to_max_rows() -> None:
 
 
 def test_forced_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(UNAVAILABLE_VARIABLE, "1")
-    loaded, choice = load_panel_linear.__wrapped__()
-    assert loaded is None and UNAVAILABLE_VARIABLE in choice.reason and choice.kernel == "onednn"
+    assert_forced_unavailable(monkeypatch, load_panel_linear, UNAVAILABLE_VARIABLE, "onednn")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q, k, v with biases
