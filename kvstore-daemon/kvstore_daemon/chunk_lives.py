@@ -47,7 +47,7 @@ from kvstore_daemon.hit_density import HitDensity
 
 GHOST_KEYS_MAX = 1 << 17  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
 REUSE_CLASSES = 4  # named or read 0, 1, 2, 3 or more times
-NAMED_KEYS_MAX = 1 << 17  # keys whose lookups are counted (about 20 MB): predictive_named_keys_max's default
+NAMED_KEYS_MAX = 1 << 15  # keys whose lookups are counted (about 5 MB): predictive_named_keys_max's default
 # What the scheduler said of an idle key: 0 nothing yet, 1 nothing although it predicted
 # others since (stale), then PREDICT buckets by seconds to the predicted use.
 PREDICT_BUCKETS_SECONDS = (30.0, 120.0, 600.0)
