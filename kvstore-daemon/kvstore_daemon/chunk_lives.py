@@ -20,6 +20,18 @@ lookups' misses are what lets ghosts last: heard only at a store again, a ghost 
 turn's service time late, and never for a chunk the store declines); heard at the miss,
 ghosts capped only by count do best (docs/benchmarks.md, "misses").
 
+The class counts how often lookups named the chunk's key before this life (misses and
+earlier lives' reads, remembered for the latest `named_keys_max` keys named), plus its
+reads in this life: 0, 1, 2, 3 or more. A chunk stored after its own lookup missed is
+in class 1; one an earlier request asked for too, in class 2 (after the calibration's
+learned density, bench/hitrate/learned_density.py). Counting only this life's reads
+told a continuation's new tail from a chunk requests keep asking for only once it was
+read; in a one-tier replay of Mooncake's hour on the benchmark's schedule at 11% of
+the first 10 minutes' working set, the warm windows' mean share of the LRU-to-optimum
+gap rose from 6.5% to 27.4% with the lookups counted. A map that forgets after about
+10 minutes of this trace's keys did better warm than a longer one (24.6% at 4x): being
+named lately is what predicts (docs/benchmarks.md, "named before").
+
 The chains: a lookup's stored prefix and a hinted chain name keys root first, so each
 key's parent is known once either has been seen; `children` holds every key's children
 alive in the store (a parent outlives them: a chain cut in the middle cannot hit).
@@ -36,7 +48,8 @@ from kvstore_daemon import metrics
 from kvstore_daemon.hit_density import HitDensity
 
 GHOST_KEYS_MAX = 1 << 17  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
-REUSE_CLASSES = 4  # read 0, 1, 2, 3 or more times
+REUSE_CLASSES = 4  # named or read 0, 1, 2, 3 or more times
+NAMED_KEYS_MAX = 1 << 15  # keys whose lookups are counted (about 5 MB): predictive_named_keys_max's default
 # What the scheduler said of an idle key: 0 nothing yet, 1 nothing although it predicted
 # others since (stale), then PREDICT buckets by seconds to the predicted use.
 PREDICT_BUCKETS_SECONDS = (30.0, 120.0, 600.0)
@@ -51,15 +64,16 @@ class Life:
     reads: int = 0  # reads in this life
     hint_class: int = 0  # what the scheduler said of it when last ranked (predictive_policy.hint_class)
     depth: int = 0  # its place in its hinted chain, when one was hinted
+    named: int = 0  # lookups that named its key before this life (misses, earlier lives' reads)
 
     @property
     def cls(self) -> int:
-        return min(self.reads, REUSE_CLASSES - 1) * HINT_CLASSES + self.hint_class
+        return min(self.named + self.reads, REUSE_CLASSES - 1) * HINT_CLASSES + self.hint_class
 
 
 class ChunkLives:
     def __init__(self, clock: Callable[[], float], learner: HitDensity | None = None,
-                 ghost_keys_max: int = GHOST_KEYS_MAX) -> None:
+                 ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX) -> None:
         self._clock = clock
         self.learner = learner or HitDensity(REUSE_CLASSES * HINT_CLASSES)
         self.tick = 0
@@ -68,6 +82,8 @@ class ChunkLives:
         # evicted key -> (class, last tick, the learner's epoch at its unread end)
         self._ghosts: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self._ghosts_max = ghost_keys_max
+        self._named: OrderedDict[bytes, int] = OrderedDict()  # key -> lookups that named it, latest named last
+        self._named_max = named_keys_max
         self.children: dict[bytes, set[bytes]] = {}  # key -> its children alive in the store
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
         self.lost_child: list[Callable[[bytes], None]] = []  # called with a parent when a child leaves the store
@@ -79,7 +95,7 @@ class ChunkLives:
         life = self.lives.get(key)
         if life is None:
             self._needed_again(key, "store")
-            life = self.lives[key] = Life(self.tick, self._clock())
+            life = self.lives[key] = Life(self.tick, self._clock(), named=self._named.get(key, 0))
             self.tick += 1
             for listener in self.born:
                 listener(key)
@@ -98,6 +114,13 @@ class ChunkLives:
         for listener in self.reread:
             listener(key)
         return life
+
+    def named(self, keys: Sequence[bytes]) -> None:
+        """A lookup named `keys`, stored or not."""
+        for key in keys:
+            self._named[key] = self._named.pop(key, 0) + 1
+            if len(self._named) > self._named_max:
+                self._named.popitem(last=False)  # the least recently named
 
     def missed(self, keys: Sequence[bytes]) -> None:
         """A lookup named `keys` beyond its stored prefix."""

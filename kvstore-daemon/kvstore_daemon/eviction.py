@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
-from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX, ChunkLives
+from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX, NAMED_KEYS_MAX, ChunkLives
 from kvstore_daemon.hints import HintAction, HintBook
 from kvstore_daemon.order_chooser import OrderChooser
 from kvstore_daemon.predictive_policy import PredictivePolicy
@@ -174,14 +174,14 @@ class LookaheadPolicy:
 
 def make_tier_policies(
     name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic, shadow_share: float = 0.0,
-    ghost_keys_max: int = GHOST_KEYS_MAX,
+    ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX,
 ) -> tuple[EvictionPolicy, EvictionPolicy]:
     """DRAM's and SSD's instances of the named policy; predictive's share what they learn
     (a chunk moving between the tiers keeps its age and its reads), and with a positive
     `shadow_share` the SSD's follows the predictive order or LRU, whichever the shadow
     caches on that share of the keys say hits more (adaptive_policy.py)."""
     if name == "predictive":
-        lives = ChunkLives(clock, ghost_keys_max=ghost_keys_max)
+        lives = ChunkLives(clock, ghost_keys_max=ghost_keys_max, named_keys_max=named_keys_max)
         ssd = PredictivePolicy(hints, clock, lives)
         dram = PredictivePolicy(hints, clock, lives, lowest_tier=False)
         if shadow_share <= 0:

@@ -2,12 +2,12 @@
 
 Online, no policy knows which chunks come back, but the store can learn how often chunks
 like a given one did, and after how long (hit_density.py, after LHD): per class of
-chunk — how often it was read in this life in the store (0, 1, 2, 3 or more times) and
-what the scheduler last said of it while it sat idle (nothing yet; nothing although it
-predicted others since: no live session it knows needs it; or its predicted next use, in
-four buckets) — the expected hits per tick at its idle age (chunk_lives.py keeps the
-lives both tiers share). The scheduler's word comes first where it is certain, and
-counts as far as it has proven right where it is an estimate:
+chunk — how often lookups named it before this life plus its reads in this life (0, 1,
+2, 3 or more) and what the scheduler last said of it while it sat idle (nothing yet;
+nothing although it predicted others since: no live session it knows needs it; or its
+predicted next use, in four buckets) — the expected hits per tick at its idle age
+(chunk_lives.py keeps the lives both tiers share). The scheduler's word comes first
+where it is certain, and counts as far as it has proven right where it is an estimate:
 
 1. keys hinted EVICT_FIRST or DECLINE (least recently used first): ended, deleted or
    expired sessions, chunks released;
@@ -122,10 +122,12 @@ class PredictivePolicy:
     def on_chain(self, keys: Sequence[bytes]) -> None:
         """`keys` are a chain, root first (a lookup's stored prefix)."""
         self.lives.chain(keys)
+        self.lives.named(keys)
 
     def on_miss(self, keys: Sequence[bytes]) -> None:
         """A lookup named `keys` beyond its stored prefix (what it learns: chunk_lives.missed)."""
         self.lives.missed(keys)
+        self.lives.named(keys)
 
     def __len__(self) -> int:
         return len(self._resident)

@@ -15,7 +15,7 @@ from attnstore.pool_ledger import LendingLimits
 from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
-from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX
+from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX, NAMED_KEYS_MAX
 from kvstore_daemon.ssd_tier import DEFAULT_IO_THREADS
 
 MiB = 1024 * 1024
@@ -136,6 +136,12 @@ class DaemonSettings(ServiceSettings):
         GHOST_KEYS_MAX, ge=0,
         description="predictive: evicted keys remembered so that a lookup naming one again, or a store, counts it "
         "as read at that age in what the order learns (about 150 bytes each)",
+    )
+    predictive_named_keys_max: int = Field(
+        NAMED_KEYS_MAX, ge=0,
+        description="predictive: keys whose lookups are counted (the least recently named forgotten), so that a chunk "
+        "stored after lookups asked for it is in another class than one never asked for (about 150 bytes each); "
+        "0: a chunk's class counts only its reads in the store",
     )
 
     max_chunk_bytes: int = Field(64 * MiB, ge=4096, description="largest chunk accepted")

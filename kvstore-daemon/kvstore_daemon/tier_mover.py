@@ -63,6 +63,7 @@ class TierMover:
             clock,
             settings.predictive_shadow_share,
             settings.predictive_ghost_keys_max,
+            settings.predictive_named_keys_max,
         )
         self._chunks = chunks
         self._namespaces = namespaces
