@@ -14,35 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from inference_worker.engine.decode_kernel import check_decode_arguments
+from inference_worker.engine.decode_kernel import DecodeAttention, DecodeCall
 
 
-class BatchedDecode:
-    """Decode attention for one layer: `__call__` fills the decode rows of `out`."""
+class BatchedDecode(DecodeAttention):
+    what = "the batched decode attention"
 
     @staticmethod
     def supports(dtype: torch.dtype, device: torch.device) -> bool:
         return device.type != "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16)
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        rows: torch.Tensor,
-        tables: torch.Tensor,
-        lens: torch.Tensor,
-        *,
-        scale: float,
-        window: int | None,
-        lse: torch.Tensor | None = None,
-    ) -> None:
-        """The decode kernel's arguments (PagedDecodeKernel.__call__): q, out [tokens, heads,
-        D]; k, v one layer of the pool [kv_heads, blocks, B, D]; rows [sequences] int64,
-        tables [sequences, max_blocks] int32, lens [sequences] int32; `lse` [sequences,
-        heads] fp32 when given. Writes out[rows] only."""
-        check_decode_arguments("the batched decode attention", q, k, v, out, rows, tables, lens, lse=lse)
+    def _attend(self, call: DecodeCall) -> None:
+        q, k, v, out, rows, tables, lens, scale, window, lse = call
         sequences, heads, dim = rows.shape[0], q.shape[1], q.shape[2]
         kv_heads, _, block_tokens, _ = k.shape
         if heads % kv_heads:

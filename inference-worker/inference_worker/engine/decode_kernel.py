@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,19 +41,27 @@ _c_int, _c_ptr = ctypes.c_int, ctypes.c_void_p
 _ARGTYPES = [_c_ptr] * 7 + [_c_int] * 4 + [ctypes.c_int64] + [_c_int] * 4 + [ctypes.c_float]
 
 
-class PagedDecodeKernel:
-    """Decode attention for one layer: `__call__` fills the decode rows of `out`."""
+class DecodeCall(NamedTuple):
+    """One layer's decode attention, as `DecodeAttention.__call__` took it."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._functions, self._lse_functions = {}, {}
-        for dtype, name in _FUNCTIONS.items():
-            function, with_lse = getattr(library, name), getattr(library, f"{name}_lse")
-            function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
-            with_lse.argtypes, with_lse.restype = [*_ARGTYPES, _c_ptr], ctypes.c_int
-            self._functions[dtype], self._lse_functions[dtype] = function, with_lse
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    rows: torch.Tensor
+    tables: torch.Tensor
+    lens: torch.Tensor
+    scale: float
+    window: int | None
+    lse: torch.Tensor | None
 
-    def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
-        return device.type == "cpu" and dtype in self._functions
+
+class DecodeAttention(ABC):
+    """Decode attention for one layer over block tables: `__call__` fills the decode rows of
+    `out`. One contract, two implementations: this C kernel on a CPU, one batched torch call
+    on a GPU (decode_batched.py)."""
+
+    what = "decode attention"  # how errors name the implementation
 
     def __call__(
         self,
@@ -73,7 +83,37 @@ class PagedDecodeKernel:
         included). Writes out[rows]; the other rows are left as they are. `lse` [sequences,
         heads] fp32, when given: each head's log-sum-exp of its scaled scores (a partial,
         dist_attention/partial.py)."""
-        check_decode_arguments("the paged decode kernel", q, k, v, out, rows, tables, lens, lse=lse)
+        tensors = (
+            (q, k, v, out, rows, tables, lens) if lse is None else (q, k, v, out, rows, tables, lens, lse)
+        )
+        if not all(t.is_contiguous() for t in tensors):
+            raise ValueError(f"{self.what} reads contiguous tensors only")
+        if lse is not None and (lse.dtype != torch.float32 or lse.shape != (rows.shape[0], q.shape[1])):
+            raise ValueError(
+                f"lse must be fp32 [{rows.shape[0]}, {q.shape[1]}], not {lse.dtype} {list(lse.shape)}"
+            )
+        self._attend(DecodeCall(q, k, v, out, rows, tables, lens, scale, window, lse))
+
+    @abstractmethod
+    def _attend(self, call: DecodeCall) -> None: ...
+
+
+class PagedDecodeKernel(DecodeAttention):
+    what = "the paged decode kernel"
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions, self._lse_functions = {}, {}
+        for dtype, name in _FUNCTIONS.items():
+            function, with_lse = getattr(library, name), getattr(library, f"{name}_lse")
+            function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
+            with_lse.argtypes, with_lse.restype = [*_ARGTYPES, _c_ptr], ctypes.c_int
+            self._functions[dtype], self._lse_functions[dtype] = function, with_lse
+
+    def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
+        return device.type == "cpu" and dtype in self._functions
+
+    def _attend(self, call: DecodeCall) -> None:
+        q, k, v, out, rows, tables, lens, scale, window, lse = call
         kv_heads, blocks, block_tokens, head_dim = k.shape
         arguments = (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows.data_ptr(),
@@ -88,20 +128,6 @@ class PagedDecodeKernel:
             raise RuntimeError(
                 f"paged decode kernel failed (status {status}: 1 unsupported heads, 2 no memory)"
             )
-
-
-def check_decode_arguments(
-    what: str, q: torch.Tensor, *tensors: torch.Tensor, lse: torch.Tensor | None
-) -> None:
-    """ValueError unless every tensor is contiguous and `lse` (when given) is fp32 [decode
-    rows, heads]; `tensors` end with the rows, tables and lens of `PagedDecodeKernel.__call__`."""
-    rows = tensors[-3]
-    if not all(t.is_contiguous() for t in (q, *tensors, *([] if lse is None else [lse]))):
-        raise ValueError(f"{what} reads contiguous tensors only")
-    if lse is not None and (lse.dtype != torch.float32 or lse.shape != (rows.shape[0], q.shape[1])):
-        raise ValueError(
-            f"lse must be fp32 [{rows.shape[0]}, {q.shape[1]}], not {lse.dtype} {list(lse.shape)}"
-        )
 
 
 @functools.cache

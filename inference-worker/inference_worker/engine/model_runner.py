@@ -37,7 +37,7 @@ from inference_worker.engine.attention import (
     slots_of,
 )
 from inference_worker.engine.decode_batched import BatchedDecode
-from inference_worker.engine.decode_kernel import PagedDecodeKernel, load_paged_decode
+from inference_worker.engine.decode_kernel import DecodeAttention, load_paged_decode
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.layer_blocks import AttentionPool, LayerBlocks, LayerWeights, load_layer_blocks
@@ -143,7 +143,7 @@ class PagedModelRunner:
         if kernel is not None and not kernel.supports(kv.k.dtype, kv.k.device):
             kernel = None
             self.decode_choice = KernelChoice("torch", f"no decode kernel for {kv.k.dtype} on {kv.k.device}")
-        self.decode_kernel: PagedDecodeKernel | BatchedDecode | None = kernel
+        self.decode_kernel: DecodeAttention | None = kernel
         if kernel is None and decode_kernel and BatchedDecode.supports(kv.k.dtype, kv.k.device):
             self.decode_kernel = BatchedDecode()
             self.decode_choice = KernelChoice(

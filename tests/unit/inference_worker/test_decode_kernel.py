@@ -19,6 +19,7 @@ from inference_worker.engine.decode_batched import BatchedDecode
 from inference_worker.engine.decode_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,
+    DecodeAttention,
     PagedDecodeKernel,
     load_paged_decode,
 )
@@ -29,7 +30,7 @@ BLOCKS, BLOCK_TOKENS = 40, 4
 # the portable loops instead of the 16-key scores too, and the GPU's batched torch calls (on
 # the CPU here: the same ops)
 @pytest.fixture(scope="module", params=[*C_BUILDS, "torch-batched"])
-def kernel(request: pytest.FixtureRequest) -> PagedDecodeKernel | BatchedDecode:
+def kernel(request: pytest.FixtureRequest) -> DecodeAttention:
     if request.param == "torch-batched":
         return BatchedDecode()
     return built_kernel(request.param, SOURCE, PagedDecodeKernel, load_paged_decode)
@@ -67,7 +68,7 @@ def reference(
     ],
 )
 def test_kernel_matches_sdpa_over_the_gathered_context(
-    kernel: PagedDecodeKernel,
+    kernel: DecodeAttention,
     dtype: torch.dtype,
     tolerance: float,
     window: int | None,
@@ -94,7 +95,7 @@ def test_kernel_matches_sdpa_over_the_gathered_context(
     assert bool((out[untouched] == 7.0).all())
 
 
-def test_kernel_refuses_strided_tensors(kernel: PagedDecodeKernel) -> None:
+def test_kernel_refuses_strided_tensors(kernel: DecodeAttention) -> None:
     q = torch.randn(4, 2, 8).transpose(0, 1)  # not contiguous
     k = v = torch.zeros(1, 2, BLOCK_TOKENS, 8)
     decode = DecodeTables.of([(0, [0], 1)], torch.device("cpu"))
@@ -102,7 +103,7 @@ def test_kernel_refuses_strided_tensors(kernel: PagedDecodeKernel) -> None:
         kernel(q, k, v, torch.empty(2, 4, 8), decode.rows, decode.tables, decode.lens, scale=1.0, window=None)
 
 
-def test_kernel_refuses_heads_that_do_not_group(kernel: PagedDecodeKernel) -> None:
+def test_kernel_refuses_heads_that_do_not_group(kernel: DecodeAttention) -> None:
     q, k = torch.randn(1, 5, 8), torch.zeros(2, 2, BLOCK_TOKENS, 8)
     decode = DecodeTables.of([(0, [0], 1)], torch.device("cpu"))
     with pytest.raises(RuntimeError, match="unsupported heads"):

@@ -12,7 +12,7 @@ import torch
 from test_decode_kernel import BLOCK_TOKENS, BLOCKS, kernel  # noqa: F401 (the fixture)
 
 from inference_worker.engine.attention import DecodeTables
-from inference_worker.engine.decode_kernel import PagedDecodeKernel
+from inference_worker.engine.decode_kernel import DecodeAttention
 
 SCALE = 0.3
 
@@ -37,7 +37,7 @@ CASES = list(
 
 @pytest.mark.parametrize(("precision", "window", "grouping"), CASES)
 def test_lse_matches_torch_and_the_output_the_plain_entry_point(
-    kernel: PagedDecodeKernel,  # noqa: F811
+    kernel: DecodeAttention,  # noqa: F811
     precision: tuple[torch.dtype, float],
     window: int | None,
     grouping: tuple[int, int],
@@ -63,7 +63,7 @@ def test_lse_matches_torch_and_the_output_the_plain_entry_point(
         assert (lse[index].double() - want).abs().max().item() <= tolerance, (row, n)
 
 
-def test_lse_of_the_wrong_shape_or_type_is_refused(kernel: PagedDecodeKernel) -> None:  # noqa: F811
+def test_lse_of_the_wrong_shape_or_type_is_refused(kernel: DecodeAttention) -> None:  # noqa: F811
     q, k = torch.randn(2, 4, 8), torch.zeros(2, 2, BLOCK_TOKENS, 8)
     decode = DecodeTables.of([(0, [0], 1), (1, [1], 2)], torch.device("cpu"))
     for lse in (torch.empty(2, 3), torch.empty(1, 4), torch.empty(2, 4, dtype=torch.float64)):
