@@ -53,16 +53,29 @@ def load_probed(
     return kernel, None
 
 
+def _with_local_headers(source: Path) -> bytes:
+    """The source's text, then each header beside it that it includes, directly or through
+    another such header, once each."""
+    texts: dict[Path, bytes] = {}
+    pending = [source]
+    while pending:
+        path = pending.pop()
+        if path not in texts:
+            texts[path] = path.read_bytes()
+            pending.extend(source.parent / name.decode() for name in _LOCAL_INCLUDE.findall(texts[path]))
+    return b"".join(texts.values())
+
+
 def build_library(source: Path, extra_flags: Sequence[str] = ()) -> Path:
     """The shared library, compiled unless this source (with the headers beside it that it
-    includes), compiler, flags and CPU already built one. `extra_flags` after FLAGS (tests build e.g. `-mno-avx512f`: the code a CPU without
-    AVX-512 runs, on any machine)."""
+    includes, at any depth), compiler, flags and CPU already built one. `extra_flags` after
+    FLAGS (tests build e.g. `-mno-avx512f`: the code a CPU without AVX-512 runs, on any
+    machine)."""
     flags = (*FLAGS, *extra_flags)
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc, gcc, $CC)")
-    text = source.read_bytes()
-    text += b"".join((source.parent / name.decode()).read_bytes() for name in _LOCAL_INCLUDE.findall(text))
+    text = _with_local_headers(source)
     version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
     digest = hashlib.sha256(text + version + " ".join(flags).encode() + _cpu_flags()).hexdigest()[:16]
     cache = Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "attnstore" / "kernels")

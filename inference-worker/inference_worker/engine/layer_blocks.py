@@ -33,7 +33,8 @@ UNAVAILABLE_VARIABLE = "ATTNSTORE_LAYER_BLOCKS_UNAVAILABLE"
 _PROBE_TOLERANCE = 1e-5  # relative: sums in another order than oneDNN's, far below a wrong build's
 _c_int, _c_ptr, _c_int64, _c_float = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SILU = (nn.SiLU, SiLUActivation)  # what transformers makes of "swish" and "silu"
-_ERRORS = {1: f"takes {MIN_ROWS} to {MAX_ROWS} rows", 2: "a slot outside the pool", 3: "out of memory"}
+# layer_blocks.c's statuses (it checks rows against 1..MAX_ROWS; the runner calls it from MIN_ROWS)
+_ERRORS = {1: f"takes 1 to {MAX_ROWS} rows", 2: "a slot outside the pool", 3: "out of memory"}
 
 
 @dataclass(frozen=True)

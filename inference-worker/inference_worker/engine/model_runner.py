@@ -297,9 +297,8 @@ class PagedModelRunner:
         hidden = decoder.embed_tokens(batch.input_ids)  # [tokens, hidden]
         rotary = rotary_of(decoder, hidden, batch.positions)
         blocks = self.layer_blocks if LayerBlocks.runs(hidden) else None
-        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = (
-            None  # the layer's, where computed already
-        )
+        # the layer's q, k, v where the blocks' call after the previous layer computed them
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         for index, layer in enumerate(decoder.layers):
             if self.layer_input_hook is not None:
                 self.layer_input_hook(index, hidden, batch)
