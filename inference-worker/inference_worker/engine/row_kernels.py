@@ -93,7 +93,9 @@ class RowKernels:
         shape, dim = k.shape, k.shape[2]  # checked with the fewest calls: 90 spans' layers a turn
         for t in (k, v, k_out, v_out):
             if t.dtype != torch.float32 or t.shape != shape or t.stride(2) != 1 or t.stride(1) != dim:
-                raise ValueError("join_span copies fp32 [kv_heads, tokens, D] of one shape, each head's tokens contiguous")
+                raise ValueError(
+                    "join_span copies fp32 [kv_heads, tokens, D] of one shape, each head's tokens contiguous"
+                )
         if k_out.stride(0) != v_out.stride(0):
             raise ValueError("join_span writes k_out and v_out of one layout")
         cos, sin = (None, None) if rotation is None else (rotation[0].data_ptr(), rotation[1].data_ptr())
@@ -156,7 +158,8 @@ def _probe(kernels: RowKernels) -> str | None:
     kernels.rope_into_pool(q, k, v, cos, sin, pool[0], pool[1], slots)
     want_k = torch_rope(q, k, cos, sin)[1]
     written = pool.view(2, 2, -1, 8)[:, :, slots].transpose(1, 2)  # [K/V, tokens, kv_heads, D]
-    stored, joined = torch.randn(2, 2, 5, 8, generator=generator), torch.zeros(2, 2, 7, 8)  # K/V, kv_heads, tokens, D
+    stored = torch.randn(2, 2, 5, 8, generator=generator)  # K/V, kv_heads, tokens, D
+    joined = torch.zeros(2, 2, 7, 8)
     cos_sin = (cos[0, 0].contiguous(), sin[0, 0].contiguous())  # one rotation [D]
     kernels.join_span(stored[0, :, 1:4], stored[1, :, 1:4], joined[0, :, 2:5], joined[1, :, 2:5], cos_sin)
     rotated = torch.empty(2, 3, 8)

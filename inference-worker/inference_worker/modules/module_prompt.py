@@ -292,8 +292,10 @@ class ModulePrefix(PrefixKV):
         """Whether join_span takes the span: fp32 on a CPU, each head's tokens contiguous (a
         read's tensors; a selection pass's exact layers may be laid out otherwise)."""
         dim = k.shape[2]
-        return joined.dtype == k.dtype == v.dtype == torch.float32 and joined.device.type == "cpu" and (
-            k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim
+        return (
+            joined.dtype == k.dtype == v.dtype == torch.float32
+            and joined.device.type == "cpu"
+            and (k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim)
         )
 
     def joined(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:

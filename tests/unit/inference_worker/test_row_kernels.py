@@ -151,7 +151,9 @@ def test_join_span_refuses_what_it_cannot_copy(kernels: RowKernels) -> None:
     with pytest.raises(ValueError, match="fp32"):
         kernels.join_span(k, k.bfloat16(), torch.empty_like(k), torch.empty_like(k), None)
     with pytest.raises(ValueError, match="contiguous"):
-        kernels.join_span(k, k.transpose(1, 2).contiguous().transpose(1, 2), torch.empty_like(k), torch.empty_like(k), None)
+        kernels.join_span(
+            k, k.transpose(1, 2).contiguous().transpose(1, 2), torch.empty_like(k), torch.empty_like(k), None
+        )
 
 
 def shift_by(delta: int) -> tuple[torch.Tensor, torch.Tensor]:
