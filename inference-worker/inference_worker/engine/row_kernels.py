@@ -1,5 +1,6 @@
-"""RMSNorm, RoPE and SiLU-mul in one C call each (row_ops.c), for fp32 rows on a CPU, loaded
-like the decode kernel (c_build.py), probed against transformers' own ops.
+"""RMSNorm, RoPE, SiLU-mul and the joining of a module span (a copy with keys re-positioned) in
+one C call each (row_ops.c), for fp32 rows on a CPU, loaded like the decode kernel
+(c_build.py), probed against transformers' own ops.
 
 Why: after the linears, per-op dispatch was ~27% of a one-sequence SmolLM2 decode step
 (~40 small torch ops per layer; docs/inference-worker.md). Where the library does not build
@@ -17,7 +18,7 @@ from torch import nn
 from transformers.activations import SiLUActivation
 
 from inference_worker.kernels import KernelChoice, load_choice
-from inference_worker.rotary_shift import rotate_half
+from inference_worker.rotary_shift import rotate_half, rotate_into
 
 SOURCE = Path(__file__).with_name("row_ops.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_ROW_KERNELS_UNAVAILABLE"
@@ -28,13 +29,15 @@ SILU_ACTIVATIONS = (nn.SiLU, SiLUActivation)  # what transformers makes of "swis
 
 class RowKernels:
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._rms_norm, self._rope = library.rms_norm_f32, library.rope_f32
+        self._rms_norm, self._rope, self._join = library.rms_norm_f32, library.rope_f32, library.join_span_f32
         self._rms_norm.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_ptr, _c_int64, _c_int, ctypes.c_float, _c_int]
         self._rope.argtypes = [_c_ptr, _c_int64, _c_ptr, _c_int64, *[_c_ptr] * 4, _c_int64, *[_c_int] * 4,
                                _c_ptr, _c_int64, *[_c_ptr] * 3, _c_int64]  # fmt: skip
+        self._join.argtypes = [*[_c_ptr] * 2, *[_c_int64] * 2, *[_c_ptr] * 2, _c_int64, *[_c_ptr] * 2, _c_int64,
+                               *[_c_int] * 3]  # fmt: skip
         self._silu_mul = library.silu_mul_f32
         self._silu_mul.argtypes = [_c_ptr, _c_ptr, _c_int64, _c_ptr, _c_int64, _c_int, _c_int]
-        self._rms_norm.restype = self._rope.restype = self._silu_mul.restype = _c_int
+        self._rms_norm.restype = self._rope.restype = self._join.restype = self._silu_mul.restype = _c_int
 
     @staticmethod
     def supports(x: torch.Tensor) -> bool:
@@ -94,6 +97,31 @@ class RowKernels:
         pool = (k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), k_pool.shape[1] * k_pool.shape[2])
         return self._rope_call(q, k, cos, sin, (v.data_ptr(), v.stride(0), *pool))
 
+    def join_span(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_out: torch.Tensor,
+        v_out: torch.Tensor,
+        rotation: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        """k, v [kv_heads, tokens, D] (a module span) copied into k_out, v_out of their shape
+        (a joined layer's slice), k rotated by `rotation` (cos, sin [head_dim], contiguous)
+        when not None: rotary_shift.rotate_into and a copy of v in one pass."""
+        shape, dim = k.shape, k.shape[2]  # checked with the fewest calls: ~120 a module turn
+        for t in (k, v, k_out, v_out):
+            if t.dtype != torch.float32 or t.shape != shape or t.stride(2) != 1 or t.stride(1) != dim:
+                raise ValueError(
+                    "join_span copies fp32 [kv_heads, tokens, D] of one shape, each head's tokens contiguous"
+                )
+        if k_out.stride(0) != v_out.stride(0):
+            raise ValueError("join_span writes k_out and v_out of one layout")
+        cos, sin = (None, None) if rotation is None else (rotation[0].data_ptr(), rotation[1].data_ptr())
+        status = self._join(k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), k_out.data_ptr(), v_out.data_ptr(),
+                            k_out.stride(0), cos, sin, shape[1], shape[0], dim, torch.get_num_threads())  # fmt: skip
+        if status:
+            raise ValueError(f"join_span needs an even head dimension, not {k.shape[2]}")
+
     def _rope_call(
         self,
         q: torch.Tensor,
@@ -121,9 +149,16 @@ class RowKernels:
 @functools.cache
 def load_row_kernels() -> tuple[RowKernels | None, KernelChoice]:
     """The kernels, or None and why not (once per process)."""
-    chosen = KernelChoice("row-ops-c", "RMSNorm, RoPE and SiLU-mul in one C call each")
+    chosen = KernelChoice(
+        "row-ops-c", "RMSNorm, RoPE, SiLU-mul and a module span's joining in one C call each"
+    )
     return load_choice(
-        SOURCE, UNAVAILABLE_VARIABLE, RowKernels, _probe, chosen, "torch's RMSNorm, RoPE and SiLU-mul"
+        SOURCE,
+        UNAVAILABLE_VARIABLE,
+        RowKernels,
+        _probe,
+        chosen,
+        "torch's RMSNorm, RoPE, SiLU-mul and span join",
     )
 
 
@@ -158,12 +193,19 @@ def _probe(kernels: RowKernels) -> str | None:
     kernels.rope_into_pool(q, k, v, cos, sin, pool[0], pool[1], slots)
     want_k = torch_rope(q, k, cos, sin)[1]
     written = pool.view(2, 2, -1, 8)[:, :, slots].transpose(1, 2)  # [K/V, tokens, kv_heads, D]
+    stored = torch.randn(2, 2, 5, 8, generator=generator)  # K/V, kv_heads, tokens, D
+    joined = torch.zeros(2, 2, 7, 8)
+    cos_sin = (cos[0, 0].contiguous(), sin[0, 0].contiguous())  # one rotation [D]
+    kernels.join_span(stored[0, :, 1:4], stored[1, :, 1:4], joined[0, :, 2:5], joined[1, :, 2:5], cos_sin)
+    rotated = torch.empty(2, 3, 8)
+    rotate_into(rotated, stored[0, :, 1:4], *cos_sin)
     errors = {
         "rms_norm": (kernels.rms_norm(x, weight, 1e-5) - torch_rms_norm(x, weight, 1e-5)).abs().max(),
         "rope": max(
             (a - b).abs().max() for a, b in zip(kernels.rope(q, k, cos, sin), torch_rope(q, k, cos, sin))
         ),
         "rope_into_pool": (written - torch.stack([want_k, v])).abs().max(),
+        "join_span": (joined[:, :, 2:5] - torch.stack([rotated, stored[1, :, 1:4]])).abs().max(),
         "silu_mul": (kernels.silu_mul(*halves) - want_act).abs().max() / want_act.abs().max(),  # relative
     }
     wrong = [

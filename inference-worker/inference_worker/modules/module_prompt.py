@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference_worker.engine.row_kernels import RowKernels
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.kv_saver import KV
 from inference_worker.layerwise_cache import PrefixKV
@@ -204,11 +205,16 @@ def _cached_runs(part: CachedPiece, repaired: list[int]) -> list[CachedSpan]:
 
 
 def module_sequence(
-    prompt: ModulePrompt, namespace: bytes, num_layers: int, shift: RotaryShift | None, device: torch.device
+    prompt: ModulePrompt,
+    namespace: bytes,
+    num_layers: int,
+    shift: RotaryShift | None,
+    device: torch.device,
+    kernels: RowKernels | None = None,
 ) -> tuple[EngineSequence, ServedLayout]:
     """The engine sequence of a module prompt, its cached spans' KV in `seq.prefix` (keys
-    re-positioned, layer by layer as the forward pass asks). Raises ModuleLayoutError,
-    PositionShiftUnsupported."""
+    re-positioned, layer by layer as the forward pass asks; by `kernels` where given: the
+    runner's). Raises ModuleLayoutError, PositionShiftUnsupported."""
     layout = lay_out(prompt)
     seq = EngineSequence.of(
         layout.token_ids,
@@ -216,7 +222,7 @@ def module_sequence(
         positions=layout.positions,
     )
     if layout.cached_tokens:
-        seq.prefix = ModulePrefix(layout.spans, layout.cached_tokens, num_layers, shift, device)
+        seq.prefix = ModulePrefix(layout.spans, layout.cached_tokens, num_layers, shift, device, kernels)
     return seq, layout
 
 
@@ -226,7 +232,9 @@ class ModulePrefix(PrefixKV):
     loading), keys re-positioned, in slot order [kv_heads, tokens, head_dim]. Raises
     PrefixLoadFailed when a module's read failed or was late (the engine then computes the
     tokens). Joined layers leave `room_tokens` free after the prefix (prefix_in_place.py:
-    the step's own rows go there, to attend everything in one kernel call)."""
+    the step's own rows go there, to attend everything in one kernel call). With `kernels`
+    (the runner's), an fp32 span is copied into its joined layer and its keys re-positioned
+    in one C pass (RowKernels.join_span), else by torch's ops."""
 
     def __init__(
         self,
@@ -235,13 +243,14 @@ class ModulePrefix(PrefixKV):
         num_layers: int,
         shift: RotaryShift | None,
         device: torch.device,
+        kernels: RowKernels | None = None,
     ) -> None:
         if shift is None and any(span.part.delta for span in spans):
             raise PositionShiftUnsupported(
                 "a module is served at another position and keys cannot be re-positioned"
             )
         super().__init__(num_layers, tokens)
-        self.spans, self.device = spans, device
+        self.spans, self.device, self._kernels = spans, device, kernels
         self.room_tokens = 0
         self._joined: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
         # Each moved span's rotation to its served position (cos, sin [head_dim]), computed
@@ -264,15 +273,30 @@ class ModulePrefix(PrefixKV):
         at = 0
         for k, v, delta in parts:
             end = at + k.shape[1]
-            if delta:
-                rotate_into(keys[:, at:end], k, *self._rotations[delta])
+            rotation = self._rotations[delta] if delta else None
+            if self._kernels is not None and self._joins_in_c(k, v, keys):
+                self._kernels.join_span(k, v, keys[:, at:end], values[:, at:end], rotation)
             else:
-                keys[:, at:end] = k
-            values[:, at:end] = v
+                if rotation is None:
+                    keys[:, at:end] = k
+                else:
+                    rotate_into(keys[:, at:end], k, *rotation)
+                values[:, at:end] = v
             at = end
         if self.room_tokens:  # kept for `joined` (the in-place step's kernel call) only
             self._joined[layer] = (keys, values)
         return keys[:, :at], values[:, :at]
+
+    @staticmethod
+    def _joins_in_c(k: torch.Tensor, v: torch.Tensor, joined: torch.Tensor) -> bool:
+        """Whether join_span takes the span: fp32 on a CPU, each head's tokens contiguous (a
+        read's tensors; a selection pass's exact layers may be laid out otherwise)."""
+        dim = k.shape[2]
+        return (
+            joined.dtype == k.dtype == v.dtype == torch.float32
+            and joined.device.type == "cpu"
+            and (k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim)
+        )
 
     def joined(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The layer's K, V [kv_heads, prefix + room_tokens, D] as `wait_layer` joined them;

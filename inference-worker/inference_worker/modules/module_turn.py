@@ -66,7 +66,12 @@ class ModuleTurns:
                 prompt = await asyncio.to_thread(select_by_deviation, prompt, paged.model)
         try:
             seq, layout = module_sequence(
-                prompt, source.namespace, paged.geometry.num_layers, self.shift, paged.device
+                prompt,
+                source.namespace,
+                paged.geometry.num_layers,
+                self.shift,
+                paged.device,
+                paged.row_kernels,
             )
         except (ModuleLayoutError, PositionShiftUnsupported) as exc:
             raise InvalidArgument(f"the prompt cannot be served from its modules: {exc}") from exc

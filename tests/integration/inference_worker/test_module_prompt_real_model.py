@@ -68,8 +68,12 @@ def assert_same(mine: list[torch.Tensor], theirs: list[torch.Tensor]) -> None:
 
 
 def serve(engine: Engine, prompt: ModulePrompt, shift: RotaryShift | None = None) -> Sequence:
+    """The engine sequence of `prompt` as a module turn lays it out (spans joined by the
+    runner's C kernel: RowKernels.join_span)."""
     runner = engine.runner
-    seq, _ = module_sequence(prompt, NAMESPACE, runner.geometry.num_layers, shift, runner.device)
+    seq, _ = module_sequence(
+        prompt, NAMESPACE, runner.geometry.num_layers, shift, runner.device, runner.row_kernels
+    )
     return seq
 
 

@@ -4,7 +4,8 @@ then a question, give the logits and greedy tokens of the model run over the sam
 (1e-4, fp32, tiny Llama), whole or with the question split over two steps (the second
 reads the blocks), at the first token and at every decode after it, which reads the
 blocks the deferred copy filled, with the joined spans and the question's rows attended in
-one call of the prefill kernel and without it (two flash calls merged); a finished sequence's blocks hold the modules' KV when its
+one call of the prefill kernel and without it (two flash calls merged), the spans joined in
+C and by torch's ops; a finished sequence's blocks hold the modules' KV when its
 owner reads them; a released sequence's copy is dropped; tokens that interleave with the
 modules (boundary repair) keep the masked path."""
 
@@ -44,16 +45,22 @@ def make_engine(model: PreTrainedModel, max_batch_tokens: int = 64, prefill_kern
     )
 
 
-async def two_modules_then_question(model: PreTrainedModel, engine: Engine) -> tuple[Sequence, ModulePrompt]:
+async def two_modules_then_question(
+    model: PreTrainedModel, engine: Engine, join_in_c: bool = True
+) -> tuple[Sequence, ModulePrompt]:
     """Modules encoded apart at position 0, the second served after the first (its keys
-    re-positioned), the question after both."""
+    re-positioned), the question after both; the spans joined by the runner's C kernel
+    (RowKernels.join_span), as a module turn joins them, or by torch's ops."""
     a = await encode_module(engine, FIRST, range(len(FIRST)), NAMESPACE)
     b = await encode_module(engine, SECOND, range(len(SECOND)), NAMESPACE)
     start = len(FIRST) + len(SECOND)
     text = TextPart(tuple(QUESTION), tuple(range(start, start + len(QUESTION))))
     prompt = ModulePrompt((CachedPiece.whole(a, 0), CachedPiece.whole(b, len(FIRST))), (text,))
     runner = engine.runner
-    seq, _ = module_sequence(prompt, NAMESPACE, runner.geometry.num_layers, RotaryShift(model), runner.device)
+    kernels = runner.row_kernels if join_in_c else None
+    assert kernels is not None or not join_in_c  # the C join must be what is tested
+    shift = RotaryShift(model)
+    seq, _ = module_sequence(prompt, NAMESPACE, runner.geometry.num_layers, shift, runner.device, kernels)
     return seq, prompt
 
 
@@ -77,13 +84,14 @@ def reference(model: PreTrainedModel, kv: KV, tokens: list[int], start: int) -> 
     return out.logits[0, -1].float()
 
 
+@pytest.mark.parametrize("join_in_c", [True, False])
 @pytest.mark.parametrize("prefill_kernel", [True, False])
 @pytest.mark.parametrize("max_batch_tokens", [64, 4])  # 4: the question's last 3 tokens in a later step
 async def test_modules_attended_in_place_then_decoded_from_blocks(
-    tiny_llama: PreTrainedModel, max_batch_tokens: int, prefill_kernel: bool
+    tiny_llama: PreTrainedModel, max_batch_tokens: int, prefill_kernel: bool, join_in_c: bool
 ) -> None:
     engine = make_engine(tiny_llama, max_batch_tokens, prefill_kernel)
-    seq, prompt = await two_modules_then_question(tiny_llama, engine)
+    seq, prompt = await two_modules_then_question(tiny_llama, engine, join_in_c)
     cached = prompt.module_tokens
     assert attends_in_place(seq, cached, len(seq), engine.runner.windows, engine.runner.device)
     seq.max_new_tokens = STEPS

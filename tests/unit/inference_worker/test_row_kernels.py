@@ -1,7 +1,8 @@
 """The C RMSNorm, RoPE and SiLU-mul (row_ops.c) against transformers' own ops: RoPE to the bit,
 RMSNorm within a rounding of its sum (torch sums in another order), SiLU-mul within its e^x's
 error, at 1, 16 and 600 rows, reading q and k (gate and up) as the fused projection leaves them
-(strided rows); RoPE writing K and V into the paged pool as PagedKV.write does; the fallbacks."""
+(strided rows); RoPE writing K and V into the paged pool as PagedKV.write does; a module span
+joined with its keys re-positioned as rotary_shift does; the fallbacks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from attnstore.c_build import CACHE_VARIABLE
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.row_kernels import UNAVAILABLE_VARIABLE, RowKernels, load_row_kernels
 from inference_worker.model_geometry import ModelGeometry
+from inference_worker.rotary_shift import rotate_into
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 576, 9, 3, 64, 1536  # SmolLM2-135M's
 
@@ -136,3 +138,43 @@ def test_rope_into_pool_refuses_a_slot_outside_the_pool_and_writes_nothing(kerne
         )
     with pytest.raises(ValueError, match="slots must be int64"):
         kernels.rope_into_pool(q, k, k, cos, cos, pool[0], pool[1], torch.tensor([0, 1], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("tokens", [1, 330, 1400])  # 1,400 tokens x 3 heads: the parallel region
+def test_join_span_copies_and_rotates_as_the_torch_ops_do(kernels: RowKernels, tokens: int) -> None:
+    """A module span (a token slice of a read layer) into a joined layer's slice: v copied,
+    k rotated as rotary_shift.rotate_into rotates it within a rounding (torch's addcmul_ fuses
+    its multiply-add, the kernel rounds like apply_rotary_pos_emb) or copied, without a
+    rotation; the joined layer's other slots untouched."""
+    generator = torch.Generator().manual_seed(tokens)
+    stored = torch.randn(2, KV_HEADS, tokens + 7, HEAD_DIM, generator=generator)  # K/V [kv_heads, tokens, D]
+    k, v = stored[0, :, 5 : 5 + tokens], stored[1, :, 5 : 5 + tokens]
+    cos, sin = shift_by(11)
+    want_k = torch.empty(KV_HEADS, tokens, HEAD_DIM)
+    rotate_into(want_k, k, cos, sin)
+    rounding = 2 * torch.finfo(torch.float32).eps * float(k.abs().max())
+    for rotation, keys in (((cos, sin), want_k), (None, k)):
+        joined = torch.full((2, KV_HEADS, tokens + 9, HEAD_DIM), 7.0)
+        kernels.join_span(k, v, joined[0, :, 4 : 4 + tokens], joined[1, :, 4 : 4 + tokens], rotation)
+        assert float((joined[0, :, 4 : 4 + tokens] - keys).abs().max()) <= (rounding if rotation else 0.0)
+        assert torch.equal(joined[1, :, 4 : 4 + tokens], v)
+        assert bool((joined[:, :, :4] == 7.0).all()) and bool((joined[:, :, 4 + tokens :] == 7.0).all())
+
+
+def test_join_span_refuses_what_it_cannot_copy(kernels: RowKernels) -> None:
+    k = torch.randn(KV_HEADS, 4, HEAD_DIM)
+    with pytest.raises(ValueError, match="one shape"):
+        kernels.join_span(k, k, torch.empty(KV_HEADS, 5, HEAD_DIM), torch.empty(KV_HEADS, 4, HEAD_DIM), None)
+    with pytest.raises(ValueError, match="fp32"):
+        kernels.join_span(k, k.bfloat16(), torch.empty_like(k), torch.empty_like(k), None)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.join_span(
+            k, k.transpose(1, 2).contiguous().transpose(1, 2), torch.empty_like(k), torch.empty_like(k), None
+        )
+
+
+def shift_by(delta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [HEAD_DIM] of a rotation by `delta` positions (rope theta 10,000)."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM)
+    angles = torch.cat([inv_freq, inv_freq]) * delta
+    return angles.cos(), angles.sin()
