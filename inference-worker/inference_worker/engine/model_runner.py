@@ -476,8 +476,8 @@ def mlp(
     module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, row_kernels: RowKernels | None
 ) -> torch.Tensor:
     """residual + the layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden];
-    SiLU(gate) * up in one C pass where the row kernels run the rows (torch's silu and mul_
-    were 2.5% of a 300-token prefill's CPU, two passes over [tokens, intermediate])."""
+    SiLU(gate) * up in one C pass and one parallel region where the row kernels run the rows
+    (torch's silu then mul_: two of each; 300 rows of SmolLM2, one thread: 272 -> 178 us)."""
     fused: FusedProjection | None = getattr(module, "fused_gate_up", None)
     if fused is None:
         return residual + module(x)
