@@ -4,8 +4,11 @@ forward pass (continuous batching, PagedAttention's KV pool).
     submit ──> Scheduler.waiting ──schedule──> Plan (decodes, prefill chunks, preemptions)
            ──> copy-on-write ──> one forward ──> sample ──> outputs ──> each sequence's queue
 
-`step` runs in the engine's thread (blocking torch code); everything else runs on the
-event loop. Submissions, releases and aborts from the loop go through an inbox that the
+`step` runs in the engine's thread (blocking torch code), always the same one: libgomp keeps
+an OpenMP team per thread that starts parallel regions, and the loop's default executor
+handed steps to whichever of its threads was idle, each then with a team of its own (cold
+threads, and a spinning team beside the working one under `openmp_spin_count`); everything
+else runs on the event loop. Submissions, releases and aborts from the loop go through an inbox that the
 next step applies first, so the scheduler and the pool are only ever touched by one thread.
 A finished sequence keeps its blocks until its owner `release`s it: the owner reads its KV
 (to save it) first.
@@ -17,6 +20,7 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +95,7 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._stepper = ThreadPoolExecutor(1, thread_name_prefix="engine-step")  # the engine's thread
         self._steps = self._last_batch = self._max_batch = self._preemptions = 0
 
     @property
@@ -200,7 +205,7 @@ class Engine:
             await wake.wait()
             wake.clear()
             while True:
-                outputs = await asyncio.to_thread(self.step)
+                outputs = await asyncio.get_running_loop().run_in_executor(self._stepper, self.step)
                 for output in outputs:
                     queue = self._queues.get(output.seq.seq_id)
                     if queue is not None:
@@ -269,3 +274,4 @@ class Engine:
         if self._wake is not None and self._loop_task is not None:
             self._wake.set()
             await self._loop_task
+        self._stepper.shutdown(wait=False)

@@ -25,27 +25,8 @@
 
 #include "panels.h"
 #include "row_ops.h"
-#include "vector_exp.h"
 
 #define SILU_COLUMNS 256 /* columns of SiLU(gate) * up a task takes (a multiple of 16) */
-
-/* act = SiLU(gate) * up over n columns, as torch's x / (1 + exp(-x)) then the product; a column
- * is computed the same way whatever the row (a row gives the same bits alone or batched). gcc
- * calls the scalar expf here (it vectorizes it only under -ffast-math): ~9 ns a column, ~12%
- * of the block at 14 rows, so 16 columns at a time take exp16 (vector_exp.h) where the CPU has
- * AVX-512 (exp(-x) clamped to e^88: SiLU of x < -88 is ~0 either way). */
-static void silu_mul(const float *gate, const float *up, float *act, int n) {
-    int c = 0;
-#if defined(__AVX512F__)
-    for (; c + 16 <= n; c += 16) {
-        const __m512 g = _mm512_loadu_ps(gate + c);
-        const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(88.f)));
-        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_storeu_ps(act + c, _mm512_mul_ps(s, _mm512_loadu_ps(up + c)));
-    }
-#endif
-    for (; c < n; c++) act[c] = gate[c] / (1.0f + expf(-gate[c])) * up[c];
-}
 
 /* One decoder layer's weights (layer_blocks.py's LayerWeights): the linears packed as
  * panel_linear.c's panels, q/k/v and gate/up each concatenated; a bias may be NULL. */

@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.activations import SiLUActivation
 
 from inference_worker.engine.panel_linear import MAX_ROWS, MIN_ROWS, PanelLinear
-from inference_worker.engine.row_kernels import torch_rms_norm, torch_rope
+from inference_worker.engine.row_kernels import SILU_ACTIVATIONS, torch_rms_norm, torch_rope, torch_silu_mul
 from inference_worker.kernels import KernelChoice, load_choice
 from inference_worker.model_geometry import ModelGeometry
 
@@ -32,7 +31,6 @@ SOURCE = Path(__file__).with_name("layer_blocks.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_LAYER_BLOCKS_UNAVAILABLE"
 _PROBE_TOLERANCE = 1e-5  # relative: sums in another order than oneDNN's, far below a wrong build's
 _c_int, _c_ptr, _c_int64, _c_float = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_SILU = (nn.SiLU, SiLUActivation)  # what transformers makes of "swish" and "silu"
 # layer_blocks.c's statuses (it checks rows against 1..MAX_ROWS; the runner calls it from MIN_ROWS)
 _ERRORS = {1: f"takes 1 to {MAX_ROWS} rows", 2: "a slot outside the pool", 3: "out of memory"}
 
@@ -66,7 +64,7 @@ class LayerWeights:
         panels = [
             getattr(part, "panels", None) for part in (fused_qkv, attn.o_proj, fused_gate_up, mlp.down_proj)
         ]
-        if any(p is None for p in panels) or type(mlp.act_fn) not in _SILU:
+        if any(p is None for p in panels) or type(mlp.act_fn) not in SILU_ACTIVATIONS:
             return None
         assert fused_qkv is not None and fused_gate_up is not None  # they have panels
         qkv, o, gate_up, down = panels
@@ -261,7 +259,7 @@ def reference_post_attention(
     gate, up = F.linear(
         torch_rms_norm(mid, weights.post_norm, weights.post_eps), plain[2], weights.gate_up_bias
     ).chunk(2, -1)
-    return F.linear(F.silu(gate) * up, plain[3], weights.down_bias) + mid
+    return F.linear(torch_silu_mul(gate, up), plain[3], weights.down_bias) + mid
 
 
 def random_layer(

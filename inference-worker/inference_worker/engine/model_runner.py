@@ -43,7 +43,7 @@ from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.layer_blocks import AttentionPool, LayerBlocks, LayerWeights, load_layer_blocks
 from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables, load_paged_prefill
 from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
-from inference_worker.engine.row_kernels import RowKernels, load_row_kernels, torch_rope
+from inference_worker.engine.row_kernels import SILU_ACTIVATIONS, RowKernels, load_row_kernels, torch_rope
 from inference_worker.engine.sequence import Sequence
 from inference_worker.kernels import KernelChoice
 from inference_worker.layerwise_cache import PrefixKV, PrefixLoadFailed
@@ -353,7 +353,9 @@ class PagedModelRunner:
                 hidden = blocks.post_attention(weights, out.reshape(tokens, -1), hidden)
             else:
                 hidden = linear_plus(attn.o_proj, out.reshape(tokens, -1), hidden)
-                hidden = mlp(layer.mlp, self._norm(layer.post_attention_layernorm, hidden), residual=hidden)
+                hidden = mlp(
+                    layer.mlp, self._norm(layer.post_attention_layernorm, hidden), hidden, self.row_kernels
+                )
         last = self._norm(decoder.norm, hidden[batch.last_rows])  # [sequences, hidden]
         return self.model.lm_head(last).float()  # [sequences, vocab]
 
@@ -470,13 +472,20 @@ def project_qkv(
     return q, k, v
 
 
-def mlp(module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + the layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden]."""
+def mlp(
+    module: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, row_kernels: RowKernels | None
+) -> torch.Tensor:
+    """residual + the layer's gated MLP (Llama, Qwen2, Mistral) of rows x [tokens, hidden];
+    SiLU(gate) * up in one C pass and one parallel region where the row kernels run the rows
+    (torch's silu then mul_: two of each; 300 rows of SmolLM2, one thread: 272 -> 178 us)."""
     fused: FusedProjection | None = getattr(module, "fused_gate_up", None)
     if fused is None:
         return residual + module(x)
     gate, up = fused(x)
-    hidden = module.act_fn(gate).mul_(up)  # in place: one [tokens, intermediate] allocation less
+    if row_kernels is not None and type(module.act_fn) in SILU_ACTIVATIONS and RowKernels.supports(gate):
+        hidden = row_kernels.silu_mul(gate, up)
+    else:
+        hidden = module.act_fn(gate).mul_(up)  # in place: one [tokens, intermediate] allocation less
     return linear_plus(module.down_proj, hidden, residual)
 
 

@@ -1,6 +1,6 @@
-"""RMSNorm, RoPE and the joining of a module span (a copy with keys re-positioned) in one C
-call each (row_ops.c), for fp32 rows on a CPU, loaded like the
-decode kernel (c_build.py), probed against transformers' own ops.
+"""RMSNorm, RoPE, SiLU-mul and the joining of a module span (a copy with keys re-positioned) in
+one C call each (row_ops.c), for fp32 rows on a CPU, loaded like the decode kernel
+(c_build.py), probed against transformers' own ops.
 
 Why: after the linears, per-op dispatch was ~27% of a one-sequence SmolLM2 decode step
 (~40 small torch ops per layer; docs/inference-worker.md). Where the library does not build
@@ -14,6 +14,8 @@ import functools
 from pathlib import Path
 
 import torch
+from torch import nn
+from transformers.activations import SiLUActivation
 
 from inference_worker.kernels import KernelChoice, load_choice
 from inference_worker.rotary_shift import rotate_half, rotate_into
@@ -22,6 +24,7 @@ SOURCE = Path(__file__).with_name("row_ops.c")
 UNAVAILABLE_VARIABLE = "ATTNSTORE_ROW_KERNELS_UNAVAILABLE"
 _PROBE_TOLERANCE = 1e-6  # the ops round as torch's do: a probe off by more is a wrong build
 _c_int, _c_ptr, _c_int64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+SILU_ACTIVATIONS = (nn.SiLU, SiLUActivation)  # what transformers makes of "swish" and "silu"
 
 
 class RowKernels:
@@ -32,7 +35,9 @@ class RowKernels:
                                _c_ptr, _c_int64, *[_c_ptr] * 3, _c_int64]  # fmt: skip
         self._join.argtypes = [*[_c_ptr] * 2, *[_c_int64] * 2, *[_c_ptr] * 2, _c_int64, *[_c_ptr] * 2, _c_int64,
                                *[_c_int] * 3]  # fmt: skip
-        self._rms_norm.restype = self._rope.restype = self._join.restype = _c_int
+        self._silu_mul = library.silu_mul_f32
+        self._silu_mul.argtypes = [_c_ptr, _c_ptr, _c_int64, _c_ptr, _c_int64, _c_int, _c_int]
+        self._rms_norm.restype = self._rope.restype = self._join.restype = self._silu_mul.restype = _c_int
 
     @staticmethod
     def supports(x: torch.Tensor) -> bool:
@@ -46,6 +51,19 @@ class RowKernels:
         self._rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
                        eps, torch.get_num_threads())  # fmt: skip
         return out
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up [rows, inter] in one pass (torch: silu, then mul_ over its output);
+        gate and up [rows, inter] with contiguous elements and one row stride (the halves of
+        the fused gate/up projection's output)."""
+        if gate.shape != up.shape or gate.dim() != 2 or gate.stride() != up.stride() or gate.stride(1) != 1:
+            raise ValueError(
+                "silu_mul reads gate and up [rows, inter] of one row stride, elements contiguous"
+            )
+        act = torch.empty(gate.shape, dtype=gate.dtype)
+        self._silu_mul(gate.data_ptr(), up.data_ptr(), gate.stride(0), act.data_ptr(), gate.shape[0], gate.shape[1],
+                       torch.get_num_threads())  # fmt: skip
+        return act
 
     def rope(
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -131,8 +149,17 @@ class RowKernels:
 @functools.cache
 def load_row_kernels() -> tuple[RowKernels | None, KernelChoice]:
     """The kernels, or None and why not (once per process)."""
-    chosen = KernelChoice("row-ops-c", "RMSNorm, RoPE and a module span's joining in one C call each")
-    return load_choice(SOURCE, UNAVAILABLE_VARIABLE, RowKernels, _probe, chosen, "torch's RMSNorm and RoPE")
+    chosen = KernelChoice(
+        "row-ops-c", "RMSNorm, RoPE, SiLU-mul and a module span's joining in one C call each"
+    )
+    return load_choice(
+        SOURCE,
+        UNAVAILABLE_VARIABLE,
+        RowKernels,
+        _probe,
+        chosen,
+        "torch's RMSNorm, RoPE, SiLU-mul and span join",
+    )
 
 
 def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -147,6 +174,11 @@ def torch_rope(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+def torch_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """LlamaMLP's act_fn(gate) * up (fp32)."""
+    return torch.nn.functional.silu(gate) * up
+
+
 def _probe(kernels: RowKernels) -> str | None:
     """Why the kernels disagree with torch's ops on a small case, or None."""
     generator = torch.Generator().manual_seed(0)
@@ -154,6 +186,9 @@ def _probe(kernels: RowKernels) -> str | None:
     qkv = torch.randn(3, 8, 8, generator=generator)  # q: 4 heads, k and v: 2
     (q, k), (cos, sin) = (qkv[:, :4], qkv[:, 4:6]), torch.randn(2, 3, 1, 8, generator=generator)
     v, slots = qkv[:, 6:], torch.tensor([5, 0, 3])
+    # 40 columns: two vectors of 16 and a scalar tail; the halves of one tensor, as the MLP's
+    halves = (torch.randn(3, 80, generator=generator) * 4).chunk(2, -1)
+    want_act = torch_silu_mul(*halves)
     pool = torch.zeros(2, 2, 4, 2, 8)  # K and V: 2 KV heads, 4 blocks of 2 tokens
     kernels.rope_into_pool(q, k, v, cos, sin, pool[0], pool[1], slots)
     want_k = torch_rope(q, k, cos, sin)[1]
@@ -171,6 +206,7 @@ def _probe(kernels: RowKernels) -> str | None:
         ),
         "rope_into_pool": (written - torch.stack([want_k, v])).abs().max(),
         "join_span": (joined[:, :, 2:5] - torch.stack([rotated, stored[1, :, 1:4]])).abs().max(),
+        "silu_mul": (kernels.silu_mul(*halves) - want_act).abs().max() / want_act.abs().max(),  # relative
     }
     wrong = [
         f"{name} (max error {float(e):.3g})" for name, e in errors.items() if not float(e) <= _PROBE_TOLERANCE

@@ -1,13 +1,15 @@
-/* RMSNorm and rotate-half RoPE over float32 rows: one call where torch dispatches ~5 ops per
- * norm and ~12 per rotation of q and k (per-op dispatch was ~27% of a one-sequence SmolLM2
- * decode step, docs/inference-worker.md). Built and loaded by row_kernels.py like
- * paged_decode.c.
+/* RMSNorm, rotate-half RoPE and SiLU-mul over float32 rows: one call where torch dispatches ~5
+ * ops per norm, ~12 per rotation of q and k and 2 per SiLU-mul (per-op dispatch was ~27% of a
+ * one-sequence SmolLM2 decode step, docs/inference-worker.md). Built and loaded by
+ * row_kernels.py like paged_decode.c.
  *
- * Both round like transformers' code, op by op, so their results match it to the last bit
- * or nearly: the build leaves floating-point contraction off (-std=c11: no fused
- * multiply-adds), each product and sum is rounded where torch rounds it.
+ * They round like transformers' code, op by op, so their results match it to the last bit
+ * or nearly (SiLU's e^x is vector_exp.h's, within ~1e-7 relative of torch's): the build leaves
+ * floating-point contraction off (-std=c11: no fused multiply-adds), each product and sum is
+ * rounded where torch rounds it.
  *   rms_norm_f32: out = weight * (x * (1 / sqrt(sum(x * x) / dim + eps)))  (LlamaRMSNorm)
  *   rope_f32:     out = x * cos + rotate_half(x) * sin, for q and k         (apply_rotary_pos_emb)
+ *   silu_mul_f32: act = SiLU(gate) * up                                (LlamaMLP's act_fn(gate) * up)
  * Shapes: x, out [rows, dim] (x's rows `x_stride` apart); q [tokens, heads, head_dim] and
  * k [tokens, kv_heads, head_dim] with rows `q_stride`/`k_stride` apart (views of the fused
  * projection's output), heads contiguous; cos, sin [tokens, head_dim]; q_out, k_out contiguous.
@@ -74,5 +76,19 @@ int join_span_f32(const float *k, const float *v, int64_t k_head_stride, int64_t
         memcpy(v_out + h * out_head_stride + t * head_dim, v + h * v_head_stride + t * head_dim,
                sizeof(float) * (size_t)head_dim);
     }
+    return 0;
+}
+
+/* Elements below this run in the calling thread: torch's grain for elementwise ops
+ * (at::internal::GRAIN_SIZE), so SiLU-mul splits where torch's silu and mul_ did. */
+#define SILU_PARALLEL_MIN 32768
+
+/* act [rows, inter] = SiLU(gate) * up, gate and up [rows, inter] with rows `stride` apart (the
+ * two halves of the fused gate/up projection's output): one pass where torch's silu then mul_
+ * were two, the first writing a [rows, inter] temporary the second read back. */
+int silu_mul_f32(const float *gate, const float *up, int64_t stride, float *act, int64_t rows, int inter,
+                 int threads) {
+#pragma omp parallel for num_threads(threads) if (rows * inter >= SILU_PARALLEL_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) silu_mul(gate + r * stride, up + r * stride, act + r * inter, inter);
     return 0;
 }

@@ -1,4 +1,4 @@
-/* The per-row arithmetic of row_ops.c, which panel_linear.c's layer blocks run too (included;
+/* The per-row arithmetic of row_ops.c, which layer_blocks.c runs too (included;
  * c_build.py hashes an included header with its source). Rounds like transformers' ops, op by
  * op (row_ops.c says how). */
 #ifndef ATTNSTORE_ROW_OPS_H
@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "vector_exp.h"
 
 /* o = weight * (row * (1 / sqrt(sum(row * row) / dim + eps)))  (LlamaRMSNorm) */
 static inline void rms_norm_row(const float *row, const float *weight, float *o, int dim, float eps) {
@@ -40,5 +42,23 @@ static inline void rope_token(const float *q, const float *k, const float *v, co
         memcpy(k_pool + at, rotated, sizeof(float) * (size_t)head_dim);
         memcpy(v_pool + at, v + h * head_dim, sizeof(float) * (size_t)head_dim);
     }
+}
+
+/* act = SiLU(gate) * up over n columns, as torch's x / (1 + exp(-x)) then the product; a column
+ * is computed the same way whatever the row (a row gives the same bits alone or batched). gcc
+ * calls the scalar expf here (it vectorizes it only under -ffast-math): ~9 ns a column, ~12%
+ * of the block at 14 rows, so 16 columns at a time take exp16 (vector_exp.h) where the CPU has
+ * AVX-512 (exp(-x) clamped to e^88: SiLU of x < -88 is ~0 either way). */
+static inline void silu_mul(const float *gate, const float *up, float *act, int n) {
+    int c = 0;
+#if defined(__AVX512F__)
+    for (; c + 16 <= n; c += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + c);
+        const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(88.f)));
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(act + c, _mm512_mul_ps(s, _mm512_loadu_ps(up + c)));
+    }
+#endif
+    for (; c < n; c++) act[c] = gate[c] / (1.0f + expf(-gate[c])) * up[c];
 }
 #endif

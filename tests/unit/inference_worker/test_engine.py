@@ -1,12 +1,13 @@
 """The engine's step loop: concurrent sequences submitted at different times, prefilled in
 chunks mixed with decodes, some sharing a prefix, one preempted when the pool runs out,
 decode exactly what each decodes alone (greedy, 32 tokens, tiny Llama, fp32), in shared
-forward passes; an abandoned stream frees its blocks."""
+forward passes, every step on one thread; an abandoned stream frees its blocks."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from transformers import PreTrainedModel
 
 from inference_worker.engine.attention import PagedKV
 from inference_worker.engine.block_pool import BlockPool
-from inference_worker.engine.engine import Engine, SequenceTooLong
+from inference_worker.engine.engine import Engine, SequenceTooLong, StepOutput
 from inference_worker.engine.model_runner import PagedModelRunner
 from inference_worker.engine.sequence import Sequence
 from inference_worker.model_geometry import ModelGeometry
@@ -75,6 +76,29 @@ async def test_concurrent_sequences_decode_what_each_decodes_alone(
         assert engine.stats.preemptions > 0
     usage = engine.pool.usage()
     assert usage.used == 0 and usage.cached > 0
+
+
+async def test_every_step_runs_on_the_engines_one_thread(
+    tiny_llama: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One OpenMP team for all forwards: libgomp keeps one per thread that starts regions."""
+    engine = make_engine(tiny_llama, 128)
+    threads: set[int] = set()
+    step = engine.step
+
+    def recorded() -> list[StepOutput]:
+        threads.add(threading.get_ident())
+        return step()
+
+    monkeypatch.setattr(engine, "step", recorded)
+    try:
+        for _ in range(3):  # runs of steps with the loop idle between them
+            await asyncio.gather(*(generate(engine, p, 0.01 * i) for i, p in enumerate(prompts()[:4])))
+            await asyncio.gather(*(asyncio.to_thread(threading.get_ident) for _ in range(8)))  # busy executor
+    finally:
+        await engine.close()
+    assert engine.stats.steps > 3 * STEPS
+    assert len(threads) == 1 and threading.get_ident() not in threads
 
 
 async def test_a_shared_prefix_is_computed_once(tiny_llama: PreTrainedModel) -> None:

@@ -1,8 +1,8 @@
-"""The C RMSNorm and RoPE (row_ops.c) against transformers' own ops: RoPE to the bit, RMSNorm
-within a rounding of its sum (torch sums in another order), at 1, 16 and 600 rows, reading
-q and k as the fused projection leaves them (strided rows); RoPE writing K and V into the
-paged pool as PagedKV.write does; a module span joined with its keys re-positioned as
-rotary_shift does; the fallbacks."""
+"""The C RMSNorm, RoPE and SiLU-mul (row_ops.c) against transformers' own ops: RoPE to the bit,
+RMSNorm within a rounding of its sum (torch sums in another order), SiLU-mul within its e^x's
+error, at 1, 16 and 600 rows, reading q and k (gate and up) as the fused projection leaves them
+(strided rows); RoPE writing K and V into the paged pool as PagedKV.write does; a module span
+joined with its keys re-positioned as rotary_shift does; the fallbacks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from attnstore.c_build import CACHE_VARIABLE
@@ -18,7 +19,7 @@ from inference_worker.engine.row_kernels import UNAVAILABLE_VARIABLE, RowKernels
 from inference_worker.model_geometry import ModelGeometry
 from inference_worker.rotary_shift import rotate_into
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 576, 9, 3, 64  # SmolLM2-135M's
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 576, 9, 3, 64, 1536  # SmolLM2-135M's
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,17 @@ def test_rope_matches_transformers_exactly(kernels: RowKernels, rows: int) -> No
     assert got_q.is_contiguous() and got_k.is_contiguous()
 
 
+@pytest.mark.parametrize("rows", [1, 16, 600])  # 600 rows: past the kernel's parallel threshold
+def test_silu_mul_matches_transformers(kernels: RowKernels, rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    gate, up = (torch.randn(rows, 2 * INTERMEDIATE, generator=generator) * 6).chunk(2, -1)
+    want = SiLUActivation()(gate) * up
+    got = kernels.silu_mul(gate, up)
+    # vector_exp.h's e^x against torch's: relative ~1e-7 of the largest output
+    assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
+    assert got.is_contiguous() and got.shape == (rows, INTERMEDIATE)
+
+
 def test_bad_layouts_are_refused(kernels: RowKernels) -> None:
     with pytest.raises(ValueError, match="contiguous elements"):
         kernels.rms_norm(torch.randn(HIDDEN, 4).t(), torch.randn(HIDDEN), 1e-5)
@@ -63,6 +75,11 @@ def test_bad_layouts_are_refused(kernels: RowKernels) -> None:
     q = torch.randn(2, HEAD_DIM, HEADS).transpose(1, 2)
     with pytest.raises(ValueError, match="contiguous heads"):
         kernels.rope(q, q, torch.randn(2, 1, HEAD_DIM), torch.randn(2, 1, HEAD_DIM))
+    gate_up = torch.randn(2, 2 * INTERMEDIATE)
+    with pytest.raises(ValueError, match="one row stride"):
+        kernels.silu_mul(gate_up[:, :INTERMEDIATE], gate_up[:, :INTERMEDIATE].contiguous())
+    with pytest.raises(ValueError, match="one row stride"):
+        kernels.silu_mul(*gate_up.t().chunk(2, 0))
 
 
 def test_forced_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
