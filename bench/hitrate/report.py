@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from bench.common.plot_style import plt, save_figure
+from bench.hitrate.sim import WINDOW_S
 
 Row = dict[str, Any]  # workload, policy, dram_fraction, ssd_fraction, hit_rate, dram_share_of_hits...
 
@@ -99,6 +100,10 @@ def summarize_predictive(rows: list[Row]) -> tuple[dict[str, dict[str, Any]], li
         entry.setdefault(f"predictive_gap_closed_by_capacity{suffix}", {})[label] = closed
         if "chooser_follows" in predictive:  # the order the SSD tier followed at the end (shadow caches' choice)
             entry.setdefault(f"predictive_order_followed_by_capacity{suffix}", {})[label] = predictive["chooser_follows"]
+        if len(windows := window_gaps_closed(predictive, lru)) > 1:
+            entry.setdefault(f"predictive_gap_closed_by_window{suffix}", {})[label] = windows
+            lines.append(f"INFO  {workload} {label}: predictive's gap closed per {WINDOW_S / 60:g} minutes: "
+                         + ", ".join("n/a" if closed is None else f"{closed:.1%}" for closed in windows))
         below_lru = predictive["hit_rate"] < lru["hit_rate"]
         lines.append(f"{'FAIL' if below_lru else 'PASS'}  {workload} {label}: predictive {predictive['hit_rate']:.1%} "
                      f"vs LRU {lru['hit_rate']:.1%} (never below LRU), optimum {lru['optimal_hit_rate']:.1%}, "
@@ -135,6 +140,13 @@ def dram_share_ceiling(row: Row) -> float | None:
     if waited is None or started is None:
         return None
     return round(waited + (1 - waited) * started, 4)
+
+
+def window_gaps_closed(row: Row, lru: Row) -> list[float | None]:
+    """The row's share of the LRU-to-optimum gap in each window of the replay (one
+    schedule for every policy, so LRU's optimum is the row's)."""
+    return [gap_closed(mine["hit_rate"], theirs["hit_rate"], theirs["optimal_hit_rate"])
+            for mine, theirs in zip(row.get("windows", []), lru.get("windows", []), strict=False)]
 
 
 def gap_closed(hit: float, lru_hit: float, optimal_hit: float) -> float | None:

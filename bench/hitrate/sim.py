@@ -38,6 +38,7 @@ from bench.hitrate.optimal import Event, Lookup, Offer, optimal_hits
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, encode
 
 NODE = "node0"
+WINDOW_S = 600.0  # the per-window report: hits and the optimum per 10 simulated minutes (warm and cold apart)
 
 
 @dataclass
@@ -61,6 +62,11 @@ class ReplayResult:
     capacity_chunks: int = 0  # DRAM + SSD
     daemon: dict[str, int] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    # Per WINDOW_S of simulated time, by the turn's arrival: the optimum's hits are the
+    # difference of its hits on the schedule's prefixes up to each window's end.
+    window_lookup_blocks: list[int] = field(default_factory=list)
+    window_hit_blocks: list[int] = field(default_factory=list)
+    window_optimal_hit_blocks: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, float | int]:
         turns = max(self.turns, 1)
@@ -83,6 +89,12 @@ class ReplayResult:
             # How long the store takes to fill with new chunks: reuse further apart is lost by any policy.
             "store_turnover_s": round(self.capacity_chunks / store_rate, 1) if store_rate else None,
             "sim_seconds": round(self.sim_seconds, 1), "wall_seconds": round(self.wall_seconds, 1),
+            "windows": [
+                {"start_s": i * WINDOW_S, "lookup_blocks": looked, "hit_rate": _ratio(hit, looked),
+                 "optimal_hit_rate": _ratio(optimal, looked)}
+                for i, (looked, hit, optimal) in enumerate(zip(
+                    self.window_lookup_blocks, self.window_hit_blocks, self.window_optimal_hit_blocks, strict=True))
+            ],
             **self.daemon,
         }
 
@@ -126,6 +138,7 @@ class Replay:
         self._running: dict[str, int] = {}  # job id -> its hit prefix
         self._stored: set[bytes] = set()  # every key ever stored: the never-evicting store
         self._schedule: list[Event] = []  # what the store saw, in order, for the offline optimum
+        self._window_starts: list[int] = []  # the index in _schedule of each window's first lookup
         self._dirty = False  # the queue changed since the last push
         self._last_push = float("-inf")
         self.queue.add_listener(self._changed)
@@ -145,9 +158,13 @@ class Replay:
             "dram_evictions": stats.dram.evictions, "ssd_evictions": stats.ssd.evictions,
         }
         self.result.sim_seconds = self.now
-        self.result.optimal_hit_blocks = optimal_hits(
-            self._schedule, self.result.capacity_chunks, admit_on_lookup=False
-        )
+        prefix_optima = [
+            optimal_hits(self._schedule[:end], self.result.capacity_chunks, admit_on_lookup=False)
+            for end in [*self._window_starts[1:], len(self._schedule)]
+        ]
+        self.result.optimal_hit_blocks = prefix_optima[-1]
+        if self._window_starts:  # none without a lookup
+            self.result.window_optimal_hit_blocks = [b - a for a, b in itertools.pairwise([0, *prefix_optima])]
         self.result.wall_seconds = time.monotonic() - started
         return self.result
 
@@ -177,21 +194,31 @@ class Replay:
             job = await self.queue.pop()
             waited = self.now - job.enqueued_at
             self.result.wait_s_sum += waited
-            self._running[job.job_id] = await self._lookup(job.chunk_keys, waited >= self.hint_interval_s)
+            self._running[job.job_id] = await self._lookup(job.chunk_keys, waited >= self.hint_interval_s,
+                                                           job.enqueued_at)
             session, turn, _ = self._turn_of[job.job_id]
             self._at(self.now + self.workload.sessions[session].turns[turn].service_s,
                      lambda j=job.job_id: self._complete(j))
 
-    async def _lookup(self, keys: tuple[bytes, ...], waited: bool) -> int:
+    async def _lookup(self, keys: tuple[bytes, ...], waited: bool, arrived_s: float) -> int:
         result = self.result
         result.turns += 1
         if not keys:
             return 0
+        # The window of the turn's arrival (the trace's minutes), never one already left: the
+        # queue starts turns in arrival order, and the optimum's prefixes need windows in order.
+        window = max(int(arrived_s // WINDOW_S), len(result.window_lookup_blocks) - 1)
+        while len(result.window_lookup_blocks) <= window:
+            result.window_lookup_blocks.append(0)
+            result.window_hit_blocks.append(0)
+            self._window_starts.append(len(self._schedule))
         self._schedule.append(Lookup(keys))
         found = await self.kv.lookup(self.workload.namespace, keys, promote=True)
         in_dram = sum(1 for tier in found.tiers if tier is Tier.DRAM)
         result.lookup_blocks += len(keys)
         result.hit_blocks += found.prefix_length
+        result.window_lookup_blocks[window] += len(keys)
+        result.window_hit_blocks[window] += found.prefix_length
         result.dram_hit_blocks += in_dram
         result.ideal_hit_blocks += next((i for i, key in enumerate(keys) if key not in self._stored), len(keys))
         if waited:

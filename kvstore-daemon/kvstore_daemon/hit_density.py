@@ -42,7 +42,10 @@ DEFAULT_HALF_LIFE_EVENTS = 1 << 16  # ends recorded between two halvings of the 
 RECOMPUTE_SHARE = 1 / 64
 # A class is ranked by its own counts once it has recorded this many ends; before, by all
 # classes' counts pooled (one read must not set a class apart: the scheduler's order decides).
-MIN_CLASS_ENDS = 64
+# A cold store learns faster pooled longer: in the one-tier model of Mooncake's first 10
+# minutes (queued, 9% to 13% of the working set) 256 closed 19.2% of the gap on average,
+# 64 15.0%, 1,024 19.4%, 4,096 15.3%; warm (the hour's later windows) they are equal.
+MIN_CLASS_ENDS = 256
 
 
 def age_bin(age_ticks: float) -> int:

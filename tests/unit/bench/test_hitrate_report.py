@@ -3,7 +3,7 @@ with end signals and with conversation_over reported under ShareGPT, targets as 
 
 from __future__ import annotations
 
-from bench.hitrate.report import dram_share_ceiling, gap_closed, summarize_predictive
+from bench.hitrate.report import dram_share_ceiling, gap_closed, summarize_predictive, window_gaps_closed
 from bench.hitrate.sim import ReplayResult
 
 
@@ -57,3 +57,17 @@ def test_the_replay_splits_the_dram_share_by_whether_a_turn_waited() -> None:
     assert summary["waited_share_of_hits"] == 0.6
     assert summary["started_dram_share_of_hits"] == 0.5  # 2 of the other 4 hits from DRAM
     assert dram_share_ceiling(summary) == 0.8
+
+
+def test_the_gap_closed_is_reported_per_window_against_lrus_windows() -> None:
+    def windows(*hits: float) -> list[dict]:
+        return [{"start_s": 600.0 * i, "hit_rate": hit, "optimal_hit_rate": 0.5} for i, hit in enumerate(hits)]
+
+    lru = {**_row("mooncake", "lru", 0.1), "windows": windows(0.1, 0.3, 0.5)}
+    predictive = {**_row("mooncake", "predictive", 0.2), "windows": windows(0.2, 0.4, 0.5)}
+    assert window_gaps_closed(predictive, lru) == [0.25, 0.5, None]  # no gap left in the last window
+    summary, lines = summarize_predictive([lru, predictive])
+    assert summary["mooncake"]["predictive_gap_closed_by_window"] == {"1%/10%": [0.25, 0.5, None]}
+    assert "INFO  mooncake 1%/10%: predictive's gap closed per 10 minutes: 25.0%, 50.0%, n/a" in lines
+    one_window = {**predictive, "windows": windows(0.2)}
+    assert "predictive_gap_closed_by_window" not in summarize_predictive([lru, one_window])[0]["mooncake"]

@@ -17,15 +17,18 @@ def test_density_is_the_chance_of_a_read_over_the_wait_for_it() -> None:
 
 
 def test_reads_beyond_an_age_raise_the_density_as_the_age_nears_them() -> None:
-    learner = HitDensity(classes=2)
+    learner = HitDensity(classes=3)
     for _ in range(10):
         learner.hit(0, 1000)
         learner.evicted(0)
     young, due = learner.density(0, 0), learner.density(0, 900)
     assert 0 < young < due
     assert learner.density(1, 900) == due  # class 1 has learned nothing: ranked as all classes pooled
-    for _ in range(MIN_CLASS_ENDS):
+    for _ in range(MIN_CLASS_ENDS - 1):
         learner.evicted(1)
+    pooled = learner.density(2, 900)  # class 2 has learned nothing
+    assert learner.density(1, 900) == pooled > 0  # one end short of speaking for itself: still pooled
+    learner.evicted(1)
     assert learner.density(1, 900) == 0.0  # now it speaks for itself: never read
 
 

@@ -8,12 +8,14 @@ import pytest
 
 from kvstore_daemon.chunk_lives import NAMED_KEYS_MAX, ChunkLives
 from kvstore_daemon.hints import HintBook
+from kvstore_daemon.hit_density import MIN_CLASS_ENDS
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 
-def _trained(named_keys_max: int, rounds: int = 200) -> PredictivePolicy:
+def _trained(named_keys_max: int, rounds: int = 2 * MIN_CLASS_ENDS) -> PredictivePolicy:
     """A store of 4 where keys a lookup named before their store are read again 2 ticks
-    later and keys no lookup named never are: what the learner is shown."""
+    later and keys no lookup named never are: what the learner is shown (each class past
+    the ends it needs to speak for itself)."""
     policy = PredictivePolicy(HintBook(), lambda: 0.0, ChunkLives(lambda: 0.0, named_keys_max=named_keys_max))
     for i in range(rounds):
         named, unnamed = f"named{i}".encode(), f"unnamed{i}".encode()
