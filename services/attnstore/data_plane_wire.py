@@ -110,7 +110,7 @@ def recv_views(sock: socket.socket, views: Sequence[memoryview]) -> None:
         return
     pending = [v.cast("B") for v in views if v.nbytes]
     while pending:
-        received = sock.recvmsg_into(pending[:MAX_IOVECS])[0]
+        received = sock.recvmsg_into(pending[:MAX_IOVECS], 0, socket.MSG_WAITALL)[0]
         if received == 0:
             raise ConnectionClosed("the peer closed the data-plane connection mid-transfer")
         advance(pending, received)

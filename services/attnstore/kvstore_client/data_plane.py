@@ -12,10 +12,10 @@ A whole read into buffers (`read_into`) on a plain socket runs on the event loop
 (non-blocking: a recv that finds its bytes waits for nothing, loop_stream.py) while its
 payload is small: up to `_LOOP_PAYLOAD_MAX_BYTES`, or beside other reads up to
 `_LOOP_BESIDE_OTHERS_MAX_BYTES`. A larger one (judged by the last read's payload; a read
-that finds its payload larger than judged hands the payload to a thread), or any read
-under TLS, is one trip to a thread for the whole read; alone, its request is sent from
-the loop first where a pooled plain connection takes it at once. A read that hands out layers as
-they come (`open_read`) takes one trip per call.
+that finds its payload larger than judged hands the payload to a thread) is sent from the
+loop and received by the thread of a parked connection (parked.py); any read under TLS is
+one trip to a thread for the whole read. A read that hands out layers as they come
+(`open_read`) takes one trip per call.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from attnstore.data_plane_wire import (
     send_views,
 )
 from attnstore.kvstore_client.loop_stream import LoopStream
+from attnstore.kvstore_client.parked import ParkedConnection
 from attnstore.kvstore_client.pieces import DaemonProtocolError
 
 _MAX_IDLE_CONNECTIONS = 32
@@ -122,6 +123,8 @@ class TcpDataPlane:
         self._hello = pack_frame({"op": "hello", "token": token})
         self._timeout_seconds = timeout_seconds
         self._idle: list[socket.socket] = []
+        self._parked: list[ParkedConnection] = []  # for large whole reads (parked.py)
+        self._closed = False
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_TRANSFER_THREADS, thread_name_prefix="data-plane")
         self._reads_in_flight = 0  # whole reads under way (`read_into`, on the event loop)
@@ -168,23 +171,25 @@ class TcpDataPlane:
     ) -> None:
         self._reads_in_flight += 1
         try:
-            # An SSL socket cannot be read from the loop; a large payload's read is one trip to
-            # a thread, and beside other reads a smaller one's, so they copy in parallel.
+            # An SSL socket cannot be read from the loop: one trip to a thread. A large payload,
+            # or beside other reads a smaller one, is received by a parked connection's thread,
+            # so reads side by side copy in parallel.
             request = _get_request(namespace, keys, layer_start, layer_end)
-            if self._ssl is not None or self._last_payload_bytes > self._loop_payload_limit():
+            large = self._last_payload_bytes > self._loop_payload_limit()
+            if self._ssl is not None or (large and self._reads_in_flight == 1):
                 await self._read_in_thread(request, len(keys), place)
                 return
-            if not await self._read_whole_on_loop({**request, "unheld": True}, len(keys), place):
-                await self._read_whole_on_loop(request, len(keys), place)
+            read_whole = self._read_whole_parked if large else self._read_whole_on_loop
+            if not await read_whole({**request, "unheld": True}, len(keys), place):
+                await read_whole(request, len(keys), place)
         finally:
             self._reads_in_flight -= 1
 
     async def _read_in_thread(self, request: dict[str, object], chunk_count: int, place: PlaceStream) -> None:
         """A whole read in a thread; alone, its request sent first from the loop on a pooled
         plain connection that takes it at once, so the daemon answers while the thread wakes
-        (beside other reads the loop's sends slowed them: 4 readers of 8 MB 1.85-2.00 ->
-        1.40-1.50 GB/s, two runs)."""
-        sock = self._take_idle() if self._ssl is None and self._reads_in_flight == 1 else None
+        (beside other reads a parked connection's thread receives, _read_whole_parked)."""
+        sock = self._take_idle() if self._ssl is None else None
         unsent = pack_frame({**request, "unheld": True})
         if sock is not None:
             try:
@@ -195,6 +200,31 @@ class TcpDataPlane:
                 sock.close()
                 raise
         await self.in_thread(self._read_twice, request, chunk_count, place, sock, unsent)
+
+    async def _read_whole_parked(
+        self, request: dict[str, object], chunk_count: int, place: PlaceStream
+    ) -> bool:
+        """A whole read whose answer a parked connection's thread receives (parked.py)."""
+        connection = self._take_parked() or ParkedConnection(
+            await self.in_thread(self.connect), self._timeout_seconds
+        )
+        valid = await connection.read(
+            pack_frame(request), lambda sock: self._receive_whole(sock, chunk_count, place)
+        )
+        with self._lock:
+            if not self._closed and len(self._parked) < _MAX_IDLE_CONNECTIONS:
+                self._parked.append(connection)
+                return valid
+        connection.close()
+        return valid
+
+    def _take_parked(self) -> ParkedConnection | None:
+        with self._lock:
+            while self._parked:
+                connection = self._parked.pop()
+                if not connection.closed:  # the daemon hung up on it while it idled
+                    return connection
+        return None
 
     def _loop_payload_limit(self) -> int:
         """The largest payload a whole read receives on the event loop now."""
@@ -256,29 +286,33 @@ class TcpDataPlane:
         self, request: dict[str, object], chunk_count: int, place: PlaceStream,
         sock: socket.socket | None = None, unsent: bytes | None = None,
     ) -> bool:  # fmt: skip
-        """One whole read; whether its bytes are the chunks'."""
-        read = self._open_read(request, chunk_count, sock, unsent)
-        complete = False
-        try:
-            views = place(read.headers)
-            self._last_payload_bytes = sum(view.nbytes for view in views)
-            read.recv_all(views)
-            valid = read.recv_trailer()
-            complete = True
-        finally:
-            read.close(complete)
-        return valid
-
-    def _open_read(
-        self, request: dict[str, object], chunk_count: int,
-        sock: socket.socket | None = None, unsent: bytes | None = None,
-    ) -> _TcpRead:  # fmt: skip
-        """Sends `request` (on `sock`, where it went out but for `unsent`) and takes the reply."""
+        """One whole read on a blocking connection (`sock`, where `request` went out but for
+        `unsent`); whether its bytes are the chunks'."""
         if sock is None:
             sock, unsent = self.connect(), pack_frame(request)
         try:
             if unsent:
                 sock.sendall(unsent)
+            valid = self._receive_whole(sock, chunk_count, place)
+        except BaseException:
+            sock.close()
+            raise
+        self.give_back(sock)
+        return valid
+
+    def _receive_whole(self, sock: socket.socket, chunk_count: int, place: PlaceStream) -> bool:
+        """A whole read's answer on a blocking socket; whether its bytes are the chunks'."""
+        reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
+        views = place(_headers_of(reply, chunk_count))
+        self._last_payload_bytes = sum(view.nbytes for view in views)
+        recv_views(sock, views)
+        return reply.get("trailer") is not True or _trailer_valid(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
+
+    def _open_read(self, request: dict[str, object], chunk_count: int) -> _TcpRead:
+        """Sends `request` and takes the reply."""
+        sock = self.connect()
+        try:
+            sock.sendall(pack_frame(request))
             reply = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES))
             headers = _headers_of(reply, chunk_count)
         except BaseException:
@@ -305,9 +339,13 @@ class TcpDataPlane:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
+            parked, self._parked = self._parked, []
         for sock in idle:
             sock.close()
+        for connection in parked:
+            connection.close()
         self._threads.shutdown(wait=False)
 
 
