@@ -58,12 +58,27 @@ def optimal_hits(schedule: Sequence[Event], capacity_chunks: int, *, admit_on_lo
     """Hit chunks of the offline-optimal store on `schedule` (see the module doc).
     `admit_on_lookup` False: chunks enter only when offered, as in a real store (then the
     result never exceeds a store that never evicts, but MIN may fall short of the best)."""
+    return optimal_hits_by_prefix(
+        schedule, capacity_chunks, [len(schedule)], admit_on_lookup=admit_on_lookup
+    )[0]
+
+
+def optimal_hits_by_prefix(
+    schedule: Sequence[Event], capacity_chunks: int, ends: Sequence[int], *, admit_on_lookup: bool = True
+) -> list[int]:
+    """`optimal_hits(schedule[:end], ...)` for each of the ascending `ends`, in one pass over
+    the whole schedule: MIN run on it makes, among the chunks used before `end`, the choices
+    it makes on `schedule[:end]` (whatever is next used at or after `end` ranks behind all of
+    them, as it does there unused), so its hits before `end` are that prefix's optimum."""
     uses = _lookup_times(schedule)
     held: dict[Key, _Rank] = {}
     # Max-heap by rank with lazy deletion: an entry whose rank is no longer its key's is skipped.
     heap: list[tuple[float, int, int, Key]] = []
     hits = 0
+    at_ends: list[int] = []
     for time, event in enumerate(schedule):
+        while len(at_ends) < len(ends) and ends[len(at_ends)] <= time:
+            at_ends.append(hits)
         if isinstance(event, Lookup):
             for key in event.chain:
                 if key not in held:
@@ -86,7 +101,7 @@ def optimal_hits(schedule: Sequence[Event], capacity_chunks: int, *, admit_on_lo
                     del held[victim]
             held[key] = rank
             heapq.heappush(heap, (-rank[0], -depth, time, key))
-    return hits
+    return at_ends + [hits] * (len(ends) - len(at_ends))
 
 
 def _lookup_times(schedule: Sequence[Event]) -> dict[Key, list[int]]:

@@ -34,7 +34,7 @@ from attnstore_scheduler.lookahead import NodeCapacity
 from attnstore_scheduler.session_activity import SessionActivity
 from attnstore_scheduler.settings import HintSettings
 from bench.hitrate.online_sessions import ChainSessions
-from bench.hitrate.optimal import Event, Lookup, Offer, optimal_hits
+from bench.hitrate.optimal import Event, Lookup, Offer, optimal_hits_by_prefix
 from bench.hitrate.workloads import CHUNK_BYTES, Workload, encode
 
 NODE = "node0"
@@ -158,10 +158,10 @@ class Replay:
             "dram_evictions": stats.dram.evictions, "ssd_evictions": stats.ssd.evictions,
         }
         self.result.sim_seconds = self.now
-        prefix_optima = [
-            optimal_hits(self._schedule[:end], self.result.capacity_chunks, admit_on_lookup=False)
-            for end in [*self._window_starts[1:], len(self._schedule)]
-        ]
+        prefix_optima = optimal_hits_by_prefix(
+            self._schedule, self.result.capacity_chunks, [*self._window_starts[1:], len(self._schedule)],
+            admit_on_lookup=False,
+        )
         self.result.optimal_hit_blocks = prefix_optima[-1]
         if self._window_starts:  # none without a lookup
             self.result.window_optimal_hit_blocks = [b - a for a, b in itertools.pairwise([0, *prefix_optima])]

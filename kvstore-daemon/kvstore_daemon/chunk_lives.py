@@ -30,7 +30,12 @@ read; in a one-tier replay of Mooncake's hour on the benchmark's schedule at 11%
 the first 10 minutes' working set, the warm windows' mean share of the LRU-to-optimum
 gap rose from 6.5% to 27.4% with the lookups counted. A map that forgets after about
 10 minutes of this trace's keys did better warm than a longer one (24.6% at 4x): being
-named lately is what predicts (docs/benchmarks.md, "named before").
+named lately is what predicts (docs/benchmarks.md, "named before"). What the scheduler
+last said of a chunk is no part of the class (it orders chunks of equal density,
+predictive_policy.py): as a sixfold split of each class (nothing yet, nothing since its
+latest predictions, four buckets of predicted seconds) it cost the cold store on the real
+daemon (Mooncake's first 10 minutes at 1% / 10%: docs/benchmarks.md, "the scheduler's
+word out of the learner's class").
 
 The chains: a lookup's stored prefix and a hinted chain name keys root first, so each
 key's parent is known once either has been seen; `children` holds every key's children
@@ -48,12 +53,8 @@ from kvstore_daemon import metrics
 from kvstore_daemon.hit_density import HitDensity
 
 GHOST_KEYS_MAX = 1 << 17  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
-REUSE_CLASSES = 4  # named or read 0, 1, 2, 3 or more times
+REUSE_CLASSES = 4  # named or read 0, 1, 2, 3 or more times: the learner's classes
 NAMED_KEYS_MAX = 1 << 15  # keys whose lookups are counted (about 5 MB): predictive_named_keys_max's default
-# What the scheduler said of an idle key: 0 nothing yet, 1 nothing although it predicted
-# others since (stale), then PREDICT buckets by seconds to the predicted use.
-PREDICT_BUCKETS_SECONDS = (30.0, 120.0, 600.0)
-HINT_CLASSES = 2 + len(PREDICT_BUCKETS_SECONDS) + 1
 
 
 @dataclass
@@ -62,20 +63,19 @@ class Life:
     touched_at: float  # the clock then
     copies: int = 0  # tiers holding it
     reads: int = 0  # reads in this life
-    hint_class: int = 0  # what the scheduler said of it when last ranked (predictive_policy.hint_class)
     depth: int = 0  # its place in its hinted chain, when one was hinted
     named: int = 0  # lookups that named its key before this life (misses, earlier lives' reads)
 
     @property
     def cls(self) -> int:
-        return min(self.named + self.reads, REUSE_CLASSES - 1) * HINT_CLASSES + self.hint_class
+        return min(self.named + self.reads, REUSE_CLASSES - 1)
 
 
 class ChunkLives:
     def __init__(self, clock: Callable[[], float], learner: HitDensity | None = None,
                  ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX) -> None:
         self._clock = clock
-        self.learner = learner or HitDensity(REUSE_CLASSES * HINT_CLASSES)
+        self.learner = learner or HitDensity(REUSE_CLASSES)
         self.tick = 0
         self.lives: dict[bytes, Life] = {}
         self._last_read: tuple[bytes, int] | None = None  # (key, tick after it): a second tier's report
@@ -108,7 +108,7 @@ class ChunkLives:
         if life is None or self._last_read == (key, self.tick):
             return life
         self.learner.hit(life.cls, self.tick - life.tick)
-        life.tick, life.touched_at, life.reads, life.hint_class = self.tick, self._clock(), life.reads + 1, 0
+        life.tick, life.touched_at, life.reads = self.tick, self._clock(), life.reads + 1
         self.tick += 1
         self._last_read = (key, self.tick)
         for listener in self.reread:

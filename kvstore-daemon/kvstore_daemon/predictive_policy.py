@@ -3,11 +3,9 @@
 Online, no policy knows which chunks come back, but the store can learn how often chunks
 like a given one did, and after how long (hit_density.py, after LHD): per class of
 chunk — how often lookups named it before this life plus its reads in this life (0, 1,
-2, 3 or more) and what the scheduler last said of it while it sat idle (nothing yet;
-nothing although it predicted others since: no live session it knows needs it; or its
-predicted next use, in four buckets) — the expected hits per tick at its idle age
-(chunk_lives.py keeps the lives both tiers share). The scheduler's word comes first
-where it is certain, and counts as far as it has proven right where it is an estimate:
+2, 3 or more) — the expected hits per tick at its idle age (chunk_lives.py keeps the
+lives both tiers share). The scheduler's word comes first where it is certain, and
+orders chunks the learner cannot tell apart where it is an estimate:
 
 1. keys hinted EVICT_FIRST or DECLINE (least recently used first): ended, deleted or
    expired sessions, chunks released;
@@ -38,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from graphlib import TopologicalSorter
 
-from kvstore_daemon.chunk_lives import PREDICT_BUCKETS_SECONDS, ChunkLives, Life
+from kvstore_daemon.chunk_lives import ChunkLives, Life
 from kvstore_daemon.hints import Hint, HintAction, HintBook
 from kvstore_daemon.hit_density import age_bin
 
@@ -176,25 +174,22 @@ class PredictivePolicy:
         self._entry[key] = rank
         bisect.insort(self._fresh, (rank, key))
 
-    def _heard(self, key: bytes, now: float, since: float) -> tuple[Life, Hint | None]:
-        """Takes in what the scheduler last said of a key (its hint class, chain place)."""
+    def _heard(self, key: bytes, now: float) -> tuple[Life, Hint | None]:
+        """Takes in what the scheduler last said of a key (its chain place)."""
         life = self.lives.lives[key]
         hint = self._hints.get(key, now)
         if hint is not None and hint.parent is not None:
             self.lives.link(hint.parent, key)
-        if hint is None or hint.action is HintAction.PREDICT:
-            life.hint_class = hint_class(hint, now, stale=life.touched_at < since)
-            if hint is not None:
-                life.depth = hint.depth
+        if hint is not None and hint.action is HintAction.PREDICT:
+            life.depth = hint.depth
         return life, hint
 
     def _sort(self, now: float) -> None:
-        since = self._hints.last_prediction_at
         self._given_up.clear()
         self._entry = {}
         ranked = []
         for key in self._resident - self._leaving:
-            life, hint = self._heard(key, now, since)
+            life, hint = self._heard(key, now)
             if hint is not None and hint.action.gives_up:
                 self._given_up[key] = life.tick
             else:  # queued keys too: their live hint sets them aside in the walk
@@ -209,11 +204,10 @@ class PredictivePolicy:
     def _rank_repredicted(self, now: float) -> None:
         """Ranks again the keys whose prediction a source added since (no full sort)."""
         repredicted = self._hints.repredicted
-        since = self._hints.last_prediction_at
         for key in dict.fromkeys(repredicted[self._repredicted_seen :]):
             if key not in self._resident or key in self._leaving:
                 continue
-            life, hint = self._heard(key, now, since)
+            life, hint = self._heard(key, now)
             if hint is not None and hint.action.gives_up:
                 self._entry.pop(key, None)
                 self._given_up[key] = life.tick
@@ -288,14 +282,6 @@ class PredictivePolicy:
     def _valid(self, entry: tuple[_Rank, bytes]) -> bool:
         """The entry is the key's latest: resident, not touched or ranked again since."""
         return self._entry.get(entry[1]) is entry[0]
-
-
-def hint_class(hint: Hint | None, now: float, stale: bool) -> int:
-    """The class of an unhinted or PREDICT-hinted key (chunk_lives.HINT_CLASSES); `stale`:
-    it was last touched before the latest predictions arrived."""
-    if hint is None:
-        return 1 if stale else 0
-    return 2 + bisect.bisect_right(PREDICT_BUCKETS_SECONDS, hint.next_use_at - now)
 
 
 def _tie_break(hint: Hint | None, life: Life, predictions_at: float) -> tuple[int, float]:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.hitrate.optimal import Chain, Event, Key, Lookup, Offer, optimal_hits
+from bench.hitrate.optimal import Chain, Event, Key, Lookup, Offer, optimal_hits, optimal_hits_by_prefix
 
 
 def exhaustive_hits(schedule: Sequence[Event], capacity_chunks: int, *, admit_on_lookup: bool = True) -> int:
@@ -107,6 +107,25 @@ def test_with_stores_at_turn_end_min_is_a_store_the_search_finds(
     real = optimal_hits(schedule, capacity, admit_on_lookup=False)
     assert real <= exhaustive_hits(schedule, capacity, admit_on_lookup=False)
     assert real <= optimal_hits(schedule, 10**6, admit_on_lookup=False)  # never above a store that keeps all
+
+
+@settings(max_examples=60, deadline=None)
+@given(**SCHEDULES, admit_on_lookup=st.booleans(), cuts=st.lists(st.integers(0, 30), max_size=4))
+def test_one_pass_gives_every_prefix_optimum(
+    seed: int,
+    sessions: int,
+    turns: int,
+    most_new_chunks: int,
+    capacity: int,
+    admit_on_lookup: bool,
+    cuts: list[int],
+) -> None:
+    """bench-hitrate's per-window optimum: one pass over the whole schedule, as many passes
+    over its prefixes would give."""
+    schedule = random_schedule(seed, sessions, turns, most_new_chunks)
+    ends = sorted(min(cut, len(schedule)) for cut in cuts) + [len(schedule)]
+    expected = [optimal_hits(schedule[:end], capacity, admit_on_lookup=admit_on_lookup) for end in ends]
+    assert optimal_hits_by_prefix(schedule, capacity, ends, admit_on_lookup=admit_on_lookup) == expected
 
 
 def test_declines_a_chunk_used_later_than_everything_held() -> None:

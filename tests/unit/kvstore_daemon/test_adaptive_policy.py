@@ -14,7 +14,7 @@ import pytest
 from fake_clock import FakeClock
 
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
-from kvstore_daemon.chunk_lives import HINT_CLASSES, REUSE_CLASSES, ChunkLives
+from kvstore_daemon.chunk_lives import REUSE_CLASSES, ChunkLives
 from kvstore_daemon.eviction import EvictionPolicy, LruPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
@@ -103,9 +103,9 @@ def _hits(stream: Stream, tier: tuple[EvictionPolicy, HintBook, FakeClock],
 def _read_late_only(age_ticks: int = 2000, times: int = 20000) -> HitDensity:
     """A learner that saw every chunk read again at `age_ticks` and never sooner (another
     workload: counts halve only every DEFAULT_HALF_LIFE_EVENTS ends, so it holds a while)."""
-    learner = HitDensity(REUSE_CLASSES * HINT_CLASSES)
-    for cls in range(REUSE_CLASSES * HINT_CLASSES):
-        for _ in range(times // (REUSE_CLASSES * HINT_CLASSES)):
+    learner = HitDensity(REUSE_CLASSES)
+    for cls in range(REUSE_CLASSES):
+        for _ in range(times // REUSE_CLASSES):
             learner.hit(cls, age_ticks)
     return learner
 

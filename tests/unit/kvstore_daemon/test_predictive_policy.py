@@ -9,7 +9,7 @@ from fake_clock import FakeClock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvstore_daemon.chunk_lives import HINT_CLASSES, ChunkLives
+from kvstore_daemon.chunk_lives import REUSE_CLASSES, ChunkLives
 from kvstore_daemon.eviction import make_policy
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
@@ -89,7 +89,7 @@ def test_a_key_whose_eviction_began_is_skipped_and_frees_its_parent_unless_it_st
 def _learned(reused_class: int, unread_class: int, age: int) -> HitDensity:
     """A learner that saw chunks of `reused_class` read again at `age` ticks and those of
     `unread_class` never (each as often)."""
-    learner = HitDensity(classes=4 * HINT_CLASSES)
+    learner = HitDensity(classes=REUSE_CLASSES)
     for _ in range(300):
         learner.hit(reused_class, age)
         learner.evicted(unread_class)
@@ -97,7 +97,7 @@ def _learned(reused_class: int, unread_class: int, age: int) -> HitDensity:
 
 
 def test_keeps_the_class_that_was_read_again_over_a_fresher_one_that_was_not() -> None:
-    reread_once, never_read = 1 * HINT_CLASSES, 0  # read once before / never, nothing hinted
+    reread_once, never_read = 1, 0  # read once before / never
     hints, clock = HintBook(), FakeClock()
     policy = PredictivePolicy(hints, clock, ChunkLives(clock, _learned(reread_once, never_read, age=6)))
     policy.on_insert(b"old")
@@ -119,7 +119,7 @@ def test_a_key_nearing_the_age_its_class_is_read_at_outlasts_fresh_and_stale_one
 
 
 def test_an_evicted_key_stored_again_counts_as_a_read_at_that_age() -> None:
-    learner, clock = HitDensity(classes=4 * HINT_CLASSES), FakeClock()
+    learner, clock = HitDensity(classes=REUSE_CLASSES), FakeClock()
     policy = PredictivePolicy(HintBook(), clock, ChunkLives(clock, learner))
     policy.on_insert(b"k")
     for index in range(40):
