@@ -253,7 +253,8 @@ class ModulePrefix(PrefixKV):
         super().__init__(num_layers, tokens)
         self.pieces, self.device, self._kernels = spans, device, kernels
         # Each moved span's rotation to its served position (cos, sin [head_dim]), computed
-        # once a prompt; keys are rotated as they are copied into the joined layer.
+        # once a prompt; keys are rotated as they are copied into a joined layer (the kernel
+        # attending the spans where they lie rotates the queries back by it instead).
         self._rotations = {
             delta: shift.cos_sin(delta, device)
             for delta in {span.part.delta for span in spans} - {0}
