@@ -41,8 +41,18 @@ from inference_worker.engine.decode_kernel import DecodeAttention, load_paged_de
 from inference_worker.engine.far_kv import KERNEL_MAX_ROWS as FAR_KERNEL_MAX_ROWS
 from inference_worker.engine.far_kv import FarKVLost, FarRows, attend_far
 from inference_worker.engine.layer_blocks import AttentionPool, LayerBlocks, LayerWeights, load_layer_blocks
-from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables, load_paged_prefill
-from inference_worker.engine.prefix_in_place import InPlacePrefix, attend_in_place, attends_in_place
+from inference_worker.engine.prefill_kernel import (
+    KeySpan,
+    PagedPrefillKernel,
+    PrefillTables,
+    load_paged_prefill,
+)
+from inference_worker.engine.prefix_in_place import (
+    InPlacePrefix,
+    SpanPrefix,
+    attend_in_place,
+    attends_in_place,
+)
 from inference_worker.engine.row_kernels import SILU_ACTIVATIONS, RowKernels, load_row_kernels, torch_rope
 from inference_worker.engine.sequence import Sequence
 from inference_worker.kernels import KernelChoice
@@ -241,7 +251,8 @@ class PagedModelRunner:
                     slots_of(table, size, seq.prefix_skip, seq.prefix.prefix_tokens), self.device
                 )
                 if part.in_place:
-                    in_place.append(InPlacePrefix(seq, seq.prefix, rows, prefix_slots))
+                    spans = self.prefill_kernel is not None and isinstance(seq.prefix, SpanPrefix)
+                    in_place.append(InPlacePrefix(seq, seq.prefix, rows, prefix_slots, by_spans=spans))
                 else:
                     prefixes.append((seq, seq.prefix, prefix_slots))
         device = self.device
@@ -314,7 +325,10 @@ class PagedModelRunner:
             for seq, prefix, slots in batch.prefixes:
                 self._write_prefix(seq, prefix, index, slots)
             for part in batch.in_place:
-                part.layers.append(self._read_prefix(part.seq, part.prefix, index))
+                if part.by_spans:
+                    part.spans = self._read_spans(part.seq, part.prefix, index)
+                else:
+                    part.layers.append(self._read_prefix(part.seq, part.prefix, index))
             far = [self._start_far(part, index, q, batch.positions, attn.scaling) for part in batch.far]
             out = paged_attention(
                 q,
@@ -422,15 +436,27 @@ class PagedModelRunner:
 
     def _read_prefix(self, seq: Sequence, prefix: PrefixKV, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [kv_heads, tokens, D] of the prefix's tokens the pool does not hold yet."""
-        started = time.perf_counter()
-        try:
+        with _waiting(seq):
             k, v = prefix.wait_layer(layer, self.layer_timeout_seconds)  # [kv_heads, P, D]
-        except PrefixLoadFailed as exc:
-            raise SequencePrefixFailed(seq) from exc
-        finally:
-            seq.load_wait_seconds += time.perf_counter() - started
         skip = seq.prefix_skip - prefix.start_tokens  # the prefix's first tokens the pool already had
         return k[:, skip:], v[:, skip:]
+
+    def _read_spans(self, seq: Sequence, prefix: SpanPrefix, layer: int) -> list[KeySpan]:
+        """The layer's spans of a prefix attended by spans (the whole prefix: no pool hit)."""
+        with _waiting(seq):
+            return prefix.spans(layer, self.layer_timeout_seconds)
+
+
+@contextlib.contextmanager
+def _waiting(seq: Sequence) -> Iterator[None]:
+    """Counts the wait for `seq`'s stored KV; its failure as SequencePrefixFailed."""
+    started = time.perf_counter()
+    try:
+        yield
+    except PrefixLoadFailed as exc:
+        raise SequencePrefixFailed(seq) from exc
+    finally:
+        seq.load_wait_seconds += time.perf_counter() - started
 
 
 @contextlib.contextmanager

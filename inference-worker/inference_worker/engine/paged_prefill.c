@@ -24,6 +24,13 @@
  * Query row i of sequence s sits at position starts[s] + i and sees keys 0 .. that position
  * (no sliding window: the caller keeps a windowed layer whose context exceeds the window).
  * float32; q, k, v, out must not overlap. Returns 0, 1 (unsupported heads), 2 (no memory).
+ *
+ * span_prefill_f32: one sequence's new rows over keys that lie in separate runs (segments)
+ * instead of a block table: a prompt's module spans where each module's read left them, then
+ * the rows' own K and V. A segment's keys may sit at other positions than they were encoded
+ * at (a module served elsewhere): instead of rotating its keys by the shift (a copy of every
+ * span per layer and turn), the tile's queries are rotated back by it (q . R k = R^T q . k,
+ * RoPE's rotations being orthogonal), once per segment a task meets.
  */
 #include <math.h>
 #include <stdint.h>
@@ -38,16 +45,42 @@
 #define PARTS_PER_THREAD 4 /* fewer tasks than this a thread: their keys are split (below) */
 #define MIN_PART_KEYS 256  /* the fewest earlier keys a split part takes */
 
+typedef struct { /* a run of keys (span_prefill_f32): where its K and V rows lie */
+    const float *k, *v;
+    int64_t k_head, k_row, v_head, v_row; /* strides in floats */
+    const float *cos, *sin;               /* [head_dim]: the keys' shift, undone on the queries; NULL: none */
+} Segment;
+
 typedef struct { /* one task's view of its sequence's KV head */
     const float *k, *v;
     const int32_t *table;
     int64_t head_base; /* (h * blocks) */
     int block_tokens, head_dim;
+    /* span_prefill_f32's instead of the pool's: segment s holds keys [begins[s], begins[s + 1]) */
+    const Segment *segments;
+    const int64_t *begins;
+    int n_segments, h;
 } Context;
 
 static inline const float *row_of(const Context *c, const float *pool, int t) {
     return pool + ((c->head_base + c->table[t / c->block_tokens]) * c->block_tokens +
                    t % c->block_tokens) * c->head_dim;
+}
+
+/* Key t's segment (a handful: searched from the last). */
+static inline int segment_of(const Context *c, int t) {
+    int s = c->n_segments - 1;
+    while (s > 0 && c->begins[s] > t) s--;
+    return s;
+}
+
+/* Key t's K (value 0) or V row, in the pool or in its segment. */
+static inline const float *key_row(const Context *c, int value, int t) {
+    if (c->n_segments == 0) return row_of(c, value ? c->v : c->k, t);
+    const int s = segment_of(c, t);
+    const Segment *g = c->segments + s;
+    const int64_t i = t - c->begins[s];
+    return value ? g->v + c->h * g->v_head + i * g->v_row : g->k + c->h * g->k_head + i * g->k_row;
 }
 
 typedef struct { /* a thread's scratch, reused by its tasks */
@@ -67,45 +100,49 @@ typedef struct { /* a thread's scratch, reused by its tasks */
 
 #include "vector_exp.h"
 
-/* A tile's three row vectors at p, and a += b x those rows (one multiply-add per vector). */
+/* A tile's row vectors at p, `nv` of them (1 to 3: the tile's valid rows, 16 a vector; a
+ * constant in each variant below), and a += b x those rows (one multiply-add per vector). */
 typedef struct {
     __m512 v[3];
 } Rows;
 
-static inline Rows load_rows(const float *p) {
-    Rows r = {{_mm512_load_ps(p), _mm512_load_ps(p + 16), _mm512_load_ps(p + 32)}};
-    IN_REGISTER(r.v[0]);
-    IN_REGISTER(r.v[1]);
-    IN_REGISTER(r.v[2]);
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE Rows load_rows(const float *p, int nv) {
+    Rows r = {0};
+    for (int x = 0; x < nv; x++) {
+        r.v[x] = _mm512_load_ps(p + 16 * x);
+        IN_REGISTER(r.v[x]);
+    }
     return r;
 }
 
-static inline void store_rows(float *p, Rows r) {
-    for (int x = 0; x < 3; x++) _mm512_store_ps(p + 16 * x, r.v[x]);
+INLINE void store_rows(float *p, Rows r, int nv) {
+    for (int x = 0; x < nv; x++) _mm512_store_ps(p + 16 * x, r.v[x]);
 }
 
-static inline void madd_rows(Rows *a, float b, Rows rows) {
+INLINE void madd_rows(Rows *a, float b, Rows rows, int nv) {
     const __m512 broadcast = _mm512_set1_ps(b);
-    for (int x = 0; x < 3; x++) a->v[x] = _mm512_fmadd_ps(broadcast, rows.v[x], a->v[x]);
+    for (int x = 0; x < nv; x++) a->v[x] = _mm512_fmadd_ps(broadcast, rows.v[x], a->v[x]);
 }
 
-/* St[j][:] = the scores of keys[j] against the tile's rows, eight keys at a time (24
- * accumulators: each step loads three query vectors for 24 multiply-adds), then one. */
-static OWN_REGISTERS void scores(const float *restrict qt, const float *const *keys, int n,
-                                 int head_dim, float *restrict st) {
+/* St[j][:] = the scores of keys[j] against the tile's rows, eight keys at a time (8 x nv
+ * accumulators: each step loads nv query vectors for 8 x nv multiply-adds), then one. */
+INLINE void scores_rows(const float *restrict qt, const float *const *keys, int n, int head_dim,
+                        float *restrict st, int nv) {
     int j = 0;
     for (; j + 8 <= n; j += 8) {
         Rows acc[8] = {0};
         for (int d = 0; d < head_dim; d++) {
-            const Rows q = load_rows(qt + d * ROWS);
-            for (int i = 0; i < 8; i++) madd_rows(&acc[i], keys[j + i][d], q);
+            const Rows q = load_rows(qt + d * ROWS, nv);
+            for (int i = 0; i < 8; i++) madd_rows(&acc[i], keys[j + i][d], q, nv);
         }
-        for (int i = 0; i < 8; i++) store_rows(st + (j + i) * ROWS, acc[i]);
+        for (int i = 0; i < 8; i++) store_rows(st + (j + i) * ROWS, acc[i], nv);
     }
     for (; j < n; j++) {
         Rows acc = {0};
-        for (int d = 0; d < head_dim; d++) madd_rows(&acc, keys[j][d], load_rows(qt + d * ROWS));
-        store_rows(st + j * ROWS, acc);
+        for (int d = 0; d < head_dim; d++) madd_rows(&acc, keys[j][d], load_rows(qt + d * ROWS, nv), nv);
+        store_rows(st + j * ROWS, acc, nv);
     }
 }
 
@@ -113,8 +150,8 @@ static OWN_REGISTERS void scores(const float *restrict qt, const float *const *k
  * rows' sums rescaled and grown, `alpha` the factor that rescales what Ot holds. Keys after
  * a row's position (only where `masked`: a chunk reaching past the tile's first position)
  * get probability 0. */
-static void softmax_step(float *restrict st, int n, int first_key, int masked, Scratch *s) {
-    for (int x = 0; x < ROWS; x += 16) {
+static void softmax_step(float *restrict st, int n, int first_key, int masked, Scratch *s, int nv) {
+    for (int x = 0; x < 16 * nv; x += 16) {
         const __m512i pos = _mm512_load_si512(s->pos + x);
         const __m512 old = _mm512_load_ps(s->m + x);
         __m512 top = old;
@@ -144,37 +181,65 @@ static void softmax_step(float *restrict st, int n, int first_key, int masked, S
 }
 
 /* Ot's rows of column d times alpha. */
-static inline Rows rescaled(const float *o, Rows alpha) {
-    Rows r;
-    for (int x = 0; x < 3; x++) r.v[x] = _mm512_mul_ps(_mm512_load_ps(o + 16 * x), alpha.v[x]);
+INLINE Rows rescaled(const float *o, Rows alpha, int nv) {
+    Rows r = {0};
+    for (int x = 0; x < nv; x++) r.v[x] = _mm512_mul_ps(_mm512_load_ps(o + 16 * x), alpha.v[x]);
     return r;
 }
 
-/* Ot = Ot * alpha + V^T P, eight of head_dim's columns at a time (24 accumulators), then one. */
-static OWN_REGISTERS void accumulate(float *restrict ot, const float *restrict alpha,
-                                     const float *restrict st, const float *const *values, int n,
-                                     int head_dim) {
-    const Rows scale = load_rows(alpha);
+/* Ot = Ot * alpha + V^T P, eight of head_dim's columns at a time (8 x nv accumulators), then one. */
+INLINE void accumulate_rows(float *restrict ot, const float *restrict alpha, const float *restrict st,
+                            const float *const *values, int n, int head_dim, int nv) {
+    const Rows scale = load_rows(alpha, nv);
     int d = 0;
     for (; d + 8 <= head_dim; d += 8) {
         Rows acc[8];
-        for (int i = 0; i < 8; i++) acc[i] = rescaled(ot + (d + i) * ROWS, scale);
+        for (int i = 0; i < 8; i++) acc[i] = rescaled(ot + (d + i) * ROWS, scale, nv);
         for (int j = 0; j < n; j++) {
-            const Rows p = load_rows(st + j * ROWS);
-            for (int i = 0; i < 8; i++) madd_rows(&acc[i], values[j][d + i], p);
+            const Rows p = load_rows(st + j * ROWS, nv);
+            for (int i = 0; i < 8; i++) madd_rows(&acc[i], values[j][d + i], p, nv);
         }
-        for (int i = 0; i < 8; i++) store_rows(ot + (d + i) * ROWS, acc[i]);
+        for (int i = 0; i < 8; i++) store_rows(ot + (d + i) * ROWS, acc[i], nv);
     }
     for (; d < head_dim; d++) {
-        Rows acc = rescaled(ot + d * ROWS, scale);
-        for (int j = 0; j < n; j++) madd_rows(&acc, values[j][d], load_rows(st + j * ROWS));
-        store_rows(ot + d * ROWS, acc);
+        Rows acc = rescaled(ot + d * ROWS, scale, nv);
+        for (int j = 0; j < n; j++) madd_rows(&acc, values[j][d], load_rows(st + j * ROWS, nv), nv);
+        store_rows(ot + d * ROWS, acc, nv);
     }
+}
+
+/* The two loops for 1, 2 and 3 vectors of rows, each compiled apart (OWN_REGISTERS): a tile's
+ * last rows (19 tokens of SmolLM2's group of 3 are 48 + 9 rows) cost a third of a full tile,
+ * not a whole one. */
+#define ROW_VARIANTS(nv)                                                                                    \
+    static OWN_REGISTERS void scores_##nv(const float *restrict qt, const float *const *keys, int n,        \
+                                          int head_dim, float *restrict st) {                              \
+        scores_rows(qt, keys, n, head_dim, st, nv);                                                         \
+    }                                                                                                       \
+    static OWN_REGISTERS void accumulate_##nv(float *restrict ot, const float *restrict alpha,              \
+                                              const float *restrict st, const float *const *values, int n, \
+                                              int head_dim) {                                               \
+        accumulate_rows(ot, alpha, st, values, n, head_dim, nv);                                            \
+    }
+ROW_VARIANTS(1)
+ROW_VARIANTS(2)
+ROW_VARIANTS(3)
+
+static void scores(const float *restrict qt, const float *const *keys, int n, int head_dim, float *restrict st,
+                   int nv) {
+    (nv == 1 ? scores_1 : nv == 2 ? scores_2 : scores_3)(qt, keys, n, head_dim, st);
+}
+
+static void accumulate(float *restrict ot, const float *restrict alpha, const float *restrict st,
+                       const float *const *values, int n, int head_dim, int nv) {
+    (nv == 1 ? accumulate_1 : nv == 2 ? accumulate_2 : accumulate_3)(ot, alpha, st, values, n, head_dim);
 }
 #else
 /* The same steps as plain loops along the rows, for the compiler to vectorize. */
+/* (`nv`: the tile's valid row vectors; the plain loops run every row) */
 static void scores(const float *restrict qt, const float *const *keys, int n, int head_dim,
-                   float *restrict st) {
+                   float *restrict st, int nv) {
+    (void)nv;
     for (int j = 0; j < n; j++) {
         float *sj = st + j * ROWS;
         memset(sj, 0, sizeof(float) * ROWS);
@@ -185,7 +250,8 @@ static void scores(const float *restrict qt, const float *const *keys, int n, in
     }
 }
 
-static void softmax_step(float *restrict st, int n, int first_key, int masked, Scratch *s) {
+static void softmax_step(float *restrict st, int n, int first_key, int masked, Scratch *s, int nv) {
+    (void)nv;
     for (int r = 0; r < ROWS; r++) {
         float top = s->m[r], sum = 0.f;
         const int last = masked ? s->pos[r] - first_key : n - 1; /* the row's last key here */
@@ -202,7 +268,8 @@ static void softmax_step(float *restrict st, int n, int first_key, int masked, S
 }
 
 static void accumulate(float *restrict ot, const float *restrict alpha, const float *restrict st,
-                       const float *const *values, int n, int head_dim) {
+                       const float *const *values, int n, int head_dim, int nv) {
+    (void)nv;
     for (int d = 0; d < head_dim; d++) {
         float *o = ot + d * ROWS;
         _Pragma("omp simd") for (int r = 0; r < ROWS; r++) o[r] *= alpha[r];
@@ -222,45 +289,68 @@ typedef struct {
     float *part; /* NULL: the whole task, written normalized into out */
 } Keys;
 
+/* Qt's valid rows: the tile's query rows times `scale`, rotated back by (cos, sin) when given
+ * (R^T q: q * cos - rotate_half(q) * sin, rotate_half(q) = [-q2, q1]). */
+static void load_queries(float *restrict qt, const float *restrict q, int64_t first_row, int valid, int heads,
+                         int h, int group, int head_dim, float scale, const float *cos, const float *sin) {
+    const int half = head_dim / 2;
+    for (int r = 0; r < valid; r++) {
+        const float *row = q + ((first_row + r / group) * heads + h * group + r % group) * head_dim;
+        for (int d = 0; d < head_dim; d++) {
+            float x = row[d];
+            if (cos != NULL) x = x * cos[d] + (d < half ? row[d + half] : -row[d - half]) * sin[d];
+            qt[d * ROWS + r] = x * scale;
+        }
+    }
+}
+
 /* One task: `tokens` query tokens from `t0` of a sequence whose first new row is `first`
  * (position `start`), the `group` heads of KV head h, over `keys`. */
 static void tile(const float *restrict q, float *restrict out, const Context *c, int64_t first,
                  int start, int t0, int tokens, int heads, int h, int group, float scale, Keys keys_of,
                  Scratch *s) {
     const int head_dim = c->head_dim, valid = tokens * group, last = start + t0 + tokens - 1;
+    const int nv = (valid + 15) / 16; /* the row vectors computed: the rest are padding */
     for (int r = 0; r < ROWS; r++) {
         s->m[r] = -INFINITY;
         s->l[r] = 0.f;
         s->pos[r] = last; /* padding rows: zero queries, their output discarded */
         for (int d = 0; d < head_dim; d++) s->qt[d * ROWS + r] = 0.f;
     }
-    for (int r = 0; r < valid; r++) {
-        const float *row = q + ((first + t0 + r / group) * heads + h * group + r % group) * head_dim;
-        for (int d = 0; d < head_dim; d++) s->qt[d * ROWS + r] = row[d] * scale;
-        s->pos[r] = start + t0 + r / group;
-    }
+    for (int r = 0; r < valid; r++) s->pos[r] = start + t0 + r / group;
+    int segment = -1; /* whose rotation Qt holds (segments only) */
+    if (c->n_segments == 0)
+        load_queries(s->qt, q, first + t0, valid, heads, h, group, head_dim, scale, NULL, NULL);
     memset(s->ot, 0, sizeof(float) * head_dim * ROWS);
     const float *keys[CHUNK], *values[CHUNK];
     /* a part's first key is at most the tile's first position: every row sees it (a finite max) */
     const int end = keys_of.end < last + 1 ? keys_of.end : last + 1;
-    for (int key = keys_of.begin; key < end; key += CHUNK) {
-        const int n = key + CHUNK <= end ? CHUNK : end - key;
-        for (int j = 0; j < n; j++) keys[j] = row_of(c, c->k, key + j), values[j] = row_of(c, c->v, key + j);
+    for (int key = keys_of.begin, n; key < end; key += n) {
+        n = key + CHUNK <= end ? CHUNK : end - key;
+        if (c->n_segments) { /* a chunk within one segment: one rotation of the queries */
+            const int at = segment_of(c, key);
+            if (at + 1 < c->n_segments && key + n > c->begins[at + 1]) n = (int)c->begins[at + 1] - key;
+            if (at != segment)
+                load_queries(s->qt, q, first + t0, valid, heads, h, group, head_dim, scale,
+                             c->segments[at].cos, c->segments[at].sin);
+            segment = at;
+        }
+        for (int j = 0; j < n; j++) keys[j] = key_row(c, 0, key + j), values[j] = key_row(c, 1, key + j);
         /* the next chunk's K and V rows asked for while this one computes: each block is its own
          * page, where the hardware prefetcher stops. 30 layers of 14 new rows on 2,000 keys in
          * scattered blocks, one thread, CPU: 49.0-51.6 -> 42.4-43.9 ms (32 on 3,500: 174.1 ->
          * 142.8; 250 on 800: 215.4 -> 206.9), bitwise the same; the chunk after next: no better
          * (docs/inference-worker.md, seventeenth pass) */
-        for (int t = key + CHUNK; t < end && t < key + 2 * CHUNK; t++) {
-            const char *k_row = (const char *)row_of(c, c->k, t), *v_row = (const char *)row_of(c, c->v, t);
+        for (int t = key + n; t < end && t < key + n + CHUNK; t++) {
+            const char *k_row = (const char *)key_row(c, 0, t), *v_row = (const char *)key_row(c, 1, t);
             for (int byte = 0; byte < head_dim * (int)sizeof(float); byte += 64) {
                 __builtin_prefetch(k_row + byte);
                 __builtin_prefetch(v_row + byte);
             }
         }
-        scores(s->qt, keys, n, head_dim, s->st);
-        softmax_step(s->st, n, key, key + n - 1 > start + t0, s);
-        accumulate(s->ot, s->alpha, s->st, values, n, head_dim);
+        scores(s->qt, keys, n, head_dim, s->st, nv);
+        softmax_step(s->st, n, key, key + n - 1 > start + t0, s, nv);
+        accumulate(s->ot, s->alpha, s->st, values, n, head_dim, nv);
     }
     if (keys_of.part != NULL) {
         memcpy(keys_of.part, s->ot, sizeof(float) * head_dim * ROWS);
@@ -303,11 +393,12 @@ static void *scratch_array(size_t floats) { /* 64-byte aligned: the vector loads
     return aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
 }
 
-int paged_prefill_f32(const float *q, const float *k, const float *v, float *out, const int64_t *firsts,
-                      const int32_t *news, const int32_t *starts, const int32_t *tables, int sequences,
-                      int heads, int kv_heads, int head_dim, int64_t blocks, int block_tokens,
-                      int max_blocks, int threads, float scale) {
-    const int group = heads / kv_heads;
+/* The tasks of every sequence, over the pool (`base` with a table: sequence s's is row s of
+ * `tables`, `max_blocks` wide; KV head h's blocks start at h * `blocks`) or base's segments. */
+static int prefill(const Context *base, const float *q, float *out, const int64_t *firsts, const int32_t *news,
+                   const int32_t *starts, const int32_t *tables, int sequences, int heads, int kv_heads,
+                   int64_t blocks, int max_blocks, int threads, float scale) {
+    const int group = heads / kv_heads, head_dim = base->head_dim;
     if (group < 1 || group > ROWS || group * kv_heads != heads) return 1;
     const int tile_tokens = ROWS / group;
     int tasks = 0;
@@ -349,8 +440,9 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, float *out
             const int task = item / n_parts, part = item % n_parts;
             const int sequence = task_sequence[task], t = task_tile[task] / kv_heads,
                       h = task_tile[task] % kv_heads, t0 = t * tile_tokens;
-            const Context c = {k, v, tables + (int64_t)sequence * max_blocks, (int64_t)h * blocks,
-                               block_tokens, head_dim};
+            Context c = *base;
+            c.h = h;
+            if (tables != NULL) c.table = tables + (int64_t)sequence * max_blocks, c.head_base = (int64_t)h * blocks;
             const int tokens = news[sequence] - t0 < tile_tokens ? news[sequence] - t0 : tile_tokens;
             /* split points within [0, start]: each part begins at or before every row's position */
             const int64_t prefix = starts[sequence];
@@ -374,4 +466,22 @@ int paged_prefill_f32(const float *q, const float *k, const float *v, float *out
     free(task_sequence);
     free(task_tile);
     return failed ? 2 : 0;
+}
+
+int paged_prefill_f32(const float *q, const float *k, const float *v, float *out, const int64_t *firsts,
+                      const int32_t *news, const int32_t *starts, const int32_t *tables, int sequences,
+                      int heads, int kv_heads, int head_dim, int64_t blocks, int block_tokens,
+                      int max_blocks, int threads, float scale) {
+    const Context pool = {k, v, NULL, 0, block_tokens, head_dim, NULL, NULL, 0, 0};
+    return prefill(&pool, q, out, firsts, news, starts, tables, sequences, heads, kv_heads, blocks, max_blocks,
+                   threads, scale);
+}
+
+/* One sequence's `news` rows from row `first` of q and out, at positions `start`.., over the
+ * keys of `n_segments` segments (the last: the rows' own, ending at the last row's position). */
+int span_prefill_f32(const float *q, float *out, int64_t first, int32_t news, int32_t start,
+                     const Segment *segments, const int64_t *begins, int n_segments, int heads, int kv_heads,
+                     int head_dim, int threads, float scale) {
+    const Context spans = {NULL, NULL, NULL, 0, 1, head_dim, segments, begins, n_segments, 0};
+    return prefill(&spans, q, out, &first, &news, &start, NULL, 1, heads, kv_heads, 0, 0, threads, scale);
 }

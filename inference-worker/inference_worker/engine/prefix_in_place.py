@@ -4,12 +4,14 @@ A prompt served from module KV loads the modules' KV into its first blocks durin
 forward pass. Written there layer by layer before its computed tokens attend, that copy sat
 on the TTFT path: 89-92 ms of a 4,096-token module's turn (188 MB, SmolLM2, fp32, CPU). When
 every computed token of the step comes after every loaded one, the step's queries see the
-whole prefix, so they attend over the read's tensors as they are (one unmasked flash call)
-and over their own keys causally, merged by log-sum-exp (chunk_attention.py); or, where the
-prefix is joined into a new tensor per layer (several module spans), over that tensor with
-their own K and V written after the prefix, in one call of the prefill kernel; the prefix is
-copied into its blocks after the step's tokens are out (`DeferredWrites`), before anything
-reads those blocks: the engine's next step, or `PagedKV.span` from another thread.
+whole prefix, so they attend over the read's tensors as they are: a prefix of module spans
+(`SpanPrefix`) in one call of the prefill kernel over every span where its read left it and
+the rows' own K and V (`PagedPrefillKernel.spans`: a span served at another position than
+encoded has its queries rotated back, not its keys rotated); else (no kernel, another
+prefix) one unmasked flash call over the prefix joined, and one over their own keys
+causally, merged by log-sum-exp (chunk_attention.py). The prefix is copied into its blocks
+(joined, keys re-positioned) after the step's tokens are out (`DeferredWrites`), before
+anything reads those blocks: the engine's next step, or `PagedKV.span` from another thread.
 
     step N:    forward (prefix attended in place) -> sample -> outputs to their owners
                -> DeferredWrites.add (the prefix's slots and tensors, every layer)
@@ -32,7 +34,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from inference_worker.engine.chunk_attention import prefix_then_chunk
-from inference_worker.engine.prefill_kernel import PagedPrefillKernel, PrefillTables
+from inference_worker.engine.prefill_kernel import KeySpan, PagedPrefillKernel
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.layerwise_cache import PrefixKV
 
@@ -41,14 +43,12 @@ Writer = Callable[[int, torch.Tensor | slice, torch.Tensor, torch.Tensor], None]
 
 
 @runtime_checkable
-class JoinedPrefix(Protocol):
-    """A prefix that joins its parts into a new tensor per layer (a prompt's module spans:
-    ModulePrefix) and can leave room there for the step's own rows."""
+class SpanPrefix(Protocol):
+    """A prefix whose layers are runs of keys where they were read (a prompt's module spans:
+    ModulePrefix), each with the rotation that re-positions its keys."""
 
-    room_tokens: int  # left free after the prefix's tokens in each joined layer
-
-    def joined(self, layer: int) -> LayerKV | None:
-        """The layer's K, V [kv_heads, prefix + room_tokens, D]; None when not joined."""
+    def spans(self, layer: int, timeout_seconds: float) -> list[KeySpan]:
+        """The layer's spans in slot order, waited for as `wait_layer` waits (PrefixLoadFailed)."""
         ...
 
 
@@ -61,15 +61,28 @@ class InPlacePrefix:
     rows: slice  # the sequence's computed rows in the flattened batch
     slots: torch.Tensor | slice  # the prefix's slots in the pool
     layers: list[LayerKV] = field(default_factory=list)  # each layer's prefix K, V as the pass read them
-    tables: PrefillTables | None = None  # the prefill kernel's, once a step: the rows as one chunk
-    # Whether the prefix joins its layers, asked once a step: a runtime-checkable Protocol's
-    # isinstance walks its members (14-20 us at load 9; once per layer: ~0.5 ms a module turn).
-    joins: bool = field(init=False)
+    # Attended span by span (the prefill kernel's `spans`), decided once a step: a runtime-checkable
+    # Protocol's isinstance walks its members (14-20 us at load 9; per layer ~0.5 ms a module turn).
+    by_spans: bool = False
+    spans: list[KeySpan] = field(default_factory=list)  # the current layer's, when by spans
 
-    def __post_init__(self) -> None:
-        self.joins = isinstance(self.prefix, JoinedPrefix)
-        if self.joins:  # its joined layers take the rows' own K, V too
-            self.prefix.room_tokens = self.rows.stop - self.rows.start
+    def written_layers(self) -> Sequence[LayerKV]:
+        """Each layer's prefix K, V [kv_heads, tokens, D] for its blocks: as the pass read them,
+        or, attended by spans, joined when asked (after the step: off the first token's path)."""
+        return _Joined(self.prefix) if self.by_spans else self.layers
+
+
+class _Joined(Sequence[LayerKV]):
+    """A span prefix's layers, each joined (keys re-positioned) when indexed."""
+
+    def __init__(self, prefix: PrefixKV) -> None:
+        self._prefix = prefix
+
+    def __len__(self) -> int:
+        return self._prefix.num_layers
+
+    def __getitem__(self, layer: int) -> LayerKV:  # type: ignore[override]
+        return self._prefix.wait_layer(layer, 0.0)  # the step waited for every layer already
 
 
 def attends_in_place(
@@ -105,39 +118,22 @@ def attend_in_place(
     kernel: PagedPrefillKernel | None,
 ) -> None:
     """Writes the rows' attention into out[part.rows] [rows, heads, D]: over the prefix's
-    last-read layer and their own new k, v [tokens, kv_heads, D] causally. A joined prefix
-    layer with room for the rows is one block of the prefill kernel (the rows' K, V copied
-    after the prefix); else two flash calls merged (chunk_attention.py). Why: for a
-    3-document prompt (873 module keys, one layer, one thread, load 10) the kernel took
-    0.38 / 0.76-0.88 ms for 14 / 32 rows against flash's 0.61-0.64 / 1.26-1.33."""
-    layer = len(part.layers) - 1
-    joined = part.prefix.joined(layer) if part.joins else None
-    if joined is not None and kernel is not None and _kernel_runs(kernel, q, out, joined[0]):
-        keys, values = joined  # [kv_heads, prefix + rows, D]
-        loaded = part.prefix.prefix_tokens
-        keys[:, loaded:] = k[part.rows].transpose(0, 1)
-        values[:, loaded:] = v[part.rows].transpose(0, 1)
-        if part.tables is None:  # the rows after the prefix in one block: table [0]
-            rows = part.rows.stop - part.rows.start
-            part.tables = PrefillTables.of([(part.rows.start, rows, loaded, [0])], q.device)
-        kernel(q, keys.unsqueeze(1), values.unsqueeze(1), out, part.tables, scale=scale)
+    current layer and their own new k, v [tokens, kv_heads, D] causally. A span prefix is one
+    call of the prefill kernel over its spans and the rows' K, V where they lie; else two
+    flash calls merged (chunk_attention.py). Why: for a 3-document prompt (873 module keys,
+    one layer, one thread, load 10) the kernel over the spans joined took 0.38 / 0.76-0.88 ms
+    for 14 / 32 rows against flash's 0.61-0.64 / 1.26-1.33; attended where they lie, the
+    spans need no join (a copy with keys rotated, 120 a turn) before the first token."""
+    if part.by_spans:
+        assert kernel is not None  # `by_spans` only with the kernel
+        own = (k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1), None)  # [kv_heads, rows, D]
+        kernel.spans(q, out, part.rows, [*part.spans, own], scale=scale)
         return
     earlier_k, earlier_v = part.layers[-1]
     query = q[part.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, rows, D]
     own = (k[part.rows].transpose(0, 1), v[part.rows].transpose(0, 1))  # [kv_heads, rows, D]
     earlier = (earlier_k.to(q.dtype), earlier_v.to(q.dtype))  # a store read in another dtype
     out[part.rows] = prefix_then_chunk(query, earlier, own, scale)[0].transpose(0, 1)
-
-
-def _kernel_runs(kernel: PagedPrefillKernel, q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor) -> bool:
-    """Whether the kernel takes these tensors (fp32 on a CPU, contiguous, one dtype)."""
-    return (
-        kernel.supports(keys.dtype, keys.device)
-        and q.dtype == keys.dtype
-        and q.is_contiguous()
-        and out.is_contiguous()
-        and keys.is_contiguous()
-    )
 
 
 class DeferredWrites:
@@ -147,11 +143,11 @@ class DeferredWrites:
     def __init__(self, write: Writer) -> None:
         self._write = write
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[torch.Tensor | slice, list[LayerKV]]] = {}
+        self._pending: dict[int, tuple[torch.Tensor | slice, Sequence[LayerKV]]] = {}
 
     def add(self, part: InPlacePrefix) -> None:
         with self._lock:
-            self._pending[part.seq.seq_id] = (part.slots, part.layers)
+            self._pending[part.seq.seq_id] = (part.slots, part.written_layers())
 
     def discard(self, seq_id: int) -> None:
         """Drops a released sequence's writes: its blocks are freed unread."""

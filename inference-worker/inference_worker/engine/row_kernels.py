@@ -97,6 +97,21 @@ class RowKernels:
         pool = (k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), k_pool.shape[1] * k_pool.shape[2])
         return self._rope_call(q, k, cos, sin, (v.data_ptr(), v.stride(0), *pool))
 
+    @staticmethod
+    def joins(k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor) -> bool:
+        """Whether join_span takes these: fp32 on a CPU, one shape, each head's tokens contiguous
+        (a read's tensors; a selection pass's exact layers may be laid out otherwise), k_out and
+        v_out of one head stride. A handful of attribute reads: asked per span and layer."""
+        shape, dim = k.shape, k.shape[2]
+        return (
+            k_out.device.type == "cpu"
+            and k_out.stride(0) == v_out.stride(0)
+            and all(
+                t.dtype == torch.float32 and t.shape == shape and t.stride(2) == 1 and t.stride(1) == dim
+                for t in (k, v, k_out, v_out)
+            )
+        )
+
     def join_span(
         self,
         k: torch.Tensor,
@@ -107,15 +122,14 @@ class RowKernels:
     ) -> None:
         """k, v [kv_heads, tokens, D] (a module span) copied into k_out, v_out of their shape
         (a joined layer's slice), k rotated by `rotation` (cos, sin [head_dim], contiguous)
-        when not None: rotary_shift.rotate_into and a copy of v in one pass."""
-        shape, dim = k.shape, k.shape[2]  # checked with the fewest calls: ~120 a module turn
-        for t in (k, v, k_out, v_out):
-            if t.dtype != torch.float32 or t.shape != shape or t.stride(2) != 1 or t.stride(1) != dim:
-                raise ValueError(
-                    "join_span copies fp32 [kv_heads, tokens, D] of one shape, each head's tokens contiguous"
-                )
-        if k_out.stride(0) != v_out.stride(0):
-            raise ValueError("join_span writes k_out and v_out of one layout")
+        when not None: rotary_shift.rotate_into and a copy of v in one pass. Raises
+        ValueError where `joins` says no."""
+        if not self.joins(k, v, k_out, v_out):
+            raise ValueError(
+                "join_span copies fp32 CPU [kv_heads, tokens, D] of one shape, each head's tokens contiguous, "
+                "into k_out and v_out of one layout"
+            )
+        shape, dim = k.shape, k.shape[2]
         cos, sin = (None, None) if rotation is None else (rotation[0].data_ptr(), rotation[1].data_ptr())
         status = self._join(k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), k_out.data_ptr(), v_out.data_ptr(),
                             k_out.stride(0), cos, sin, shape[1], shape[0], dim, torch.get_num_threads())  # fmt: skip

@@ -10,7 +10,7 @@ store's format, its checksums) and the worker holds only modules that prompts re
 
 Why: a 3-document prompt's ~1,000 module tokens cost its turn four daemon reads (copies
 out of shared memory, checksums verified) on the event loop beside the forward pass; from
-memory the turn only joins and re-positions them. Least recently used first out, within a
+memory the turn only attends them where they lie (prefix_in_place.py). Least recently used first out, within a
 byte budget (the worker setting `module_cache_bytes`; 0: off).
 """
 

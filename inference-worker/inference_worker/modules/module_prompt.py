@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference_worker.engine.prefill_kernel import KeySpan
 from inference_worker.engine.row_kernels import RowKernels
 from inference_worker.engine.sequence import Sequence as EngineSequence
 from inference_worker.kv_saver import KV
@@ -229,12 +230,12 @@ def module_sequence(
 class ModulePrefix(PrefixKV):
     """The cached spans' KV, assembled for each layer when the forward pass reaches it: each
     span's module layer (waited for while a stored module is still being read: layer-wise
-    loading), keys re-positioned, in slot order [kv_heads, tokens, head_dim]. Raises
-    PrefixLoadFailed when a module's read failed or was late (the engine then computes the
-    tokens). Joined layers leave `room_tokens` free after the prefix (prefix_in_place.py:
-    the step's own rows go there, to attend everything in one kernel call). With `kernels`
-    (the runner's), an fp32 span is copied into its joined layer and its keys re-positioned
-    in one C pass (RowKernels.join_span), else by torch's ops."""
+    loading), keys re-positioned, in slot order [kv_heads, tokens, head_dim]; or, for the
+    step's rows to attend them where they lie, the layer's spans with their rotations
+    (`spans`, prefix_in_place.py: then joined only for the blocks, after the first token).
+    Raises PrefixLoadFailed when a module's read failed or was late (the engine then computes
+    the tokens). With `kernels` (the runner's), an fp32 span is copied into its joined layer
+    and its keys re-positioned in one C pass (RowKernels.join_span), else by torch's ops."""
 
     def __init__(
         self,
@@ -250,11 +251,10 @@ class ModulePrefix(PrefixKV):
                 "a module is served at another position and keys cannot be re-positioned"
             )
         super().__init__(num_layers, tokens)
-        self.spans, self.device, self._kernels = spans, device, kernels
-        self.room_tokens = 0
-        self._joined: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self.pieces, self.device, self._kernels = spans, device, kernels
         # Each moved span's rotation to its served position (cos, sin [head_dim]), computed
-        # once a prompt; keys are rotated as they are copied into the joined layer.
+        # once a prompt; keys are rotated as they are copied into a joined layer (the kernel
+        # attending the spans where they lie rotates the queries back by it instead).
         self._rotations = {
             delta: shift.cos_sin(delta, device)
             for delta in {span.part.delta for span in spans} - {0}
@@ -263,45 +263,33 @@ class ModulePrefix(PrefixKV):
 
     def wait_layer(self, layer: int, timeout_seconds: float) -> tuple[torch.Tensor, torch.Tensor]:
         """`timeout_seconds`: the longest wait for each module's layer still being read."""
-        parts = [self._span_layer(span, layer, timeout_seconds) for span in self.spans]
-        if len(parts) == 1 and parts[0][2] == 0:
+        parts = self.spans(layer, timeout_seconds)
+        if len(parts) == 1 and parts[0][2] is None:
             # A module served whole at its own position: its read's tensors, not a copy (188 MB at 4,096 tokens).
             return parts[0][0], parts[0][1]
         first = parts[0][0]
-        shape = (first.shape[0], self.prefix_tokens + self.room_tokens, first.shape[2])
+        shape = (first.shape[0], self.prefix_tokens, first.shape[2])
         keys, values = first.new_empty(shape), first.new_empty(shape)
         at = 0
-        for k, v, delta in parts:
+        for k, v, rotation in parts:
             end = at + k.shape[1]
-            rotation = self._rotations[delta] if delta else None
-            if self._kernels is not None and self._joins_in_c(k, v, keys):
-                self._kernels.join_span(k, v, keys[:, at:end], values[:, at:end], rotation)
+            into = keys[:, at:end], values[:, at:end]
+            if self._kernels is not None and self._kernels.joins(k, v, *into):
+                self._kernels.join_span(k, v, *into, rotation)
             else:
                 if rotation is None:
-                    keys[:, at:end] = k
+                    into[0].copy_(k)
                 else:
-                    rotate_into(keys[:, at:end], k, *rotation)
-                values[:, at:end] = v
+                    rotate_into(into[0], k, *rotation)
+                into[1].copy_(v)
             at = end
-        if self.room_tokens:  # kept for `joined` (the in-place step's kernel call) only
-            self._joined[layer] = (keys, values)
-        return keys[:, :at], values[:, :at]
+        return keys, values
 
-    @staticmethod
-    def _joins_in_c(k: torch.Tensor, v: torch.Tensor, joined: torch.Tensor) -> bool:
-        """Whether join_span takes the span: fp32 on a CPU, each head's tokens contiguous (a
-        read's tensors; a selection pass's exact layers may be laid out otherwise)."""
-        dim = k.shape[2]
-        return (
-            joined.dtype == k.dtype == v.dtype == torch.float32
-            and joined.device.type == "cpu"
-            and (k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == dim)
-        )
-
-    def joined(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The layer's K, V [kv_heads, prefix + room_tokens, D] as `wait_layer` joined them;
-        None when it handed a read's tensors over."""
-        return self._joined[layer]
+    def spans(self, layer: int, timeout_seconds: float) -> list[KeySpan]:
+        """The layer's spans in slot order: K, V [kv_heads, span tokens, D] where the read put
+        them (not re-positioned) and the rotation that re-positions the keys (None: none)."""
+        parts = [self._span_layer(span, layer, timeout_seconds) for span in self.pieces]
+        return [(k, v, self._rotations[delta] if delta else None) for k, v, delta in parts]
 
     def _span_layer(
         self, span: CachedSpan, layer: int, timeout_seconds: float

@@ -2,7 +2,11 @@
 causal mask over its gathered context: several chunks in one call, with and without earlier
 KV, scattered tables, lengths around its tiles (48 query rows: 48 / group tokens) and key
 chunks (32), grouped heads whose tile rows do not fill three vectors, head sizes off its
-eight-column steps; the other rows untouched; the machine's build and a -mno-avx512f one."""
+eight-column steps; the other rows untouched; the machine's build and a -mno-avx512f one.
+`spans`: one sequence's rows over keys in separate runs (strided, some to be re-positioned by
+a rotation the kernel applies to the queries instead) and their own K and V, against SDPA
+over the keys rotated and concatenated, around tiles, key chunks and split parts; the same
+answer as the block-table call over the same keys."""
 
 from __future__ import annotations
 
@@ -16,10 +20,12 @@ from attnstore.c_build import build_library
 from inference_worker.engine.prefill_kernel import (
     SOURCE,
     UNAVAILABLE_VARIABLE,
+    KeySpan,
     PagedPrefillKernel,
     PrefillTables,
     load_paged_prefill,
 )
+from inference_worker.rotary_shift import rotate_half
 
 BLOCKS, BLOCK_TOKENS = 90, 8
 TOLERANCE = 1e-5
@@ -106,6 +112,70 @@ def test_a_short_chunk_after_a_long_prefix_splits_its_keys(
     finally:
         torch.set_num_threads(previous)
     assert (out - reference(q, k, v, table, start)).abs().max().item() <= TOLERANCE
+
+
+def rotation(delta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [dim] of RoPE's rotation by `delta` positions (base 10,000)."""
+    angles = delta / 10_000 ** (torch.arange(0, dim, 2) / dim)
+    return angles.cos().repeat(2), angles.sin().repeat(2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("lengths", "new"),
+    [([3, 330, 341, 322], 14), ([3, 330, 341, 322], 19), ([700], 32), ([31, 33, 5], 1), ([600, 20], 40)],
+)
+def test_spans_match_sdpa_over_the_keys_rotated_and_joined(
+    kernel: PagedPrefillKernel, threads: int, lengths: list[int], new: int
+) -> None:
+    """A module prompt's layer: spans cut out of longer tensors (head and token strides of
+    their own), every other one served `delta` positions away from where it was encoded, then
+    the rows' own K and V as the runner holds them (rows of [tokens, kv_heads, D])."""
+    generator = torch.Generator().manual_seed(sum(lengths) + new)
+    heads, kv_heads, dim = 9, 3, 64
+    spans: list[KeySpan] = []
+    keys, values = [], []
+    for index, length in enumerate(lengths):
+        k, v = (torch.randn(kv_heads, length + 9, dim, generator=generator)[:, 4 : 4 + length] for _ in "kv")
+        turn = rotation(37.0 * index, dim) if index % 2 else None
+        spans.append((k, v, turn))
+        keys.append(k if turn is None else k * turn[0] + rotate_half(k) * turn[1])
+        values.append(v)
+    own = torch.randn(new, 2 * kv_heads, dim, generator=generator)  # K, then V heads: strided rows
+    spans.append((own[:, :kv_heads].transpose(0, 1), own[:, kv_heads:].transpose(0, 1), None))
+    keys.append(own[:, :kv_heads].transpose(0, 1))
+    values.append(own[:, kv_heads:].transpose(0, 1))
+    q = torch.randn(new + 2, heads, dim, generator=generator)  # rows 1.. of 2 more: the rest untouched
+    out = torch.zeros_like(q)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernel.spans(q, out, slice(1, 1 + new), spans, scale=0.3)
+    finally:
+        torch.set_num_threads(previous)
+    context, start = torch.cat(keys, 1), sum(lengths)
+    allowed = torch.arange(start + new)[None, :] <= torch.arange(start, start + new)[:, None]
+    want = F.scaled_dot_product_attention(
+        q[1 : 1 + new].transpose(0, 1)[None], context[None], torch.cat(values, 1)[None], attn_mask=allowed,
+        scale=0.3, enable_gqa=True,
+    )[0].transpose(0, 1)  # fmt: skip
+    assert (out[1 : 1 + new] - want).abs().max().item() <= TOLERANCE
+    assert not out[0].any() and not out[-1].any()
+
+
+def test_spans_refuse_what_they_cannot_attend(kernel: PagedPrefillKernel) -> None:
+    q, own = torch.randn(2, 2, 8), torch.zeros(1, 2, 8)  # 2 rows; their own K and V: 2 tokens
+    strided, wide = torch.zeros(1, 8, 2).transpose(1, 2), torch.zeros(2, 4, 8)
+    cases = [
+        (q, [(own.bfloat16(), own.bfloat16(), None)], "float32"),
+        (q, [(strided, strided, None)], "contiguous"),
+        (q.transpose(0, 1), [(own, own, None)], "contiguous"),
+        (q, [(own, own, None), (torch.zeros(1, 4, 8),) * 2 + (None,)], "own K and V: 2 tokens"),
+        (q, [(wide, wide, None), (own, own, None)], "of the rows' heads"),
+    ]
+    for rows, spans, message in cases:
+        with pytest.raises(ValueError, match=message):
+            kernel.spans(rows, torch.empty(2, 2, 8), slice(0, 2), spans, scale=1.0)
 
 
 def test_kernel_refuses_strided_tensors(kernel: PagedPrefillKernel) -> None:

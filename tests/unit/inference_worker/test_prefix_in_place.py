@@ -3,11 +3,12 @@ it into its blocks afterwards (prefix_in_place.py): two modules (the second re-p
 then a question, give the logits and greedy tokens of the model run over the same KV
 (1e-4, fp32, tiny Llama), whole or with the question split over two steps (the second
 reads the blocks), at the first token and at every decode after it, which reads the
-blocks the deferred copy filled, with the joined spans and the question's rows attended in
-one call of the prefill kernel and without it (two flash calls merged), the spans joined in
-C and by torch's ops; a finished sequence's blocks hold the modules' KV when its
-owner reads them; a released sequence's copy is dropped; tokens that interleave with the
-modules (boundary repair) keep the masked path."""
+blocks the deferred copy filled: with the spans where they were read (the second's queries
+rotated back) and the question's rows in one call of the prefill kernel, and without it
+(the spans joined, two flash calls merged), the spans joined (for the blocks, for flash) in
+C and by torch's ops; a finished sequence's blocks hold the modules' KV when its owner
+reads them; a released sequence's copy is dropped; tokens that interleave with the modules
+(boundary repair) keep the masked path."""
 
 from __future__ import annotations
 
