@@ -17,6 +17,7 @@ VLLM, ATTNSTORE = "vLLM", "attnstore"  # the sides of the serving comparison
 # An extra side (`--vllm-threading-row`): our stack with its worker's OpenMP threads run as
 # vLLM's are (spinning, bound one per core); its summary keys end in VLLM_THREADING_SUFFIX.
 ATTNSTORE_VLLM_THREADING, VLLM_THREADING_SUFFIX = "attnstore, vLLM's threading", "_vllm_threading"
+SERVING_SIDES = (VLLM, ATTNSTORE, ATTNSTORE_VLLM_THREADING)
 Record = dict[str, Any]  # one served turn: side, phase, dialogue, turn, ttft_ms, prompt_tokens...
 HEADLINE_SIZE, HEADLINE_CONCURRENCY = "5.9MB", 1
 OVER, FITS = "over capacity", "fits"

@@ -52,19 +52,22 @@ UNSET = {
 }
 
 
-def _wait_policy_when_torch_loads(
-    module: str, environment: dict[str, str], variable: str = WAIT_POLICY_VARIABLE
-) -> str:
-    program = PROBE.format(variable=variable, module=module)
+def _stdout_of(program: str, environment: dict[str, str]) -> str:
     done = subprocess.run(
         [sys.executable, "-c", program],
         env=environment,
         capture_output=True,
         text=True,
         check=True,
-        timeout=120,
+        timeout=300,
     )
     return done.stdout.strip()
+
+
+def _wait_policy_when_torch_loads(
+    module: str, environment: dict[str, str], variable: str = WAIT_POLICY_VARIABLE
+) -> str:
+    return _stdout_of(PROBE.format(variable=variable, module=module), environment)
 
 
 def test_the_worker_sets_passive_waiting_before_torch_loads() -> None:
@@ -144,15 +147,7 @@ def test_the_settings_read_the_pin_variable(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding one thread per core needs two cores")
 def test_pinned_the_engine_team_holds_one_core_each_and_the_rest_float() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", AFFINITIES],
-        env=PINNED,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = json.loads(_stdout_of(AFFINITIES, PINNED).splitlines()[-1])
     usable = sorted(os.sched_getaffinity(0))
     assert seen["main"] == usable  # the loading thread, and what it starts later, on every core
     bound = [seen["step"], *(team for team in seen["team"] if len(team) == 1)]
