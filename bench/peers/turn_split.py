@@ -116,6 +116,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--conversations", type=int, default=4, help="the fits phase's (bench-peers: 4)")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="conversation order (bench-peers: 0)")
+    parser.add_argument(
+        "--worker-openmp-spin-count",
+        type=int,
+        default=None,
+        help="the worker's openmp_spin_count (unset: its default, sleeping threads)",
+    )
+    parser.add_argument(
+        "--worker-openmp-pin-threads",
+        action="store_true",
+        help="the worker's openmp_pin_threads (its OpenMP threads bound one per core)",
+    )
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     model_dir = default_model_dir()
@@ -124,7 +135,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     phase = phases_for(selection, model_dir)[0]
     shutil.rmtree(WORK_DIR, ignore_errors=True)
-    stack = attnstore_stack(WORK_DIR, model_dir, 512 * MiB, worker_overrides={"metrics_port": 0})
+    threading = {"openmp_pin_threads": args.worker_openmp_pin_threads} | (
+        {} if args.worker_openmp_spin_count is None else {"openmp_spin_count": args.worker_openmp_spin_count}
+    )
+    stack = attnstore_stack(WORK_DIR, model_dir, 512 * MiB, worker_overrides={"metrics_port": 0, **threading})
     stack.start()
     try:
         assert stack.worker.metrics_port is not None
@@ -138,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "later_turns": len(later),
         "median_ms": {key: round(statistics.median(row[key] for row in later), 1)
                       for key in later[0] if key.endswith("_ms")} if later else {},
-        "loadavg_1_5_15min": {"before": load_before, "after": os.getloadavg()},
+        "loadavg_1_5_15min": {"before": load_before, "after": os.getloadavg()}, "worker_threading": threading,
     }  # fmt: skip
     print(json.dumps(summary))
     shutil.rmtree(WORK_DIR, ignore_errors=True)

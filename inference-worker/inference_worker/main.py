@@ -165,14 +165,23 @@ async def run_worker(settings: WorkerSettings) -> None:
     )
 
 
-def main() -> None:
-    settings = start_service(WorkerSettings, "attnstore-inference-worker", large_buffers=True)
+def warn_openmp_not_applied(settings: WorkerSettings) -> None:
+    """A config file's OpenMP settings come after torch loaded libgomp, and explicit OpenMP
+    variables win over them: says when libgomp runs otherwise than the settings ask."""
     spinning = os.environ.get(openmp_waiting.SPIN_COUNT_VARIABLE)
     if settings.openmp_spin_count is not None and spinning != str(settings.openmp_spin_count):
-        # a config file's value comes after torch loaded libgomp, or GOMP_SPINCOUNT was set
         log.warning(
             "openmp_spin_count_not_applied", setting=settings.openmp_spin_count, gomp_spincount=spinning
         )
+    binding = os.environ.get(openmp_waiting.BIND_VARIABLE)
+    if settings.openmp_pin_threads and (binding or "false").lower() == "false":
+        log.warning("openmp_pin_threads_not_applied", omp_proc_bind=binding)
+
+
+def main() -> None:
+    openmp_waiting.release_loading_thread()  # before any thread starts: they inherit its cores
+    settings = start_service(WorkerSettings, "attnstore-inference-worker", large_buffers=True)
+    warn_openmp_not_applied(settings)
     transformers.utils.logging.disable_progress_bar()
     startup_errors = (
         ModelStoreError,

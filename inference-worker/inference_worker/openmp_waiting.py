@@ -26,6 +26,16 @@ after it, and only the worker's process spins, not the daemon, the scheduler or 
 peers beside it. Off by default: at load 10-12 a spin of 30,000 raised a 250-token forward's
 CPU by a third (docs/inference-worker.md, fifteenth pass); on idle cores it saves the
 ~150-230 wake-ups a forward pays. An explicit `GOMP_SPINCOUNT` wins.
+
+The worker setting `openmp_pin_threads` (`ATTNSTORE_WORKER_OPENMP_PIN_THREADS`, read here
+likewise) binds the OpenMP threads one per core (`OMP_PROC_BIND=close`, `OMP_PLACES=cores`), as
+vLLM's CPU engine binds its own (`VLLM_CPU_OMP_THREADS_BIND`): a team's thread stays on its core
+from one parallel region to the next. libgomp binds a thread when it first starts a team (the
+engine's step thread to the first core, its team's threads to the next ones) and binds the
+thread that loads it at once; `release_loading_thread` gives that one back every usable core,
+so the threads it starts later (the event loop's, gRPC's, the KV loaders') are not all held on
+the master's core. Off by default: on shared cores a bound thread waits for its core rather
+than moving to an idle one. Explicit `OMP_PROC_BIND` / `OMP_PLACES` win.
 """
 
 from __future__ import annotations
@@ -36,7 +46,21 @@ WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
 DEFAULT_WAIT_POLICY = "PASSIVE"
 SPIN_COUNT_VARIABLE = "GOMP_SPINCOUNT"
 SPIN_COUNT_SETTING = "ATTNSTORE_WORKER_OPENMP_SPIN_COUNT"  # WorkerSettings.openmp_spin_count
+BIND_VARIABLE, PLACES_VARIABLE = "OMP_PROC_BIND", "OMP_PLACES"
+PIN_SETTING = "ATTNSTORE_WORKER_OPENMP_PIN_THREADS"  # WorkerSettings.openmp_pin_threads
+# pydantic's true booleans (its false ones off; anything else the settings refuse at start)
+TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
+USABLE_CORES = frozenset(os.sched_getaffinity(0))  # before libgomp binds this thread
 
 os.environ.setdefault(WAIT_POLICY_VARIABLE, DEFAULT_WAIT_POLICY)
 if os.environ.get(SPIN_COUNT_SETTING, "").isdigit():  # anything else: the settings refuse it at start
     os.environ.setdefault(SPIN_COUNT_VARIABLE, os.environ[SPIN_COUNT_SETTING])
+if os.environ.get(PIN_SETTING, "").strip().lower() in TRUE_WORDS:
+    os.environ.setdefault(BIND_VARIABLE, "close")
+    os.environ.setdefault(PLACES_VARIABLE, "cores")
+
+
+def release_loading_thread() -> None:
+    """Every usable core back to the calling thread, after torch (libgomp) loaded and bound
+    it under `OMP_PROC_BIND`: the threads it starts from now on inherit them."""
+    os.sched_setaffinity(0, USABLE_CORES)

@@ -63,6 +63,12 @@ class WorkerSettings(ServiceSettings):
         "(GOMP_SPINCOUNT; none = they sleep at once): for cores the worker has alone. Read from the "
         "environment only, before torch loads (openmp_waiting.py)",
     )
+    openmp_pin_threads: bool = Field(
+        False,
+        description="bind the worker's OpenMP threads one per core (OMP_PROC_BIND=close, OMP_PLACES=cores), "
+        "as vLLM's CPU engine does: for cores the worker has alone. Read from the environment only, before "
+        "torch loads (openmp_waiting.py)",
+    )
 
     kvstore_address: str | None = Field(
         None, description="host:port of the node's KV-store daemon; unset = no cache"

@@ -593,6 +593,22 @@ def test_a_long_context_worker_that_does_not_lend_only_borrows(chart: helm.Chart
     assert settings.long_context.peer_channel.tls is False  # no TLS in the release
 
 
+def test_a_worker_with_dedicated_cores_is_guaranteed_and_its_threads_spin_bound(
+    chart: helm.Chart, settings_classes
+) -> None:
+    workers = settings_classes["inference-worker"]
+    shared = one(render(chart, {"worker": {"gpu": {"enabled": False}}}), "Deployment", "inference-worker")
+    settings = check_settings_env(workers, settings_env(shared, "inference-worker"))
+    assert (settings.openmp_spin_count, settings.openmp_pin_threads) == (None, False)
+    assert "cpu" not in container(shared, "inference-worker")["resources"]["limits"]  # Burstable
+    values = {"worker": {"gpu": {"enabled": False}, "dedicatedCores": {"enabled": True, "cpus": 4}}}
+    owned = one(render(chart, values), "Deployment", "inference-worker")
+    settings = check_settings_env(workers, settings_env(owned, "inference-worker"))
+    assert (settings.openmp_spin_count, settings.openmp_pin_threads) == (300000, True)
+    resources = container(owned, "inference-worker")["resources"]
+    assert resources["requests"] == resources["limits"] == {"cpu": "4", "memory": "8Gi"}  # Guaranteed
+
+
 @pytest.mark.parametrize("values_set", VALUE_SETS)
 def test_only_the_releases_pods_reach_the_daemons(rendered: dict[str, list[dict]], values_set: str) -> None:
     docs = rendered[values_set]
