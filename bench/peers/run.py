@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker-openmp-spin-count", type=int, default=None,
                         help="the worker's openmp_spin_count (its threads spin, not sleep, between a forward's "
                         "parallel regions; vLLM's spin): for an idle machine only")
+    parser.add_argument("--worker-openmp-pin-threads", action="store_true",
+                        help="the worker's openmp_pin_threads (its OpenMP threads bound one per core, as vLLM's "
+                        "are): for cores the stack has alone")
     parser.add_argument("--vllm-threading-row", action="store_true",
                         help="a second attnstore stack beside the default one, its worker's OpenMP threads "
                         "spinning and bound one per core as vLLM's are: an extra side and summary keys ending "
@@ -109,7 +112,8 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
     model_dir = default_model_dir()  # converted once, before either side loads it
     phases = phases_for(args, model_dir)
     config = ServingConfig(model_dir, args.kv_cache_mib * MiB, args.max_tokens, 8192, args.omp_threads_bind,
-                           args.vllm_block_size, args.worker_openmp_spin_count, args.vllm_threading_row)
+                           args.vllm_block_size, args.worker_openmp_spin_count,
+                           args.worker_openmp_pin_threads, args.vllm_threading_row)
     serving = document["serving"] = run_serving(vllm, phases, config, WORK_DIR)
     document["peers"]["vllm"] = {"version": vllm.version, "unavailable": serving["unavailable"]}
     serving["config"] = {
@@ -118,6 +122,7 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
         "phases": {p.name: [d.id for d in p.dialogues] for p in phases},
         "message_limits": MESSAGE_LIMITS, "seed": args.seed, "vllm_omp_threads_bind": args.omp_threads_bind,
         "vllm_block_size": args.vllm_block_size, "worker_openmp_spin_count": args.worker_openmp_spin_count,
+        "worker_openmp_pin_threads": args.worker_openmp_pin_threads,
         "vllm_threading_row": args.vllm_threading_row,
     }
 

@@ -78,6 +78,7 @@ class ServingConfig:
     omp_threads_bind: str
     vllm_block_size: int  # tokens a vLLM KV block holds: its prefix cache hits whole blocks
     worker_openmp_spin_count: int | None = None  # the worker's `openmp_spin_count` (None: its default)
+    worker_openmp_pin_threads: bool = False  # the worker's `openmp_pin_threads`
     vllm_threading_row: bool = False  # a second stack, its worker threaded as vLLM's (VLLM_THREADING)
 
 
@@ -208,8 +209,9 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
     outcome: dict[str, Any] = {"records": [], "vllm": {}, "unavailable": None if peer.available else peer.reason}
     server = VllmServer(peer, config.model_dir, config.kv_cache_bytes, work_dir / "vllm.log",
                         config.max_model_len, config.omp_threads_bind, config.vllm_block_size) if peer.available else None
-    spin = config.worker_openmp_spin_count
-    overrides = {ATTNSTORE: None if spin is None else {"openmp_spin_count": spin}}
+    spin, pin = config.worker_openmp_spin_count, config.worker_openmp_pin_threads
+    default = ({} if spin is None else {"openmp_spin_count": spin}) | ({"openmp_pin_threads": True} if pin else {})
+    overrides = {ATTNSTORE: default or None}
     if config.vllm_threading_row:
         overrides[ATTNSTORE_VLLM_THREADING] = VLLM_THREADING
     stacks = {}
