@@ -30,6 +30,8 @@ from inference_worker.turn_types import (
     TurnStats,
 )
 
+Turn = Callable[[], AsyncIterator[TokenEvent | TurnStats]]  # starts one turn's events
+
 REPAIR_FRACTIONS = (0.05, 0.10, 0.15)  # the budget curve: this share of each repaired module
 # Which tokens a budget repairs: the served methods (RepairMethod), deviation measured at a
 # deeper layer (8 of 30 computed in full to select: more cost, maybe better choices), and
@@ -129,10 +131,11 @@ class CaseRunner:
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
             : self.continuation_tokens
         ]
-        ttft_full = await self._ttft(
-            lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None)
+        ttft_full, ttft_modules = await alternated_ttfts(
+            lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None),
+            lambda: self.engine.modules.run(self._turn(case, 1), self.source),
+            self.repeats,
         )
-        ttft_modules = await self._ttft(lambda: self.engine.modules.run(self._turn(case, 1), self.source))
         ttft_read = await self._ttft_read(case)
         full_answer = await self._tokens(
             self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=self.answer_tokens)), None)
@@ -239,13 +242,10 @@ class CaseRunner:
             self.engine.modules.run(self._turn(case, self.answer_tokens, fraction, method), self.source)
         )
 
-    async def _ttft(self, turn: Callable[[], AsyncIterator[TokenEvent | TurnStats]]) -> float:
+    async def _ttft(self, turn: Turn) -> float:
         """The median TTFT (the turn's own stats) of `repeats` runs after one warm-up."""
-        times = []
-        for _ in range(self.repeats + 1):
-            stats = [event async for event in turn() if isinstance(event, TurnStats)]
-            times.append(stats[0].ttft_seconds)
-        return statistics.median(times[1:])
+        await turn_ttft(turn)
+        return statistics.median([await turn_ttft(turn) for _ in range(self.repeats)])
 
     @staticmethod
     async def _tokens(events: AsyncIterator[TokenEvent | TurnStats]) -> list[int]:
@@ -301,6 +301,27 @@ class CaseRunner:
             input_ids=torch.tensor([tokens]), position_ids=positions, cache=cache, use_cache=True
         )
         return out.logits[0].float()
+
+
+async def alternated_ttfts(full: Turn, modules: Turn, repeats: int) -> tuple[float, float]:
+    """The median TTFTs of the full prefill and of the module turn, `repeats` runs each after
+    a warm-up of each, the two taken in turns (full first in even rounds, the module turn
+    first in odd ones): both sides meet the machine in the same minutes, so a slow spell
+    moves a prompt's two numbers together instead of one of them (a module turn is ~100 ms:
+    its runs in a row fit inside one spell)."""
+    await turn_ttft(full)
+    await turn_ttft(modules)
+    times: tuple[list[float], list[float]] = ([], [])
+    for round_ in range(repeats):
+        for side in (0, 1) if round_ % 2 == 0 else (1, 0):
+            times[side].append(await turn_ttft((full, modules)[side]))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+async def turn_ttft(turn: Turn) -> float:
+    """One run's TTFT, from the turn's own stats."""
+    stats = [event async for event in turn() if isinstance(event, TurnStats)]
+    return stats[0].ttft_seconds
 
 
 def perplexity(logits: torch.Tensor, reference: list[int]) -> float:
