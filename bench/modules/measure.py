@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import KW_ONLY, dataclass, replace
 
@@ -81,6 +82,9 @@ class CaseResult:
     ppl_full_reordered: float | None = None
     # The reference tokens scored (a case's NLL is this times log ppl: corpus_perplexity.py).
     reference_tokens: int | None = None
+    # The process's CPU over a module turn (every thread: median of the timed runs); over
+    # ttft_modules_ms, the cores the turn kept busy (1: one at a time; 2: both throughout).
+    cpu_modules_ms: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -131,7 +135,7 @@ class CaseRunner:
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
             : self.continuation_tokens
         ]
-        ttft_full, ttft_modules = await alternated_ttfts(
+        full_runs, module_runs = await alternated_runs(
             lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None),
             lambda: self.engine.modules.run(self._turn(case, 1), self.source),
             self.repeats,
@@ -145,8 +149,9 @@ class CaseRunner:
             label=case.label,
             module_tokens=layout.cached_tokens,
             prompt_tokens=len(full_ids),
-            ttft_full_ms=ttft_full * 1000,
-            ttft_modules_ms=ttft_modules * 1000,
+            ttft_full_ms=statistics.median(run.ttft for run in full_runs) * 1000,
+            ttft_modules_ms=statistics.median(run.ttft for run in module_runs) * 1000,
+            cpu_modules_ms=statistics.median(run.cpu for run in module_runs) * 1000,
             ttft_modules_read_ms=ttft_read * 1000,
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
@@ -244,8 +249,8 @@ class CaseRunner:
 
     async def _ttft(self, turn: Turn) -> float:
         """The median TTFT (the turn's own stats) of `repeats` runs after one warm-up."""
-        await turn_ttft(turn)
-        return statistics.median([await turn_ttft(turn) for _ in range(self.repeats)])
+        await timed_run(turn)
+        return statistics.median([(await timed_run(turn)).ttft for _ in range(self.repeats)])
 
     @staticmethod
     async def _tokens(events: AsyncIterator[TokenEvent | TurnStats]) -> list[int]:
@@ -303,25 +308,32 @@ class CaseRunner:
         return out.logits[0].float()
 
 
-async def alternated_ttfts(full: Turn, modules: Turn, repeats: int) -> tuple[float, float]:
-    """The median TTFTs of the full prefill and of the module turn, `repeats` runs each after
-    a warm-up of each, the two taken in turns (full first in even rounds, the module turn
-    first in odd ones): both sides meet the machine in the same minutes, so a slow spell
-    moves a prompt's two numbers together instead of one of them (a module turn is ~100 ms:
-    its runs in a row fit inside one spell)."""
-    await turn_ttft(full)
-    await turn_ttft(modules)
-    times: tuple[list[float], list[float]] = ([], [])
+@dataclass(frozen=True)
+class Run:
+    ttft: float  # seconds, the turn's own stats
+    cpu: float  # seconds of this process's CPU over the whole turn, every thread (not the daemon's)
+
+
+async def alternated_runs(full: Turn, modules: Turn, repeats: int) -> tuple[list[Run], list[Run]]:
+    """`repeats` timed runs of the full prefill and of the module turn after a warm-up of
+    each, the two taken in turns (full first in even rounds, the module turn first in odd
+    ones): both sides meet the machine in the same minutes, so a slow spell moves a prompt's
+    two numbers together instead of one of them (a module turn is ~100 ms: its runs in a
+    row fit inside one spell)."""
+    await timed_run(full)
+    await timed_run(modules)
+    runs: tuple[list[Run], list[Run]] = ([], [])
     for round_ in range(repeats):
         for side in (0, 1) if round_ % 2 == 0 else (1, 0):
-            times[side].append(await turn_ttft((full, modules)[side]))
-    return statistics.median(times[0]), statistics.median(times[1])
+            runs[side].append(await timed_run((full, modules)[side]))
+    return runs
 
 
-async def turn_ttft(turn: Turn) -> float:
-    """One run's TTFT, from the turn's own stats."""
+async def timed_run(turn: Turn) -> Run:
+    """One run of the turn: its TTFT and the process's CPU time."""
+    started = time.process_time()
     stats = [event async for event in turn() if isinstance(event, TurnStats)]
-    return stats[0].ttft_seconds
+    return Run(stats[0].ttft_seconds, time.process_time() - started)
 
 
 def perplexity(logits: torch.Tensor, reference: list[int]) -> float:
