@@ -54,8 +54,13 @@ MIN_SHADOW_KEYS = 8
 
 
 class OrderChooser:
-    def __init__(self, lives: ChunkLives, sample_share: float, shadows: tuple[EvictionPolicy, EvictionPolicy],
-                 switch_z: float = SWITCH_Z) -> None:
+    def __init__(
+        self,
+        lives: ChunkLives,
+        sample_share: float,
+        shadows: tuple[EvictionPolicy, EvictionPolicy],
+        switch_z: float = SWITCH_Z,
+    ) -> None:
         """`lives` is the store's (its births and reads are the requests); `shadows` are empty
         instances of the orders (ORDERS), the predictive one with lives of its own (it learns
         from the sample)."""

@@ -138,9 +138,14 @@ def _follows(tier: tuple[EvictionPolicy, HintBook, FakeClock]) -> str:
 
 
 def _chooser_metrics() -> dict[tuple[str, str], float]:
-    return {(kind, order): REGISTRY.get_sample_value(f"attnstore_kvstore_predictive_order_{kind}_total",
-                                                     {"order": order}) or 0.0
-            for kind in ("switches", "requests") for order in ORDERS}
+    return {
+        (kind, order): REGISTRY.get_sample_value(
+            f"attnstore_kvstore_predictive_order_{kind}_total", {"order": order}
+        )
+        or 0.0
+        for kind in ("switches", "requests")
+        for order in ORDERS
+    }
 
 
 def test_the_chooser_follows_lru_on_a_recency_stream_the_predictive_order_misreads() -> None:
@@ -175,8 +180,9 @@ def test_the_chooser_does_not_switch_on_noise(seed: int) -> None:
         hints, clock = HintBook(), FakeClock()
         predictive = PredictivePolicy(hints, clock, ChunkLives(clock))
         shadows = (PredictivePolicy(hints, clock, ChunkLives(clock)), LruPolicy())
+        chooser = OrderChooser(predictive.lives, 1.0, shadows, switch_z)
         before = _switches()
-        _hits(stream, (AdaptivePolicy(predictive, OrderChooser(predictive.lives, 1.0, shadows, switch_z)), hints, clock))
+        _hits(stream, (AdaptivePolicy(predictive, chooser), hints, clock))
         counted.append(_switches() - before)
     assert counted[0] >= 30 and counted[1] <= 2
 
@@ -206,4 +212,6 @@ def test_the_sample_share_is_validated() -> None:
     with pytest.raises(ValueError, match="sample_share"):
         OrderChooser(ChunkLives(FakeClock()), 1.5, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()))
     with pytest.raises(ValueError, match="switch_z"):
-        OrderChooser(ChunkLives(FakeClock()), 0.25, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()), -1.0)
+        OrderChooser(
+            ChunkLives(FakeClock()), 0.25, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()), -1.0
+        )
