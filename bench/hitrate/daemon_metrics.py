@@ -1,5 +1,6 @@
 """What the predictive daemon's /metrics say after a replay: the order its SSD tier ended
-up following (the shadow caches' choice), their hits, and the promotions it skipped."""
+up following (the shadow caches' choice), its switches and the sampled requests seen on
+each order, the shadows' hits, and the promotions it skipped."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 _LABELLED = {
     "attnstore_kvstore_shadow_hits": ("order", "shadow_hits_"),
     "attnstore_kvstore_promotions_skipped": ("reason", "promotions_skipped_"),
+    "attnstore_kvstore_predictive_order_switches": ("order", "chooser_switches_to_"),
+    "attnstore_kvstore_predictive_order_requests": ("order", "chooser_requests_on_"),
 }
 
 

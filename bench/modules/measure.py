@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import KW_ONLY, dataclass, replace
 
@@ -29,6 +30,8 @@ from inference_worker.turn_types import (
     TurnInput,
     TurnStats,
 )
+
+Turn = Callable[[], AsyncIterator[TokenEvent | TurnStats]]  # starts one turn's events
 
 REPAIR_FRACTIONS = (0.05, 0.10, 0.15)  # the budget curve: this share of each repaired module
 # Which tokens a budget repairs: the served methods (RepairMethod), deviation measured at a
@@ -79,6 +82,9 @@ class CaseResult:
     ppl_full_reordered: float | None = None
     # The reference tokens scored (a case's NLL is this times log ppl: corpus_perplexity.py).
     reference_tokens: int | None = None
+    # The process's CPU over a module turn (every thread: median of the timed runs); over
+    # ttft_modules_ms, the cores the turn kept busy (1: one at a time; 2: both throughout).
+    cpu_modules_ms: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -129,10 +135,11 @@ class CaseRunner:
         reference = self.tokenizer.encode(case.reference, add_special_tokens=False)[
             : self.continuation_tokens
         ]
-        ttft_full = await self._ttft(
-            lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None)
+        full_runs, module_runs = await alternated_runs(
+            lambda: self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=1)), None),
+            lambda: self.engine.modules.run(self._turn(case, 1), self.source),
+            self.repeats,
         )
-        ttft_modules = await self._ttft(lambda: self.engine.modules.run(self._turn(case, 1), self.source))
         ttft_read = await self._ttft_read(case)
         full_answer = await self._tokens(
             self.engine.run_turn(TurnInput(full_ids, SamplingParams(max_tokens=self.answer_tokens)), None)
@@ -142,8 +149,9 @@ class CaseRunner:
             label=case.label,
             module_tokens=layout.cached_tokens,
             prompt_tokens=len(full_ids),
-            ttft_full_ms=ttft_full * 1000,
-            ttft_modules_ms=ttft_modules * 1000,
+            ttft_full_ms=statistics.median(run.ttft for run in full_runs) * 1000,
+            ttft_modules_ms=statistics.median(run.ttft for run in module_runs) * 1000,
+            cpu_modules_ms=statistics.median(run.cpu for run in module_runs) * 1000,
             ttft_modules_read_ms=ttft_read * 1000,
             ppl_full=self._full_perplexity(full_ids, reference),
             ppl_modules=await self._module_perplexity(served.prompt, reference),
@@ -239,13 +247,10 @@ class CaseRunner:
             self.engine.modules.run(self._turn(case, self.answer_tokens, fraction, method), self.source)
         )
 
-    async def _ttft(self, turn: Callable[[], AsyncIterator[TokenEvent | TurnStats]]) -> float:
+    async def _ttft(self, turn: Turn) -> float:
         """The median TTFT (the turn's own stats) of `repeats` runs after one warm-up."""
-        times = []
-        for _ in range(self.repeats + 1):
-            stats = [event async for event in turn() if isinstance(event, TurnStats)]
-            times.append(stats[0].ttft_seconds)
-        return statistics.median(times[1:])
+        await timed_run(turn)
+        return statistics.median([(await timed_run(turn)).ttft for _ in range(self.repeats)])
 
     @staticmethod
     async def _tokens(events: AsyncIterator[TokenEvent | TurnStats]) -> list[int]:
@@ -301,6 +306,34 @@ class CaseRunner:
             input_ids=torch.tensor([tokens]), position_ids=positions, cache=cache, use_cache=True
         )
         return out.logits[0].float()
+
+
+@dataclass(frozen=True)
+class Run:
+    ttft: float  # seconds, the turn's own stats
+    cpu: float  # seconds of this process's CPU over the whole turn, every thread (not the daemon's)
+
+
+async def alternated_runs(full: Turn, modules: Turn, repeats: int) -> tuple[list[Run], list[Run]]:
+    """`repeats` timed runs of the full prefill and of the module turn after a warm-up of
+    each, the two taken in turns (full first in even rounds, the module turn first in odd
+    ones): both sides meet the machine in the same minutes, so a slow spell moves a prompt's
+    two numbers together instead of one of them (a module turn is ~100 ms: its runs in a
+    row fit inside one spell)."""
+    await timed_run(full)
+    await timed_run(modules)
+    runs: tuple[list[Run], list[Run]] = ([], [])
+    for round_ in range(repeats):
+        for side in (0, 1) if round_ % 2 == 0 else (1, 0):
+            runs[side].append(await timed_run((full, modules)[side]))
+    return runs
+
+
+async def timed_run(turn: Turn) -> Run:
+    """One run of the turn: its TTFT and the process's CPU time."""
+    started = time.process_time()
+    stats = [event async for event in turn() if isinstance(event, TurnStats)]
+    return Run(stats[0].ttft_seconds, time.process_time() - started)
 
 
 def perplexity(logits: torch.Tensor, reference: list[int]) -> float:

@@ -229,6 +229,10 @@ def summarize(rows: list[CaseResult]) -> dict[str, Any]:
             _median([r.speedup_read for r in qa if r.speedup_read is not None]), 2
         ),
         "ttft_speedup_4k_module_read": _round(sweep[4096].speedup_read, 2) if 4096 in sweep else None,
+        # The module turn's CPU over its TTFT: how many of the cores it kept busy.
+        "module_turn_cores_doc_qa": _round(
+            _median([r.cpu_modules_ms / r.ttft_modules_ms for r in qa if r.cpu_modules_ms is not None]), 2
+        ),
         "ttft_speedup_code": _median_speedup(rows, "code"),
         "ttft_speedup_persona": _median_speedup(rows, "persona"),
         "ttft_speedup_travel": _median_speedup(rows, "travel"),

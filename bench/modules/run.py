@@ -7,7 +7,8 @@ question), document QA (long ShareGPT answers as modules, several per prompt in 
 subsets and orders, the question that followed as uncached text) and the paper's three
 schemas (code generation: five file modules; personalization: six unions of five traits;
 travel: a parameter and nested unions). For each prompt: TTFT (median of a few runs after
-a warm-up; module KV read from the daemon's DRAM), the perplexity of a reference
+a warm-up, the full prefill's and the module turn's taken in turns; module KV from the
+worker's module cache, and read from the daemon's DRAM), the perplexity of a reference
 continuation and the greedy agreement of a short answer with the full prefill's; for
 prompts of several modules, also with boundary repair at budgets of 5, 10 and 15% of each
 module (but the first), by first tokens and by KV deviation (CacheBlend-style). Results: a
@@ -113,7 +114,7 @@ async def bench(args: argparse.Namespace) -> None:
         runner = CaseRunner(
             engine,
             source,
-            repeats=2 if args.quick else 3,
+            repeats=2 if args.quick else 5,
             continuation_tokens=16 if args.quick else REFERENCE_TOKENS,
             answer_tokens=16 if args.quick else 32,
         )

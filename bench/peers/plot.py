@@ -10,13 +10,13 @@ import numpy as np
 
 from bench.common.plot_style import PALETTE, finish_axes, plt, save_figure
 from bench.daemon.report import GRPC, SHM, SHM_LEASED, Row
-from bench.peers.report import FITS, LMCACHE, OVER, SERVING_SIDES, Record, serving_medians
+from bench.peers.report import ATTNSTORE, FITS, LMCACHE, OVER, VLLM, Record, serving_medians
 
 STORE_PATHS = {
     SHM: "attnstore daemon, shared memory (re-read, lease-free)", SHM_LEASED: "attnstore daemon, shared memory, leased",
     GRPC: "attnstore daemon, gRPC", LMCACHE: "LMCache server, TCP",
 }
-SIDE_COLORS = dict(zip(SERVING_SIDES, ("tab:orange", "tab:blue", "tab:green"), strict=True))
+SIDE_COLORS = {VLLM: "tab:orange", ATTNSTORE: "tab:blue"}
 
 
 def plot_store(rows: list[Row], title: str, out: Path) -> None:
@@ -44,7 +44,7 @@ def plot_serving(records: list[Record], title: str, out: Path) -> None:
     medians = serving_medians(records)
     fig, axes = plt.subplots(1, len(phases), figsize=(7 * len(phases), 5), constrained_layout=True, squeeze=False)
     for ax, phase in zip(axes[0], phases, strict=True):
-        for offset, side in zip((-0.08, 0.08, 0.16), SERVING_SIDES, strict=True):
+        for offset, side in ((-0.08, VLLM), (0.08, ATTNSTORE)):
             mine = [r for r in records if r["phase"] == phase and r["side"] == side]
             if not mine:
                 continue

@@ -7,8 +7,11 @@ the Python between parallel regions); with `--attention torch kernel`, the prefi
 attention through torch's SDPA and through the C prefill kernel (prefill_kernel.py) taken in
 turns too, and their logits compared; with `--layer-blocks on off`, a layer's blocks around
 attention in one C call each (layer_blocks.py, from 3 to 32 new tokens) and a call per op, in
-turns likewise (the second path's names end in `-calls`).
-`python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...]`.
+turns likewise (the second path's names end in `-calls`); with `--ops`, after those, each
+path's forward at two threads with its ops timed (op_split.py): per op its calls, the master's
+CPU and the other threads' meanwhile, and the master's CPU outside the ops (the Python between
+them, the embedding, lm_head's row; the timing's own reads taken out).
+`python -m bench.peers.prefill_profile [--shapes 0x642 800x250 ...] [--ops]`.
 
 Why: the serving comparison's later turns are mostly this forward (the worker's CPU from
 Chat to first token is within ~10% of it), and its FLOP rate can be set beside vLLM's,
@@ -34,11 +37,13 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from bench.peers.op_split import OpSplit, OpTotals
+
 if TYPE_CHECKING:  # torch loads in `main`, after OpenMP's waiting is set (importing this sets nothing)
     import torch
     from torch import nn
 
-    from inference_worker.engine.model_runner import PagedModelRunner
+    from inference_worker.engine.model_runner import Batch, PagedModelRunner
     from inference_worker.model_geometry import ModelGeometry
 
 # (prefix, new) of bench-peers' turns: a fresh first turn, and later turns of the fits phase
@@ -89,6 +94,16 @@ def _forward(
     over the shape's new tokens, its prefix computed first. OpenMP's threads wait passively (no spinning), so
     a thread's CPU is its work: the busiest one's is what the pass takes on idle cores, less
     the wake-ups, even when other load stretches the wall time."""
+    batch = _prepared(runner, ids, shape, threads)
+    before, cpu, wall = _thread_cpu(), time.process_time(), time.perf_counter()
+    logits = runner.forward(batch)
+    wall, cpu, after = time.perf_counter() - wall, time.process_time() - cpu, _thread_cpu()
+    spent = {thread: seconds - before.get(thread, 0.0) for thread, seconds in after.items()}
+    return wall, cpu, max(spent.values()), spent[threading.get_native_id()], logits
+
+
+def _prepared(runner: PagedModelRunner, ids: list[int], shape: Shape, threads: int) -> Batch:
+    """The batch of the shape's new tokens, its prefix computed into the pool first."""
     import torch
 
     from inference_worker.engine.block_pool import BlockPool
@@ -101,12 +116,45 @@ def _forward(
     if shape.prefix:
         runner.forward(runner.prepare([Work(seq, shape.prefix)]))
         pool.commit(seq, shape.prefix)
-    batch = runner.prepare([Work(seq, shape.new)])
-    before, cpu, wall = _thread_cpu(), time.process_time(), time.perf_counter()
-    logits = runner.forward(batch)
-    wall, cpu, after = time.perf_counter() - wall, time.process_time() - cpu, _thread_cpu()
-    spent = {thread: seconds - before.get(thread, 0.0) for thread, seconds in after.items()}
-    return wall, cpu, max(spent.values()), spent[threading.get_native_id()], logits
+    return runner.prepare([Work(seq, shape.new)])
+
+
+def _op_split(runner: PagedModelRunner, ids: list[int], shape: Shape, rounds: int) -> dict[str, object]:
+    """Per op of the forward at two threads, means over `rounds` forwards (ms of CPU): its
+    calls, the master's CPU inside them, the other threads' meanwhile; the whole forward's,
+    and the master's outside the ops."""
+    from inference_worker import cpu_linear
+    from inference_worker.engine import model_runner, prefill_kernel, row_kernels
+
+    ops = {
+        "forward": (model_runner.PagedModelRunner, "forward"),
+        "rms_norm": (row_kernels.RowKernels, "rms_norm"),
+        "rope_into_pool": (row_kernels.RowKernels, "rope_into_pool"),
+        "silu_mul": (row_kernels.RowKernels, "silu_mul"),
+        "gemm q/k/v, gate/up": (cpu_linear.FusedProjection, "__call__"),
+        "gemm + residual o, down": (cpu_linear.OneDnnLinear, "plus"),
+        "paged_attention (torch paths)": (model_runner, "paged_attention"),
+        "prefill kernel": (prefill_kernel.PagedPrefillKernel, "__call__"),
+    }
+    split = OpSplit()
+    for _ in range(rounds):
+        batch = _prepared(runner, ids, shape, 2)  # the prefix's forward not timed
+        with split.installed(ops):
+            runner.forward(batch)
+    totals = {label: split.totals.get(label, OpTotals()) for label in ops}
+    per_forward = {
+        label: {
+            "calls": t.calls // rounds,
+            "master_ms": round(t.master_ns / rounds / 1e6, 1),
+            "other_ms": round(t.other_ns / rounds / 1e6, 1),
+        }
+        for label, t in totals.items()
+    }
+    inside = sum(t.master_ns + t.read_ns for label, t in totals.items() if label != "forward")
+    per_forward["outside the ops"] = {
+        "master_ms": round((totals["forward"].master_ns - inside) / rounds / 1e6, 1)
+    }
+    return per_forward
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -131,6 +179,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             default=[default],
             help=f"{what}, taken in turns (default: {default})",
         )
+    parser.add_argument(
+        "--ops", action="store_true", help="then each path's ops at two threads: who runs them"
+    )
     args = parser.parse_args(argv)
     if "torch" in sys.modules:
         raise SystemExit("run it as its own process (python -m bench.peers.prefill_profile): torch is loaded")
@@ -179,6 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 statistics.median(t[3] for t in times) * 1e3
             )
             row[f"gflops_{name}_{threads}t"] = round(gflop / wall, 1)
+        if args.ops:
+            for name, runner in runners.items():
+                row[f"ops_{name}"] = _op_split(runner, ids, shape, args.rounds)
         if len(logits) == 2:  # the two paths' last-token logits, and greedy tokens
             first, second = logits.values()
             row["max_logit_diff"] = float((first - second).abs().max())

@@ -14,10 +14,6 @@ from bench.daemon.report import GRPC, SHM, SHM_LEASED, Row
 # venv, imports this module too: it needs nothing beyond the standard library and bench/daemon/report.py).
 LMCACHE = "LMCache server (lm://)"  # a row path of the store comparison
 VLLM, ATTNSTORE = "vLLM", "attnstore"  # the sides of the serving comparison
-# An extra side (`--vllm-threading-row`): our stack with its worker's OpenMP threads run as
-# vLLM's are (spinning, bound one per core); its summary keys end in VLLM_THREADING_SUFFIX.
-ATTNSTORE_VLLM_THREADING, VLLM_THREADING_SUFFIX = "attnstore, vLLM's threading", "_vllm_threading"
-SERVING_SIDES = (VLLM, ATTNSTORE, ATTNSTORE_VLLM_THREADING)
 Record = dict[str, Any]  # one served turn: side, phase, dialogue, turn, ttft_ms, prompt_tokens...
 HEADLINE_SIZE, HEADLINE_CONCURRENCY = "5.9MB", 1
 OVER, FITS = "over capacity", "fits"
@@ -64,7 +60,7 @@ def serving_medians(records: list[Record]) -> dict[tuple[str, str, int], dict[st
         groups.setdefault((record["phase"], record["side"], record["turn"]), []).append(record)
     return {key: {"ttft_ms": _median([r["ttft_ms"] for r in group]),
                   "prompt_tokens": _median([r["prompt_tokens"] for r in group]),
-                  "reused_tokens": _median([r["reused_tokens"] for r in group]) if key[1] != VLLM else None,
+                  "reused_tokens": _median([r["reused_tokens"] for r in group]) if key[1] == ATTNSTORE else None,
                   "turns": len(group)}
             for key, group in sorted(groups.items())}
 
@@ -76,23 +72,15 @@ def later_turn_ttft(records: list[Record], phase: str, side: str) -> float | Non
 
 def serving_summary(records: list[Record]) -> dict[str, Any]:
     """Later-turn TTFT ratios per phase, and the same for first turns (no history on either
-    side: how the two engines' prefill compares, which the cache does not change); the extra
-    side's, when it ran, under the same keys ending in VLLM_THREADING_SUFFIX."""
-    summary = _side_summary(records, ATTNSTORE, "")
-    if any(r["side"] == ATTNSTORE_VLLM_THREADING for r in records):
-        summary |= _side_summary(records, ATTNSTORE_VLLM_THREADING, VLLM_THREADING_SUFFIX)
-    summary["idle_wait_ms_after"] = idle_waits_after(records)
-    return summary
-
-
-def _side_summary(records: list[Record], ours: str, key_suffix: str) -> dict[str, Any]:
+    side: how the two engines' prefill compares, which the cache does not change)."""
     firsts = {side: _median([r["ttft_ms"] for r in records if r["side"] == side and r["turn"] == 1])
-              for side in (ours, VLLM)}
-    summary: dict[str, Any] = {f"first_turn_ttft_vs_vllm{key_suffix}": _ratio(firsts[ours], firsts[VLLM])}
+              for side in (ATTNSTORE, VLLM)}
+    summary: dict[str, Any] = {"first_turn_ttft_vs_vllm": _ratio(firsts[ATTNSTORE], firsts[VLLM])}
     for phase, suffix in ((OVER, ""), (FITS, "_fits")):
-        mine, theirs = later_turn_ttft(records, phase, ours), later_turn_ttft(records, phase, VLLM)
-        summary[f"later_turn_ttft_vs_vllm{suffix}{key_suffix}"] = _ratio(mine, theirs)
-        summary[f"later_turn_median_ttft_ms{suffix}{key_suffix}"] = {ours: mine, VLLM: theirs}
+        ours, theirs = later_turn_ttft(records, phase, ATTNSTORE), later_turn_ttft(records, phase, VLLM)
+        summary[f"later_turn_ttft_vs_vllm{suffix}"] = _ratio(ours, theirs)
+        summary[f"later_turn_median_ttft_ms{suffix}"] = {ATTNSTORE: ours, VLLM: theirs}
+    summary["idle_wait_ms_after"] = idle_waits_after(records)
     return summary
 
 
@@ -102,7 +90,7 @@ def idle_waits_after(records: list[Record]) -> dict[str, float | None]:
     waits: dict[str, list[float]] = {ATTNSTORE: [], VLLM: []}
     for previous, record in itertools.pairwise(records):
         if "idle_wait_ms" in record:
-            waits.setdefault(previous["side"], []).append(record["idle_wait_ms"])
+            waits[previous["side"]].append(record["idle_wait_ms"])
     return {side: _median(values) for side, values in waits.items()}
 
 
@@ -142,12 +130,9 @@ def format_store_table(rows: list[Row]) -> str:
 
 
 def format_serving_table(records: list[Record]) -> str:
-    """One line per phase and turn; with the extra side, its TTFT and ratio in two more columns."""
     medians = serving_medians(records)
-    extra = any(r["side"] == ATTNSTORE_VLLM_THREADING for r in records)
     header = (f"{'phase':<14} {'turn':>4} {'convs':>5} {'prompt tok vLLM/ours':>21} {'reused':>6} "
-              f"{'TTFT ms vLLM':>12} {'TTFT ms ours':>12} {'ours/vLLM':>9}"
-              + (f" {'ours, vLLM threading':>20} {'/vLLM':>6}" if extra else ""))
+              f"{'TTFT ms vLLM':>12} {'TTFT ms ours':>12} {'ours/vLLM':>9}")
     lines = ["medians over the conversations of each turn; reused = prompt tokens attnstore loaded from its store",
              header, "-" * len(header)]
     keys = sorted({(phase, turn) for phase, _, turn in medians}, key=lambda k: (k[0] != FITS, k[1]))
@@ -155,13 +140,9 @@ def format_serving_table(records: list[Record]) -> str:
         ours, theirs = medians.get((phase, ATTNSTORE, turn), {}), medians.get((phase, VLLM, turn), {})
         ratio = _ratio(ours.get("ttft_ms"), theirs.get("ttft_ms"))
         prompts = f"{_fmt(theirs.get('prompt_tokens'), '.0f')}/{_fmt(ours.get('prompt_tokens'), '.0f')}"
-        line = (f"{phase:<14} {turn:>4} {ours.get('turns', theirs.get('turns', 0)):>5} {prompts:>21} "
-                f"{_fmt(ours.get('reused_tokens'), '.0f'):>6} {_fmt(theirs.get('ttft_ms'), '.0f'):>12} "
-                f"{_fmt(ours.get('ttft_ms'), '.0f'):>12} {_fmt(ratio, '.2f'):>9}")
-        if extra:
-            threaded = medians.get((phase, ATTNSTORE_VLLM_THREADING, turn), {}).get("ttft_ms")
-            line += f" {_fmt(threaded, '.0f'):>20} {_fmt(_ratio(threaded, theirs.get('ttft_ms')), '.2f'):>6}"
-        lines.append(line)
+        lines.append(f"{phase:<14} {turn:>4} {ours.get('turns', theirs.get('turns', 0)):>5} {prompts:>21} "
+                     f"{_fmt(ours.get('reused_tokens'), '.0f'):>6} {_fmt(theirs.get('ttft_ms'), '.0f'):>12} "
+                     f"{_fmt(ours.get('ttft_ms'), '.0f'):>12} {_fmt(ratio, '.2f'):>9}")
     return "\n".join(lines)
 
 

@@ -82,10 +82,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker-openmp-pin-threads", action="store_true",
                         help="the worker's openmp_pin_threads (its OpenMP threads bound one per core, as vLLM's "
                         "are): for cores the stack has alone")
-    parser.add_argument("--vllm-threading-row", action="store_true",
-                        help="a second attnstore stack beside the default one, its worker's OpenMP threads "
-                        "spinning and bound one per core as vLLM's are: an extra side and summary keys ending "
-                        "in _vllm_threading (for cores the stack has alone)")
     parser.add_argument("--seed", type=int, default=0, help="conversation order")
     args = parser.parse_args(argv)
     if args.quick:
@@ -113,7 +109,7 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
     phases = phases_for(args, model_dir)
     config = ServingConfig(model_dir, args.kv_cache_mib * MiB, args.max_tokens, 8192, args.omp_threads_bind,
                            args.vllm_block_size, args.worker_openmp_spin_count,
-                           args.worker_openmp_pin_threads, args.vllm_threading_row)
+                           args.worker_openmp_pin_threads)
     serving = document["serving"] = run_serving(vllm, phases, config, WORK_DIR)
     document["peers"]["vllm"] = {"version": vllm.version, "unavailable": serving["unavailable"]}
     serving["config"] = {
@@ -123,7 +119,6 @@ def run_serving_part(args: argparse.Namespace, document: dict[str, Any]) -> None
         "message_limits": MESSAGE_LIMITS, "seed": args.seed, "vllm_omp_threads_bind": args.omp_threads_bind,
         "vllm_block_size": args.vllm_block_size, "worker_openmp_spin_count": args.worker_openmp_spin_count,
         "worker_openmp_pin_threads": args.worker_openmp_pin_threads,
-        "vllm_threading_row": args.vllm_threading_row,
     }
 
 

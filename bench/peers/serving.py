@@ -16,17 +16,11 @@ daemon is quiet (its background saves landed), and every request waits until bot
 systems' processes are idle (bench/common/cpu_quiet.py: vLLM's worker spins on a core for a second
 after each step). Per turn: the client's TTFT, the prompt tokens and that idle wait; per
 phase: vLLM's prefix-cache hit rate (its /metrics) and the daemon's counters.
-
-With `vllm_threading_row`, a second attnstore stack takes its turn too (after the other two,
-the order rotating), its worker's OpenMP threads run as vLLM's are (VLLM_THREADING: spinning
-between a forward's parallel regions, bound one per core), recorded as its own side: the
-default side keeps the worker's defaults, so its numbers mean what they meant before.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import sys
 import time
@@ -43,19 +37,13 @@ from attnstore_cli.local_stack import LocalStack
 from bench.common.cpu_quiet import wait_until_idle
 from bench.peers.attnstore_stack import attnstore_stack, chat_turn
 from bench.peers.install import PeerVenv
-from bench.peers.report import ATTNSTORE, ATTNSTORE_VLLM_THREADING, VLLM, Record
+from bench.peers.report import ATTNSTORE, VLLM, Record
 from bench.peers.vllm import VllmServer
 from bench.peers.workload import Dialogue, Step, round_robin
 
 WARMUP_MESSAGE = "Hello! Who are you?"  # one untimed turn per side first: first-request costs stay out
 # Quiet = the same counters over QUIET_POLLS polls (a save starts right after the answer's last token).
 QUIET_POLLS, QUIET_POLL_SECONDS, QUIET_TIMEOUT_SECONDS = 3, 0.05, 10.0
-# The worker settings that run its OpenMP threads as vLLM's CPU engine runs its own: libgomp's
-# default spin (300,000 polls, ~3 ms) after each parallel region, one thread bound per core.
-VLLM_THREADING = {"openmp_spin_count": 300_000, "openmp_pin_threads": True}
-
-
-_SECTIONS = {ATTNSTORE: "attnstore", ATTNSTORE_VLLM_THREADING: "attnstore_vllm_threading"}  # outcome keys, work dirs
 
 
 @dataclass(frozen=True)
@@ -79,7 +67,6 @@ class ServingConfig:
     vllm_block_size: int  # tokens a vLLM KV block holds: its prefix cache hits whole blocks
     worker_openmp_spin_count: int | None = None  # the worker's `openmp_spin_count` (None: its default)
     worker_openmp_pin_threads: bool = False  # the worker's `openmp_pin_threads`
-    vllm_threading_row: bool = False  # a second stack, its worker threaded as vLLM's (VLLM_THREADING)
 
 
 def _record(side: str, phase: Phase, step: Step, timing: Any) -> Record:
@@ -119,10 +106,8 @@ class VllmSide:
 class AttnstoreSide:
     """The public API client, one session per conversation, and the daemon's counters."""
 
-    def __init__(
-        self, client: AsyncAttnStoreClient, kvstore: AsyncKVStoreClient, max_tokens: int, side: str = ATTNSTORE
-    ) -> None:
-        self.client, self.kvstore, self.max_tokens, self.side = client, kvstore, max_tokens, side
+    def __init__(self, client: AsyncAttnStoreClient, kvstore: AsyncKVStoreClient, max_tokens: int) -> None:
+        self.client, self.kvstore, self.max_tokens = client, kvstore, max_tokens
         self.sessions: dict[str, str] = {}
         self.stats: dict[str, Any] = {}  # the daemon's Stats after each phase
 
@@ -138,7 +123,7 @@ class AttnstoreSide:
         timing = await chat_turn(self.client, self.sessions[dialogue.id], dialogue.messages[step.turn - 1],
                                  self.max_tokens)
         await self.wait_quiet()
-        return _record(self.side, phase, step, timing)
+        return _record(ATTNSTORE, phase, step, timing)
 
     async def wait_quiet(self) -> None:
         """Until no write is open and the tiers' chunk counts stop moving (the worker's
@@ -156,27 +141,27 @@ class AttnstoreSide:
         self.stats[phase.name] = MessageToDict(await self.kvstore.stats(), preserving_proto_field_name=True)
 
 
-async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: list[AttnstoreSide], pids: list[int],
+async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: AttnstoreSide, pids: list[int],
                      progress: tqdm) -> list[Record]:
-    """`pids`: every system's processes, idle before every timed request. Each turn goes to
-    every side, vLLM first, then the order rotates by one a turn (two sides: alternating)."""
+    """`pids`: both systems' processes, idle before every timed request."""
     records: list[Record] = []
-    for side in ours:
-        await side.warm_up()
+    await ours.warm_up()
     if vllm is not None:
         await asyncio.to_thread(vllm.warm_up)
-    sides: list[VllmSide | AttnstoreSide] = [*([vllm] if vllm is not None else []), *ours]
     for phase in phases:
         if vllm is not None:
             await asyncio.to_thread(vllm.begin, phase)
         for index, step in enumerate(phase.steps):
             pair: list[Record] = []
-            for side in sides[index % len(sides):] + sides[:index % len(sides)]:
+            for side in ((VLLM, ATTNSTORE) if index % 2 == 0 else (ATTNSTORE, VLLM)):
+                if side == VLLM and vllm is None:
+                    continue
                 waited = await asyncio.to_thread(wait_until_idle, pids)
-                if isinstance(side, AttnstoreSide):
-                    pair.append(await side.turn(phase, step))
+                if side == ATTNSTORE:
+                    pair.append(await ours.turn(phase, step))
                 else:
-                    pair.append(await asyncio.to_thread(side.turn, phase, step))
+                    assert vllm is not None
+                    pair.append(await asyncio.to_thread(vllm.turn, phase, step))
                 pair[-1]["idle_wait_ms"] = waited * 1000
             records += pair
             progress.set_postfix_str(f"{phase.name} turn {step.turn}: " + ", ".join(
@@ -184,41 +169,30 @@ async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: list[Attn
             progress.update()
         if vllm is not None:
             await asyncio.to_thread(vllm.end, phase)
-        for side in ours:
-            await side.end(phase)
+        await ours.end(phase)
     return records
 
 
-async def _serve(stacks: dict[str, LocalStack], vllm: VllmSide | None, phases: list[Phase], max_tokens: int,
-                 progress: tqdm) -> tuple[list[Record], dict[str, dict[str, Any]]]:
-    """The turns, and each attnstore side's daemon counters by side."""
-    async with contextlib.AsyncExitStack() as opened:
-        ours = [AttnstoreSide(await opened.enter_async_context(AsyncAttnStoreClient(stack.address, timeout_seconds=600)),
-                              await opened.enter_async_context(AsyncKVStoreClient(stack.daemon.address, use_shm=False)),
-                              max_tokens, side)
-                for side, stack in stacks.items()]
-        pids = [pid for stack in stacks.values() for pid in stack.pids().values()]
-        pids += [vllm.server.pid] if vllm is not None and vllm.server.pid is not None else []
+async def _serve(stack: LocalStack, vllm: VllmSide | None, phases: list[Phase], max_tokens: int,
+                 progress: tqdm) -> tuple[list[Record], dict[str, Any]]:
+    async with (AsyncAttnStoreClient(stack.address, timeout_seconds=600) as client,
+                AsyncKVStoreClient(stack.daemon.address, use_shm=False) as kvstore):
+        ours = AttnstoreSide(client, kvstore, max_tokens)
+        pids = list(stack.pids().values()) + ([vllm.server.pid] if vllm is not None and vllm.server.pid is not None else [])
         records = await _run_pairs(phases, vllm, ours, pids, progress)
-    return records, {side.side: {"daemon_stats_after_phase": side.stats} for side in ours}
+    return records, {"daemon_stats_after_phase": ours.stats}
 
 
 def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work_dir: Path) -> dict[str, Any]:
-    """Every side over every phase; {records, vllm, attnstore, unavailable}, with the extra
-    side's stack under `attnstore_vllm_threading`."""
+    """Both sides over every phase; {records, vllm, attnstore, unavailable}."""
     outcome: dict[str, Any] = {"records": [], "vllm": {}, "unavailable": None if peer.available else peer.reason}
     server = VllmServer(peer, config.model_dir, config.kv_cache_bytes, work_dir / "vllm.log",
                         config.max_model_len, config.omp_threads_bind, config.vllm_block_size) if peer.available else None
+    shutil.rmtree(work_dir / "attnstore", ignore_errors=True)
     spin, pin = config.worker_openmp_spin_count, config.worker_openmp_pin_threads
-    default = ({} if spin is None else {"openmp_spin_count": spin}) | ({"openmp_pin_threads": True} if pin else {})
-    overrides = {ATTNSTORE: default or None}
-    if config.vllm_threading_row:
-        overrides[ATTNSTORE_VLLM_THREADING] = VLLM_THREADING
-    stacks = {}
-    for side, worker in overrides.items():
-        shutil.rmtree(work_dir / _SECTIONS[side], ignore_errors=True)
-        stacks[side] = attnstore_stack(work_dir / _SECTIONS[side], config.model_dir, config.kv_cache_bytes, worker)
-    start_seconds = dict.fromkeys(stacks, 0.0)
+    worker = ({} if spin is None else {"openmp_spin_count": spin}) | ({"openmp_pin_threads": True} if pin else {})
+    stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes, worker or None)
+    start_seconds = 0.0
     with tqdm(total=sum(len(phase.steps) for phase in phases), desc="bench-peers serving", unit="turn pair",
               file=sys.stderr) as progress:
         try:
@@ -229,21 +203,18 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
                     outcome["vllm"] = {"start_seconds": round(server.start_seconds, 1), "command": server.command()}
                 except (RuntimeError, OSError) as exc:
                     outcome["unavailable"], server = str(exc), None
-            for side, stack in stacks.items():
-                progress.set_postfix_str(f"starting the {side} stack")
-                started = time.monotonic()
-                stack.start()
-                start_seconds[side] = time.monotonic() - started
+            progress.set_postfix_str("starting the attnstore stack")
+            started = time.monotonic()
+            stack.start()
+            start_seconds = time.monotonic() - started
             vllm = VllmSide(server, config.max_tokens) if server is not None else None
-            outcome["records"], counters = asyncio.run(_serve(stacks, vllm, phases, config.max_tokens, progress))
-            for side, section in counters.items():
-                outcome[_SECTIONS[side]] = section
+            outcome["records"], outcome["attnstore"] = asyncio.run(_serve(stack, vllm, phases, config.max_tokens,
+                                                                          progress))
             if vllm is not None:
                 outcome["vllm"]["prefix_cache"] = vllm.counters
         finally:
-            for side, stack in stacks.items():
-                outcome.setdefault(_SECTIONS[side], {}).update(start_seconds=round(start_seconds[side], 1),
-                                                               exit_codes=stack.stop())
+            outcome.setdefault("attnstore", {}).update(start_seconds=round(start_seconds, 1),
+                                                       exit_codes=stack.stop())
             if server is not None:
                 server.stop()
     return outcome

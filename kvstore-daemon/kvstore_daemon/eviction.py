@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX, NAMED_KEYS_MAX, ChunkLives
 from kvstore_daemon.hints import HintAction, HintBook
-from kvstore_daemon.order_chooser import OrderChooser
+from kvstore_daemon.order_chooser import SWITCH_Z, OrderChooser
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 PolicyName = Literal["lru", "fifo", "lookahead", "predictive"]
@@ -174,7 +174,7 @@ class LookaheadPolicy:
 
 def make_tier_policies(
     name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic, shadow_share: float = 0.0,
-    ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX,
+    ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX, switch_z: float = SWITCH_Z,
 ) -> tuple[EvictionPolicy, EvictionPolicy]:
     """DRAM's and SSD's instances of the named policy; predictive's share what they learn
     (a chunk moving between the tiers keeps its age and its reads), and with a positive
@@ -186,7 +186,7 @@ def make_tier_policies(
         dram = PredictivePolicy(hints, clock, lives, lowest_tier=False)
         if shadow_share <= 0:
             return dram, ssd
-        chooser = OrderChooser(lives, shadow_share, (PredictivePolicy(hints, clock), LruPolicy()))
+        chooser = OrderChooser(lives, shadow_share, (PredictivePolicy(hints, clock), LruPolicy()), switch_z)
         return dram, AdaptivePolicy(ssd, chooser)
     return make_policy(name, hints, clock), make_policy(name, hints, clock)
 

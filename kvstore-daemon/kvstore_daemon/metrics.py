@@ -41,6 +41,16 @@ SHADOW_HITS = Counter(
     "predictive: hits of the shadow cache of each order (predictive, lru) on the sampled keys",
     ["order"],
 )
+ORDER_SWITCHES = Counter(
+    "attnstore_kvstore_predictive_order_switches_total",
+    "predictive: times the shadow caches switched the SSD tier's order (to the label's order)",
+    ["order"],
+)
+ORDER_REQUESTS = Counter(
+    "attnstore_kvstore_predictive_order_requests_total",
+    "predictive: sampled requests seen while the SSD tier followed each order (the time spent on it)",
+    ["order"],
+)
 EVICTED_NEEDED_AGAIN = Counter(
     "attnstore_kvstore_evicted_needed_again_total",
     "predictive: evicted or deleted chunks it still remembered (ghosts) that were needed again, learned as reads "

@@ -16,6 +16,7 @@ from attnstore.security import ChannelSecurity, check_server_security
 from attnstore.server.ports import DAEMON_PORT
 from attnstore.server.service_settings import InternalAuthSetting, ListenAddress, ServiceSettings
 from kvstore_daemon.chunk_lives import GHOST_KEYS_MAX, NAMED_KEYS_MAX
+from kvstore_daemon.order_chooser import SWITCH_Z
 from kvstore_daemon.ssd_tier import DEFAULT_IO_THREADS
 
 MiB = 1024 * 1024
@@ -125,6 +126,11 @@ class DaemonSettings(ServiceSettings):
         0.25, ge=0, le=1,
         description="predictive: share of the keys (by hash) on which two shadow caches, one per order, decide "
         "whether the SSD tier follows the predictive order or LRU (whichever hit more lately); 0: always predictive",
+    )
+    predictive_shadow_switch_z: float = Field(
+        SWITCH_Z, ge=0,
+        description="predictive: the other order's shadow takes over once its lead in the requests only one shadow "
+        "hit is more than this many standard errors (sqrt of their sum); higher switches less on noise",
     )
 
     predictive_prefetch_dram_share: float = Field(

@@ -64,6 +64,7 @@ class TierMover:
             settings.predictive_shadow_share,
             settings.predictive_ghost_keys_max,
             settings.predictive_named_keys_max,
+            settings.predictive_shadow_switch_z,
         )
         self._chunks = chunks
         self._namespaces = namespaces

@@ -205,6 +205,9 @@ def test_the_shadow_caches_count_the_stores_reads(daemon_factory: DaemonFactory,
         name = f'attnstore_kvstore_shadow_hits_total{{order="{order}"}}'
         assert (before[name], samples[name]) == (0, 5)
     assert samples["attnstore_kvstore_predictive_order_followed"] == 1
+    # Ten sampled requests (five births, five reads), all on the predictive order; no switch.
+    assert samples['attnstore_kvstore_predictive_order_requests_total{order="predictive"}'] == 10
+    assert samples['attnstore_kvstore_predictive_order_switches_total{order="lru"}'] == 0
 
 
 def test_a_lookup_naming_a_deleted_chunk_is_learned_as_needed_again(

@@ -2,7 +2,7 @@
 doc-QA as the median, perplexity deltas as the workload's perplexity over the full
 prefill's (signed) over the prompts of several modules, the repair curve per method and budget (the better served method at the
 largest budget is the headline; the compact layout's figures beside it), the repair budget over the module tokens, and n/a, PASS
-and FAIL verdicts."""
+and FAIL verdicts; the cores a document-QA module turn kept busy."""
 
 from __future__ import annotations
 
@@ -147,3 +147,14 @@ def test_the_one_sided_perplexities_and_the_reordered_spread() -> None:
     assert summary["ppl_delta_reordered"] == pytest.approx((1.05 * 0.97) ** 0.5 - 1, abs=1e-4)
     assert verdicts(summary)[-1].startswith("info") and "+0.92%" in verdicts(summary)[-1]
     assert summarize(rows[2:])["ppl_delta_reordered"] is None  # the length sweep has no other order
+
+
+def test_the_summary_reads_the_cores_a_module_turn_kept_busy() -> None:
+    """A module turn's process CPU over its TTFT, the median over the document-QA prompts;
+    none where a run's rows have no CPU (before it was measured)."""
+    rows = [
+        replace(row("doc_qa", label, 1500.0, ttft, (10.0, 10.0)), cpu_modules_ms=cpu)
+        for label, ttft, cpu in (("q0", 100.0, 120.0), ("q1", 80.0, 160.0), ("q2", 50.0, 50.0))
+    ]
+    assert summarize(rows)["module_turn_cores_doc_qa"] == pytest.approx(1.2)
+    assert summarize([row("doc_qa", "q0", 1500.0, 100.0, (10.0, 10.0))])["module_turn_cores_doc_qa"] is None

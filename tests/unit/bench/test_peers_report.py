@@ -7,7 +7,6 @@ from typing import Any
 from bench.daemon.report import GRPC, SHM, SHM_LEASED
 from bench.peers.report import (
     ATTNSTORE,
-    ATTNSTORE_VLLM_THREADING,
     FITS,
     LMCACHE,
     OVER,
@@ -60,23 +59,6 @@ def test_later_turns_are_turn_three_on_and_the_ratio_is_ours_over_vllms() -> Non
     assert summary["later_turn_ttft_vs_vllm"] == 0.25
     assert summary["later_turn_ttft_vs_vllm_fits"] == 1.5
     assert summary["first_turn_ttft_vs_vllm"] == 2.0  # turn 1 of both phases: 200 ms / 100 ms
-
-
-def test_the_vllm_threading_side_has_its_own_keys_and_leaves_the_default_ones_alone() -> None:
-    records = [_turn(VLLM, FITS, 1, 100.0), _turn(VLLM, FITS, 3, 400.0),
-               _turn(ATTNSTORE, FITS, 1, 120.0), _turn(ATTNSTORE, FITS, 3, 480.0)]
-    alone = serving_summary(records)
-    assert not any(key.endswith("_vllm_threading") for key in alone)
-    threaded = [_turn(ATTNSTORE_VLLM_THREADING, FITS, 1, 110.0), _turn(ATTNSTORE_VLLM_THREADING, FITS, 3, 360.0)]
-    summary = serving_summary(records + threaded)
-    assert {key: summary[key] for key in alone if key != "idle_wait_ms_after"} == {
-        key: value for key, value in alone.items() if key != "idle_wait_ms_after"}
-    assert summary["later_turn_ttft_vs_vllm_fits"] == 1.2
-    assert summary["later_turn_ttft_vs_vllm_fits_vllm_threading"] == 0.9
-    assert summary["first_turn_ttft_vs_vllm_vllm_threading"] == 1.1
-    assert summary["later_turn_median_ttft_ms_fits_vllm_threading"] == {ATTNSTORE_VLLM_THREADING: 360.0, VLLM: 400.0}
-    table = format_serving_table(records + threaded)
-    assert "vLLM threading" in table and "0.90" in table  # 360 ms / 400 ms
 
 
 def test_medians_group_by_phase_side_and_turn() -> None:

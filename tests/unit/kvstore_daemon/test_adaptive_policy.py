@@ -12,13 +12,14 @@ from collections.abc import Callable
 
 import pytest
 from fake_clock import FakeClock
+from prometheus_client import REGISTRY
 
 from kvstore_daemon.adaptive_policy import AdaptivePolicy
 from kvstore_daemon.chunk_lives import REUSE_CLASSES, ChunkLives
 from kvstore_daemon.eviction import EvictionPolicy, LruPolicy, make_tier_policies
 from kvstore_daemon.hints import HintAction, HintBook, HintSpec
 from kvstore_daemon.hit_density import HitDensity
-from kvstore_daemon.order_chooser import ORDERS, OrderChooser
+from kvstore_daemon.order_chooser import ORDERS, SWITCH_Z, OrderChooser
 from kvstore_daemon.predictive_policy import PredictivePolicy
 
 NS = b"n" * 16
@@ -136,12 +137,54 @@ def _follows(tier: tuple[EvictionPolicy, HintBook, FakeClock]) -> str:
     return "predictive" if policy.chooser.predictive else "lru"
 
 
+def _chooser_metrics() -> dict[tuple[str, str], float]:
+    return {
+        (kind, order): REGISTRY.get_sample_value(
+            f"attnstore_kvstore_predictive_order_{kind}_total", {"order": order}
+        )
+        or 0.0
+        for kind in ("switches", "requests")
+        for order in ORDERS
+    }
+
+
 def test_the_chooser_follows_lru_on_a_recency_stream_the_predictive_order_misreads() -> None:
+    before = _chooser_metrics()
     tier = _tier("predictive", learner=_read_late_only())
     _hits(_recent(), tier)
     assert _follows(tier) == "lru"
     chooser = tier[0].chooser  # type: ignore[union-attr]
     assert chooser.scores[1] > chooser.scores[0]
+    counted = {key: value - before[key] for key, value in _chooser_metrics().items()}
+    # Its switches and the time on each order are exported: it ended on LRU after one
+    # switch more to LRU than back, and every sampled request was seen on one order.
+    assert counted["switches", "lru"] == counted["switches", "predictive"] + 1
+    assert counted["requests", "predictive"] > 0 and counted["requests", "lru"] > 0
+    assert counted["requests", "predictive"] + counted["requests", "lru"] == chooser.requests
+
+
+def _switches() -> float:
+    return sum(value for (kind, _), value in _chooser_metrics().items() if kind == "switches")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_chooser_does_not_switch_on_noise(seed: int) -> None:
+    """Uniform requests over twice the store: neither order is better, so whichever shadow
+    leads at a moment leads by chance. A bare lead (`switch_z` 0, like the 2% margin
+    before) flaps dozens of times; the sign test on the requests only one shadow hit
+    holds still."""
+    rng = random.Random(seed)
+    stream = [f"u{rng.randrange(2 * CAPACITY)}".encode() for _ in range(4000)]
+    counted = []
+    for switch_z in (0.0, SWITCH_Z):
+        hints, clock = HintBook(), FakeClock()
+        predictive = PredictivePolicy(hints, clock, ChunkLives(clock))
+        shadows = (PredictivePolicy(hints, clock, ChunkLives(clock)), LruPolicy())
+        chooser = OrderChooser(predictive.lives, 1.0, shadows, switch_z)
+        before = _switches()
+        _hits(stream, (AdaptivePolicy(predictive, chooser), hints, clock))
+        counted.append(_switches() - before)
+    assert counted[0] >= 30 and counted[1] <= 2
 
 
 @pytest.mark.parametrize("start", ["predictive", "lru"])
@@ -168,3 +211,7 @@ def test_a_sample_of_the_keys_decides_alike() -> None:
 def test_the_sample_share_is_validated() -> None:
     with pytest.raises(ValueError, match="sample_share"):
         OrderChooser(ChunkLives(FakeClock()), 1.5, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()))
+    with pytest.raises(ValueError, match="switch_z"):
+        OrderChooser(
+            ChunkLives(FakeClock()), 0.25, (PredictivePolicy(HintBook(), FakeClock()), LruPolicy()), -1.0
+        )
