@@ -186,6 +186,9 @@ def write_results(rows: list[Row], workloads: list[Workload], machine: dict[str,
         "waited_dram_share_of_hits": "the same over the turns that waited a hint interval or more in the queue",
         "started_dram_share_of_hits": "the same over the other turns (started on arrival: nothing could prefetch)",
         "predictive_dram_share_ceiling": "the DRAM share if every waited turn's hits had come from DRAM",
+        "started_dram_share_bound": "the most a DRAM that knows which idle sessions come back, and picks among them "
+                                    "at equal odds, gives the turns that started on arrival (ShareGPT)",
+        "predictive_dram_share_bound": "the ceiling with the started turns at that bound",
         "ideal_hit_rate": "the hit rate of a store that never evicts, on the same schedule",
         "store_turnover_s": "simulated seconds the workload takes to store as many chunks as DRAM + SSD hold",
     }

@@ -51,6 +51,10 @@ class ReplayResult:
     optimal_hit_blocks: int = 0  # hits of the offline optimum at this capacity (same schedule, optimal.py)
     waited_hit_blocks: int = 0  # hits of turns that waited a hint interval or more in the queue
     waited_dram_hit_blocks: int = 0  # of them, found in DRAM
+    # Of the other turns' hits, those a DRAM could have held had it known which idle
+    # sessions come back and picked among them at equal odds (equal_odds_dram_hits); None
+    # where the workload has no sessions to tell (the Mooncake trace).
+    started_dram_bound_hit_blocks: float | None = None
     stored_chunks: int = 0  # chunks the turns computed and stored
     hint_pushes: int = 0
     prefetches_started: int = 0
@@ -80,6 +84,8 @@ class ReplayResult:
             "waited_share_of_hits": _ratio(self.waited_hit_blocks, self.hit_blocks),
             "started_dram_share_of_hits": _ratio(self.dram_hit_blocks - self.waited_dram_hit_blocks,
                                                  self.hit_blocks - self.waited_hit_blocks),
+            "started_dram_share_bound": None if self.started_dram_bound_hit_blocks is None else _ratio(
+                self.started_dram_bound_hit_blocks, self.hit_blocks - self.waited_hit_blocks),
             "turns": self.turns, "lookup_blocks": self.lookup_blocks, "hit_blocks": self.hit_blocks,
             "dram_hit_blocks": self.dram_hit_blocks, "stored_chunks": self.stored_chunks,
             "hint_pushes": self.hint_pushes, "prefetches_started": self.prefetches_started,
@@ -99,8 +105,17 @@ class ReplayResult:
         }
 
 
-def _ratio(part: int, whole: int) -> float:
+def _ratio(part: float, whole: int) -> float:
     return round(part / whole, 4) if whole else 0.0
+
+
+def equal_odds_dram_hits(hits: int, dram_chunks: int, others_chunks: int) -> float:
+    """The expected DRAM hits of a turn that arrives unannounced when each idle session
+    that comes back is as likely as any other to be next (exponential think times of one
+    mean, as ShareGPT's here): a DRAM of `dram_chunks` holding only those sessions' chains
+    (`others_chunks` besides the arriving one's `hits`) holds that share of them, however
+    it picks. An upper bound: it knows who comes back, and gives no room to anything else."""
+    return hits * min(1.0, dram_chunks / max(others_chunks + hits, 1))
 
 
 @dataclass(frozen=True)
@@ -129,7 +144,13 @@ class Replay:
         self.pusher = HintPusher(self.queue, lambda: [target], settings, clock=lambda: self.now, activity=activity,
                                  source="bench") if push_hints or activity else None
         self._chains = ChainSessions()
-        self.result = ReplayResult(capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES)
+        self.result = ReplayResult(capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES,
+                                   started_dram_bound_hit_blocks=0.0 if workload.session_ids else None)
+        self._dram_chunks = capacity.dram_bytes // CHUNK_BYTES
+        # Sessions between turns that will come back (the workload's future: for the bound
+        # alone) -> the chunks of the chain their last turn stored; and their sum.
+        self._coming_back: dict[int, int] = {}
+        self._coming_back_chunks = 0
         self.now = 0.0  # simulated seconds
         self._on_turn_done = on_turn_done
         self._events: list[tuple[float, int, Callable[[], Awaitable[None]]]] = []
@@ -178,6 +199,7 @@ class Replay:
         spec = self.workload.sessions[session].turns[turn]
         keys = spec.keys[: spec.prompt_blocks]
         job_id = f"{session}/{turn}"
+        self._coming_back_chunks -= self._coming_back.pop(session, 0)
         session_id = str(session) if self.workload.session_ids else self._chains.session_for(keys)
         self._turn_of[job_id] = (session, turn, session_id)
         if self.activity is not None:
@@ -224,6 +246,9 @@ class Replay:
         if waited:
             result.waited_hit_blocks += found.prefix_length
             result.waited_dram_hit_blocks += in_dram
+        elif result.started_dram_bound_hit_blocks is not None:
+            result.started_dram_bound_hit_blocks += equal_odds_dram_hits(
+                found.prefix_length, self._dram_chunks, self._coming_back_chunks)
         return found.prefix_length
 
     async def _complete(self, job_id: str) -> None:
@@ -243,6 +268,8 @@ class Replay:
             self.activity.turn_ended(session_id, turns[turn].keys, self.now)
             self._dirty = True
         if turn + 1 < len(turns):
+            self._coming_back[session] = len(turns[turn].keys)
+            self._coming_back_chunks += len(turns[turn].keys)
             self._at(self.now + turns[turn + 1].think_s, lambda: self._arrive(session, turn + 1))
         elif (end_s := self.workload.sessions[session].end_s) is not None and self.activity is not None:
             self._at(self.now + end_s, lambda: self._end(session_id))

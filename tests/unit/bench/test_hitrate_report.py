@@ -4,7 +4,7 @@ with end signals and with conversation_over reported under ShareGPT, targets as 
 from __future__ import annotations
 
 from bench.hitrate.report import dram_share_ceiling, gap_closed, summarize_predictive, window_gaps_closed
-from bench.hitrate.sim import ReplayResult
+from bench.hitrate.sim import ReplayResult, equal_odds_dram_hits
 
 
 def _row(workload: str, policy: str, hit: float, dram: float = 0.01, optimal: float = 0.5) -> dict:
@@ -71,3 +71,20 @@ def test_the_gap_closed_is_reported_per_window_against_lrus_windows() -> None:
     assert "INFO  mooncake 1%/10%: predictive's gap closed per 10 minutes: 25.0%, 50.0%, n/a" in lines
     one_window = {**predictive, "windows": windows(0.2)}
     assert "predictive_gap_closed_by_window" not in summarize_predictive([lru, one_window])[0]["mooncake"]
+
+
+def test_the_dram_share_bound_gives_the_started_turns_the_share_of_returning_chains_dram_holds() -> None:
+    assert equal_odds_dram_hits(4, dram_chunks=4, others_chunks=8) == 4 / 3
+    assert equal_odds_dram_hits(4, dram_chunks=100, others_chunks=8) == 4  # everything fits
+    assert equal_odds_dram_hits(0, dram_chunks=4, others_chunks=0) == 0
+    # Half the hits waited (all reachable), the others at most 40% from DRAM: 70%.
+    predictive = {**_row("sharegpt", "predictive", 0.2), "waited_share_of_hits": 0.5,
+                  "started_dram_share_of_hits": 0.3, "started_dram_share_bound": 0.4}
+    assert dram_share_ceiling(predictive, "started_dram_share_bound") == 0.7
+    summary, lines = summarize_predictive([_row("sharegpt", "lru", 0.1), predictive])
+    assert summary["sharegpt"]["predictive_dram_share_bound"] == 0.7
+    assert "FAIL  sharegpt 1%/10%: 90.0% of predictive's hits from DRAM (target >= 95%; 65.0% if every queued " \
+        "turn's came from DRAM, at most 70.0% with the other turns' at equal odds)" in lines
+    result = ReplayResult(hit_blocks=10, waited_hit_blocks=6, started_dram_bound_hit_blocks=1.0)
+    assert result.summary()["started_dram_share_bound"] == 0.25
+    assert ReplayResult().summary()["started_dram_share_bound"] is None

@@ -1,5 +1,6 @@
-"""bench-hitrate's per-window report: a replay against a real daemon counts lookups, hits
-and the optimum's hits per WINDOW_S of simulated time, and the windows add up to the run."""
+"""bench-hitrate's replay against a real daemon: the per-window report (lookups, hits and
+the optimum's hits per WINDOW_S of simulated time, adding up to the run) and the bound on
+the DRAM share of the turns that start on arrival."""
 
 from __future__ import annotations
 
@@ -40,14 +41,14 @@ def workload() -> Workload:
     )
 
 
-async def replay(address: str) -> dict:
+async def replay(address: str, work: Workload, dram_chunks: int = 64, slots: int = 2) -> dict:
     async with AsyncKVStoreClient(address) as kv:
         await kv.register_namespace(NS, **chunk_layout(CHUNK_TOKENS))
         run = Replay(
-            workload(),
+            work,
             kv,
-            NodeCapacity(64 * CHUNK_BYTES, 640 * CHUNK_BYTES),
-            slots=2,
+            NodeCapacity(dram_chunks * CHUNK_BYTES, 640 * CHUNK_BYTES),
+            slots=slots,
             push_hints=False,
             hint_interval_s=0.2,
             on_turn_done=lambda: None,
@@ -55,13 +56,35 @@ async def replay(address: str) -> dict:
         return (await run.run()).summary()
 
 
-def test_each_window_counts_its_own_lookups_hits_and_optimum(tmp_path: Path) -> None:
+def run_replay(tmp_path: Path, work: Workload, dram_chunks: int = 64, slots: int = 2) -> dict:
     settings = {**DAEMON_SETTINGS, "eviction_policy": "lru"}
     with running_daemon(tmp_path, dram_bytes=1024 * 1024, ssd_bytes=1024 * 1024, settings=settings) as daemon:
-        summary = uvloop.run(replay(daemon.address))
+        return uvloop.run(replay(daemon.address, work, dram_chunks, slots))
+
+
+def test_each_window_counts_its_own_lookups_hits_and_optimum(tmp_path: Path) -> None:
+    summary = run_replay(tmp_path, workload())
     first, second = summary["windows"]
     assert (first["start_s"], second["start_s"]) == (0.0, WINDOW_S)
     assert (first["lookup_blocks"], first["hit_rate"], first["optimal_hit_rate"]) == (4, 0.0, 0.0)
     assert (second["lookup_blocks"], second["hit_rate"], second["optimal_hit_rate"]) == (4, 1.0, 1.0)
     assert first["lookup_blocks"] + second["lookup_blocks"] == summary["lookup_blocks"]
     assert summary["hit_rate"] == summary["optimal_hit_rate"] == 0.5
+
+
+def test_the_bound_gives_an_unannounced_turn_the_share_of_the_returning_chains_dram_holds(
+    tmp_path: Path,
+) -> None:
+    """Three sessions store 4 chunks each and come back one after another, each on arrival
+    (no queue). Against a DRAM of 4 chunks: the first back competes with 8 chunks of the
+    two still to come (4 of its 4 + 8: a third), the second with 4 (a half), the last with
+    none (all): 4/3 + 2 + 4 of its 12 hits."""
+    sessions = [
+        Session(float(i), (Turn(chain(i, 4), 2, 0.5, 0.0), Turn(chain(i, 6), 4, 0.5, 100.0 * (i + 1))))
+        for i in range(3)
+    ]
+    summary = run_replay(tmp_path, Workload("sharegpt", CHUNK_TOKENS, sessions), dram_chunks=4, slots=3)
+    assert summary["hit_blocks"] == 12 and summary["waited_share_of_hits"] == 0.0
+    assert summary["started_dram_share_bound"] == round((4 / 3 + 2 + 4) / 12, 4)
+    mooncake_like = Workload("mooncake", CHUNK_TOKENS, sessions, session_ids=False)
+    assert run_replay(tmp_path, mooncake_like, dram_chunks=4, slots=3)["started_dram_share_bound"] is None
