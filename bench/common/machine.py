@@ -54,8 +54,12 @@ def disk_of(directory: Path) -> dict[str, str]:
         if inside and (mount == "unknown" or len(point) > len(mount)):  # the innermost mount wins
             mount, fstype = point, kind
     return {
-        "dir": str(directory), "device": f"/dev/{name}", "filesystem": fstype, "mount": mount,
-        "rotational": _read(queue / "rotational"), "model": _read(sys_dev / "device" / "model", "n/a"),
+        "dir": str(directory),
+        "device": f"/dev/{name}",
+        "filesystem": fstype,
+        "mount": mount,
+        "rotational": _read(queue / "rotational"),
+        "model": _read(sys_dev / "device" / "model", "n/a"),
     }
 
 

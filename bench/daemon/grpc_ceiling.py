@@ -28,7 +28,9 @@ def _serve(ports: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     async def get(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         size = int.from_bytes(request, "little")
         if size not in messages:
-            messages[size] = [payload[i : min(i + MESSAGE_BYTES, size)] for i in range(0, size, MESSAGE_BYTES)]
+            messages[size] = [
+                payload[i : min(i + MESSAGE_BYTES, size)] for i in range(0, size, MESSAGE_BYTES)
+            ]
         for message in messages[size]:
             yield message
 

@@ -36,8 +36,10 @@ from bench.daemon.report import (
 )
 from bench.daemon.workloads import ChunkPool
 
-BUDGETS = {1: Budget(min_ops=200, min_seconds=1.5, max_bytes=2_000_000_000, max_seconds=5.0),
-           4: Budget(min_ops=100, min_seconds=1.0, max_seconds=3.0)}
+BUDGETS = {
+    1: Budget(min_ops=200, min_seconds=1.5, max_bytes=2_000_000_000, max_seconds=5.0),
+    4: Budget(min_ops=100, min_seconds=1.0, max_seconds=3.0),
+}
 QUICK_BUDGET = Budget(min_ops=8, min_seconds=0.05, max_bytes=50_000_000, max_seconds=0.5)
 BATCH_KEYS = 4  # the "4 keys/req" row: one Get of 4 chunks (a 1024-token prefix), into 4 buffers
 
@@ -61,12 +63,17 @@ class MemoryBench:
 
     async def open(self, concurrency: int) -> None:
         def daemon(shm: bool, verify: bool, n: int, **options: int) -> list[AsyncKVStoreClient]:
-            return [AsyncKVStoreClient(self.address, use_shm=shm, verify_checksums=verify, **options) for _ in range(n)]
+            return [
+                AsyncKVStoreClient(self.address, use_shm=shm, verify_checksums=verify, **options)
+                for _ in range(n)
+            ]
 
         self.clients = {
-            SHM: daemon(True, False, concurrency), GRPC: daemon(False, False, concurrency),
+            SHM: daemon(True, False, concurrency),
+            GRPC: daemon(False, False, concurrency),
             SHM_LEASED: daemon(True, False, concurrency, location_cache_entries=0),
-            SHM_VERIFY: daemon(True, True, 1), GRPC_VERIFY: daemon(False, True, 1),
+            SHM_VERIFY: daemon(True, True, 1),
+            GRPC_VERIFY: daemon(False, True, 1),
             REDIS_SYNC: [redis.Redis(port=self.redis_port) for _ in range(concurrency)],
             REDIS_AIO: [aredis.Redis(port=self.redis_port) for _ in range(concurrency)],
             GRPC_CEILING: [CeilingClient(self.ceiling_address) for _ in range(concurrency)],
@@ -86,28 +93,61 @@ class MemoryBench:
                     await client.close()
 
     def record(self, path: str, op: str, pool: ChunkPool, concurrency: int, result: Measurement) -> None:
-        self.rows.append({
-            "path": path, "op": op, "size": pool.label, "chunk_bytes": pool.chunk_bytes,
-            "chunk_tokens": pool.chunk_tokens, "concurrency": concurrency, **result.as_dict(),
-        })
+        self.rows.append(
+            {
+                "path": path,
+                "op": op,
+                "size": pool.label,
+                "chunk_bytes": pool.chunk_bytes,
+                "chunk_tokens": pool.chunk_tokens,
+                "concurrency": concurrency,
+                **result.as_dict(),
+            }
+        )
         self.progress.update()
 
     def budget(self, concurrency: int) -> Budget:
         return QUICK_BUDGET if self.quick else BUDGETS[concurrency]
 
-    async def threads(self, path: str, op: str, pool: ChunkPool, c: int, fn: Callable[[int, int], object]) -> None:
-        self.progress.set_postfix_str(f"{path} {op} {pool.label} c={c}")
-        self.record(path, op, pool, c, run_threads(
-            fn, item_bytes=pool.chunk_bytes, count=pool.count, concurrency=c, budget=self.budget(c)))
-
-    async def tasks(
-        self, path: str, op: str, pool: ChunkPool, c: int, fn: Callable[[int, int], Awaitable[object]],
-        between_rounds: Callable[[], Awaitable[object]] | None = None, keys_per_op: int = 1,
+    async def threads(
+        self, path: str, op: str, pool: ChunkPool, c: int, fn: Callable[[int, int], object]
     ) -> None:
         self.progress.set_postfix_str(f"{path} {op} {pool.label} c={c}")
-        self.record(path, op, pool, c, await run_tasks(
-            fn, item_bytes=pool.chunk_bytes * keys_per_op, count=pool.count // keys_per_op, concurrency=c,
-            budget=self.budget(c), between_rounds=between_rounds))
+        self.record(
+            path,
+            op,
+            pool,
+            c,
+            run_threads(
+                fn, item_bytes=pool.chunk_bytes, count=pool.count, concurrency=c, budget=self.budget(c)
+            ),
+        )
+
+    async def tasks(
+        self,
+        path: str,
+        op: str,
+        pool: ChunkPool,
+        c: int,
+        fn: Callable[[int, int], Awaitable[object]],
+        between_rounds: Callable[[], Awaitable[object]] | None = None,
+        keys_per_op: int = 1,
+    ) -> None:
+        self.progress.set_postfix_str(f"{path} {op} {pool.label} c={c}")
+        self.record(
+            path,
+            op,
+            pool,
+            c,
+            await run_tasks(
+                fn,
+                item_bytes=pool.chunk_bytes * keys_per_op,
+                count=pool.count // keys_per_op,
+                concurrency=c,
+                budget=self.budget(c),
+                between_rounds=between_rounds,
+            ),
+        )
 
     async def run(self, pool: ChunkPool, c: int) -> None:
         ns, keys, chunks, n = pool.namespace, pool.keys, pool.chunks, pool.chunk_bytes
@@ -123,9 +163,11 @@ class MemoryBench:
             await admin.delete(ns, keys)
 
         for path in (SHM, GRPC):
+
             async def put(w: int, i: int, clients: list[AsyncKVStoreClient] = self.clients[path]) -> None:
                 if len((await clients[w].put_chunks(ns, [(keys[i], chunks[i])])).stored) != 1:
                     raise RuntimeError(f"put of chunk {i} was not stored")
+
             await self.tasks(path, "put", pool, c, put, delete_all)
         await self.threads(REDIS_SYNC, "set", pool, c, lambda w, i: sync_redis[w].set(rkeys[i], chunks[i]))
         await self.tasks(REDIS_AIO, "set", pool, c, lambda w, i: aio_redis[w].set(rkeys[i], chunks[i]))
@@ -133,8 +175,10 @@ class MemoryBench:
         await admin.put_chunks(ns, list(zip(keys, chunks, strict=True)))
         await self.check_reads(pool, rkeys)
         for path in (SHM, SHM_LEASED, GRPC, SHM_VERIFY, GRPC_VERIFY) if c == 1 else (SHM, SHM_LEASED, GRPC):
+
             async def get(w: int, i: int, clients: list[AsyncKVStoreClient] = self.clients[path]) -> None:
                 await clients[w].get_chunks_into(ns, [keys[i]], [self.outs[w]])
+
             await self.tasks(path, "get", pool, c, get)
         ceiling = self.clients[GRPC_CEILING]
         await self.tasks(GRPC_CEILING, "get", pool, c, lambda w, i: ceiling[w].get_into(n, self.outs[w]))
@@ -142,7 +186,10 @@ class MemoryBench:
             outs = [self.outs[0], *(np.zeros(self.max_bytes, np.uint8) for _ in range(BATCH_KEYS - 1))]
 
             async def get_batch(w: int, i: int) -> None:
-                await self.clients[SHM][w].get_chunks_into(ns, keys[i * BATCH_KEYS : (i + 1) * BATCH_KEYS], outs)
+                await self.clients[SHM][w].get_chunks_into(
+                    ns, keys[i * BATCH_KEYS : (i + 1) * BATCH_KEYS], outs
+                )
+
             await self.tasks(SHM_BATCH, "get", pool, c, get_batch, keys_per_op=BATCH_KEYS)
         await self.threads(REDIS_SYNC, "get", pool, c, lambda w, i: sync_redis[w].get(rkeys[i]))
         await self.tasks(REDIS_AIO, "get", pool, c, lambda w, i: aio_redis[w].get(rkeys[i]))

@@ -58,8 +58,11 @@ from kvstore_daemon.ssd_tier import SsdTier
 WORK_DIR = work_dir("daemon")
 MiB = 1024 * 1024
 DAEMON_SETTINGS = {
-    "dram_capacity_bytes": 1024 * MiB, "ssd_capacity_bytes": 1024 * MiB, "max_chunk_bytes": 16 * MiB,
-    "persist_on_commit": False, "log_level": "WARNING",
+    "dram_capacity_bytes": 1024 * MiB,
+    "ssd_capacity_bytes": 1024 * MiB,
+    "max_chunk_bytes": 16 * MiB,
+    "persist_on_commit": False,
+    "log_level": "WARNING",
 }
 SSD_BUDGET = Budget(min_ops=200, min_seconds=4.0, max_bytes=4_000_000_000, max_seconds=8.0)  # both sides
 
@@ -88,11 +91,20 @@ async def run_all(
             for pool in pools:
                 progress.set_postfix_str(f"SSD cold reads {pool.label}")
                 budget = QUICK_BUDGET if args.quick else SSD_BUDGET
-                for path, result in zip((SSD_TIER, RAW), await measure_cold_reads(tier, raw, pool, budget), strict=True):
-                    rows.append({
-                        "path": path, "op": "read", "size": pool.label, "chunk_bytes": pool.chunk_bytes,
-                        "chunk_tokens": pool.chunk_tokens, "concurrency": 1, **result.as_dict(),
-                    })
+                for path, result in zip(
+                    (SSD_TIER, RAW), await measure_cold_reads(tier, raw, pool, budget), strict=True
+                ):
+                    rows.append(
+                        {
+                            "path": path,
+                            "op": "read",
+                            "size": pool.label,
+                            "chunk_bytes": pool.chunk_bytes,
+                            "chunk_tokens": pool.chunk_tokens,
+                            "concurrency": 1,
+                            **result.as_dict(),
+                        }
+                    )
                     progress.update()
         finally:
             await tier.close()
@@ -117,27 +129,40 @@ def patched_environ(extra: dict[str, str]) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4], choices=sorted(BUDGETS))
-    parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke run, numbers not meaningful")
-    parser.add_argument("--daemon-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment of the daemon process only (e.g. GLIBC_TUNABLES=...)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny budgets: a smoke run, numbers not meaningful"
+    )
+    parser.add_argument(
+        "--daemon-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the daemon process only (e.g. GLIBC_TUNABLES=...)",
+    )
     args = parser.parse_args(argv)
     started, load_before = time.monotonic(), os.getloadavg()  # other load on the machine skews the numbers
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
     shm_root = arena_root(Path(tempfile.gettempdir()))
     shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=shm_root))
-    daemon = DaemonProcess(WORK_DIR / "daemon" / "ssd", shm_dir, WORK_DIR / "daemon" / "daemon.log", DAEMON_SETTINGS)
+    daemon = DaemonProcess(
+        WORK_DIR / "daemon" / "ssd", shm_dir, WORK_DIR / "daemon" / "daemon.log", DAEMON_SETTINGS
+    )
     daemon_env = dict(item.split("=", 1) for item in args.daemon_env)
     redis_server = RedisProcess(WORK_DIR / "redis")
     ceiling = CeilingServer()
     try:
         rng = np.random.default_rng(SEED)
-        pools = [make_pool(label, rng) for label in tqdm(SIZE_TOKENS, desc="encoding chunks", file=sys.stderr)]
+        pools = [
+            make_pool(label, rng) for label in tqdm(SIZE_TOKENS, desc="encoding chunks", file=sys.stderr)
+        ]
         with patched_environ(daemon_env):  # the daemon inherits it; this process is already running
             daemon.start()
         redis_server.start()
         ceiling.start()
-        rows, raw_method = uvloop.run(run_all(pools, daemon.address, redis_server.port, ceiling.address, args))
+        rows, raw_method = uvloop.run(
+            run_all(pools, daemon.address, redis_server.port, ceiling.address, args)
+        )
         machine = machine_info(WORK_DIR / "ssd-tier", redis_server.version)
         machine["daemon_ssd_disk"] = machine_info(daemon.ssd_dir, "")["ssd_disk"]
         machine["loadavg_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
@@ -153,38 +178,58 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_results(
-    rows: list[Row], pools: list[ChunkPool], machine: dict[str, Any], raw_method: str,
-    args: argparse.Namespace, seconds: float,
+    rows: list[Row],
+    pools: list[ChunkPool],
+    machine: dict[str, Any],
+    raw_method: str,
+    args: argparse.Namespace,
+    seconds: float,
 ) -> None:
     add_ratios(rows)
     summaries = {c: summarize(rows, HEADLINE, c) for c in args.concurrency}
     summary, verdict_lines = summaries[min(args.concurrency)]
     for c, (extra, _) in summaries.items():
         if c != min(args.concurrency):
-            summary.update({f"{name}_c{c}": value for name, value in extra.items() if isinstance(value, float)})
+            summary.update(
+                {f"{name}_c{c}": value for name, value in extra.items() if isinstance(value, float)}
+            )
     config = {
         "model_layout": "SmolLM2-135M KV in bf16: 30 layers, 3 kv heads, head_dim 64",
-        "sizes": {p.label: {"chunk_tokens": p.chunk_tokens, "chunk_bytes": p.chunk_bytes, "pool_chunks": p.count}
-                  for p in pools},
-        "seed": SEED, "concurrency": args.concurrency, "quick": args.quick,
-        "budgets": {c: vars(b) for c, b in BUDGETS.items()}, "ssd_budget": vars(SSD_BUDGET),
-        "daemon_settings": DAEMON_SETTINGS, "daemon_env": dict(item.split("=", 1) for item in args.daemon_env),
+        "sizes": {
+            p.label: {"chunk_tokens": p.chunk_tokens, "chunk_bytes": p.chunk_bytes, "pool_chunks": p.count}
+            for p in pools
+        },
+        "seed": SEED,
+        "concurrency": args.concurrency,
+        "quick": args.quick,
+        "budgets": {c: vars(b) for c, b in BUDGETS.items()},
+        "ssd_budget": vars(SSD_BUDGET),
+        "daemon_settings": DAEMON_SETTINGS,
+        "daemon_env": dict(item.split("=", 1) for item in args.daemon_env),
         "event_loop": "uvloop",
         "raw_read_method": raw_method,
         "ssd_method": "page cache evicted before every read on both sides (fsync + posix_fadvise "
-                      "DONTNEED); tier and raw reads alternate; tier = SsdTier.read incl. checksums",
+        "DONTNEED); tier and raw reads alternate; tier = SsdTier.read incl. checksums",
         "throughput": "bytes of the timed rounds / their wall time; warm-up round excluded",
     }
-    document = {"summary": summary, "machine": machine, "config": config, "results": rows,
-                "run_seconds": round(seconds, 1)}
+    document = {
+        "summary": summary,
+        "machine": machine,
+        "config": config,
+        "results": rows,
+        "run_seconds": round(seconds, 1),
+    }
     save_results("daemon", document)
-    title = (f"attnstore daemon vs memcpy, Redis and raw disk reads ({machine['cpu_model']}, "
-             f"{machine['cpu_cores_usable']} cores, {machine['ssd_disk']['device']}); SmolLM2-135M bf16 chunks")
+    title = (
+        f"attnstore daemon vs memcpy, Redis and raw disk reads ({machine['cpu_model']}, "
+        f"{machine['cpu_cores_usable']} cores, {machine['ssd_disk']['device']}); SmolLM2-135M bf16 chunks"
+    )
     plot(rows, list(SIZE_TOKENS), title, RESULTS_DIR / "daemon.png")
-    print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores, "
-          f"{machine['ram_bytes'] / 2**30:.0f} GiB RAM, SSD dir on {machine['ssd_disk']['device']} "
-          f"({machine['ssd_disk']['filesystem']}); python {machine['python']}, grpcio {machine['grpcio']}, "
-          f"redis-server {machine['redis_server']}")
+    print(
+        f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores, "
+        f"{machine['ram_bytes'] / 2**30:.0f} GiB RAM, SSD dir on {machine['ssd_disk']['device']} "
+        f"({machine['ssd_disk']['filesystem']}); python {machine['python']}, grpcio {machine['grpcio']}, "
+        f"redis-server {machine['redis_server']}"
+    )
     print(f"raw disk reads: {raw_method}; run took {seconds:.0f} s\n")
     print_report(format_table(rows), verdict_lines, summary)
-

@@ -45,8 +45,11 @@ class ChunkPool:
 
     def layout(self) -> dict[str, int | str]:
         return {
-            "num_layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
-            "chunk_tokens": self.chunk_tokens, "dtype": DTYPE,
+            "num_layers": LAYERS,
+            "kv_heads": KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "chunk_tokens": self.chunk_tokens,
+            "dtype": DTYPE,
         }
 
 
@@ -72,8 +75,14 @@ def make_pool(label: str, rng: np.random.Generator) -> ChunkPool:
         layers = [(rng.bytes(half), rng.bytes(half)) for _ in range(LAYERS)]
         chunks.append(
             encode_chunk(
-                namespace=namespace, key=parent, dtype=DTYPE, kv_heads=KV_HEADS, tokens=tokens,
-                head_dim=HEAD_DIM, base_position=index * tokens, layers=layers,
+                namespace=namespace,
+                key=parent,
+                dtype=DTYPE,
+                kv_heads=KV_HEADS,
+                tokens=tokens,
+                head_dim=HEAD_DIM,
+                base_position=index * tokens,
+                layers=layers,
             )
         )
         keys.append(parent)

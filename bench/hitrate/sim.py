@@ -82,24 +82,42 @@ class ReplayResult:
             "optimal_hit_rate": _ratio(self.optimal_hit_blocks, self.lookup_blocks),
             "waited_dram_share_of_hits": _ratio(self.waited_dram_hit_blocks, self.waited_hit_blocks),
             "waited_share_of_hits": _ratio(self.waited_hit_blocks, self.hit_blocks),
-            "started_dram_share_of_hits": _ratio(self.dram_hit_blocks - self.waited_dram_hit_blocks,
-                                                 self.hit_blocks - self.waited_hit_blocks),
-            "started_dram_share_bound": None if self.started_dram_bound_hit_blocks is None else _ratio(
-                self.started_dram_bound_hit_blocks, self.hit_blocks - self.waited_hit_blocks),
-            "turns": self.turns, "lookup_blocks": self.lookup_blocks, "hit_blocks": self.hit_blocks,
-            "dram_hit_blocks": self.dram_hit_blocks, "stored_chunks": self.stored_chunks,
-            "hint_pushes": self.hint_pushes, "prefetches_started": self.prefetches_started,
+            "started_dram_share_of_hits": _ratio(
+                self.dram_hit_blocks - self.waited_dram_hit_blocks, self.hit_blocks - self.waited_hit_blocks
+            ),
+            "started_dram_share_bound": None
+            if self.started_dram_bound_hit_blocks is None
+            else _ratio(self.started_dram_bound_hit_blocks, self.hit_blocks - self.waited_hit_blocks),
+            "turns": self.turns,
+            "lookup_blocks": self.lookup_blocks,
+            "hit_blocks": self.hit_blocks,
+            "dram_hit_blocks": self.dram_hit_blocks,
+            "stored_chunks": self.stored_chunks,
+            "hint_pushes": self.hint_pushes,
+            "prefetches_started": self.prefetches_started,
             "put_refused": self.put_refused,
-            "mean_queue_length": round(self.queue_length_sum / turns, 2), "max_queue_length": self.queue_length_max,
+            "mean_queue_length": round(self.queue_length_sum / turns, 2),
+            "max_queue_length": self.queue_length_max,
             "mean_wait_s": round(self.wait_s_sum / turns, 2),
             # How long the store takes to fill with new chunks: reuse further apart is lost by any policy.
             "store_turnover_s": round(self.capacity_chunks / store_rate, 1) if store_rate else None,
-            "sim_seconds": round(self.sim_seconds, 1), "wall_seconds": round(self.wall_seconds, 1),
+            "sim_seconds": round(self.sim_seconds, 1),
+            "wall_seconds": round(self.wall_seconds, 1),
             "windows": [
-                {"start_s": i * WINDOW_S, "lookup_blocks": looked, "hit_rate": _ratio(hit, looked),
-                 "optimal_hit_rate": _ratio(optimal, looked)}
-                for i, (looked, hit, optimal) in enumerate(zip(
-                    self.window_lookup_blocks, self.window_hit_blocks, self.window_optimal_hit_blocks, strict=True))
+                {
+                    "start_s": i * WINDOW_S,
+                    "lookup_blocks": looked,
+                    "hit_rate": _ratio(hit, looked),
+                    "optimal_hit_rate": _ratio(optimal, looked),
+                }
+                for i, (looked, hit, optimal) in enumerate(
+                    zip(
+                        self.window_lookup_blocks,
+                        self.window_hit_blocks,
+                        self.window_optimal_hit_blocks,
+                        strict=True,
+                    )
+                )
             ],
             **self.daemon,
         }
@@ -129,9 +147,17 @@ class _Target:
 
 class Replay:
     def __init__(
-        self, workload: Workload, kv: AsyncKVStoreClient, capacity: NodeCapacity, *,
-        slots: int, push_hints: bool, hint_interval_s: float, on_turn_done: Callable[[], object],
-        activity: SessionActivity | None = None, predict_interval_s: float = HintSettings().predict_interval_seconds,
+        self,
+        workload: Workload,
+        kv: AsyncKVStoreClient,
+        capacity: NodeCapacity,
+        *,
+        slots: int,
+        push_hints: bool,
+        hint_interval_s: float,
+        on_turn_done: Callable[[], object],
+        activity: SessionActivity | None = None,
+        predict_interval_s: float = HintSettings().predict_interval_seconds,
     ) -> None:
         self.workload = workload
         self.kv = kv
@@ -141,11 +167,23 @@ class Replay:
         target = _Target(NODE, kv, capacity)
         self.activity = activity
         settings = HintSettings(predict_interval_seconds=predict_interval_s)
-        self.pusher = HintPusher(self.queue, lambda: [target], settings, clock=lambda: self.now, activity=activity,
-                                 source="bench") if push_hints or activity else None
+        self.pusher = (
+            HintPusher(
+                self.queue,
+                lambda: [target],
+                settings,
+                clock=lambda: self.now,
+                activity=activity,
+                source="bench",
+            )
+            if push_hints or activity
+            else None
+        )
         self._chains = ChainSessions()
-        self.result = ReplayResult(capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES,
-                                   started_dram_bound_hit_blocks=0.0 if workload.session_ids else None)
+        self.result = ReplayResult(
+            capacity_chunks=(capacity.dram_bytes + capacity.ssd_bytes) // CHUNK_BYTES,
+            started_dram_bound_hit_blocks=0.0 if workload.session_ids else None,
+        )
         self._dram_chunks = capacity.dram_bytes // CHUNK_BYTES
         # Sessions between turns that will come back (the workload's future: for the bound
         # alone) -> the chunks of the chain their last turn stored; and their sum.
@@ -155,7 +193,9 @@ class Replay:
         self._on_turn_done = on_turn_done
         self._events: list[tuple[float, int, Callable[[], Awaitable[None]]]] = []
         self._order = itertools.count()
-        self._turn_of: dict[str, tuple[int, int, str]] = {}  # job id -> (session, turn, the scheduler's session id)
+        self._turn_of: dict[
+            str, tuple[int, int, str]
+        ] = {}  # job id -> (session, turn, the scheduler's session id)
         self._running: dict[str, int] = {}  # job id -> its hit prefix
         self._stored: set[bytes] = set()  # every key ever stored: the never-evicting store
         self._schedule: list[Event] = []  # what the store saw, in order, for the offline optimum
@@ -175,17 +215,23 @@ class Replay:
             await self._maybe_push()
         stats = await self.kv.stats()
         self.result.daemon = {
-            "promotions": stats.promotions, "demotions": stats.demotions,
-            "dram_evictions": stats.dram.evictions, "ssd_evictions": stats.ssd.evictions,
+            "promotions": stats.promotions,
+            "demotions": stats.demotions,
+            "dram_evictions": stats.dram.evictions,
+            "ssd_evictions": stats.ssd.evictions,
         }
         self.result.sim_seconds = self.now
         prefix_optima = optimal_hits_by_prefix(
-            self._schedule, self.result.capacity_chunks, [*self._window_starts[1:], len(self._schedule)],
+            self._schedule,
+            self.result.capacity_chunks,
+            [*self._window_starts[1:], len(self._schedule)],
             admit_on_lookup=False,
         )
         self.result.optimal_hit_blocks = prefix_optima[-1]
         if self._window_starts:  # none without a lookup
-            self.result.window_optimal_hit_blocks = [b - a for a, b in itertools.pairwise([0, *prefix_optima])]
+            self.result.window_optimal_hit_blocks = [
+                b - a for a, b in itertools.pairwise([0, *prefix_optima])
+            ]
         self.result.wall_seconds = time.monotonic() - started
         return self.result
 
@@ -204,10 +250,19 @@ class Replay:
         self._turn_of[job_id] = (session, turn, session_id)
         if self.activity is not None:
             self.activity.turn_started(session_id, NODE, self.workload.namespace, self.now)
-        self.queue.push(QueuedJob(
-            job_id=job_id, tenant="bench", session_id=str(session), priority=0, chunk_keys=keys,
-            namespace=self.workload.namespace, kv_bytes=len(keys) * CHUNK_BYTES, node=NODE, enqueued_at=self.now,
-        ))
+        self.queue.push(
+            QueuedJob(
+                job_id=job_id,
+                tenant="bench",
+                session_id=str(session),
+                priority=0,
+                chunk_keys=keys,
+                namespace=self.workload.namespace,
+                kv_bytes=len(keys) * CHUNK_BYTES,
+                node=NODE,
+                enqueued_at=self.now,
+            )
+        )
 
     async def _dispatch(self) -> None:
         while len(self._running) < self.slots and len(self.queue):
@@ -216,11 +271,14 @@ class Replay:
             job = await self.queue.pop()
             waited = self.now - job.enqueued_at
             self.result.wait_s_sum += waited
-            self._running[job.job_id] = await self._lookup(job.chunk_keys, waited >= self.hint_interval_s,
-                                                           job.enqueued_at)
+            self._running[job.job_id] = await self._lookup(
+                job.chunk_keys, waited >= self.hint_interval_s, job.enqueued_at
+            )
             session, turn, _ = self._turn_of[job.job_id]
-            self._at(self.now + self.workload.sessions[session].turns[turn].service_s,
-                     lambda j=job.job_id: self._complete(j))
+            self._at(
+                self.now + self.workload.sessions[session].turns[turn].service_s,
+                lambda j=job.job_id: self._complete(j),
+            )
 
     async def _lookup(self, keys: tuple[bytes, ...], waited: bool, arrived_s: float) -> int:
         result = self.result
@@ -242,24 +300,29 @@ class Replay:
         result.window_lookup_blocks[window] += len(keys)
         result.window_hit_blocks[window] += found.prefix_length
         result.dram_hit_blocks += in_dram
-        result.ideal_hit_blocks += next((i for i, key in enumerate(keys) if key not in self._stored), len(keys))
+        result.ideal_hit_blocks += next(
+            (i for i, key in enumerate(keys) if key not in self._stored), len(keys)
+        )
         if waited:
             result.waited_hit_blocks += found.prefix_length
             result.waited_dram_hit_blocks += in_dram
         elif result.started_dram_bound_hit_blocks is not None:
             result.started_dram_bound_hit_blocks += equal_odds_dram_hits(
-                found.prefix_length, self._dram_chunks, self._coming_back_chunks)
+                found.prefix_length, self._dram_chunks, self._coming_back_chunks
+            )
         return found.prefix_length
 
     async def _complete(self, job_id: str) -> None:
         session, turn, session_id = self._turn_of.pop(job_id)
         turns = self.workload.sessions[session].turns
-        computed = turns[turn].keys[self._running.pop(job_id):]
+        computed = turns[turn].keys[self._running.pop(job_id) :]
         # The optimum may keep any chunk of the turn, whatever this policy hit: one schedule for all.
         self._schedule.append(Offer(tuple((key, depth) for depth, key in enumerate(turns[turn].keys))))
         namespace, tokens = self.workload.namespace, self.workload.chunk_tokens
         if computed:
-            put = await self.kv.put_chunks(namespace, {key: encode(namespace, key, tokens) for key in computed})
+            put = await self.kv.put_chunks(
+                namespace, {key: encode(namespace, key, tokens) for key in computed}
+            )
             self.result.put_refused += len(put.no_space)
             self.result.stored_chunks += len(computed)
             self._stored.update(computed)

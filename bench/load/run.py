@@ -213,4 +213,3 @@ def write_results(
     )
     print("\n\n".join([head, format_table(runs), format_memory(runs), format_cpu(runs), "\n".join(verdicts)]))
     print(json.dumps(summary))  # last: the summary line
-

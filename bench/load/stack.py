@@ -38,7 +38,9 @@ WORKER_SETTINGS = {
 SCHEDULER_SETTINGS = {"requests_per_second": 1_000_000, "requests_burst": 1_000_000}
 
 
-def load_stack(work_dir: Path, model_dir: Path, *, daemon_settings: Settings, scheduler_settings: Settings) -> LocalStack:
+def load_stack(
+    work_dir: Path, model_dir: Path, *, daemon_settings: Settings, scheduler_settings: Settings
+) -> LocalStack:
     """The stack (not started); `daemon_settings` and `scheduler_settings` go over the
     defaults above."""
     return LocalStack(

@@ -28,7 +28,12 @@ from attnstore_cli.stack_spec import StackSpec, WorkerSpec
 
 MiB = 1024 * 1024
 NODE = "node-a"
-WORKER_SETTINGS = {"chunk_tokens": 64, "dtype": "float32", "device": "cpu", "health_check_interval_seconds": 0}
+WORKER_SETTINGS = {
+    "chunk_tokens": 64,
+    "dtype": "float32",
+    "device": "cpu",
+    "health_check_interval_seconds": 0,
+}
 SCHEDULER_SETTINGS = {"requests_per_second": 1_000_000, "requests_burst": 1_000_000}
 DAEMON_SETTINGS = {"dram_block_bytes": 1 * MiB, "ssd_capacity_bytes": 8192 * MiB, "max_chunk_bytes": 32 * MiB}
 
@@ -61,13 +66,21 @@ def attnstore_stack(
     )
 
 
-async def chat_turn(client: AsyncAttnStoreClient, session_id: str, message: str, max_tokens: int) -> TurnTiming:
+async def chat_turn(
+    client: AsyncAttnStoreClient, session_id: str, message: str, max_tokens: int
+) -> TurnTiming:
     """One streamed, greedy Chat turn."""
     sent, first = time.perf_counter(), None
     async for event in client.stream_chat(session_id, message, max_tokens=max_tokens, temperature=0.0):
         if isinstance(event, api.TurnStats):  # the last event
             done = time.perf_counter()
-            return TurnTiming(((first or done) - sent) * 1000, (done - sent) * 1000, event.prompt_tokens,
-                              event.generated_tokens, event.reused_tokens, event.ttft_ms)
+            return TurnTiming(
+                ((first or done) - sent) * 1000,
+                (done - sent) * 1000,
+                event.prompt_tokens,
+                event.generated_tokens,
+                event.reused_tokens,
+                event.ttft_ms,
+            )
         first = first or time.perf_counter()
     raise RuntimeError("the Chat stream ended without its stats")

@@ -123,8 +123,14 @@ def ensure_peer(name: str, root: Path | None = None) -> PeerVenv:
         _run([*pip, "install", *recipe.requirements], log)
         if recipe.remove:
             _run([*pip, "uninstall", "-y", *recipe.remove], log)
-        check = subprocess.run([str(python), "-c", recipe.check], check=False, capture_output=True, text=True,
-                               env={**os.environ, **dict(recipe.env)}, timeout=600)
+        check = subprocess.run(
+            [str(python), "-c", recipe.check],
+            check=False,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **dict(recipe.env)},
+            timeout=600,
+        )
         if check.returncode != 0:
             raise RuntimeError(f"{name} does not import:\n{check.stderr[-3000:]}")
         version = _installed_version(python, recipe.requirements[0].split("==")[0])
@@ -141,8 +147,13 @@ def _base_python() -> str:
 
 
 def _installed_version(python: Path, distribution: str) -> str:
-    out = subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
-                         check=False, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(python), "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out.stdout.strip()
 
 
@@ -151,7 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("names", nargs="*", default=list(RECIPES), choices=list(RECIPES))
     for name in parser.parse_args(argv).names:
         peer = ensure_peer(name)
-        print(f"{name}: {peer.python} {peer.version}" if peer.available else f"{name}: UNAVAILABLE: {peer.reason}")
+        print(
+            f"{name}: {peer.python} {peer.version}"
+            if peer.available
+            else f"{name}: UNAVAILABLE: {peer.reason}"
+        )
 
 
 if __name__ == "__main__":

@@ -89,7 +89,10 @@ class Pool:
     def __init__(self, backend: LocalCPUBackend, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.objects = make_objects(backend, spec)
-        self.keys = [CacheEngineKey(MODEL, 1, 0, spec["key_base"] + i, torch.bfloat16) for i in range(len(self.objects))]
+        self.keys = [
+            CacheEngineKey(MODEL, 1, 0, spec["key_base"] + i, torch.bfloat16)
+            for i in range(len(self.objects))
+        ]
         self.stored = False
 
 
@@ -112,11 +115,23 @@ def run_cell(clients: list[Client], pool: Pool, op: str, budget: Budget) -> dict
         for i in range(len(keys)):
             put(0, i)
         check(clients[0], keys[-1], objects[-1])
-    result = run_threads(put if op == "put" else get, item_bytes=objects[0].get_size(), count=len(objects),
-                         concurrency=len(clients), budget=budget)
+    result = run_threads(
+        put if op == "put" else get,
+        item_bytes=objects[0].get_size(),
+        count=len(objects),
+        concurrency=len(clients),
+        budget=budget,
+    )
     pool.stored = True
-    return {"path": LMCACHE, "op": op, "size": pool.spec["label"], "chunk_bytes": objects[0].get_size(),
-            "chunk_tokens": pool.spec["chunk_tokens"], "concurrency": len(clients), **result.as_dict()}
+    return {
+        "path": LMCACHE,
+        "op": op,
+        "size": pool.spec["label"],
+        "chunk_bytes": objects[0].get_size(),
+        "chunk_tokens": pool.spec["chunk_tokens"],
+        "concurrency": len(clients),
+        **result.as_dict(),
+    }
 
 
 def check(client: Client, key: CacheEngineKey, expected: MemoryObj) -> None:
@@ -133,10 +148,15 @@ def make_backend(spec: dict[str, Any]) -> LocalCPUBackend:
     largest = max(pools, key=lambda p: p["chunk_bytes"])
     pool_bytes = sum(p["count"] * p["chunk_bytes"] for p in pools)
     cpu_gib = (pool_bytes + (spec["max_concurrency"] + 2) * largest["chunk_bytes"]) * 1.5 / 2**30
-    config = LMCacheEngineConfig.from_defaults(chunk_size=largest["chunk_tokens"], local_cpu=True,
-                                               max_local_cpu_size=cpu_gib)
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=largest["chunk_tokens"], local_cpu=True, max_local_cpu_size=cpu_gib
+    )
     metadata = LMCacheMetadata(
-        model_name=MODEL, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+        model_name=MODEL,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
         kv_dtype=torch.bfloat16,
         kv_shape=(largest["layers"], 2, largest["chunk_tokens"], largest["kv_heads"], largest["head_dim"]),
     )

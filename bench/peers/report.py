@@ -58,23 +58,34 @@ def serving_medians(records: list[Record]) -> dict[tuple[str, str, int], dict[st
     groups: dict[tuple[str, str, int], list[Record]] = {}
     for record in records:
         groups.setdefault((record["phase"], record["side"], record["turn"]), []).append(record)
-    return {key: {"ttft_ms": _median([r["ttft_ms"] for r in group]),
-                  "prompt_tokens": _median([r["prompt_tokens"] for r in group]),
-                  "reused_tokens": _median([r["reused_tokens"] for r in group]) if key[1] == ATTNSTORE else None,
-                  "turns": len(group)}
-            for key, group in sorted(groups.items())}
+    return {
+        key: {
+            "ttft_ms": _median([r["ttft_ms"] for r in group]),
+            "prompt_tokens": _median([r["prompt_tokens"] for r in group]),
+            "reused_tokens": _median([r["reused_tokens"] for r in group]) if key[1] == ATTNSTORE else None,
+            "turns": len(group),
+        }
+        for key, group in sorted(groups.items())
+    }
 
 
 def later_turn_ttft(records: list[Record], phase: str, side: str) -> float | None:
-    return _median([r["ttft_ms"] for r in records
-                    if r["phase"] == phase and r["side"] == side and r["turn"] >= LATER_TURN])
+    return _median(
+        [
+            r["ttft_ms"]
+            for r in records
+            if r["phase"] == phase and r["side"] == side and r["turn"] >= LATER_TURN
+        ]
+    )
 
 
 def serving_summary(records: list[Record]) -> dict[str, Any]:
     """Later-turn TTFT ratios per phase, and the same for first turns (no history on either
     side: how the two engines' prefill compares, which the cache does not change)."""
-    firsts = {side: _median([r["ttft_ms"] for r in records if r["side"] == side and r["turn"] == 1])
-              for side in (ATTNSTORE, VLLM)}
+    firsts = {
+        side: _median([r["ttft_ms"] for r in records if r["side"] == side and r["turn"] == 1])
+        for side in (ATTNSTORE, VLLM)
+    }
     summary: dict[str, Any] = {"first_turn_ttft_vs_vllm": _ratio(firsts[ATTNSTORE], firsts[VLLM])}
     for phase, suffix in ((OVER, ""), (FITS, "_fits")):
         ours, theirs = later_turn_ttft(records, phase, ATTNSTORE), later_turn_ttft(records, phase, VLLM)
@@ -97,14 +108,26 @@ def idle_waits_after(records: list[Record]) -> dict[str, float | None]:
 def verdicts(summary: dict[str, Any]) -> tuple[dict[str, bool | None], list[str]]:
     """PASS/FAIL per target; None (and UNAVAILABLE) when the peer could not be measured."""
     checks = [
-        ("daemon_vs_lmcache_throughput", ">=", THROUGHPUT_TARGET,
-         "daemon Get throughput >= LMCache server's, gRPC vs LMCache's TCP protocol, 5.9 MB chunks"),
+        (
+            "daemon_vs_lmcache_throughput",
+            ">=",
+            THROUGHPUT_TARGET,
+            "daemon Get throughput >= LMCache server's, gRPC vs LMCache's TCP protocol, 5.9 MB chunks",
+        ),
         ("daemon_vs_lmcache_throughput_put", ">=", THROUGHPUT_TARGET, "the same for Put"),
-        ("daemon_shm_vs_lmcache_throughput", ">=", THROUGHPUT_TARGET,
-         "daemon Get over shared memory (a same-node worker's path) >= LMCache server's"),
+        (
+            "daemon_shm_vs_lmcache_throughput",
+            ">=",
+            THROUGHPUT_TARGET,
+            "daemon Get over shared memory (a same-node worker's path) >= LMCache server's",
+        ),
         ("daemon_shm_vs_lmcache_throughput_put", ">=", THROUGHPUT_TARGET, "the same for Put"),
-        ("later_turn_ttft_vs_vllm", "<=", TTFT_TARGET,
-         "median TTFT of turns >= 3, over vLLM's KV capacity: attnstore <= 0.5x vLLM"),
+        (
+            "later_turn_ttft_vs_vllm",
+            "<=",
+            TTFT_TARGET,
+            "median TTFT of turns >= 3, over vLLM's KV capacity: attnstore <= 0.5x vLLM",
+        ),
     ]
     passed: dict[str, bool | None] = {}
     lines = []
@@ -115,7 +138,9 @@ def verdicts(summary: dict[str, Any]) -> tuple[dict[str, bool | None], list[str]
             lines.append(f"UNAVAILABLE  {text}: {name} not measured")
             continue
         passed[name] = value >= target if sense == ">=" else value <= target
-        lines.append(f"{'PASS' if passed[name] else 'FAIL'}  {text}: {name} = {value:.3f} (target {sense} {target:g})")
+        lines.append(
+            f"{'PASS' if passed[name] else 'FAIL'}  {text}: {name} = {value:.3f} (target {sense} {target:g})"
+        )
     return passed, lines
 
 
@@ -124,25 +149,34 @@ def format_store_table(rows: list[Row]) -> str:
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["size"], r["op"], r["path"])):
         ratio = f"{r['vs_lmcache']:.2f}x" if r.get("vs_lmcache") is not None else "-"
-        lines.append(f"{r['path']:<24} {r['size']:>6} {r['concurrency']:>4} {r['op']:<4} {r['gbps']:>7.3f} "
-                     f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {ratio:>10}")
+        lines.append(
+            f"{r['path']:<24} {r['size']:>6} {r['concurrency']:>4} {r['op']:<4} {r['gbps']:>7.3f} "
+            f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {ratio:>10}"
+        )
     return "\n".join(lines)
 
 
 def format_serving_table(records: list[Record]) -> str:
     medians = serving_medians(records)
-    header = (f"{'phase':<14} {'turn':>4} {'convs':>5} {'prompt tok vLLM/ours':>21} {'reused':>6} "
-              f"{'TTFT ms vLLM':>12} {'TTFT ms ours':>12} {'ours/vLLM':>9}")
-    lines = ["medians over the conversations of each turn; reused = prompt tokens attnstore loaded from its store",
-             header, "-" * len(header)]
+    header = (
+        f"{'phase':<14} {'turn':>4} {'convs':>5} {'prompt tok vLLM/ours':>21} {'reused':>6} "
+        f"{'TTFT ms vLLM':>12} {'TTFT ms ours':>12} {'ours/vLLM':>9}"
+    )
+    lines = [
+        "medians over the conversations of each turn; reused = prompt tokens attnstore loaded from its store",
+        header,
+        "-" * len(header),
+    ]
     keys = sorted({(phase, turn) for phase, _, turn in medians}, key=lambda k: (k[0] != FITS, k[1]))
     for phase, turn in keys:
         ours, theirs = medians.get((phase, ATTNSTORE, turn), {}), medians.get((phase, VLLM, turn), {})
         ratio = _ratio(ours.get("ttft_ms"), theirs.get("ttft_ms"))
         prompts = f"{_fmt(theirs.get('prompt_tokens'), '.0f')}/{_fmt(ours.get('prompt_tokens'), '.0f')}"
-        lines.append(f"{phase:<14} {turn:>4} {ours.get('turns', theirs.get('turns', 0)):>5} {prompts:>21} "
-                     f"{_fmt(ours.get('reused_tokens'), '.0f'):>6} {_fmt(theirs.get('ttft_ms'), '.0f'):>12} "
-                     f"{_fmt(ours.get('ttft_ms'), '.0f'):>12} {_fmt(ratio, '.2f'):>9}")
+        lines.append(
+            f"{phase:<14} {turn:>4} {ours.get('turns', theirs.get('turns', 0)):>5} {prompts:>21} "
+            f"{_fmt(ours.get('reused_tokens'), '.0f'):>6} {_fmt(theirs.get('ttft_ms'), '.0f'):>12} "
+            f"{_fmt(ours.get('ttft_ms'), '.0f'):>12} {_fmt(ratio, '.2f'):>9}"
+        )
     return "\n".join(lines)
 
 

@@ -70,8 +70,13 @@ class ServingConfig:
 
 
 def _record(side: str, phase: Phase, step: Step, timing: Any) -> Record:
-    record = {"side": side, "phase": phase.name, "dialogue": phase.dialogues[step.dialogue].id, "turn": step.turn,
-              **asdict(timing)}
+    record = {
+        "side": side,
+        "phase": phase.name,
+        "dialogue": phase.dialogues[step.dialogue].id,
+        "turn": step.turn,
+        **asdict(timing),
+    }
     record.pop("text", None)
     return record
 
@@ -92,8 +97,10 @@ class VllmSide:
 
     def turn(self, phase: Phase, step: Step) -> Record:
         dialogue = phase.dialogues[step.dialogue]
-        messages = [*self.history.get(dialogue.id, []),
-                    {"role": "user", "content": dialogue.messages[step.turn - 1]}]
+        messages = [
+            *self.history.get(dialogue.id, []),
+            {"role": "user", "content": dialogue.messages[step.turn - 1]},
+        ]
         timing = self.server.chat(messages, self.max_tokens)
         self.history[dialogue.id] = [*messages, {"role": "assistant", "content": timing.text}]
         return _record(VLLM, phase, step, timing)
@@ -112,16 +119,18 @@ class AttnstoreSide:
         self.stats: dict[str, Any] = {}  # the daemon's Stats after each phase
 
     async def warm_up(self) -> None:
-        await chat_turn(self.client, (await self.client.create_session()).session_id, WARMUP_MESSAGE,
-                        self.max_tokens)
+        await chat_turn(
+            self.client, (await self.client.create_session()).session_id, WARMUP_MESSAGE, self.max_tokens
+        )
         await self.wait_quiet()
 
     async def turn(self, phase: Phase, step: Step) -> Record:
         dialogue = phase.dialogues[step.dialogue]
         if dialogue.id not in self.sessions:
             self.sessions[dialogue.id] = (await self.client.create_session()).session_id
-        timing = await chat_turn(self.client, self.sessions[dialogue.id], dialogue.messages[step.turn - 1],
-                                 self.max_tokens)
+        timing = await chat_turn(
+            self.client, self.sessions[dialogue.id], dialogue.messages[step.turn - 1], self.max_tokens
+        )
         await self.wait_quiet()
         return _record(ATTNSTORE, phase, step, timing)
 
@@ -131,8 +140,16 @@ class AttnstoreSide:
         deadline, seen = time.monotonic() + QUIET_TIMEOUT_SECONDS, []
         while time.monotonic() < deadline:
             stats = await self.kvstore.stats()
-            seen = [*seen[-(QUIET_POLLS - 1):], (stats.reservations, stats.dram.chunks, stats.ssd.chunks,
-                                                 stats.dram.used_bytes, stats.ssd.used_bytes)]
+            seen = [
+                *seen[-(QUIET_POLLS - 1) :],
+                (
+                    stats.reservations,
+                    stats.dram.chunks,
+                    stats.ssd.chunks,
+                    stats.dram.used_bytes,
+                    stats.ssd.used_bytes,
+                ),
+            ]
             if len(seen) == QUIET_POLLS and seen[0][0] == 0 and len(set(seen)) == 1:
                 return
             await asyncio.sleep(QUIET_POLL_SECONDS)
@@ -141,8 +158,9 @@ class AttnstoreSide:
         self.stats[phase.name] = MessageToDict(await self.kvstore.stats(), preserving_proto_field_name=True)
 
 
-async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: AttnstoreSide, pids: list[int],
-                     progress: tqdm) -> list[Record]:
+async def _run_pairs(
+    phases: list[Phase], vllm: VllmSide | None, ours: AttnstoreSide, pids: list[int], progress: tqdm
+) -> list[Record]:
     """`pids`: both systems' processes, idle before every timed request."""
     records: list[Record] = []
     await ours.warm_up()
@@ -153,7 +171,7 @@ async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: Attnstore
             await asyncio.to_thread(vllm.begin, phase)
         for index, step in enumerate(phase.steps):
             pair: list[Record] = []
-            for side in ((VLLM, ATTNSTORE) if index % 2 == 0 else (ATTNSTORE, VLLM)):
+            for side in (VLLM, ATTNSTORE) if index % 2 == 0 else (ATTNSTORE, VLLM):
                 if side == VLLM and vllm is None:
                     continue
                 waited = await asyncio.to_thread(wait_until_idle, pids)
@@ -164,8 +182,10 @@ async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: Attnstore
                     pair.append(await asyncio.to_thread(vllm.turn, phase, step))
                 pair[-1]["idle_wait_ms"] = waited * 1000
             records += pair
-            progress.set_postfix_str(f"{phase.name} turn {step.turn}: " + ", ".join(
-                f"{r['side']} {r['ttft_ms']:.0f} ms" for r in pair))
+            progress.set_postfix_str(
+                f"{phase.name} turn {step.turn}: "
+                + ", ".join(f"{r['side']} {r['ttft_ms']:.0f} ms" for r in pair)
+            )
             progress.update()
         if vllm is not None:
             await asyncio.to_thread(vllm.end, phase)
@@ -173,34 +193,63 @@ async def _run_pairs(phases: list[Phase], vllm: VllmSide | None, ours: Attnstore
     return records
 
 
-async def _serve(stack: LocalStack, vllm: VllmSide | None, phases: list[Phase], max_tokens: int,
-                 progress: tqdm) -> tuple[list[Record], dict[str, Any]]:
-    async with (AsyncAttnStoreClient(stack.address, timeout_seconds=600) as client,
-                AsyncKVStoreClient(stack.daemon.address, use_shm=False) as kvstore):
+async def _serve(
+    stack: LocalStack, vllm: VllmSide | None, phases: list[Phase], max_tokens: int, progress: tqdm
+) -> tuple[list[Record], dict[str, Any]]:
+    async with (
+        AsyncAttnStoreClient(stack.address, timeout_seconds=600) as client,
+        AsyncKVStoreClient(stack.daemon.address, use_shm=False) as kvstore,
+    ):
         ours = AttnstoreSide(client, kvstore, max_tokens)
-        pids = list(stack.pids().values()) + ([vllm.server.pid] if vllm is not None and vllm.server.pid is not None else [])
+        pids = list(stack.pids().values()) + (
+            [vllm.server.pid] if vllm is not None and vllm.server.pid is not None else []
+        )
         records = await _run_pairs(phases, vllm, ours, pids, progress)
     return records, {"daemon_stats_after_phase": ours.stats}
 
 
 def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work_dir: Path) -> dict[str, Any]:
     """Both sides over every phase; {records, vllm, attnstore, unavailable}."""
-    outcome: dict[str, Any] = {"records": [], "vllm": {}, "unavailable": None if peer.available else peer.reason}
-    server = VllmServer(peer, config.model_dir, config.kv_cache_bytes, work_dir / "vllm.log",
-                        config.max_model_len, config.omp_threads_bind, config.vllm_block_size) if peer.available else None
+    outcome: dict[str, Any] = {
+        "records": [],
+        "vllm": {},
+        "unavailable": None if peer.available else peer.reason,
+    }
+    server = (
+        VllmServer(
+            peer,
+            config.model_dir,
+            config.kv_cache_bytes,
+            work_dir / "vllm.log",
+            config.max_model_len,
+            config.omp_threads_bind,
+            config.vllm_block_size,
+        )
+        if peer.available
+        else None
+    )
     shutil.rmtree(work_dir / "attnstore", ignore_errors=True)
     spin, pin = config.worker_openmp_spin_count, config.worker_openmp_pin_threads
-    worker = ({} if spin is None else {"openmp_spin_count": spin}) | ({"openmp_pin_threads": True} if pin else {})
+    worker = ({} if spin is None else {"openmp_spin_count": spin}) | (
+        {"openmp_pin_threads": True} if pin else {}
+    )
     stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes, worker or None)
     start_seconds = 0.0
-    with tqdm(total=sum(len(phase.steps) for phase in phases), desc="bench-peers serving", unit="turn pair",
-              file=sys.stderr) as progress:
+    with tqdm(
+        total=sum(len(phase.steps) for phase in phases),
+        desc="bench-peers serving",
+        unit="turn pair",
+        file=sys.stderr,
+    ) as progress:
         try:
             if server is not None:
                 progress.set_postfix_str("starting vLLM (about two minutes)")
                 try:
                     server.start()
-                    outcome["vllm"] = {"start_seconds": round(server.start_seconds, 1), "command": server.command()}
+                    outcome["vllm"] = {
+                        "start_seconds": round(server.start_seconds, 1),
+                        "command": server.command(),
+                    }
                 except (RuntimeError, OSError) as exc:
                     outcome["unavailable"], server = str(exc), None
             progress.set_postfix_str("starting the attnstore stack")
@@ -208,13 +257,15 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
             stack.start()
             start_seconds = time.monotonic() - started
             vllm = VllmSide(server, config.max_tokens) if server is not None else None
-            outcome["records"], outcome["attnstore"] = asyncio.run(_serve(stack, vllm, phases, config.max_tokens,
-                                                                          progress))
+            outcome["records"], outcome["attnstore"] = asyncio.run(
+                _serve(stack, vllm, phases, config.max_tokens, progress)
+            )
             if vllm is not None:
                 outcome["vllm"]["prefix_cache"] = vllm.counters
         finally:
-            outcome.setdefault("attnstore", {}).update(start_seconds=round(start_seconds, 1),
-                                                       exit_codes=stack.stop())
+            outcome.setdefault("attnstore", {}).update(
+                start_seconds=round(start_seconds, 1), exit_codes=stack.stop()
+            )
             if server is not None:
                 server.stop()
     return outcome

@@ -60,7 +60,6 @@ def _shm_root() -> Path:
     return arena_root(Path(tempfile.gettempdir()))
 
 
-
 class DaemonCells:
     """`concurrency` clients per path (shared memory, gRPC), one destination buffer each."""
 
@@ -68,7 +67,11 @@ class DaemonCells:
         def clients(**options: object) -> list[AsyncKVStoreClient]:
             return [AsyncKVStoreClient(address, **options) for _ in range(concurrency)]  # type: ignore[arg-type]
 
-        self.clients = {SHM: clients(), SHM_LEASED: clients(location_cache_entries=0), GRPC: clients(use_shm=False)}
+        self.clients = {
+            SHM: clients(),
+            SHM_LEASED: clients(location_cache_entries=0),
+            GRPC: clients(use_shm=False),
+        }
         self.outs = [np.zeros(max_bytes, np.uint8) for _ in range(concurrency)]
 
     async def open(self, pools: list[ChunkPool]) -> None:
@@ -93,12 +96,25 @@ class DaemonCells:
         async def get(w: int, i: int) -> None:
             await clients[w].get_chunks_into(ns, [keys[i]], [self.outs[w]])
 
-        result = await run_tasks(put if op == "put" else get, item_bytes=pool.chunk_bytes, count=pool.count,
-                                 concurrency=len(clients), budget=budget, between_rounds=delete_all if op == "put" else None)
+        result = await run_tasks(
+            put if op == "put" else get,
+            item_bytes=pool.chunk_bytes,
+            count=pool.count,
+            concurrency=len(clients),
+            budget=budget,
+            between_rounds=delete_all if op == "put" else None,
+        )
         if op == "put":
             await delete_all()
-        return {"path": path, "op": op, "size": pool.label, "chunk_bytes": pool.chunk_bytes,
-                "chunk_tokens": pool.chunk_tokens, "concurrency": len(clients), **result.as_dict()}
+        return {
+            "path": path,
+            "op": op,
+            "size": pool.label,
+            "chunk_bytes": pool.chunk_bytes,
+            "chunk_tokens": pool.chunk_tokens,
+            "concurrency": len(clients),
+            **result.as_dict(),
+        }
 
     async def store(self, pool: ChunkPool) -> None:
         await self.clients[SHM][0].put_chunks(pool.namespace, list(zip(pool.keys, pool.chunks, strict=True)))
@@ -128,16 +144,32 @@ class LMCacheSide:
     def start(self) -> None:
         assert self.peer.python is not None
         with (self.work_dir / "lmcache_server.log").open("ab") as log:
-            self.server = subprocess.Popen([str(self.peer.python.with_name("lmcache_server")), "127.0.0.1",
-                                            str(self.port), "cpu"], stdout=log, stderr=log, env=self.peer.env())
+            self.server = subprocess.Popen(
+                [str(self.peer.python.with_name("lmcache_server")), "127.0.0.1", str(self.port), "cpu"],
+                stdout=log,
+                stderr=log,
+                env=self.peer.env(),
+            )
         self._wait_listening()
         with (self.work_dir / "lmcache_driver.log").open("a") as log:
             # `-m` from the repository root: the driver imports bench.* as every module does.
-            self.driver = subprocess.Popen([str(self.peer.python), "-m", "bench.peers.lmcache_driver"],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                           env=self.peer.env(), cwd=BENCH_DIR.parent)
-        self._send({"host": "127.0.0.1", "port": self.port, "pools": self._write_pools(),
-                    "max_concurrency": self.max_concurrency})
+            self.driver = subprocess.Popen(
+                [str(self.peer.python), "-m", "bench.peers.lmcache_driver"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=self.peer.env(),
+                cwd=BENCH_DIR.parent,
+            )
+        self._send(
+            {
+                "host": "127.0.0.1",
+                "port": self.port,
+                "pools": self._write_pools(),
+                "max_concurrency": self.max_concurrency,
+            }
+        )
         ready = self._receive(DRIVER_READY_SECONDS)
         self.versions = {"lmcache": ready["lmcache"], "lmcache_torch": ready["torch"]}
 
@@ -146,8 +178,10 @@ class LMCacheSide:
         deadline = time.monotonic() + SERVER_READY_SECONDS
         while True:
             if self.server.poll() is not None:
-                raise RuntimeError(f"lmcache_server exited with {self.server.returncode}: see "
-                                   f"{self.work_dir / 'lmcache_server.log'}")
+                raise RuntimeError(
+                    f"lmcache_server exited with {self.server.returncode}: see "
+                    f"{self.work_dir / 'lmcache_server.log'}"
+                )
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", self.port)) == 0:
                     return
@@ -162,9 +196,19 @@ class LMCacheSide:
             with path.open("wb") as out:
                 for chunk in pool.chunks:
                     out.write(chunk)
-            specs.append({"label": pool.label, "file": str(path), "count": pool.count, "chunk_bytes": pool.chunk_bytes,
-                          "chunk_tokens": pool.chunk_tokens, "layers": LAYERS, "kv_heads": KV_HEADS,
-                          "head_dim": HEAD_DIM, "key_base": index * 1_000_000})
+            specs.append(
+                {
+                    "label": pool.label,
+                    "file": str(path),
+                    "count": pool.count,
+                    "chunk_bytes": pool.chunk_bytes,
+                    "chunk_tokens": pool.chunk_tokens,
+                    "layers": LAYERS,
+                    "kv_heads": KV_HEADS,
+                    "head_dim": HEAD_DIM,
+                    "key_base": index * 1_000_000,
+                }
+            )
         return specs
 
     def _send(self, message: dict[str, Any]) -> None:
@@ -207,8 +251,14 @@ def readline_within(stream: IO[str], timeout_seconds: float) -> str:
     return stream.readline()
 
 
-async def _measure(daemon: DaemonProcess, lmcache: LMCacheSide | None, pools: list[ChunkPool],
-                   concurrency: list[int], quick: bool, progress: tqdm) -> list[Row]:
+async def _measure(
+    daemon: DaemonProcess,
+    lmcache: LMCacheSide | None,
+    pools: list[ChunkPool],
+    concurrency: list[int],
+    quick: bool,
+    progress: tqdm,
+) -> list[Row]:
     rows: list[Row] = []
     for c in concurrency:
         cells = DaemonCells(daemon.address, c, max(pool.chunk_bytes for pool in pools))
@@ -262,8 +312,10 @@ def run_store(peer: PeerVenv, concurrency: list[int], work_dir: Path, quick: boo
             lmcache.stop()
         daemon.stop()
         shutil.rmtree(shm_dir, ignore_errors=True)
-    outcome["sizes"] = {p.label: {"chunk_tokens": p.chunk_tokens, "chunk_bytes": p.chunk_bytes, "pool_chunks": p.count}
-                        for p in pools}
+    outcome["sizes"] = {
+        p.label: {"chunk_tokens": p.chunk_tokens, "chunk_bytes": p.chunk_bytes, "pool_chunks": p.count}
+        for p in pools
+    }
     outcome["daemon_settings"] = DAEMON_SETTINGS
     return outcome
 

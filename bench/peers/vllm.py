@@ -55,8 +55,16 @@ class ChatTiming:
 
 
 class VllmServer:
-    def __init__(self, peer: PeerVenv, model_dir: Path, kv_cache_bytes: int, log_path: Path,
-                 max_model_len: int, omp_threads_bind: str, block_size: int) -> None:
+    def __init__(
+        self,
+        peer: PeerVenv,
+        model_dir: Path,
+        kv_cache_bytes: int,
+        log_path: Path,
+        max_model_len: int,
+        omp_threads_bind: str,
+        block_size: int,
+    ) -> None:
         self.peer, self.model_dir, self.kv_cache_bytes = peer, model_dir, kv_cache_bytes
         self.log_path, self.max_model_len, self.omp_threads_bind = log_path, max_model_len, omp_threads_bind
         self.block_size = block_size
@@ -67,22 +75,43 @@ class VllmServer:
     def command(self) -> list[str]:
         assert self.peer.python is not None
         return [
-            str(self.peer.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-            "--served-model-name", MODEL_NAME, "--dtype", "float32", "--enable-prefix-caching",
-            "--block-size", str(self.block_size),
-            "--kv-cache-memory-bytes", str(self.kv_cache_bytes), "--max-model-len", str(self.max_model_len),
-            "--host", "127.0.0.1", "--port", str(self.port), "--seed", "0",
+            str(self.peer.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            MODEL_NAME,
+            "--dtype",
+            "float32",
+            "--enable-prefix-caching",
+            "--block-size",
+            str(self.block_size),
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_bytes),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--seed",
+            "0",
         ]
 
     def start(self) -> None:
         started = time.monotonic()
         env = {**self.peer.env(), "VLLM_CPU_OMP_THREADS_BIND": self.omp_threads_bind}
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=log, env=env, start_new_session=True
+            )
         deadline = started + READY_TIMEOUT_SECONDS
         while not self._healthy():
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.process.returncode} while starting:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM exited with {self.process.returncode} while starting:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"vLLM not ready after {READY_TIMEOUT_SECONDS:g} s:\n{self.log_tail()}")
@@ -112,7 +141,9 @@ class VllmServer:
     def prefix_cache_counters(self) -> dict[str, float]:
         """vLLM's own prefix-cache counters (tokens queried, tokens hit) from /metrics."""
         _, text = self._get("/metrics")
-        return {name.removeprefix("vllm:prefix_cache_"): float(value) for name, value in _COUNTER.findall(text)}
+        return {
+            name.removeprefix("vllm:prefix_cache_"): float(value) for name, value in _COUNTER.findall(text)
+        }
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> ChatTiming:
         """One streamed, greedy chat completion."""
@@ -124,16 +155,27 @@ class VllmServer:
                 first = first or time.perf_counter()
                 pieces.append(event)
         done = time.perf_counter()
-        return ChatTiming(((first or done) - sent) * 1000, (done - sent) * 1000, usage.prompt_tokens,
-                          usage.completion_tokens, "".join(pieces))
+        return ChatTiming(
+            ((first or done) - sent) * 1000,
+            (done - sent) * 1000,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            "".join(pieces),
+        )
 
     def stream_chat(self, messages: list[dict[str, str]], max_tokens: int) -> Iterator[str | Usage]:
         """One streamed, greedy chat completion: each content piece as it arrives (not the
         role-only first event), and the token usage (the last event carries it)."""
-        body = json.dumps({
-            "model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True},
-        })
+        body = json.dumps(
+            {
+                "model": MODEL_NAME,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_SECONDS)
         try:
             conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})

@@ -31,8 +31,15 @@ class Step:
 
 
 def select_dialogues(
-    tokenizer: PreTrainedTokenizerBase, *, count: int, turns: int, seed: int, min_tokens: int,
-    max_tokens: int, max_message_tokens: int, skip: int = 0,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    count: int,
+    turns: int,
+    seed: int,
+    min_tokens: int,
+    max_tokens: int,
+    max_message_tokens: int,
+    skip: int = 0,
 ) -> list[Dialogue]:
     """`count` conversations in seeded order, after the first `skip` that qualify, whose
     first `turns` user messages are each at most `max_message_tokens` and together

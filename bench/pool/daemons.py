@@ -17,7 +17,9 @@ def daemon(root: Path, name: str, settings: dict[str, object]) -> Iterator[Daemo
     """A started daemon under `root / name` (its arena under /dev/shm where it has room),
     stopped on exit."""
     shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-bench-", dir=arena_root(root)))
-    process = DaemonProcess(root / name / "ssd", shm_dir, root / f"{name}.log", {"log_level": "WARNING", **settings})
+    process = DaemonProcess(
+        root / name / "ssd", shm_dir, root / f"{name}.log", {"log_level": "WARNING", **settings}
+    )
     try:
         process.start()
         yield process

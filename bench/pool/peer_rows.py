@@ -51,7 +51,9 @@ class LMCacheCells:
     moved 2.3 -> 3.5 GB/s from one to sixteen readers while the socket limit beside ours
     moved 2.3-3.2: two machine loads compared). `failure` says why it recorded nothing."""
 
-    def __init__(self, sizes: Sequence[str], concurrencies: Sequence[int], seconds: float, work_dir: Path) -> None:
+    def __init__(
+        self, sizes: Sequence[str], concurrencies: Sequence[int], seconds: float, work_dir: Path
+    ) -> None:
         self._concurrencies = concurrencies
         self._budget = Budget(min_ops=4, min_seconds=seconds, max_bytes=10**12, max_seconds=2 * seconds)
         self._side: LMCacheSide | None = None
@@ -61,7 +63,9 @@ class LMCacheCells:
         if not peer.available:
             self.failure = f"LMCache not installed: {peer.reason[-500:]}"
             return
-        self._pools = {size: make_pool(size, np.random.default_rng(index)) for index, size in enumerate(sizes)}
+        self._pools = {
+            size: make_pool(size, np.random.default_rng(index)) for index, size in enumerate(sizes)
+        }
         self._side = LMCacheSide(peer, list(self._pools.values()), work_dir, max(concurrencies))
         try:
             self._side.start()
@@ -136,13 +140,17 @@ def _served_cells(
             drivers.append(_Driver(peer, module, "serve", sized, log))
             served = drivers[0].receive(_START_SECONDS)
             version = served["version"]
-            reader = _Driver(peer, module, "read", {**sized, **served, "max_concurrency": max(concurrencies)}, log)
+            reader = _Driver(
+                peer, module, "read", {**sized, **served, "max_concurrency": max(concurrencies)}, log
+            )
             drivers.append(reader)
             reader.receive(_START_SECONDS)
             for c in concurrencies:
                 reader.send({"concurrency": c, "seconds": seconds})
                 row = reader.receive(seconds * 4 + _START_SECONDS)
-                record(path, size, c, Cell(row["ops"], row["seconds"], item_bytes, row["p50_ms"], row["p99_ms"]))
+                record(
+                    path, size, c, Cell(row["ops"], row["seconds"], item_bytes, row["p50_ms"], row["p99_ms"])
+                )
         finally:
             for driver in reversed(drivers):
                 driver.stop()
@@ -165,7 +173,9 @@ def mooncake_rows(
     peer = ensure_peer("mooncake")
     if not peer.available:
         return f"{what} unavailable (needs Debian's libibverbs1): {peer.reason[-500:]}", ""
-    module, path = ("mooncake_store_driver", "mooncake_store_get") if store else ("mooncake_driver", "mooncake_te_read")
+    module, path = (
+        ("mooncake_store_driver", "mooncake_store_get") if store else ("mooncake_driver", "mooncake_te_read")
+    )
     log = work_dir / f"{module}.log"
     version = ""
     failed = []  # a size that fails (a read outliving its lease under load) leaves the others measured
@@ -173,10 +183,25 @@ def mooncake_rows(
         try:
             # A master per size: a stopped store's segment stays in a master for its client
             # TTL, and objects allocated there fail to transfer (TRANSFER_FAIL).
-            with _master(peer, work_dir / "mooncake_master.log") if store else contextlib.nullcontext({}) as spec:
-                version = _served_cells(
-                    record, peer, f"bench.pool.{module}", path, {size: item_bytes}, concurrencies, seconds, log, spec
-                ) or version
+            with (
+                _master(peer, work_dir / "mooncake_master.log")
+                if store
+                else contextlib.nullcontext({}) as spec
+            ):
+                version = (
+                    _served_cells(
+                        record,
+                        peer,
+                        f"bench.pool.{module}",
+                        path,
+                        {size: item_bytes},
+                        concurrencies,
+                        seconds,
+                        log,
+                        spec,
+                    )
+                    or version
+                )
         except (RuntimeError, OSError, ValueError, KeyError) as exc:
             failed.append(f"{size}: {exc}")
     return (f"{what} failed at {'; '.join(failed)}" if failed else None), version

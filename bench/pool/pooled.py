@@ -135,7 +135,8 @@ def run_pooled(root: Path) -> dict[str, Any]:
         print(f"pooled replay  {name:<8} hit rate {rates[name]}", flush=True)
     return {
         "hit_rates": rates,
-        "workload": workload.notes | {"chunks_stored": workload.working_set_bytes // CHUNK_BYTES, "turns": workload.turns},
+        "workload": workload.notes
+        | {"chunks_stored": workload.working_set_bytes // CHUNK_BYTES, "turns": workload.turns},
         "working_set_chunks": sizing.working_set_chunks,
         "node_chunks": sizing.node_chunks,
         "sessions_per_node": {name: node_of.count(i) for i, name in enumerate(NODES)},

@@ -27,7 +27,11 @@ BASE_SETTINGS = {"persist_on_commit": False, "ssd_reserved_bytes": 0, "eviction_
 # The lenders' own sessions fill under a third of their room: they keep a tenth free for
 # their own node and may lend 80% (the defaults, 0.2 and 0.5, would cap what the busy
 # node can borrow below what it lacks: 2 x 0.5 of a node against its 0.8 of the pool).
-LEDGER_SETTINGS = {"pool_heartbeat_seconds": 0.2, "pool_own_floor_fraction": 0.1, "pool_max_lent_fraction": 0.8}
+LEDGER_SETTINGS = {
+    "pool_heartbeat_seconds": 0.2,
+    "pool_own_floor_fraction": 0.1,
+    "pool_max_lent_fraction": 0.8,
+}
 
 
 def node_settings(node_chunks: int, chunk_bytes: int, dram_bytes: int, nodes: int = 1) -> dict[str, object]:
@@ -57,11 +61,20 @@ def layout(
             # A node may place on peers what the other two hold: its SSD's size (the budget
             # before) capped the busy node's placements below what it lacks at 8:1:1.
             lendable = (len(NODES) - 1) * node_chunks * chunk_bytes
-            pooled = {**node, **LEDGER_SETTINGS, "pool_redis_url": redis_server.url, "pool_capacity_bytes": lendable}
+            pooled = {
+                **node,
+                **LEDGER_SETTINGS,
+                "pool_redis_url": redis_server.url,
+                "pool_capacity_bytes": lendable,
+            }
             daemons = [
                 stack.enter_context(daemon(root, f"{name}-{n}", {**pooled, "pool_node": n, "data_plane_port": free_port()}))
                 for n in NODES
             ]  # fmt: skip
         else:
-            daemons = [stack.enter_context(daemon(root, name, node_settings(node_chunks, chunk_bytes, dram_bytes, len(NODES))))]
+            daemons = [
+                stack.enter_context(
+                    daemon(root, name, node_settings(node_chunks, chunk_bytes, dram_bytes, len(NODES)))
+                )
+            ]
         yield [d.address for d in daemons]

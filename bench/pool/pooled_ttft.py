@@ -73,14 +73,22 @@ def lender_chunks() -> tuple[StoreChunks, int]:
     layers, heads = int(MODEL["num_hidden_layers"]), int(MODEL["num_key_value_heads"])
     head_dim = int(MODEL["hidden_size"]) // int(MODEL["num_attention_heads"])
     tokens = SHAREGPT_CHUNK_TOKENS
-    namespace = NamespaceSpec(model_digest="pool-bench-lenders", dtype="float32", chunk_tokens=tokens).namespace_id()
+    namespace = NamespaceSpec(
+        model_digest="pool-bench-lenders", dtype="float32", chunk_tokens=tokens
+    ).namespace_id()
     half = bytes(heads * tokens * head_dim * 4)
 
     def encode(key: bytes) -> bytes:
         return encode_chunk(namespace=namespace, key=key, dtype="float32", kv_heads=heads, tokens=tokens,
                             head_dim=head_dim, base_position=0, layers=[(half, half)] * layers)  # fmt: skip
 
-    spec = {"num_layers": layers, "kv_heads": heads, "head_dim": head_dim, "chunk_tokens": tokens, "dtype": "float32"}
+    spec = {
+        "num_layers": layers,
+        "kv_heads": heads,
+        "head_dim": head_dim,
+        "chunk_tokens": tokens,
+        "dtype": "float32",
+    }
     return StoreChunks(namespace, spec, encode), max_chunk_bytes(**spec)  # type: ignore[arg-type]
 
 
@@ -106,7 +114,11 @@ class BusyNode:
         tokens = random.Random(number).choices(range(self.vocab), k=self.prompt_tokens(number, index))
         request = pb.ExecuteTurnRequest(tenant=TENANT, prompt_token_ids=pb.TokenIds(token_ids=tokens),
                                         sampling=pb.SamplingParams(max_tokens=1))  # fmt: skip
-        stats = [r.stats for r in self.worker.ExecuteTurn(request, timeout=TURN_TIMEOUT_SECONDS) if r.HasField("stats")][-1]
+        stats = [
+            r.stats
+            for r in self.worker.ExecuteTurn(request, timeout=TURN_TIMEOUT_SECONDS)
+            if r.HasField("stats")
+        ][-1]
         if index > 0:
             self.ttft_ms.append(stats.ttft_ms)
             self.wanted_chunks += self.prompt_tokens(number, index - 1) // SHAREGPT_CHUNK_TOKENS
@@ -145,7 +157,9 @@ def longest_prompt(workload: Workload) -> int:
 def run_pooled_ttft(root: Path, conversations: int) -> dict[str, Any]:
     workload = load_sharegpt(**{**SHAREGPT, "conversations": conversations})
     if (longest := longest_prompt(workload)) > MAX_PROMPT_TOKENS:
-        raise ValueError(f"a prompt of {longest} tokens: over the model's and the nodes' DRAM's {MAX_PROMPT_TOKENS}")
+        raise ValueError(
+            f"a prompt of {longest} tokens: over the model's and the nodes' DRAM's {MAX_PROMPT_TOKENS}"
+        )
     schedule = events(workload)
     sizing = size_nodes(workload, schedule)
     node_of = deal(workload, int(SHAREGPT["seed"]))
@@ -170,7 +184,11 @@ def run_pooled_ttft(root: Path, conversations: int) -> dict[str, Any]:
         with ThreadPoolExecutor(len(workers)) as starting:  # each start waits seconds for torch and the model
             list(starting.map(WorkerProcess.start, workers.values()))
         for name, stack in stacks.items():
-            with stack, grpc.insecure_channel(workers[name].address) as channel, KVStoreClient(addresses[name][0]) as daemon:
+            with (
+                stack,
+                grpc.insecure_channel(workers[name].address) as channel,
+                KVStoreClient(addresses[name][0]) as daemon,
+            ):
                 node = BusyNode(workload, busy_sessions, worker_pb2_grpc.WorkerStub(channel), daemon, vocab)
                 replay(workload, schedule, addresses[name], node_of if len(addresses[name]) > 1 else [0] * len(node_of),
                        chunks, node)  # fmt: skip

@@ -87,7 +87,9 @@ def _chunks(namespace: bytes, tokens: int, count: int, seed: int) -> list[tuple[
     return made
 
 
-def _daemon(root: Path, name: str, tls: dict[str, str] | None = None) -> AbstractContextManager[DaemonProcess]:
+def _daemon(
+    root: Path, name: str, tls: dict[str, str] | None = None
+) -> AbstractContextManager[DaemonProcess]:
     settings: dict[str, object] = {
         "dram_capacity_bytes": 768 * MiB, "max_chunk_bytes": 16 * MiB, "ssd_capacity_bytes": 1024 * MiB,
         "persist_on_commit": False, "data_plane_port": free_port(),
@@ -133,6 +135,7 @@ class Run:
             client = client_for(path)
             for c in self.concurrencies:
                 if path.endswith("put"):
+
                     async def op(w: int, n: int, client: AsyncKVStoreClient = client) -> None:
                         await client.put_chunks(namespace, [chunks[w]])
 
@@ -141,6 +144,7 @@ class Run:
 
                     cell = await run_tasks(op, c, self.seconds, item_bytes, prepare)
                 else:
+
                     async def op(w: int, n: int, client: AsyncKVStoreClient = client) -> None:
                         await client.get_chunks_into(namespace, [keys[(w + n) % len(keys)]], [buffers[w]])
 
@@ -165,8 +169,14 @@ class Run:
         for key, data in chunks:
             conns[0].set(key, data)
         for c in self.concurrencies:
-            self.record("redis_get", size, c, run_threads(
-                lambda w, n: conns[w].get(chunks[(w + n) % len(chunks)][0]), c, self.seconds, item_bytes))
+            self.record(
+                "redis_get",
+                size,
+                c,
+                run_threads(
+                    lambda w, n: conns[w].get(chunks[(w + n) % len(chunks)][0]), c, self.seconds, item_bytes
+                ),
+            )
             self.record("redis_set", size, c, run_threads(
                 lambda w, n: conns[w].set(b"set/%d" % w, chunks[w][1]), c, self.seconds, item_bytes))  # fmt: skip
         conns[0].flushall()
@@ -187,7 +197,8 @@ def _ratio(rows: list[dict[str, Any]], path: str, versus: str, size: str) -> dic
     by = {(r["path"], r["size"], r["concurrency"]): r["gbps"] for r in rows}
     ratios = {
         str(c): round(by[(path, size, c)] / by[(versus, size, c)], 3)
-        for (p, s, c) in by if p == path and s == size and by.get((versus, size, c))
+        for (p, s, c) in by
+        if p == path and s == size and by.get((versus, size, c))
     }
     return ratios | ({"min": min(ratios.values())} if ratios else {})
 
@@ -202,7 +213,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "dataplane_get_vs_mooncake_store": _ratio(rows, "dataplane_get", "mooncake_store_get", HEADLINE),
         "dataplane_get_vs_grpc_get": _ratio(rows, "dataplane_get", "grpc_get", HEADLINE),
         "dataplane_put_vs_redis_set": _ratio(rows, "dataplane_put", "redis_set", HEADLINE),
-        "dataplane_get_verified_vs_unverified": _ratio(rows, "dataplane_get_verified", "dataplane_get", HEADLINE),
+        "dataplane_get_verified_vs_unverified": _ratio(
+            rows, "dataplane_get_verified", "dataplane_get", HEADLINE
+        ),
         "dataplane_get_tls_vs_plaintext": _ratio(rows, "dataplane_get_tls", "dataplane_get", HEADLINE),
         "dataplane_get_vs_redis_get_every_size": {
             size: _ratio(rows, "dataplane_get", "redis_get", size).get("min") for size in SIZES
@@ -267,7 +280,9 @@ def _peer_rows(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="0.5 s a cell instead of 2 s (a smoke run)")
     parser.add_argument("--seconds", type=float, default=None, help="timed seconds per cell")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
@@ -276,14 +291,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-pooled", action="store_true", help="skip the pooled replays")
     parser.add_argument("--pooled-only", action="store_true", help="only the pooled replays")
     parser.add_argument("--no-lmcache", action="store_true", help="skip LMCache's rows")
-    parser.add_argument("--no-mooncake", action="store_true", help="skip Mooncake's Transfer Engine and Store rows")
+    parser.add_argument(
+        "--no-mooncake", action="store_true", help="skip Mooncake's Transfer Engine and Store rows"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the run's JSON goes")
     args = parser.parse_args(argv)
     if args.pooled_only:
         args.sizes, args.no_tls, args.no_lmcache, args.no_mooncake = [], True, True, True
     run = Run(sorted(args.concurrency), args.seconds or (0.5 if args.quick else 2.0))
     count = max(16, max(run.concurrencies))  # a chunk per put worker; readers spread over them
-    daemon_paths = ["dataplane_get", "dataplane_get_blocking", "dataplane_get_verified", "grpc_get", "dataplane_put"]
+    daemon_paths = [
+        "dataplane_get",
+        "dataplane_get_blocking",
+        "dataplane_get_verified",
+        "grpc_get",
+        "dataplane_put",
+    ]
     with tempfile.TemporaryDirectory(prefix="attnstore-bench-pool-") as tmp:
         root = Path(tmp)
         redis_server = RedisProcess(root / "redis")
@@ -332,8 +355,11 @@ def main(argv: list[str] | None = None) -> None:
         {"machine": machine, "seconds_per_cell": run.seconds, "rows": run.rows, "pooled_replay": pooled,
          "peer_versions": peers, "summary": summary}, indent=1) + "\n")  # fmt: skip
     if run.rows:
-        plot(run.rows, f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
-             args.results.with_suffix(".png"))
+        plot(
+            run.rows,
+            f"attnstore data plane vs gRPC, Redis and the loopback socket ({machine['cpus']} CPUs)",
+            args.results.with_suffix(".png"),
+        )
     print_report(format_table(run.rows), verdicts(summary), summary)
 
 

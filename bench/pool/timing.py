@@ -32,7 +32,11 @@ class Cell:
 def _cell(latencies: list[float], seconds: float, item_bytes: int) -> Cell:
     values = np.array(latencies or [float("nan")])
     return Cell(
-        len(latencies), seconds, item_bytes, float(np.percentile(values, 50) * 1e3), float(np.percentile(values, 99) * 1e3)
+        len(latencies),
+        seconds,
+        item_bytes,
+        float(np.percentile(values, 50) * 1e3),
+        float(np.percentile(values, 99) * 1e3),
     )
 
 

@@ -412,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--recompute-repeats", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--results", help="results' file name in bench/results (default restore, restore-quick)")
+    parser.add_argument(
+        "--results", help="results' file name in bench/results (default restore, restore-quick)"
+    )
     args = parser.parse_args(argv)
     if (problem := device_problem(args.device)) is not None:
         parser.error(problem)

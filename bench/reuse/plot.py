@@ -10,8 +10,13 @@ Points = list[tuple[int, float]]  # (history tokens, value)
 
 
 def plot_ttft(
-    ttft: dict[str, Points], speedup: dict[str, Points], *, min_history_tokens: int, target: float,
-    title: str, out: Path,
+    ttft: dict[str, Points],
+    speedup: dict[str, Points],
+    *,
+    min_history_tokens: int,
+    target: float,
+    title: str,
+    out: Path,
 ) -> None:
     """Left: TTFT per method against the turn's history length; right: recompute TTFT over
     the TTFT of each method in `speedup` (a subset of `ttft`'s), with the target and the

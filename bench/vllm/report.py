@@ -12,8 +12,10 @@ from bench.common.plot_style import plt, save_figure
 
 SIDES = ("vllm", "vllm+attnstore")
 PHASES = ("fits", "over capacity")
-TARGETS = {"over capacity": ("later_turn_ttft_with_connector_vs_without", 0.5),
-           "fits": ("later_turn_ttft_with_connector_vs_without_fits", 1.05)}
+TARGETS = {
+    "over capacity": ("later_turn_ttft_with_connector_vs_without", 0.5),
+    "fits": ("later_turn_ttft_with_connector_vs_without_fits", 1.05),
+}
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -23,8 +25,10 @@ def format_table(summary: dict[str, Any]) -> str:
         for side in SIDES:
             ttft = summary["later_turn_median_ttft_ms"][phase][side]
             hits = summary["connector_hit_tokens"][phase] if side == SIDES[1] else 0
-            lines.append(f"{phase:<14} {side:<15} {ttft if ttft is not None else float('nan'):>18.0f} "
-                         f"{summary['tokens_per_second'][phase][side]:>9.1f} {hits:>14.0f}")
+            lines.append(
+                f"{phase:<14} {side:<15} {ttft if ttft is not None else float('nan'):>18.0f} "
+                f"{summary['tokens_per_second'][phase][side]:>9.1f} {hits:>14.0f}"
+            )
     return "\n".join(lines)
 
 
@@ -33,8 +37,10 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     for phase, (key, target) in TARGETS.items():
         ratio = summary[key]
         passed = ratio is not None and ratio <= target
-        lines.append(f"{'PASS' if passed else 'FAIL'}  {phase}: later turns' TTFT with the connector "
-                     f"{ratio} of vLLM alone (target <= {target})")
+        lines.append(
+            f"{'PASS' if passed else 'FAIL'}  {phase}: later turns' TTFT with the connector "
+            f"{ratio} of vLLM alone (target <= {target})"
+        )
     return lines
 
 
@@ -43,9 +49,14 @@ def plot(records: list[dict[str, Any]], title: str, out: Path) -> None:
     for axis, phase in zip(axes[0], PHASES, strict=True):
         for side in SIDES:
             turns = sorted({r["turn"] for r in records if r["phase"] == phase and r["side"] == side})
-            medians = [statistics.median(r["ttft_ms"] for r in records
-                                         if r["phase"] == phase and r["side"] == side and r["turn"] == turn)
-                       for turn in turns]
+            medians = [
+                statistics.median(
+                    r["ttft_ms"]
+                    for r in records
+                    if r["phase"] == phase and r["side"] == side and r["turn"] == turn
+                )
+                for turn in turns
+            ]
             axis.plot(turns, medians, marker="o", label=side)
             axis.set_xticks(turns)
         axis.set_title(phase)

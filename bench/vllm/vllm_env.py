@@ -22,7 +22,6 @@ DEPS_STAMP = "attnstore-vllm-deps.json"
 INSTALL_TIMEOUT_SECONDS = 900
 
 
-
 class VllmUnavailable(RuntimeError):
     """vLLM CPU could not be installed; the message says why."""
 

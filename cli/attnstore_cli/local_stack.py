@@ -158,7 +158,9 @@ class LocalStack:
             ssd_dir = self.spec.work_dir / name.replace("daemon", "ssd")
             shm_dir = Path(tempfile.mkdtemp(prefix="attnstore-", dir=self._arena_root()))
             log = self.logs_dir / f"{name}.log"
-            self.daemons.append(DaemonProcess(ssd_dir, shm_dir, log, self.spec.daemon_service_settings(index)))
+            self.daemons.append(
+                DaemonProcess(ssd_dir, shm_dir, log, self.spec.daemon_service_settings(index))
+            )
             self._launch(self.daemons[-1])
 
     def _start_workers(self) -> None:

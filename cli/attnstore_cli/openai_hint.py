@@ -23,4 +23,3 @@ def curl_line(openai_url: str) -> str:
         f"curl -s {openai_url}/chat/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(json.dumps(body))}"
     )
-

@@ -129,7 +129,9 @@ def _tiers_table(address: str, stats: kvstore_pb2.StatsResponse) -> Table:
 
 def policy_line(stats: kvstore_pb2.StatsResponse) -> str:
     """The eviction policy, and what admission declined (predictive: chunks of ended sessions)."""
-    return f"eviction policy: {stats.eviction_policy}, {stats.admissions_declined} chunks declined at admission"
+    return (
+        f"eviction policy: {stats.eviction_policy}, {stats.admissions_declined} chunks declined at admission"
+    )
 
 
 def namespaces_line(stats: kvstore_pb2.StatsResponse) -> str:

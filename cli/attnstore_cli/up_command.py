@@ -18,7 +18,9 @@ WATCH_INTERVAL_SECONDS = 1.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_stack_arguments(parser)
-    parser.add_argument("--port", type=int, default=SCHEDULER_PORT, help="the scheduler's port (the public API)")
+    parser.add_argument(
+        "--port", type=int, default=SCHEDULER_PORT, help="the scheduler's port (the public API)"
+    )
     parser.add_argument(
         "--openai-port",
         type=int,

@@ -221,7 +221,9 @@ def _choose_kernels(
     """Switches the model's kernels where the device allows it better ones; says which and why."""
     if device.type != "cpu":
         default = KernelChoice("torch", f"device {device}: torch's kernels")
-        attention = KernelChoice(str(model.config._attn_implementation), f"device {device}: transformers' choice")
+        attention = KernelChoice(
+            str(model.config._attn_implementation), f"device {device}: transformers' choice"
+        )
         return KernelReport(str(device), cpu_capability(), default, attention)
     attention = use_grouped_query_sdpa()
     linear = (

@@ -230,7 +230,11 @@ class WorkerSettings(ServiceSettings):
         check_server_security(self.tls, self.internal_auth)
         secure = self.tls.enabled or self.internal_auth.enabled
         if (
-            (self.long_context.peers or self.long_context.peers_from_scheduler or self.long_context.pool_redis_url)
+            (
+                self.long_context.peers
+                or self.long_context.peers_from_scheduler
+                or self.long_context.pool_redis_url
+            )
             and secure
             and not self.long_context.peer_channel.tls
         ):

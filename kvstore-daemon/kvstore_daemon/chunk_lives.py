@@ -52,7 +52,9 @@ from dataclasses import dataclass
 from kvstore_daemon import metrics
 from kvstore_daemon.hit_density import HitDensity
 
-GHOST_KEYS_MAX = 1 << 17  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
+GHOST_KEYS_MAX = (
+    1 << 17
+)  # evicted keys remembered (about 20 MB): the setting predictive_ghost_keys_max's default
 REUSE_CLASSES = 4  # named or read 0, 1, 2, 3 or more times: the learner's classes
 NAMED_KEYS_MAX = 1 << 15  # keys whose lookups are counted (about 5 MB): predictive_named_keys_max's default
 
@@ -72,8 +74,13 @@ class Life:
 
 
 class ChunkLives:
-    def __init__(self, clock: Callable[[], float], learner: HitDensity | None = None,
-                 ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        learner: HitDensity | None = None,
+        ghost_keys_max: int = GHOST_KEYS_MAX,
+        named_keys_max: int = NAMED_KEYS_MAX,
+    ) -> None:
         self._clock = clock
         self.learner = learner or HitDensity(REUSE_CLASSES)
         self.tick = 0
@@ -82,11 +89,15 @@ class ChunkLives:
         # evicted key -> (class, last tick, the learner's epoch at its unread end)
         self._ghosts: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self._ghosts_max = ghost_keys_max
-        self._named: OrderedDict[bytes, int] = OrderedDict()  # key -> lookups that named it, latest named last
+        self._named: OrderedDict[bytes, int] = (
+            OrderedDict()
+        )  # key -> lookups that named it, latest named last
         self._named_max = named_keys_max
         self.children: dict[bytes, set[bytes]] = {}  # key -> its children alive in the store
         self._parent: dict[bytes, bytes] = {}  # key alive in the store -> its parent
-        self.lost_child: list[Callable[[bytes], None]] = []  # called with a parent when a child leaves the store
+        self.lost_child: list[
+            Callable[[bytes], None]
+        ] = []  # called with a parent when a child leaves the store
         self.born: list[Callable[[bytes], None]] = []  # called with a key when it enters the store
         self.reread: list[Callable[[bytes], None]] = []  # called with a key when it is read (once per read)
 

@@ -97,7 +97,9 @@ class ChunkStore:
         self._reserved_keys: set[bytes] = set()
         self._leases: dict[int, Lease] = {}
         self.hints = HintBook()
-        self._admission = settings.eviction_policy == "predictive"  # DECLINE hints refuse writes (or send them to SSD)
+        self._admission = (
+            settings.eviction_policy == "predictive"
+        )  # DECLINE hints refuse writes (or send them to SSD)
         self._ssd_only: set[bytes] = set()  # keys reserved while declined: demoted once committed
         # Ids start at a random point so ids a client kept from before a restart name nothing.
         self._ids = itertools.count(secrets.randbits(48) + 1)
@@ -122,7 +124,9 @@ class ChunkStore:
                 await self.ssd.delete(stored.key)
                 orphans += 1
                 continue
-            self._chunks.add(Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True, borrower=stored.borrower))
+            self._chunks.add(
+                Chunk(stored.key, stored.namespace, stored.size_bytes, on_ssd=True, borrower=stored.borrower)
+            )
             self._mover.ssd_policy.on_insert(stored.key)
         on_peers = self._restore_placements()
         log.info(
@@ -217,7 +221,9 @@ class ChunkStore:
         limit = min(layout.max_chunk_bytes, self.settings.max_chunk_bytes)
         for key, size in items:
             if not 0 < size <= limit:
-                raise InvalidArgument(f"chunk {key.hex()} of {size} bytes is outside 1..{limit} bytes for this namespace")
+                raise InvalidArgument(
+                    f"chunk {key.hex()} of {size} bytes is outside 1..{limit} bytes for this namespace"
+                )
         results = []
         for key, size in items:
             deleted = self._chunks.get(key)
@@ -249,7 +255,14 @@ class ChunkStore:
             extents = self.dram.extents(blocks, size)
             write_id = next(self._ids)
             self._reservations[write_id] = Reservation(
-                write_id, key, namespace, size, blocks, extents, self._clock() + ttl_seconds, borrower=borrower
+                write_id,
+                key,
+                namespace,
+                size,
+                blocks,
+                extents,
+                self._clock() + ttl_seconds,
+                borrower=borrower,
             )
             results.append(ReserveResult(key, ReserveStatus.RESERVED, write_id, tuple(extents)))
         self._update_gauges()
@@ -282,8 +295,13 @@ class ChunkStore:
             del self._reservations[reservation.write_id]
             self._reserved_keys.discard(reservation.key)
             chunk = Chunk(
-                reservation.key, reservation.namespace, reservation.size_bytes, layout,
-                reservation.blocks, reservation.extents, borrower=reservation.borrower,
+                reservation.key,
+                reservation.namespace,
+                reservation.size_bytes,
+                layout,
+                reservation.blocks,
+                reservation.extents,
+                borrower=reservation.borrower,
             )
             self._chunks.add(chunk)
             self.dram.arrived(chunk)
@@ -302,7 +320,9 @@ class ChunkStore:
         if durable:
             outcomes = await asyncio.gather(*(self._mover.persisted(chunk) for chunk in committed))
             if not all(outcomes):
-                raise Unavailable("chunks are committed in DRAM but the SSD tier could not store them durably")
+                raise Unavailable(
+                    "chunks are committed in DRAM but the SSD tier could not store them durably"
+                )
         return len(committed)
 
     def abort(self, write_ids: Sequence[int]) -> int:
@@ -352,7 +372,9 @@ class ChunkStore:
         if lease is None or any(chunk.namespace != namespace for chunk in lease.chunks):
             raise NotFound(f"lease {lease_id} is unknown: never granted, released or expired")
         if not all(0 <= index < len(lease.chunks) for index in indices):
-            raise InvalidArgument(f"chunk indices must lie in 0..{len(lease.chunks) - 1} for lease {lease_id}")
+            raise InvalidArgument(
+                f"chunk indices must lie in 0..{len(lease.chunks) - 1} for lease {lease_id}"
+            )
         chunks = [lease.chunks[index] for index in indices]
         for chunk in chunks:
             chunk.readers += 1
@@ -369,9 +391,13 @@ class ChunkStore:
         for write_id, size in writes:
             reservation = self._reservations.get(write_id)
             if reservation is None or reservation.namespace != namespace:
-                raise NotFound(f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired")
+                raise NotFound(
+                    f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired"
+                )
             if size != reservation.size_bytes:
-                raise InvalidArgument(f"write id {write_id} reserved {reservation.size_bytes} bytes, not {size}")
+                raise InvalidArgument(
+                    f"write id {write_id} reserved {reservation.size_bytes} bytes, not {size}"
+                )
 
     def note_lease_free_reads(
         self, namespace: bytes, keys: Sequence[bytes], bytes_transport: str | None = "shm"
@@ -381,7 +407,11 @@ class ChunkStore:
         their bytes out under `bytes_transport` (None: the caller counted them). Chunks
         gone meanwhile are ignored."""
         self.namespaces.get(namespace)
-        chunks = [c for c in (self._visible(namespace, key) for key in keys) if c is not None and c.blocks is not None]
+        chunks = [
+            c
+            for c in (self._visible(namespace, key) for key in keys)
+            if c is not None and c.blocks is not None
+        ]
         self._count_hits([chunk.tier for chunk in chunks], misses=0)
         for chunk in chunks:
             self._mover.touch(chunk)
@@ -457,7 +487,9 @@ class ChunkStore:
         never replaced by a newer loan). Read at each heartbeat: one walk of the borrowed."""
         now = self._clock()
         return sum(
-            chunk.size_bytes for key in self._chunks.borrowed_keys() if (chunk := self._chunks[key]).pinned_until > now
+            chunk.size_bytes
+            for key in self._chunks.borrowed_keys()
+            if (chunk := self._chunks[key]).pinned_until > now
         )
 
     def take_dropped_borrowed(self) -> list[tuple[str, bytes]]:
@@ -608,7 +640,9 @@ class ChunkStore:
     def _reservation(self, write_id: int) -> Reservation:
         reservation = self._reservations.get(write_id)
         if reservation is None:
-            raise NotFound(f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired")
+            raise NotFound(
+                f"write id {write_id} is unknown: never reserved, already committed or aborted, or expired"
+            )
         return reservation
 
     def _count_hits(self, tiers: Sequence[TierName], misses: int) -> None:
@@ -662,7 +696,9 @@ class ChunkStore:
         try:
             layout = decode_layout(data)
             if layout.total_bytes != size:
-                raise ChunkFormatError(f"the header describes {layout.total_bytes} bytes, {size} were reserved")
+                raise ChunkFormatError(
+                    f"the header describes {layout.total_bytes} bytes, {size} were reserved"
+                )
             if layout.header.key != reservation.key or layout.header.namespace != reservation.namespace:
                 raise ChunkFormatError("the header's key or namespace differs from the reservation's")
             self.namespaces.get(reservation.namespace).check_header(layout.header)

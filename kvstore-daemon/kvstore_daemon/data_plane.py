@@ -107,9 +107,13 @@ class DataPlaneServer:
         self._ssl = server_ssl_context(settings)
         auth = settings.internal_auth
         self._tokens = (
-            [*auth.token_sha256, *auth.admin_token_sha256] if auth.enabled and not settings.tls.require_client_cert else None
+            [*auth.token_sha256, *auth.admin_token_sha256]
+            if auth.enabled and not settings.tls.require_client_cert
+            else None
         )
-        self._send_buffer = granted_send_buffer(settings.data_plane_send_buffer_bytes, *_kernel_send_buffer_limits())
+        self._send_buffer = granted_send_buffer(
+            settings.data_plane_send_buffer_bytes, *_kernel_send_buffer_limits()
+        )
         self._slots = threading.BoundedSemaphore(settings.data_plane_max_connections)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -197,7 +201,10 @@ class DataPlaneServer:
         except errors.ServiceError as exc:
             if not isinstance(exc, errors.Unavailable):  # a closed peer hears nothing
                 self._try_send(sock, error_frame(exc))
-        except (OSError, ssl.SSLError):  # a reset, a timeout (TimeoutError too), a failed handshake: just close
+        except (
+            OSError,
+            ssl.SSLError,
+        ):  # a reset, a timeout (TimeoutError too), a failed handshake: just close
             pass
         finally:
             with self._lock:
@@ -250,7 +257,9 @@ class DataPlaneServer:
         else:
             lease_id = field(request, "lease", int)
             indices = field(request, "chunks", list)
-            if not 0 < len(indices) <= limit or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            if not 0 < len(indices) <= limit or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in indices
+            ):
                 raise FrameError(f"chunks must list 1..{limit} chunk indices")
             release_id = lease_id if request.get("release") is True else None
             chunks = self._on_loop(self._store.hold_leased, namespace, lease_id, indices)
@@ -307,7 +316,11 @@ class DataPlaneServer:
             metrics.BYTES_OUT.labels("dataplane").inc(served.bytes_sent)
             metrics.DATA_PLANE_C_READS.inc(served.chunks_sent)
             if served.not_recorded:
-                log.warning("data_plane_reads_not_noted", reads=served.not_recorded, reason="the C record buffer was full")
+                log.warning(
+                    "data_plane_reads_not_noted",
+                    reads=served.not_recorded,
+                    reason="the C record buffer was full",
+                )
         for namespace, keys in reads:
             with contextlib.suppress(errors.ServiceError):  # its namespace was dropped meanwhile
                 self._store.note_lease_free_reads(namespace, keys, None)
@@ -322,7 +335,9 @@ class DataPlaneServer:
         layout = chunks[0].layout
         assert layout is not None  # held and unheld chunks are parsed
         num_layers = layout.header.num_layers  # one namespace: one layer count
-        start, end = check_layer_range(field(request, "layer_start", int), field(request, "layer_end", int), num_layers)
+        start, end = check_layer_range(
+            field(request, "layer_start", int), field(request, "layer_end", int), num_layers
+        )
         headers = reply.get("headers") or [self._store.header_bytes(chunk) for chunk in chunks]
         frame = pack_frame({**reply, "ok": True, "headers": headers})
         views = (  # one chunk's layer range is contiguous: its blocks' views, not 30 layers'
@@ -396,7 +411,8 @@ def _write_list(raw: Sequence[Any], max_writes: int) -> list[tuple[int, int]]:
     writes = []
     for item in raw:
         if not (
-            isinstance(item, list) and len(item) == 2
+            isinstance(item, list)
+            and len(item) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in item)
         ):
             raise FrameError("each write must be [write_id, bytes], positive integers")

@@ -61,7 +61,14 @@ def _wrap(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dpr_close.restype = None
     lib.dpr_close.argtypes = [ctypes.c_void_p]
     lib.dpr_serve.restype = ctypes.c_int
-    lib.dpr_serve.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32, _u32p]
+    lib.dpr_serve.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        _u32p,
+    ]
     return lib
 
 
@@ -95,7 +102,9 @@ class TakenReads:
 class CReads:
     """The C table of registered DRAM chunks and the serve loop over it."""
 
-    def __init__(self, lib: ctypes.CDLL, dram: DramTier, capacity: int, max_keys: int, max_frame_bytes: int) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, dram: DramTier, capacity: int, max_keys: int, max_frame_bytes: int
+    ) -> None:
         self._lib = lib
         self._frames = _FrameBuffers(max_frame_bytes)
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)

@@ -173,8 +173,13 @@ class LookaheadPolicy:
 
 
 def make_tier_policies(
-    name: PolicyName, hints: HintBook, clock: Callable[[], float] = time.monotonic, shadow_share: float = 0.0,
-    ghost_keys_max: int = GHOST_KEYS_MAX, named_keys_max: int = NAMED_KEYS_MAX, switch_z: float = SWITCH_Z,
+    name: PolicyName,
+    hints: HintBook,
+    clock: Callable[[], float] = time.monotonic,
+    shadow_share: float = 0.0,
+    ghost_keys_max: int = GHOST_KEYS_MAX,
+    named_keys_max: int = NAMED_KEYS_MAX,
+    switch_z: float = SWITCH_Z,
 ) -> tuple[EvictionPolicy, EvictionPolicy]:
     """DRAM's and SSD's instances of the named policy; predictive's share what they learn
     (a chunk moving between the tiers keeps its age and its reads), and with a positive

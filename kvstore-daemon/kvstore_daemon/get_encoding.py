@@ -48,7 +48,9 @@ class GetResponseWriter:
 
     def add_slice(self, chunk_index: int, layer: int, data: Sequence[memoryview]) -> None:
         size = sum(view.nbytes for view in data)
-        fields = _CHUNK_INDEX_TAG + _varint(chunk_index) + _LAYER_TAG + _varint(layer) + _DATA_TAG + _varint(size)
+        fields = (
+            _CHUNK_INDEX_TAG + _varint(chunk_index) + _LAYER_TAG + _varint(layer) + _DATA_TAG + _varint(size)
+        )
         self._parts += [_SLICE_TAG, _varint(len(fields) + size), fields, *data]
         self.data_bytes += size
 

@@ -71,8 +71,12 @@ class Hint(NamedTuple):  # a tuple: a push builds one per key, tens of thousands
         queued jobs; then the later predicted use (or the further queue position); then the
         deeper key; then PROTECT before PREFETCH."""
         predicted = self.action is HintAction.PREDICT
-        return (predicted, self.next_use_at if predicted else self.queue_position, self.depth,
-                self.action is not HintAction.PREFETCH)
+        return (
+            predicted,
+            self.next_use_at if predicted else self.queue_position,
+            self.depth,
+            self.action is not HintAction.PREFETCH,
+        )
 
 
 Group = tuple[bytes, str]  # (namespace, source)
@@ -135,7 +139,9 @@ class HintBook:
             if spec.queue_position < 0:
                 raise ValueError(f"queue_position must not be negative, got {spec.queue_position}")
             if not 0 <= spec.next_use_seconds < math.inf:
-                raise ValueError(f"next_use_seconds must be finite and not negative, got {spec.next_use_seconds}")
+                raise ValueError(
+                    f"next_use_seconds must be finite and not negative, got {spec.next_use_seconds}"
+                )
             predicts = spec.action in (HintAction.PREDICT, HintAction.DECLINE)
             if predicts and replace and self.last_prediction_at != now:
                 self._new_predictions(now)
@@ -198,8 +204,12 @@ class HintBook:
         hint expires."""
         if now < self._next_expiry:
             return 0
-        expired = [(group, key) for group, hints in self._groups.items()
-                   for key, hint in hints.items() if hint.expires_at <= now]
+        expired = [
+            (group, key)
+            for group, hints in self._groups.items()
+            for key, hint in hints.items()
+            if hint.expires_at <= now
+        ]
         for group, key in expired:
             self._drop(group, key)
         for key in {key for _, key in expired}:

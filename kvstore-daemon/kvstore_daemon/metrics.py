@@ -8,10 +8,15 @@ from prometheus_client import Counter, Gauge, Histogram
 
 HITS = Counter("attnstore_kvstore_hits_total", "Looked-up or read chunks found, by tier", ["tier"])
 MISSES = Counter("attnstore_kvstore_misses_total", "Looked-up or read chunks not found")
-BYTES_IN = Counter("attnstore_kvstore_bytes_in_total", "Chunk bytes received, by transport (shm, grpc, dataplane)", ["transport"])
+BYTES_IN = Counter(
+    "attnstore_kvstore_bytes_in_total",
+    "Chunk bytes received, by transport (shm, grpc, dataplane)",
+    ["transport"],
+)
 BYTES_OUT = Counter("attnstore_kvstore_bytes_out_total", "Chunk bytes served, by transport", ["transport"])
 DATA_PLANE_C_READS = Counter(
-    "attnstore_kvstore_data_plane_c_reads_total", "Chunks the data plane's C read path sent whole (no Python; valid or not)"
+    "attnstore_kvstore_data_plane_c_reads_total",
+    "Chunks the data plane's C read path sent whole (no Python; valid or not)",
 )
 EVICTIONS = Counter("attnstore_kvstore_evictions_total", "Chunks evicted, by tier", ["tier"])
 EVICTION_REASONS = Counter(
@@ -21,10 +26,11 @@ EVICTION_REASONS = Counter(
 )
 ADMISSIONS_DECLINED = Counter(
     "attnstore_kvstore_admissions_declined_total",
-    "Chunks a live DECLINE hint named at reserve: refused, or with declined_admission=ssd_only stored on SSD only"
+    "Chunks a live DECLINE hint named at reserve: refused, or with declined_admission=ssd_only stored on SSD only",
 )
 PREDICTED_NEXT_USE = Histogram(
-    "attnstore_kvstore_predicted_next_use_seconds", "Seconds until predicted use, per PREDICT hint entry received",
+    "attnstore_kvstore_predicted_next_use_seconds",
+    "Seconds until predicted use, per PREDICT hint entry received",
     buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
 )
 NEXT_USE_ERROR = Histogram(
@@ -69,11 +75,16 @@ PREFETCH_MOVES = Counter(
     "prefetched chunks (the queue's or predicted) moved from SSD to DRAM (their SSD copy dropped; "
     "persist_on_commit off)",
 )
-PEER_PLACEMENTS = Counter("attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted")
-PEER_COPIES_FORGOTTEN = Counter(
-    "attnstore_kvstore_peer_copies_forgotten_total", "Placements forgotten because their lender said it evicted them"
+PEER_PLACEMENTS = Counter(
+    "attnstore_kvstore_peer_placements_total", "Chunks placed on a peer instead of deleted"
 )
-LENT_BYTES = Gauge("attnstore_kvstore_lent_bytes", "Bytes held for pool peers, by borrower node", ["borrower"])
+PEER_COPIES_FORGOTTEN = Counter(
+    "attnstore_kvstore_peer_copies_forgotten_total",
+    "Placements forgotten because their lender said it evicted them",
+)
+LENT_BYTES = Gauge(
+    "attnstore_kvstore_lent_bytes", "Bytes held for pool peers, by borrower node", ["borrower"]
+)
 LENDING_REFUSED = Counter(
     "attnstore_kvstore_lending_refused_total", "Chunks pool peers offered that the lending limits refused"
 )
@@ -86,7 +97,8 @@ CAPACITY_BYTES = Gauge("attnstore_kvstore_capacity_bytes", "Configured capacity,
 CHUNKS = Gauge("attnstore_kvstore_chunks", "Committed chunks, by tier", ["tier"])
 NAMESPACES = Gauge("attnstore_kvstore_namespaces", "Registered namespaces")
 NAMESPACES_RECLAIMED = Counter(
-    "attnstore_kvstore_namespaces_reclaimed_total", "Idle, empty namespaces forgotten to make room for new ones"
+    "attnstore_kvstore_namespaces_reclaimed_total",
+    "Idle, empty namespaces forgotten to make room for new ones",
 )
 NAMESPACE_REFUSALS = Counter(
     "attnstore_kvstore_namespace_registrations_refused_total",

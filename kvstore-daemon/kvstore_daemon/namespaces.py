@@ -52,7 +52,9 @@ class NamespaceLayout:
                 f"chunk shape (layers, kv_heads, head_dim, dtype)={got} does not match the namespace's {expected}"
             )
         if not 1 <= header.tokens <= self.chunk_tokens:
-            raise InvalidArgument(f"chunk holds {header.tokens} tokens; the namespace allows 1..{self.chunk_tokens}")
+            raise InvalidArgument(
+                f"chunk holds {header.tokens} tokens; the namespace allows 1..{self.chunk_tokens}"
+            )
 
 
 def validate_layout(layout: NamespaceLayout) -> None:

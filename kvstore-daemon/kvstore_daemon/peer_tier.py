@@ -166,7 +166,9 @@ class PeerTier:
                 chunk_tokens=layout.chunk_tokens, dtype=layout.dtype, model_label=layout.model_label,
             )  # fmt: skip
             self._registered.add((address, chunk.namespace))
-        return await client.put_chunks(chunk.namespace, [(chunk.key, data)], durable=True, borrower=self._node)
+        return await client.put_chunks(
+            chunk.namespace, [(chunk.key, data)], durable=True, borrower=self._node
+        )
 
     def _client(self, address: str) -> AsyncKVStoreClient:
         if address not in self._clients:
@@ -181,7 +183,9 @@ def static_peers(addresses: Sequence[str]) -> FindPeers:
     return find_peers
 
 
-def make_peer_tier(settings: DaemonSettings, namespaces: NamespaceRegistry, find_peers: FindPeers) -> PeerTier:
+def make_peer_tier(
+    settings: DaemonSettings, namespaces: NamespaceRegistry, find_peers: FindPeers
+) -> PeerTier:
     """Peers are called as `pool_channel` says (credentials read now: a bad file stops the start)."""
     credentials = settings.pool_channel.load("pool_channel")
     data_plane_tls = settings.pool_channel.ssl_context()

@@ -94,7 +94,9 @@ class PoolMember:
         if not self._grpc_address:
             return []
         try:
-            return [e.grpc_address for e in await self._ledger.candidates(self._entry(), size_bytes, _CANDIDATES)]
+            return [
+                e.grpc_address for e in await self._ledger.candidates(self._entry(), size_bytes, _CANDIDATES)
+            ]
         except RedisError as exc:
             log.info("pool_ledger_unreachable", error=str(exc))
             return []

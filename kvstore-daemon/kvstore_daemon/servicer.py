@@ -76,7 +76,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         twice); only Hint may name a key in several entries."""
         return check_keys(keys, self._settings.max_keys_per_request, unique=unique)
 
-    async def RegisterNamespace(self, request: pb.RegisterNamespaceRequest, context: grpc.aio.ServicerContext) -> pb.RegisterNamespaceResponse:
+    async def RegisterNamespace(
+        self, request: pb.RegisterNamespaceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterNamespaceResponse:
         if not request.HasField("layout"):
             raise InvalidArgument("layout is required")
         max_bytes = self._store.register_namespace(
@@ -86,41 +88,61 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         )
         return pb.RegisterNamespaceResponse(max_chunk_bytes=max_bytes)
 
-    async def OpenShm(self, request: pb.OpenShmRequest, context: grpc.aio.ServicerContext) -> pb.OpenShmResponse:
+    async def OpenShm(
+        self, request: pb.OpenShmRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OpenShmResponse:
         dram = self._store.dram
         return pb.OpenShmResponse(
-            path=str(dram.path), size_bytes=dram.size_bytes, block_bytes=dram.block_bytes,
-            arena_generation=dram.generation, block_versions_offset_bytes=dram.versions_offset_bytes,
+            path=str(dram.path),
+            size_bytes=dram.size_bytes,
+            block_bytes=dram.block_bytes,
+            arena_generation=dram.generation,
+            block_versions_offset_bytes=dram.versions_offset_bytes,
         )
 
-    async def OpenDataPlane(self, request: pb.OpenDataPlaneRequest, context: grpc.aio.ServicerContext) -> pb.OpenDataPlaneResponse:
+    async def OpenDataPlane(
+        self, request: pb.OpenDataPlaneRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OpenDataPlaneResponse:
         return pb.OpenDataPlaneResponse(
-            port=self._data_plane_port, tls=self._settings.tls.enabled,
+            port=self._data_plane_port,
+            tls=self._settings.tls.enabled,
             max_frame_bytes=self._settings.data_plane_max_frame_bytes,
         )
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         keys = self._keys(request.keys)
         tiers = self._store.lookup(check_namespace(request.namespace), keys, request.promote)
-        peers = [self._store.placed_on(key) if tier is TierName.PEER else "" for key, tier in zip(keys, tiers)]
-        return pb.LookupResponse(prefix_length=len(tiers), tiers=[_TIER[t] for t in tiers], peer_addresses=peers)
+        peers = [
+            self._store.placed_on(key) if tier is TierName.PEER else "" for key, tier in zip(keys, tiers)
+        ]
+        return pb.LookupResponse(
+            prefix_length=len(tiers), tiers=[_TIER[t] for t in tiers], peer_addresses=peers
+        )
 
-    async def ReservePut(self, request: pb.ReservePutRequest, context: grpc.aio.ServicerContext) -> pb.ReservePutResponse:
+    async def ReservePut(
+        self, request: pb.ReservePutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReservePutResponse:
         namespace = check_namespace(request.namespace)
         check_nonempty(request.items, "items")
         keys = self._keys([item.key for item in request.items])
         ttl = check_ttl(
-            request.ttl_seconds, self._settings.reservation_ttl_seconds,
-            self._settings.reservation_ttl_seconds * 10, "ttl_seconds",
+            request.ttl_seconds,
+            self._settings.reservation_ttl_seconds,
+            self._settings.reservation_ttl_seconds * 10,
+            "ttl_seconds",
         )
         results = await self._store.reserve(
-            namespace, [(key, item.size_bytes) for key, item in zip(keys, request.items, strict=True)], ttl,
+            namespace,
+            [(key, item.size_bytes) for key, item in zip(keys, request.items, strict=True)],
+            ttl,
             borrower=check_borrower(request.borrower),
         )
         return pb.ReservePutResponse(
             reservations=[
                 pb.Reservation(
-                    key=r.key, status=_RESERVE_STATUS[r.status], write_id=r.write_id,
+                    key=r.key,
+                    status=_RESERVE_STATUS[r.status],
+                    write_id=r.write_id,
                     extents=[pb.Extent(offset_bytes=o, length_bytes=n) for o, n in r.extents],
                 )
                 for r in results
@@ -128,7 +150,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             arena_generation=self._store.dram.generation,
         )
 
-    async def WritePut(self, request_iterator: AsyncIterator[pb.WritePutRequest], context: grpc.aio.ServicerContext) -> pb.WritePutResponse:
+    async def WritePut(
+        self, request_iterator: AsyncIterator[pb.WritePutRequest], context: grpc.aio.ServicerContext
+    ) -> pb.WritePutResponse:
         written = 0
         async for piece in request_iterator:
             self._store.write(piece.write_id, piece.offset_bytes, piece.data)
@@ -136,11 +160,15 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         metrics.BYTES_IN.labels("grpc").inc(written)
         return pb.WritePutResponse(bytes_written=written)
 
-    async def CommitPut(self, request: pb.CommitPutRequest, context: grpc.aio.ServicerContext) -> pb.CommitPutResponse:
+    async def CommitPut(
+        self, request: pb.CommitPutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CommitPutResponse:
         ids = check_unique_ids(request.write_ids, self._settings.max_keys_per_request, "write_ids")
         return pb.CommitPutResponse(committed_count=await self._store.commit(ids, request.durable))
 
-    async def AbortPut(self, request: pb.AbortPutRequest, context: grpc.aio.ServicerContext) -> pb.AbortPutResponse:
+    async def AbortPut(
+        self, request: pb.AbortPutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortPutResponse:
         ids = check_unique_ids(request.write_ids, self._settings.max_keys_per_request, "write_ids")
         return pb.AbortPutResponse(aborted_count=self._store.abort(ids))
 
@@ -173,11 +201,17 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         keys = self._keys(request.keys)
         check_nonempty(keys, "keys")
         ttl = check_ttl(
-            request.lease_ttl_seconds, self._settings.lease_ttl_seconds,
-            self._settings.max_lease_ttl_seconds, "lease_ttl_seconds",
+            request.lease_ttl_seconds,
+            self._settings.lease_ttl_seconds,
+            self._settings.max_lease_ttl_seconds,
+            "lease_ttl_seconds",
         )
-        releases = check_unique_ids(request.release_lease_ids, self._settings.max_keys_per_request,
-                                    "release_lease_ids", allow_empty=True)
+        releases = check_unique_ids(
+            request.release_lease_ids,
+            self._settings.max_keys_per_request,
+            "release_lease_ids",
+            allow_empty=True,
+        )
         for lease_id in releases:  # before the new lease: the reader is done with these
             self._store.release_lease(lease_id)
         lease = await self._store.lease(namespace, keys, ttl)
@@ -195,14 +229,21 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             lease_ttl_ms=int(ttl * 1000),
         )
 
-    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
+    async def ReleaseLease(
+        self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseLeaseResponse:
         limit = self._settings.max_keys_per_request
         reads = [
-            (check_namespace(r.namespace), check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys", unique=True))
+            (
+                check_namespace(r.namespace),
+                check_keys(r.keys, limit, field=f"lease_free_reads[{i}].keys", unique=True),
+            )
             for i, r in enumerate(request.lease_free_reads)
         ]
         if sum(len(keys) for _, keys in reads) > limit:
-            raise InvalidArgument(f"lease_free_reads name more than {limit} keys in all; at most {limit} per call")
+            raise InvalidArgument(
+                f"lease_free_reads name more than {limit} keys in all; at most {limit} per call"
+            )
         ids = check_unique_ids(request.lease_ids, limit, "lease_ids", allow_empty=bool(reads))
         for namespace, _ in reads:  # every check before any change
             self._store.namespaces.get(namespace)
@@ -216,7 +257,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     async def Pin(self, request: pb.PinRequest, context: grpc.aio.ServicerContext) -> pb.PinResponse:
         ttl = check_ttl(
-            request.ttl_seconds, self._settings.pin_ttl_seconds, self._settings.max_pin_ttl_seconds, "ttl_seconds"
+            request.ttl_seconds,
+            self._settings.pin_ttl_seconds,
+            self._settings.max_pin_ttl_seconds,
+            "ttl_seconds",
         )
         count = self._store.pin(check_namespace(request.namespace), self._keys(request.keys), ttl)
         return pb.PinResponse(pinned_count=count)
@@ -243,7 +287,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         if len(request.source) > MAX_HINT_SOURCE_CHARS:
             raise InvalidArgument(f"source must be at most {MAX_HINT_SOURCE_CHARS} characters")
         ttl = check_ttl(
-            request.ttl_seconds, self._settings.hint_ttl_seconds, self._settings.hint_ttl_seconds * 10, "ttl_seconds"
+            request.ttl_seconds,
+            self._settings.hint_ttl_seconds,
+            self._settings.hint_ttl_seconds * 10,
+            "ttl_seconds",
         )
         hinted, started = self._store.hint(namespace, entries, request.replace, ttl, request.source)
         return pb.HintResponse(hinted_keys=hinted, prefetches_started=started)
@@ -254,12 +301,18 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             pb.StatsResponse,
             s,
             dram=pb.TierStats(
-                capacity_bytes=s.dram_capacity_bytes, used_bytes=s.dram_used_bytes, chunks=s.dram_chunks,
-                hits=s.hits[TierName.DRAM], evictions=s.evictions[TierName.DRAM],
+                capacity_bytes=s.dram_capacity_bytes,
+                used_bytes=s.dram_used_bytes,
+                chunks=s.dram_chunks,
+                hits=s.hits[TierName.DRAM],
+                evictions=s.evictions[TierName.DRAM],
             ),
             ssd=pb.TierStats(
-                capacity_bytes=s.ssd_capacity_bytes, used_bytes=s.ssd_used_bytes, chunks=s.ssd_chunks,
-                hits=s.hits[TierName.SSD], evictions=s.evictions[TierName.SSD],
+                capacity_bytes=s.ssd_capacity_bytes,
+                used_bytes=s.ssd_used_bytes,
+                chunks=s.ssd_chunks,
+                hits=s.hits[TierName.SSD],
+                evictions=s.evictions[TierName.SSD],
             ),
             eviction_policy=self._settings.eviction_policy,
             namespaces_refused_table_full=s.namespaces_refused["table_full"],

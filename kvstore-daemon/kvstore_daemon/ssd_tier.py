@@ -230,12 +230,18 @@ class SsdTier:
             return
         room = max(0, self.used_bytes + free_bytes - self._reserve_bytes)
         capacity = min(self._configured_bytes, room)
-        clamped, was_clamped = capacity < self._configured_bytes, self._capacity_bytes < self._configured_bytes
+        clamped, was_clamped = (
+            capacity < self._configured_bytes,
+            self._capacity_bytes < self._configured_bytes,
+        )
         if clamped != was_clamped:  # one line per change, not one per refresh
             (log.warning if clamped else log.info)(
                 "ssd_capacity_clamped" if clamped else "ssd_capacity_restored",
-                configured_bytes=self._configured_bytes, capacity_bytes=capacity, free_bytes=free_bytes,
-                used_bytes=self.used_bytes, reserve_bytes=self._reserve_bytes,
+                configured_bytes=self._configured_bytes,
+                capacity_bytes=capacity,
+                free_bytes=free_bytes,
+                used_bytes=self.used_bytes,
+                reserve_bytes=self._reserve_bytes,
             )
         self._capacity_bytes = capacity
 
@@ -359,7 +365,13 @@ class SsdTier:
         return task
 
     async def _write_op(
-        self, key: bytes, namespace: bytes, borrower: str, view: memoryview, directory: Path, pending: _PendingWrite
+        self,
+        key: bytes,
+        namespace: bytes,
+        borrower: str,
+        view: memoryview,
+        directory: Path,
+        pending: _PendingWrite,
     ) -> None:
         try:
             try:
@@ -550,7 +562,6 @@ def _unlink_quietly(path: Path) -> None:
         pass
     except OSError as exc:  # the index no longer names it; recovery may find it again
         log.warning("ssd_unlink_failed", path=str(path), error=str(exc))
-
 
 
 def _retrieve_exception(task: asyncio.Task[None]) -> None:

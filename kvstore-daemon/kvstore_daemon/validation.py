@@ -14,12 +14,16 @@ def check_namespace(namespace: bytes) -> bytes:
     return namespace
 
 
-def check_keys(keys: Sequence[bytes], max_keys: int, *, field: str = "keys", unique: bool = False) -> list[bytes]:
+def check_keys(
+    keys: Sequence[bytes], max_keys: int, *, field: str = "keys", unique: bool = False
+) -> list[bytes]:
     if len(keys) > max_keys:
         raise InvalidArgument(f"{field} holds {len(keys)} keys; at most {max_keys} are allowed per call")
     for index, key in enumerate(keys):
         if len(key) != KEY_BYTES:
-            raise InvalidArgument(f"{field}[{index}] must be a {KEY_BYTES}-byte chunk key, got {len(key)} bytes")
+            raise InvalidArgument(
+                f"{field}[{index}] must be a {KEY_BYTES}-byte chunk key, got {len(key)} bytes"
+            )
     if unique:
         _check_no_repeated_key(keys, field)
     return list(keys)
@@ -43,9 +47,13 @@ def check_borrower(borrower: str) -> str:
     """A pool borrower's node name: short, so it can label a metric and mark an SSD file's
     name (base64 of its UTF-8 bytes: 171 characters at most, within a file name's 255)."""
     if len(borrower) > MAX_BORROWER_CHARS:
-        raise InvalidArgument(f"borrower must be at most {MAX_BORROWER_CHARS} characters, got {len(borrower)}")
+        raise InvalidArgument(
+            f"borrower must be at most {MAX_BORROWER_CHARS} characters, got {len(borrower)}"
+        )
     if len(borrower.encode()) > MAX_BORROWER_CHARS:
-        raise InvalidArgument(f"borrower must be at most {MAX_BORROWER_CHARS} bytes in UTF-8, got {len(borrower.encode())}")
+        raise InvalidArgument(
+            f"borrower must be at most {MAX_BORROWER_CHARS} bytes in UTF-8, got {len(borrower.encode())}"
+        )
     return borrower
 
 
@@ -66,9 +74,7 @@ def check_ttl(ttl_seconds: int, default: float, maximum: float, field: str) -> f
 def check_layer_range(layer_start: int, layer_end: int, num_layers: int) -> tuple[int, int]:
     end = layer_end or num_layers
     if not 0 <= layer_start < end <= num_layers:
-        raise OutOfRange(
-            f"layer range [{layer_start}, {end}) is outside the namespace's {num_layers} layers"
-        )
+        raise OutOfRange(f"layer range [{layer_start}, {end}) is outside the namespace's {num_layers} layers")
     return layer_start, end
 
 

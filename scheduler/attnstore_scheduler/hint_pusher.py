@@ -127,7 +127,9 @@ class HintPusher:
         self._clock = clock
         self._changed = asyncio.Event()
         self._last_push = float("-inf")
-        self._namespaces: dict[tuple[str, str], set[bytes]] = {}  # per (node, source): namespaces it may hold hints of
+        self._namespaces: dict[
+            tuple[str, str], set[bytes]
+        ] = {}  # per (node, source): namespaces it may hold hints of
         self._released: dict[tuple[str, bytes], dict[bytes, float]] = {}  # (node, namespace) -> key -> until
         self.pushes = 0
         self.failures: Counter[str] = Counter()  # failed Hint calls per node
@@ -178,20 +180,32 @@ class HintPusher:
             if whole:
                 self._next_prediction = now + self._predict_interval
             predicted = self._activity.predictions(now, changed_only=not whole)
-            batches.append((self._source + PREDICTION_SOURCE_SUFFIX, {
-                node: NodePlan(hints=predicted.get(node, {})) for node in capacities if whole or node in predicted
-            }, whole))
+            batches.append(
+                (
+                    self._source + PREDICTION_SOURCE_SUFFIX,
+                    {
+                        node: NodePlan(hints=predicted.get(node, {}))
+                        for node in capacities
+                        if whole or node in predicted
+                    },
+                    whole,
+                )
+            )
         if self._protection is not None and (self._protection.changed or now >= self._next_protection):
             self._protection.changed = False
             self._next_protection = now + self._refresh
-            batches.append((self._source + SCHEMAS_SOURCE_SUFFIX, {
-                node: NodePlan(hints=self._protection.hints(node)) for node in capacities
-            }, True))
+            batches.append(
+                (
+                    self._source + SCHEMAS_SOURCE_SUFFIX,
+                    {node: NodePlan(hints=self._protection.hints(node)) for node in capacities},
+                    True,
+                )
+            )
         report = PushReport()
         for source, batch, replace in batches:
-            outcomes = await asyncio.gather(*(
-                self._push_node(targets[node], plan, source, replace) for node, plan in batch.items()
-            ))
+            outcomes = await asyncio.gather(
+                *(self._push_node(targets[node], plan, source, replace) for node, plan in batch.items())
+            )
             for node, (ok, started) in zip(batch, outcomes, strict=True):
                 if source == self._source:
                     (report.nodes_pushed if ok else report.nodes_failed).append(node)
@@ -216,7 +230,9 @@ class HintPusher:
             if spare := tuple(key for key in live if key not in needed):
                 entries.append(HintEntry(spare, HintAction.EVICT_FIRST, 0))
 
-    async def _push_node(self, target: HintTarget, plan: NodePlan, source: str, replace: bool) -> tuple[bool, int]:
+    async def _push_node(
+        self, target: HintTarget, plan: NodePlan, source: str, replace: bool
+    ) -> tuple[bool, int]:
         """Replaces `source`'s hints on the node namespace by namespace (or, not `replace`,
         adds to them); (all calls succeeded, prefetches started)."""
         ok, started = True, 0
@@ -228,7 +244,11 @@ class HintPusher:
             try:
                 for call, entries in enumerate(split_entries(plan.hints.get(namespace, []), self._max_keys)):
                     result = await target.client.hint(
-                        namespace, entries, replace=replace and call == 0, ttl_seconds=self._ttl, source=source
+                        namespace,
+                        entries,
+                        replace=replace and call == 0,
+                        ttl_seconds=self._ttl,
+                        source=source,
                     )
                     started += result.prefetches_started
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
@@ -236,8 +256,12 @@ class HintPusher:
                 failed.add(namespace)
                 self.failures[target.node] += 1
                 code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                log.warning("hint_push_failed", node=target.node, namespace=namespace.hex(),
-                            error=code.name if code else type(exc).__name__)
+                log.warning(
+                    "hint_push_failed",
+                    node=target.node,
+                    namespace=namespace.hex(),
+                    error=code.name if code else type(exc).__name__,
+                )
                 if code is None or code in _UNREACHABLE:  # the daemon is down: skip its other namespaces
                     failed.update(namespaces[index + 1 :])
                     break

@@ -90,7 +90,10 @@ def plan_hints(
         if totals[job.node] <= capacity.dram_bytes * dram_budget_fraction:
             action = HintAction.PREFETCH
             plan.prefetch_jobs += 1
-        elif totals[job.node] <= capacity.dram_bytes * dram_budget_fraction + capacity.ssd_bytes * ssd_budget_fraction:
+        elif (
+            totals[job.node]
+            <= capacity.dram_bytes * dram_budget_fraction + capacity.ssd_bytes * ssd_budget_fraction
+        ):
             action = HintAction.PROTECT
             plan.protect_jobs += 1
         else:
@@ -99,4 +102,3 @@ def plan_hints(
         if new_keys:
             plan.hints.setdefault(job.namespace, []).append(HintEntry(new_keys, action, position))
     return plans
-

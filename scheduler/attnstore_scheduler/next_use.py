@@ -109,7 +109,9 @@ class Population:
         self.stopped[_bucket(turns)] += -1 if undo else 1
 
     def mean_gap_seconds(self) -> float:
-        return (self.gap_sum_seconds + self.prior_gap_seconds * self.prior_weight) / (self.gaps + self.prior_weight)
+        return (self.gap_sum_seconds + self.prior_gap_seconds * self.prior_weight) / (
+            self.gaps + self.prior_weight
+        )
 
     def continue_probability(self, turns: int) -> float:
         b = _bucket(turns)
@@ -125,7 +127,9 @@ def _bucket(turns: int) -> int:
 def session_gap_seconds(view: SessionView, population: Population) -> float:
     """The session's expected think time: its own mean gap shrunk towards the population's."""
     weight = population.prior_weight
-    return (sum(view.gaps_seconds) + population.mean_gap_seconds() * weight) / (len(view.gaps_seconds) + weight)
+    return (sum(view.gaps_seconds) + population.mean_gap_seconds() * weight) / (
+        len(view.gaps_seconds) + weight
+    )
 
 
 def _return_and_wait(view: SessionView, now: float, population: Population) -> tuple[float, float]:

@@ -42,7 +42,9 @@ class SchemaProtection:
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
-    def protect(self, tenant: str, name: str, node: str, namespace: bytes, chunk_keys: Iterable[bytes]) -> None:
+    def protect(
+        self, tenant: str, name: str, node: str, namespace: bytes, chunk_keys: Iterable[bytes]
+    ) -> None:
         """The schema's module chunks on `node` (replacing what it had: a schema registered
         again may have other modules)."""
         self._schemas[tenant, name] = ProtectedSchema(node, namespace, tuple(dict.fromkeys(chunk_keys)))
@@ -57,7 +59,9 @@ class SchemaProtection:
         hints: dict[bytes, list[HintEntry]] = {}
         for schema in self._schemas.values():
             if schema.node == node:
-                hints.setdefault(schema.namespace, []).append(HintEntry(schema.chunk_keys, HintAction.PROTECT, SCHEMA_QUEUE_POSITION))
+                hints.setdefault(schema.namespace, []).append(
+                    HintEntry(schema.chunk_keys, HintAction.PROTECT, SCHEMA_QUEUE_POSITION)
+                )
         return hints
 
     def _changed(self) -> None:

@@ -40,8 +40,14 @@ class _Session:
     counted_gone: bool = False  # counted as stopped in the population while idle
 
     def view(self) -> SessionView:
-        return SessionView(self.turns, self.last_used_at, tuple(self.gaps), self.expires_at,
-                           self.expected_next_at, self.over_at is not None)
+        return SessionView(
+            self.turns,
+            self.last_used_at,
+            tuple(self.gaps),
+            self.expires_at,
+            self.expected_next_at,
+            self.over_at is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,9 @@ class ActivitySettings:
 
 
 class SessionActivity:
-    def __init__(self, settings: ActivitySettings = ActivitySettings(), population: Population | None = None) -> None:
+    def __init__(
+        self, settings: ActivitySettings = ActivitySettings(), population: Population | None = None
+    ) -> None:
         self._settings = settings
         self.population = population or Population()
         self._sessions: dict[str, _Session] = {}
@@ -98,8 +106,15 @@ class SessionActivity:
                 s.counted_gone = False
             self.population.observe_continued(s.turns)
 
-    def turn_ended(self, session_id: str, chain: Sequence[bytes], now: float, expires_at: float = NEVER,
-                   node: str | None = None, namespace: bytes | None = None) -> None:
+    def turn_ended(
+        self,
+        session_id: str,
+        chain: Sequence[bytes],
+        now: float,
+        expires_at: float = NEVER,
+        node: str | None = None,
+        namespace: bytes | None = None,
+    ) -> None:
         """The turn's KV is stored as `chain` (root first) on `node` in `namespace` (default:
         where the turn started: a session's first turn learns them only at its end); the TTL
         now ends at `expires_at`."""
@@ -108,7 +123,13 @@ class SessionActivity:
             return
         self._change(session_id)
         s.node, s.namespace = node or s.node, namespace or s.namespace
-        s.chain, s.turns, s.last_used_at, s.started_at, s.expires_at = tuple(chain), s.turns + 1, now, None, expires_at
+        s.chain, s.turns, s.last_used_at, s.started_at, s.expires_at = (
+            tuple(chain),
+            s.turns + 1,
+            now,
+            None,
+            expires_at,
+        )
 
     def turn_abandoned(self, session_id: str) -> None:
         """The turn failed or was cancelled: the session is idle again, as before it."""
@@ -154,7 +175,8 @@ class SessionActivity:
                 continue
             if s.started_at is not None:
                 plans.setdefault(s.node, {}).setdefault(s.namespace, []).append(
-                    HintEntry(s.chain, HintAction.PREDICT, 0, 0.0))
+                    HintEntry(s.chain, HintAction.PREDICT, 0, 0.0)
+                )
                 continue
             view = s.view()
             self._note_gone(s, view, now)
@@ -169,7 +191,10 @@ class SessionActivity:
         return plans
 
     def _note_gone(self, s: _Session, view: SessionView, now: float) -> None:
-        if not s.counted_gone and s.over_at is None and is_gone(view, now, self.population,
-                                                                self._settings.gone_after_gaps):
+        if (
+            not s.counted_gone
+            and s.over_at is None
+            and is_gone(view, now, self.population, self._settings.gone_after_gaps)
+        ):
             s.counted_gone = True
             self.population.observe_stopped(s.turns)

@@ -69,7 +69,9 @@ class LendingLimits:
         replaceable = replaceable_bytes(entry) if self.replace_borrowed else 0
         return self.more_lendable_bytes(entry.capacity_bytes, entry.free_bytes, entry.lent_bytes, replaceable)
 
-    def more_lendable_bytes(self, capacity_bytes: int, free_bytes: int, lent_bytes: int, replaceable: int = 0) -> int:
+    def more_lendable_bytes(
+        self, capacity_bytes: int, free_bytes: int, lent_bytes: int, replaceable: int = 0
+    ) -> int:
         """What a daemon may take for others on top of what it lends: its free room above
         its floor, up to its ceiling; `replaceable` bytes of what it lends count as room
         too (borrowed chunks it would evict: not the pinned ones). The ledger ranks lenders
@@ -121,7 +123,9 @@ class PoolLedger:
         """Lender `lender` (its daemon id) no longer holds these (borrower node, key) chunks."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for node in {node for node, _ in drops}:
-                pipe.rpush(_dropped_key(node), *(msgpack.packb([lender, key]) for n, key in drops if n == node))
+                pipe.rpush(
+                    _dropped_key(node), *(msgpack.packb([lender, key]) for n, key in drops if n == node)
+                )
                 pipe.expire(_dropped_key(node), DROPPED_TTL_SECONDS)
             await pipe.execute()
 

@@ -92,7 +92,9 @@ class BlockVersions:
     def __init__(self, arena: SharedArena, offset_bytes: int, num_blocks: int, block_bytes: int) -> None:
         end = offset_bytes + num_blocks * self.ITEM_BYTES
         if offset_bytes % self.ITEM_BYTES or end > arena.size_bytes:
-            raise ValueError(f"a version table of {num_blocks} blocks at {offset_bytes} does not fit the arena")
+            raise ValueError(
+                f"a version table of {num_blocks} blocks at {offset_bytes} does not fit the arena"
+            )
         self.block_bytes = block_bytes
         self._table = arena.view[offset_bytes:end].cast("Q")
 

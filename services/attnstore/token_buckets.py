@@ -16,7 +16,9 @@ class _Bucket:
 
 
 class TokenBuckets:
-    def __init__(self, rate_per_second: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate_per_second: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rate_per_second = rate_per_second
         self.burst = burst
         self._clock = clock

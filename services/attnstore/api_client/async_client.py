@@ -67,7 +67,9 @@ class AsyncAttnStoreClient(AsyncClosable):
     ) -> api.Session:
         """`expected_next_turn_seconds`: the first turn is expected within this long (0: no expectation)."""
         request = api.CreateSessionRequest(
-            system_prompt=system_prompt, ttl_seconds=ttl_seconds, expected_next_turn_seconds=expected_next_turn_seconds
+            system_prompt=system_prompt,
+            ttl_seconds=ttl_seconds,
+            expected_next_turn_seconds=expected_next_turn_seconds,
         )
         return (await self._stub.CreateSession(request, **self._kwargs())).session
 
@@ -156,7 +158,11 @@ class AsyncAttnStoreClient(AsyncClosable):
         return (await self._stub.DeleteSchema(request, **self._kwargs())).deleted
 
     async def stream_generate_pml(
-        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **repair_and_generation: Any
+        self,
+        pml: str,
+        repair_tokens: int = 0,
+        add_generation_prompt: bool = False,
+        **repair_and_generation: Any,
     ) -> AsyncIterator[StreamEvent]:
         """A one-off prompt in PML against a registered schema, streamed like generate;
         `add_generation_prompt` ends it with the chat template's opening of the answer;
@@ -167,9 +173,15 @@ class AsyncAttnStoreClient(AsyncClosable):
             yield event_of(reply)
 
     async def generate_pml(
-        self, pml: str, repair_tokens: int = 0, add_generation_prompt: bool = False, **repair_and_generation: Any
+        self,
+        pml: str,
+        repair_tokens: int = 0,
+        add_generation_prompt: bool = False,
+        **repair_and_generation: Any,
     ) -> Answer:
         answer = Answer()
-        async for event in self.stream_generate_pml(pml, repair_tokens, add_generation_prompt, **repair_and_generation):
+        async for event in self.stream_generate_pml(
+            pml, repair_tokens, add_generation_prompt, **repair_and_generation
+        ):
             answer.add(event)
         return answer

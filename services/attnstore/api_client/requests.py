@@ -89,7 +89,9 @@ REPAIR_METHODS = {
 }
 
 
-def repair_fields(repair_tokens: int = 0, repair_method: str = "", repair_fraction: float = 0.0) -> dict[str, Any]:
+def repair_fields(
+    repair_tokens: int = 0, repair_method: str = "", repair_fraction: float = 0.0
+) -> dict[str, Any]:
     """Boundary repair of a PML prompt: `repair_tokens` per module or `repair_fraction` of
     each module's tokens; `repair_method` "first", "deviation" or "" (the worker's setting)."""
     if repair_method not in REPAIR_METHODS:
@@ -104,7 +106,11 @@ def repair_fields(repair_tokens: int = 0, repair_method: str = "", repair_fracti
 def _repair_and_options(keywords: dict[str, Any]) -> dict[str, Any]:
     """A PML request's repair fields (repair_fields' keywords) and its generation options
     (options' keywords) from the SDK's keywords."""
-    repair = {key: keywords.pop(key) for key in ("repair_tokens", "repair_method", "repair_fraction") if key in keywords}
+    repair = {
+        key: keywords.pop(key)
+        for key in ("repair_tokens", "repair_method", "repair_fraction")
+        if key in keywords
+    }
     return repair_fields(**repair) | {"options": options(**keywords)}
 
 

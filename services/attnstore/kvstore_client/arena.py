@@ -79,7 +79,11 @@ class ArenaHandle:
         on x86-64, and while the daemon that owns it lives. A daemon that dies leaves its
         versions as they were, so once its exclusive lock on the file is gone, reads lease
         again (and find the new daemon's arena)."""
-        if self._versions is not None and self._owner_fd is not None and not _locked_by_another(self._owner_fd):
+        if (
+            self._versions is not None
+            and self._owner_fd is not None
+            and not _locked_by_another(self._owner_fd)
+        ):
             self._versions = None
         return self._versions
 

@@ -164,7 +164,9 @@ class TcpDataPlane:
     async def open_read(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
     ) -> DataPlaneRead:
-        return await self.in_thread(self._open_read, _get_request(namespace, keys, layer_start, layer_end), len(keys))
+        return await self.in_thread(
+            self._open_read, _get_request(namespace, keys, layer_start, layer_end), len(keys)
+        )
 
     async def read_into(
         self, namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int, place: PlaceStream
@@ -326,7 +328,9 @@ class TcpDataPlane:
     def _write(self, namespace: bytes, writes: Sequence[tuple[int, memoryview]]) -> int:
         sock = self.connect()
         try:
-            send_frame(sock, {"op": "put", "namespace": namespace, "writes": [[i, d.nbytes] for i, d in writes]})
+            send_frame(
+                sock, {"op": "put", "namespace": namespace, "writes": [[i, d.nbytes] for i, d in writes]}
+            )
             send_views(sock, [data for _, data in writes])
             written = raise_for_reply(recv_frame(sock, _MAX_REPLY_FRAME_BYTES)).get("bytes_written")
         except BaseException:
@@ -364,12 +368,22 @@ def _trailer_valid(trailer: dict[str, object]) -> bool:
     return valid
 
 
-def _get_request(namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int) -> dict[str, object]:
-    return {"op": "get", "namespace": namespace, "keys": list(keys), "layer_start": layer_start, "layer_end": layer_end}
+def _get_request(
+    namespace: bytes, keys: Sequence[bytes], layer_start: int, layer_end: int
+) -> dict[str, object]:
+    return {
+        "op": "get",
+        "namespace": namespace,
+        "keys": list(keys),
+        "layer_start": layer_start,
+        "layer_end": layer_end,
+    }
 
 
 class _TcpRead:
-    def __init__(self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes], *, trailer: bool) -> None:
+    def __init__(
+        self, plane: TcpDataPlane, sock: socket.socket, headers: list[bytes], *, trailer: bool
+    ) -> None:
         """`trailer`: an unheld send, whose validity follows the payload."""
         self._plane = plane
         self._sock: socket.socket | None = sock

@@ -49,7 +49,9 @@ class LocationCache:
             self._generation = generation
         for key, (size_bytes, extents) in zip(keys, chunks, strict=True):
             blocks = versions.blocks_of(extents)
-            self._entries[namespace, key] = KnownLocation(size_bytes, tuple(extents), blocks, versions.read(blocks))
+            self._entries[namespace, key] = KnownLocation(
+                size_bytes, tuple(extents), blocks, versions.read(blocks)
+            )
             self._entries.move_to_end((namespace, key))
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)

@@ -58,7 +58,9 @@ class KVStoreClient(SyncFacade[AsyncKVStoreClient]):
         async def collect() -> list[LayerPiece]:
             pieces = self.aio.iter_layers(namespace, keys, layer_start=layer_start, layer_end=layer_end)
             return [
-                dataclasses.replace(piece, data=bytes(piece.data)) if isinstance(piece.data, memoryview) else piece
+                dataclasses.replace(piece, data=bytes(piece.data))
+                if isinstance(piece.data, memoryview)
+                else piece
                 async for piece in pieces
             ]
 

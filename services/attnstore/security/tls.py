@@ -128,11 +128,15 @@ class ChannelSecurity(BaseModel):
         if not self.tls:
             return None
         try:
-            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file is not None else None)
+            context = ssl.create_default_context(
+                cafile=str(self.ca_file) if self.ca_file is not None else None
+            )
             if self.cert_file is not None and self.key_file is not None:
                 context.load_cert_chain(self.cert_file, self.key_file)
         except OSError as exc:  # ssl.SSLError included: a file that is missing or no PEM
-            raise SecurityConfigError(f"cannot load the TLS files of {self.ca_file}, {self.cert_file}: {exc}") from exc
+            raise SecurityConfigError(
+                f"cannot load the TLS files of {self.ca_file}, {self.cert_file}: {exc}"
+            ) from exc
         return context
 
     def load(self, setting: str) -> ClientCredentials | None:

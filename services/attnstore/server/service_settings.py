@@ -24,8 +24,12 @@ InternalAuthSetting = Annotated[
 
 class ServiceSettings(FileBackedSettings):
     listen_address: ListenAddress
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus /metrics port; 0 = any free one (logged); unset = off")
-    ready_file: Path | None = Field(None, description="written with the bound gRPC and metrics ports (JSON) once serving")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Prometheus /metrics port; 0 = any free one (logged); unset = off"
+    )
+    ready_file: Path | None = Field(
+        None, description="written with the bound gRPC and metrics ports (JSON) once serving"
+    )
     parent_watch_fd: int | None = Field(
         None,
         ge=0,

@@ -76,7 +76,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_saver: Callable[.
         assert worker.metrics_port is not None
         channel = grpc.insecure_channel(worker.address)
         try:
-            yield Stack(daemon, worker, model_dir, worker.metrics_port, worker_pb2_grpc.WorkerStub(channel), channel)
+            yield Stack(
+                daemon, worker, model_dir, worker.metrics_port, worker_pb2_grpc.WorkerStub(channel), channel
+            )
         finally:
             channel.close()
             assert worker.stop() == 0, worker.log_tail()

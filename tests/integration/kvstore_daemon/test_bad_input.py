@@ -220,8 +220,10 @@ def report_reads(*entries: tuple[bytes | None, list[bytes | int]]) -> Call:
 
     def call(s: Store) -> object:
         reads = [
-            pb.LeaseFreeReads(namespace=s.ns if ns is None else ns,
-                              keys=[k if isinstance(k, bytes) else s.key(k) for k in keys])
+            pb.LeaseFreeReads(
+                namespace=s.ns if ns is None else ns,
+                keys=[k if isinstance(k, bytes) else s.key(k) for k in keys],
+            )
             for ns, keys in entries
         ]
         return s.stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_free_reads=reads))
@@ -271,7 +273,8 @@ CASES: dict[str, Case] = {
         for rpc in REPEATED_KEY_RPCS
     },
     "ReleaseLease-reads-repeated-key": Case(
-        report_reads((None, [0]), (None, [1, 2, 1])), INVALID,
+        report_reads((None, [0]), (None, [1, 2, 1])),
+        INVALID,
         "lease_free_reads[1].keys must not repeat a key: lease_free_reads[1].keys[2] repeats",
     ),
     "RegisterNamespace-short-namespace": Case(
@@ -377,13 +380,17 @@ CASES: dict[str, Case] = {
     "ReleaseLease-reads-short-namespace": Case(
         report_reads((b"short", [0])), INVALID, "namespace must be 16 bytes, got 5"
     ),
-    "ReleaseLease-reads-unknown-namespace": Case(report_reads((UNKNOWN_NAMESPACE, [0])), NOT_FOUND, "namespace"),
+    "ReleaseLease-reads-unknown-namespace": Case(
+        report_reads((UNKNOWN_NAMESPACE, [0])), NOT_FOUND, "namespace"
+    ),
     "ReleaseLease-reads-short-key": Case(
-        report_reads((None, [0]), (None, [1, b"short"])), INVALID,
+        report_reads((None, [0]), (None, [1, b"short"])),
+        INVALID,
         "lease_free_reads[1].keys[1] must be a 32-byte chunk key, got 5 bytes",
     ),
     "ReleaseLease-reads-too-many-keys": Case(
-        report_reads((None, list(range(MAX_KEYS))), (OTHER_NAMESPACE, [0])), INVALID,
+        report_reads((None, list(range(MAX_KEYS))), (OTHER_NAMESPACE, [0])),
+        INVALID,
         f"lease_free_reads name more than {MAX_KEYS} keys in all",
     ),
     "Pin-ttl-above-maximum": Case(

@@ -62,7 +62,9 @@ def test_whole_chunks_and_layer_ranges_are_byte_identical(daemon: DaemonProcess,
         assert client.transport() == "dataplane"
         assert client.get_whole_chunks(NAMESPACE, keys) == [chunks.data(i) for i in range(8)]
         for start, end in [(0, 1), (3, 6), (7, 8), (0, 0)]:
-            for index, got in enumerate(client.get_chunks(NAMESPACE, keys[2:5], layer_start=start, layer_end=end)):
+            for index, got in enumerate(
+                client.get_chunks(NAMESPACE, keys[2:5], layer_start=start, layer_end=end)
+            ):
                 whole = chunks.data(index + 2)
                 first, last = decode_layout(whole).layer_span(start, end or 8)
                 assert bytes(got.data) == whole[first:last]
@@ -102,7 +104,9 @@ def _read_side_by_side(daemon: DaemonProcess, chunks: ChunkSet, count: int, read
     return asyncio.run(read_all())
 
 
-def test_the_blocking_client_reads_into_buffers_in_its_callers_threads(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+def test_the_blocking_client_reads_into_buffers_in_its_callers_threads(
+    daemon: DaemonProcess, chunks: ChunkSet
+) -> None:
     """Over the data plane, KVStoreClient.get_chunks_into reads in the calling thread (no
     hop to the client's loop) once the first call chose the transport: threads reading at
     once each get their own bytes, and a buffer too small is refused without harm."""
@@ -118,7 +122,9 @@ def test_the_blocking_client_reads_into_buffers_in_its_callers_threads(daemon: D
         assert client.aio.get_chunks_into_blocking(NAMESPACE, [chunks.key(1)], [direct]) is not None
         assert bytes(direct) == chunks.data(1)
         with ThreadPoolExecutor(4) as pool:
-            assert list(pool.map(lambda i: into(client, i % 8), range(16))) == [chunks.data(i % 8) for i in range(16)]
+            assert list(pool.map(lambda i: into(client, i % 8), range(16))) == [
+                chunks.data(i % 8) for i in range(16)
+            ]
         with pytest.raises(InvalidArgument, match="output buffer 0 holds 10 bytes"):
             client.get_chunks_into(NAMESPACE, [chunks.key(2)], [memoryview(bytearray(10))])
         assert into(client, 2) == chunks.data(2)
@@ -137,19 +143,25 @@ def test_unheld_reads_count_as_hits_once_the_daemon_notes_them(
         client.put_chunks(NAMESPACE, made.items(0, 4))
         before = client.stats().dram.hits
         for round_ in range(25):
-            assert client.get_whole_chunks(NAMESPACE, made.keys(0, 4)) == [made.data(i) for i in range(4)], round_
+            assert client.get_whole_chunks(NAMESPACE, made.keys(0, 4)) == [made.data(i) for i in range(4)], (
+                round_
+            )
         poll_until(lambda: client.stats().dram.hits - before == 100, what="100 hits noted")
         assert client.client_stats().reads == {"dataplane": 25}
 
 
-def test_a_missing_chunk_is_not_found_and_the_client_keeps_working(daemon: DaemonProcess, chunks: ChunkSet) -> None:
+def test_a_missing_chunk_is_not_found_and_the_client_keeps_working(
+    daemon: DaemonProcess, chunks: ChunkSet
+) -> None:
     with KVStoreClient(daemon.address, use_shm=False) as client:
         with pytest.raises(Exception, match="not stored"):
             client.get_whole_chunks(NAMESPACE, [chunks.key(0), b"\x01" * 32])
         assert client.get_whole_chunks(NAMESPACE, [chunks.key(1)]) == [chunks.data(1)]
 
 
-def test_without_a_data_plane_the_client_uses_grpc(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+def test_without_a_data_plane_the_client_uses_grpc(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
     plain = daemon_factory()
     made = chunk_set(NAMESPACE, num_layers=2)
     with KVStoreClient(plain.address, use_shm=False) as client:
@@ -206,7 +218,9 @@ def test_a_reader_that_disconnects_mid_transfer_leaves_no_lease(
         poll_until(lambda: _leases(stub) == 0, what="the cut reader's lease ends")
 
 
-def test_an_expired_lease_is_refused(stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, poll_until: PollUntil) -> None:
+def test_an_expired_lease_is_refused(
+    stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet, poll_until: PollUntil
+) -> None:
     lease = _lease(stub, chunks.keys(0, 1), ttl_seconds=1)
     poll_until(lambda: _leases(stub) == 0, what="the lease expires")
     sock = _connect(_port(stub))
@@ -216,7 +230,9 @@ def test_an_expired_lease_is_refused(stub: kvstore_pb2_grpc.KVStoreStub, chunks:
     assert sock.recv(1) == b""  # closed after the refusal
 
 
-def test_a_lease_cannot_be_read_under_another_namespace(stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet) -> None:
+def test_a_lease_cannot_be_read_under_another_namespace(
+    stub: kvstore_pb2_grpc.KVStoreStub, chunks: ChunkSet
+) -> None:
     lease = _lease(stub, chunks.keys(0, 1), ttl_seconds=60)
     sock = _connect(_port(stub))
     sock.sendall(_get(lease, namespace=b"another-tenant!!"))
@@ -235,8 +251,14 @@ REFUSALS: list[tuple[str, Callable[[int], bytes]]] = [
     ("keys not bytes", lambda lease: _get(lease, keys=[1, 2])),
     ("a key not stored", lambda lease: _get(lease, keys=[b"\x07" * 32])),
     ("a short key", lambda lease: _get(lease, keys=[b"\x07" * 3])),
-    ("put of an unknown write", lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, 10]]})),
-    ("put of a bad list", lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, -1]]})),
+    (
+        "put of an unknown write",
+        lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, 10]]}),
+    ),
+    (
+        "put of a bad list",
+        lambda lease: pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[1, -1]]}),
+    ),
 ]
 
 
@@ -267,7 +289,9 @@ def test_a_writer_cut_mid_payload_stores_nothing(
         namespace=NAMESPACE, items=[kvstore_pb2.PutItem(key=made.key(20), size_bytes=len(data))]))  # fmt: skip
     write_id = reply.reservations[0].write_id
     sock = _connect(_port(stub))
-    sock.sendall(pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[write_id, len(data)]]}) + data[:1000])
+    sock.sendall(
+        pack_frame({"op": "put", "namespace": NAMESPACE, "writes": [[write_id, len(data)]]}) + data[:1000]
+    )
     sock.close()
     with pytest.raises(grpc.RpcError) as refused:  # the half-written chunk fails its checks
         stub.CommitPut(kvstore_pb2.CommitPutRequest(write_ids=[write_id]))
@@ -292,7 +316,13 @@ def test_an_unheld_read_says_after_its_bytes_whether_they_stayed_put(
     back, so the send of 12.6 MB stalls beyond both socket buffers) is reported invalid."""
     port = _port(stub)
     sock = _connect(port)
-    request = {"op": "get", "namespace": NAMESPACE, "keys": chunks.keys(0, 1), "layer_start": 0, "layer_end": 0}
+    request = {
+        "op": "get",
+        "namespace": NAMESPACE,
+        "keys": chunks.keys(0, 1),
+        "layer_start": 0,
+        "layer_end": 0,
+    }
     sock.sendall(pack_frame(request | {"unheld": True}))
     reply = recv_frame(sock, 1 << 20)
     assert reply["trailer"] is True
@@ -311,7 +341,9 @@ def test_an_unheld_read_says_after_its_bytes_whether_they_stayed_put(
         huge.register(client)
         client.put_chunks(huge.namespace, huge.items(0, 1))
         sock = _connect(port, receive_buffer_bytes=4096)
-        sock.sendall(pack_frame(request | {"namespace": huge.namespace, "keys": huge.keys(0, 1), "unheld": True}))
+        sock.sendall(
+            pack_frame(request | {"namespace": huge.namespace, "keys": huge.keys(0, 1), "unheld": True})
+        )
         reply = recv_frame(sock, 1 << 20)
         assert reply["trailer"] is True
         assert client.delete(huge.namespace, huge.keys(0, 1)) == 1  # while the send is stalled
@@ -380,7 +412,9 @@ def test_a_read_whose_chunk_moves_under_its_unheld_send_is_asked_again_held(
             if not placed:  # the first, unheld send: its chunk moves under it
                 assert client.delete(moved.namespace, moved.keys(0, 1)) == 1
                 # stored again once the deleted copy's last reader (its SSD write) is done
-                poll_until(lambda: client.put_chunks(moved.namespace, moved.items(0, 1)).stored, what="stored again")
+                poll_until(
+                    lambda: client.put_chunks(moved.namespace, moved.items(0, 1)).stored, what="stored again"
+                )
             placed.append(headers)
             return [memoryview(out)[decode_layout(headers[0]).data_offset :]]
 

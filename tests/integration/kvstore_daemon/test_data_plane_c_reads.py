@@ -39,7 +39,9 @@ def _c_reads(daemon: DaemonProcess) -> int:
 
 def _open_port(daemon: DaemonProcess) -> int:
     with grpc.insecure_channel(daemon.address) as channel:
-        return int(kvstore_pb2_grpc.KVStoreStub(channel).OpenDataPlane(kvstore_pb2.OpenDataPlaneRequest()).port)
+        return int(
+            kvstore_pb2_grpc.KVStoreStub(channel).OpenDataPlane(kvstore_pb2.OpenDataPlaneRequest()).port
+        )
 
 
 def _connect(port: int, receive_buffer_bytes: int = 0) -> socket.socket:
@@ -54,7 +56,14 @@ def _connect(port: int, receive_buffer_bytes: int = 0) -> socket.socket:
 
 
 def _request(keys: list[bytes], start: int = 0, end: int = 0, namespace: bytes = NAMESPACE) -> dict[str, Any]:
-    return {"op": "get", "namespace": namespace, "keys": keys, "layer_start": start, "layer_end": end, "unheld": True}
+    return {
+        "op": "get",
+        "namespace": namespace,
+        "keys": keys,
+        "layer_start": start,
+        "layer_end": end,
+        "unheld": True,
+    }
 
 
 def _read(sock: socket.socket, request: dict[str, Any]) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
@@ -285,7 +294,9 @@ FUZZ_CHUNKS = 3
 
 
 @pytest.fixture(scope="module")
-def twin_daemons(module_daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> tuple[int, int, ChunkSet]:
+def twin_daemons(
+    module_daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> tuple[int, int, ChunkSet]:
     """The data-plane ports of a daemon with the C path (every chunk registered by a first
     read) and one without, holding the same chunks."""
     made = chunk_set(NAMESPACE, num_layers=4, seed=16)
@@ -315,7 +326,11 @@ def _answer(port: int, frames: bytes) -> bytes:
 
 
 _field = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**33), 2**33), st.binary(max_size=20), st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**33), 2**33),
+    st.binary(max_size=20),
+    st.text(max_size=8),
     st.lists(st.binary(min_size=31, max_size=33), max_size=3),
 )
 

@@ -26,8 +26,13 @@ NAMESPACE = b"data-plane-fuzz!"
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 HELLO = pack_frame({"op": "hello", "token": None})
 _values = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.binary(max_size=40), st.text(max_size=10),
-    st.lists(st.integers(-5, 2**40), max_size=5), st.lists(st.lists(st.integers(-5, 2**40), max_size=3), max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.binary(max_size=40),
+    st.text(max_size=10),
+    st.lists(st.integers(-5, 2**40), max_size=5),
+    st.lists(st.lists(st.integers(-5, 2**40), max_size=3), max_size=3),
     st.lists(st.binary(min_size=31, max_size=33), max_size=3),
 )
 _requests = st.fixed_dictionaries(
@@ -102,7 +107,9 @@ def test_a_request_cut_mid_frame_leaves_no_lease(daemon, stub, chunks, cut: floa
     frame = pack_frame({"op": "get", "namespace": NAMESPACE, "lease": lease, "chunks": [0, 1],
                         "layer_start": 0, "layer_end": layer_end, "release": True})  # fmt: skip
     _exchange(_port(stub), HELLO + frame[: int(len(frame) * cut)])
-    stub.ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(lease_ids=[lease]))  # a client's cleanup after a failure
+    stub.ReleaseLease(
+        kvstore_pb2.ReleaseLeaseRequest(lease_ids=[lease])
+    )  # a client's cleanup after a failure
     assert stub.Stats(kvstore_pb2.StatsRequest()).leases == 0
 
 

@@ -68,7 +68,11 @@ class DaemonCounters:
         self.port = self.daemon.metrics_port
 
     def get_shm_calls(self) -> int:
-        return int(scrape_metrics(self.port).get('attnstore_rpc_duration_seconds_count{code="OK",method="GetShm"}', 0))
+        return int(
+            scrape_metrics(self.port).get(
+                'attnstore_rpc_duration_seconds_count{code="OK",method="GetShm"}', 0
+            )
+        )
 
     def dram_hits(self) -> int:
         return int(scrape_metrics(self.port)['attnstore_kvstore_hits_total{tier="dram"}'])
@@ -150,10 +154,15 @@ def test_a_deleted_chunk_is_not_read_from_where_it_was(
             with pytest.raises(grpc.RpcError) as error:
                 client.get_whole_chunks(chunks.namespace, [key])
             assert error.value.code() is grpc.StatusCode.NOT_FOUND
-        assert raw_stub(daemon).ReleaseLease(pb.ReleaseLeaseRequest(lease_ids=[holder.lease_id])).released_count == 1
+        assert (
+            raw_stub(daemon).ReleaseLease(pb.ReleaseLeaseRequest(lease_ids=[holder.lease_id])).released_count
+            == 1
+        )
 
 
-def test_a_moved_chunk_is_read_from_its_new_place(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+def test_a_moved_chunk_is_read_from_its_new_place(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
     counters = DaemonCounters(daemon_factory, **SMALL_DRAM_ROOMY_SSD)
     chunks = chunk_set(**SHAPE)
     with KVStoreClient(counters.daemon.address, verify_checksums=False) as client:  # only the versions guard
@@ -180,7 +189,9 @@ def test_reads_under_churn_from_another_process_are_always_the_stored_bytes(
         client.put_chunks(chunks.namespace, chunks.items(0, 2))
         calls = counters.get_shm_calls()
         churn = subprocess.Popen(
-            [sys.executable, "-c", CHURN, counters.daemon.address, str(seconds)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", CHURN, counters.daemon.address, str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         reads, deadline = 0, time.monotonic() + seconds
         try:

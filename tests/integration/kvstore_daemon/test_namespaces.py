@@ -82,8 +82,20 @@ def test_a_full_table_reclaims_idle_empty_namespaces_lru_first_and_counts_refusa
     assert samples["attnstore_kvstore_namespaces"] == 4
 
     status = subprocess.run(
-        [sys.executable, "-m", "attnstore_cli.main", "status", "--daemon", daemon.address, "--address", "127.0.0.1:1"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "attnstore_cli.main",
+            "status",
+            "--daemon",
+            daemon.address,
+            "--address",
+            "127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert "namespaces: 4 of 4, 3 reclaimed, 2 refused (2 table full, 0 rate limited)" in status.stdout, (
         status.stdout + status.stderr

@@ -33,7 +33,9 @@ def _tier(chunks: ChunkSet, peers: Sequence[str], capacity_bytes: int = 1 << 30)
         return peers
 
     return PeerTier(
-        capacity_bytes, find_peers, lambda namespace: layout,
+        capacity_bytes,
+        find_peers,
+        lambda namespace: layout,
         lambda address: AsyncKVStoreClient(address, use_shm=False, timeout_seconds=3.0),
     )
 
@@ -66,7 +68,9 @@ def test_placed_chunks_come_back_byte_identical_from_the_peer_that_took_them(
         await tier.store(_chunk(chunks, 0), chunks.data(0))  # already placed: not shipped again
         assert tier.used_bytes == sum(len(chunks.data(i)) for i in range(3))
         assert {tier.placed_on(chunks.key(i)) for i in range(3)} == {peers[1].address}
-        assert [bytes(await tier.load(_chunk(chunks, i))) for i in range(3)] == [chunks.data(i) for i in range(3)]
+        assert [bytes(await tier.load(_chunk(chunks, i))) for i in range(3)] == [
+            chunks.data(i) for i in range(3)
+        ]
         unlinking = tier.discard(_chunk(chunks, 2))
         assert unlinking is not None
         await unlinking
@@ -81,7 +85,9 @@ def test_placed_chunks_come_back_byte_identical_from_the_peer_that_took_them(
         assert client.stats().dram.chunks == 0
 
 
-def test_a_killed_peer_or_a_lost_chunk_is_a_miss(peers: list[DaemonProcess], chunk_set: type[ChunkSet]) -> None:
+def test_a_killed_peer_or_a_lost_chunk_is_a_miss(
+    peers: list[DaemonProcess], chunk_set: type[ChunkSet]
+) -> None:
     chunks = chunk_set(NAMESPACE, num_layers=4, seed=6)
 
     async def scenario() -> None:
@@ -104,7 +110,9 @@ def test_a_killed_peer_or_a_lost_chunk_is_a_miss(peers: list[DaemonProcess], chu
     asyncio.run(scenario())
 
 
-def test_the_budget_of_bytes_placed_on_peers_is_kept(peers: list[DaemonProcess], chunk_set: type[ChunkSet]) -> None:
+def test_the_budget_of_bytes_placed_on_peers_is_kept(
+    peers: list[DaemonProcess], chunk_set: type[ChunkSet]
+) -> None:
     chunks = chunk_set(NAMESPACE, num_layers=4, seed=7)
 
     async def scenario() -> None:
@@ -118,7 +126,9 @@ def test_the_budget_of_bytes_placed_on_peers_is_kept(peers: list[DaemonProcess],
     asyncio.run(scenario())
 
 
-def test_a_partitioned_peer_costs_a_bounded_timeout(peers: list[DaemonProcess], chunk_set: type[ChunkSet]) -> None:
+def test_a_partitioned_peer_costs_a_bounded_timeout(
+    peers: list[DaemonProcess], chunk_set: type[ChunkSet]
+) -> None:
     """A peer that accepts connections but never answers (a partition, a hung process)."""
     chunks = chunk_set(NAMESPACE, num_layers=4, seed=8)
     with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody answers

@@ -103,7 +103,9 @@ def test_placements_survive_the_restart_of_the_lender_and_of_the_borrower(
     borrower = daemon_factory(**SMALL_TIERS, POOL_PEERS=[lender.address], POOL_CAPACITY_BYTES=64 * 1024 * KiB)
     chunks = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=23)
     with KVStoreClient(borrower.address) as client:
-        on_peer = [i for i, tier in enumerate(fill_until_placed(client, chunks, poll_until)) if tier is Tier.PEER]
+        on_peer = [
+            i for i, tier in enumerate(fill_until_placed(client, chunks, poll_until)) if tier is Tier.PEER
+        ]
     lender.kill9()
     lender.restart()
     borrower.kill9()
@@ -134,15 +136,22 @@ def test_peers_come_from_the_ledger_which_forgets_a_dead_peer_and_converges_afte
     async def members() -> set[str]:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            return {key.decode().removeprefix("attnstore:pool:daemon:") for key in await client.keys("attnstore:pool:daemon:*")}
+            return {
+                key.decode().removeprefix("attnstore:pool:daemon:")
+                for key in await client.keys("attnstore:pool:daemon:*")
+            }
         finally:
             await client.aclose()
 
     assert asyncio.run(members()) == {lender.address, borrower.address}
     lender.kill9()
-    poll_until(lambda: asyncio.run(members()) == {borrower.address}, what="the ledger forgets the killed lender")
+    poll_until(
+        lambda: asyncio.run(members()) == {borrower.address}, what="the ledger forgets the killed lender"
+    )
     lender.restart()  # same port and directories: it registers again
-    poll_until(lambda: asyncio.run(members()) == {lender.address, borrower.address}, what="the ledger converges")
+    poll_until(
+        lambda: asyncio.run(members()) == {lender.address, borrower.address}, what="the ledger converges"
+    )
 
 
 def test_with_dram_placement_dram_evictions_go_to_a_peer_instead_of_the_local_ssd(
@@ -171,9 +180,14 @@ def test_a_lender_evicts_borrowed_chunks_before_its_own_and_tells_the_borrower(
 ) -> None:
     # 8 chunks in DRAM, 45 on SSD: room for its own 36 and some of the borrower's.
     lender = daemon_factory(
-        **{**SMALL_TIERS, "SSD_CAPACITY_BYTES": 3072 * KiB}, DATA_PLANE_PORT=free_port(), POOL_NODE="node-l", **ledger
+        **{**SMALL_TIERS, "SSD_CAPACITY_BYTES": 3072 * KiB},
+        DATA_PLANE_PORT=free_port(),
+        POOL_NODE="node-l",
+        **ledger,
     )
-    borrower = daemon_factory(**SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, POOL_NODE="node-b", **ledger)
+    borrower = daemon_factory(
+        **SMALL_TIERS, POOL_CAPACITY_BYTES=64 * 1024 * KiB, POOL_NODE="node-b", **ledger
+    )
     borrowed = chunk_set(NAMESPACE, num_layers=8, head_dim=64, seed=24)
     own = chunk_set(b"pool-tests-own..", num_layers=8, head_dim=64, seed=25)
     with KVStoreClient(lender.address) as at_lender, KVStoreClient(borrower.address) as at_borrower:
@@ -181,19 +195,32 @@ def test_a_lender_evicts_borrowed_chunks_before_its_own_and_tells_the_borrower(
 
         def put_own(indices: range) -> None:
             for index in indices:
-                assert len(at_lender.put_chunks(own.namespace, own.items(index, index + 1), durable=True).stored) == 1
+                assert (
+                    len(at_lender.put_chunks(own.namespace, own.items(index, index + 1), durable=True).stored)
+                    == 1
+                )
 
         put_own(range(12))  # older than any borrowed chunk
-        on_peer = [i for i, t in enumerate(fill_until_placed(at_borrower, borrowed, poll_until)) if t is Tier.PEER]
+        on_peer = [
+            i for i, t in enumerate(fill_until_placed(at_borrower, borrowed, poll_until)) if t is Tier.PEER
+        ]
         put_own(range(12, 36))  # its own need the room now: borrowed chunks go first
 
         assert None not in own.tiers(at_lender, range(36))  # an LRU alone would have evicted own 0..
-        assert None in borrowed.tiers(at_lender, on_peer), "the lender's own chunks fit without evicting a borrowed one"
+        assert None in borrowed.tiers(at_lender, on_peer), (
+            "the lender's own chunks fit without evicting a borrowed one"
+        )
 
-        def views_agree() -> tuple[list[int]] | None:  # the borrower sees what the lender holds (it may still evict)
+        def views_agree() -> (
+            tuple[list[int]] | None
+        ):  # the borrower sees what the lender holds (it may still evict)
             at_the_lender = [None if t is None else Tier.PEER for t in borrowed.tiers(at_lender, on_peer)]
             agree = at_the_lender == borrowed.tiers(at_borrower, on_peer)
-            return ([i for i, t in zip(on_peer, at_the_lender, strict=True) if t is Tier.PEER],) if agree else None
+            return (
+                ([i for i, t in zip(on_peer, at_the_lender, strict=True) if t is Tier.PEER],)
+                if agree
+                else None
+            )
 
         (kept,) = poll_until(views_agree, what="the borrower forgets what its lender evicted, with no read")
         for index in kept:
@@ -217,19 +244,29 @@ def test_chunks_read_while_a_peer_refuses_them_are_served_and_never_break_the_in
         with KVStoreClient(borrower.address) as client, KVStoreClient(borrower.address) as writer:
             chunks.register(client)
             for index in range(15):  # about the SSD's slots; DRAM holds chunks 7..14
-                assert len(client.put_chunks(NAMESPACE, chunks.items(index, index + 1), durable=True).stored) == 1
+                assert (
+                    len(client.put_chunks(NAMESPACE, chunks.items(index, index + 1), durable=True).stored)
+                    == 1
+                )
             assert client.pin(NAMESPACE, chunks.keys(8, 15), ttl_seconds=120) == 7
             with ThreadPoolExecutor(1) as pool:  # their SSD writes evict the oldest towards the silent peer
                 putting = pool.submit(
-                    lambda: [len(writer.put_chunks(NAMESPACE, chunks.items(i, i + 1), durable=True).stored) for i in range(15, 20)]
+                    lambda: [
+                        len(writer.put_chunks(NAMESPACE, chunks.items(i, i + 1), durable=True).stored)
+                        for i in range(15, 20)
+                    ]
                 )  # one at a time: DRAM has one unpinned block (a put finding it leased stores nothing)
-                poll_until(lambda: client.lookup(NAMESPACE, [chunks.key(15)]).prefix_length == 1, what="chunk 15")
+                poll_until(
+                    lambda: client.lookup(NAMESPACE, [chunks.key(15)]).prefix_length == 1, what="chunk 15"
+                )
                 for index in range(4):  # read during the placements: served, a miss, or DRAM busy
                     assert read_or_miss(client, chunks, index, busy_ok=True) in (chunks.data(index), None)
                 assert set(putting.result(timeout=120)) <= {0, 1}
             assert client.unpin(NAMESPACE, chunks.keys(8, 15)) == 7
             for _ in range(2):  # the second round evicts from DRAM whatever the first promoted
-                assert all(read_or_miss(client, chunks, index) in (chunks.data(index), None) for index in range(20))
+                assert all(
+                    read_or_miss(client, chunks, index) in (chunks.data(index), None) for index in range(20)
+                )
 
 
 def read_or_miss(client: KVStoreClient, chunks: ChunkSet, index: int, busy_ok: bool = False) -> bytes | None:

@@ -21,7 +21,13 @@ LIMITS = LendingLimits(own_floor_fraction=0.2, max_lent_fraction=0.5, replace_bo
 
 
 def entry(
-    daemon_id: str, node: str, free_gb: float, *, lent_gb: float = 0, capacity_gb: float = 10, pinned_gb: float = 0
+    daemon_id: str,
+    node: str,
+    free_gb: float,
+    *,
+    lent_gb: float = 0,
+    capacity_gb: float = 10,
+    pinned_gb: float = 0,
 ) -> DaemonEntry:
     return DaemonEntry(
         daemon_id=daemon_id, node=node, grpc_address=f"{node}:50051", data_plane_address=f"{node}:50052",
@@ -77,7 +83,9 @@ def test_candidates_by_locality_then_room_and_dead_daemons_are_forgotten(redis_s
         await ledger.heartbeat(entry("far-small", "node-c", 4))  # only far-small keeps beating
         await asyncio.sleep(1.2)  # far-big's TTL has passed, far-small's not
         assert [e.daemon_id for e in await ledger.candidates(me, 1, 5)] == ["far-small"]
-        assert b"far-big" not in await client.zrange("attnstore:pool:lendable", 0, -1)  # its stale score is gone
+        assert b"far-big" not in await client.zrange(
+            "attnstore:pool:lendable", 0, -1
+        )  # its stale score is gone
         assert await ledger.entry("far-big") is None
         await ledger.heartbeat(entry("far-big", "node-b", 8))  # a restarted daemon comes back
         assert [e.daemon_id for e in await ledger.candidates(me, 1, 5)] == ["far-big", "far-small"]
@@ -167,13 +175,17 @@ def test_dropped_chunks_reach_their_borrower_node_once_and_expire(redis_server: 
     async def scenario() -> None:
         client = aioredis.Redis.from_url(redis_server.url)
         ledger = PoolLedger(client, heartbeat_ttl_seconds=2.0, limits=LIMITS)
-        await ledger.report_dropped("lender-1:50051", [("node-b", b"k1"), ("node-c", b"k2"), ("node-b", b"k3")])
+        await ledger.report_dropped(
+            "lender-1:50051", [("node-b", b"k1"), ("node-c", b"k2"), ("node-b", b"k3")]
+        )
         await ledger.report_dropped("lender-2:50051", [("node-b", b"k4")])
         assert await ledger.take_dropped("node-b") == [
             ("lender-1:50051", b"k1"), ("lender-1:50051", b"k3"), ("lender-2:50051", b"k4"),
         ]  # fmt: skip
         assert await ledger.take_dropped("node-b") == []  # taken once
-        assert 0 < await client.ttl("attnstore:pool:dropped:node-c") <= DROPPED_TTL_SECONDS  # a gone borrower's list expires
+        assert (
+            0 < await client.ttl("attnstore:pool:dropped:node-c") <= DROPPED_TTL_SECONDS
+        )  # a gone borrower's list expires
         assert await ledger.take_dropped("node-c") == [("lender-1:50051", b"k2")]
         await client.aclose()
 

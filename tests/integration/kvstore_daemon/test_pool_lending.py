@@ -52,7 +52,9 @@ async def _borrow(address: str, chunks: ChunkSet, indices: range, read_first_aft
             stored += placed.stored
             if index == indices[0] + read_first_after:
                 first = indices[0]
-                assert await peer.get_whole_chunks(chunks.namespace, [chunks.key(first)]) == [chunks.data(first)]
+                assert await peer.get_whole_chunks(chunks.namespace, [chunks.key(first)]) == [
+                    chunks.data(first)
+                ]
     return stored
 
 
@@ -72,7 +74,9 @@ def test_a_lender_counts_what_it_holds_for_a_borrower_and_refuses_more_than_its_
         assert samples["attnstore_kvstore_lending_refused_total"] == BORROWED - len(lent_keys)
         assert samples[LENT] == len(lent_keys) * len(chunks.data(0)) <= 2 * MiB  # the ceiling: half its SSD
         assert None not in chunks.tiers(client, range(OWN)), "an own chunk was dropped for borrowed ones"
-        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [
+            chunks.data(i) for i in range(OWN)
+        ]
 
         client.delete(chunks.namespace, lent_keys)  # given back: nothing lent
         assert scrape_metrics(port).get(LENT, 0.0) == 0.0
@@ -91,7 +95,9 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, OWN))
         # the first borrowed chunk is read once, before the lender reaches its limits (29 chunks)
-        placed = asyncio.run(_borrow(lender.address, chunks, range(OWN, OWN + BORROWED), read_first_after=BORROWED // 3))
+        placed = asyncio.run(
+            _borrow(lender.address, chunks, range(OWN, OWN + BORROWED), read_first_after=BORROWED // 3)
+        )
         assert len(placed) == BORROWED
 
         samples = scrape_metrics(port)
@@ -101,7 +107,9 @@ def test_a_lender_at_its_limits_replaces_the_borrowed_chunks_least_recently_plac
         assert None not in where[:OWN], "an own chunk was dropped for borrowed ones"
         assert where[first] is not None and where[-1] is not None  # placed first but read; the newest
         assert where[first + 1] is None  # placed early, never read: replaced
-        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [chunks.data(i) for i in range(OWN)]
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, OWN)) == [
+            chunks.data(i) for i in range(OWN)
+        ]
 
 
 def test_a_replacing_lender_never_replaces_pinned_borrowed_chunks_it_refuses_instead(
@@ -118,11 +126,15 @@ def test_a_replacing_lender_never_replaces_pinned_borrowed_chunks_it_refuses_ins
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
         assert asyncio.run(_borrow(lender.address, chunks, range(fits))) == chunks.keys(0, fits)
-        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        poll_until(
+            lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD"
+        )
         assert client.pin(chunks.namespace, chunks.keys(0, fits), ttl_seconds=600) == fits
 
         assert asyncio.run(_borrow(lender.address, chunks, range(fits, fits + 1))) == []  # refused
-        assert chunks.tiers(client, range(fits)) == [Tier.SSD] * fits  # all kept; pinned to stay, not promoted
+        assert (
+            chunks.tiers(client, range(fits)) == [Tier.SSD] * fits
+        )  # all kept; pinned to stay, not promoted
 
         client.unpin(chunks.namespace, chunks.keys(0, 1))
         assert asyncio.run(_borrow(lender.address, chunks, range(fits, fits + 1))) == [chunks.key(fits)]
@@ -138,8 +150,14 @@ def test_a_borrowed_chunk_lives_on_the_lenders_ssd_and_leaves_its_dram_to_its_ow
         chunks.register(client)
         client.put_chunks(chunks.namespace, chunks.items(0, 1))  # its own: stays in DRAM
         assert asyncio.run(_borrow(lender.address, chunks, range(1, 2))) == [chunks.key(1)]
-        poll_until(lambda: chunks.tiers(client, range(2)) == [Tier.DRAM, Tier.SSD], what="the borrowed chunk left DRAM")
-        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 2)) == [chunks.data(0), chunks.data(1)]
+        poll_until(
+            lambda: chunks.tiers(client, range(2)) == [Tier.DRAM, Tier.SSD],
+            what="the borrowed chunk left DRAM",
+        )
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 2)) == [
+            chunks.data(0),
+            chunks.data(1),
+        ]
 
 
 def test_the_lending_limits_count_only_the_ssd_room_borrowed_chunks_take(
@@ -157,8 +175,12 @@ def test_the_lending_limits_count_only_the_ssd_room_borrowed_chunks_take(
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
         assert asyncio.run(_borrow(lender.address, chunks, range(fits + 2))) == chunks.keys(0, fits)
-        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
-        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, fits)) == [chunks.data(i) for i in range(fits)]
+        poll_until(
+            lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD"
+        )
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, fits)) == [
+            chunks.data(i) for i in range(fits)
+        ]
 
 
 def test_one_put_is_checked_against_the_ceiling_including_its_own_chunks(
@@ -175,13 +197,20 @@ def test_one_put_is_checked_against_the_ceiling_including_its_own_chunks(
     fits = (MiB // 2) // size  # 7 chunks of 68 KiB in 512 KiB
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
-        placed = client.put_chunks(chunks.namespace, chunks.items(0, fits + 3), durable=True, borrower="node-b")
+        placed = client.put_chunks(
+            chunks.namespace, chunks.items(0, fits + 3), durable=True, borrower="node-b"
+        )
         assert placed.stored == chunks.keys(0, fits)
         assert placed.no_space == chunks.keys(fits, fits + 3)
         assert scrape_metrics(lender.metrics_port)[LENT] == fits * size <= MiB // 2  # the ceiling holds
-        poll_until(lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD")
+        poll_until(
+            lambda: chunks.tiers(client, range(fits)) == [Tier.SSD] * fits, what="the borrowed chunks on SSD"
+        )
         # the next put finds the ceiling reached by the first
-        assert client.put_chunks(chunks.namespace, chunks.items(fits + 3, fits + 4), borrower="node-b").stored == []
+        assert (
+            client.put_chunks(chunks.namespace, chunks.items(fits + 3, fits + 4), borrower="node-b").stored
+            == []
+        )
 
 
 def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
@@ -209,19 +238,25 @@ def test_a_restarted_lender_still_counts_what_it_holds_for_each_borrower(
     assert before[LENT] == after[LENT] == size
     assert after['attnstore_kvstore_lent_bytes{borrower="node-ü"}'] == size
     with KVStoreClient(lender.address) as client:
-        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 3)) == [chunks.data(i) for i in range(3)]
+        assert client.get_whole_chunks(chunks.namespace, chunks.keys(0, 3)) == [
+            chunks.data(i) for i in range(3)
+        ]
         client.delete(chunks.namespace, chunks.keys(1, 3))
     assert scrape_metrics(port).get(LENT, 0.0) == 0.0
 
 
-def test_a_chunk_larger_than_the_lending_limits_is_refused(daemon_factory: DaemonFactory, chunks: ChunkSet) -> None:
+def test_a_chunk_larger_than_the_lending_limits_is_refused(
+    daemon_factory: DaemonFactory, chunks: ChunkSet
+) -> None:
     lender = daemon_factory(**LENDER, POOL_MAX_LENT_FRACTION=0.01)  # 51 KiB may be lent: less than a chunk
     with KVStoreClient(lender.address) as client:
         chunks.register(client)
 
         async def borrow() -> list[bytes]:
             async with AsyncKVStoreClient(lender.address) as peer:
-                placed = await peer.put_chunks(chunks.namespace, chunks.items(0, 1), durable=True, borrower="node-b")
+                placed = await peer.put_chunks(
+                    chunks.namespace, chunks.items(0, 1), durable=True, borrower="node-b"
+                )
                 return placed.no_space
 
         assert asyncio.run(borrow()) == [chunks.key(0)]

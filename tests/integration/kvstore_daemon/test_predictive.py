@@ -21,9 +21,13 @@ KiB = 1024
 BLOCK_BYTES = 256 * KiB
 SHAPE = {"num_layers": 7, "kv_heads": 4, "head_dim": 128, "chunk_tokens": 64}  # 900 KiB: 4 blocks
 PREDICTIVE_DRAM_OF_4_CHUNKS = {
-    "DRAM_BLOCK_BYTES": BLOCK_BYTES, "MAX_CHUNK_BYTES": 1024 * KiB, "PERSIST_ON_COMMIT": "false",
-    "DRAM_HIGH_WATERMARK": 1.0, "DRAM_LOW_WATERMARK": 1.0,  # evictions only on allocation: the policy's order
-    "DRAM_CAPACITY_BYTES": 4 * 4 * BLOCK_BYTES, "EVICTION_POLICY": "predictive",
+    "DRAM_BLOCK_BYTES": BLOCK_BYTES,
+    "MAX_CHUNK_BYTES": 1024 * KiB,
+    "PERSIST_ON_COMMIT": "false",
+    "DRAM_HIGH_WATERMARK": 1.0,
+    "DRAM_LOW_WATERMARK": 1.0,  # evictions only on allocation: the policy's order
+    "DRAM_CAPACITY_BYTES": 4 * 4 * BLOCK_BYTES,
+    "EVICTION_POLICY": "predictive",
     "PREDICTIVE_PREFETCH_DRAM_SHARE": 0.5,  # the predicted prefetch on (off by default)
 }
 PREDICT, DECLINE = HintAction.PREDICT, HintAction.DECLINE
@@ -57,16 +61,28 @@ def test_evicts_the_furthest_predicted_chunk_and_keeps_both_replicas_hints(store
     client, chunks = store
     ns = chunks.namespace
     client.put_chunks(ns, chunks.items(0, 4))
-    client.hint(ns, [([chunks.key(0)], PREDICT, 0, 300.0), ([chunks.key(1)], PREDICT, 0, 10.0)],
-                replace=True, source="replica-a")
-    client.hint(ns, [([chunks.key(2)], PREDICT, 0, 20.0), ([chunks.key(3)], PREDICT, 0, 30.0)],
-                replace=True, source="replica-b")
+    client.hint(
+        ns,
+        [([chunks.key(0)], PREDICT, 0, 300.0), ([chunks.key(1)], PREDICT, 0, 10.0)],
+        replace=True,
+        source="replica-a",
+    )
+    client.hint(
+        ns,
+        [([chunks.key(2)], PREDICT, 0, 20.0), ([chunks.key(3)], PREDICT, 0, 30.0)],
+        replace=True,
+        source="replica-b",
+    )
     client.put_chunks(ns, chunks.items(4, 5))  # LRU would evict chunk 0 too: check it is the prediction
     assert chunks.tiers(client, range(5)) == [SSD, DRAM, DRAM, DRAM, DRAM]
 
     # Replica a pushes its window again; replica b's predictions must survive it.
-    client.hint(ns, [([chunks.key(1)], PREDICT, 0, 10.0), ([chunks.key(4)], PREDICT, 0, 5.0)],
-                replace=True, source="replica-a")
+    client.hint(
+        ns,
+        [([chunks.key(1)], PREDICT, 0, 10.0), ([chunks.key(4)], PREDICT, 0, 5.0)],
+        replace=True,
+        source="replica-a",
+    )
     client.put_chunks(ns, chunks.items(5, 6))
     # Had a's replace wiped b's hints, chunk 2 (unhinted, least recently used) would go.
     assert chunks.tiers(client, range(1, 6)) == [DRAM, DRAM, SSD, DRAM, DRAM]
@@ -78,8 +94,14 @@ def test_admission_declines_a_deleted_sessions_chunks_and_evicts_them_first(stor
     ns = chunks.namespace
     client.put_chunks(ns, chunks.items(0, 3))
     # The session owning chunks 1, 5 and 6 was deleted; the live one (0, 2) comes back soon.
-    client.hint(ns, [(chunks.keys(0, 1) + chunks.keys(2, 3), PREDICT, 0, 5.0),
-                     ([chunks.key(1), chunks.key(5), chunks.key(6)], DECLINE, 0)], replace=True)
+    client.hint(
+        ns,
+        [
+            (chunks.keys(0, 1) + chunks.keys(2, 3), PREDICT, 0, 5.0),
+            ([chunks.key(1), chunks.key(5), chunks.key(6)], DECLINE, 0),
+        ],
+        replace=True,
+    )
     put = client.put_chunks(ns, chunks.items(5, 7))
     assert sorted(put.no_space) == sorted(chunks.keys(5, 7)) and not put.stored
     assert client.stats().admissions_declined == 2
@@ -95,8 +117,12 @@ def test_the_soonest_predicted_chunk_moves_up_to_dram_in_place_of_a_later_one(
     ns = chunks.namespace
     _put_five_chunk_3_on_ssd(client, chunks)
     # Now chunk 3 is expected in a second: it comes back to DRAM, in place of chunk 2 (300 s).
-    client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
-                + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
+    client.hint(
+        ns,
+        [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
+        + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)],
+        replace=True,
+    )
     poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
     assert chunks.tiers(client, range(5)) == [DRAM, DRAM, SSD, DRAM, DRAM]
 
@@ -110,14 +136,22 @@ def test_a_moved_up_chunk_drops_its_ssd_copy_and_is_written_back_when_dram_evict
         chunks.register(client)
         ns = chunks.namespace
         _put_five_chunk_3_on_ssd(client, chunks)
-        client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
-                    + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)], replace=True)
+        client.hint(
+            ns,
+            [([chunks.key(3)], PREDICT, 0, 1.0), ([chunks.key(4)], PREDICT, 0, 50.0)]
+            + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in range(3)],
+            replace=True,
+        )
         poll_until(lambda: chunks.tiers(client, [3]) == [DRAM], what="chunk 3 promoted ahead of its use")
         # A move: only chunk 2, which DRAM demoted for it, is on SSD (persist_on_commit is off).
         poll_until(lambda: client.stats().ssd.chunks == 1, what="chunk 3's SSD copy dropped")
         # Now chunk 3 is expected last: the next write takes its DRAM room, and it goes back to SSD.
-        client.hint(ns, [([chunks.key(3)], PREDICT, 0, 900.0)]
-                    + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in (0, 1, 2, 4)], replace=True)
+        client.hint(
+            ns,
+            [([chunks.key(3)], PREDICT, 0, 900.0)]
+            + [([chunks.key(i)], PREDICT, 0, 100.0 * (i + 1)) for i in (0, 1, 2, 4)],
+            replace=True,
+        )
         client.put_chunks(ns, chunks.items(5, 6))
         poll_until(lambda: chunks.tiers(client, [3]) == [SSD], what="chunk 3 written back to SSD")
         assert client.get_whole_chunks(ns, [chunks.key(3)]) == [chunks.data(3)]
@@ -174,10 +208,16 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
         _put_five_chunk_3_on_ssd(client, chunks)
         started = time.monotonic()
         for push in range(3):  # each push is a new prediction generation: a new try
-            client.hint(ns, [([chunks.key(3)], PREDICT, 0, 1.0 + push)]
-                        + [([chunks.key(i)], HintAction.PROTECT, i) for i in (0, 1, 2, 4)], replace=True)
-            poll_until(lambda p=push: scrape_metrics(port).get(SKIPPED_BY_PREFETCH, 0) >= p + 1,
-                       what=f"prefetch {push} skipped")
+            client.hint(
+                ns,
+                [([chunks.key(3)], PREDICT, 0, 1.0 + push)]
+                + [([chunks.key(i)], HintAction.PROTECT, i) for i in (0, 1, 2, 4)],
+                replace=True,
+            )
+            poll_until(
+                lambda p=push: scrape_metrics(port).get(SKIPPED_BY_PREFETCH, 0) >= p + 1,
+                what=f"prefetch {push} skipped",
+            )
         seconds = time.monotonic() - started
         assert chunks.tiers(client, range(5)) == [DRAM, DRAM, DRAM, SSD, DRAM]
     samples = scrape_metrics(port)
@@ -188,7 +228,9 @@ def test_a_prefetch_that_may_evict_nothing_is_counted_by_its_cause_and_logged_on
     assert all("may make way for this prefetch" in line and "pinned or leased" not in line for line in lines)
 
 
-def test_the_shadow_caches_count_the_stores_reads(daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]) -> None:
+def test_the_shadow_caches_count_the_stores_reads(
+    daemon_factory: DaemonFactory, chunk_set: type[ChunkSet]
+) -> None:
     """Every key sampled: the five stored chunks enter both shadows, and a lookup that
     reads them hits five times in each."""
     daemon = daemon_factory(**PREDICTIVE_DRAM_OF_4_CHUNKS, METRICS_PORT=0, PREDICTIVE_SHADOW_SHARE=1.0)
@@ -225,7 +267,9 @@ def test_a_lookup_naming_a_deleted_chunk_is_learned_as_needed_again(
         client.put_chunks(ns, chunks.items(0, 3))
         client.delete(ns, chunks.keys(2, 3))
         assert scrape_metrics(port).get(name, 0) == 0
-        assert client.lookup(ns, chunks.keys(0, 4)).prefix_length == 2  # names 2 (remembered) and 3 (never stored)
+        assert (
+            client.lookup(ns, chunks.keys(0, 4)).prefix_length == 2
+        )  # names 2 (remembered) and 3 (never stored)
         assert scrape_metrics(port)[name] == 1
         client.lookup(ns, chunks.keys(0, 4))  # its ghost is spent: learned once
         assert scrape_metrics(port)[name] == 1

@@ -55,7 +55,9 @@ def another_format_version(data: bytes) -> bytes:
     """The same chunk written by a format version this daemon does not know (the header's
     own checksum recomputed, so only the version is wrong)."""
     layout = decode_layout(data)
-    packed = dataclasses.replace(layout.header, format_version=max(FORMAT_VERSION, RESTORE_FORMAT_VERSION) + 1).pack()
+    packed = dataclasses.replace(
+        layout.header, format_version=max(FORMAT_VERSION, RESTORE_FORMAT_VERSION) + 1
+    ).pack()
     assert len(packed) == _PREAMBLE.unpack_from(data)[1]  # same length: the layers stay aligned
     return (
         _PREAMBLE.pack(b"ATKV", len(packed), xxhash.xxh3_64_intdigest(packed))
@@ -249,7 +251,9 @@ def test_a_disk_smaller_than_configured_is_clamped_at_start_and_evicts_instead_o
         assert scrape_metrics(port)['attnstore_kvstore_capacity_bytes{tier="ssd"}'] == clamped
 
         for index in range(48):  # 48 chunks of 20 KiB: twice the disk, every one durable
-            assert client.put_chunks(ns, chunks.items(index, index + 1), durable=True).stored == [chunks.key(index)]
+            assert client.put_chunks(ns, chunks.items(index, index + 1), durable=True).stored == [
+                chunks.key(index)
+            ]
         stats = client.stats()
         assert stats.ssd.evictions > 0 and 0 < stats.ssd.chunks < 48 and stats.ssd.used_bytes <= clamped
         on_disk = verified_chunk_files(disk)
@@ -281,7 +285,9 @@ def test_a_disk_another_program_fills_is_pressure_and_keeps_room_for_the_namespa
         filler = fill_up(disk)
 
         for index in range(8, 24):  # the tier shrinks to the disk and evicts its own oldest chunks
-            assert client.put_chunks(ns, chunks.items(index, index + 1), durable=True).stored == [chunks.key(index)]
+            assert client.put_chunks(ns, chunks.items(index, index + 1), durable=True).stored == [
+                chunks.key(index)
+            ]
         stats = client.stats()
         assert stats.ssd.evictions > 0 and stats.ssd.capacity_bytes < before
         assert "ssd_write_failed" not in daemon.log_tail(400)
@@ -292,7 +298,9 @@ def test_a_disk_another_program_fills_is_pressure_and_keeps_room_for_the_namespa
 
         filler.unlink()
         # Back to the disk less the reserve (a page or two less than at start: file system overhead).
-        poll_until(lambda: capacity(client) >= before - 8 * KiB, what="the tier to grow back once the disk is free")
+        poll_until(
+            lambda: capacity(client) >= before - 8 * KiB, what="the tier to grow back once the disk is free"
+        )
 
     assert daemon.stop() == 0
     daemon.start()

@@ -200,10 +200,16 @@ def test_a_chunk_whose_ssd_copy_was_evicted_is_written_again_when_dram_evicts_it
     with KVStoreClient(daemon.address, use_shm=False) as client:
         chunks.register(client)
         for index in range(12):  # durable: every chunk on SSD (12 slots); DRAM holds 4..11
-            assert len(client.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True).stored) == 1
+            assert (
+                len(client.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True).stored)
+                == 1
+            )
         assert chunks.tiers(client, [0]) == [Tier.SSD]
         assert client.get_whole_chunks(chunks.namespace, [chunks.key(0)]) == [chunks.data(0)]  # into DRAM
         for index in range(12, 21):  # SSD writes evict chunk 0's copy first, then DRAM evicts chunk 0
-            assert len(client.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True).stored) == 1
+            assert (
+                len(client.put_chunks(chunks.namespace, chunks.items(index, index + 1), durable=True).stored)
+                == 1
+            )
         assert chunks.tiers(client, [0]) == [Tier.SSD]  # written again, not dropped
         assert client.get_whole_chunks(chunks.namespace, [chunks.key(0)]) == [chunks.data(0)]

@@ -110,7 +110,9 @@ def start_stack(
     name metrics_port 0, in Stack.metrics_port). `worker_settings`: every worker's,
     beside WORKER_SETTINGS."""
     workers = tuple(
-        WorkerSpec(node, settings={**({"metrics_port": 0} if worker_metrics else {}), **(worker_settings or {})})
+        WorkerSpec(
+            node, settings={**({"metrics_port": 0} if worker_metrics else {}), **(worker_settings or {})}
+        )
         for node in worker_nodes
     )
     settings = {**SCHEDULER_SETTINGS, **(scheduler_settings or {})}
@@ -125,7 +127,9 @@ def start_stack(
         scheduler_settings=settings,
     )
     local = LocalStack(spec).start()
-    worker_metrics_ports = {node: port for node, worker in local.workers.items() if (port := worker.metrics_port)}
+    worker_metrics_ports = {
+        node: port for node, worker in local.workers.items() if (port := worker.metrics_port)
+    }
     return Stack(local, model_dir, redis, local.scheduler.metrics_port, worker_metrics_ports)
 
 

@@ -64,7 +64,10 @@ def test_a_turn_goes_to_the_node_whose_daemon_holds_its_placed_kv(
         daemon_settings={**DAEMON_SETTINGS, "pool_redis_url": redis.url}, worker_settings=WORKER_SETTINGS,
         scheduler_settings={**SCHEDULER_SETTINGS, "pool_routing_min_share": 0.5},
     )  # fmt: skip
-    with LocalStack(spec) as stack, AttnStoreClient(stack.address, API_KEYS["acme"], timeout_seconds=300) as client:
+    with (
+        LocalStack(spec) as stack,
+        AttnStoreClient(stack.address, API_KEYS["acme"], timeout_seconds=300) as client,
+    ):
         poll(lambda: {e.node for e in _ledger(redis.url)} == set(NODES), "both daemons in the ledger")
         reference = client.create_session().session_id  # the same conversation, in another session
         session = client.create_session().session_id

@@ -30,7 +30,6 @@ def stack(module_stacks: StartStack, scheduler_model_dir: Path) -> Stack:
     return module_stacks(scheduler_model_dir, scheduler_settings={"max_schemas_per_tenant": 2})
 
 
-
 def raw(client: AttnStoreClient, rpc: Callable[[AttnStoreStub], Any], request: Message) -> list[Any]:
     """A request the SDK would not build, sent through the async client's stub on its loop."""
 
@@ -38,6 +37,7 @@ def raw(client: AttnStoreClient, rpc: Callable[[AttnStoreStub], Any], request: M
         return [reply async for reply in rpc(client.aio._stub)(request, **client.aio._kwargs())]
 
     return client.call(send())
+
 
 def test_a_registered_schema_serves_pml_prompts_from_its_modules(stack: Stack) -> None:
     client = stack.client("acme")
@@ -137,10 +137,24 @@ def test_repair_options_reach_the_worker(stack: Stack) -> None:
         ({"pml": PML, "repair_method": api.REPAIR_METHOD_DEVIATION}, "needs a repair budget"),
         ({"pml": PML, "repair_tokens": 5000}, "repair_tokens is 5000"),
         ({"prompt": "hi", "repair_tokens": 2}, "repair_tokens apply to pml prompts only"),
-        ({"prompt": "hi", "repair_fraction": 0.1, "add_generation_prompt": True}, "repair_fraction, add_generation_prompt apply"),
+        (
+            {"prompt": "hi", "repair_fraction": 0.1, "add_generation_prompt": True},
+            "repair_fraction, add_generation_prompt apply",
+        ),
         ({"prompt": "hi", "repair_method": api.REPAIR_METHOD_FIRST}, "repair_method apply"),
     ],
-    ids=["fraction", "nan", "inf", "both", "unknown method", "no budget", "tokens", "no pml", "two", "method"],
+    ids=[
+        "fraction",
+        "nan",
+        "inf",
+        "both",
+        "unknown method",
+        "no budget",
+        "tokens",
+        "no pml",
+        "two",
+        "method",
+    ],
 )
 def test_bad_repair_options_are_invalid_argument(stack: Stack, fields: dict[str, Any], message: str) -> None:
     client = stack.client("acme")
@@ -190,7 +204,9 @@ def test_a_session_starts_from_a_pml_prompt_and_goes_on_as_usual(stack: Stack) -
     framed = client.create_session(system_prompt="be brief").session_id
     with pytest.raises(grpc.RpcError) as error:
         client.chat_pml(framed, PML, max_tokens=4)
-    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "system prompt" in error.value.details()
+    assert (
+        error.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "system prompt" in error.value.details()
+    )
     with pytest.raises(grpc.RpcError) as error:
         raw(client, lambda stub: stub.Chat, api.ChatRequest(session_id=framed, message="hi", pml=PML))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()

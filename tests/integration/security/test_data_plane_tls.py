@@ -29,14 +29,20 @@ def _context(pki, *, cert: bool) -> ssl.SSLContext:
 def token_daemon(daemon_factory, pki) -> DaemonProcess:
     """TLS and internal tokens (no client certificates)."""
     return daemon_factory(
-        {"tls": server_tls(pki, mutual=False), "internal_auth": internal_auth(), "data_plane_port": free_port()}
+        {
+            "tls": server_tls(pki, mutual=False),
+            "internal_auth": internal_auth(),
+            "data_plane_port": free_port(),
+        }
     )
 
 
 def test_a_reader_with_the_token_reads_over_tls(token_daemon: DaemonProcess, pki, tokens) -> None:
     stored = make_chunks(4, seed=11)
     with KVStoreClient(
-        token_daemon.address, use_shm=False, credentials=credentials(pki, cert=False, token=tokens.worker),
+        token_daemon.address,
+        use_shm=False,
+        credentials=credentials(pki, cert=False, token=tokens.worker),
         data_plane_tls=_context(pki, cert=False),
     ) as client:
         client.register_namespace(NAMESPACE, **LAYOUT)
@@ -71,7 +77,10 @@ def test_mutual_tls_is_a_credential_of_its_own(daemon_factory, pki) -> None:
     daemon = daemon_factory({"tls": server_tls(pki, mutual=True), "data_plane_port": free_port()})
     stored = make_chunks(2, seed=12)
     with KVStoreClient(
-        daemon.address, use_shm=False, credentials=credentials(pki, cert=True), data_plane_tls=_context(pki, cert=True)
+        daemon.address,
+        use_shm=False,
+        credentials=credentials(pki, cert=True),
+        data_plane_tls=_context(pki, cert=True),
     ) as client:
         client.register_namespace(NAMESPACE, **LAYOUT)
         client.put_chunks(NAMESPACE, stored)
@@ -79,9 +88,12 @@ def test_mutual_tls_is_a_credential_of_its_own(daemon_factory, pki) -> None:
         assert client.client_stats().transport == "dataplane"
     # Without a client certificate the data plane's handshake fails, as gRPC's does.
     port = _data_plane_port(daemon, pki, cert=True)
-    with pytest.raises((ssl.SSLError, ConnectionResetError)), _context(pki, cert=False).wrap_socket(
-        socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
-    ) as sock:
+    with (
+        pytest.raises((ssl.SSLError, ConnectionResetError)),
+        _context(pki, cert=False).wrap_socket(
+            socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
+        ) as sock,
+    ):
         sock.sendall(pack_frame({"op": "hello", "token": None}))
         recv_frame(sock, 1 << 16)
 

@@ -47,7 +47,10 @@ def test_evicted_chunks_travel_to_the_peer_and_back_under_tls_and_tokens(daemon_
     })  # fmt: skip
     stored = make_chunks(COUNT, seed=31)
     keys = list(stored)
-    reader = {"credentials": credentials(pki, cert=True, token=tokens.worker), "data_plane_tls": tls_context(pki)}
+    reader = {
+        "credentials": credentials(pki, cert=True, token=tokens.worker),
+        "data_plane_tls": tls_context(pki),
+    }
     with KVStoreClient(borrower.address, use_shm=False, **reader) as client:
         client.register_namespace(NAMESPACE, **LAYOUT)
         for key, data in stored.items():
@@ -58,7 +61,9 @@ def test_evicted_chunks_travel_to_the_peer_and_back_under_tls_and_tokens(daemon_
             time.sleep(0.1)
         assert client.lookup(NAMESPACE, keys[:1]).peers == [lender.address]
         assert client.get_whole_chunks(NAMESPACE, keys[:1]) == [stored[keys[0]]]  # via the borrower
-    assert "data_plane_unreachable" not in borrower.log_path.read_text()  # its peer's TLS data plane took the bytes
+    assert (
+        "data_plane_unreachable" not in borrower.log_path.read_text()
+    )  # its peer's TLS data plane took the bytes
     with KVStoreClient(lender.address, use_shm=False, **reader) as peer:  # straight from the peer
         assert peer.get_whole_chunks(NAMESPACE, keys[1:2]) == [stored[keys[1]]]
         assert peer.client_stats().transport == "dataplane"

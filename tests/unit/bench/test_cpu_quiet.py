@@ -9,7 +9,9 @@ import time
 from bench.common import cpu_quiet
 from bench.common.cpu_quiet import wait_until_idle
 
-SPIN_THEN_SLEEP = "import time\nend = time.monotonic() + {spin}\nwhile time.monotonic() < end: pass\ntime.sleep(60)"
+SPIN_THEN_SLEEP = (
+    "import time\nend = time.monotonic() + {spin}\nwhile time.monotonic() < end: pass\ntime.sleep(60)"
+)
 
 
 def _child(spin_seconds: float) -> subprocess.Popen[bytes]:
@@ -27,8 +29,13 @@ def test_an_idle_process_is_waited_for_one_window_only() -> None:
 
 
 def test_a_spinning_process_is_waited_for_until_it_stops() -> None:
-    parent = subprocess.Popen([sys.executable, "-c",  # the spinner is a grandchild: descendants count
-                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {SPIN_THEN_SLEEP.format(spin=1.0)!r}])"])
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",  # the spinner is a grandchild: descendants count
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {SPIN_THEN_SLEEP.format(spin=1.0)!r}])",
+        ]
+    )
     try:
         time.sleep(0.3)
         waited = wait_until_idle([parent.pid], timeout_seconds=5.0)

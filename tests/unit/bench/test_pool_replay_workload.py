@@ -48,11 +48,15 @@ def test_a_turn_wants_only_history_its_session_stored(workload: Workload) -> Non
             assert wanted == session.turns[index - 1].keys[: len(wanted)]
 
 
-def test_the_working_set_is_the_smallest_lru_capacity_near_a_store_that_never_evicts(workload: Workload) -> None:
+def test_the_working_set_is_the_smallest_lru_capacity_near_a_store_that_never_evicts(
+    workload: Workload,
+) -> None:
     schedule = events(workload)
     every_chunk = len({key for s in workload.sessions for t in s.turns for key in t.keys})
     assert lru_hit_share(workload, schedule, every_chunk) == 1.0
-    shares = [lru_hit_share(workload, schedule, capacity) for capacity in (1, every_chunk // 8, every_chunk // 2)]
+    shares = [
+        lru_hit_share(workload, schedule, capacity) for capacity in (1, every_chunk // 8, every_chunk // 2)
+    ]
     assert shares == sorted(shares) and shares[0] < WORKING_SET_HIT_SHARE
     sizing = size_nodes(workload, schedule)
     assert lru_hit_share(workload, schedule, sizing.working_set_chunks) >= WORKING_SET_HIT_SHARE

@@ -39,7 +39,14 @@ def test_the_lenders_chunks_are_the_workers_size_and_layout() -> None:
     }  # fmt: skip
     data = chunks.encode(bytes(KEY_BYTES))
     layout = decode_layout(data)
-    kv_bytes = 2 * ttft.MODEL["num_hidden_layers"] * ttft.MODEL["num_key_value_heads"] * SHAREGPT_CHUNK_TOKENS * head_dim * 4
+    kv_bytes = (
+        2
+        * ttft.MODEL["num_hidden_layers"]
+        * ttft.MODEL["num_key_value_heads"]
+        * SHAREGPT_CHUNK_TOKENS
+        * head_dim
+        * 4
+    )
     assert layout.total_bytes == len(data) == layout.data_offset + kv_bytes
     assert len(data) <= size < len(data) + 4096  # a block holds any chunk of the shape
 

@@ -41,7 +41,10 @@ def workload(future: int) -> Workload:
         if number == 0:
             turns.append(Turn(chain(number, 12, salt=future), 8, 0.5, 60.0 + 10 * future))
         sessions.append(Session(float(number), tuple(turns), end_s=30.0 if number == 5 else None))
-    sessions += [Session(MOMENT_S + 10 + i, (Turn(chain(100 + future * 10 + i, 6), 0, 0.5, 0.0),)) for i in range(future)]
+    sessions += [
+        Session(MOMENT_S + 10 + i, (Turn(chain(100 + future * 10 + i, 6), 0, 0.5, 0.0),))
+        for i in range(future)
+    ]
     return Workload("sharegpt", CHUNK_TOKENS, sessions)
 
 
@@ -70,7 +73,9 @@ def calls_before_the_moment(directory: Path, future: int) -> list[tuple[float, A
     """One replay against a fresh daemon: the hints pushed and lookups answered before MOMENT_S."""
     directory.mkdir()
     settings = {**DAEMON_SETTINGS, "eviction_policy": "predictive"}
-    with running_daemon(directory, dram_bytes=1024 * 1024, ssd_bytes=1024 * 1024, settings=settings) as daemon:
+    with running_daemon(
+        directory, dram_bytes=1024 * 1024, ssd_bytes=1024 * 1024, settings=settings
+    ) as daemon:
         return uvloop.run(pushes_before_the_moment(daemon.address, future))
 
 
@@ -78,9 +83,17 @@ async def pushes_before_the_moment(address: str, future: int) -> list[tuple[floa
     async with AsyncKVStoreClient(address) as client:
         await client.register_namespace(NS, **chunk_layout(CHUNK_TOKENS))
         kv = RecordingKV(client)
-        run = Replay(workload(future), kv, NodeCapacity(64 * CHUNK_BYTES, 640 * CHUNK_BYTES), slots=2,  # type: ignore[arg-type]
-                     push_hints=True, hint_interval_s=0.2, on_turn_done=lambda: None, activity=SessionActivity(),
-                     predict_interval_s=1.0)
+        run = Replay(
+            workload(future),
+            kv,
+            NodeCapacity(64 * CHUNK_BYTES, 640 * CHUNK_BYTES),
+            slots=2,  # type: ignore[arg-type]
+            push_hints=True,
+            hint_interval_s=0.2,
+            on_turn_done=lambda: None,
+            activity=SessionActivity(),
+            predict_interval_s=1.0,
+        )
         kv.clock = lambda: run.now
         await run.run()
         assert any(when >= MOMENT_S for when, *_ in kv.calls)  # the futures did differ in what was pushed
@@ -91,6 +104,8 @@ def test_pushes_and_lookups_up_to_a_moment_do_not_depend_on_what_comes_after(tmp
     one = calls_before_the_moment(tmp_path / "one", future=1)
     other = calls_before_the_moment(tmp_path / "other", future=3)
     hints = [call for call in one if isinstance(call[2], list)]
-    assert any(entry[1].name == "PREDICT" for call in hints for entry in call[2]), "no predictions before the moment"
+    assert any(entry[1].name == "PREDICT" for call in hints for entry in call[2]), (
+        "no predictions before the moment"
+    )
     assert any(call[3] > 0 for call in one if isinstance(call[2], tuple)), "no lookup hit before the moment"
     assert one == other

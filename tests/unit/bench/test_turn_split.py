@@ -25,4 +25,6 @@ def test_histogram_sums_move_by_what_a_turn_observed() -> None:
         server.shutdown()
         thread.join()
     moved = {name: after[name] - before[name] for name in HISTOGRAMS}
-    assert moved == pytest.approx({"worker_ttft": 0.25, "compute": 0.2, "kv_load": 0.0, "kv_load_exposed": 0.01})
+    assert moved == pytest.approx(
+        {"worker_ttft": 0.25, "compute": 0.2, "kv_load": 0.0, "kv_load_exposed": 0.01}
+    )

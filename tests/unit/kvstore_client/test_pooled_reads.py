@@ -32,7 +32,9 @@ def reader(layers: int = LAYERS, swap: bool = False) -> PlaceReader:
             if swap:
                 order[:2] = order[1::-1]
             for index in order:
-                yield LayerPiece(chunk_index=index, layer=layer, data=keys[index] + bytes([layer]), layout=LAYOUT)
+                yield LayerPiece(
+                    chunk_index=index, layer=layer, data=keys[index] + bytes([layer]), layout=LAYOUT
+                )
 
     return read
 

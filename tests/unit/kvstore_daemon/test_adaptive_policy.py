@@ -63,8 +63,9 @@ def _right(stream: Stream) -> Callable[[int], int]:
     return lambda last: after[last]
 
 
-def _tier(name: str, share: float = 1.0, learner: HitDensity | None = None
-          ) -> tuple[EvictionPolicy, HintBook, FakeClock]:
+def _tier(
+    name: str, share: float = 1.0, learner: HitDensity | None = None
+) -> tuple[EvictionPolicy, HintBook, FakeClock]:
     """The SSD's instance of a policy (the store's last tier), shadows on `share` of the
     keys; `learner`: what the predictive order (and its shadow) learned before."""
     hints, clock = HintBook(), FakeClock()
@@ -78,8 +79,11 @@ def _tier(name: str, share: float = 1.0, learner: HitDensity | None = None
     return AdaptivePolicy(predictive, chooser), hints, clock
 
 
-def _hits(stream: Stream, tier: tuple[EvictionPolicy, HintBook, FakeClock],
-          predict: Callable[[int], int] | None = None) -> int:
+def _hits(
+    stream: Stream,
+    tier: tuple[EvictionPolicy, HintBook, FakeClock],
+    predict: Callable[[int], int] | None = None,
+) -> int:
     """Hits of a tier of CAPACITY keys, one request per simulated second, the scheduler's
     predictions of every resident key pushed every PUSH_EVERY requests."""
     policy, hints, clock = tier
@@ -88,8 +92,17 @@ def _hits(stream: Stream, tier: tuple[EvictionPolicy, HintBook, FakeClock],
     for index, key in enumerate(stream):
         clock.now = float(index)
         if predict is not None and index % PUSH_EVERY == 0:
-            hints.apply(NS, [HintSpec([k], HintAction.PREDICT, 0, predict(last_use[k]) - index)
-                             for k in last_use if k in policy], replace=True, ttl_seconds=NEVER, now=index)
+            hints.apply(
+                NS,
+                [
+                    HintSpec([k], HintAction.PREDICT, 0, predict(last_use[k]) - index)
+                    for k in last_use
+                    if k in policy
+                ],
+                replace=True,
+                ttl_seconds=NEVER,
+                now=index,
+            )
         if key in policy:
             hits += 1
             policy.on_access(key)

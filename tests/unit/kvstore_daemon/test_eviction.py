@@ -148,8 +148,12 @@ _OPERATIONS = st.lists(
     st.one_of(
         st.tuples(st.sampled_from(["insert", "access", "remove"]), _KEYS),
         st.tuples(
-            st.just("hint"), st.lists(_KEYS, max_size=4), st.sampled_from(list(HintAction)),
-            st.integers(0, 3), st.booleans(), st.integers(1, 3),
+            st.just("hint"),
+            st.lists(_KEYS, max_size=4),
+            st.sampled_from(list(HintAction)),
+            st.integers(0, 3),
+            st.booleans(),
+            st.integers(1, 3),
         ),
         st.tuples(st.just("forget"), st.lists(_KEYS, max_size=3)),
         st.tuples(st.just("time"), st.integers(1, 2)),

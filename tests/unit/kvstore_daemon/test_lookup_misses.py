@@ -52,15 +52,22 @@ def test_ghosts_are_capped_earliest_evicted_first() -> None:
     assert lives.learner.density(cls, 0) > 0
 
 
-def _returning_keys(policy: PredictivePolicy | LruPolicy, now: list[float], keys: int = 2000,
-                    gap_s: float = 40.0, capacity: int = 10) -> tuple[int, int]:
+def _returning_keys(
+    policy: PredictivePolicy | LruPolicy,
+    now: list[float],
+    keys: int = 2000,
+    gap_s: float = 40.0,
+    capacity: int = 10,
+) -> tuple[int, int]:
     """A new key each second; every other one is looked up again `gap_s` later. A lookup
     that misses tells the policy, and the key is stored (again). The store turns over in
     `capacity` seconds, so LRU hits nothing; a policy that knows nothing of which keys
     return can keep at most capacity / gap_s of them until they do (a quarter, half of
     which return): 250 hits of 1,000 returns. Returns (hits, returns)."""
-    events = sorted([(float(t), f"k{t}".encode()) for t in range(keys)]
-                    + [(t + gap_s + 0.5, f"k{t}".encode()) for t in range(0, keys, 2)])
+    events = sorted(
+        [(float(t), f"k{t}".encode()) for t in range(keys)]
+        + [(t + gap_s + 0.5, f"k{t}".encode()) for t in range(0, keys, 2)]
+    )
     hits = 0
     for now[0], key in events:
         if key in policy:
@@ -77,7 +84,9 @@ def _returning_keys(policy: PredictivePolicy | LruPolicy, now: list[float], keys
 
 def _predictive(ghost_keys_max: int) -> tuple[PredictivePolicy, list[float]]:
     now = [0.0]
-    return PredictivePolicy(HintBook(), lambda: now[0], ChunkLives(lambda: now[0], ghost_keys_max=ghost_keys_max)), now
+    return PredictivePolicy(
+        HintBook(), lambda: now[0], ChunkLives(lambda: now[0], ghost_keys_max=ghost_keys_max)
+    ), now
 
 
 def test_learning_from_misses_keeps_what_lru_loses() -> None:

@@ -42,18 +42,29 @@ def _evictions(policy: PredictivePolicy) -> list[bytes]:
 
 def test_a_cold_learner_evicts_the_furthest_predicted_use_first_and_a_chain_from_its_tail() -> None:
     policy, hints, _ = _policy([b"r", b"s1", b"s2", b"t1", b"q"])
-    hints.apply(NS, [
-        HintSpec([b"r", b"s1", b"s2"], PREDICT, 0, 300.0),  # one chain: s2 is deepest
-        HintSpec([b"t1"], PREDICT, 0, 30.0),
-        HintSpec([b"q"], PROTECT, 4),  # a queued job's key outlasts every prediction
-    ], replace=True, ttl_seconds=60, now=1.0)
+    hints.apply(
+        NS,
+        [
+            HintSpec([b"r", b"s1", b"s2"], PREDICT, 0, 300.0),  # one chain: s2 is deepest
+            HintSpec([b"t1"], PREDICT, 0, 30.0),
+            HintSpec([b"q"], PROTECT, 4),  # a queued job's key outlasts every prediction
+        ],
+        replace=True,
+        ttl_seconds=60,
+        now=1.0,
+    )
     assert _evictions(policy) == [b"s2", b"s1", b"r", b"t1", b"q"]
 
 
 def test_declined_and_stale_unhinted_keys_go_first_fresh_ones_last() -> None:
     policy, hints, clock = _policy([b"old", b"gone", b"kept"])
-    hints.apply(NS, [HintSpec([b"gone"], DECLINE, 0), HintSpec([b"kept"], PREDICT, 0, 10.0)],
-                replace=True, ttl_seconds=60, now=1.0)
+    hints.apply(
+        NS,
+        [HintSpec([b"gone"], DECLINE, 0), HintSpec([b"kept"], PREDICT, 0, 10.0)],
+        replace=True,
+        ttl_seconds=60,
+        now=1.0,
+    )
     clock.now = 2.0
     policy.on_insert(b"new")  # written after the last hints: the scheduler has not seen it yet
     assert list(policy.victims()) == [b"gone", b"old", b"kept", b"new"]
@@ -62,10 +73,16 @@ def test_declined_and_stale_unhinted_keys_go_first_fresh_ones_last() -> None:
 
 def test_a_parent_read_with_its_child_is_evicted_only_after_the_child() -> None:
     policy, _, clock = _policy([b"root", b"child", b"other"])
-    for clock.now, key in enumerate([b"other", b"root", b"child"]):  # each read once, the root before the child
+    for clock.now, key in enumerate(
+        [b"other", b"root", b"child"]
+    ):  # each read once, the root before the child
         policy.on_access(key)
     policy.on_chain([b"root", b"child"])  # a lookup's stored prefix, root first
-    assert _evictions(policy) == [b"other", b"child", b"root"]  # least recently read first, but a root outlives its child
+    assert _evictions(policy) == [
+        b"other",
+        b"child",
+        b"root",
+    ]  # least recently read first, but a root outlives its child
 
 
 def test_a_key_whose_eviction_began_is_skipped_and_frees_its_parent_unless_it_stays() -> None:
@@ -112,8 +129,15 @@ def test_a_key_nearing_the_age_its_class_is_read_at_outlasts_fresh_and_stale_one
     named = [b"stale", b"due", b"fresh"]
     for tick in range(61):  # stale at tick 0, due at tick 30, fresh last: ages 60, 30 and 0
         clock.now = float(tick)
-        policy.on_insert(named[0] if tick == 0 else named[1] if tick == 30 else named[2] if tick == 60
-                         else tick.to_bytes(2, "big"))
+        policy.on_insert(
+            named[0]
+            if tick == 0
+            else named[1]
+            if tick == 30
+            else named[2]
+            if tick == 60
+            else tick.to_bytes(2, "big")
+        )
     order = [key for key in _evictions(policy) if key in named]
     assert order == [b"stale", b"fresh", b"due"]  # LRU's would be stale, due, fresh
 
@@ -133,8 +157,12 @@ def test_an_evicted_key_stored_again_counts_as_a_read_at_that_age() -> None:
 
 def test_a_replace_forgets_only_its_own_sources_hints() -> None:
     hints = HintBook()
-    hints.apply(NS, [HintSpec([b"a"], PREDICT, 0, 5.0)], replace=True, ttl_seconds=60, now=0, source="replica-1")
-    hints.apply(NS, [HintSpec([b"b"], PREDICT, 0, 5.0)], replace=True, ttl_seconds=60, now=0, source="replica-2")
+    hints.apply(
+        NS, [HintSpec([b"a"], PREDICT, 0, 5.0)], replace=True, ttl_seconds=60, now=0, source="replica-1"
+    )
+    hints.apply(
+        NS, [HintSpec([b"b"], PREDICT, 0, 5.0)], replace=True, ttl_seconds=60, now=0, source="replica-2"
+    )
     hints.apply(NS, [], replace=True, ttl_seconds=60, now=1, source="replica-1")
     assert hints.get(b"a", now=1) is None
     assert hints.get(b"b", now=1) is not None  # replica-2's session stays protected
@@ -149,8 +177,6 @@ def test_a_key_follows_its_most_urgent_source_and_falls_back_when_that_one_goes(
     assert hints.declines(b"k", now=10)
 
 
-
-
 _KEYS = st.sampled_from([bytes([i]) for i in range(8)])
 _CHAINS = st.lists(_KEYS, min_size=2, max_size=4, unique=True).map(sorted)  # parent < child: no cycles
 
@@ -160,12 +186,22 @@ _CHAINS = st.lists(_KEYS, min_size=2, max_size=4, unique=True).map(sorted)  # pa
     resident=st.lists(_KEYS, unique=True, min_size=1),
     reads=st.lists(_KEYS, max_size=6),
     chains=st.lists(_CHAINS, max_size=3),
-    entries=st.lists(st.tuples(st.lists(_KEYS, min_size=1, max_size=1), st.sampled_from([PREDICT, PROTECT, DECLINE]),
-                               st.integers(0, 3), st.sampled_from([0.0, 5.0, 50.0]))),
+    entries=st.lists(
+        st.tuples(
+            st.lists(_KEYS, min_size=1, max_size=1),
+            st.sampled_from([PREDICT, PROTECT, DECLINE]),
+            st.integers(0, 3),
+            st.sampled_from([0.0, 5.0, 50.0]),
+        )
+    ),
 )
 # Found by this test: parked ancestors of a queued key came out in set order, a root before its child.
-@example(resident=[b"\x01", b"\x02", b"\x06"], reads=[], chains=[[b"\x01", b"\x02", b"\x06"]],
-         entries=[([b"\x06"], PROTECT, 0, 0.0)])
+@example(
+    resident=[b"\x01", b"\x02", b"\x06"],
+    reads=[],
+    chains=[[b"\x01", b"\x02", b"\x06"]],
+    entries=[([b"\x06"], PROTECT, 0, 0.0)],
+)
 def test_evictions_put_given_up_keys_first_queued_last_and_children_before_parents(
     resident: list[bytes], reads: list[bytes], chains: list[list[bytes]], entries: list
 ) -> None:
@@ -190,8 +226,17 @@ def test_evictions_put_given_up_keys_first_queued_last_and_children_before_paren
 
 def test_an_added_prediction_reranks_its_keys_without_a_new_generation() -> None:
     policy, hints, _ = _policy([b"a", b"b", b"c"])
-    hints.apply(NS, [HintSpec([b"a"], PREDICT, 0, 300.0), HintSpec([b"b"], PREDICT, 0, 30.0),
-                     HintSpec([b"c"], PREDICT, 0, 100.0)], replace=True, ttl_seconds=60, now=1.0)
+    hints.apply(
+        NS,
+        [
+            HintSpec([b"a"], PREDICT, 0, 300.0),
+            HintSpec([b"b"], PREDICT, 0, 30.0),
+            HintSpec([b"c"], PREDICT, 0, 100.0),
+        ],
+        replace=True,
+        ttl_seconds=60,
+        now=1.0,
+    )
     assert next(policy.victims()) == b"a"
     generation = hints.prediction_generation
     # The scheduler's next push adds only the session that changed: a is needed soon now.

@@ -219,7 +219,8 @@ async def test_a_borrowed_chunk_keeps_its_borrower_across_a_restart(tmp_path: Pa
 
     t2, stored = await reopen(dirs)
     assert sorted(stored, key=lambda s: s.key) == sorted(
-        [StoredChunk(own, NS, len(own_data)), StoredChunk(lent, NS, len(lent_data), "node-b/ü")], key=lambda s: s.key
+        [StoredChunk(own, NS, len(own_data)), StoredChunk(lent, NS, len(lent_data), "node-b/ü")],
+        key=lambda s: s.key,
     )
     assert await t2.read(lent) == lent_data
     await t2.close()

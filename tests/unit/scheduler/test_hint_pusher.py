@@ -61,16 +61,28 @@ async def client(daemon: DaemonProcess) -> AsyncIterator[AsyncKVStoreClient]:
 def chunk(key: bytes) -> bytes:
     half = LAYOUT["kv_heads"] * LAYOUT["chunk_tokens"] * LAYOUT["head_dim"] * 2
     return encode_chunk(
-        namespace=NS, key=key, dtype="float16", kv_heads=1, tokens=32, head_dim=256, base_position=0,
+        namespace=NS,
+        key=key,
+        dtype="float16",
+        kv_heads=1,
+        tokens=32,
+        head_dim=256,
+        base_position=0,
         layers=[(key * (half // 32), key * (half // 32))],
     )
 
 
 def job(session: int, node: str = "up", namespace: bytes = NS) -> QueuedJob:
     return QueuedJob(
-        job_id=f"j{next(_ids)}", tenant="t", session_id=f"s{session}", priority=0,
-        chunk_keys=tuple(session_keys(session)), namespace=namespace,
-        kv_bytes=CHUNKS_PER_SESSION * BLOCK_BYTES, node=node, enqueued_at=0.0,
+        job_id=f"j{next(_ids)}",
+        tenant="t",
+        session_id=f"s{session}",
+        priority=0,
+        chunk_keys=tuple(session_keys(session)),
+        namespace=namespace,
+        kv_bytes=CHUNKS_PER_SESSION * BLOCK_BYTES,
+        node=node,
+        enqueued_at=0.0,
     )
 
 
@@ -84,14 +96,21 @@ class RecordingClient:
     actions: list[dict[bytes, HintAction]] = field(default_factory=list)  # per call: key -> action
 
     async def hint(
-        self, namespace: bytes, entries: Sequence[tuple[Sequence[bytes], HintAction, int, float]], *,
-        replace: bool = False, ttl_seconds: int = 0, source: str = "",
+        self,
+        namespace: bytes,
+        entries: Sequence[tuple[Sequence[bytes], HintAction, int, float]],
+        *,
+        replace: bool = False,
+        ttl_seconds: int = 0,
+        source: str = "",
     ) -> HintResult:
         self.calls.append((namespace, sum(len(entry[0]) for entry in entries), replace))
         self.actions.append({key: entry[1] for entry in entries for key in entry[0]})
         if self.inner is None:
             return HintResult(hinted_keys=0, prefetches_started=0)
-        return await self.inner.hint(namespace, entries, replace=replace, ttl_seconds=ttl_seconds, source=source)
+        return await self.inner.hint(
+            namespace, entries, replace=replace, ttl_seconds=ttl_seconds, source=source
+        )
 
 
 async def test_prefetch_hints_move_the_queued_sessions_from_ssd_to_dram(client: AsyncKVStoreClient) -> None:
@@ -132,7 +151,9 @@ async def test_a_released_sessions_chunks_are_still_evicted_first_after_the_next
     registry = WorkerRegistry(
         max_turns_per_worker=1, health_interval_seconds=1, health_timeout_seconds=1, daemon_timeout_seconds=5
     )
-    registry.set_topology([NodeSpec(name="up", daemon_address=daemon.address, worker_addresses=("unused:1",))])
+    registry.set_topology(
+        [NodeSpec(name="up", daemon_address=daemon.address, worker_addresses=("unused:1",))]
+    )
     queue = JobQueue(QUEUE_LENGTH)
     queue.push(job(3))  # a queued turn in the namespace: every push replaces its hints there
     pusher = HintPusher(queue, lambda: [Target("up", client, NodeCapacity(MiB, 16 * MiB))], HintSettings())
@@ -158,7 +179,9 @@ async def test_pushes_are_rate_limited_and_the_last_one_carries_the_final_queue(
     queue = JobQueue(QUEUE_LENGTH)
     recorder = RecordingClient(client)
     pusher = HintPusher(
-        queue, lambda: [Target("up", recorder, NodeCapacity(MiB, 16 * MiB))], HintSettings(min_interval_seconds=0.5)
+        queue,
+        lambda: [Target("up", recorder, NodeCapacity(MiB, 16 * MiB))],
+        HintSettings(min_interval_seconds=0.5),
     )
     runner = asyncio.create_task(pusher.run())
     try:
@@ -230,7 +253,9 @@ async def test_released_chunks_are_hinted_evict_first_with_every_push_until_thei
     queue.remove(queued.job_id)
     now[0] = 29.0
     await pusher.push()  # replace=true again: the release rides along
-    assert recorder.calls[-1] == (NS, 5, True) and set(recorder.actions[-1].values()) == {HintAction.EVICT_FIRST}
+    assert recorder.calls[-1] == (NS, 5, True) and set(recorder.actions[-1].values()) == {
+        HintAction.EVICT_FIRST
+    }
     now[0] = 30.0
     await pusher.push()
     assert recorder.calls[-1] == (NS, 0, True)  # time is up: the namespace is cleared

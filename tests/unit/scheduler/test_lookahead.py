@@ -21,12 +21,25 @@ def key(session: str, index: int) -> bytes:
     return f"{session}/{index}".encode().ljust(32, b".")
 
 
-def job(session: str, chunks: int, kv_bytes: int, node: str | None = "n1", namespace: bytes = NS,
-        shared: tuple[bytes, ...] = ()) -> QueuedJob:
+def job(
+    session: str,
+    chunks: int,
+    kv_bytes: int,
+    node: str | None = "n1",
+    namespace: bytes = NS,
+    shared: tuple[bytes, ...] = (),
+) -> QueuedJob:
     keys = shared + tuple(key(session, i) for i in range(chunks - len(shared)))
     return QueuedJob(
-        job_id=f"j{next(_ids)}", tenant="t", session_id=session, priority=0, chunk_keys=keys,
-        namespace=namespace, kv_bytes=kv_bytes, node=node, enqueued_at=0.0,
+        job_id=f"j{next(_ids)}",
+        tenant="t",
+        session_id=session,
+        priority=0,
+        chunk_keys=keys,
+        namespace=namespace,
+        kv_bytes=kv_bytes,
+        node=node,
+        enqueued_at=0.0,
     )
 
 
@@ -36,7 +49,9 @@ def job(session: str, chunks: int, kv_bytes: int, node: str | None = "n1", names
     dram=st.integers(0, 10_000),
     ssd=st.integers(0, 30_000),
 )
-def test_uniform_sessions_get_attentionstores_window_sizes(sessions: int, kv_bytes: int, dram: int, ssd: int) -> None:
+def test_uniform_sessions_get_attentionstores_window_sizes(
+    sessions: int, kv_bytes: int, dram: int, ssd: int
+) -> None:
     order = [job(f"s{i}", 2, kv_bytes) for i in range(sessions)]
     plan = plan_hints(order, {"n1": NodeCapacity(dram, ssd)}, **EXACT)["n1"]
     prefetch_window = min(sessions, dram // kv_bytes)
@@ -76,7 +91,11 @@ def test_default_budgets_leave_headroom_in_dram() -> None:
 
 def test_a_shared_prefix_counts_and_is_hinted_once_at_its_earliest_job() -> None:
     system = (key("system", 0), key("system", 1))
-    order = [job("a", 4, 400, shared=system), job("b", 4, 400, shared=system), job("c", 4, 400, shared=system)]
+    order = [
+        job("a", 4, 400, shared=system),
+        job("b", 4, 400, shared=system),
+        job("c", 4, 400, shared=system),
+    ]
     plan = plan_hints(order, {"n1": NodeCapacity(dram_bytes=800, ssd_bytes=0)}, **EXACT)["n1"]
     # 400 + 200 + 200 bytes of distinct chunks: all three fit in 800.
     assert plan.prefetch_jobs == 3

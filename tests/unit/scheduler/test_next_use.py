@@ -41,7 +41,9 @@ def test_the_continuation_odds_are_learned_per_turn_count() -> None:
         population.observe_stopped(1)
     assert population.continue_probability(3) == 0.9  # capped: idle time must keep mattering
     assert population.continue_probability(1) < 0.1
-    assert next_use_seconds(SessionView(3, 0.0), 1.0, population) < next_use_seconds(SessionView(1, 0.0), 1.0, population)
+    assert next_use_seconds(SessionView(3, 0.0), 1.0, population) < next_use_seconds(
+        SessionView(1, 0.0), 1.0, population
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -56,7 +58,10 @@ def test_the_longer_a_session_stays_idle_the_less_likely_it_returns(
 ) -> None:
     population = Population()
     view = SessionView(turns, 0.0, tuple(gaps))
-    earlier, later = return_probability(view, idle, population), return_probability(view, idle + more, population)
+    earlier, later = (
+        return_probability(view, idle, population),
+        return_probability(view, idle + more, population),
+    )
     assert 0.0 <= later <= earlier <= 1.0
     seconds = next_use_seconds(view, idle, population)
     assert seconds == NEVER or (0.0 <= seconds and math.isfinite(seconds))

@@ -27,9 +27,22 @@ async def kv(tmp_path: Path) -> AsyncIterator[AsyncKVStoreClient]:
 
 async def put(kv: AsyncKVStoreClient, session: int) -> None:
     half = 32 * 256 * 2
-    await kv.put_chunks(NS, {key: encode_chunk(namespace=NS, key=key, dtype="float16", kv_heads=1, tokens=32,
-                                               head_dim=256, base_position=0, layers=[(bytes(half), bytes(half))])
-                             for key in session_keys(session)})
+    await kv.put_chunks(
+        NS,
+        {
+            key: encode_chunk(
+                namespace=NS,
+                key=key,
+                dtype="float16",
+                kv_heads=1,
+                tokens=32,
+                head_dim=256,
+                base_position=0,
+                layers=[(bytes(half), bytes(half))],
+            )
+            for key in session_keys(session)
+        },
+    )
 
 
 def replica(kv: AsyncKVStoreClient, name: str, sessions: list[int]) -> HintPusher:
@@ -38,8 +51,9 @@ def replica(kv: AsyncKVStoreClient, name: str, sessions: list[int]) -> HintPushe
         activity.turn_started(f"s{session}", "node0", NS, now=0.0)
         activity.turn_ended(f"s{session}", session_keys(session), now=1.0)
     target = Target("node0", kv, NodeCapacity(MiB, 16 * MiB))
-    return HintPusher(JobQueue(16), lambda: [target], HintSettings(), clock=lambda: 2.0, activity=activity,
-                      source=name)
+    return HintPusher(
+        JobQueue(16), lambda: [target], HintSettings(), clock=lambda: 2.0, activity=activity, source=name
+    )
 
 
 async def test_both_replicas_sessions_stay_protected(kv: AsyncKVStoreClient) -> None:

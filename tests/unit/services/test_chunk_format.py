@@ -116,7 +116,11 @@ def test_max_chunk_bytes_bounds_a_full_chunk() -> None:
 def test_layer_offsets_are_where_layer_span_puts_each_layer(forms: tuple[LayerForm, ...]) -> None:
     layout = decode_layout(encode(make_layers(len(forms) or 5, 2, 8, 4)))
     if forms:  # a restore chunk's mixed layers
-        header = dataclasses.replace(layout.header, layer_forms=forms, hidden_size=16, format_version=RESTORE_FORMAT_VERSION)
+        header = dataclasses.replace(
+            layout.header, layer_forms=forms, hidden_size=16, format_version=RESTORE_FORMAT_VERSION
+        )
         layout = ChunkLayout(header, layout.data_offset)
     layers = layout.header.num_layers
-    assert layout.layer_offsets() == [layout.layer_span(i, i)[0] for i in range(layers)] + [layout.total_bytes]
+    assert layout.layer_offsets() == [layout.layer_span(i, i)[0] for i in range(layers)] + [
+        layout.total_bytes
+    ]

@@ -45,7 +45,9 @@ async def test_a_first_call_waits_for_a_server_slow_to_send_its_settings() -> No
     relay_port = relay.sockets[0].getsockname()[1]
     try:
         async with aio_channel(f"127.0.0.1:{relay_port}", None) as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10
+            )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         relay.close()
