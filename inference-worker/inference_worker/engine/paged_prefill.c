@@ -331,7 +331,7 @@ static void tile(const float *restrict q, float *restrict out, const Context *c,
     memset(s->q0, 0, sizeof(float) * head_dim * ROWS);
     load_queries(s->q0, q, first + t0, valid, heads, h, group, head_dim, scale);
     const float *qt = s->q0; /* the chunk's segment's queries */
-    int segment = 0, at = 0;  /* whose rotation s->qt holds (segments only; 0: none yet) */
+    int rotated = 0, at = 0;  /* 1 + the segment whose rotation s->qt holds (0: none yet); the chunk's */
     memset(s->ot, 0, sizeof(float) * head_dim * ROWS);
     const float *keys[CHUNK], *values[CHUNK];
     /* a part's first key is at most the tile's first position: every row sees it (a finite max) */
@@ -345,8 +345,8 @@ static void tile(const float *restrict q, float *restrict out, const Context *c,
             if (g->cos == NULL)
                 qt = s->q0;
             else {
-                if (segment != at + 1) rotate_queries(s->qt, s->q0, g->cos, g->sin, head_dim);
-                segment = at + 1, qt = s->qt;
+                if (rotated != at + 1) rotate_queries(s->qt, s->q0, g->cos, g->sin, head_dim);
+                rotated = at + 1, qt = s->qt;
             }
         }
         chunk_rows(c, at, key, n, keys, values);
@@ -355,7 +355,8 @@ static void tile(const float *restrict q, float *restrict out, const Context *c,
          * scattered blocks, one thread, CPU: 49.0-51.6 -> 42.4-43.9 ms (32 on 3,500: 174.1 ->
          * 142.8; 250 on 800: 215.4 -> 206.9), bitwise the same; the chunk after next: no better
          * (docs/inference-worker.md, seventeenth pass). A segment's rows are one run, which the
-         * hardware prefetcher follows: prefetching them too cost 1-5% (20 rows on 1,013 keys). */
+         * hardware prefetcher follows: prefetching them too cost 1-5% (14-32 rows on 1,013 keys,
+         * docs/prompt-modules.md). */
         for (int t = key + n; c->n_segments == 0 && t < end && t < key + n + CHUNK; t++) {
             const char *k_row = (const char *)row_of(c, c->k, t), *v_row = (const char *)row_of(c, c->v, t);
             for (int byte = 0; byte < head_dim * (int)sizeof(float); byte += 64) {
@@ -446,8 +447,8 @@ static int prefill(const Context *base, const float *q, float *out, const int64_
     int failed = 0;
     _Pragma("omp parallel num_threads(threads)") {
         Scratch s = {scratch_array((size_t)head_dim * ROWS), scratch_array((size_t)head_dim * ROWS),
-                     scratch_array((size_t)head_dim * ROWS), scratch_array(CHUNK * ROWS), scratch_array(ROWS), scratch_array(ROWS),
-                     scratch_array(ROWS), scratch_array(ROWS)};
+                     scratch_array((size_t)head_dim * ROWS), scratch_array(CHUNK * ROWS),
+                     scratch_array(ROWS), scratch_array(ROWS), scratch_array(ROWS), scratch_array(ROWS)};
         const int ready = s.q0 && s.qt && s.ot && s.st && s.m && s.l && s.alpha && s.pos;
         if (!ready) failed = 1;
         _Pragma("omp for schedule(dynamic, 1)") for (int item = 0; item < tasks * n_parts; item++) {
