@@ -40,6 +40,8 @@
 #include <immintrin.h>
 #endif
 
+#include "row_ops.h" /* rotate_pair */
+
 #define ROWS 48  /* query rows of a tile: three vectors of 16 */
 #define CHUNK 32 /* keys per online-softmax step */
 #define PARTS_PER_THREAD 4 /* fewer tasks than this a thread: their keys are split (below) */
@@ -67,24 +69,27 @@ static inline const float *row_of(const Context *c, const float *pool, int t) {
                    t % c->block_tokens) * c->head_dim;
 }
 
-/* Key t's segment (a handful: searched from the last). */
+/* Key t's segment (a handful: searched from the last; once a chunk, which lies within one). */
 static inline int segment_of(const Context *c, int t) {
     int s = c->n_segments - 1;
     while (s > 0 && c->begins[s] > t) s--;
     return s;
 }
 
-/* Key t's K (value 0) or V row, in the pool or in its segment. */
-static inline const float *key_row(const Context *c, int value, int t) {
-    if (c->n_segments == 0) return row_of(c, value ? c->v : c->k, t);
-    const int s = segment_of(c, t);
-    const Segment *g = c->segments + s;
-    const int64_t i = t - c->begins[s];
-    return value ? g->v + c->h * g->v_head + i * g->v_row : g->k + c->h * g->k_head + i * g->k_row;
+/* The K and V rows of keys [key, key + n): in the pool, or in `segment` (holding them all). */
+static void chunk_rows(const Context *c, int segment, int key, int n, const float **keys, const float **values) {
+    if (c->n_segments == 0) {
+        for (int j = 0; j < n; j++) keys[j] = row_of(c, c->k, key + j), values[j] = row_of(c, c->v, key + j);
+        return;
+    }
+    const Segment *g = c->segments + segment;
+    const int64_t i = key - c->begins[segment];
+    const float *k = g->k + c->h * g->k_head + i * g->k_row, *v = g->v + c->h * g->v_head + i * g->v_row;
+    for (int j = 0; j < n; j++) keys[j] = k + j * g->k_row, values[j] = v + j * g->v_row;
 }
 
 typedef struct { /* a thread's scratch, reused by its tasks */
-    float *qt, *ot, *st, *m, *l, *alpha;
+    float *q0, *qt, *ot, *st, *m, *l, *alpha; /* q0: Qt unrotated, qt: rotated for a segment */
     int32_t *pos;
 } Scratch;
 
@@ -97,8 +102,6 @@ typedef struct { /* a thread's scratch, reused by its tasks */
 /* Not inlined into the task: there exp16's constants, hoisted out of the loops, took the
  * registers these loops need (GCC spilled the row vectors to the stack). */
 #define OWN_REGISTERS __attribute__((noinline))
-
-#include "vector_exp.h"
 
 /* A tile's row vectors at p, `nv` of them (1 to 3: the tile's valid rows, 16 a vector; a
  * constant in each variant below), and a += b x those rows (one multiply-add per vector). */
@@ -289,18 +292,26 @@ typedef struct {
     float *part; /* NULL: the whole task, written normalized into out */
 } Keys;
 
-/* Qt's valid rows: the tile's query rows times `scale`, rotated back by (cos, sin) when given
- * (R^T q: q * cos - rotate_half(q) * sin, rotate_half(q) = [-q2, q1]). */
+/* Qt's valid rows: the tile's query rows times `scale`. */
 static void load_queries(float *restrict qt, const float *restrict q, int64_t first_row, int valid, int heads,
-                         int h, int group, int head_dim, float scale, const float *cos, const float *sin) {
-    const int half = head_dim / 2;
+                         int h, int group, int head_dim, float scale) {
     for (int r = 0; r < valid; r++) {
         const float *row = q + ((first_row + r / group) * heads + h * group + r % group) * head_dim;
-        for (int d = 0; d < head_dim; d++) {
-            float x = row[d];
-            if (cos != NULL) x = x * cos[d] + (d < half ? row[d + half] : -row[d - half]) * sin[d];
-            qt[d * ROWS + r] = x * scale;
-        }
+        for (int d = 0; d < head_dim; d++) qt[d * ROWS + r] = row[d] * scale;
+    }
+}
+
+/* Qt rotated back by (cos, sin), all rows at once (R^T q: q * cos - rotate_half(q) * sin): one
+ * vector pass over Qt where rotating and transposing each query row again for every segment was
+ * ~1/10 of the kernel's time outside its products. */
+static void rotate_queries(float *restrict qt, const float *restrict q0, const float *cos, const float *sin,
+                           int head_dim) {
+    const int half = head_dim / 2;
+    for (int d = 0; d < half; d++) {
+        const float *x1 = q0 + d * ROWS, *x2 = q0 + (d + half) * ROWS;
+        float *o1 = qt + d * ROWS, *o2 = qt + (d + half) * ROWS;
+        _Pragma("omp simd") for (int r = 0; r < ROWS; r++)
+            rotate_pair(x1[r], x2[r], cos[d], sin[d], cos[d + half], sin[d + half], 1, o1 + r, o2 + r);
     }
 }
 
@@ -315,40 +326,45 @@ static void tile(const float *restrict q, float *restrict out, const Context *c,
         s->m[r] = -INFINITY;
         s->l[r] = 0.f;
         s->pos[r] = last; /* padding rows: zero queries, their output discarded */
-        for (int d = 0; d < head_dim; d++) s->qt[d * ROWS + r] = 0.f;
     }
     for (int r = 0; r < valid; r++) s->pos[r] = start + t0 + r / group;
-    int segment = -1; /* whose rotation Qt holds (segments only) */
-    if (c->n_segments == 0)
-        load_queries(s->qt, q, first + t0, valid, heads, h, group, head_dim, scale, NULL, NULL);
+    memset(s->q0, 0, sizeof(float) * head_dim * ROWS);
+    load_queries(s->q0, q, first + t0, valid, heads, h, group, head_dim, scale);
+    const float *qt = s->q0; /* the chunk's segment's queries */
+    int rotated = 0, at = 0;  /* 1 + the segment whose rotation s->qt holds (0: none yet); the chunk's */
     memset(s->ot, 0, sizeof(float) * head_dim * ROWS);
     const float *keys[CHUNK], *values[CHUNK];
     /* a part's first key is at most the tile's first position: every row sees it (a finite max) */
     const int end = keys_of.end < last + 1 ? keys_of.end : last + 1;
     for (int key = keys_of.begin, n; key < end; key += n) {
         n = key + CHUNK <= end ? CHUNK : end - key;
-        if (c->n_segments) { /* a chunk within one segment: one rotation of the queries */
-            const int at = segment_of(c, key);
+        if (c->n_segments) { /* a chunk within one segment: its rotation of the queries */
+            at = segment_of(c, key);
             if (at + 1 < c->n_segments && key + n > c->begins[at + 1]) n = (int)c->begins[at + 1] - key;
-            if (at != segment)
-                load_queries(s->qt, q, first + t0, valid, heads, h, group, head_dim, scale,
-                             c->segments[at].cos, c->segments[at].sin);
-            segment = at;
+            const Segment *g = c->segments + at;
+            if (g->cos == NULL)
+                qt = s->q0;
+            else {
+                if (rotated != at + 1) rotate_queries(s->qt, s->q0, g->cos, g->sin, head_dim);
+                rotated = at + 1, qt = s->qt;
+            }
         }
-        for (int j = 0; j < n; j++) keys[j] = key_row(c, 0, key + j), values[j] = key_row(c, 1, key + j);
+        chunk_rows(c, at, key, n, keys, values);
         /* the next chunk's K and V rows asked for while this one computes: each block is its own
          * page, where the hardware prefetcher stops. 30 layers of 14 new rows on 2,000 keys in
          * scattered blocks, one thread, CPU: 49.0-51.6 -> 42.4-43.9 ms (32 on 3,500: 174.1 ->
          * 142.8; 250 on 800: 215.4 -> 206.9), bitwise the same; the chunk after next: no better
-         * (docs/inference-worker.md, seventeenth pass) */
-        for (int t = key + n; t < end && t < key + n + CHUNK; t++) {
-            const char *k_row = (const char *)key_row(c, 0, t), *v_row = (const char *)key_row(c, 1, t);
+         * (docs/inference-worker.md, seventeenth pass). A segment's rows are one run, which the
+         * hardware prefetcher follows: prefetching them too cost 1-5% (14-32 rows on 1,013 keys,
+         * docs/prompt-modules.md). */
+        for (int t = key + n; c->n_segments == 0 && t < end && t < key + n + CHUNK; t++) {
+            const char *k_row = (const char *)row_of(c, c->k, t), *v_row = (const char *)row_of(c, c->v, t);
             for (int byte = 0; byte < head_dim * (int)sizeof(float); byte += 64) {
                 __builtin_prefetch(k_row + byte);
                 __builtin_prefetch(v_row + byte);
             }
         }
-        scores(s->qt, keys, n, head_dim, s->st, nv);
+        scores(qt, keys, n, head_dim, s->st, nv);
         softmax_step(s->st, n, key, key + n - 1 > start + t0, s, nv);
         accumulate(s->ot, s->alpha, s->st, values, n, head_dim, nv);
     }
@@ -431,9 +447,9 @@ static int prefill(const Context *base, const float *q, float *out, const int64_
     int failed = 0;
     _Pragma("omp parallel num_threads(threads)") {
         Scratch s = {scratch_array((size_t)head_dim * ROWS), scratch_array((size_t)head_dim * ROWS),
-                     scratch_array(CHUNK * ROWS), scratch_array(ROWS), scratch_array(ROWS),
-                     scratch_array(ROWS), scratch_array(ROWS)};
-        const int ready = s.qt && s.ot && s.st && s.m && s.l && s.alpha && s.pos;
+                     scratch_array((size_t)head_dim * ROWS), scratch_array(CHUNK * ROWS),
+                     scratch_array(ROWS), scratch_array(ROWS), scratch_array(ROWS), scratch_array(ROWS)};
+        const int ready = s.q0 && s.qt && s.ot && s.st && s.m && s.l && s.alpha && s.pos;
         if (!ready) failed = 1;
         _Pragma("omp for schedule(dynamic, 1)") for (int item = 0; item < tasks * n_parts; item++) {
             if (!ready) continue;
@@ -460,7 +476,7 @@ static int prefill(const Context *base, const float *q, float *out, const int64_
                       tokens, heads, task_tile[task] % kv_heads, group, head_dim);
             }
         }
-        free(s.qt), free(s.ot), free(s.st), free(s.m), free(s.l), free(s.alpha), free(s.pos);
+        free(s.q0), free(s.qt), free(s.ot), free(s.st), free(s.m), free(s.l), free(s.alpha), free(s.pos);
     }
     free(parts);
     free(task_sequence);

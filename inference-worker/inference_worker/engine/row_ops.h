@@ -1,4 +1,4 @@
-/* The per-row arithmetic of row_ops.c, which layer_blocks.c runs too (included;
+/* The per-row arithmetic of row_ops.c, which layer_blocks.c and paged_prefill.c run too (included;
  * c_build.py hashes an included header with its source). Rounds like transformers' ops, op by
  * op (row_ops.c says how). */
 #ifndef ATTNSTORE_ROW_OPS_H
@@ -19,12 +19,20 @@ static inline void rms_norm_row(const float *row, const float *weight, float *o,
     for (int d = 0; d < dim; d++) o[d] = weight[d] * (row[d] * scale);
 }
 
+/* RoPE's rotation of one pair of elements, x1 = x[i] and x2 = x[i + half], by cos, sin at i (c1,
+ * s1) and i + half (c2, s2): x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; `back`
+ * (a constant where inlined) rotates by the inverse (R^T x: the sines' signs flipped), which
+ * paged_prefill.c applies to queries instead of rotating a re-positioned span's keys. */
+static inline void rotate_pair(float x1, float x2, float c1, float s1, float c2, float s2, int back, float *o1,
+                               float *o2) {
+    *o1 = x1 * c1 + (back ? x2 : -x2) * s1;
+    *o2 = x2 * c2 + (back ? -x1 : x1) * s2;
+}
+
 static inline void rotate(const float *x, const float *c, const float *s, float *o, int half) {
 #pragma omp simd
-    for (int i = 0; i < half; i++) {
-        o[i] = x[i] * c[i] + (-x[i + half]) * s[i];
-        o[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
-    }
+    for (int i = 0; i < half; i++)
+        rotate_pair(x[i], x[i + half], c[i], s[i], c[i + half], s[i + half], 0, o + i, o + i + half);
 }
 
 /* One token's q and k heads rotated into q_out, k_out ([heads][head_dim], [kv_heads][head_dim]),
