@@ -16,6 +16,7 @@ TTFT is what the client sees: Chat sent to the first streamed token.
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,6 +64,30 @@ def attnstore_stack(
             scheduler_settings=SCHEDULER_SETTINGS,
             log_level="WARNING",
         )
+    )
+
+
+def add_worker_threading_args(parser: argparse.ArgumentParser) -> None:
+    """The worker's OpenMP threading as vLLM's CPU engine runs its own (run.py, turn_split.py)."""
+    parser.add_argument(
+        "--worker-openmp-spin-count",
+        type=int,
+        default=None,
+        help="the worker's openmp_spin_count (its threads spin, not sleep, between a forward's "
+        "parallel regions; vLLM's spin; unset: its default, sleeping threads): for an idle machine only",
+    )
+    parser.add_argument(
+        "--worker-openmp-pin-threads",
+        action="store_true",
+        help="the worker's openmp_pin_threads (its OpenMP threads bound one per core, as vLLM's "
+        "are): for cores the stack has alone",
+    )
+
+
+def worker_threading(spin_count: int | None, pin_threads: bool) -> dict[str, object]:
+    """The worker settings for what `add_worker_threading_args` asked for (none: the defaults)."""
+    return ({} if spin_count is None else {"openmp_spin_count": spin_count}) | (
+        {"openmp_pin_threads": True} if pin_threads else {}
     )
 
 

@@ -28,6 +28,7 @@ import transformers
 
 from bench.common.machine import machine_info
 from bench.common.results import RESULTS_DIR, save_results, work_dir
+from bench.peers.attnstore_stack import add_worker_threading_args
 from bench.peers.install import ensure_peer, peers_dir
 from bench.peers.plot import plot_serving, plot_store
 from bench.peers.report import (
@@ -90,19 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="vLLM's KV block (--block-size): 32, its best here; its default 128 recomputes "
         "up to 127 tokens of history a turn",
     )
-    parser.add_argument(
-        "--worker-openmp-spin-count",
-        type=int,
-        default=None,
-        help="the worker's openmp_spin_count (its threads spin, not sleep, between a forward's "
-        "parallel regions; vLLM's spin): for an idle machine only",
-    )
-    parser.add_argument(
-        "--worker-openmp-pin-threads",
-        action="store_true",
-        help="the worker's openmp_pin_threads (its OpenMP threads bound one per core, as vLLM's "
-        "are): for cores the stack has alone",
-    )
+    add_worker_threading_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="conversation order")
     args = parser.parse_args(argv)
     if args.quick:

@@ -35,7 +35,7 @@ from attnstore.api_client import AsyncAttnStoreClient
 from attnstore.kvstore_client import AsyncKVStoreClient
 from attnstore_cli.local_stack import LocalStack
 from bench.common.cpu_quiet import wait_until_idle
-from bench.peers.attnstore_stack import attnstore_stack, chat_turn
+from bench.peers.attnstore_stack import attnstore_stack, chat_turn, worker_threading
 from bench.peers.install import PeerVenv
 from bench.peers.report import ATTNSTORE, VLLM, Record
 from bench.peers.vllm import VllmServer
@@ -229,10 +229,7 @@ def run_serving(peer: PeerVenv, phases: list[Phase], config: ServingConfig, work
         else None
     )
     shutil.rmtree(work_dir / "attnstore", ignore_errors=True)
-    spin, pin = config.worker_openmp_spin_count, config.worker_openmp_pin_threads
-    worker = ({} if spin is None else {"openmp_spin_count": spin}) | (
-        {"openmp_pin_threads": True} if pin else {}
-    )
+    worker = worker_threading(config.worker_openmp_spin_count, config.worker_openmp_pin_threads)
     stack = attnstore_stack(work_dir / "attnstore", config.model_dir, config.kv_cache_bytes, worker or None)
     start_seconds = 0.0
     with tqdm(

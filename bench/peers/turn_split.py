@@ -33,7 +33,7 @@ from attnstore.api_client import AsyncAttnStoreClient
 from attnstore.kvstore_client import AsyncKVStoreClient
 from bench.common.cpu_quiet import wait_until_idle
 from bench.common.results import work_dir
-from bench.peers.attnstore_stack import attnstore_stack
+from bench.peers.attnstore_stack import add_worker_threading_args, attnstore_stack, worker_threading
 from bench.peers.run import MiB, phases_for
 from bench.peers.serving import AttnstoreSide, Phase
 from inference_worker.model_store import default_model_dir
@@ -116,17 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--conversations", type=int, default=4, help="the fits phase's (bench-peers: 4)")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="conversation order (bench-peers: 0)")
-    parser.add_argument(
-        "--worker-openmp-spin-count",
-        type=int,
-        default=None,
-        help="the worker's openmp_spin_count (unset: its default, sleeping threads)",
-    )
-    parser.add_argument(
-        "--worker-openmp-pin-threads",
-        action="store_true",
-        help="the worker's openmp_pin_threads (its OpenMP threads bound one per core)",
-    )
+    add_worker_threading_args(parser)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     model_dir = default_model_dir()
@@ -135,9 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     phase = phases_for(selection, model_dir)[0]
     shutil.rmtree(WORK_DIR, ignore_errors=True)
-    threading = {"openmp_pin_threads": args.worker_openmp_pin_threads} | (
-        {} if args.worker_openmp_spin_count is None else {"openmp_spin_count": args.worker_openmp_spin_count}
-    )
+    threading = worker_threading(args.worker_openmp_spin_count, args.worker_openmp_pin_threads)
     stack = attnstore_stack(WORK_DIR, model_dir, 512 * MiB, worker_overrides={"metrics_port": 0, **threading})
     stack.start()
     try:
